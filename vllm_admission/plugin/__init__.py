@@ -1,0 +1,1 @@
+"""Thin vLLM 0.32 adapters around :mod:`vllm_admission.core` (imports vLLM)."""

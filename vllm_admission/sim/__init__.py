@@ -1,0 +1,1 @@
+"""Trace-replay simulator built on :mod:`vllm_admission.core`."""
