@@ -1,0 +1,170 @@
+"""Requests, traces and the infinite-cache prefix-reuse bound."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from vllm_admission.core.traces.prompts import Prompt
+
+__all__ = ["TraceError", "Request", "Trace", "PrefixReuse"]
+
+
+class TraceError(ValueError):
+    """A trace cannot be read or built.
+
+    For a malformed line the message is ``"<file>:<line>: field '<name>': <what is wrong>"``
+    (or ``"<file>:<line>: <what is wrong>"`` when the line is not a JSON object at all).
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request of a trace.
+
+    ``output_len`` is the number of tokens to generate (>= 1); ``arrival_s`` is seconds from
+    the trace start (``None`` when the trace has no timestamps); ``session`` groups the turns
+    of one conversation or agent loop (``None`` when unknown).
+    """
+
+    request_id: str
+    prompt: Prompt
+    output_len: int
+    arrival_s: float | None
+    session: str | None
+
+    @property
+    def prompt_len(self) -> int:
+        """Prompt length in tokens."""
+        return self.prompt.num_tokens
+
+    def block_hashes(self, block_size: int) -> list[int]:
+        """Chained hashes of the full prompt blocks: ``prompt_len // block_size`` ints.
+
+        A partial last block is not hashed (vLLM never caches it). Raises ValueError for a
+        non-positive ``block_size``. Use :meth:`Trace.block_hashes` for a whole trace (memoised).
+        """
+        return self.prompt.block_hashes(block_size)
+
+    def token_ids(self, vocab_size: int) -> list[int]:
+        """``prompt_len`` concrete token ids in ``[0, vocab_size)`` for a real engine (deterministic)."""
+        return self.prompt.token_ids(vocab_size)
+
+
+class PrefixReuse(NamedTuple):
+    """Prefix reuse of a trace under an infinite cache (see :meth:`Trace.prefix_reuse`)."""
+
+    hit_blocks: int
+    total_blocks: int
+    hit_tokens: int
+    prompt_tokens: int
+
+    @property
+    def block_hit_rate(self) -> float:
+        return self.hit_blocks / self.total_blocks if self.total_blocks else 0.0
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass
+class Trace:
+    """An ordered list of requests plus where they came from.
+
+    ``skipped`` maps a reason to the number of records a filter the user asked for left out
+    (empty when nothing was filtered). ``source`` is the file path or ``"synthetic"``.
+    Block hashes are memoised per block size on first use: do not mutate ``requests``
+    (or the returned lists) afterwards.
+    """
+
+    name: str
+    requests: list[Request]
+    skipped: dict[str, int] = field(default_factory=dict)
+    source: str = "synthetic"
+    _hash_memo: dict[tuple[int, bool], list[list[int]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def block_hashes(self, block_size: int) -> list[list[int]]:
+        """Full-block hashes of every request, in request order: ``result[i] ==
+        requests[i].block_hashes(block_size)``. Computed once per block size and memoised.
+
+        Raises ValueError for a non-positive ``block_size``.
+        """
+        return self._hashes(block_size, include_partial=False)
+
+    def _hashes(self, block_size: int, include_partial: bool) -> list[list[int]]:
+        key = (block_size, include_partial)
+        memo = self._hash_memo.get(key)
+        if memo is None:
+            memo = [r.prompt.block_hashes(block_size, include_partial=include_partial) for r in self.requests]
+            self._hash_memo[key] = memo
+        return memo
+
+    def summary(self) -> dict:
+        """Flat dict of sizes: ``requests``, ``prompt_tokens_total/mean/max``,
+        ``output_tokens_total/mean/max``, ``sessions`` (distinct non-None ids),
+        ``duration_s`` (last minus first arrival, None without timestamps) and ``skipped``."""
+        reqs = self.requests
+        n = len(reqs)
+        prompt = [r.prompt_len for r in reqs]
+        output = [r.output_len for r in reqs]
+        arrivals = [r.arrival_s for r in reqs if r.arrival_s is not None]
+        return {
+            "name": self.name,
+            "requests": n,
+            "prompt_tokens_total": sum(prompt),
+            "prompt_tokens_mean": sum(prompt) / n if n else 0.0,
+            "prompt_tokens_max": max(prompt, default=0),
+            "output_tokens_total": sum(output),
+            "output_tokens_mean": sum(output) / n if n else 0.0,
+            "output_tokens_max": max(output, default=0),
+            "sessions": len({r.session for r in reqs if r.session is not None}),
+            "duration_s": max(arrivals) - min(arrivals) if arrivals else None,
+            "skipped": dict(self.skipped),
+        }
+
+    def prefix_reuse(self, block_size: int, *, partial_blocks: bool = False, cap: bool = True) -> PrefixReuse:
+        """Hits with an infinite cache that holds (and has a state at) every block of every
+        earlier request's prompt; outputs are never reused.
+
+        Each request, in order, matches its longest run of leading blocks whose chained hash
+        appeared in an earlier prompt; ``m`` is that number of blocks.
+
+        - ``partial_blocks=False``: only full blocks are hashed and counted
+          (``total_blocks = sum(prompt_len // B)``). With ``True`` a partial tail block is a block
+          too (``sum(ceil(prompt_len / B))``), matched when an earlier prompt had the very same tail.
+        - ``cap=True`` (vLLM): the hit is limited to ``(prompt_len - 1) // B`` blocks, so the last
+          prompt token is always computed; ``hit_tokens = blocks * B``. With ``cap=False``
+          ``hit_tokens = min(m * B, prompt_len)`` (a matched tail counts its real length).
+
+        ``prompt_tokens`` is the sum of all prompt lengths. One pass over the memoised hashes.
+        Raises ValueError for a non-positive ``block_size``.
+        """
+        seen: set[int] = set()
+        hit_blocks = total_blocks = hit_tokens = prompt_tokens = 0
+        B = block_size
+        for req, hashes in zip(self.requests, self._hashes(block_size, partial_blocks)):
+            n = len(hashes)
+            m = 0
+            while m < n and hashes[m] in seen:  # chained: the first miss ends the prefix
+                m += 1
+            seen.update(hashes)
+            length = req.prompt_len
+            if cap:
+                m = min(m, (length - 1) // B)
+                hit_tokens += m * B
+            else:
+                hit_tokens += min(m * B, length)
+            hit_blocks += m
+            total_blocks += n
+            prompt_tokens += length
+        return PrefixReuse(hit_blocks, total_blocks, hit_tokens, prompt_tokens)
+
+    def infinite_capacity_bound(self, block_size: int) -> tuple[int, int]:
+        """``(hit_tokens, prompt_tokens)`` under an infinite cache with a state at every block,
+        with vLLM's rules: full blocks only, each request's hit capped at
+        ``(prompt_len - 1) // block_size`` blocks. See :meth:`prefix_reuse`."""
+        reuse = self.prefix_reuse(block_size, partial_blocks=False, cap=True)
+        return reuse.hit_tokens, reuse.prompt_tokens
