@@ -1,0 +1,134 @@
+"""The ``vllm-admission`` command line.
+
+Subcommands:
+
+* ``simulate``: trace-replay sweeps over policies and capacities;
+* ``demo``: ``simulate`` on the built-in synthetic workload and model;
+* ``make-tiny-model`` / ``replay``: the real vLLM engine side (need vLLM).
+
+Bad input (unknown policy, impossible capacity, malformed trace, non-hybrid
+model) ends with one ``vllm-admission: error: ...`` line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from vllm_admission.core.admission import ADMISSION_POLICIES, UnknownPolicyError
+from vllm_admission.core.costs import ModelConfigError
+from vllm_admission.core.eviction import EVICTION_POLICIES
+from vllm_admission.core.geometry import CapacityError, parse_bytes
+from vllm_admission.core.traces import TraceError
+
+log = logging.getLogger("vllm_admission")
+
+#: The demo's defaults: the built-in synthetic workload on Qwen3-Next.
+DEMO_MODEL = "qwen3-next-80b-a3b"
+DEMO_CAPACITIES = "2GiB,4GiB,8GiB,16GiB,64GiB"
+DEMO_ADMISSIONS = "last,vllm,marconi,dense"
+DEMO_EVICTIONS = "lru,flop"
+
+USER_ERRORS = (UnknownPolicyError, ModelConfigError, CapacityError, TraceError, ValueError, OSError)
+
+
+def _add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
+    p.add_argument("--trace", default="synthetic",
+                   help="a Mooncake or token JSONL file, or 'synthetic' (default)")
+    p.add_argument("--model", default=DEMO_MODEL,
+                   help=f"a Hugging Face config.json, or a built-in name (default {DEMO_MODEL})")
+    p.add_argument("--capacity", default=DEMO_CAPACITIES,
+                   help="comma list of KV cache sizes, e.g. 4GiB,16GiB "
+                        f"(default {DEMO_CAPACITIES})")
+    p.add_argument("--admission", default=DEMO_ADMISSIONS,
+                   help=f"comma list of: {', '.join(ADMISSION_POLICIES)} (default {DEMO_ADMISSIONS})")
+    p.add_argument("--eviction", default=DEMO_EVICTIONS,
+                   help=f"comma list of: {', '.join(EVICTION_POLICIES)} (default {DEMO_EVICTIONS})")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="prefill tokens per step, vLLM's max_num_batched_tokens (default 8192)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="fix flop eviction's alpha instead of tuning it online")
+    p.add_argument("--max-requests", type=int, default=None,
+                   help="replay only the first K requests (the rest are counted as skipped)")
+    p.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
+    p.add_argument("--jobs", type=int, default=1, help="processes for the sweep (default 1)")
+    p.add_argument("--out", default="out/demo" if demo else None, required=not demo,
+                   help="output directory for results.json and hit_rate.png")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-admission",
+        description="Prefix-cache admission and eviction for hybrid models in vLLM: "
+                    "simulate policies on traces, or run them in a real engine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim = sub.add_parser("simulate", help="replay a trace through the cache model for "
+                                          "every (admission, eviction, capacity)")
+    _add_simulate_args(sim, demo=False)
+    demo = sub.add_parser("demo", help="simulate the built-in synthetic workload on Qwen3-Next")
+    _add_simulate_args(demo, demo=True)
+
+    tiny = sub.add_parser("make-tiny-model",
+                          help="write a small random-weight Qwen3-Next hybrid that runs on CPU vLLM")
+    tiny.add_argument("dir", help="output directory")
+    tiny.add_argument("--max-model-len", type=int, default=131072)
+    tiny.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from vllm_admission.sim.simulator import DEFAULT_CHUNK_SIZE
+    from vllm_admission.sim.sweep import SweepSpec, format_table, parse_list, run_sweep, write_results
+
+    capacities = tuple(parse_bytes(c.strip()) for c in args.capacity.split(",") if c.strip())
+    if not capacities:
+        raise ValueError("no capacity given, e.g. --capacity 4GiB,16GiB")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    spec = SweepSpec(
+        trace=args.trace, model=args.model, capacities=capacities,
+        admissions=parse_list(args.admission, "admission policy", list(ADMISSION_POLICIES)),
+        evictions=parse_list(args.eviction, "eviction policy", list(EVICTION_POLICIES)),
+        chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
+        max_requests=args.max_requests, seed=args.seed)
+    from vllm_admission.core.costs import load_model
+    costs = load_model(args.model)
+    if not costs.is_hybrid:
+        print(f"vllm-admission: {costs.name} has no recurrent layers; prefix caching already "
+              "works block by block for it, so there is nothing for admission to do.")
+        return 0
+    doc = run_sweep(spec, jobs=args.jobs, progress=not args.no_progress)
+    print(format_table(doc))
+    res, png = write_results(doc, args.out)
+    print(f"wrote {res} and {png}")
+    return 0
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    from vllm_admission.engine.tiny_model import make_tiny_model
+
+    path = make_tiny_model(args.dir, max_position_embeddings=args.max_model_len, seed=args.seed)
+    print(f"tiny hybrid model in {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"simulate": _simulate, "demo": _simulate, "make-tiny-model": _make_tiny_model}
+    try:
+        return handlers[args.command](args)
+    except USER_ERRORS as exc:
+        print(f"vllm-admission: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("vllm-admission: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

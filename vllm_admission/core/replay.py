@@ -1,0 +1,141 @@
+"""Replay a request sequence through :class:`HybridPrefixCache`.
+
+This is the loop the simulator runs over a whole trace, the alpha tuner runs
+over a window, and the plugin runs (on recorded requests) to tune alpha inside
+the engine. A request is reduced to what the cache needs: its prompt's block
+hashes, prompt length and output length.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from vllm_admission.core.admission import get_admission
+from vllm_admission.core.cache import HybridPrefixCache, RequestOutcome
+from vllm_admission.core.eviction import get_eviction
+
+__all__ = ["CacheRequest", "CacheSetup", "NextUseOracle", "ReplayTotals", "replay_requests"]
+
+
+class CacheRequest(NamedTuple):
+    """One request as the cache sees it (lengths in tokens)."""
+
+    hashes: Sequence[int]
+    prompt_len: int
+    output_len: int
+
+
+@dataclass(frozen=True)
+class CacheSetup:
+    """Everything needed to build a :class:`HybridPrefixCache` again.
+
+    Attributes:
+        num_blocks: vLLM's ``num_gpu_blocks`` (includes the null block).
+        block_size: tokens per block.
+        group_kinds: KV cache groups in vLLM's order ("attention" / "state").
+        chunk_size: prefill token budget per step (``max_num_batched_tokens``).
+        bytes_per_block: bytes one block id holds.
+        admission: admission policy name.
+        eviction: eviction policy name.
+        segment_flops: FLOPs of computing ``[start, end)`` with ``start`` cached.
+    """
+
+    num_blocks: int
+    block_size: int
+    group_kinds: tuple[str, ...]
+    chunk_size: int
+    bytes_per_block: int
+    admission: str
+    eviction: str
+    segment_flops: Callable[[int, int], float] | None = field(default=None, compare=False)
+
+    def build(self, *, alpha: float | None = None,
+              next_use: Callable[[int, float], float] | None = None) -> HybridPrefixCache:
+        """A fresh, empty cache with this setup (``alpha`` for ``flop`` eviction)."""
+        options = {"alpha": alpha} if alpha is not None else {}
+        return HybridPrefixCache(
+            num_blocks=self.num_blocks, block_size=self.block_size,
+            group_kinds=self.group_kinds, admission=get_admission(self.admission),
+            eviction=get_eviction(self.eviction, **options), chunk_size=self.chunk_size,
+            segment_flops=self.segment_flops, bytes_per_block=self.bytes_per_block,
+            next_use=next_use)
+
+
+class NextUseOracle:
+    """Future knowledge for Bélády: when is a block hash next in a prompt?
+
+    Args:
+        requests: the whole request sequence, in replay order.
+
+    ``oracle(h, r)`` returns the index of the first request after ``r`` whose
+    prompt contains ``h``, or infinity.
+    """
+
+    def __init__(self, requests: Sequence[CacheRequest]) -> None:
+        where: dict[int, list[int]] = {}
+        for r, req in enumerate(requests):
+            for h in req.hashes:
+                where.setdefault(h, []).append(r)
+        self._where = where
+
+    def __call__(self, block_hash, r: float) -> float:
+        uses = self._where.get(block_hash)
+        if not uses:
+            return float("inf")
+        k = bisect.bisect_right(uses, r)
+        return float(uses[k]) if k < len(uses) else float("inf")
+
+
+@dataclass
+class ReplayTotals:
+    """Sums over a replay. Tokens, FLOPs and counts."""
+
+    requests: int = 0
+    skipped: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    hit_requests: int = 0
+    flops_total: float = 0.0
+    flops_saved: float = 0.0
+
+    def add(self, out: RequestOutcome, flops_total: float, flops_saved: float) -> None:
+        self.requests += 1
+        self.prompt_tokens += out.prompt_tokens
+        self.hit_tokens += out.hit_tokens
+        self.hit_requests += out.hit_tokens > 0
+        self.flops_total += flops_total
+        self.flops_saved += flops_saved
+
+
+def replay_requests(cache: HybridPrefixCache, requests: Sequence[CacheRequest], *,
+                    prefill_flops: Callable[[int, int], float],
+                    first_index: int = 0,
+                    on_outcome: Callable[[int, RequestOutcome | None], None] | None = None,
+                    ) -> ReplayTotals:
+    """Serve ``requests`` one at a time; requests that cannot fit are skipped.
+
+    Args:
+        cache: the cache to run them through (mutated).
+        requests: the requests, in order.
+        prefill_flops: ``f(end, start)``: FLOPs of prefilling ``[start, end)``.
+        first_index: logical time of ``requests[0]`` (request numbering).
+        on_outcome: called with ``(index, outcome)`` after each request;
+            ``outcome`` is ``None`` for a skipped request.
+    """
+    totals = ReplayTotals()
+    for k, req in enumerate(requests):
+        r = first_index + k
+        if not cache.fits(req.prompt_len, req.output_len):
+            totals.skipped += 1
+            if on_outcome:
+                on_outcome(r, None)
+            continue
+        out = cache.serve(req.hashes, req.prompt_len, req.output_len, r, float(r))
+        full = prefill_flops(req.prompt_len, 0)
+        totals.add(out, full, full - prefill_flops(req.prompt_len, out.hit_tokens))
+        if on_outcome:
+            on_outcome(r, out)
+    return totals

@@ -1,0 +1,187 @@
+"""Trace-replay simulation: one run per (admission, eviction, capacity).
+
+A run builds vLLM's block geometry for the model and capacity
+(:func:`vllm_admission.core.geometry.block_geometry`), re-blocks the trace to
+that block size, and replays it one request at a time through
+:class:`~vllm_admission.core.cache.HybridPrefixCache`. With ``flop`` eviction,
+alpha is tuned online (:class:`~vllm_admission.core.tuning.AlphaTuner`) unless
+fixed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from vllm_admission.core.admission import get_admission
+from vllm_admission.core.cache import ATTENTION, STATE
+from vllm_admission.core.costs import ModelCosts
+from vllm_admission.core.eviction import get_eviction
+from vllm_admission.core.geometry import CacheGeometry, block_geometry, geometry_from_blocks
+from vllm_admission.core.replay import CacheRequest, CacheSetup, NextUseOracle, replay_requests
+from vllm_admission.core.traces import Trace
+from vllm_admission.core.tuning import AlphaTuner
+
+__all__ = ["DEFAULT_CHUNK_SIZE", "RunResult", "group_kinds", "simulate", "trace_bound"]
+
+#: vLLM's default ``max_num_batched_tokens`` for the offline ``LLM`` engine
+#: (``vllm/engine/arg_utils.py``: 8192 unless the platform says otherwise).
+DEFAULT_CHUNK_SIZE = 8192
+
+
+@dataclass
+class RunResult:
+    """One simulated run. Tokens, FLOPs, bytes, seconds.
+
+    ``token_hit_rate = hit_tokens / prompt_tokens`` over the requests that ran;
+    ``request_hit_rate`` is the fraction of those with a non-zero hit;
+    ``flops_saved_fraction`` is prefill FLOPs saved over prefill FLOPs without
+    any cache.
+    """
+
+    trace: str
+    model: str
+    admission: str
+    eviction: str
+    capacity_bytes: int | None
+    block_size: int
+    num_blocks: int
+    requests: int
+    skipped_requests: int
+    prompt_tokens: int
+    hit_tokens: int
+    token_hit_rate: float
+    request_hit_rate: float
+    flops_saved_fraction: float
+    state_checkpoints: int
+    junctions: int
+    evictions: int
+    evictions_by_group: dict[str, int]
+    alpha: float | None
+    alpha_events: list[dict[str, Any]]
+    wall_seconds: float
+    per_request_hits: list[int] | None = field(default=None, repr=False)
+
+    def to_record(self) -> dict[str, Any]:
+        rec = asdict(self)
+        if rec["per_request_hits"] is None:
+            del rec["per_request_hits"]
+        return rec
+
+
+def group_kinds(geometry: CacheGeometry) -> tuple[str, ...]:
+    """The KV cache groups in vLLM's order, as ``"attention"`` / ``"state"``."""
+    return tuple(ATTENTION if k == "attention" else STATE for k in geometry.group_kinds)
+
+
+def cache_requests(trace: Trace, block_size: int) -> list[CacheRequest]:
+    """The trace's requests reduced to what the cache needs, at ``block_size``."""
+    hashes = trace.block_hashes(block_size)
+    return [CacheRequest(h, r.prompt_len, r.output_len) for h, r in zip(hashes, trace.requests)]
+
+
+def trace_bound(trace: Trace, block_size: int) -> dict[str, Any]:
+    """Infinite-capacity bound at ``block_size`` (a state at every block, nothing evicted)."""
+    hit, prompt = trace.infinite_capacity_bound(block_size)
+    return {"block_size": block_size, "hit_tokens": hit, "prompt_tokens": prompt,
+            "token_hit_rate": hit / prompt if prompt else 0.0}
+
+
+def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
+             capacity_bytes: int | None = None, num_blocks: int | None = None,
+             block_size: int | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
+             alpha: float | None = None, tune_multiplier: int = 5,
+             retune_every: int | None = None, per_request: bool = False,
+             requests: list[CacheRequest] | None = None,
+             on_request: Callable[[int], None] | None = None) -> RunResult:
+    """Replay ``trace`` through the cache for one policy pair and one capacity.
+
+    Give either ``capacity_bytes`` (KV cache memory; geometry as vLLM derives
+    it) or ``num_blocks`` (an engine's pool, with its ``block_size``).
+
+    Args:
+        trace: the requests.
+        costs: the model's cost model (must be hybrid).
+        admission, eviction: registered policy names.
+        capacity_bytes: KV cache bytes.
+        num_blocks: blocks in the pool (overrides ``capacity_bytes``).
+        block_size: force a block size (default: vLLM's rule).
+        chunk_size: prefill tokens per step (``max_num_batched_tokens``).
+        alpha: fix ``flop``'s alpha; ``None`` tunes it online.
+        tune_multiplier: bootstrap window multiplier (Marconi: 5).
+        retune_every: see :class:`AlphaTuner`.
+        per_request: keep every request's hit tokens in the result.
+        requests: pre-built cache requests at the right block size (sweeps
+            share them); built from ``trace`` when ``None``.
+        on_request: called with the request index after each request.
+
+    Raises:
+        UnknownPolicyError: a policy name is not registered.
+        CapacityError: the capacity cannot hold a single block set.
+        ValueError: the model is not hybrid, or neither capacity nor blocks.
+    """
+    get_admission(admission)  # validate names before any work
+    get_eviction(eviction)
+    if not costs.is_hybrid:
+        raise ValueError(f"model {costs.name!r} has no recurrent layers: nothing to simulate")
+    if num_blocks is not None:
+        geo = geometry_from_blocks(costs, num_blocks, block_size)
+    elif capacity_bytes is not None:
+        geo = block_geometry(costs, capacity_bytes, block_size=block_size)
+    else:
+        raise ValueError("give capacity_bytes or num_blocks")
+    t0 = time.perf_counter()
+    if requests is None:
+        requests = cache_requests(trace, geo.block_size)
+    flops = costs.prefill_flops
+    setup = CacheSetup(num_blocks=geo.num_blocks, block_size=geo.block_size,
+                       group_kinds=group_kinds(geo), chunk_size=chunk_size,
+                       bytes_per_block=geo.bytes_per_block, admission=admission,
+                       eviction=eviction, segment_flops=flops)
+    oracle = NextUseOracle(requests) if eviction == "belady" else None
+    cache = setup.build(alpha=alpha if alpha is not None else (0.0 if eviction == "flop" else None),
+                        next_use=oracle)
+    tuner = None
+    if eviction == "flop" and alpha is None:
+        def replay_window(a: float, window) -> float:
+            return replay_requests(setup.build(alpha=a), window, prefill_flops=flops).flops_saved
+        tuner = AlphaTuner(replay=replay_window, multiplier=tune_multiplier,
+                           retune_every=retune_every)
+    hits: list[int] = []
+
+    def on_outcome(r: int, out) -> None:
+        if per_request:
+            hits.append(-1 if out is None else out.hit_tokens)
+        if tuner is not None and out is not None:
+            new = tuner.observe(requests[r], cache.pool.evictions > 0)
+            if new is not None:
+                cache.eviction.alpha = new
+        if on_request:
+            on_request(r)
+
+    totals = replay_requests(cache, requests, prefill_flops=flops, on_outcome=on_outcome)
+    wall = time.perf_counter() - t0
+    names = [f"{k}{g}" for g, k in enumerate(setup.group_kinds)]
+    return RunResult(
+        trace=trace.name, model=costs.name, admission=admission, eviction=eviction,
+        capacity_bytes=capacity_bytes if num_blocks is None else None,
+        block_size=geo.block_size, num_blocks=geo.num_blocks,
+        requests=totals.requests, skipped_requests=totals.skipped,
+        prompt_tokens=totals.prompt_tokens, hit_tokens=totals.hit_tokens,
+        token_hit_rate=_ratio(totals.hit_tokens, totals.prompt_tokens),
+        request_hit_rate=_ratio(totals.hit_requests, totals.requests),
+        flops_saved_fraction=_ratio(totals.flops_saved, totals.flops_total),
+        state_checkpoints=cache.checkpoints, junctions=cache.junctions,
+        evictions=cache.pool.evictions,
+        evictions_by_group={names[g]: n for g, n in sorted(cache.pool.evictions_by_group.items())},
+        alpha=(tuner.alpha if tuner else alpha) if eviction == "flop" else None,
+        alpha_events=[{"at": e.at, "window": e.window, "alpha": e.alpha, "kind": e.kind}
+                      for e in tuner.events] if tuner else [],
+        wall_seconds=wall, per_request_hits=hits if per_request else None)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b else 0.0
+
