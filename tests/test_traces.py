@@ -599,3 +599,14 @@ def test_mooncake_infinite_cache_figures(mooncake):
     assert mooncake.infinite_capacity_bound(512) == (54_063_104, 144_793_823)
     hit, total = mooncake.infinite_capacity_bound(544)
     assert round(100 * hit / total, 2) == 33.78  # 544 does not divide 512: a block spanning a miss misses
+
+
+def test_the_documented_token_jsonl_example_loads(tmp_path):
+    doc = (Path(__file__).resolve().parents[1] / "docs/trace-format.md").read_text()
+    example = doc.split("```json\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "example.jsonl"
+    path.write_text(example)
+    trace = load_trace(path)
+    assert [r.request_id for r in trace.requests] == ["chat-0-0", "qa-7", "chat-0-1"]
+    assert trace.summary()["sessions"] == 1
+    assert trace.infinite_capacity_bound(2) == (4, 15)  # chat-0-1 reuses chat-0-0's 4 tokens
