@@ -1,0 +1,258 @@
+"""The block-level hybrid cache model: exact hits on hand-derived cases, vLLM's
+free-queue order against a literal reference, and properties on random traces."""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
+from vllm_admission.core.cache import BlockPool, HybridPrefixCache, PoolExhausted
+from vllm_admission.core.eviction import LRUEviction, get_eviction
+
+B = 256
+GROUPS = ("state", "attention")
+
+
+def make_cache(admission="vllm", eviction="lru", num_blocks=10_000, groups=GROUPS, chunk=8192,
+               **kw):
+    ev = get_eviction(eviction)
+    extra = {}
+    if ev.needs_values:
+        extra = {"segment_flops": lambda end, start: float(end * end - start * start),
+                 "bytes_per_block": 1}
+    if ev.needs_future:
+        extra["next_use"] = lambda h, r: float("inf")
+    extra.update(kw)
+    return HybridPrefixCache(num_blocks=num_blocks, block_size=B, group_kinds=groups,
+                             admission=get_admission(admission), eviction=ev, chunk_size=chunk,
+                             **extra)
+
+
+def chained(parts):
+    """Block hashes for a prompt given as a list of per-token content labels."""
+    out, h = [], 0
+    for i in range(len(parts) // B):
+        h = hash((h, tuple(parts[i * B:(i + 1) * B])))
+        out.append(h)
+    return out
+
+
+def sibling(r, shared=1500, suffix=300):
+    tokens = ["s"] * shared + [("x", r)] + [("t", k) for k in range(suffix)]
+    return chained(tokens), len(tokens)
+
+
+# --- exact numbers on the junction case ---------------------------------------------
+# Ten prompts = the same 1,500-token prefix + 1 distinct token + the same 300-token
+# suffix (1,801 tokens, 7 full blocks of 256). The shared part covers 5 full blocks
+# (1,280 tokens): block 5 holds the distinct token 1,500.
+#  * last:    each prompt caches a state only at its own prompt end (1,792), which no
+#             sibling shares -> 0 hits everywhere.
+#  * vllm / marconi: prompt 2 finds 5 cached KV blocks but no state -> junction at
+#             1,280, a chunk stops there and the state is cached; prompts 3..10 hit 1,280.
+#  * dense:   prompt 1 caches a state at every block -> prompts 2..10 hit 1,280.
+#  * none:    no state ever -> 0.
+EXPECTED_JUNCTION = {
+    "none": [0] * 10,
+    "last": [0] * 10,
+    "vllm": [0, 0] + [1280] * 8,
+    "marconi": [0, 0] + [1280] * 8,
+    "dense": [0] + [1280] * 9,
+}
+
+
+@pytest.mark.parametrize("policy", sorted(ADMISSION_POLICIES))
+def test_junction_case_exact_hits(policy):
+    cache = make_cache(policy)
+    hits = []
+    for r in range(10):
+        hashes, n = sibling(r)
+        hits.append(cache.serve(hashes, n, 4, rid=r, now=float(r)).hit_tokens)
+    assert hits == EXPECTED_JUNCTION[policy]
+
+
+def test_junction_is_reported_and_checkpointed_once():
+    cache = make_cache("vllm")
+    outs = [cache.serve(*sibling(r), 4, rid=r, now=float(r)) for r in range(3)]
+    assert [o.junction for o in outs] == [0, 1280, 0]
+    # prompt 1: its prompt end; prompt 2: junction + its prompt end; prompt 3: its prompt end
+    assert [o.checkpoints for o in outs] == [1, 2, 1]
+
+
+def test_hit_is_capped_at_prompt_len_minus_one_block_floored():
+    # An identical 2-block prompt sent twice: the last token must be recomputed, so the
+    # hit is (512 - 1) // 256 * 256 = 256, not 512.
+    cache = make_cache("vllm")
+    hashes = chained(["a"] * 512)
+    cache.serve(hashes, 512, 1, rid=0, now=0.0)
+    assert cache.serve(hashes, 512, 1, rid=1, now=1.0).hit_tokens == 256
+
+
+def test_marconi_keeps_the_sequence_end_not_the_prompt_end():
+    # Prompt 1,000 tokens, output 600: the sequence reaches token 1,599, its last block
+    # boundary is 1,536 (a decode boundary). marconi caches that state only; vllm caches
+    # the prompt end (768).
+    hashes = chained(["p"] * 1000)
+    for policy, expect in (("marconi", [1536]), ("vllm", [768]), ("last", [768, 1024, 1280, 1536])):
+        cache = make_cache(policy)
+        seen = []
+        orig = cache.pool.cache
+
+        def spy(block, key, seen=seen, orig=orig, cache=cache):
+            if key[0] == 0:  # the state group
+                seen.append(key[1])
+            orig(block, key)
+
+        cache.pool.cache = spy
+        cache.serve(hashes, 1000, 600, rid=0, now=0.0)
+        positions = [(key[2] + 1) * B if isinstance(key, tuple) else (hashes.index(key) + 1) * B
+                     for key in seen]
+        assert positions == expect, policy
+
+
+def test_long_prompt_chunks_end_on_block_boundaries():
+    # chunk budget 600 < prompt 2,000: vllm's split ends chunks at 512, 1,024, 1,536 and
+    # stops at the last reusable boundary 1,792; `last` keeps all those chunk-end states.
+    cache = make_cache("last", chunk=600)
+    hashes = chained(["q"] * 2000)
+    out = cache.serve(hashes, 2000, 1, rid=0, now=0.0)
+    assert out.checkpoints == 4  # 512, 1024, 1536, 1792
+    again = cache.serve(hashes, 2000, 1, rid=1, now=1.0)
+    assert again.hit_tokens == 1792
+
+
+# --- the pool against a literal reference of vLLM's free-block queue ----------------
+class ReferenceQueue:
+    """vLLM 0.32 free_block_queue, literally: a list of blocks; freed blocks without
+    a hash are prepended, cached ones appended; allocation pops the head and drops the
+    popped block's hash (block_pool.py: free_blocks, get_new_blocks)."""
+
+    def __init__(self, n):
+        self.queue = [[i, None] for i in range(1, n)]  # [id, key]
+        self.index = {}
+        self.evicted = []
+
+    def allocate(self, k):
+        out = self.queue[:k]
+        del self.queue[:k]
+        for blk in out:
+            if blk[1] is not None:
+                self.evicted.append(blk[1])
+                del self.index[blk[1]]
+                blk[1] = None
+        return out
+
+    def free(self, blocks):
+        self.queue[:0] = [b for b in blocks if b[1] is None]
+        self.queue.extend(b for b in blocks if b[1] is not None)
+
+    def touch(self, blk):
+        self.queue.remove(blk)
+
+    def cache(self, blk, key):
+        blk[1] = key
+        self.index[key] = blk
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 10_000))
+def test_lru_pool_evicts_in_vllm_queue_order(seed):
+    rng = random.Random(seed)
+    n = 12
+    ref, pool = ReferenceQueue(n), BlockPool(n, LRUEviction())
+    evicted = []
+    orig_drop = pool._drop_key
+    pool._drop_key = lambda b: (evicted.append(b.key), orig_drop(b))
+    next_key = 0
+    for _ in range(40):
+        # a "request": maybe hit some cached keys, allocate, cache some, free all
+        hits = [k for k in list(ref.index) if rng.random() < 0.3][:3]
+        ref_hits = [ref.index[k] for k in hits]
+        pool_hits = [pool.get_cached(k) for k in hits]
+        for blk in ref_hits:
+            ref.touch(blk)
+        pool.touch(pool_hits)
+        k = rng.randint(1, min(4, len(ref.queue)))
+        ref_new, pool_new = ref.allocate(k), pool.allocate(k, now=0.0)
+        for rb, pb in zip(ref_new, pool_new):
+            if rng.random() < 0.6:
+                ref.cache(rb, (0, next_key))
+                pool.cache(pb, (0, next_key))
+                next_key += 1
+        order = list(range(len(ref_hits) + k))
+        rng.shuffle(order)
+        ref_all, pool_all = ref_hits + ref_new, pool_hits + pool_new
+        ref.free([ref_all[i] for i in order])
+        pool.free([pool_all[i] for i in order], now=0.0)
+        assert evicted == ref.evicted
+        assert pool.num_free == len(ref.queue)
+
+
+# --- properties on random traces ------------------------------------------------------
+def random_trace(rng, n_requests=30, n_prefixes=4):
+    """Requests share one of a few prefixes, then diverge; lengths in blocks vary."""
+    reqs = []
+    for r in range(n_requests):
+        p = rng.randrange(n_prefixes)
+        shared = rng.randint(0, 6) * B + rng.randint(0, B - 1)
+        tail = rng.randint(1, 3 * B)
+        tokens = [("p", p)] * shared + [("u", r)] * tail
+        reqs.append((chained(tokens), len(tokens), rng.randint(1, 2 * B)))
+    return reqs
+
+
+def kv_bound(reqs):
+    seen, total = set(), 0
+    for hashes, n, _ in reqs:
+        k = 0
+        cap = (n - 1) // B
+        while k < min(cap, len(hashes)) and hashes[k] in seen:
+            k += 1
+        total += k * B
+        seen.update(hashes)
+    return total
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), policy=st.sampled_from(sorted(ADMISSION_POLICIES)),
+       eviction=st.sampled_from(["lru", "flop", "belady"]), blocks=st.integers(12, 80))
+def test_occupancy_bounded_no_leak_and_never_above_bound(seed, policy, eviction, blocks):
+    rng = random.Random(seed)
+    reqs = random_trace(rng)
+    cache = make_cache(policy, eviction, num_blocks=blocks,
+                       groups=("state", "attention", "state"))
+    total = 0
+    for r, (hashes, n, out) in enumerate(reqs):
+        if not cache.fits(n, out):
+            continue
+        total += cache.serve(hashes, n, out, rid=r, now=float(r)).hit_tokens
+        pool = cache.pool
+        assert pool.num_used == 0  # every block of the finished request came back
+        assert pool.num_cached_entries <= blocks - 1
+        assert 0 <= pool.num_free_uncached <= blocks - 1
+    assert total <= kv_bound(reqs)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_dense_with_infinite_capacity_reaches_the_kv_bound(seed):
+    reqs = random_trace(random.Random(seed))
+    cache = make_cache("dense", num_blocks=100_000)
+    total = sum(cache.serve(h, n, o, rid=r, now=float(r)).hit_tokens
+                for r, (h, n, o) in enumerate(reqs))
+    assert total == kv_bound(reqs)
+    assert cache.pool.evictions == 0
+
+
+def test_request_that_cannot_fit_is_refused():
+    cache = make_cache(num_blocks=6)
+    assert not cache.fits(10 * B, 1)
+    with pytest.raises(PoolExhausted):
+        cache.serve(chained(["z"] * 10 * B), 10 * B, 1, rid=0, now=0.0)
+
+
+def test_group_kinds_must_mix_attention_and_state():
+    with pytest.raises(ValueError, match="mix"):
+        make_cache(groups=("attention", "attention"))

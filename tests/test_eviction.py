@@ -1,0 +1,134 @@
+"""Eviction policies: a contract every policy passes, plus each policy's own order."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_admission.core.admission import UnknownPolicyError
+from vllm_admission.core.eviction import (
+    EVICTION_POLICIES,
+    BeladyEviction,
+    FlopEviction,
+    LRUEviction,
+    get_eviction,
+)
+
+ALL = sorted(EVICTION_POLICIES)
+
+
+@pytest.mark.parametrize("name", ALL)
+class TestContract:
+    def test_pop_returns_each_added_block_once(self, name):
+        pol = get_eviction(name)
+        for i in range(10):
+            pol.add(i, now=float(i), value=float(i % 3), next_use=float(20 - i))
+        popped = [pol.pop(now=10.0) for _ in range(10)]
+        assert sorted(popped) == list(range(10))
+        assert len(pol) == 0
+
+    def test_removed_block_is_never_popped(self, name):
+        pol = get_eviction(name)
+        for i in range(6):
+            pol.add(i, now=float(i), value=1.0, next_use=5.0)
+        pol.remove(2)
+        assert 2 not in pol and len(pol) == 5
+        assert 2 not in [pol.pop(now=6.0) for _ in range(5)]
+
+    def test_empty_pop_raises_index_error(self, name):
+        with pytest.raises(IndexError):
+            get_eviction(name).pop(now=0.0)
+
+    def test_remove_unknown_raises_key_error(self, name):
+        with pytest.raises(KeyError):
+            get_eviction(name).remove(42)
+
+
+def test_lru_is_fifo_over_free_events():
+    pol = LRUEviction()
+    for b in (5, 3, 9, 1):
+        pol.add(b, now=0.0)
+    pol.remove(3)
+    pol.add(3, now=1.0)  # freed again: goes to the tail
+    assert pol.pop_n(4, now=2.0) == [5, 9, 1, 3]
+
+
+def test_flop_with_alpha_zero_orders_like_lru():
+    flop, lru = FlopEviction(alpha=0.0), LRUEviction()
+    for i, t in enumerate([0, 0, 1, 1, 1, 4, 7]):
+        flop.add(i, now=float(t), value=float(7 - i))
+        lru.add(i, now=float(t))
+    assert flop.pop_n(7, now=8.0) == lru.pop_n(7, now=8.0)
+
+
+def test_flop_utility_hand_computed():
+    # Two candidates, now = 4: recency 1/(4-0+1)=0.2 and 1/(4-3+1)=0.5 -> normalised 0 and 1.
+    # Values 10 and 2 -> normalised 1 and 0. alpha=2: S(a) = 0 + 2*1 = 2, S(b) = 1 + 0 = 1.
+    pol = FlopEviction(alpha=2.0)
+    pol.add(1, now=0.0, value=10.0)
+    pol.add(2, now=3.0, value=2.0)
+    assert pol.utility(1, now=4.0) == pytest.approx(2.0)
+    assert pol.utility(2, now=4.0) == pytest.approx(1.0)
+    assert pol.pop(now=4.0) == 2  # the older block survives: it saves more FLOPs per byte
+
+
+def _brute_force_victim(entries, alpha, now):
+    """Rescan every candidate (what Marconi's simulator does), same tie-breaks."""
+    ts = [t for t, _, _ in entries.values()]
+    vs = [v for _, v, _ in entries.values()]
+    rmin, rmax = 1 / (now - min(ts) + 1), 1 / (now - max(ts) + 1)
+    vmin, vmax = min(vs), max(vs)
+
+    def s(t, v):
+        r = (1 / (now - t + 1) - rmin) / (rmax - rmin) if rmax > rmin else 0.0
+        e = alpha * (v - vmin) / (vmax - vmin) if vmax > vmin and alpha else 0.0
+        return r + e
+
+    return min(entries, key=lambda b: (s(*entries[b][:2]), entries[b][2]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    alpha=st.sampled_from([0.0, 0.1, 0.5, 1.0, 2.0, 7.5]),
+    ops=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 5), st.booleans()), min_size=1,
+                 max_size=60),
+)
+def test_flop_threshold_search_equals_full_rescan(alpha, ops):
+    """The threshold algorithm must pick exactly the full rescan's victim."""
+    pol = FlopEviction(alpha=alpha)
+    shadow = {}
+    seq = 0
+    now = 0.0
+    next_id = 0
+    for t_step, value, do_pop in ops:
+        now += t_step % 3
+        if do_pop and shadow:
+            expect = _brute_force_victim(shadow, alpha, now)
+            got = pol.pop(now)
+            assert got == expect
+            del shadow[got]
+        else:
+            pol.add(next_id, now=now, value=float(value))
+            shadow[next_id] = (now, float(value), seq)
+            seq += 1
+            next_id += 1
+
+
+def test_belady_evicts_farthest_next_use_first():
+    pol = BeladyEviction()
+    pol.add(1, now=0, next_use=5)
+    pol.add(2, now=0, next_use=math.inf)
+    pol.add(3, now=0, next_use=9)
+    pol.add(4, now=0, next_use=9)
+    assert pol.pop_n(4, now=1) == [2, 3, 4, 1]
+
+
+def test_unknown_eviction_name_lists_valid_ones():
+    with pytest.raises(UnknownPolicyError, match="valid: lru, flop, belady"):
+        get_eviction("arc")
+
+
+def test_flop_rejects_negative_alpha():
+    with pytest.raises(ValueError, match="alpha"):
+        FlopEviction(alpha=-1)
