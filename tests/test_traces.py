@@ -172,8 +172,11 @@ def test_bad_block_size_and_vocab():
         SpanPrompt(((1, 2),)).block_hashes(-3)
     with pytest.raises(ValueError, match="vocabulary of 100"):
         TokenPrompt((1, 100)).token_ids(100)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="bad span"):
         SpanPrompt(((1, 0),))  # an empty span would make the content encoding ambiguous
+    for spans in (((1, 2), (3, 4, 5)), ((1, 2), [3, 4]), ((-1, 2),), ((1, 2.0),), ()):
+        with pytest.raises(ValueError, match="SpanPrompt.spans|bad span"):
+            SpanPrompt(spans)
 
 
 def test_span_tokens_are_deterministic_and_in_range():
@@ -197,7 +200,8 @@ def test_hashes_and_synthetic_trace_are_the_same_in_every_process():
     outputs = set()
     for hash_seed in ("0", "1", "12345"):
         env = dict(os.environ, PYTHONHASHSEED=hash_seed, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-        out = subprocess.run([sys.executable, "-c", _PROCESS_DIGEST], env=env, capture_output=True, text=True, check=True)
+        command = [sys.executable, "-c", _PROCESS_DIGEST]
+        out = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
         outputs.add(out.stdout)
     assert len(outputs) == 1
 
@@ -378,7 +382,12 @@ def test_timestamp_on_a_later_line_only_is_an_error(tmp_path):
 
 @pytest.mark.parametrize(
     ("line", "what"),
-    [("{not json", "not valid JSON"), ("[1, 2]", "expected a JSON object, got list"), ("7", "got int"), ("null", "got NoneType")],
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object, got list"),
+        ("7", "got int"),
+        ("null", "got NoneType"),
+    ],
 )
 @pytest.mark.parametrize("first", [_mc(), _tok()])
 def test_non_object_lines(tmp_path, first, line, what):
@@ -462,7 +471,8 @@ def test_token_jsonl_round_trip_keeps_requests_and_sharing(tmp_path):
 
 
 def test_writer_refuses_mixed_arrivals(tmp_path):
-    trace = Trace("m", [Request("a", TokenPrompt((1,)), 1, 0.0, None), Request("b", TokenPrompt((1,)), 1, None, None)])
+    timed, untimed = Request("a", TokenPrompt((1,)), 1, 0.0, None), Request("b", TokenPrompt((1,)), 1, None, None)
+    trace = Trace("m", [timed, untimed])
     with pytest.raises(TraceError, match="some requests have arrival times"):
         write_token_jsonl(trace, tmp_path / "m.jsonl", 10)
 
@@ -532,7 +542,8 @@ def test_synthetic_shared_prefixes(synthetic):
     for session, turns in _sessions(synthetic).items():
         first_spans[session.split("-")[0]][turns[0][1].prompt.spans[0]] += 1
     cfg = SyntheticConfig()
-    for kind, pool in (("chat", cfg.num_system_prompts), ("fewshot", cfg.num_templates), ("agent", cfg.num_agent_contexts)):
+    pools = {"chat": cfg.num_system_prompts, "fewshot": cfg.num_templates, "agent": cfg.num_agent_contexts}
+    for kind, pool in pools.items():
         counts = sorted(first_spans[kind].values(), reverse=True)
         assert 1 < len(counts) <= pool
         assert counts[0] > sum(counts) / len(counts)  # Zipf: the head is above the average
@@ -543,8 +554,12 @@ def test_synthetic_shared_prefixes(synthetic):
 
 
 def test_synthetic_parameters(tmp_path):
-    trace = load_trace("synthetic", num_requests=50, agent_fraction=0.0, chat_fraction=0.8, template_len=(900, 0.1, 800, 1000))
-    assert trace.name == "synthetic(seed=0, num_requests=50, chat_fraction=0.8, agent_fraction=0.0, template_len=LogNormal(median=900, sigma=0.1, lo=800, hi=1000))"
+    params = {"num_requests": 50, "agent_fraction": 0.0, "chat_fraction": 0.8, "template_len": (900, 0.1, 800, 1000)}
+    trace = load_trace("synthetic", **params)
+    assert trace.name == (
+        "synthetic(seed=0, num_requests=50, chat_fraction=0.8, agent_fraction=0.0,"
+        " template_len=LogNormal(median=900, sigma=0.1, lo=800, hi=1000))"
+    )
     assert collections.Counter(r.session.split("-")[0] for r in trace.requests) == {"chat": 40, "fewshot": 10}
     assert all(800 <= r.prompt.spans[0][1] <= 1000 for r in trace.requests if r.session.startswith("fewshot"))
     assert isinstance(SyntheticConfig(template_len=(900, 0.1, 800, 1000)).template_len, LogNormal)

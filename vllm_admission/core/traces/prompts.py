@@ -130,11 +130,13 @@ class SpanPrompt:
         spans = self.spans
         if type(spans) is not tuple or not spans:
             raise ValueError("SpanPrompt.spans must be a non-empty tuple of (key, length) pairs")
-        total = 0
-        for key, length in spans:
-            if type(key) is not int or key < 0 or type(length) is not int or length < 1:
-                raise ValueError(f"bad span ({key!r}, {length!r}): need an int key >= 0 and an int length >= 1")
-            total += length
+        if set(map(type, spans)) != {tuple} or set(map(len, spans)) != {2}:
+            raise ValueError("SpanPrompt.spans must hold (key, length) pairs")
+        keys, lengths = zip(*spans)
+        if set(map(type, keys + lengths)) != {int} or min(keys) < 0 or min(lengths) < 1:
+            bad = next((k, n) for k, n in spans if type(k) is not int or type(n) is not int or k < 0 or n < 1)
+            raise ValueError(f"bad span {bad!r}: need an int key >= 0 and an int length >= 1")
+        total = sum(lengths)
         object.__setattr__(self, "num_tokens", total)
 
     def block_hashes(self, block_size: int, *, include_partial: bool = False) -> list[int]:

@@ -7,6 +7,7 @@ The formats and every validation rule are described in ``docs/trace-format.md``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -181,9 +182,9 @@ def _int_list(where: str, rec: dict, name: str) -> list[int]:
     value = rec[name]
     if type(value) is not list:
         raise _bad(where, name, f"expected a list of integers, got {_short(value)}")
-    for i, x in enumerate(value):
-        if type(x) is not int or x < 0:
-            raise _bad(where, name, f"item {i} must be an integer >= 0, got {_short(x)}")
+    if value and (set(map(type, value)) != {int} or min(value) < 0):
+        i, x = next((i, x) for i, x in enumerate(value) if type(x) is not int or x < 0)
+        raise _bad(where, name, f"item {i} must be an integer >= 0, got {_short(x)}")
     return value
 
 
@@ -216,8 +217,9 @@ class _MooncakeParser:
         B = MOONCAKE_BLOCK_TOKENS
         if len(ids) != -(-length // B):
             need = -(-length // B)
-            raise _bad(where, "hash_ids", f"has {len(ids)} ids, but input_length {length} needs ceil({length}/{B}) = {need}")
-        spans = [(key, B) for key in ids]
+            what = f"has {len(ids)} ids, but input_length {length} needs ceil({length}/{B}) = {need}"
+            raise _bad(where, "hash_ids", what)
+        spans = list(zip(ids, itertools.repeat(B)))
         spans[-1] = (ids[-1], length - B * (len(ids) - 1))
         line = where.rsplit(":", 1)[1]
         return Request(f"mooncake-{line}", SpanPrompt(tuple(spans)), output, arrival, None)
@@ -259,7 +261,8 @@ class _TokenParser:
         elif has != self.timed[0]:
             state = "missing" if not has else "present"
             first = "has one" if self.timed[0] else "has none"
-            raise _bad(where, "timestamp", f"{state}, but {self.timed[1]} {first} (give it on every line or on none)")
+            what = f"{state}, but {self.timed[1]} {first} (give it on every line or on none)"
+            raise _bad(where, "timestamp", what)
         if not has:
             return None
         arrival = _seconds(where, rec, "timestamp", 1.0)

@@ -84,16 +84,19 @@ class SyntheticConfig:
                 object.__setattr__(self, f.name, _lognormal(f.name, getattr(self, f.name)))
         _require(type(self.num_requests) is int and self.num_requests >= 1, "num_requests must be an int >= 1")
         fractions = (self.chat_fraction, self.fewshot_fraction, self.agent_fraction)
-        _require(all(x >= 0 for x in fractions), "the *_fraction parameters must be >= 0")
+        _require(all(_is_number(x) and x >= 0 for x in fractions), "the *_fraction parameters must be numbers >= 0")
         _require(abs(sum(fractions) - 1) < 1e-9, f"chat/fewshot/agent fractions must sum to 1, got {sum(fractions)}")
-        _require(self.request_rate > 0, "request_rate must be > 0")
-        _require(self.max_prompt_len >= 1, "max_prompt_len must be >= 1")
-        for name in ("num_system_prompts", "num_templates", "num_agent_contexts", "chat_turns_max", "agent_steps_max"):
-            _require(type(getattr(self, name)) is int and getattr(self, name) >= 1, f"{name} must be an int >= 1")
-        for name in ("system_prompt_zipf", "template_zipf", "agent_context_zipf", "chat_think_s", "agent_step_gap_s"):
-            _require(getattr(self, name) >= 0, f"{name} must be >= 0")
-        for name in ("chat_turns_mean", "agent_steps_mean"):
-            _require(getattr(self, name) >= 1, f"{name} must be >= 1")
+        _require(_is_number(self.request_rate) and self.request_rate > 0, "request_rate must be a number > 0")
+        ints = ("max_prompt_len", "num_system_prompts", "num_templates", "num_agent_contexts",
+                "chat_turns_max", "agent_steps_max")
+        for name in ints:
+            value = getattr(self, name)
+            _require(type(value) is int and value >= 1, f"{name} must be an int >= 1, got {value!r}")
+        at_least = {"system_prompt_zipf": 0, "template_zipf": 0, "agent_context_zipf": 0, "chat_think_s": 0,
+                    "agent_step_gap_s": 0, "chat_turns_mean": 1, "agent_steps_mean": 1}
+        for name, low in at_least.items():
+            value = getattr(self, name)
+            _require(_is_number(value) and value >= low, f"{name} must be a number >= {low}, got {value!r}")
 
     def changed(self) -> dict[str, object]:
         """The parameters that differ from the defaults, in field order."""
@@ -103,6 +106,10 @@ class SyntheticConfig:
             for f in dataclasses.fields(self)
             if getattr(self, f.name) != getattr(default, f.name)
         }
+
+
+def _is_number(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
 
 
 def _require(ok: bool, message: str) -> None:
@@ -115,7 +122,10 @@ def _lognormal(name: str, value: object) -> LogNormal:
         dist = LogNormal(*value)  # type: ignore[misc]
     except TypeError:
         raise TraceError(f"SyntheticConfig: {name} must be (median, sigma, lo, hi), got {value!r}") from None
-    ok = dist.median > 0 and dist.sigma >= 0 and type(dist.lo) is int and type(dist.hi) is int and 1 <= dist.lo <= dist.hi
+    ok = (
+        _is_number(dist.median) and dist.median > 0 and _is_number(dist.sigma) and dist.sigma >= 0
+        and type(dist.lo) is int and type(dist.hi) is int and 1 <= dist.lo <= dist.hi
+    )
     _require(ok, f"{name} needs median > 0, sigma >= 0 and ints 1 <= lo <= hi, got {value!r}")
     return dist
 
@@ -159,9 +169,9 @@ class _Builder:
     def _span(self, dist: LogNormal) -> tuple[int, int]:
         return next(self.keys), dist.draw(self.rng)
 
-    def _grow(self, spans: list, wanted: int, add, output: LogNormal, gap_s: float) -> list[_Turn]:
+    def _grow(self, spans: list, wanted: int, added: LogNormal, output: LogNormal, gap_s: float) -> list[_Turn]:
         """Emit up to ``wanted`` turns starting from ``spans``; after each turn append its output
-        span and the span ``add()`` draws (the next user message or tool result)."""
+        span and a new span drawn from ``added`` (the next user message or tool result)."""
         turns: list[_Turn] = []
         gap = 0.0
         while True:
@@ -169,7 +179,7 @@ class _Builder:
             turns.append(_Turn(tuple(spans), out, gap))
             if len(turns) >= wanted:
                 return turns
-            spans += [(next(self.keys), out), add()]
+            spans += [(next(self.keys), out), self._span(added)]
             if sum(length for _, length in spans) > self.cfg.max_prompt_len:
                 return turns
             gap = self.rng.expovariate(1 / gap_s) if gap_s > 0 else 0.0
@@ -178,8 +188,7 @@ class _Builder:
         cfg = self.cfg
         spans = [self._pick(self.system_prompts), self._span(cfg.user_message_len)]
         wanted = min(budget, self._count(cfg.chat_turns_mean, cfg.chat_turns_max))
-        user = lambda: self._span(cfg.user_message_len)  # noqa: E731
-        return self._grow(spans, wanted, user, cfg.chat_output_len, cfg.chat_think_s)
+        return self._grow(spans, wanted, cfg.user_message_len, cfg.chat_output_len, cfg.chat_think_s)
 
     def fewshot(self, budget: int) -> list[_Turn]:
         cfg = self.cfg
@@ -190,8 +199,7 @@ class _Builder:
         cfg = self.cfg
         spans = [self._pick(self.contexts), self._span(cfg.agent_task_len)]
         wanted = min(budget, self._count(cfg.agent_steps_mean, cfg.agent_steps_max))
-        tool = lambda: self._span(cfg.tool_output_len)  # noqa: E731
-        return self._grow(spans, wanted, tool, cfg.agent_output_len, cfg.agent_step_gap_s)
+        return self._grow(spans, wanted, cfg.tool_output_len, cfg.agent_output_len, cfg.agent_step_gap_s)
 
 
 def _split(total: int, fractions: tuple[float, ...]) -> list[int]:
