@@ -414,6 +414,15 @@ def test_missing_file(tmp_path):
         load_trace(path)
 
 
+def test_not_a_file_and_not_utf8(tmp_path):
+    with pytest.raises(TraceError, match=f"trace path is not a file: {tmp_path}"):
+        load_trace(tmp_path)
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps(_tok()).encode() + b"\n" + b'{"prompt_token_ids": [1], "x": "caf\xe9"}\n')
+    with pytest.raises(TraceError, match=rf"^{path}:2: not UTF-8 text"):
+        load_trace(path)
+
+
 @pytest.mark.parametrize("lines", [[], ["", "  "]])
 def test_empty_file(tmp_path, lines):
     path = _write(tmp_path, lines)

@@ -105,9 +105,11 @@ def _apply_filters(trace: Trace, max_requests: int | None, max_prompt_tokens: in
 
 
 def _read_file(path: Path) -> Trace:
-    if not path.is_file():
+    if not path.exists():
         raise TraceError(f"trace file not found: {path}")
-    with path.open(encoding="utf-8") as f:
+    if not path.is_file():
+        raise TraceError(f"trace path is not a file: {path}")
+    with path.open("rb") as f:
         records = _json_records(f, str(path))
         first = next(records, None)
         if first is None:
@@ -127,8 +129,8 @@ def _read_file(path: Path) -> Trace:
     return Trace(name=f"{kind}/{path.stem}", requests=requests, source=str(path))
 
 
-def _json_records(lines: Iterator[str], file: str) -> Iterator[tuple[str, dict]]:
-    """Yield ``("<file>:<line>", object)`` for each non-blank line; blank lines are skipped."""
+def _json_records(lines: Iterator[bytes], file: str) -> Iterator[tuple[str, dict]]:
+    """Yield ``("<file>:<line>", object)`` for each non-blank line (UTF-8); blank lines are skipped."""
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -137,6 +139,8 @@ def _json_records(lines: Iterator[str], file: str) -> Iterator[tuple[str, dict]]
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise TraceError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        except UnicodeDecodeError as e:
+            raise TraceError(f"{where}: not UTF-8 text ({e.reason} at byte {e.start})") from None
         if not isinstance(rec, dict):
             raise TraceError(f"{where}: expected a JSON object, got {type(rec).__name__}")
         yield where, rec
