@@ -1,0 +1,503 @@
+"""Replay trace requests through a real vLLM ``LLM`` with prefix caching on.
+
+This is the engine-side twin of the simulator: it sends the same requests to
+vLLM 0.32 and reads back how many prompt tokens each one found in the prefix
+cache (``RequestOutput.num_cached_tokens``).
+
+Engine construction (:func:`build_llm`) bakes in what vLLM's CPU backend needs
+on this project's machines (bf16, eager mode, no tokenizer, a bounded KV
+cache) and, by default, runs the engine core *in the calling process*
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``). That makes engine start faster, avoids
+the spawn-only ``if __name__ == "__main__":`` requirement, and lets callers
+read the live scheduler and block pool through :func:`inprocess_scheduler`.
+Pass ``env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}`` to get vLLM's default
+separate engine-core process instead (then :func:`inprocess_scheduler` raises).
+
+Only :class:`EngineSettings`, :class:`ReplayResult` and the pure helpers are
+usable without vLLM installed; everything that touches the engine imports vLLM
+lazily.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # pragma: no cover
+    import vllm
+
+__all__ = [
+    "DEFAULT_ENV",
+    "SEQUENTIAL_MODE",
+    "EngineSettings",
+    "ReplayResult",
+    "Req",
+    "blocks_needed",
+    "build_llm",
+    "cached_block_positions",
+    "engine_geometry",
+    "inprocess_scheduler",
+    "prefix_cache_counters",
+    "replay",
+]
+
+#: Environment variables :func:`build_llm` sets when (and only when) unset.
+DEFAULT_ENV: dict[str, str] = {
+    # GiB of host memory for the KV cache on the CPU backend; the default asks
+    # for more than a 24 GiB, 2-core machine's NUMA node has free.
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    # Engine core in this process: inspectable scheduler, no spawn.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+
+SEQUENTIAL_MODE = "sequential: one request at a time, in trace order"
+
+_MODES = {"sequential": SEQUENTIAL_MODE}
+
+
+class Req(Protocol):
+    """What :func:`replay` needs from a request (``vllm_admission.core.traces.Request`` fits)."""
+
+    @property
+    def request_id(self) -> str: ...
+
+    @property
+    def prompt_len(self) -> int: ...
+
+    @property
+    def output_len(self) -> int: ...
+
+    def token_ids(self, vocab_size: int) -> list[int]: ...
+
+
+@dataclass
+class EngineSettings:
+    """How to build the engine for :func:`build_llm`.
+
+    Attributes:
+        model: path (or name) of the model directory, e.g. from
+            :func:`vllm_admission.engine.tiny_model.make_tiny_model`.
+        num_gpu_blocks: size of the KV block pool in blocks
+            (vLLM's ``num_gpu_blocks_override``; the pool includes one null
+            block that is never handed out). ``None``: sized from memory.
+        max_num_batched_tokens: token budget of one scheduler step
+            (``None``: vLLM's default).
+        max_model_len: longest prompt + output in tokens (``None``: the
+            model's ``max_position_embeddings``). With a small
+            ``num_gpu_blocks`` vLLM refuses to start unless one request of
+            this length fits in the pool (see ``docs/engine-facts.md``).
+        scheduler_cls: qualified name of a scheduler class, e.g.
+            ``"vllm_admission.AdmissionScheduler"`` (``None``: stock vLLM).
+        env: extra environment variables (e.g. policy selection) set in
+            ``os.environ`` before the engine starts; they override both the
+            caller's environment and :data:`DEFAULT_ENV`.
+        seed: engine seed.
+        gpu_memory_utilization: fraction of memory vLLM may plan with (on the
+            CPU backend it also bounds host memory); 0.5 works on this project's
+            machines.
+    """
+
+    model: str
+    num_gpu_blocks: int | None = None
+    max_num_batched_tokens: int | None = None
+    max_model_len: int | None = None
+    scheduler_cls: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    seed: int = 0
+    gpu_memory_utilization: float = 0.5
+
+
+@dataclass
+class ReplayResult:
+    """Outcome of :func:`replay`.
+
+    Attributes:
+        requests: one dict per input request, in input order, with
+            ``request_id``, ``prompt_tokens`` (int), ``output_len`` (tokens
+            asked for), ``cached_tokens`` (prompt tokens served from the
+            prefix cache, ``RequestOutput.num_cached_tokens``; ``None`` when
+            skipped), ``output_tokens`` (generated token ids; ``[]`` when
+            skipped) and ``status`` (``"ok"`` or ``"skipped: <reason>"``).
+        prompt_tokens: sum of prompt tokens over the requests that ran.
+        hit_tokens: sum of ``cached_tokens`` over the requests that ran.
+        token_hit_rate: ``hit_tokens / prompt_tokens`` (0.0 when nothing ran).
+        skipped: reason -> number of requests skipped for it.
+        wall_seconds: wall-clock seconds spent in the replay loop.
+        mode: how requests were submitted, in words.
+        engine_prefix_cache_hits: change of vLLM's ``vllm:prefix_cache_hits``
+            counter over the replay, in tokens (``None`` if unavailable).
+        engine_prefix_cache_queries: change of ``vllm:prefix_cache_queries``
+            over the replay, in tokens (``None`` if unavailable). vLLM counts
+            a request's full length (prompt) as queried.
+    """
+
+    requests: list[dict[str, Any]]
+    prompt_tokens: int
+    hit_tokens: int
+    token_hit_rate: float
+    skipped: dict[str, int]
+    wall_seconds: float
+    mode: str
+    engine_prefix_cache_hits: int | None = None
+    engine_prefix_cache_queries: int | None = None
+
+
+# ---------------------------------------------------------------- engine build
+
+
+def _apply_env(settings: EngineSettings) -> None:
+    for key, value in DEFAULT_ENV.items():
+        os.environ.setdefault(key, value)
+    for key, value in settings.env.items():
+        os.environ[str(key)] = str(value)
+
+
+def build_llm(settings: EngineSettings) -> vllm.LLM:
+    """Start a vLLM engine with prefix caching for ``settings``.
+
+    Sets each :data:`DEFAULT_ENV` variable only if it is unset, then applies
+    ``settings.env`` (these win), then builds ``vllm.LLM`` with
+    ``enable_prefix_caching=True``, ``dtype="bfloat16"``,
+    ``skip_tokenizer_init=True``, ``enforce_eager=True`` and statistics
+    logging on (so :func:`prefix_cache_counters` works). Takes about 6 s of
+    engine construction plus ~20 s of first vLLM import on a 2-core CPU
+    machine.
+
+    If the engine core runs in a separate process
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=1``), the caller's script must build
+    the engine under ``if __name__ == "__main__":`` (vLLM spawns workers).
+
+    Args:
+        settings: the engine settings.
+
+    Returns:
+        The started ``vllm.LLM``. Call ``del llm`` (and ``gc.collect()``) to
+        release it before building another in the same process.
+
+    Raises:
+        ValueError: from vLLM, e.g. when one request of ``max_model_len``
+            tokens does not fit in ``num_gpu_blocks`` (the message gives the
+            largest length that fits), or when the model is not found.
+        ImportError: if vLLM is not installed.
+    """
+    _apply_env(settings)
+    import vllm
+    import vllm.envs as vllm_envs
+
+    # The in-process engine core freezes vllm.envs after its start; a second
+    # engine in the same process must see the environment as it is now.
+    vllm_envs.disable_envs_cache()
+
+    kwargs: dict[str, Any] = dict(
+        model=str(settings.model),
+        dtype="bfloat16",
+        enable_prefix_caching=True,
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        disable_log_stats=False,
+        seed=settings.seed,
+    )
+    if settings.num_gpu_blocks is not None:
+        kwargs["num_gpu_blocks_override"] = int(settings.num_gpu_blocks)
+    if settings.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = int(settings.max_num_batched_tokens)
+    if settings.max_model_len is not None:
+        kwargs["max_model_len"] = int(settings.max_model_len)
+    if settings.scheduler_cls is not None:
+        kwargs["scheduler_cls"] = settings.scheduler_cls
+    return vllm.LLM(**kwargs)
+
+
+def inprocess_scheduler(llm: vllm.LLM) -> Any:
+    """The live ``vllm.v1.core.sched.scheduler.Scheduler`` (or subclass) of ``llm``.
+
+    Path: ``llm.llm_engine.engine_core`` is an ``InprocClient`` when the engine
+    core runs in this process; its ``.engine_core`` is the ``EngineCore`` whose
+    ``.scheduler`` holds ``kv_cache_manager`` -> ``coordinator`` /
+    ``block_pool``.
+
+    Raises:
+        RuntimeError: if the engine core runs in another process
+            (``VLLM_ENABLE_V1_MULTIPROCESSING=1``).
+    """
+    client = llm.llm_engine.engine_core
+    core = getattr(client, "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    if scheduler is None:
+        raise RuntimeError(
+            "the engine core runs in another process; build the engine with "
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0 to inspect its scheduler"
+        )
+    return scheduler
+
+
+def _group_kind(spec: Any) -> str:
+    name = type(spec).__name__
+    if name.endswith("Spec"):
+        name = name[: -len("Spec")]
+    return {"FullAttention": "full_attention", "Mamba": "mamba", "SlidingWindow": "sliding_window"}.get(
+        name, name.lower()
+    )
+
+
+def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
+    """What the simulator must copy from a started engine.
+
+    Returns a dict with:
+
+    * ``block_size`` (tokens per KV block, shared by all groups),
+    * ``num_gpu_blocks`` (blocks in the whole pool, null block included),
+    * ``max_num_batched_tokens`` (token budget of one step),
+    * ``max_model_len`` (tokens),
+    * ``mamba_cache_mode`` (``"align"`` with prefix caching on hybrid models),
+    * ``enable_chunked_prefill``, ``async_scheduling``, ``max_num_seqs``,
+    * ``scheduler_cls`` (qualified name or class repr),
+    * ``kv_cache_groups``: list of ``{"kind", "num_layers", "block_size",
+      "page_size_bytes", "layers"}``; ``kind`` is ``"full_attention"`` or
+      ``"mamba"`` (other spec classes: lower-cased class name); ``None`` when
+      the engine core runs in another process,
+    * ``inprocess`` (bool: whether :func:`inprocess_scheduler` works).
+
+    Raises:
+        AttributeError: if ``llm`` is not a vLLM 0.32 ``LLM``.
+    """
+    vc = llm.llm_engine.vllm_config
+    cc = vc.cache_config
+    sc = vc.scheduler_config
+    geo: dict[str, Any] = {
+        "block_size": int(cc.block_size),
+        "num_gpu_blocks": int(cc.num_gpu_blocks) if cc.num_gpu_blocks is not None else None,
+        "max_num_batched_tokens": int(sc.max_num_batched_tokens),
+        "max_model_len": int(vc.model_config.max_model_len),
+        "mamba_cache_mode": getattr(cc, "mamba_cache_mode", None),
+        "enable_chunked_prefill": bool(getattr(sc, "enable_chunked_prefill", True)),
+        "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
+        "max_num_seqs": int(sc.max_num_seqs),
+        "scheduler_cls": str(getattr(sc, "scheduler_cls", None)),
+        "kv_cache_groups": None,
+        "inprocess": False,
+    }
+    try:
+        scheduler = inprocess_scheduler(llm)
+    except RuntimeError:
+        return geo
+    geo["inprocess"] = True
+    kvc = scheduler.kv_cache_config
+    geo["num_gpu_blocks"] = int(kvc.num_blocks)
+    geo["kv_cache_groups"] = [
+        {
+            "kind": _group_kind(g.kv_cache_spec),
+            "num_layers": len(g.layer_names),
+            "block_size": int(g.kv_cache_spec.block_size),
+            "page_size_bytes": int(g.kv_cache_spec.page_size_bytes),
+            "layers": list(g.layer_names),
+        }
+        for g in kvc.kv_cache_groups
+    ]
+    return geo
+
+
+def cached_block_positions(llm: vllm.LLM) -> dict[str, list[int]]:
+    """Token positions of every block in the prefix cache, per KV cache group.
+
+    Reads ``block_pool.cached_block_hash_to_block`` of the in-process
+    scheduler. A block cached for an attention group at position ``n`` holds
+    the KV of tokens ``[n - block_size, n)``; a Mamba block at ``n`` holds the
+    recurrent state after the first ``n`` tokens. Keys are
+    ``"<group index>:<kind>"``; values are sorted, with one entry per cached
+    block (a position can repeat when two blocks hold the same prefix).
+
+    Raises:
+        RuntimeError: if the engine core runs in another process.
+    """
+    from vllm.v1.core.kv_cache_utils import get_group_id
+
+    scheduler = inprocess_scheduler(llm)
+    groups = scheduler.kv_cache_config.kv_cache_groups
+    names = [f"{i}:{_group_kind(g.kv_cache_spec)}" for i, g in enumerate(groups)]
+    out: dict[str, list[int]] = {n: [] for n in names}
+    cache = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
+    for key, blocks in cache._cache.items():  # noqa: SLF001 - no public iterator in 0.32
+        many = blocks.values() if isinstance(blocks, dict) else [blocks]
+        for block in many:
+            n = block.block_hash_num_tokens
+            out[names[get_group_id(key)]].append(int(n) if n is not None else -1)
+    for v in out.values():
+        v.sort()
+    return out
+
+
+# ---------------------------------------------------------------- accounting
+
+
+def blocks_needed(num_tokens: int, geometry: dict[str, Any]) -> int:
+    """Pool blocks one request of ``num_tokens`` (prompt + output) holds at its peak.
+
+    Each full-attention (or other token-indexed) group holds
+    ``ceil(num_tokens / block_size)`` blocks; each Mamba group in ``align``
+    mode holds 2 state blocks (vLLM's own sizing,
+    ``MambaSpec.max_memory_usage_bytes`` in ``vllm/v1/kv_cache_interface.py``;
+    1 outside ``align`` mode). All groups draw from the one shared pool.
+    When the groups are unknown (engine core in another process) one
+    attention group and one Mamba group are assumed.
+
+    Raises:
+        ValueError: if ``num_tokens`` is negative.
+    """
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    bs = int(geometry["block_size"])
+    groups = geometry.get("kv_cache_groups") or [{"kind": "full_attention"}, {"kind": "mamba"}]
+    mamba_blocks = 2 if geometry.get("mamba_cache_mode") == "align" else 1
+    total = 0
+    for g in groups:
+        total += mamba_blocks if g["kind"] == "mamba" else math.ceil(num_tokens / bs)
+    return total
+
+
+def _skip_reason(prompt_len: int, output_len: int, geometry: dict[str, Any]) -> str | None:
+    total = prompt_len + output_len
+    if prompt_len <= 0:
+        return "empty prompt"
+    if output_len <= 0:
+        return "output_len < 1"
+    if total > geometry["max_model_len"]:
+        return "longer than max_model_len"
+    usable = geometry["num_gpu_blocks"] - 1 if geometry.get("num_gpu_blocks") else None
+    if usable is not None and blocks_needed(total, geometry) > usable:
+        return "needs more KV blocks than the pool holds"
+    return None
+
+
+def prefix_cache_counters(llm: vllm.LLM) -> tuple[int | None, int | None]:
+    """``(hits, queries)`` of vLLM's ``vllm:prefix_cache_hits`` / ``..._queries`` counters.
+
+    Both are cumulative token counts since the engine started, summed over
+    label sets; ``None`` for a counter that is not reported (statistics
+    logging off, or another vLLM version).
+    """
+    hits: int | None = None
+    queries: int | None = None
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # noqa: BLE001 - metrics are optional extras
+        return None, None
+    for m in metrics:
+        value = getattr(m, "value", None)
+        if value is None:
+            continue
+        if m.name == "vllm:prefix_cache_hits":
+            hits = (hits or 0) + int(value)
+        elif m.name == "vllm:prefix_cache_queries":
+            queries = (queries or 0) + int(value)
+    return hits, queries
+
+
+# ---------------------------------------------------------------- replay
+
+
+def replay(
+    llm: vllm.LLM,
+    requests: Iterable[Req],
+    *,
+    vocab_size: int,
+    mode: str = "sequential",
+) -> ReplayResult:
+    """Send ``requests`` through ``llm`` and record prefix-cache hits per request.
+
+    ``"sequential"`` mode runs one request at a time in input order: one
+    ``llm.generate`` call per request with greedy sampling (temperature 0),
+    ``max_tokens = output_len``, ``ignore_eos=True`` and no detokenization,
+    so every request produces exactly ``output_len`` tokens and finishes
+    before the next is sent.
+
+    A request that cannot run is skipped before submission and counted in
+    ``ReplayResult.skipped`` under its reason: prompt + output longer than
+    the engine's ``max_model_len`` (``"longer than max_model_len"``), more
+    pool blocks than the pool could ever hand out (see :func:`blocks_needed`;
+    ``"needs more KV blocks than the pool holds"``), an empty prompt or
+    ``output_len < 1``.
+
+    Args:
+        llm: an engine from :func:`build_llm` (any ``vllm.LLM`` with prefix
+            caching and ``skip_tokenizer_init=True`` works).
+        requests: objects with ``request_id``, ``prompt_len``, ``output_len``
+            and ``token_ids(vocab_size)``.
+        vocab_size: passed to ``token_ids``; must not exceed the model's
+            vocabulary (512 for the tiny model).
+        mode: only ``"sequential"``.
+
+    Returns:
+        A :class:`ReplayResult`.
+
+    Raises:
+        ValueError: for an unknown ``mode``, a non-positive ``vocab_size``, or a
+            request whose ``token_ids`` length differs from ``prompt_len``.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"unknown replay mode {mode!r}; known: {sorted(_MODES)}")
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    geometry = engine_geometry(llm)
+    hits0, queries0 = prefix_cache_counters(llm)
+    rows: list[dict[str, Any]] = []
+    skipped: dict[str, int] = {}
+    prompt_tokens = 0
+    hit_tokens = 0
+    t0 = time.perf_counter()
+    for req in requests:
+        prompt_len = int(req.prompt_len)
+        output_len = int(req.output_len)
+        row: dict[str, Any] = {
+            "request_id": str(req.request_id),
+            "prompt_tokens": prompt_len,
+            "output_len": output_len,
+            "cached_tokens": None,
+            "output_tokens": [],
+        }
+        reason = _skip_reason(prompt_len, output_len, geometry)
+        if reason is not None:
+            row["status"] = f"skipped: {reason}"
+            skipped[reason] = skipped.get(reason, 0) + 1
+            rows.append(row)
+            continue
+        ids = list(req.token_ids(vocab_size))
+        if len(ids) != prompt_len:
+            raise ValueError(
+                f"request {req.request_id!r}: token_ids gave {len(ids)} ids, prompt_len is {prompt_len}"
+            )
+        params = SamplingParams(
+            max_tokens=output_len,
+            temperature=0.0,
+            ignore_eos=True,
+            detokenize=False,
+        )
+        (out,) = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
+        cached = int(out.num_cached_tokens or 0)
+        row["cached_tokens"] = cached
+        row["output_tokens"] = list(out.outputs[0].token_ids)
+        row["status"] = "ok"
+        rows.append(row)
+        prompt_tokens += prompt_len
+        hit_tokens += cached
+    wall = time.perf_counter() - t0
+    hits1, queries1 = prefix_cache_counters(llm)
+    return ReplayResult(
+        requests=rows,
+        prompt_tokens=prompt_tokens,
+        hit_tokens=hit_tokens,
+        token_hit_rate=hit_tokens / prompt_tokens if prompt_tokens else 0.0,
+        skipped=skipped,
+        wall_seconds=wall,
+        mode=_MODES[mode],
+        engine_prefix_cache_hits=None if hits0 is None or hits1 is None else hits1 - hits0,
+        engine_prefix_cache_queries=None if queries0 is None or queries1 is None else queries1 - queries0,
+    )
