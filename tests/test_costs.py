@@ -359,6 +359,75 @@ def test_zamba2_hybrid_layer_has_attention_and_mamba_entries():
     assert dict(attention.flop_terms)["o_proj"] == 2 * 5120 * 2560
 
 
+GRANITE_4_H_SMALL_SHAPE = {
+    "architectures": ["GraniteMoeHybridForCausalLM"],
+    "model_type": "granitemoehybrid",
+    "torch_dtype": "bfloat16",
+    "vocab_size": 1000,
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "layer_types": ["mamba", "mamba", "attention", "mamba"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "mamba_n_heads": 8,
+    "mamba_d_head": 64,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 64,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "intermediate_size": 128,
+    "shared_intermediate_size": 256,
+}
+
+FALCON_H1_SMALL_SHAPE = {
+    "architectures": ["FalconH1ForCausalLM"],
+    "model_type": "falcon_h1",
+    "torch_dtype": "bfloat16",
+    "vocab_size": 1000,
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "mamba_d_ssm": 512,
+    "mamba_n_heads": 8,
+    "mamba_d_head": 64,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 64,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "intermediate_size": 512,
+}
+
+
+def test_granite_hybrid_by_hand():
+    costs = ModelCosts.from_config(GRANITE_4_H_SMALL_SHAPE)
+    assert [layer.kind for layer in costs.layers] == ["mamba2", "mamba2", "full_attention", "mamba2"]
+    # Mamba2: I = 2 * 256 = 512 = 8 heads * 64; conv (3, 512 + 2*1*64 = 640) bf16 = 3840;
+    # SSM (8, 64, 64) bf16 = 65536; 3 layers * 69376 = 208128.
+    assert costs.recurrent_layers[0].conv_state_shape == (3, 640)
+    assert costs.state_bytes == 3 * (3840 + 65536) == 208128
+    # Attention head_dim = 256 / 4 = 64: 2 * 2 * 64 * 2 = 512 bytes per token.
+    assert costs.kv_bytes_per_token == 512
+    # FFN on every layer: router 2*256*4, 2 gated experts of 128, gated shared MLP of 256.
+    ffn = 2 * 256 * 4 + 2 * 3 * 2 * 256 * 128 + 3 * 2 * 256 * 256
+    attention = 2 * 256 * 256 + 2 * (2 * 256 * 128) + 2 * 256 * 256
+    assert costs.attention_layers[0].flops_per_token == attention + ffn
+
+
+def test_falcon_h1_layers_run_attention_and_mamba_in_parallel():
+    costs = ModelCosts.from_config(FALCON_H1_SMALL_SHAPE)
+    assert [(layer.index, layer.kind) for layer in costs.layers] == [
+        (0, "full_attention"), (0, "mamba2"), (1, "full_attention"), (1, "mamba2")
+    ]
+    # Mamba2 width mamba_d_ssm = 512: same state as the Granite example, 2 layers.
+    assert costs.state_bytes == 2 * 69376
+    assert costs.kv_bytes_per_token == 2 * 512
+    assert costs.num_decoder_layers == 2
+
+
 def test_builtin_is_byte_identical_to_shared_copy():
     builtin = Path(__file__).resolve().parents[1] / "vllm_admission/core/model_configs/qwen3-next-80b-a3b.json"
     assert builtin.is_file()
@@ -484,7 +553,7 @@ def _vllm_facts(path_text: str, work_dir: str):
         # vLLM's qwen3_5.py imports torchvision (absent here); its GDN state code is
         # the Qwen3-Next one, so resolve the Qwen3-Next class on the Qwen3.5 config.
         overrides = {"architectures": ["Qwen3NextForCausalLM"]}
-    model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=4096, hf_overrides=overrides)
+    model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=1024, hf_overrides=overrides)
     vllm_config = VllmConfig(model_config=model_config, cache_config=CacheConfig(enable_prefix_caching=True))
     # Re-apply the GPU dtype rules deterministically (the CPU platform may change them).
     vllm_config.cache_config.mamba_ssm_cache_dtype = "auto"
@@ -507,6 +576,23 @@ def _vllm_facts(path_text: str, work_dir: str):
         attention_page,
         str(model_config.dtype).replace("torch.", ""),
     )
+
+
+@pytest.mark.parametrize("config", [GRANITE_4_H_SMALL_SHAPE, FALCON_H1_SMALL_SHAPE, TINY_QWEN3_NEXT],
+                         ids=["granite-4-h", "falcon-h1", "tiny-qwen3-next"])
+def test_synthetic_configs_match_vllm(config, tmp_path_factory):
+    pytest.importorskip("vllm")
+    root = tmp_path_factory.getbasetemp() / "vllm_costs_synthetic"
+    root.mkdir(exist_ok=True)
+    path = root / f"{config['model_type']}.json"
+    path.write_text(json.dumps(config))
+    shapes, dtypes, attention_page, model_dtype = _vllm_facts(str(path), str(root))
+    costs = ModelCosts.from_config(config)
+    recurrent = costs.recurrent_layers[0]
+    assert (recurrent.conv_state_shape, recurrent.ssm_state_shape) == shapes
+    assert (recurrent.conv_dtype, recurrent.ssm_dtype) == dtypes
+    assert costs.attention_layers[0].kv_bytes_per_token == attention_page
+    assert costs.dtype == model_dtype
 
 
 @needs_shared

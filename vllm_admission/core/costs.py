@@ -202,8 +202,9 @@ class ModelCosts:
         architecture: the HF ``architectures[0]`` string.
         layers: one :class:`LayerCost` per decoder layer, in order. Exception:
             a Zamba2 "hybrid" decoder layer runs the shared attention block and
-            a Mamba2 mixer, so it contributes two entries with the same
-            ``index`` (attention first).
+            a Mamba2 mixer, and every Falcon-H1 decoder layer runs attention
+            and Mamba2 in parallel, so those layers contribute two entries
+            with the same ``index`` (attention first).
         hidden_size: model width D.
         dtype_bytes: bytes per element of the model (activation / weight) dtype.
         dtype: that dtype's name (``"bfloat16"``...).
@@ -1241,6 +1242,113 @@ def _build_jamba(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
     return layers, num_layers
 
 
+def _build_granite_hybrid(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
+    """Granite-4.0-H (GraniteMoeHybrid): Mamba2 or attention, each followed by MoE and/or a shared MLP.
+
+    Source: vllm/model_executor/models/granitemoehybrid.py. ``layer_types``
+    (or ``layers_block_type``) entries "mamba"/"linear_attention" are Mamba2
+    (``I = mamba_expand * D``, ``mamba_n_heads`` heads of ``mamba_d_head``),
+    "attention"/"full_attention" are attention with ``head_dim = D /
+    num_attention_heads`` (the model file ignores any ``head_dim`` field).
+    Feed-forward: an MoE of ``num_local_experts`` gated experts of width
+    ``intermediate_size`` (top ``num_experts_per_tok``) when
+    ``num_local_experts > 0``, plus a gated shared MLP of width
+    ``shared_intermediate_size`` when that is > 0.
+    """
+    hidden = cfg.int("hidden_size")
+    key = "layer_types" if cfg.get("layer_types") is not None else "layers_block_type"
+    types = cfg.list(key)
+    num_heads = cfg.int("num_attention_heads")
+    num_kv_heads = cfg.int("num_key_value_heads", num_heads)
+    if hidden % num_heads:
+        raise cfg._error("num_attention_heads", f"must divide hidden_size {hidden}")
+    num_experts = cfg.int("num_local_experts", 0, minimum=0)
+    shared = cfg.int("shared_intermediate_size", 0, minimum=0)
+    ffn: list[tuple[str, int]] = []
+    if num_experts:
+        ffn += _moe_terms(hidden, num_experts, cfg.int("num_experts_per_tok"), cfg.int("intermediate_size"), gated=True)
+    if shared:
+        ffn += _mlp_terms(hidden, shared, gated=True, prefix="shared_mlp")
+    layers: list[LayerCost] = []
+    for i, layer_type in enumerate(types):
+        if layer_type in ("mamba", "linear_attention"):
+            layers.append(
+                _mamba2_layer(
+                    i,
+                    hidden=hidden,
+                    intermediate=cfg.int("mamba_expand") * hidden,
+                    num_heads=cfg.int("mamba_n_heads"),
+                    head_dim=cfg.int("mamba_d_head"),
+                    n_groups=cfg.int("mamba_n_groups", 1),
+                    state_size=cfg.int("mamba_d_state"),
+                    conv_kernel=cfg.int("mamba_d_conv"),
+                    dtypes=dtypes,
+                    extra_terms=list(ffn),
+                )
+            )
+        elif layer_type in ("attention", "full_attention"):
+            layers.append(
+                _attention_layer(
+                    i,
+                    hidden=hidden,
+                    num_heads=num_heads,
+                    num_kv_heads=num_kv_heads,
+                    head_dim=hidden // num_heads,
+                    kv_dtype=dtypes.kv,
+                    extra_terms=list(ffn),
+                )
+            )
+        else:
+            raise cfg._error(key, f"has unknown entry {layer_type!r} (expected mamba or attention)")
+    return layers, len(types)
+
+
+def _build_falcon_h1(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
+    """Falcon-H1: every decoder layer runs attention AND a Mamba2 mixer in parallel, then a gated MLP.
+
+    Source: vllm/model_executor/models/falcon_h1.py (FalconH1ParallelHybrid).
+    Each decoder layer gives two entries (attention, then Mamba2, same
+    ``index``); vLLM registers them as separate cache layers. Mamba2 width
+    ``I = mamba_d_ssm`` (or ``mamba_expand * D``), ``mamba_n_heads`` heads of
+    ``mamba_d_head``; attention ``head_dim`` (or ``D / heads``). The MLP
+    (width ``intermediate_size``) is attached to the attention entry. muP
+    multipliers do not change FLOPs.
+    """
+    hidden = cfg.int("hidden_size")
+    num_layers = cfg.int("num_hidden_layers")
+    num_heads = cfg.int("num_attention_heads")
+    num_kv_heads = cfg.int("num_key_value_heads", num_heads)
+    head_dim = cfg.int("head_dim", None) or _head_dim(_Fields({}, cfg.label, cfg.prefix), hidden, num_heads)
+    d_ssm = cfg.int("mamba_d_ssm", None) or int(cfg.int("mamba_expand") * hidden)
+    layers: list[LayerCost] = []
+    for i in range(num_layers):
+        layers.append(
+            _attention_layer(
+                i,
+                hidden=hidden,
+                num_heads=num_heads,
+                num_kv_heads=num_kv_heads,
+                head_dim=head_dim,
+                kv_dtype=dtypes.kv,
+                extra_terms=_mlp_terms(hidden, cfg.int("intermediate_size"), gated=True),
+            )
+        )
+        layers.append(
+            _mamba2_layer(
+                i,
+                hidden=hidden,
+                intermediate=d_ssm,
+                num_heads=cfg.int("mamba_n_heads"),
+                head_dim=cfg.int("mamba_d_head"),
+                n_groups=cfg.int("mamba_n_groups", 1),
+                state_size=cfg.int("mamba_d_state"),
+                conv_kernel=cfg.int("mamba_d_conv"),
+                dtypes=dtypes,
+            )
+        )
+    return layers, num_layers
+
+
 def _build_dense(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
     """Plain decoder-only transformers (Llama, Mistral, Qwen2/3, Qwen3-MoE): no recurrent layer.
 
@@ -1297,6 +1405,8 @@ _BUILDERS: dict[str, Builder] = {
     **{arch: _build_nemotron_h for arch in _NEMOTRON_H},
     "Zamba2ForCausalLM": _build_zamba2,
     "JambaForCausalLM": _build_jamba,
+    "GraniteMoeHybridForCausalLM": _build_granite_hybrid,
+    "FalconH1ForCausalLM": _build_falcon_h1,
     "LlamaForCausalLM": _build_dense,
     "MistralForCausalLM": _build_dense,
     "Qwen2ForCausalLM": _build_dense,
