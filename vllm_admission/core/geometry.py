@@ -46,12 +46,12 @@ Nothing here imports vllm or torch.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from vllm_admission.core.costs import LayerCost, ModelCosts
+    from vllm_admission.core.costs import ModelCosts
 
 __all__ = [
     "CUDA_BLOCK_SIZE",
@@ -429,8 +429,6 @@ def _layout(
 
 
 def _replace_blocks(geometry: CacheGeometry, num_blocks: int) -> CacheGeometry:
-    from dataclasses import replace
-
     return replace(geometry, num_blocks=num_blocks)
 
 
