@@ -107,6 +107,8 @@ def test_user_block_size_is_the_alignment_start():
     assert aligned_block_size(QWEN3_NEXT, 64) == 576
     # A block already large enough is only rounded to the kernel multiple: 1000 -> 1008.
     assert aligned_block_size(QWEN3_NEXT, 1000) == 1008
+    # Blackwell FA4 head_dim-256 kernel: start and kernel block 128: 128 * ceil(1097728 / 262144) = 640.
+    assert aligned_block_size(QWEN3_NEXT, 128, kernel_block_size=128) == 640
     # CPU backend: default block 128, kernel multiple of 32: 128 * ceil(1097728 / 262144) = 640.
     assert aligned_block_size(QWEN3_NEXT, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE) == 640
 

@@ -13,8 +13,10 @@ equal-sized pages (one ``BlockPool``). This module recomputes, from a
    ``align = max(kernel_block, block_size)`` and grows the block to
    ``align * ceil(state_page / (align * attn_page_per_token))``, then rounds it
    up to a multiple of the attention backend's kernel block (FlashAttention /
-   Triton / FlexAttention: multiples of 16; the CPU backend: multiples of 32
-   with a platform default block of 128).
+   Triton / FlexAttention and FlashInfer on Hopper: multiples of 16;
+   FlashAttention-4's head_dim-256 kernel on Blackwell: 128, with a starting
+   block of 128; the CPU backend: multiples of 32 with a platform default
+   block of 128).
 2. **Padding**: the state page is padded to exactly the attention page
    (``cache_config.mamba_page_size_padded``, read by ``MambaSpec.page_size_bytes``
    in ``vllm/v1/kv_cache_interface.py``).
