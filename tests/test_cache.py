@@ -164,7 +164,7 @@ def test_lru_pool_evicts_in_vllm_queue_order(seed):
     ref, pool = ReferenceQueue(n), BlockPool(n, LRUEviction())
     evicted = []
     orig_drop = pool._drop_key
-    pool._drop_key = lambda b: (evicted.append(b.key), orig_drop(b))
+    pool._drop_key = lambda b, key: (evicted.append(key), orig_drop(b, key))
     next_key = 0
     for _ in range(40):
         # a "request": maybe hit some cached keys, allocate, cache some, free all

@@ -132,3 +132,20 @@ def test_unknown_eviction_name_lists_valid_ones():
 def test_flop_rejects_negative_alpha():
     with pytest.raises(ValueError, match="alpha"):
         FlopEviction(alpha=-1)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    alpha=st.sampled_from([0.0, 0.5, 2.0]),
+    adds=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 3)), min_size=1, max_size=40),
+    k=st.integers(1, 40),
+)
+def test_flop_pop_n_equals_repeated_pop(alpha, adds, k):
+    a, b = FlopEviction(alpha=alpha), FlopEviction(alpha=alpha)
+    now = 0.0
+    for i, (dt, v) in enumerate(adds):
+        now += dt
+        a.add(i, now=now, value=float(v))
+        b.add(i, now=now, value=float(v))
+    k = min(k, len(adds))
+    assert a.pop_n(k, now + 1) == [b.pop(now + 1) for _ in range(k)]

@@ -4,8 +4,7 @@
 concerned: one pool of blocks shared by every KV cache group; a block hash maps
 to the cached blocks that hold it (duplicates allowed, the first inserted is
 returned); blocks without a hash are reused first (vLLM prepends them to
-``free_block_queue``), cached free blocks wait in the eviction policy's order.
-Block ids do not influence hits, so uncached free blocks are only counted.
+``free_block_queue``); cached free blocks wait in the eviction policy's order.
 
 :class:`HybridPrefixCache` runs one request at a time through the same steps as
 vLLM's scheduler and KV cache manager, for a model with full-attention groups
@@ -24,7 +23,8 @@ and recurrent-state (Mamba / GDN) groups:
    (``cache_blocks``; a state block is cached only if the admission policy
    admits its position);
 5. decode ``output_len - 1`` steps of one token;
-6. free every block, each group's blocks in reverse (``SingleTypeKVCacheManager.free``).
+6. free every block, group by group, each group's blocks in reverse
+   (``SingleTypeKVCacheManager.free``).
 
 The model assumes a Gated DeltaNet-like state group (no internal prefill
 checkpoint blocks), no speculative decoding, and a hash block size equal to
@@ -34,73 +34,80 @@ these facts with their sources.
 
 from __future__ import annotations
 
-import itertools
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from vllm_admission.core.admission import AdmissionPolicy, HitProbe, checkpoint_kinds
+from vllm_admission.core.admission import AdmissionPolicy, CheckpointKind, HitProbe, checkpoint_kinds
 from vllm_admission.core.eviction import EvictionPolicy
 
-__all__ = ["Block", "BlockPool", "HybridPrefixCache", "PoolExhausted", "RequestOutcome"]
+__all__ = ["ATTENTION", "STATE", "BlockPool", "HybridPrefixCache", "PoolExhausted",
+           "RequestOutcome", "block_value", "segment_values"]
 
 ATTENTION = "attention"
 STATE = "state"
+NULL = 0  # vLLM's null block id: a placeholder in a state group's block table
 
 
 class PoolExhausted(RuntimeError):
     """An allocation asked for more blocks than the pool can free."""
 
 
-class Block:
-    """One block of the pool: ``key`` is ``(group, block_hash)`` while cached."""
-
-    __slots__ = ("bid", "key", "ref", "value", "next_use")
-
-    def __init__(self, bid: int) -> None:
-        self.bid = bid
-        self.key: tuple | None = None
-        self.ref = 0
-        self.value = 0.0
-        self.next_use = math.inf
-
-    def __repr__(self) -> str:
-        return f"Block({self.bid}, key={self.key}, ref={self.ref})"
-
-
 class BlockPool:
     """The shared block pool (``vllm/v1/core/block_pool.py``), for hit purposes.
 
+    Blocks are integer ids ``1 .. num_blocks - 1`` (id 0 is vLLM's null block).
+    Per block it keeps the reference count and, while cached, the
+    ``(group, block_hash)`` key. ``index[g]`` maps a hash to the first cached
+    block of group ``g`` with that hash (``BlockHashToBlockMap.get_one_block``);
+    later duplicates wait in ``_dups`` in insertion order.
+
+    Free blocks without a hash sit on a stack and are reused first (vLLM
+    prepends them to ``free_block_queue``); free cached blocks are ordered by
+    the eviction policy.
+
     Args:
-        num_blocks: blocks in the pool, as vLLM reports ``num_gpu_blocks``; one
-            is vLLM's null block, so ``num_blocks - 1`` are usable.
+        num_blocks: blocks in the pool, as vLLM reports ``num_gpu_blocks``.
         eviction: orders the cached free blocks.
+        num_groups: KV cache groups sharing the pool.
 
     Raises:
-        ValueError: ``num_blocks < 2``.
+        ValueError: ``num_blocks < 2`` or ``num_groups < 1``.
     """
 
-    def __init__(self, num_blocks: int, eviction: EvictionPolicy) -> None:
+    def __init__(self, num_blocks: int, eviction: EvictionPolicy, num_groups: int = 1) -> None:
         if num_blocks < 2:
             raise ValueError(f"a block pool needs at least 2 blocks, got {num_blocks}")
+        if num_groups < 1:
+            raise ValueError(f"num_groups must be >= 1, got {num_groups}")
         self.num_blocks = num_blocks
         self.eviction = eviction
-        self.num_free_uncached = num_blocks - 1
-        self.index: dict[tuple, list[Block]] = {}
-        self._free_cached: dict[int, Block] = {}
-        self._ids = itertools.count(1)
+        self.uncached: list[int] = list(range(num_blocks - 1, 0, -1))  # a stack: top = end
+        self.key: list[tuple | None] = [None] * num_blocks
+        self.ref: list[int] = [0] * num_blocks
+        self.value: list[float] = [0.0] * num_blocks
+        self.next_use: list[float] = [math.inf] * num_blocks
+        self.index: list[dict] = [{} for _ in range(num_groups)]
+        self._dups: dict[tuple, list[int]] = {}
+        self._num_free_cached = 0
         #: Blocks whose hash was dropped to make room (cumulative).
         self.evictions = 0
         #: Evictions per KV cache group index.
-        self.evictions_by_group: dict[int, int] = {}
-        #: Cached entries inserted (cumulative), by group index.
-        self.insertions_by_group: dict[int, int] = {}
+        self.evictions_by_group: list[int] = [0] * num_groups
+        #: Cached entries inserted (cumulative), per KV cache group index.
+        self.insertions_by_group: list[int] = [0] * num_groups
 
     # -- queries ---------------------------------------------------------
     @property
     def num_free(self) -> int:
         """Blocks an allocation can take now (uncached plus evictable)."""
-        return self.num_free_uncached + len(self._free_cached)
+        return len(self.uncached) + self._num_free_cached
+
+    @property
+    def num_free_uncached(self) -> int:
+        """Free blocks that hold no hash."""
+        return len(self.uncached)
 
     @property
     def num_used(self) -> int:
@@ -110,78 +117,151 @@ class BlockPool:
     @property
     def num_cached_entries(self) -> int:
         """Cached (hashed) blocks, in use or free."""
-        return sum(len(v) for v in self.index.values())
+        return sum(len(d) for d in self.index) + sum(len(v) for v in self._dups.values())
 
-    def get_cached(self, key: tuple) -> Block | None:
-        """The first cached block for ``key`` (``BlockHashToBlockMap.get_one_block``)."""
-        blocks = self.index.get(key)
-        return blocks[0] if blocks else None
+    def get_cached(self, key: tuple) -> int | None:
+        """The first cached block for ``(group, block_hash)``, or None."""
+        return self.index[key[0]].get(key[1])
 
     # -- mutations -------------------------------------------------------
-    def allocate(self, n: int, now: float) -> list[Block]:
+    def allocate(self, n: int, now: float) -> list[int]:
         """Take ``n`` blocks: uncached ones first, then evict in policy order.
 
         Raises:
             PoolExhausted: fewer than ``n`` blocks are free.
         """
-        if n > self.num_free:
-            raise PoolExhausted(f"need {n} blocks, {self.num_free} free of {self.num_blocks - 1}")
-        out = []
-        fresh = min(n, self.num_free_uncached)
-        self.num_free_uncached -= fresh
-        for _ in range(fresh):
-            b = Block(next(self._ids))
-            b.ref = 1
-            out.append(b)
-        for _ in range(n - fresh):
-            b = self._free_cached.pop(self.eviction.pop(now))
-            if b.key is not None:
-                self._drop_key(b)
-                self.evictions += 1
-                g = b.key[0]
-                self.evictions_by_group[g] = self.evictions_by_group.get(g, 0) + 1
-                b.key = None
-            b.ref = 1
-            b.value, b.next_use = 0.0, math.inf
-            out.append(b)
+        uncached = self.uncached
+        m = len(uncached)
+        if n <= m:
+            out = uncached[m - n:]
+            del uncached[m - n:]
+            out.reverse()
+        else:
+            if n > self.num_free:
+                raise PoolExhausted(f"need {n} blocks, {self.num_free} free of {self.num_blocks - 1}")
+            out = uncached[::-1]
+            uncached.clear()
+            k = n - m
+            victims = self.eviction.pop_n(k, now)
+            self._num_free_cached -= k
+            keys, values, next_use = self.key, self.value, self.next_use
+            for b in victims:
+                key = keys[b]
+                if key is not None:
+                    self._drop_key(b, key)
+                    self.evictions += 1
+                    self.evictions_by_group[key[0]] += 1
+                    keys[b] = None
+                values[b] = 0.0
+                next_use[b] = math.inf
+            out.extend(victims)
+        ref = self.ref
+        for b in out:
+            ref[b] = 1
         return out
 
-    def touch(self, blocks: Sequence[Block]) -> None:
+    def touch(self, blocks: Sequence[int]) -> None:
         """A prefix hit takes references on cached blocks (``BlockPool.touch``)."""
+        ref = self.ref
         for b in blocks:
-            if b.ref == 0:
-                self.eviction.remove(b.bid)
-                del self._free_cached[b.bid]
-            b.ref += 1
+            if ref[b] == 0:
+                self.eviction.remove(b)
+                self._num_free_cached -= 1
+            ref[b] += 1
 
-    def free(self, ordered: Sequence[Block], now: float) -> None:
+    def free(self, ordered: Sequence[int], now: float) -> None:
         """Drop one reference each, in eviction-priority order (``free_blocks``).
 
         Cached blocks that reach zero references become eviction candidates,
-        appended in the given order; uncached ones return to the free count.
+        appended in the given order; uncached ones go back on the stack.
         """
+        ref, keys = self.ref, self.key
+        add = self.eviction.add
         for b in ordered:
-            b.ref -= 1
-            if b.ref == 0:
-                if b.key is None:
-                    self.num_free_uncached += 1
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                if keys[b] is None:
+                    self.uncached.append(b)
                 else:
-                    self._free_cached[b.bid] = b
-                    self.eviction.add(b.bid, now, b.value, b.next_use)
+                    add(b, now, self.value[b], self.next_use[b])
+                    self._num_free_cached += 1
 
-    def cache(self, block: Block, key: tuple) -> None:
-        """Give an in-use block a hash (``cache_full_blocks``)."""
-        assert block.key is None and block.ref > 0
-        block.key = key
-        self.index.setdefault(key, []).append(block)
-        g = key[0]
-        self.insertions_by_group[g] = self.insertions_by_group.get(g, 0) + 1
+    def cache(self, block: int, key: tuple) -> None:
+        """Give an in-use block its hash (``cache_full_blocks``)."""
+        g, h = key
+        self.key[block] = key
+        idx = self.index[g]
+        if h in idx:
+            self._dups.setdefault(key, []).append(block)
+        else:
+            idx[h] = block
+        self.insertions_by_group[g] += 1
 
-    def _drop_key(self, block: Block) -> None:
-        blocks = self.index[block.key]
-        blocks.remove(block)
-        if not blocks:
-            del self.index[block.key]
+    def _drop_key(self, block: int, key: tuple) -> None:
+        g, h = key
+        idx = self.index[g]
+        if idx.get(h) == block:
+            dups = self._dups.get(key)
+            if dups:
+                idx[h] = dups.pop(0)
+                if not dups:
+                    del self._dups[key]
+            else:
+                del idx[h]
+        else:
+            dups = self._dups[key]
+            dups.remove(block)
+            if not dups:
+                del self._dups[key]
+
+
+def segment_values(checkpoints: Sequence[int], *, block_size: int, num_attention_groups: int,
+                   num_state_groups: int, bytes_per_block: int,
+                   segment_flops: Callable[[int, int], float]) -> dict[int, float]:
+    """FLOP efficiency of each segment of a prefix (Marconi 4.2, at block granularity).
+
+    Marconi scores a radix-tree node by the FLOPs a hit on it saves relative
+    to its parent, per byte the node holds. Here a node is a *segment*: the
+    tokens between two consecutive cached state positions ``q < p`` of one
+    prefix. A hit at ``p`` instead of ``q`` saves ``segment_flops(p, q)``
+    FLOPs; the segment holds its attention blocks in every attention group
+    plus one state block per state group.
+
+    Args:
+        checkpoints: ascending cached-state positions (tokens) along the prefix.
+        block_size: tokens per block.
+        num_attention_groups, num_state_groups: KV cache groups of each kind.
+        bytes_per_block: bytes one block id holds.
+        segment_flops: ``f(end, start)``: FLOPs of computing ``[start, end)``
+            with ``start`` cached (``ModelCosts.prefill_flops``).
+
+    Returns:
+        ``{p: FLOPs per byte}`` for every checkpoint ``p``.
+    """
+    values = {}
+    prev = 0
+    per_block = num_attention_groups * bytes_per_block
+    state_bytes = num_state_groups * bytes_per_block
+    for p in checkpoints:
+        values[p] = segment_flops(p, prev) / ((p - prev) // block_size * per_block + state_bytes)
+        prev = p
+    return values
+
+
+def block_value(values: dict[int, float], checkpoints: Sequence[int], end: int,
+                is_state: bool) -> float:
+    """Value of the block ending at token ``end``: its segment's FLOP efficiency.
+
+    A state block's segment ends at ``end``; an attention block belongs to the
+    first segment ending at or after ``end``. Attention blocks past the last
+    checkpoint, and states that are not checkpoints, are worth 0: no hybrid
+    hit can use them.
+    """
+    if is_state:
+        return values.get(end, 0.0)
+    k = bisect.bisect_left(checkpoints, end)
+    return values[checkpoints[k]] if k < len(checkpoints) else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,11 +286,12 @@ class _Running:
     rid: int
     hashes: Sequence[int]
     prompt_len: int
-    total_len: int
-    junction: int
-    stops: tuple[int, ...]
     hit: int
-    blocks: list[list[Block | None]]
+    stops: tuple[int, ...]
+    #: Admission decisions for positions with a special kind; others use the
+    #: policy's plain chunk-end / decode decision.
+    special: dict[int, bool]
+    blocks: list[list[int]]
     num_cached: list[int]
     retired: list[int]
     #: State positions this request admitted, ascending.
@@ -262,12 +343,15 @@ class HybridPrefixCache:
         self.state_groups = tuple(g for g, k in enumerate(kinds) if k == STATE)
         self.admission = admission
         self.eviction = eviction
-        self.pool = BlockPool(num_blocks, eviction)
+        self.pool = BlockPool(num_blocks, eviction, len(kinds))
         self.segment_flops = segment_flops
         self.bytes_per_block = bytes_per_block
         self.next_use = next_use
+        self._plain_chunk = admission.admit(frozenset({CheckpointKind.CHUNK_END}))
+        self._plain_decode = admission.admit(frozenset({CheckpointKind.DECODE}))
         #: State checkpoints admitted (cumulative, counted once per position).
         self.checkpoints = 0
+        #: Requests whose KV hit ran past their state hit (shared prefixes seen).
         self.junctions = 0
 
     # -- sizing ----------------------------------------------------------
@@ -283,21 +367,25 @@ class HybridPrefixCache:
     # -- lookup ----------------------------------------------------------
     def lookup(self, hashes: Sequence[int], prompt_len: int) -> HitProbe:
         """Attention-KV hit and hybrid hit of a prompt, without touching anything."""
-        get = self.pool.get_cached
+        index = self.pool.index
+        attn = [index[g] for g in self.attn_groups]
+        state = [index[g] for g in self.state_groups]
         max_blocks = min((prompt_len - 1) // self.block_size, len(hashes))
         k = 0
-        while k < max_blocks:
-            h = hashes[k]
-            if any(get((g, h)) is None for g in self.attn_groups):
-                break
-            k += 1
-        state = 0
+        if len(attn) == 1:
+            a0 = attn[0]
+            while k < max_blocks and hashes[k] in a0:
+                k += 1
+        else:
+            while k < max_blocks and all(hashes[k] in d for d in attn):
+                k += 1
+        hit = 0
         for i in range(k - 1, -1, -1):
             h = hashes[i]
-            if all(get((g, h)) is not None for g in self.state_groups):
-                state = i + 1
+            if all(h in d for d in state):
+                hit = i + 1
                 break
-        return HitProbe(prompt_len, self.block_size, k * self.block_size, state * self.block_size)
+        return HitProbe(prompt_len, self.block_size, k * self.block_size, hit * self.block_size)
 
     # -- one request -----------------------------------------------------
     def serve(self, hashes: Sequence[int], prompt_len: int, output_len: int,
@@ -319,13 +407,19 @@ class HybridPrefixCache:
         evictions_before = self.pool.evictions
         probe = self.lookup(hashes, prompt_len)
         hit_blocks = probe.state_hit // B
-        junction = probe.junction if self.admission.uses_junction else 0
+        admission = self.admission
+        junction = probe.junction if admission.uses_junction else 0
         if probe.junction:
             self.junctions += 1
+        total = prompt_len + output_len
+        special = {}
+        for pos in {junction, (prompt_len - 1) // B * B, (total - 1) // B * B}:
+            if pos > 0:
+                special[pos] = admission.admit(checkpoint_kinds(
+                    pos, prompt_len=prompt_len, total_len=total, block_size=B, junction=junction))
         ngroups = len(self.group_kinds)
-        run = _Running(rid=rid, hashes=hashes, prompt_len=prompt_len,
-                       total_len=prompt_len + output_len, junction=junction,
-                       stops=self.admission.stops(probe), hit=probe.state_hit,
+        run = _Running(rid=rid, hashes=hashes, prompt_len=prompt_len, hit=probe.state_hit,
+                       stops=admission.stops(probe), special=special,
                        blocks=[[] for _ in range(ngroups)], num_cached=[hit_blocks] * ngroups,
                        retired=[0] * ngroups)
         if hit_blocks:
@@ -334,43 +428,44 @@ class HybridPrefixCache:
         computed = probe.state_hit
         while computed < prompt_len:
             n = self._split(run, computed, min(prompt_len - computed, self.chunk_size))
-            self._step(run, computed, n, num_tokens=prompt_len, now=now)
+            self._step(run, computed, n, prompt_len, now)
             computed += n
-        # Decode: step j computes token prompt_len + j - 1; only steps next to a
-        # block boundary change the cache, so only those are replayed.
-        last = prompt_len + output_len - 2
-        for t in self._decode_events(prompt_len, last):
-            self._step(run, t, 1, num_tokens=t + 1, now=now)
+        # Decode: the step computing token t has t + 1 tokens in the request; only
+        # steps next to a block boundary change the cache, so only those run.
+        for t in self._decode_events(prompt_len, total - 2):
+            self._step(run, t, 1, t + 1, now)
         self._finish(run, now)
         return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=probe.state_hit,
                               kv_hit_tokens=probe.kv_hit, junction=probe.junction,
                               checkpoints=len(run.admitted),
                               evictions=self.pool.evictions - evictions_before)
 
-    def _decode_events(self, first: int, last: int):
-        B = self.block_size
+    def _decode_events(self, first: int, last: int) -> list[int]:
         if first > last:
-            return
-        yield first
+            return []
+        B = self.block_size
+        events = [first]
         m = first // B + 1
         while m * B - 1 <= last:
             for t in (m * B - 1, m * B, m * B + 1):
                 if first < t <= last:
-                    yield t
+                    events.append(t)
             m += 1
+        return events
 
     def _touch_hit(self, run: _Running, hit_blocks: int) -> None:
-        get = self.pool.get_cached
+        index = self.pool.index
         h = run.hashes
         for g, kind in enumerate(self.group_kinds):
+            d = index[g]
             if kind == ATTENTION:
-                blocks = [get((g, h[i])) for i in range(hit_blocks)]
+                blocks = [d[h[i]] for i in range(hit_blocks)]
                 self.pool.touch(blocks)
                 run.blocks[g] = blocks
             else:
-                b = get((g, h[hit_blocks - 1]))
-                self.pool.touch([b])
-                run.blocks[g] = [None] * (hit_blocks - 1) + [b]
+                b = d[h[hit_blocks - 1]]
+                self.pool.touch((b,))
+                run.blocks[g] = [NULL] * (hit_blocks - 1) + [b]
 
     def _split(self, run: _Running, start: int, n: int) -> int:
         """``Scheduler._mamba_block_aligned_split`` for a fresh request (no EAGLE)."""
@@ -380,32 +475,39 @@ class HybridPrefixCache:
             aligned = end // B * B
             if aligned > start or B <= self.chunk_size:
                 end = aligned
-        last_cache_position = max((P - 1) // B * B, 0)
-        candidates = [last_cache_position]
+        stop = end
+        last_cache_position = (P - 1) // B * B
+        if start < last_cache_position < stop:
+            stop = last_cache_position
         if start % B:
-            candidates.append((start // B + 1) * B)
-        candidates.extend(run.stops)
-        end = min((s for s in candidates if start < s < end), default=end)
-        return max(end - start, 0)
+            nb = (start // B + 1) * B
+            if start < nb < stop:
+                stop = nb
+        stops = run.stops
+        k = bisect.bisect_right(stops, start)
+        if k < len(stops) and stops[k] < stop:
+            stop = stops[k]
+        return max(stop - start, 0)
 
-    def _step(self, run: _Running, start: int, n: int, *, num_tokens: int, now: float) -> None:
+    def _step(self, run: _Running, start: int, n: int, num_tokens: int, now: float) -> None:
         B = self.block_size
         pool = self.pool
-        # 1. remove_skipped_blocks: state groups keep only the block holding the
-        #    state of the last computed token.
+        blocks_by_group = run.blocks
+        # 1. remove_skipped_blocks: a state group keeps only the block that holds
+        #    the state of the last computed token.
         if start > 0:
             skipped = (start - 1) // B
             for g in self.state_groups:
-                blocks = run.blocks[g]
+                blocks = blocks_by_group[g]
                 first, last = run.retired[g], min(skipped, len(blocks))
                 if first >= last:
                     continue
                 freed = []
                 for i in range(last - 1, first - 1, -1):
                     b = blocks[i]
-                    if b is not None:
+                    if b:
                         freed.append((i, b))
-                        blocks[i] = None
+                        blocks[i] = NULL
                 run.retired[g] = last
                 if freed:
                     self._set_values(run, freed, g)
@@ -413,101 +515,87 @@ class HybridPrefixCache:
         # 2. allocate_new_blocks, group by group.
         need = -(-(start + n) // B)
         for g, kind in enumerate(self.group_kinds):
-            blocks = run.blocks[g]
-            if kind == ATTENTION:
-                if need > len(blocks):
-                    blocks.extend(pool.allocate(need - len(blocks), now))
-            elif need > len(blocks):
-                blocks.extend([None] * (need - 1 - len(blocks)))
-                blocks.extend(pool.allocate(1, now))
+            blocks = blocks_by_group[g]
+            have = len(blocks)
+            if need > have:
+                if kind == ATTENTION:
+                    blocks.extend(pool.allocate(need - have, now))
+                else:
+                    if need - 1 > have:
+                        blocks.extend([NULL] * (need - 1 - have))
+                    blocks.extend(pool.allocate(1, now))
         # 3. cache_blocks up to the finalized tokens.
         full = min(start + n, num_tokens) // B
+        hashes = run.hashes
+        nh = len(hashes)
         for g, kind in enumerate(self.group_kinds):
             nc = run.num_cached[g]
             if nc >= full:
                 continue
-            blocks = run.blocks[g]
+            run.num_cached[g] = full
+            blocks = blocks_by_group[g]
+            if kind == ATTENTION:
+                for i in range(nc, full):
+                    pool.cache(blocks[i], (g, hashes[i] if i < nh else ("out", run.rid, i)))
+                continue
             for i in range(nc, full):
                 b = blocks[i]
-                if b is None:
+                if not b:
                     continue
-                if kind == STATE:
-                    pos = (i + 1) * B
-                    kinds = checkpoint_kinds(pos, prompt_len=run.prompt_len, total_len=run.total_len,
-                                             block_size=B, junction=run.junction)
-                    if not self.admission.admit(kinds):
-                        continue
-                    if g == self.state_groups[0]:
-                        run.admitted.append(pos)
-                        self.checkpoints += 1
-                pool.cache(b, (g, self._hash(run, i)))
-            run.num_cached[g] = full
-
-    def _hash(self, run: _Running, i: int):
-        if i < len(run.hashes):
-            return run.hashes[i]
-        return ("out", run.rid, i)  # output tokens are never part of a later prompt
+                pos = (i + 1) * B
+                admit = run.special.get(pos)
+                if admit is None:
+                    admit = self._plain_chunk if pos <= run.prompt_len else self._plain_decode
+                if not admit:
+                    continue
+                if g == self.state_groups[0]:
+                    run.admitted.append(pos)
+                    self.checkpoints += 1
+                pool.cache(b, (g, hashes[i] if i < nh else ("out", run.rid, i)))
 
     def _finish(self, run: _Running, now: float) -> None:
         for g in range(len(self.group_kinds)):
             blocks = run.blocks[g]
-            freed = [(i, blocks[i]) for i in range(len(blocks) - 1, -1, -1) if blocks[i] is not None]
-            self._set_values(run, freed, g)
-            self.pool.free([b for _, b in freed], now)
+            if self.eviction.needs_values or self.eviction.needs_future:
+                freed = [(i, blocks[i]) for i in range(len(blocks) - 1, -1, -1) if blocks[i]]
+                self._set_values(run, freed, g)
+                self.pool.free([b for _, b in freed], now)
+            else:
+                self.pool.free([b for b in reversed(blocks) if b], now)
             run.blocks[g] = []
 
     # -- eviction metadata ----------------------------------------------
-    def _set_values(self, run: _Running, freed: list[tuple[int, Block]], g: int) -> None:
+    def _set_values(self, run: _Running, freed: list[tuple[int, int]], g: int) -> None:
         """Attach FLOP efficiency / next use to ``(index, block)`` pairs about to be freed."""
         if self.eviction.needs_values:
             self._set_flop_values(run, freed, g)
         if self.eviction.needs_future:
+            keys, next_use = self.pool.key, self.pool.next_use
             for _, b in freed:
-                if b.key is not None:
-                    b.next_use = self.next_use(b.key[1], run.rid)
+                key = keys[b]
+                if key is not None:
+                    next_use[b] = self.next_use(key[1], run.rid)
 
-    def _set_flop_values(self, run: _Running, freed: list[tuple[int, Block]], g: int) -> None:
-        """FLOP efficiency of each block's segment (Marconi 4.2, at block granularity).
-
-        A segment runs from one cached state position ``q`` of this prefix to
-        the next ``p``; its value is the FLOPs a hit at ``p`` saves over a hit at
-        ``q`` (``segment_flops(p, q)``), divided by the bytes the segment holds
-        (its attention blocks in every attention group, plus one state block per
-        state group). Every block of the segment gets that value; attention
-        blocks past the last state get 0 (no hybrid hit can use them).
-        """
+    def _set_flop_values(self, run: _Running, freed: list[tuple[int, int]], g: int) -> None:
+        """Attach each freed block's segment FLOP efficiency (:func:`segment_values`)."""
         B = self.block_size
         ckpts = self._known_checkpoints(run)
-        values = {}
-        prev = 0
-        per_block = len(self.attn_groups) * self.bytes_per_block
-        state_bytes = len(self.state_groups) * self.bytes_per_block
-        for p in ckpts:
-            values[p] = self.segment_flops(p, prev) / ((p - prev) // B * per_block + state_bytes)
-            prev = p
+        values = segment_values(ckpts, block_size=B, num_attention_groups=len(self.attn_groups),
+                                num_state_groups=len(self.state_groups),
+                                bytes_per_block=self.bytes_per_block,
+                                segment_flops=self.segment_flops)
+        keys, out = self.pool.key, self.pool.value
         is_state = self.group_kinds[g] == STATE
-        j = 0  # freed is in descending index order; walk checkpoints from the top
-        ckpts_desc = ckpts[::-1]
         for i, b in freed:
-            if b.key is None:
-                continue
-            end = (i + 1) * B
-            if is_state:
-                b.value = values.get(end, 0.0)
-                continue
-            # smallest checkpoint >= end
-            while j < len(ckpts_desc) - 1 and ckpts_desc[j + 1] >= end:
-                j += 1
-            b.value = values[ckpts_desc[j]] if ckpts_desc and ckpts_desc[j] >= end else 0.0
+            if keys[b] is not None:
+                out[b] = block_value(values, ckpts, (i + 1) * B, is_state)
 
     def _known_checkpoints(self, run: _Running) -> list[int]:
         """Ascending cached-state positions along this request's sequence."""
         if run.below_hit is None:
-            get = self.pool.get_cached
-            g0 = self.state_groups[0]
+            d = self.pool.index[self.state_groups[0]]
             B = self.block_size
-            run.below_hit = [(i + 1) * B for i in range(run.hit // B)
-                             if get((g0, run.hashes[i])) is not None]
+            run.below_hit = [(i + 1) * B for i in range(run.hit // B) if run.hashes[i] in d]
             if run.hit and (not run.below_hit or run.below_hit[-1] != run.hit):
                 run.below_hit.append(run.hit)
         return run.below_hit + run.admitted

@@ -114,11 +114,34 @@ class LRUEviction(EvictionPolicy):
             raise IndexError("pop from an empty eviction queue")
         return self._order.popitem(last=False)[0]
 
+    def pop_n(self, n: int, now: float) -> list[int]:
+        if n > len(self._order):
+            raise IndexError(f"pop {n} from an eviction queue of {len(self._order)}")
+        pop = self._order.popitem
+        return [pop(last=False)[0] for _ in range(n)]
+
     def __len__(self) -> int:
         return len(self._order)
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self._order
+
+
+class _Bucket:
+    """Free blocks with one last-access time: runs of equal value, in free order."""
+
+    __slots__ = ("t", "runs", "minv", "maxv", "first_seq")
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+        self.runs: list[list] = []  # [value, first_seq, {block_id: None}] in add order
+        self.minv = math.inf
+        self.maxv = -math.inf
+        self.first_seq = 0
+
+    def bounds(self) -> tuple[float, float]:
+        vals = [r[0] for r in self.runs]
+        return min(vals), max(vals)
 
 
 class FlopEviction(EvictionPolicy):
@@ -131,18 +154,20 @@ class FlopEviction(EvictionPolicy):
 
     ``norm`` is min-max normalisation over the current candidates; the lowest
     ``S`` is evicted (ties: the earlier freed block). ``alpha = 0`` is recency
-    only, which orders like LRU. ``flop_efficiency`` is the ``value`` passed to
-    :meth:`add`: FLOPs a hit on the block's segment saves, per byte the segment
-    holds (computed by the cache model; see ``HybridPrefixCache``).
-
+    only, which orders exactly like LRU. ``flop_efficiency`` is the ``value``
+    passed to :meth:`add`: FLOPs a hit on the block's segment saves, per byte
+    the segment holds (computed by the cache model; see ``HybridPrefixCache``).
     The "+ 1" keeps recency finite for a block freed at the current logical
     time (Marconi's formula has ``now - last_access`` alone).
 
-    Finding the minimum does not rescan the candidates: both terms are
-    monotone, so Fagin's threshold algorithm over two sorted indexes (by
-    last access, by value) stops as soon as the best utility seen is no larger
-    than the utility that any unseen candidate could still reach. Each step
-    costs O(log n); typical pops look at a handful of entries.
+    The exact minimum is found without rescanning the candidates. Blocks freed
+    at the same time share their recency term, so candidates are kept in
+    buckets by last access (a request frees all its blocks at one time), each
+    holding runs of equal value. A bucket's best block is its lowest-value run's
+    first block, with utility ``R(t) + alpha * norm(minv)``. Fagin's threshold
+    algorithm then walks two sorted bucket indexes, by time and by minimum
+    value, and stops once no unseen bucket can beat the best one seen. A walk
+    visits a few buckets; each pop costs O(log buckets).
     """
 
     name = "flop"
@@ -150,92 +175,158 @@ class FlopEviction(EvictionPolicy):
     needs_values = True
 
     def __init__(self, alpha: float = 0.0) -> None:
-        if not (alpha >= 0.0 and math.isfinite(alpha)):
-            raise ValueError(f"alpha must be a finite number >= 0, got {alpha!r}")
-        self.alpha = float(alpha)
+        self.alpha = alpha  # validated by the property setter
         self._seq = itertools.count()
-        self._entries: dict[int, tuple[float, float, int]] = {}  # id -> (t, v, seq)
-        self._by_time: SortedList = SortedList()   # (t, seq, id)
-        self._by_value: SortedList = SortedList()  # (v, seq, id)
-        #: Entries inspected by the last :meth:`pop` (for benchmarks).
+        self._where: dict[int, tuple[_Bucket, list]] = {}   # id -> (bucket, run)
+        self._buckets: dict[float, _Bucket] = {}
+        self._times: SortedList = SortedList()               # bucket times
+        self._by_min: SortedList = SortedList()              # (minv, t)
+        self._by_max: SortedList = SortedList()              # (maxv, t)
+        #: Buckets inspected by the last :meth:`pop` (for benchmarks).
         self.last_scan = 0
+
+    @property
+    def alpha(self) -> float:
+        """Weight of the FLOP-efficiency term (>= 0)."""
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        if not (isinstance(value, (int, float)) and value >= 0.0 and math.isfinite(value)):
+            raise ValueError(f"alpha must be a finite number >= 0, got {value!r}")
+        self._alpha = float(value)
+
+    # -- bookkeeping -----------------------------------------------------
+    def _reindex(self, b: _Bucket) -> None:
+        """Refresh a bucket's (min, max) value in the indexes after a change."""
+        if b.runs:
+            lo, hi = b.bounds()
+        else:
+            lo, hi = math.inf, -math.inf
+        if lo != b.minv:
+            if b.minv != math.inf:
+                self._by_min.remove((b.minv, b.t))
+            if lo != math.inf:
+                self._by_min.add((lo, b.t))
+            b.minv = lo
+        if hi != b.maxv:
+            if b.maxv != -math.inf:
+                self._by_max.remove((b.maxv, b.t))
+            if hi != -math.inf:
+                self._by_max.add((hi, b.t))
+            b.maxv = hi
+        if not b.runs:
+            del self._buckets[b.t]
+            self._times.remove(b.t)
 
     def add(self, block_id: int, now: float, value: float = 0.0,
             next_use: float = math.inf) -> None:
-        if block_id in self._entries:
+        if block_id in self._where:
             raise KeyError(f"block {block_id} is already a candidate")
-        seq = next(self._seq)
-        self._entries[block_id] = (now, value, seq)
-        self._by_time.add((now, seq, block_id))
-        self._by_value.add((value, seq, block_id))
+        b = self._buckets.get(now)
+        if b is None:
+            if self._times and now < self._times[-1]:
+                raise ValueError(f"time went backwards: {now} < {self._times[-1]}")
+            b = self._buckets[now] = _Bucket(now)
+            b.first_seq = next(self._seq)
+            self._times.add(now)
+        runs = b.runs
+        if runs and runs[-1][0] == value:
+            run = runs[-1]
+        else:
+            run = [value, next(self._seq), {}]
+            runs.append(run)
+        run[2][block_id] = None
+        self._where[block_id] = (b, run)
+        if value < b.minv or value > b.maxv:
+            self._reindex(b)
 
     def remove(self, block_id: int) -> None:
-        t, v, seq = self._entries.pop(block_id)
-        self._by_time.remove((t, seq, block_id))
-        self._by_value.remove((v, seq, block_id))
-
-    def set_value(self, block_id: int, value: float) -> None:
-        """Change a candidate's FLOP efficiency (keeps its last access)."""
-        t, v, seq = self._entries[block_id]
-        if v == value:
-            return
-        self._by_value.remove((v, seq, block_id))
-        self._by_value.add((value, seq, block_id))
-        self._entries[block_id] = (t, value, seq)
+        b, run = self._where.pop(block_id)
+        del run[2][block_id]
+        if not run[2]:
+            b.runs.remove(run)
+            self._reindex(b)
 
     def utility(self, block_id: int, now: float) -> float:
         """``S(n)`` of a candidate at time ``now`` (for tests and reports)."""
-        t, v, _ = self._entries[block_id]
+        b, run = self._where[block_id]
         rec_term, val_term = self._normalisers(now)
-        return rec_term(t) + val_term(v)
+        return rec_term(b.t) + val_term(run[0])
 
     def _normalisers(self, now: float):
-        t_old, t_new = self._by_time[0][0], self._by_time[-1][0]
+        t_old, t_new = self._times[0], self._times[-1]
         r_min, r_max = 1.0 / (now - t_old + 1.0), 1.0 / (now - t_new + 1.0)
         r_span = r_max - r_min
-        v_min, v_max = self._by_value[0][0], self._by_value[-1][0]
+        v_min, v_max = self._by_min[0][0], self._by_max[-1][0]
         v_span = v_max - v_min
-        alpha = self.alpha
+        alpha = self._alpha
 
         def rec_term(t: float) -> float:
             return (1.0 / (now - t + 1.0) - r_min) / r_span if r_span > 0 else 0.0
 
-        def val_term(v: float) -> float:
-            return alpha * (v - v_min) / v_span if (v_span > 0 and alpha) else 0.0
-
+        if v_span > 0 and alpha:
+            def val_term(v: float) -> float:
+                return alpha * (v - v_min) / v_span
+        else:
+            def val_term(v: float) -> float:
+                return 0.0
         return rec_term, val_term
 
-    def pop(self, now: float) -> int:
-        if not self._entries:
-            raise IndexError("pop from an empty eviction queue")
+    def _best_run(self, now: float) -> list:
+        """The run holding the lowest-utility block (threshold walk over buckets)."""
         rec_term, val_term = self._normalisers(now)
-        entries = self._entries
-        by_time, by_value = self._by_time, self._by_value
-        best: tuple[float, int, int] | None = None  # (S, seq, id)
-        n = len(entries)
-        i = 0
-        while i < n:
-            t_i, seq_t, id_t = by_time[i]
-            v_i, seq_v, id_v = by_value[i]
-            for bid, seq in ((id_t, seq_t), (id_v, seq_v)):
-                t, v, _ = entries[bid]
-                cand = (rec_term(t) + val_term(v), seq, bid)
-                if best is None or cand < best:
-                    best = cand
-            i += 1
-            # No unseen candidate is older than t_i or cheaper than v_i.
-            if best[0] <= rec_term(t_i) + val_term(v_i):
+        buckets = self._buckets
+        best_s, best_t = math.inf, math.inf
+        scanned = 0
+        for t_i, (minv_j, t_j) in zip(self._times, self._by_min):
+            scanned += 1
+            s_i = rec_term(t_i)
+            cand = s_i + val_term(buckets[t_i].minv)
+            if cand < best_s or (cand == best_s and t_i < best_t):
+                best_s, best_t = cand, t_i
+            cand = rec_term(t_j) + val_term(minv_j)
+            if cand < best_s or (cand == best_s and t_j < best_t):
+                best_s, best_t = cand, t_j
+            # An unseen bucket is no older than t_i and holds no value below minv_j.
+            if best_s <= s_i + val_term(minv_j):
                 break
-        self.last_scan = i
-        victim = best[2]
+        self.last_scan = scanned
+        bucket = buckets[best_t]
+        if val_term(self._by_max[-1][0]) > 0.0:
+            return min(bucket.runs, key=lambda r: (r[0], r[1]))
+        return bucket.runs[0]  # every block of the bucket ties: the first freed goes
+
+    def pop(self, now: float) -> int:
+        if not self._where:
+            raise IndexError("pop from an empty eviction queue")
+        victim = next(iter(self._best_run(now)[2]))
         self.remove(victim)
         return victim
 
+    def pop_n(self, n: int, now: float) -> list[int]:
+        """Pop ``n`` victims. The winning run is drained while it lasts: its
+        blocks share time and value, and the normalisation bounds cannot move
+        until the run empties, so this is the same order as ``n`` pops."""
+        if n > len(self._where):
+            raise IndexError(f"pop {n} from an eviction queue of {len(self._where)}")
+        out: list[int] = []
+        while len(out) < n:
+            run = self._best_run(now)
+            members = run[2]
+            take = min(n - len(out), len(members))
+            it = iter(members)
+            victims = [next(it) for _ in range(take)]
+            for v in victims:
+                self.remove(v)
+            out.extend(victims)
+        return out
+
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._where)
 
     def __contains__(self, block_id: int) -> bool:
-        return block_id in self._entries
+        return block_id in self._where
 
 
 class BeladyEviction(EvictionPolicy):

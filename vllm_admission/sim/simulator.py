@@ -71,9 +71,21 @@ class RunResult:
         return rec
 
 
-def group_kinds(geometry: CacheGeometry) -> tuple[str, ...]:
-    """The KV cache groups in vLLM's order, as ``"attention"`` / ``"state"``."""
-    return tuple(ATTENTION if k == "attention" else STATE for k in geometry.group_kinds)
+def group_kinds(costs: ModelCosts, geometry: CacheGeometry) -> tuple[str, ...]:
+    """The KV cache groups in vLLM's order, as ``"attention"`` / ``"state"``.
+
+    vLLM buckets layers by KV cache spec in the order the specs first appear in
+    the model's layers, then cuts each bucket into groups of ``group_size``
+    layers (``vllm/v1/core/kv_cache_utils.py``,
+    ``_get_kv_cache_groups_uniform_page_size``).
+    """
+    order = []
+    for layer in costs.layers:
+        kind = ATTENTION if layer.is_attention else STATE if layer.is_recurrent else None
+        if kind and kind not in order:
+            order.append(kind)
+    count = {ATTENTION: geometry.num_attention_groups, STATE: geometry.num_state_groups}
+    return tuple(k for kind in order for k in [kind] * count[kind])
 
 
 def cache_requests(trace: Trace, block_size: int) -> list[CacheRequest]:
@@ -137,7 +149,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         requests = cache_requests(trace, geo.block_size)
     flops = costs.prefill_flops
     setup = CacheSetup(num_blocks=geo.num_blocks, block_size=geo.block_size,
-                       group_kinds=group_kinds(geo), chunk_size=chunk_size,
+                       group_kinds=group_kinds(costs, geo), chunk_size=chunk_size,
                        bytes_per_block=geo.bytes_per_block, admission=admission,
                        eviction=eviction, segment_flops=flops)
     oracle = NextUseOracle(requests) if eviction == "belady" else None
@@ -175,7 +187,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         flops_saved_fraction=_ratio(totals.flops_saved, totals.flops_total),
         state_checkpoints=cache.checkpoints, junctions=cache.junctions,
         evictions=cache.pool.evictions,
-        evictions_by_group={names[g]: n for g, n in sorted(cache.pool.evictions_by_group.items())},
+        evictions_by_group=dict(zip(names, cache.pool.evictions_by_group)),
         alpha=(tuner.alpha if tuner else alpha) if eviction == "flop" else None,
         alpha_events=[{"at": e.at, "window": e.window, "alpha": e.alpha, "kind": e.kind}
                       for e in tuner.events] if tuner else [],
