@@ -63,7 +63,7 @@ def block_trace(llm, prompt: list[int], max_tokens: int) -> dict[str, object]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from vllm_admission.engine.replay import inprocess_scheduler
+    from vllm_admission.engine.replay import cached_block_positions, inprocess_scheduler
 
     sched = inprocess_scheduler(llm)
     kvm = sched.kv_cache_manager
@@ -105,6 +105,8 @@ def block_trace(llm, prompt: list[int], max_tokens: int) -> dict[str, object]:
         "free_before": free0,
         "free_after": pool.get_num_free_blocks(),
         "cached_block_entries_after": len(pool.cached_block_hash_to_block),
+        "mamba_states_cached_after": next(
+            v for k, v in cached_block_positions(llm).items() if k.endswith("mamba")),
         "peak_per_group": peak,
         "steps_total": len(steps),
         "steps": kept,
@@ -112,7 +114,16 @@ def block_trace(llm, prompt: list[int], max_tokens: int) -> dict[str, object]:
 
 
 def engine_default(model: str) -> None:
-    from vllm_admission.engine.replay import EngineSettings, build_llm, engine_geometry, prefix_cache_counters
+    from vllm_admission.engine.replay import (
+        EngineSettings,
+        build_llm,
+        cached_block_positions,
+        engine_geometry,
+        prefix_cache_counters,
+    )
+
+    def mamba_positions() -> list[int]:
+        return next(v for k, v in cached_block_positions(llm).items() if k.endswith("mamba"))
 
     t = time.perf_counter()
     llm = build_llm(EngineSettings(model=model))
@@ -149,6 +160,7 @@ def engine_default(model: str) -> None:
         h1, q1 = prefix_cache_counters(llm)
         res["engine_hits"] = h1 - h0
         res["engine_queries"] = q1 - q0
+        res["mamba_states_cached_after"] = mamba_positions()
         emit(f"junction_{tag}", res)
 
     junction(True, False, "prefix_then_10_sequential")
@@ -163,31 +175,59 @@ def engine_default(model: str) -> None:
         a = toks(r, p_len)
         more = toks(r, 700)
         ca, out_a = one(llm, a, o_len)
+        after_turn1 = cached_block_positions(llm)
         c_prompt_only, _ = one(llm, a + more, 4)
         llm.reset_prefix_cache()
         ca2, out_a2 = one(llm, a, o_len)
         c_with_output, _ = one(llm, a + out_a2 + more, 4)
+        mamba_after_turn2 = mamba_positions()
+        c_turn2_again, _ = one(llm, a + out_a2 + more, 4)
         computed = p_len + o_len - 1  # KV written for prompt + all but the last sampled token
         emit(f"turn2_P{p_len}_O{o_len}", {
             "first_turn_cached": [ca, ca2],
             "turn2_prompt_plus_700": c_prompt_only,
             "turn2_prompt_output_plus_700": c_with_output,
+            "cached_after_turn1": after_turn1,
+            "mamba_states_after_turn2_with_output": mamba_after_turn2,
+            "turn2_with_output_sent_again": c_turn2_again,
             "last_prompt_boundary floor((P-1)/B)*B": (p_len - 1) // bs * bs,
             "prompt floor(P/B)*B": p_len // bs * bs,
             "decode boundary floor((P+O-1)/B)*B": computed // bs * bs,
         })
 
+    # --- a long prompt is prefilled in chunks: is the state at a chunk end cached?
+    llm.reset_prefix_cache()
+    r = random.Random(6)
+    a = toks(r, 5000)
+    c0 = one(llm, a, 4)[0]
+    after = cached_block_positions(llm)
+    c_div_4200 = one(llm, a[:4200] + toks(r, 800), 4)[0]
+    mamba_after_div = mamba_positions()
+    c_div_4200_again = one(llm, a[:4200] + toks(r, 800), 4)[0]
+    c_ext = one(llm, a + toks(r, 800), 4)[0]
+    emit("chunked_prefill_P5000", {
+        "first": c0,
+        "mamba_states_after_first": next(v for k, v in after.items() if k.endswith("mamba")),
+        "attention_blocks_after_first": len(next(v for k, v in after.items() if k.endswith("attention"))),
+        "diverge_at_4200_hit": c_div_4200,
+        "mamba_states_after_divergent": mamba_after_div,
+        "another_divergent_at_4200_hit": c_div_4200_again,
+        "extend_5000_plus_800_hit": c_ext,
+        "attention_entries_incl_duplicates": len(next(
+            v for k, v in cached_block_positions(llm).items() if k.endswith("attention"))),
+    })
+
     # --- blocks held by one running request, per group
     llm.reset_prefix_cache()
     r = random.Random(4)
-    emit("blocks_P1000_O300", block_trace(llm, toks(r, 1000), 300))
+    emit("blocks_P1000_O150", block_trace(llm, toks(r, 1000), 150))
     llm.reset_prefix_cache()
     emit("blocks_P5000_O20", block_trace(llm, toks(r, 5000), 20))
     # same prompt again while its blocks are cached: how many new blocks does a hit need?
     llm.reset_prefix_cache()
     p = toks(r, 1000)
     one(llm, p, 4)
-    emit("blocks_P1000_O300_after_cached_copy", block_trace(llm, p, 300))
+    emit("blocks_P1000_O150_after_cached_copy", block_trace(llm, p, 150))
 
     del llm
     gc.collect()
@@ -212,9 +252,42 @@ def engine_small(model: str) -> None:
     # Exactly the largest request vLLM planned for: 61 attention blocks + 2 Mamba blocks + null = 64.
     c, out = one(llm, toks(r, 7700), 108)
     emit("blocks64_request_7808_tokens", {"cached": c, "generated": len(out)})
-    emit("blocks64_largest_request_trace", block_trace(llm, toks(r, 7000), 808))
+    emit("blocks64_largest_request_trace", block_trace(llm, toks(r, 7600), 208))
     del llm
     gc.collect()
+
+
+_MP_CHILD = r"""
+import json, os, sys, time
+t0 = time.perf_counter()
+from vllm_admission.engine.replay import EngineSettings, build_llm, engine_geometry
+if __name__ == "__main__":
+    t1 = time.perf_counter()
+    llm = build_llm(EngineSettings(model=sys.argv[1], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}))
+    t2 = time.perf_counter()
+    geo = engine_geometry(llm)
+    print("MPRESULT " + json.dumps({"import_s": round(t1 - t0, 1), "build_s": round(t2 - t1, 1),
+          "num_gpu_blocks": geo["num_gpu_blocks"], "block_size": geo["block_size"],
+          "inprocess": geo["inprocess"]}), flush=True)
+"""
+
+
+def engine_multiprocess(model: str) -> None:
+    """Time vLLM's default layout (engine core in its own process) in a fresh interpreter."""
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(_MP_CHILD)
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="1")
+    t = time.perf_counter()
+    proc = subprocess.run([sys.executable, f.name, model], env=env, capture_output=True, text=True)
+    total = time.perf_counter() - t
+    os.unlink(f.name)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("MPRESULT ")), None)
+    res = json.loads(line[len("MPRESULT "):]) if line else {"error": proc.stderr[-1500:]}
+    res["process_total_s"] = round(total, 1)
+    emit("engine_start_multiprocess", res)
 
 
 def main() -> int:
@@ -222,6 +295,8 @@ def main() -> int:
     ap.add_argument("--model-dir", default="/tmp/vllm_admission_tiny_model")
     ap.add_argument("--json", default=None, help="also write all results to this JSON file")
     ap.add_argument("--skip-small", action="store_true", help="do not start the 64-block engine")
+    ap.add_argument("--skip-mp", action="store_true",
+                    help="do not time an engine start with a separate engine-core process")
     args = ap.parse_args()
 
     from vllm_admission.engine.tiny_model import make_tiny_model
@@ -229,12 +304,16 @@ def main() -> int:
     t = time.perf_counter()
     model = str(make_tiny_model(args.model_dir))
     emit("model", {"path": model, "make_seconds": round(time.perf_counter() - t, 1)})
+    t = time.perf_counter()
     import vllm
 
+    emit("vllm_import_seconds", round(time.perf_counter() - t, 1))
     emit("vllm_version", vllm.__version__)
     engine_default(model)
     if not args.skip_small:
         engine_small(model)
+    if not args.skip_mp:
+        engine_multiprocess(model)
     if args.json:
         Path(args.json).write_text(json.dumps(RESULTS, indent=2, default=str) + "\n")
     return 0
