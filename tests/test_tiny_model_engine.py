@@ -124,6 +124,11 @@ def llm(tiny_model_dir):
     gc.collect()
     os.environ.clear()
     os.environ.update(saved)
+    # vLLM loads general plugins once per process; with VLLM_PLUGINS="" that "once" loaded
+    # nothing. Let a later engine in this pytest process load the plugins it asks for.
+    import vllm.plugins
+
+    vllm.plugins.plugins_loaded = False
 
 
 def one(llm, prompt: list[int], max_tokens: int = 4) -> tuple[int, list[int]]:
@@ -245,3 +250,17 @@ def test_replay_counts_hits_and_skips(llm):
     assert res.engine_prefix_cache_hits == 128
     with pytest.raises(ValueError):
         replay(llm, [], vocab_size=VOCAB, mode="batched")
+
+
+@pytest.mark.engine
+def test_replay_accepts_trace_requests(llm):
+    traces = pytest.importorskip("vllm_admission.core.traces")
+    from vllm_admission.core.traces.prompts import TokenPrompt
+    from vllm_admission.engine.replay import replay
+
+    llm.reset_prefix_cache()
+    prompt = TokenPrompt(tuple(toks(7, 300)))
+    reqs = [traces.Request(f"r{i}", prompt, 2, None, None) for i in range(2)]
+    res = replay(llm, reqs, vocab_size=VOCAB)
+    assert [r["cached_tokens"] for r in res.requests] == [0, 256]  # floor(299 / 128) * 128
+    assert res.skipped == {}
