@@ -1,0 +1,162 @@
+"""The plugin's settings, read from environment variables.
+
+This module does not import vLLM. Every variable is optional:
+
+=============================  ===========  ==============================================
+variable                       default      valid values
+=============================  ===========  ==============================================
+``VLLM_ADMISSION_POLICY``      ``vllm``     an admission policy name (``none``, ``last``,
+                                            ``vllm``, ``marconi``, ``dense``)
+``VLLM_ADMISSION_EVICTION``    ``lru``      an engine eviction policy (``lru``, ``flop``)
+``VLLM_ADMISSION_ALPHA``       unset        a finite float >= 0: fixes ``flop``'s alpha
+                                            (unset: tuned online)
+``VLLM_ADMISSION_LOG_INTERVAL`` ``10``      seconds between metric log lines, a finite
+                                            float >= 0 (0 switches the lines off)
+``VLLM_ADMISSION_TUNE_MULTIPLIER`` ``5``    integer >= 1: the alpha tuner's bootstrap
+                                            window, in multiples of the requests served
+                                            before the first eviction
+=============================  ===========  ==============================================
+
+An empty value counts as unset. A bad value raises :class:`AdmissionConfigError`
+whose message is one line naming the variable, the value and the valid values.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from vllm_admission.core.admission import ADMISSION_POLICIES
+from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
+
+__all__ = [
+    "ENV_ALPHA",
+    "ENV_EVICTION",
+    "ENV_LOG_INTERVAL",
+    "ENV_POLICY",
+    "ENV_TUNE_MULTIPLIER",
+    "ENV_VARS",
+    "AdmissionConfig",
+    "AdmissionConfigError",
+]
+
+ENV_POLICY = "VLLM_ADMISSION_POLICY"
+ENV_EVICTION = "VLLM_ADMISSION_EVICTION"
+ENV_ALPHA = "VLLM_ADMISSION_ALPHA"
+ENV_LOG_INTERVAL = "VLLM_ADMISSION_LOG_INTERVAL"
+ENV_TUNE_MULTIPLIER = "VLLM_ADMISSION_TUNE_MULTIPLIER"
+
+DEFAULT_POLICY = "vllm"
+DEFAULT_EVICTION = "lru"
+DEFAULT_LOG_INTERVAL = 10.0
+DEFAULT_TUNE_MULTIPLIER = 5
+
+#: Every variable the plugin reads: name -> one-line description (for the
+#: docs and for registering the names with vLLM's environment validation).
+ENV_VARS: dict[str, str] = {
+    ENV_POLICY: f"admission policy, one of {', '.join(ADMISSION_POLICIES)} (default {DEFAULT_POLICY})",
+    ENV_EVICTION: (f"eviction policy, one of {', '.join(ENGINE_EVICTION_POLICIES)} "
+                   f"(default {DEFAULT_EVICTION})"),
+    ENV_ALPHA: "fixed alpha (float >= 0) for flop eviction; unset = tuned online",
+    ENV_LOG_INTERVAL: f"seconds between metric log lines, 0 = off (default {DEFAULT_LOG_INTERVAL:g})",
+    ENV_TUNE_MULTIPLIER: (f"alpha tuner bootstrap multiplier, integer >= 1 "
+                          f"(default {DEFAULT_TUNE_MULTIPLIER})"),
+}
+
+
+class AdmissionConfigError(ValueError):
+    """A plugin environment variable has a value the plugin cannot use.
+
+    The message is a single line: ``"<VAR>=<value> is invalid; valid: ..."``.
+    """
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """Validated plugin settings.
+
+    Attributes:
+        policy: admission policy name (a key of ``ADMISSION_POLICIES``).
+        eviction: eviction policy name (``lru`` or ``flop``).
+        alpha: fixed ``flop`` weight, or ``None`` to tune it online.
+        log_interval: seconds between metric log lines; 0 disables them.
+        tune_multiplier: bootstrap window multiplier of the alpha tuner.
+    """
+
+    policy: str = DEFAULT_POLICY
+    eviction: str = DEFAULT_EVICTION
+    alpha: float | None = None
+    log_interval: float = DEFAULT_LOG_INTERVAL
+    tune_multiplier: int = DEFAULT_TUNE_MULTIPLIER
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> AdmissionConfig:
+        """Read and validate the settings from ``environ`` (default ``os.environ``).
+
+        Raises:
+            AdmissionConfigError: the first invalid variable, in one line.
+        """
+        env = os.environ if environ is None else environ
+
+        def raw(name: str) -> str | None:
+            value = env.get(name)
+            if value is None:
+                return None
+            value = value.strip()
+            return value or None
+
+        policy = raw(ENV_POLICY) or DEFAULT_POLICY
+        if policy not in ADMISSION_POLICIES:
+            raise _invalid(ENV_POLICY, policy, ", ".join(ADMISSION_POLICIES))
+        eviction = raw(ENV_EVICTION) or DEFAULT_EVICTION
+        if eviction not in ENGINE_EVICTION_POLICIES:
+            raise _invalid(ENV_EVICTION, eviction, ", ".join(ENGINE_EVICTION_POLICIES))
+
+        alpha = None
+        text = raw(ENV_ALPHA)
+        if text is not None:
+            alpha = _float(text)
+            if alpha is None or alpha < 0:
+                raise _invalid(ENV_ALPHA, text, "a finite number >= 0, or unset to tune alpha online")
+
+        log_interval = DEFAULT_LOG_INTERVAL
+        text = raw(ENV_LOG_INTERVAL)
+        if text is not None:
+            value = _float(text)
+            if value is None or value < 0:
+                raise _invalid(ENV_LOG_INTERVAL, text, "seconds, a finite number >= 0 (0 = no log lines)")
+            log_interval = value
+
+        multiplier = DEFAULT_TUNE_MULTIPLIER
+        text = raw(ENV_TUNE_MULTIPLIER)
+        if text is not None:
+            try:
+                multiplier = int(text)
+            except ValueError:
+                multiplier = 0
+            if multiplier < 1:
+                raise _invalid(ENV_TUNE_MULTIPLIER, text, "an integer >= 1")
+        return cls(policy=policy, eviction=eviction, alpha=alpha, log_interval=log_interval,
+                   tune_multiplier=multiplier)
+
+    def describe(self) -> str:
+        """``"admission=<p> eviction=<e>[ alpha=<a>]"`` for log lines."""
+        text = f"admission={self.policy} eviction={self.eviction}"
+        if self.eviction == "flop":
+            text += f" alpha={'tuned online' if self.alpha is None else f'{self.alpha:g}'}"
+        return text
+
+
+def _float(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _invalid(name: str, value: str, valid: str) -> AdmissionConfigError:
+    shown = value if len(value) <= 60 else value[:57] + "..."
+    return AdmissionConfigError(f"{name}={shown!r} is invalid; valid: {valid}")
