@@ -149,3 +149,13 @@ def test_flop_pop_n_equals_repeated_pop(alpha, adds, k):
         b.add(i, now=now, value=float(v))
     k = min(k, len(adds))
     assert a.pop_n(k, now + 1) == [b.pop(now + 1) for _ in range(k)]
+
+
+def test_belady_refreshes_a_next_use_that_passed_without_a_touch():
+    # Block 1 was predicted for t=3, but t=3 went by without touching it; its real
+    # next use is never. Block 2 is next needed at t=9. At t=5, block 1 must go first.
+    future = {1: math.inf, 2: 9.0}
+    pol = BeladyEviction(refresh=lambda b, now: future[b])
+    pol.add(1, now=0, next_use=3.0)
+    pol.add(2, now=0, next_use=9.0)
+    assert pol.pop(now=5.0) == 1

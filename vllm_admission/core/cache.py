@@ -98,6 +98,24 @@ class BlockPool:
         #: Cached entries inserted (cumulative), per KV cache group index.
         self.insertions_by_group: list[int] = [0] * num_groups
 
+    def clone(self, eviction: EvictionPolicy) -> "BlockPool":
+        """An independent copy of this pool that uses ``eviction`` (a clone of ours)."""
+        other = BlockPool.__new__(BlockPool)
+        other.num_blocks = self.num_blocks
+        other.eviction = eviction
+        other.uncached = self.uncached[:]
+        other.key = self.key[:]
+        other.ref = self.ref[:]
+        other.value = self.value[:]
+        other.next_use = self.next_use[:]
+        other.index = [d.copy() for d in self.index]
+        other._dups = {k: v[:] for k, v in self._dups.items()}
+        other._num_free_cached = self._num_free_cached
+        other.evictions = self.evictions
+        other.evictions_by_group = self.evictions_by_group[:]
+        other.insertions_by_group = self.insertions_by_group[:]
+        return other
+
     # -- queries ---------------------------------------------------------
     @property
     def num_free(self) -> int:
@@ -347,12 +365,34 @@ class HybridPrefixCache:
         self.segment_flops = segment_flops
         self.bytes_per_block = bytes_per_block
         self.next_use = next_use
+        if eviction.needs_future:
+            keys = self.pool.key
+            eviction.bind_future(lambda b, now: next_use(keys[b][1], now))
+        self._needs_meta = eviction.needs_values or eviction.needs_future
         self._plain_chunk = admission.admit(frozenset({CheckpointKind.CHUNK_END}))
         self._plain_decode = admission.admit(frozenset({CheckpointKind.DECODE}))
         #: State checkpoints admitted (cumulative, counted once per position).
         self.checkpoints = 0
         #: Requests whose KV hit ran past their state hit (shared prefixes seen).
         self.junctions = 0
+
+    def clone(self, *, alpha: float | None = None) -> "HybridPrefixCache":
+        """An independent copy between requests (for what-if replays).
+
+        Args:
+            alpha: set the copy's ``flop`` eviction weight.
+        """
+        other = HybridPrefixCache.__new__(HybridPrefixCache)
+        other.__dict__.update(self.__dict__)
+        other.eviction = self.eviction.clone()
+        if alpha is not None:
+            other.eviction.alpha = alpha
+        other.pool = self.pool.clone(other.eviction)
+        if other.eviction.needs_future:
+            keys = other.pool.key
+            next_use = self.next_use
+            other.eviction.bind_future(lambda b, now: next_use(keys[b][1], now))
+        return other
 
     # -- sizing ----------------------------------------------------------
     def blocks_needed(self, prompt_len: int, output_len: int) -> int:
@@ -497,9 +537,11 @@ class HybridPrefixCache:
         #    the state of the last computed token.
         if start > 0:
             skipped = (start - 1) // B
+            retired = run.retired
             for g in self.state_groups:
                 blocks = blocks_by_group[g]
-                first, last = run.retired[g], min(skipped, len(blocks))
+                first = retired[g]
+                last = skipped if skipped < len(blocks) else len(blocks)
                 if first >= last:
                     continue
                 freed = []
@@ -508,36 +550,69 @@ class HybridPrefixCache:
                     if b:
                         freed.append((i, b))
                         blocks[i] = NULL
-                run.retired[g] = last
+                retired[g] = last
                 if freed:
-                    self._set_values(run, freed, g)
+                    if self._needs_meta:
+                        self._set_values(run, freed, g)
                     pool.free([b for _, b in freed], now)
-        # 2. allocate_new_blocks, group by group.
+        # 2. allocate_new_blocks. One pool call for all groups: which group gets
+        #    which popped block changes neither hits nor the eviction order.
         need = -(-(start + n) // B)
-        for g, kind in enumerate(self.group_kinds):
-            blocks = blocks_by_group[g]
-            have = len(blocks)
+        total = 0
+        for g in self.attn_groups:
+            have = len(blocks_by_group[g])
             if need > have:
-                if kind == ATTENTION:
-                    blocks.extend(pool.allocate(need - have, now))
-                else:
-                    if need - 1 > have:
-                        blocks.extend([NULL] * (need - 1 - have))
-                    blocks.extend(pool.allocate(1, now))
+                total += need - have
+        grow_state = need > len(blocks_by_group[self.state_groups[0]])
+        if grow_state:
+            total += len(self.state_groups)
+        if total:
+            new = pool.allocate(total, now)
+            k = 0
+            for g in self.attn_groups:
+                blocks = blocks_by_group[g]
+                have = len(blocks)
+                if need > have:
+                    blocks.extend(new[k:k + need - have])
+                    k += need - have
+            if grow_state:
+                for g in self.state_groups:
+                    blocks = blocks_by_group[g]
+                    if need - 1 > len(blocks):
+                        blocks.extend([NULL] * (need - 1 - len(blocks)))
+                    blocks.append(new[k])
+                    k += 1
         # 3. cache_blocks up to the finalized tokens.
         full = min(start + n, num_tokens) // B
+        num_cached = run.num_cached
+        if num_cached[0] >= full and all(num_cached[g] >= full for g in range(len(num_cached))):
+            return
         hashes = run.hashes
         nh = len(hashes)
-        for g, kind in enumerate(self.group_kinds):
-            nc = run.num_cached[g]
+        keys, index, dups, inserted = pool.key, pool.index, pool._dups, pool.insertions_by_group
+        for g in self.attn_groups:
+            nc = num_cached[g]
             if nc >= full:
                 continue
-            run.num_cached[g] = full
+            num_cached[g] = full
             blocks = blocks_by_group[g]
-            if kind == ATTENTION:
-                for i in range(nc, full):
-                    pool.cache(blocks[i], (g, hashes[i] if i < nh else ("out", run.rid, i)))
+            idx = index[g]
+            for i in range(nc, full):
+                h = hashes[i] if i < nh else ("out", run.rid, i)
+                b = blocks[i]
+                keys[b] = (g, h)
+                if h in idx:
+                    dups.setdefault((g, h), []).append(b)
+                else:
+                    idx[h] = b
+            inserted[g] += full - nc
+        first_state = self.state_groups[0]
+        for g in self.state_groups:
+            nc = num_cached[g]
+            if nc >= full:
                 continue
+            num_cached[g] = full
+            blocks = blocks_by_group[g]
             for i in range(nc, full):
                 b = blocks[i]
                 if not b:
@@ -548,7 +623,7 @@ class HybridPrefixCache:
                     admit = self._plain_chunk if pos <= run.prompt_len else self._plain_decode
                 if not admit:
                     continue
-                if g == self.state_groups[0]:
+                if g == first_state:
                     run.admitted.append(pos)
                     self.checkpoints += 1
                 pool.cache(b, (g, hashes[i] if i < nh else ("out", run.rid, i)))
@@ -556,7 +631,7 @@ class HybridPrefixCache:
     def _finish(self, run: _Running, now: float) -> None:
         for g in range(len(self.group_kinds)):
             blocks = run.blocks[g]
-            if self.eviction.needs_values or self.eviction.needs_future:
+            if self._needs_meta:
                 freed = [(i, blocks[i]) for i in range(len(blocks) - 1, -1, -1) if blocks[i]]
                 self._set_values(run, freed, g)
                 self.pool.free([b for _, b in freed], now)

@@ -29,6 +29,7 @@ import itertools
 import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import ClassVar
 
 from sortedcontainers import SortedList
@@ -85,6 +86,14 @@ class EvictionPolicy(ABC):
         """Pop ``n`` victims in eviction order."""
         return [self.pop(now) for _ in range(n)]
 
+    def bind_future(self, refresh: Callable[[int, float], float]) -> None:
+        """Give a policy that :attr:`needs_future` its oracle: ``refresh(block_id,
+        now)`` is the block's next use after ``now``. Others ignore it."""
+
+    @abstractmethod
+    def clone(self) -> "EvictionPolicy":
+        """An independent copy with the same candidates in the same order."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(candidates={len(self)})"
 
@@ -113,6 +122,11 @@ class LRUEviction(EvictionPolicy):
         if not self._order:
             raise IndexError("pop from an empty eviction queue")
         return self._order.popitem(last=False)[0]
+
+    def clone(self) -> "LRUEviction":
+        other = LRUEviction()
+        other._order = self._order.copy()
+        return other
 
     def pop_n(self, n: int, now: float) -> list[int]:
         if n > len(self._order):
@@ -195,6 +209,25 @@ class FlopEviction(EvictionPolicy):
         if not (isinstance(value, (int, float)) and value >= 0.0 and math.isfinite(value)):
             raise ValueError(f"alpha must be a finite number >= 0, got {value!r}")
         self._alpha = float(value)
+
+    def clone(self) -> "FlopEviction":
+        other = FlopEviction(self._alpha)
+        start = next(self._seq)
+        self._seq = itertools.count(start + 1)
+        other._seq = itertools.count(start + 1)
+        for t, b in self._buckets.items():
+            nb = _Bucket(t)
+            nb.minv, nb.maxv, nb.first_seq = b.minv, b.maxv, b.first_seq
+            for v, seq, members in b.runs:
+                run = [v, seq, dict(members)]
+                nb.runs.append(run)
+                for bid in members:
+                    other._where[bid] = (nb, run)
+            other._buckets[t] = nb
+        other._times = self._times.copy()
+        other._by_min = self._by_min.copy()
+        other._by_max = self._by_max.copy()
+        return other
 
     # -- bookkeeping -----------------------------------------------------
     def _reindex(self, b: _Bucket) -> None:
@@ -334,18 +367,27 @@ class BeladyEviction(EvictionPolicy):
 
     ``next_use`` is the logical time of the next request whose prompt contains
     the block's hash (infinity if none); ties go to the earlier freed block.
-    For a hybrid cache this is a strong reference, not a proven optimum: a
-    state block is only useful if a later hit ends exactly on it.
+
+    A predicted use can pass without touching the block (the later request's
+    hybrid hit stopped short of it). Such a stale prediction is refreshed with
+    ``refresh(block_id, now)`` before any eviction, so a block never keeps a
+    next use in the past. For a hybrid cache this is a strong reference, not a
+    proven optimum: a state block is only useful if a hit ends exactly on it.
+
+    Args:
+        refresh: ``f(block_id, now) -> next use after now``; the cache model
+            binds it through :meth:`bind_future`.
     """
 
     name = "belady"
     summary = "offline reference: evict the block next needed farthest in the future"
     needs_future = True
 
-    def __init__(self) -> None:
+    def __init__(self, refresh: Callable[[int, float], float] | None = None) -> None:
+        self.refresh = refresh
         self._seq = itertools.count()
         self._entries: dict[int, tuple[float, int]] = {}
-        self._order: SortedList = SortedList()  # (-next_use, seq, id)
+        self._order: SortedList = SortedList()  # (-next_use, seq, id): farthest first
 
     def add(self, block_id: int, now: float, value: float = 0.0,
             next_use: float = math.inf) -> None:
@@ -357,9 +399,30 @@ class BeladyEviction(EvictionPolicy):
         nu, seq = self._entries.pop(block_id)
         self._order.remove((-nu, seq, block_id))
 
+    def bind_future(self, refresh: Callable[[int, float], float]) -> None:
+        self.refresh = refresh
+
+    def clone(self) -> "BeladyEviction":
+        other = BeladyEviction(self.refresh)
+        start = next(self._seq)
+        self._seq = itertools.count(start + 1)
+        other._seq = itertools.count(start + 1)
+        other._entries = dict(self._entries)
+        other._order = self._order.copy()
+        return other
+
+    def _refresh_stale(self, now: float) -> None:
+        order, entries = self._order, self._entries
+        while order and -order[-1][0] <= now:
+            _, seq, bid = order.pop()
+            nu = self.refresh(bid, now) if self.refresh else math.inf
+            entries[bid] = (nu, seq)
+            order.add((-nu, seq, bid))
+
     def pop(self, now: float) -> int:
         if not self._entries:
             raise IndexError("pop from an empty eviction queue")
+        self._refresh_stale(now)
         _, seq, bid = self._order.pop(0)
         del self._entries[bid]
         return bid

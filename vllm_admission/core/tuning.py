@@ -1,25 +1,35 @@
 """Online tuning of the FLOP-aware eviction weight ``alpha``.
 
-Marconi (section 4.2) starts with ``alpha = 0``. When the first eviction
-happens it notes how many requests came before; once ``multiplier`` times that
-many requests have been seen (the bootstrap window), it replays the window for
-every ``alpha`` in a grid and keeps the one that saved the most prefill FLOPs.
+Bootstrap, as in Marconi (section 4.2): start with ``alpha = 0``. When the
+first eviction happens, note how many requests came before it; once
+``multiplier`` times that many requests have been served (the bootstrap
+window), replay the window from an empty cache for every ``alpha`` of the grid
+and keep the one that saved the most prefill FLOPs.
 
-Marconi tunes once. Workloads drift, so this tuner also re-tunes every
-``retune_every`` requests on the most recent window, searching a small grid
-around the current alpha (a local search: ``alpha +- step``, ``+- 2 step``),
-which costs a few window replays instead of the full grid.
+The live run itself is the replay for the live alpha (0 during bootstrap), so
+its score is what it actually saved; the other alphas are replayed. The
+bootstrap window is capped at ``max_window`` requests, because its cost grows
+with the cache size (a larger cache evicts later).
 
-Replays start from an empty cache with the same geometry, as Marconi's
-bootstrap replay does; the tuner is told how to replay through an injected
-function, so the simulator and the engine plugin share it.
+Re-tuning, which Marconi does not do: workloads drift, so every
+``retune_every`` requests the tuner compares the live alpha with its
+neighbours ``alpha +- step`` and with ``alpha = 0`` (pure recency) on the most
+recent window. The utility's recency term, ``1 / (now - t + 1)``, is already
+tiny for blocks a few requests old, so any alpha above ~0.1 lets the value
+term decide almost alone: the landscape is nearly a step at 0, and a local
+search that cannot see 0 would stay on the wrong side of it. The candidates
+are replayed from a snapshot of the live cache taken when the window began,
+so they start from the same warm state as the live run.
+
+The tuner only decides; replaying and snapshotting are injected, so the
+simulator and the engine plugin share it.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["AlphaTuner", "TuningEvent", "paper_grid"]
 
@@ -32,7 +42,7 @@ def paper_grid(step: float = 0.1, top: float = 2.0) -> tuple[float, ...]:
 
 @dataclass(frozen=True)
 class TuningEvent:
-    """One tuning decision: at request ``at``, over ``window`` requests."""
+    """One tuning decision, made after request number ``at`` (1-based count)."""
 
     at: int
     window: int
@@ -46,24 +56,32 @@ class AlphaTuner:
     """Decides when to tune ``alpha`` and to what.
 
     Args:
-        replay: ``f(alpha, requests) -> FLOPs saved`` replaying ``requests``
-            from an empty cache with eviction weight ``alpha``.
-        multiplier: bootstrap window = ``multiplier`` x requests seen before
+        replay: ``f(alpha, requests, snapshot) -> FLOPs saved``: replay
+            ``requests`` with eviction weight ``alpha``, starting from
+            ``snapshot`` (``None``: an empty cache).
+        snapshot: ``g() -> snapshot`` of the live cache; ``None`` disables
+            re-tuning.
+        multiplier: bootstrap window = ``multiplier`` x requests served before
             the first eviction (Marconi: 5).
         grid: alphas tried at bootstrap (Marconi: 0, 0.1, ..., 2.0).
-        retune_every: re-tune after this many requests since the last tuning;
-            ``None`` = one bootstrap window length; 0 disables re-tuning.
-        local_step: step of the local grid used when re-tuning.
+        retune_every: requests between re-tunes; ``None`` = four bootstrap
+            windows; 0 disables re-tuning.
+        max_window: longest bootstrap window (requests).
+        step: distance to the neighbours tried when re-tuning.
+        max_alpha: re-tuning never goes above this.
 
-    Use: call :meth:`observe` once per served request with whether an eviction
-    has happened so far; it returns the new alpha when it tuned, else None.
+    Use: after each served request call :meth:`observe`; it returns the new
+    alpha when it changed its mind, else ``None``.
     """
 
-    replay: Callable[[float, Sequence], float]
+    replay: Callable[[float, Sequence, Any], float]
+    snapshot: Callable[[], Any] | None = None
     multiplier: int = 5
     grid: tuple[float, ...] = field(default_factory=paper_grid)
     retune_every: int | None = None
-    local_step: float = 0.1
+    step: float = 0.1
+    max_alpha: float = 2.0
+    max_window: int = 1000
     alpha: float = 0.0
     events: list[TuningEvent] = field(default_factory=list)
 
@@ -74,45 +92,68 @@ class AlphaTuner:
             raise ValueError(f"grid must be non-empty and >= 0, got {self.grid}")
         self._seen = 0
         self._window_len: int | None = None
-        self._last_tune = 0
-        self._history: list = []      # requests since the start, until bootstrap
-        self._recent: deque = deque()  # the last window, after bootstrap
+        self._history: list = []
+        self._history_saved = 0.0
+        self._since_tune = 0
+        self._window: list | None = None
+        self._window_snapshot: Any = None
+        self._window_saved = 0.0
 
     @property
     def window_len(self) -> int | None:
-        """Bootstrap window length, once known."""
+        """Bootstrap window length, once the first eviction has fixed it."""
         return self._window_len
 
-    def observe(self, request, evicted_so_far: bool) -> float | None:
-        """Record one served request; tune when due. Returns the new alpha or None."""
+    def observe(self, request: Any, evicted_so_far: bool, saved: float) -> float | None:
+        """Record one served request and the FLOPs its hit saved; tune when due.
+
+        Returns:
+            The new alpha if this call changed it, else ``None``.
+        """
         self._seen += 1
-        if not self.events:  # still in the bootstrap window
+        if not self.events:
             self._history.append(request)
+            self._history_saved += saved
             if evicted_so_far and self._window_len is None:
-                self._window_len = max(1, self.multiplier * self._seen)
+                self._window_len = max(self._seen, min(self.multiplier * self._seen, self.max_window))
             if self._window_len is not None and self._seen >= self._window_len:
-                return self._tune(self._history, self.grid, "bootstrap")
+                scores = {a: (self._history_saved if a == self.alpha
+                              else self.replay(a, self._history, None)) for a in self.grid}
+                self._history = []
+                return self._decide(scores, "bootstrap", self._window_len)
             return None
-        self._recent.append(request)
-        if len(self._recent) > self._window_len:
-            self._recent.popleft()
-        every = self._window_len if self.retune_every is None else self.retune_every
-        if every and self._seen - self._last_tune >= every:
-            s = self.local_step
-            local = sorted({max(0.0, round(self.alpha + d * s, 10)) for d in (-2, -1, 0, 1, 2)})
-            return self._tune(list(self._recent), tuple(local), "retune")
+        if self.snapshot is None:
+            return None
+        every = 4 * self._window_len if self.retune_every is None else self.retune_every
+        if every < 2:
+            return None
+        window_len = min(self._window_len, every - 1)
+        self._since_tune += 1
+        if self._window is not None:
+            self._window.append(request)
+            self._window_saved += saved
+        if self._since_tune == every - window_len:
+            # The next request opens the comparison window: remember the state.
+            self._window_snapshot = self.snapshot()
+            self._window, self._window_saved = [], 0.0
+        elif self._since_tune >= every and self._window is not None:
+            scores = {self.alpha: self._window_saved}
+            for a in (0.0, self.alpha - self.step, self.alpha + self.step):
+                a = round(a, 10)
+                if 0.0 <= a <= self.max_alpha and a not in scores:
+                    scores[a] = self.replay(a, self._window, self._window_snapshot)
+            n = len(self._window)
+            self._window, self._window_snapshot = None, None
+            return self._decide(scores, "retune", n)
         return None
 
-    def _tune(self, window: Sequence, grid: tuple[float, ...], kind: str) -> float:
-        scores = {a: self.replay(a, window) for a in grid}
+    def _decide(self, scores: dict[float, float], kind: str, window: int) -> float | None:
         best = max(scores.values())
-        # Ties go to the alpha closest to the current one, then the smallest.
+        # Ties keep the current alpha, then prefer the smaller one.
         alpha = min((a for a, v in scores.items() if v == best),
-                    key=lambda a: (abs(a - self.alpha), a))
-        self.events.append(TuningEvent(self._seen, len(window), alpha, scores, kind))
+                    key=lambda a: (a != self.alpha, a))
+        self.events.append(TuningEvent(self._seen, window, alpha, scores, kind))
+        self._since_tune = 0
+        changed = alpha != self.alpha
         self.alpha = alpha
-        self._last_tune = self._seen
-        if kind == "bootstrap":
-            self._recent = deque(window[-self._window_len:])
-            self._history = []
-        return alpha
+        return alpha if changed else None

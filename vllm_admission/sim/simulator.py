@@ -62,6 +62,7 @@ class RunResult:
     alpha: float | None
     alpha_events: list[dict[str, Any]]
     wall_seconds: float
+    cpu_seconds: float
     per_request_hits: list[int] | None = field(default=None, repr=False)
 
     def to_record(self) -> dict[str, Any]:
@@ -144,7 +145,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         geo = block_geometry(costs, capacity_bytes, block_size=block_size)
     else:
         raise ValueError("give capacity_bytes or num_blocks")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if requests is None:
         requests = cache_requests(trace, geo.block_size)
     flops = costs.prefill_flops
@@ -157,24 +158,29 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                         next_use=oracle)
     tuner = None
     if eviction == "flop" and alpha is None:
-        def replay_window(a: float, window) -> float:
-            return replay_requests(setup.build(alpha=a), window, prefill_flops=flops).flops_saved
-        tuner = AlphaTuner(replay=replay_window, multiplier=tune_multiplier,
-                           retune_every=retune_every)
+        def replay_window(a: float, window, snapshot) -> float:
+            first = window[0][0]
+            start = setup.build(alpha=a) if snapshot is None else snapshot.clone(alpha=a)
+            return replay_requests(start, [req for _, req in window], prefill_flops=flops,
+                                   first_index=first).flops_saved
+        tuner = AlphaTuner(replay=replay_window, snapshot=cache.clone,
+                           multiplier=tune_multiplier, retune_every=retune_every)
     hits: list[int] = []
 
     def on_outcome(r: int, out) -> None:
         if per_request:
             hits.append(-1 if out is None else out.hit_tokens)
         if tuner is not None and out is not None:
-            new = tuner.observe(requests[r], cache.pool.evictions > 0)
+            req = requests[r]
+            saved = flops(req.prompt_len, 0) - flops(req.prompt_len, out.hit_tokens)
+            new = tuner.observe((r, req), cache.pool.evictions > 0, saved)
             if new is not None:
                 cache.eviction.alpha = new
         if on_request:
             on_request(r)
 
     totals = replay_requests(cache, requests, prefill_flops=flops, on_outcome=on_outcome)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     names = [f"{k}{g}" for g, k in enumerate(setup.group_kinds)]
     return RunResult(
         trace=trace.name, model=costs.name, admission=admission, eviction=eviction,
@@ -191,7 +197,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         alpha=(tuner.alpha if tuner else alpha) if eviction == "flop" else None,
         alpha_events=[{"at": e.at, "window": e.window, "alpha": e.alpha, "kind": e.kind}
                       for e in tuner.events] if tuner else [],
-        wall_seconds=wall, per_request_hits=hits if per_request else None)
+        wall_seconds=wall, cpu_seconds=cpu, per_request_hits=hits if per_request else None)
 
 
 def _ratio(a: float, b: float) -> float:
