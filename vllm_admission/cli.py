@@ -53,6 +53,10 @@ def _add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--max-requests", type=int, default=None,
                    help="replay only the first K requests (the rest are counted as skipped)")
     p.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
+    p.add_argument("--outputs", choices=("trace", "unique"), default="trace",
+                   help="hash output blocks as the trace's later turns see them ('trace', "
+                        "default; needs a trace that records outputs, like the synthetic one) or "
+                        "as unique content, like an engine replay ('unique')")
     p.add_argument("--jobs", type=int, default=1, help="processes for the sweep (default 1)")
     p.add_argument("--out", default="out/demo" if demo else None, required=not demo,
                    help="output directory for results.json and hit_rate.png")
@@ -93,7 +97,7 @@ def _simulate(args: argparse.Namespace) -> int:
         admissions=parse_list(args.admission, "admission policy", list(ADMISSION_POLICIES)),
         evictions=parse_list(args.eviction, "eviction policy", list(EVICTION_POLICIES)),
         chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
-        max_requests=args.max_requests, seed=args.seed)
+        max_requests=args.max_requests, seed=args.seed, outputs=args.outputs)
     from vllm_admission.core.costs import load_model
     costs = load_model(args.model)
     if not costs.is_hybrid:
@@ -117,6 +121,7 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"simulate": _simulate, "demo": _simulate, "make-tiny-model": _make_tiny_model}

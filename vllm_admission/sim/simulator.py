@@ -20,11 +20,17 @@ from vllm_admission.core.cache import ATTENTION, STATE
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.eviction import get_eviction
 from vllm_admission.core.geometry import CacheGeometry, block_geometry, geometry_from_blocks
-from vllm_admission.core.replay import CacheRequest, CacheSetup, NextUseOracle, replay_requests
+from vllm_admission.core.replay import (
+    CacheRequest,
+    CacheSetup,
+    NextUseOracle,
+    infinite_capacity_bound,
+    replay_requests,
+)
 from vllm_admission.core.traces import Trace
 from vllm_admission.core.tuning import AlphaTuner
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "RunResult", "group_kinds", "simulate", "trace_bound"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "RunResult", "cache_requests", "group_kinds", "simulate", "trace_bound"]
 
 #: vLLM's default ``max_num_batched_tokens`` for the offline ``LLM`` engine
 #: (``vllm/engine/arg_utils.py``: 8192 unless the platform says otherwise).
@@ -89,15 +95,31 @@ def group_kinds(costs: ModelCosts, geometry: CacheGeometry) -> tuple[str, ...]:
     return tuple(k for kind in order for k in [kind] * count[kind])
 
 
-def cache_requests(trace: Trace, block_size: int) -> list[CacheRequest]:
-    """The trace's requests reduced to what the cache needs, at ``block_size``."""
-    hashes = trace.block_hashes(block_size)
+#: How output blocks are hashed: "trace" continues the chain through the output
+#: when the trace knows its content (a later turn can hit it); "unique" makes
+#: every output block unique, as in an engine replay whose outputs are generated.
+OUTPUT_MODES = ("trace", "unique")
+
+
+def cache_requests(trace: Trace, block_size: int, outputs: str = "trace") -> list[CacheRequest]:
+    """The trace's requests reduced to what the cache needs, at ``block_size``.
+
+    Raises:
+        ValueError: unknown ``outputs`` mode.
+    """
+    if outputs not in OUTPUT_MODES:
+        raise ValueError(f"unknown outputs mode {outputs!r}; valid: {', '.join(OUTPUT_MODES)}")
+    hashes = (trace.sequence_block_hashes(block_size) if outputs == "trace"
+              else trace.block_hashes(block_size))
     return [CacheRequest(h, r.prompt_len, r.output_len) for h, r in zip(hashes, trace.requests)]
 
 
-def trace_bound(trace: Trace, block_size: int) -> dict[str, Any]:
-    """Infinite-capacity bound at ``block_size`` (a state at every block, nothing evicted)."""
-    hit, prompt = trace.infinite_capacity_bound(block_size)
+def trace_bound(requests: list[CacheRequest], block_size: int) -> dict[str, Any]:
+    """Infinite-capacity bound at ``block_size`` (a state at every block, nothing evicted).
+
+    See :func:`vllm_admission.core.replay.infinite_capacity_bound`.
+    """
+    hit, prompt = infinite_capacity_bound(requests, block_size)
     return {"block_size": block_size, "hit_tokens": hit, "prompt_tokens": prompt,
             "token_hit_rate": hit / prompt if prompt else 0.0}
 
@@ -105,7 +127,7 @@ def trace_bound(trace: Trace, block_size: int) -> dict[str, Any]:
 def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
              capacity_bytes: int | None = None, num_blocks: int | None = None,
              block_size: int | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
-             alpha: float | None = None, tune_multiplier: int = 5,
+             alpha: float | None = None, tune_multiplier: int = 5, outputs: str = "trace",
              retune_every: int | None = None, per_request: bool = False,
              requests: list[CacheRequest] | None = None,
              on_request: Callable[[int], None] | None = None) -> RunResult:
@@ -125,6 +147,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         alpha: fix ``flop``'s alpha; ``None`` tunes it online.
         tune_multiplier: bootstrap window multiplier (Marconi: 5).
         retune_every: see :class:`AlphaTuner`.
+        outputs: "trace" or "unique" (see :data:`OUTPUT_MODES`).
         per_request: keep every request's hit tokens in the result.
         requests: pre-built cache requests at the right block size (sweeps
             share them); built from ``trace`` when ``None``.
@@ -147,7 +170,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         raise ValueError("give capacity_bytes or num_blocks")
     t0, c0 = time.perf_counter(), time.process_time()
     if requests is None:
-        requests = cache_requests(trace, geo.block_size)
+        requests = cache_requests(trace, geo.block_size, outputs)
     flops = costs.prefill_flops
     setup = CacheSetup(num_blocks=geo.num_blocks, block_size=geo.block_size,
                        group_kinds=group_kinds(costs, geo), chunk_size=chunk_size,

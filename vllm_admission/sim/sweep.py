@@ -32,6 +32,7 @@ class SweepSpec:
     evictions: tuple[str, ...]
     chunk_size: int
     alpha: float | None = None
+    outputs: str = "trace"
     max_requests: int | None = None
     seed: int = 0
 
@@ -54,15 +55,20 @@ def _load(spec: SweepSpec) -> tuple[Trace, ModelCosts]:
     return _STATE["trace"], _STATE["costs"]
 
 
+def _requests(spec: SweepSpec, block_size: int):
+    trace, _ = _load(spec)
+    cached = _STATE["requests"]
+    if block_size not in cached:
+        cached[block_size] = cache_requests(trace, block_size, spec.outputs)
+    return cached[block_size]
+
+
 def _run_one(spec: SweepSpec, admission: str, eviction: str, capacity: int) -> dict[str, Any]:
     trace, costs = _load(spec)
     geo = block_geometry(costs, capacity)
-    cached = _STATE["requests"]
-    if geo.block_size not in cached:
-        cached[geo.block_size] = cache_requests(trace, geo.block_size)
     result = simulate(trace, costs, admission=admission, eviction=eviction,
                       capacity_bytes=capacity, chunk_size=spec.chunk_size, alpha=spec.alpha,
-                      requests=cached[geo.block_size])
+                      outputs=spec.outputs, requests=_requests(spec, geo.block_size))
     return result.to_record()
 
 
@@ -100,7 +106,8 @@ def run_sweep(spec: SweepSpec, *, jobs: int = 1, progress: bool = True) -> dict[
         "model": costs.name,
         "model_source": spec.model,
         "chunk_size": spec.chunk_size,
-        "bound": [trace_bound(trace, b) for b in block_sizes],
+        "outputs": spec.outputs,
+        "bound": [trace_bound(_requests(spec, b), b) for b in block_sizes],
         "runs": [results[r] for r in runs],
     }
 
@@ -155,6 +162,10 @@ def plot_hit_rates(doc: dict[str, Any], path: str | os.PathLike) -> Path:
         ax.axhline(100 * b["token_hit_rate"], color="black", linestyle="--", linewidth=1,
                    label=f"infinite-capacity bound (B={b['block_size']})")
     ax.set_xscale("log", base=2)
+    caps = sorted({r["capacity_bytes"] / (1 << 30) for r in doc["runs"]})
+    ax.set_xticks(caps)
+    ax.set_xticklabels([f"{c:g}" for c in caps])
+    ax.minorticks_off()
     ax.set_xlabel("KV cache capacity (GiB)")
     ax.set_ylabel("token hit rate (%)")
     ax.set_title(f"{doc['model']} on {doc['trace']}", fontsize=10)

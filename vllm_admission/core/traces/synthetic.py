@@ -134,6 +134,7 @@ class _Turn(NamedTuple):
     spans: tuple[tuple[int, int], ...]
     output_len: int
     gap_s: float  # seconds after the previous turn of the session (0 for the first)
+    output_key: int  # the span key of this turn's output (the next turn's prompt holds it)
 
 
 class _Session(NamedTuple):
@@ -176,10 +177,11 @@ class _Builder:
         gap = 0.0
         while True:
             out = output.draw(self.rng)
-            turns.append(_Turn(tuple(spans), out, gap))
+            out_key = next(self.keys)
+            turns.append(_Turn(tuple(spans), out, gap, out_key))
             if len(turns) >= wanted:
                 return turns
-            spans += [(next(self.keys), out), self._span(added)]
+            spans += [(out_key, out), self._span(added)]
             if sum(length for _, length in spans) > self.cfg.max_prompt_len:
                 return turns
             gap = self.rng.expovariate(1 / gap_s) if gap_s > 0 else 0.0
@@ -193,7 +195,7 @@ class _Builder:
     def fewshot(self, budget: int) -> list[_Turn]:
         cfg = self.cfg
         spans = [self._pick(self.templates), self._span(cfg.fewshot_query_len)]
-        return [_Turn(tuple(spans), cfg.fewshot_output_len.draw(self.rng), 0.0)]
+        return [_Turn(tuple(spans), cfg.fewshot_output_len.draw(self.rng), 0.0, next(self.keys))]
 
     def agent(self, budget: int) -> list[_Turn]:
         cfg = self.cfg
@@ -249,7 +251,8 @@ def _schedule(sessions: list[_Session], cfg: SyntheticConfig, rng: random.Random
         for index, turn in enumerate(session.turns):
             at += turn.gap_s
             rid = f"{session.session_id}-{index}"
-            req = Request(rid, SpanPrompt(turn.spans), turn.output_len, at, session.session_id)
+            req = Request(rid, SpanPrompt(turn.spans), turn.output_len, at, session.session_id,
+                          output_key=turn.output_key)
             timed.append((at, order, index, req))
     timed.sort(key=lambda item: item[:3])
     return [item[3] for item in timed]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from vllm_admission.core.traces.prompts import Prompt
+from vllm_admission.core.traces.prompts import Prompt, SpanPrompt
 
 __all__ = ["TraceError", "Request", "Trace", "PrefixReuse"]
 
@@ -32,6 +32,9 @@ class Request:
     output_len: int
     arrival_s: float | None
     session: str | None
+    #: Span key of the output's content when the trace knows it (the synthetic
+    #: workload does: a later turn's prompt contains it); ``None`` otherwise.
+    output_key: int | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -45,6 +48,18 @@ class Request:
         non-positive ``block_size``. Use :meth:`Trace.block_hashes` for a whole trace (memoised).
         """
         return self.prompt.block_hashes(block_size)
+
+    def sequence_block_hashes(self, block_size: int) -> list[int]:
+        """Full-block hashes of prompt + output when the output's content is known.
+
+        Equal to :meth:`block_hashes` for blocks inside the prompt; when
+        ``output_key`` is set the chain continues through the output, so a later
+        turn whose prompt contains this output shares those blocks. Without an
+        ``output_key`` this is :meth:`block_hashes`.
+        """
+        if self.output_key is None or not isinstance(self.prompt, SpanPrompt):
+            return self.prompt.block_hashes(block_size)
+        return SpanPrompt(self.prompt.spans + ((self.output_key, self.output_len),)).block_hashes(block_size)
 
     def token_ids(self, vocab_size: int) -> list[int]:
         """``prompt_len`` concrete token ids in ``[0, vocab_size)`` for a real engine (deterministic)."""
@@ -93,6 +108,20 @@ class Trace:
         Raises ValueError for a non-positive ``block_size``.
         """
         return self._hashes(block_size, include_partial=False)
+
+    def sequence_block_hashes(self, block_size: int) -> list[list[int]]:
+        """:meth:`Request.sequence_block_hashes` of every request (memoised)."""
+        key = (block_size, "sequence")
+        memo = self._hash_memo.get(key)
+        if memo is None:
+            memo = [r.sequence_block_hashes(block_size) for r in self.requests]
+            self._hash_memo[key] = memo
+        return memo
+
+    @property
+    def knows_outputs(self) -> bool:
+        """Whether any request's output content is known (see ``Request.output_key``)."""
+        return any(r.output_key is not None for r in self.requests)
 
     def _hashes(self, block_size: int, include_partial: bool) -> list[list[int]]:
         key = (block_size, include_partial)
