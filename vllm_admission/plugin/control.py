@@ -1,0 +1,582 @@
+"""Per-engine admission/eviction state: vLLM events in, core policy calls out.
+
+:class:`AdmissionControl` is what the vLLM adapters (``scheduler.py``,
+``kv_cache.py``) call. It translates vLLM's view of a request into the core's
+terms and keeps the per-request facts the policies need:
+
+* at the prefix lookup (``Scheduler._get_local_prefix_cache_hit``) it builds a
+  :class:`~vllm_admission.core.admission.HitProbe` and returns the
+  ``shared_prefix_boundary`` the policy wants (:meth:`on_lookup`), plus any
+  further chunk stops (:meth:`clip_chunk`, for ``dense``);
+* when a recurrent-state group caches blocks (``MambaManager.cache_blocks``)
+  it says which block-aligned state positions are admitted
+  (:meth:`decide`), with :func:`~vllm_admission.core.admission.checkpoint_kinds`
+  exactly as the simulator computes them but with ``total_len=None`` (a live
+  request's length is unknown); for a policy with ``supersede_tail``
+  (``marconi``) the latest state at or after the prompt end is kept
+  tentatively and replaces the previous tentative one (:meth:`after_cache`);
+* when blocks are freed it values them with
+  :func:`~vllm_admission.core.cache.segment_values` /
+  :func:`~vllm_admission.core.cache.block_value` for ``flop`` eviction
+  (:meth:`free_scope`, :meth:`stage_values`);
+* when a request finishes it feeds the alpha tuner (:meth:`on_finished`).
+
+It holds no tensors and copies none: vLLM's model runner writes the states.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_admission.core.admission import (
+    AdmissionPolicy,
+    CheckpointKind,
+    HitProbe,
+    checkpoint_kinds,
+    get_admission,
+)
+from vllm_admission.core.cache import block_value, segment_values
+from vllm_admission.core.eviction import FlopEviction
+from vllm_admission.core.replay import CacheRequest, CacheSetup, replay_requests
+from vllm_admission.core.tuning import AlphaTuner
+from vllm_admission.plugin.stats import AdmissionStats
+
+__all__ = ["ATTENTION", "STATE", "AdmissionControl", "Geometry", "TunerThread"]
+
+logger = logging.getLogger("vllm_admission")
+
+ATTENTION = "attention"
+STATE = "state"
+
+#: Requests the alpha tuner may remember before any eviction; past it the
+#: tuner restarts (bounds memory on a server whose cache never fills).
+MAX_BOOTSTRAP_HISTORY = 20_000
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The engine's cache layout, as the core needs it.
+
+    Attributes:
+        block_size: tokens per block (every group, and the hit alignment).
+        hash_block_size: tokens per vLLM block hash (``block_size`` or a divisor).
+        num_blocks: blocks in the pool, null block included.
+        group_kinds: ``"attention"`` / ``"state"`` per KV cache group, in
+            vLLM's group order.
+        bytes_per_block: bytes one block id holds (the largest group's
+            ``page_size_bytes`` x layers).
+        chunk_size: ``max_num_batched_tokens`` (the tuner's replays).
+    """
+
+    block_size: int
+    hash_block_size: int
+    num_blocks: int
+    group_kinds: tuple[str, ...]
+    bytes_per_block: int
+    chunk_size: int
+
+    @property
+    def state_groups(self) -> tuple[int, ...]:
+        return tuple(g for g, k in enumerate(self.group_kinds) if k == STATE)
+
+    @property
+    def attention_groups(self) -> tuple[int, ...]:
+        return tuple(g for g, k in enumerate(self.group_kinds) if k == ATTENTION)
+
+
+@dataclass(slots=True)
+class _Track:
+    """What the plugin knows about one live request (lengths in tokens)."""
+
+    request: Any                     # vllm.v1.request.Request
+    probe: HitProbe
+    junction: int                    # the junction the policy acts on (0: none)
+    prompt_end: int                  # (prompt_len - 1) // B * B
+    special: dict[int, bool]         # admission of junction / prompt-end positions
+    stops: tuple[int, ...]           # chunk stops besides the junction (dense)
+    admitted: list[int] = field(default_factory=list)   # first state group, ascending
+    tails: dict[int, tuple[int, Any, Any]] = field(default_factory=dict)  # g -> (pos, block, key)
+    below_hit: list[int] | None = None
+
+
+class TunerThread:
+    """Runs :class:`~vllm_admission.core.tuning.AlphaTuner` off the scheduler thread.
+
+    The scheduler hands each finished request to :meth:`submit` (cheap); a
+    daemon thread feeds the tuner, whose window replays run the core cache
+    model. A decision is picked up by the scheduler with :meth:`take_alpha`.
+
+    Args:
+        make_tuner: builds a fresh ``AlphaTuner``.
+        max_history: restart the tuner after this many requests without an
+            eviction (its bootstrap window would otherwise grow without end).
+    """
+
+    def __init__(self, make_tuner: Callable[[], AlphaTuner],
+                 max_history: int = MAX_BOOTSTRAP_HISTORY) -> None:
+        self._make = make_tuner
+        self.tuner = make_tuner()
+        self.max_history = max_history
+        self.events: list[dict[str, Any]] = []
+        self._seen_without_eviction = 0
+        self._pending: float | None = None
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self.error: str | None = None
+
+    def submit(self, request: CacheRequest, evicted_so_far: bool, saved: float) -> None:
+        """Queue one finished request (``saved``: FLOPs its hit saved)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="vllm_admission-tuner",
+                                            daemon=True)
+            self._thread.start()
+        self._queue.put((request, evicted_so_far, saved))
+
+    def take_alpha(self) -> float | None:
+        """The alpha decided since the last call, or ``None``."""
+        if self._pending is None:
+            return None
+        with self._lock:
+            alpha, self._pending = self._pending, None
+        return alpha
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted request is processed; False on timeout."""
+        if self._thread is None:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def stop(self) -> None:
+        """Ask the thread to finish after the queued requests."""
+        if self._thread is not None:
+            self._queue.put(None)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                self._observe(*item)
+            except Exception as exc:  # noqa: BLE001 - never take the engine down
+                if self.error is None:
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    logger.warning("vllm_admission: alpha tuning stopped: %s", self.error)
+            finally:
+                self._queue.task_done()
+
+    def _observe(self, request: CacheRequest, evicted: bool, saved: float) -> None:
+        if self.error is not None:
+            return
+        tuner = self.tuner
+        if tuner.window_len is None and not evicted:
+            self._seen_without_eviction += 1
+            if self._seen_without_eviction > self.max_history:
+                self.tuner = tuner = self._make()
+                self._seen_without_eviction = 1
+        n_events = len(tuner.events)
+        new = tuner.observe(request, evicted, saved)
+        for e in tuner.events[n_events:]:
+            self.events.append({"at": e.at, "window": e.window, "alpha": e.alpha, "kind": e.kind})
+            logger.info("vllm_admission: alpha tuning (%s over %d requests): alpha=%g",
+                        e.kind, e.window, e.alpha)
+        if new is not None:
+            with self._lock:
+                self._pending = new
+
+
+class AdmissionControl:
+    """Admission decisions, block values and metrics for one engine.
+
+    Args:
+        policy: admission policy name.
+        eviction: ``"lru"`` or ``"flop"``.
+        geometry: the engine's cache layout.
+        prefill_flops: ``f(num_tokens, num_cached) -> FLOPs``
+            (``ModelCosts.prefill_flops``); required for ``flop``.
+        alpha: fixed alpha for ``flop``; ``None`` tunes it online.
+        tune_multiplier: the tuner's bootstrap multiplier.
+        clock: seconds, monotonic.
+        is_cached_state: ``f(block_hash, group) -> bool``: whether vLLM's pool
+            holds a state block for that hash in that group (for the values of
+            states below a request's hit).
+        tune_in_thread: run the tuner on a daemon thread (default) or inline.
+
+    Raises:
+        UnknownPolicyError: unknown policy name.
+        ValueError: ``flop`` without ``prefill_flops``.
+    """
+
+    def __init__(self, *, policy: str, eviction: str, geometry: Geometry,
+                 prefill_flops: Callable[[int, int], float] | None = None,
+                 alpha: float | None = None, tune_multiplier: int = 5,
+                 clock: Callable[[], float] = time.monotonic,
+                 is_cached_state: Callable[[Any, int], bool] | None = None,
+                 tune_in_thread: bool = True) -> None:
+        if eviction not in ("lru", "flop"):
+            raise ValueError(f"eviction must be 'lru' or 'flop', got {eviction!r}")
+        if eviction == "flop" and prefill_flops is None:
+            raise ValueError("flop eviction needs prefill_flops")
+        self.geometry = geometry
+        self.B = geometry.block_size
+        self._hash_stride = geometry.block_size // geometry.hash_block_size
+        self.state_groups = geometry.state_groups
+        self.first_state = self.state_groups[0]
+        self._state_set = frozenset(self.state_groups)
+        self.eviction = eviction
+        self.prefill_flops = prefill_flops
+        self.clock = clock
+        self.is_cached_state = is_cached_state
+        self.tracks: dict[str, _Track] = {}
+        self._pending: dict[str, HitProbe] = {}
+        # metrics
+        self.requests = 0
+        self.prompt_tokens = 0
+        self.junctions = 0
+        self.checkpoints = 0
+        self.superseded = 0
+        self.state_hits = 0
+        self.tokens_saved = 0
+        self._set_policy(get_admission(policy))
+        # eviction
+        self.flop: FlopEviction | None = None
+        self.tuner: TunerThread | None = None
+        self.fixed_alpha = alpha
+        self.tune_multiplier = tune_multiplier
+        self.tune_in_thread = tune_in_thread
+        if eviction == "flop":
+            self.flop = FlopEviction(alpha if alpha is not None else 0.0)
+            if alpha is None:
+                self.tuner = TunerThread(self._make_tuner)
+
+    # -- policy ------------------------------------------------------------
+    def _set_policy(self, policy: AdmissionPolicy) -> None:
+        self.policy = policy
+        #: ``vllm``: stock vLLM decides what is cached; the plugin only watches.
+        self.stock = policy.name == "vllm"
+        self.plain_chunk = policy.admit(frozenset({CheckpointKind.CHUNK_END}))
+        self.plain_decode = policy.admit(frozenset({CheckpointKind.DECODE}))
+        self.tail_ok = policy.supersede_tail and policy.admit(
+            frozenset({CheckpointKind.SEQUENCE_END}))
+        self.has_stops = policy.every_block
+
+    def set_policy(self, name: str) -> None:
+        """Switch the admission policy between requests (tests, benchmarks).
+
+        Raises:
+            UnknownPolicyError: unknown name.
+            RuntimeError: requests are still tracked (switch only when idle).
+        """
+        policy = get_admission(name)
+        if self.tracks:
+            raise RuntimeError(f"cannot switch admission policy with {len(self.tracks)} live requests")
+        self._set_policy(policy)
+        self._pending.clear()
+        if self.tuner is not None:  # its replays use the policy's name
+            self.tuner.stop()
+            self.tuner = TunerThread(self._make_tuner)
+
+    # -- lookup and chunking -------------------------------------------------
+    def on_lookup(self, request: Any, num_local: int, shared_prefix_boundary: int) -> int:
+        """A prefix lookup ran for ``request``; returns the boundary to store.
+
+        Args:
+            request: the vLLM request (``num_prompt_tokens``, ``request_id``).
+            num_local: the hybrid hit vLLM found (tokens).
+            shared_prefix_boundary: vLLM's junction (its longest single-group
+                hit when that is longer than the hybrid hit, else 0).
+
+        Returns:
+            vLLM's value for ``vllm``; otherwise the policy's junction stop
+            (``policy.stops(probe)`` for policies that use the junction, else 0).
+        """
+        B = self.B
+        prompt_len = request.num_prompt_tokens
+        kv_hit = shared_prefix_boundary if shared_prefix_boundary > num_local else num_local
+        probe = HitProbe(prompt_len, B, kv_hit, num_local)
+        policy = self.policy
+        rid = request.request_id
+        self._pending[rid] = probe
+        if self.stock:
+            junction = shared_prefix_boundary
+            stops: tuple[int, ...] = ()
+        else:
+            junction = probe.junction if policy.uses_junction else 0
+            stops = tuple(s for s in policy.stops(probe) if s != junction)
+        prompt_end = (prompt_len - 1) // B * B
+        special = {}
+        for pos in (junction, prompt_end):
+            if pos > 0:
+                special[pos] = policy.admit(checkpoint_kinds(
+                    pos, prompt_len=prompt_len, total_len=None, block_size=B, junction=junction))
+        old = self.tracks.get(rid)
+        track = _Track(request=request, probe=probe, junction=junction, prompt_end=prompt_end,
+                       special=special, stops=stops)
+        if old is not None and old.tails:
+            track.tails = old.tails  # a preempted request keeps its tentative tail
+        self.tracks[rid] = track
+        return junction if not self.stock else shared_prefix_boundary
+
+    def clip_chunk(self, request: Any, start: int, num_new_tokens: int) -> int:
+        """End the chunk ``[start, start + n)`` at the policy's next stop inside it."""
+        track = self.tracks.get(request.request_id)
+        if track is None or not track.stops:
+            return num_new_tokens
+        end = start + num_new_tokens
+        for s in track.stops:  # ascending
+            if s > start:
+                if s < end:
+                    return s - start
+                break
+        return num_new_tokens
+
+    def on_scheduled(self, num_scheduled_tokens: dict[str, int]) -> None:
+        """Count the requests admitted this step (those looked up and scheduled)."""
+        pending = self._pending
+        if not pending:
+            return
+        for rid in [r for r in pending if r in num_scheduled_tokens]:
+            probe = pending.pop(rid)
+            self.requests += 1
+            self.prompt_tokens += probe.prompt_len
+            if probe.junction:
+                self.junctions += 1
+            if probe.state_hit:
+                self.state_hits += 1
+                self.tokens_saved += probe.state_hit
+
+    # -- caching ------------------------------------------------------------
+    def track(self, request: Any) -> _Track:
+        """The request's track; one with no hit is made for a request never looked up."""
+        track = self.tracks.get(request.request_id)
+        if track is None:
+            B = self.B
+            P = request.num_prompt_tokens
+            probe = HitProbe(P, B, 0, 0)
+            prompt_end = (P - 1) // B * B
+            special = {}
+            if prompt_end > 0:
+                special[prompt_end] = self.policy.admit(checkpoint_kinds(
+                    prompt_end, prompt_len=P, total_len=None, block_size=B, junction=0))
+            track = _Track(request=request, probe=probe, junction=0, prompt_end=prompt_end,
+                           special=special, stops=())
+            self.tracks[request.request_id] = track
+        return track
+
+    def decide(self, track: _Track, first: int, last: int,
+               blocks: Sequence[Any]) -> tuple[list[int], list[int]]:
+        """Admission of the state blocks ``first .. last - 1`` of one state group.
+
+        Block ``i`` holds the state after ``(i + 1) * B`` tokens; null blocks
+        (no state written there) are skipped.
+
+        Returns:
+            ``(admitted, tentative)`` token positions, ascending: states the
+            policy caches, and states kept only until a later state of the same
+            request replaces them (``supersede_tail`` policies).
+        """
+        B = self.B
+        special = track.special
+        P = track.probe.prompt_len
+        prompt_end = track.prompt_end
+        plain_chunk, plain_decode, tail_ok = self.plain_chunk, self.plain_decode, self.tail_ok
+        admitted: list[int] = []
+        tentative: list[int] = []
+        for i in range(first, last):
+            if blocks[i].is_null:
+                continue
+            pos = (i + 1) * B
+            ok = special.get(pos)
+            if ok is None:
+                ok = plain_chunk if pos <= P else plain_decode
+            if ok:
+                admitted.append(pos)
+            elif tail_ok and pos >= prompt_end:
+                tentative.append(pos)
+        return admitted, tentative
+
+    def after_cache(self, track: _Track, group: int, admitted: Sequence[int],
+                    tentative: Sequence[int], blocks: Sequence[Any],
+                    drop: Callable[[Any], None]) -> None:
+        """Record what one state group cached; replace superseded tentative states.
+
+        Args:
+            drop: ``f(block)`` removes a block's hash from the pool.
+        """
+        B = self.B
+        first = group == self.first_state
+        if first and admitted:
+            track.admitted.extend(admitted)
+            self.checkpoints += len(admitted)
+        for pos in tentative:
+            block = blocks[pos // B - 1]
+            key = block.block_hash
+            if key is None:
+                continue
+            old = track.tails.get(group)
+            track.tails[group] = (pos, block, key)
+            if first:
+                track.admitted.append(pos)
+                self.checkpoints += 1
+            if old is not None and old[0] < pos:
+                _, old_block, old_key = old
+                if old_block.block_hash == old_key:
+                    drop(old_block)
+                if first:
+                    try:
+                        track.admitted.remove(old[0])
+                    except ValueError:
+                        pass
+                    self.checkpoints -= 1
+                    self.superseded += 1
+
+    def observe_cached(self, track: _Track, group: int, first: int, last: int,
+                       blocks: Sequence[Any]) -> None:
+        """``vllm`` policy: record the states stock vLLM just cached."""
+        if group != self.first_state:
+            return
+        B = self.B
+        for i in range(first, last):
+            b = blocks[i]
+            if not b.is_null and b.block_hash is not None:
+                track.admitted.append((i + 1) * B)
+                self.checkpoints += 1
+
+    # -- values for flop eviction -----------------------------------------
+    def _checkpoints(self, track: _Track) -> list[int]:
+        """Ascending cached-state positions along the request's prefix (the simulator's)."""
+        if track.below_hit is None:
+            hit = track.probe.state_hit
+            B = self.B
+            below: list[int] = []
+            if hit and self.is_cached_state is not None:
+                hashes = track.request.block_hashes
+                stride = self._hash_stride
+                g = self.first_state
+                for i in range(hit // B):
+                    k = (i + 1) * stride - 1
+                    if k < len(hashes) and self.is_cached_state(hashes[k], g):
+                        below.append((i + 1) * B)
+            if hit and (not below or below[-1] != hit):
+                below.append(hit)
+            track.below_hit = below
+        return track.below_hit + track.admitted
+
+    def valuer(self, track: _Track | None) -> Callable[[Any], float]:
+        """``f(block) -> FLOPs per byte`` for the request's cached blocks (lazy)."""
+        if track is None:
+            return lambda block: 0.0
+        geo = self.geometry
+        memo: list = []
+
+        def value(block: Any) -> float:
+            if not memo:
+                ckpts = self._checkpoints(track)
+                values = segment_values(
+                    ckpts, block_size=geo.block_size,
+                    num_attention_groups=len(geo.attention_groups),
+                    num_state_groups=len(geo.state_groups),
+                    bytes_per_block=geo.bytes_per_block, segment_flops=self.prefill_flops)
+                memo.append((values, ckpts))
+            values, ckpts = memo[0]
+            end = block.block_hash_num_tokens
+            if end is None:
+                return 0.0
+            group = int.from_bytes(block.block_hash[-4:], "big")
+            return block_value(values, ckpts, end, group in self._state_set)
+
+        return value
+
+    @contextmanager
+    def free_scope(self, queue_: Any, request_id: str) -> Iterator[None]:
+        """While the request's blocks are freed, value them and stamp one time."""
+        queue_.scope = (self.clock(), self.valuer(self.tracks.get(request_id)))
+        try:
+            yield
+        finally:
+            queue_.scope = None
+
+    def stage_values(self, queue_: Any, request_id: str, blocks: Sequence[Any]) -> None:
+        """Value blocks now that are returned to the pool later (deferred frees)."""
+        value = self.valuer(self.tracks.get(request_id))
+        for b in blocks:
+            if not b.is_null and b.block_hash is not None:
+                queue_.stage_value(b.block_id, value(b))
+
+    # -- finishing and tuning ----------------------------------------------
+    def on_finished(self, request: Any, evicted_so_far: bool) -> None:
+        """The request left the scheduler: forget it; feed the tuner."""
+        rid = request.request_id
+        self._pending.pop(rid, None)
+        track = self.tracks.pop(rid, None)
+        if self.tuner is None or track is None or self.tuner.error is not None:
+            return
+        output_len = request.num_output_tokens
+        P = track.probe.prompt_len
+        if output_len < 1 or P < 1:
+            return
+        hashes = request.block_hashes
+        stride = self._hash_stride
+        n = min(P // self.B, len(hashes) // stride)
+        keys = [int.from_bytes(bytes(hashes[(i + 1) * stride - 1])[:8], "big") for i in range(n)]
+        hit = track.probe.state_hit
+        saved = self.prefill_flops(P, 0) - self.prefill_flops(P, hit)
+        item = CacheRequest(keys, P, output_len)
+        if self.tune_in_thread:
+            self.tuner.submit(item, evicted_so_far, saved)
+        else:
+            self.tuner._observe(item, evicted_so_far, saved)  # noqa: SLF001
+
+    def poll_alpha(self) -> float | None:
+        """Apply an alpha the tuner decided; returns it (else ``None``)."""
+        if self.tuner is None:
+            return None
+        alpha = self.tuner.take_alpha()
+        if alpha is not None and self.flop is not None:
+            self.flop.alpha = alpha
+        return alpha
+
+    def _make_tuner(self) -> AlphaTuner:
+        geo = self.geometry
+        flops = self.prefill_flops
+        setup = CacheSetup(num_blocks=geo.num_blocks, block_size=geo.block_size,
+                           group_kinds=geo.group_kinds, chunk_size=geo.chunk_size,
+                           bytes_per_block=geo.bytes_per_block, admission=self.policy.name,
+                           eviction="flop", segment_flops=flops)
+
+        def replay(alpha: float, window: Sequence[CacheRequest], snapshot: Any = None) -> float:
+            return replay_requests(setup.build(alpha=alpha), list(window),
+                                   prefill_flops=flops).flops_saved
+
+        # The engine tunes once per bootstrap window, as Marconi does: re-tuning
+        # needs snapshots of a simulated twin of the live cache, which the
+        # engine does not keep.
+        return AlphaTuner(replay=replay, snapshot=None, multiplier=self.tune_multiplier)
+
+    # -- metrics ---------------------------------------------------------------
+    def stats(self, *, evictions_by_group: Sequence[int], free_blocks: int) -> AdmissionStats:
+        """A snapshot of the metrics (see :class:`AdmissionStats`)."""
+        kinds = self.geometry.group_kinds
+        by_group = {f"{kinds[g]}{g}": int(n) for g, n in enumerate(evictions_by_group)}
+        return AdmissionStats(
+            active=True, admission=self.policy.name, eviction=self.eviction,
+            alpha=self.flop.alpha if self.flop is not None else None,
+            requests=self.requests, prompt_tokens=self.prompt_tokens, junctions=self.junctions,
+            checkpoints=self.checkpoints, superseded=self.superseded,
+            state_hits=self.state_hits, tokens_saved=self.tokens_saved,
+            evictions=sum(by_group.values()), evictions_by_group=by_group,
+            free_blocks=free_blocks, usable_blocks=self.geometry.num_blocks - 1,
+            tuning=list(self.tuner.events) if self.tuner is not None else [])

@@ -1,0 +1,245 @@
+"""A FLOP-aware stand-in for vLLM's ``FreeKVCacheBlockQueue``.
+
+vLLM 0.32 keeps every free block of the pool in one doubly linked list,
+``BlockPool.free_block_queue`` (``vllm/v1/core/kv_cache_utils.py``,
+``FreeKVCacheBlockQueue``), and that list's order is the eviction order:
+``BlockPool.free_blocks`` puts blocks without a hash at the head
+(``prepend_n``) and cached blocks at the tail (``append_n``);
+``BlockPool.get_new_blocks`` takes blocks from the head (``popleft_n``) and
+drops the hash of any cached block it took; ``BlockPool.touch`` pulls a cached
+block back out on a prefix hit (``remove``).
+
+:class:`FlopFreeBlockQueue` serves the same calls with three tiers, taken in
+this order by ``popleft``/``popleft_n``:
+
+1. blocks without a hash, as a stack: ``prepend_n`` pushes, so the next block
+   handed out is exactly the one vLLM's list would hand out;
+2. cached blocks, ordered by :class:`vllm_admission.core.eviction.FlopEviction`
+   (Marconi's recency + alpha x FLOP efficiency);
+3. blocks without a hash that were *appended* (vLLM's ``BlockPool.unpin_blocks``
+   returns such blocks as last-resort candidates), first in first out.
+
+A cached block's FLOP efficiency is supplied at ``append_n`` time by the
+caller, either staged per block id (:meth:`stage_value`) or through the
+current free :attr:`scope` (a ``(now, valuer)`` pair the plugin's KV cache
+coordinator opens while it frees one request's blocks). Without either the
+value is 0. Time comes from the injected ``clock`` (``time.monotonic`` in the
+engine), in seconds.
+
+This module does not import vLLM: blocks only need ``block_id`` and
+``block_hash`` attributes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from vllm_admission.core.eviction import FlopEviction
+
+__all__ = ["FlopFreeBlockQueue"]
+
+Block = Any  # vllm.v1.core.kv_cache_utils.KVCacheBlock or any object with block_id / block_hash
+
+
+class FlopFreeBlockQueue:
+    """Free blocks of one ``BlockPool``: uncached first, cached ones in FLOP-aware order.
+
+    Args:
+        blocks: the free blocks in the order vLLM's queue holds them (head
+            first), e.g. ``old_queue.get_all_free_blocks()``. Blocks with a
+            hash become eviction candidates with value 0.
+        eviction: orders the cached free blocks; its ``alpha`` may be changed
+            at any time.
+        clock: seconds, non-decreasing (default ``time.monotonic``).
+
+    Attributes:
+        num_free_blocks: free blocks in all tiers (vLLM reads this attribute).
+        scope: ``None`` or ``(now, valuer)``: while set, ``append_n`` stamps
+            cached blocks with time ``now`` and value ``valuer(block)``.
+    """
+
+    def __init__(self, blocks: Iterable[Block], eviction: FlopEviction,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.eviction = eviction
+        self.clock = clock
+        self.num_free_blocks = 0
+        self.scope: tuple[float, Callable[[Block], float]] | None = None
+        self._stack: dict[int, Block] = {}          # top = last inserted
+        self._cached: dict[int, Block] = {}         # candidates, in add order
+        self._meta: dict[int, tuple[float, float]] = {}  # id -> (time, value)
+        self._tail: OrderedDict[int, Block] = OrderedDict()
+        self._staged: dict[int, float] = {}
+        blocks = list(blocks)
+        uncached = [b for b in blocks if b.block_hash is None]
+        self.prepend_n(uncached)
+        now = clock()
+        for b in blocks:
+            if b.block_hash is not None:
+                self._add_cached(b, now, 0.0)
+        self.num_free_blocks = len(blocks)
+        for b in blocks:  # the linked-list fields belong to vLLM's queue
+            if hasattr(b, "prev_free_block"):
+                b.prev_free_block = b.next_free_block = None
+
+    # -- values ----------------------------------------------------------
+    def stage_value(self, block_id: int, value: float) -> None:
+        """Give the next ``append_n`` of ``block_id`` this value (FLOPs per byte)."""
+        self._staged[block_id] = value
+
+    def clear_staged(self) -> None:
+        """Forget staged values that were not used."""
+        self._staged.clear()
+
+    # -- vLLM's FreeKVCacheBlockQueue interface ---------------------------
+    def popleft(self) -> Block:
+        """Take the next block to reuse. Raises ValueError when none is free."""
+        if self.num_free_blocks == 0:
+            raise ValueError("No free blocks available")
+        return self.popleft_n(1)[0]
+
+    def popleft_n(self, n: int) -> list[Block]:
+        """Take ``n`` blocks: uncached ones, then the policy's victims, then the tail.
+
+        Raises:
+            ValueError: fewer than ``n`` blocks are free.
+        """
+        if n <= 0:
+            return []
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot take {n} blocks, {self.num_free_blocks} are free")
+        out: list[Block] = []
+        stack = self._stack
+        while stack and len(out) < n:
+            out.append(stack.popitem()[1])
+        need = n - len(out)
+        if need:
+            k = min(need, len(self._cached))
+            if k:
+                cached, meta = self._cached, self._meta
+                for bid in self.eviction.pop_n(k, self.clock()):
+                    out.append(cached.pop(bid))
+                    del meta[bid]
+                need -= k
+            tail = self._tail
+            while need:
+                out.append(tail.popitem(last=False)[1])
+                need -= 1
+        self.num_free_blocks -= n
+        return out
+
+    def remove(self, block: Block) -> None:
+        """Withdraw a free block (a prefix hit took it). RuntimeError if it is not free."""
+        bid = block.block_id
+        if bid in self._cached:
+            self.eviction.remove(bid)
+            del self._cached[bid]
+            del self._meta[bid]
+        elif bid in self._stack:
+            del self._stack[bid]
+        elif bid in self._tail:
+            del self._tail[bid]
+        else:
+            raise RuntimeError(f"remove() called on a block that is not free: {block!r}")
+        self.num_free_blocks -= 1
+
+    def append(self, block: Block) -> None:
+        """Return one block (see :meth:`append_n`)."""
+        self.append_n([block])
+
+    def append_n(self, blocks: list[Block]) -> None:
+        """Return blocks to the pool as eviction candidates, in the given order.
+
+        Cached blocks join the FLOP-aware tier with the current scope's time
+        and value (or a staged value); uncached ones join the last-resort tail.
+        """
+        if not blocks:
+            return
+        scope = self.scope
+        if scope is not None:
+            now, valuer = scope
+        else:
+            now, valuer = self.clock(), None
+        staged = self._staged
+        count = 0
+        for b in blocks:
+            count += 1
+            if b.block_hash is None:
+                self._tail[b.block_id] = b
+                continue
+            value = staged.pop(b.block_id, None) if staged else None
+            if value is None:
+                value = valuer(b) if valuer is not None else 0.0
+            self._add_cached(b, now, value)
+        self.num_free_blocks += count
+
+    def prepend_n(self, blocks: list[Block]) -> None:
+        """Put blocks at the head, ``blocks[0]`` first (vLLM's order for uncached blocks)."""
+        stack = self._stack
+        for b in reversed(blocks):
+            stack[b.block_id] = b
+        self.num_free_blocks += len(blocks)
+
+    def get_all_free_blocks(self) -> list[Block]:
+        """Every free block in the order they would be handed out now."""
+        out = list(reversed(self._stack.values()))
+        if self._cached:
+            copy = FlopEviction(self.eviction.alpha)
+            last = 0.0
+            for bid, (t, v) in self._meta.items():
+                copy.add(bid, t, v)
+                last = max(last, t)
+            order = copy.pop_n(len(copy), max(self.clock(), last))
+            out.extend(self._cached[bid] for bid in order)
+        out.extend(self._tail.values())
+        return out
+
+    def iter_blocks_after(self, cursor: Block | None) -> Iterator[Block]:
+        """Free blocks in hand-out order after ``cursor`` (all of them for ``None``)."""
+        blocks = self.get_all_free_blocks()
+        start = 0
+        if cursor is not None:
+            for i, b in enumerate(blocks):
+                if b is cursor:
+                    start = i + 1
+                    break
+        yield from blocks[start:]
+
+    # -- plugin helpers ----------------------------------------------------
+    def forget_hashes(self) -> None:
+        """After ``BlockPool.reset_prefix_cache``: every free block is now uncached.
+
+        Keeps the current hand-out order, all in the uncached stack.
+        """
+        order = self.get_all_free_blocks()
+        for bid in list(self._cached):
+            self.eviction.remove(bid)
+        self._cached.clear()
+        self._meta.clear()
+        self._tail.clear()
+        self._stack.clear()
+        self._staged.clear()
+        n = self.num_free_blocks
+        self.num_free_blocks = 0
+        self.prepend_n(order)
+        assert self.num_free_blocks == n
+
+    @property
+    def num_cached_candidates(self) -> int:
+        """Free blocks that still hold a hash (eviction candidates)."""
+        return len(self._cached)
+
+    def _add_cached(self, b: Block, now: float, value: float) -> None:
+        bid = b.block_id
+        self.eviction.add(bid, now, value)
+        self._cached[bid] = b
+        self._meta[bid] = (now, value)
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+    def __repr__(self) -> str:
+        return (f"FlopFreeBlockQueue(free={self.num_free_blocks}, uncached={len(self._stack)}, "
+                f"cached={len(self._cached)}, tail={len(self._tail)}, alpha={self.eviction.alpha:g})")

@@ -1,0 +1,290 @@
+"""``AdmissionScheduler``: vLLM 0.32's scheduler with policy-driven state admission.
+
+Use it with ``LLM(..., scheduler_cls="vllm_admission.AdmissionScheduler")`` or
+``vllm serve MODEL --scheduler-cls vllm_admission.AdmissionScheduler``; choose
+the policies with the ``VLLM_ADMISSION_*`` environment variables
+(:mod:`vllm_admission.plugin.config`).
+
+Overridden ``vllm.v1.core.sched.scheduler.Scheduler`` methods:
+
+* ``__init__``: reads the settings (an invalid value raises
+  :class:`~vllm_admission.plugin.config.AdmissionConfigError`, one line),
+  then installs the KV cache subclasses of :mod:`vllm_admission.plugin.kv_cache`
+  into the freshly built ``KVCacheManager``;
+* ``_get_local_prefix_cache_hit``: reports the request's attention-KV hit and
+  hybrid hit to the admission policy and stores the policy's junction in
+  ``request.shared_prefix_boundary`` (vLLM's own value for ``vllm``);
+* ``_mamba_block_aligned_split``: also ends prefill chunks at the policy's
+  other stops (every block boundary for ``dense``);
+* ``_update_after_schedule``: counts admitted requests, applies a newly tuned
+  alpha, writes the periodic metric line;
+* ``_free_blocks``: forgets a finished request and feeds the alpha tuner;
+* ``shutdown``: stops the tuner thread.
+
+With prefix caching off, or a model without recurrent (or without attention)
+layers, the scheduler logs one INFO line and behaves exactly as vLLM's.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
+from vllm.v1.kv_cache_interface import MambaSpec
+
+from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
+from vllm_admission.plugin.control import ATTENTION, STATE, AdmissionControl, Geometry
+from vllm_admission.plugin.stats import AdmissionStats
+
+__all__ = ["AdmissionScheduler", "admission_stats"]
+
+logger = logging.getLogger("vllm_admission")
+
+
+def _ensure_log_output() -> None:
+    """Send the plugin's lines through vLLM's handler, at vLLM's level.
+
+    Done only when nobody gave the ``vllm_admission`` logger a handler.
+    """
+    if logger.handlers:
+        return
+    vllm_logger = logging.getLogger("vllm")
+    for handler in vllm_logger.handlers:
+        logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(vllm_logger.level or logging.INFO)
+    logger.propagate = False
+
+
+class AdmissionScheduler(Scheduler):
+    """vLLM's ``Scheduler`` whose hybrid prefix cache follows an admission policy.
+
+    Takes vLLM's scheduler arguments unchanged. Settings come from the
+    environment (``VLLM_ADMISSION_POLICY``, ``VLLM_ADMISSION_EVICTION``,
+    ``VLLM_ADMISSION_ALPHA``, ``VLLM_ADMISSION_LOG_INTERVAL``,
+    ``VLLM_ADMISSION_TUNE_MULTIPLIER``).
+
+    Raises:
+        AdmissionConfigError: an invalid setting, or a policy the engine's
+            configuration cannot run (one line, naming the valid values or the
+            unsupported feature).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        config = AdmissionConfig.from_env()
+        super().__init__(*args, **kwargs)
+        _ensure_log_output()
+        self.admission_config = config
+        self._admission: AdmissionControl | None = None
+        self._admission_last_log = 0.0
+        self._admission_last_line = ""
+        reason = self._admission_inert_reason()
+        if reason is not None:
+            logger.info("vllm_admission: %s; AdmissionScheduler runs as vLLM's stock scheduler "
+                        "(nothing for the plugin to do)", reason)
+            return
+        geometry = self._admission_geometry(config)
+        self._admission_check_supported(config.policy)
+        prefill_flops = None
+        if config.eviction == "flop":
+            prefill_flops = self._admission_costs().prefill_flops
+        from vllm_admission.plugin.kv_cache import install
+
+        control = AdmissionControl(policy=config.policy, eviction=config.eviction,
+                                   geometry=geometry, prefill_flops=prefill_flops,
+                                   alpha=config.alpha, tune_multiplier=config.tune_multiplier)
+        install(self.kv_cache_manager, control)
+        self._admission = control
+        self._admission_last_log = control.clock()
+        logger.info("vllm_admission: AdmissionScheduler active: %s; block_size=%d, groups=%s, "
+                    "pool=%d blocks", config.describe(), geometry.block_size,
+                    ",".join(geometry.group_kinds), geometry.num_blocks)
+
+    # -- set-up helpers ----------------------------------------------------------
+    def _admission_inert_reason(self) -> str | None:
+        if not self.cache_config.enable_prefix_caching:
+            return "prefix caching is off"
+        kinds = [type(g.kv_cache_spec) for g in self.kv_cache_config.kv_cache_groups]
+        if not any(issubclass(k, MambaSpec) for k in kinds):
+            return "the model has no recurrent (Mamba/GDN) layers"
+        if all(issubclass(k, MambaSpec) for k in kinds):
+            return "the model has no attention layers"
+        return None
+
+    def _admission_geometry(self, config: AdmissionConfig) -> Geometry:
+        managers = self.kv_cache_manager.coordinator.single_type_managers
+        kinds = []
+        for m in managers:
+            if type(m) is MambaManager:
+                kinds.append(STATE)
+            elif type(m) is FullAttentionManager:
+                kinds.append(ATTENTION)
+            else:
+                kinds.append(type(m).__name__)
+        unsupported = [k for k in kinds if k not in (STATE, ATTENTION)]
+        if unsupported and (config.policy != "vllm" or config.eviction != "lru"):
+            raise AdmissionConfigError(
+                f"vllm_admission supports full-attention and Mamba/GDN KV cache groups only; "
+                f"this model also has {', '.join(sorted(set(unsupported)))} (valid here: "
+                f"VLLM_ADMISSION_POLICY=vllm with VLLM_ADMISSION_EVICTION=lru)")
+        groups = self.kv_cache_config.kv_cache_groups
+        bytes_per_block = max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
+        return Geometry(block_size=self.block_size, hash_block_size=self.hash_block_size,
+                        num_blocks=self.kv_cache_config.num_blocks, group_kinds=tuple(kinds),
+                        bytes_per_block=int(bytes_per_block),
+                        chunk_size=int(self.scheduler_config.max_num_batched_tokens))
+
+    def _admission_check_supported(self, policy: str) -> None:
+        """Non-stock admission needs plain align mode; say which feature is in the way."""
+        if policy == "vllm":
+            return
+        problems = []
+        if self.cache_config.mamba_cache_mode != "align":
+            problems.append(f"mamba_cache_mode={self.cache_config.mamba_cache_mode!r} "
+                            f"(needs 'align')")
+        if self.hash_block_size != self.block_size or any(
+                g.kv_cache_spec.block_size != self.block_size
+                for g in self.kv_cache_config.kv_cache_groups):
+            problems.append("hash or group block sizes differ from the scheduler block size")
+        if getattr(self.kv_cache_manager.coordinator, "enable_partial_hash_hits", False):
+            problems.append("partial hash hits")
+        if self.use_eagle_block_drop or self.kv_cache_manager.coordinator.eagle_group_ids:
+            problems.append("EAGLE/MTP speculative decoding")
+        for g in self.kv_cache_config.kv_cache_groups:
+            spec = g.kv_cache_spec
+            if isinstance(spec, MambaSpec) and (spec.num_prefill_checkpoint_blocks
+                                                or spec.num_speculative_blocks):
+                problems.append("Mamba prefill-checkpoint or speculative blocks")
+                break
+        if self.connector is not None:
+            problems.append("a KV connector")
+        if problems:
+            raise AdmissionConfigError(
+                f"VLLM_ADMISSION_POLICY={policy} cannot run with {'; '.join(problems)} "
+                f"(valid here: vllm)")
+
+    def _admission_costs(self) -> Any:
+        from vllm_admission.core.costs import ModelConfigError, ModelCosts
+
+        hf = self.vllm_config.model_config.hf_config
+        try:
+            return ModelCosts.from_config(hf.to_dict())
+        except ModelConfigError as exc:
+            raise AdmissionConfigError(
+                f"VLLM_ADMISSION_EVICTION=flop needs a FLOP model of this architecture: {exc} "
+                f"(valid here: lru)") from None
+
+    # -- overridden vLLM methods -------------------------------------------------
+    def _get_local_prefix_cache_hit(self, request: Any) -> Any:
+        blocks, num_local, boundary, diverged = super()._get_local_prefix_cache_hit(request)
+        ctl = self._admission
+        if ctl is not None:
+            boundary = ctl.on_lookup(request, num_local, boundary)
+        return blocks, num_local, boundary, diverged
+
+    def _mamba_block_aligned_split(self, request: Any, num_new_tokens: int,
+                                   num_new_local_computed_tokens: int = 0,
+                                   num_external_computed_tokens: int = 0) -> int:
+        n = super()._mamba_block_aligned_split(request, num_new_tokens,
+                                               num_new_local_computed_tokens,
+                                               num_external_computed_tokens)
+        ctl = self._admission
+        if ctl is None or not ctl.has_stops or n <= 0:
+            return n
+        start = (request.num_computed_tokens + num_new_local_computed_tokens
+                 + num_external_computed_tokens)
+        if start >= request.num_prompt_tokens:
+            return n
+        return ctl.clip_chunk(request, start, n)
+
+    def _update_after_schedule(self, scheduler_output: Any) -> None:
+        ctl = self._admission
+        if ctl is not None:
+            ctl.on_scheduled(scheduler_output.num_scheduled_tokens)
+            ctl.poll_alpha()
+            interval = self.admission_config.log_interval
+            if interval:
+                now = ctl.clock()
+                if now - self._admission_last_log >= interval:
+                    self._admission_last_log = now
+                    line = self.stats().summary()
+                    if line != self._admission_last_line:
+                        self._admission_last_line = line
+                        logger.info("vllm_admission: %s", line)
+        super()._update_after_schedule(scheduler_output)
+
+    def _free_blocks(self, request: Any) -> None:
+        super()._free_blocks(request)
+        ctl = self._admission
+        if ctl is not None:
+            pool = self.kv_cache_manager.block_pool
+            ctl.on_finished(request, any(pool.admission_evictions))
+
+    def shutdown(self) -> None:
+        ctl = self._admission
+        if ctl is not None and ctl.tuner is not None:
+            ctl.tuner.stop()
+        super().shutdown()
+
+    # -- public helpers ------------------------------------------------------------
+    def stats(self) -> AdmissionStats:
+        """The plugin's cumulative metrics for this engine (:class:`AdmissionStats`).
+
+        From an ``LLM`` whose engine core runs in-process
+        (``VLLM_ENABLE_V1_MULTIPROCESSING=0``):
+        ``llm.llm_engine.engine_core.engine_core.scheduler.stats()``
+        (or :func:`admission_stats`).
+        """
+        pool = self.kv_cache_manager.block_pool
+        ctl = self._admission
+        if ctl is None:
+            return AdmissionStats(active=False, admission=self.admission_config.policy,
+                                  eviction=self.admission_config.eviction,
+                                  free_blocks=pool.get_num_free_blocks(),
+                                  usable_blocks=pool.num_gpu_blocks - 1)
+        return ctl.stats(evictions_by_group=pool.admission_evictions,
+                         free_blocks=pool.get_num_free_blocks())
+
+    def set_admission_policy(self, name: str) -> None:
+        """Switch the admission policy while no request is in the scheduler.
+
+        Meant for tests and benchmarks that reuse one engine for several
+        policies; the prefix cache is not reset.
+
+        Raises:
+            UnknownPolicyError: unknown name.
+            AdmissionConfigError: the engine's configuration cannot run it.
+            RuntimeError: requests are still in the scheduler, or the plugin
+                is inactive for this model.
+        """
+        ctl = self._admission
+        if ctl is None:
+            raise RuntimeError("the AdmissionScheduler is inactive for this engine")
+        if self.requests:
+            raise RuntimeError(f"cannot switch admission policy with {len(self.requests)} "
+                               f"requests in the scheduler")
+        self._admission_check_supported(name)
+        ctl.set_policy(name)
+        self.admission_config = AdmissionConfig(
+            policy=name, eviction=self.admission_config.eviction,
+            alpha=self.admission_config.alpha, log_interval=self.admission_config.log_interval,
+            tune_multiplier=self.admission_config.tune_multiplier)
+
+
+def admission_stats(llm: Any) -> AdmissionStats:
+    """The :class:`AdmissionStats` of a ``vllm.LLM`` running the plugin in-process.
+
+    Raises:
+        RuntimeError: the engine core runs in another process
+            (``VLLM_ENABLE_V1_MULTIPROCESSING=1``), or its scheduler is not an
+            :class:`AdmissionScheduler`.
+    """
+    from vllm_admission.engine.replay import inprocess_scheduler
+
+    scheduler = inprocess_scheduler(llm)
+    if not isinstance(scheduler, AdmissionScheduler):
+        raise RuntimeError(f"the engine's scheduler is {type(scheduler).__name__}, "
+                           f"not AdmissionScheduler")
+    return scheduler.stats()
