@@ -50,6 +50,9 @@ def _add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="prefill tokens per step, vLLM's max_num_batched_tokens (default 8192)")
     p.add_argument("--alpha", type=float, default=None,
                    help="fix flop eviction's alpha instead of tuning it online")
+    p.add_argument("--tune-grid", choices=("coarse", "paper"), default="coarse",
+                   help="alphas flop eviction tries on its bootstrap window: 'coarse' "
+                        "(0, 0.1, 0.2, 0.5, 1, 2; default) or Marconi's 'paper' grid (0 to 2 by 0.1)")
     p.add_argument("--max-requests", type=int, default=None,
                    help="replay only the first K requests (the rest are counted as skipped)")
     p.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
@@ -80,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("dir", help="output directory")
     tiny.add_argument("--max-model-len", type=int, default=131072)
     tiny.add_argument("--seed", type=int, default=0)
+
+    from vllm_admission.plugin.replay_cli import add_replay_parser
+
+    add_replay_parser(sub)
     return parser
 
 
@@ -97,7 +104,8 @@ def _simulate(args: argparse.Namespace) -> int:
         admissions=parse_list(args.admission, "admission policy", list(ADMISSION_POLICIES)),
         evictions=parse_list(args.eviction, "eviction policy", list(EVICTION_POLICIES)),
         chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
-        max_requests=args.max_requests, seed=args.seed, outputs=args.outputs)
+        max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
+        tune_grid=args.tune_grid)
     from vllm_admission.core.costs import load_model
     costs = load_model(args.model)
     if not costs.is_hybrid:
@@ -124,7 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
     parser = build_parser()
     args = parser.parse_args(argv)
-    handlers = {"simulate": _simulate, "demo": _simulate, "make-tiny-model": _make_tiny_model}
+    from vllm_admission.plugin.replay_cli import run_replay
+
+    handlers = {"simulate": _simulate, "demo": _simulate, "make-tiny-model": _make_tiny_model,
+                "replay": run_replay}
     try:
         return handlers[args.command](args)
     except USER_ERRORS as exc:

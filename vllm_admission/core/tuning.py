@@ -31,13 +31,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["AlphaTuner", "TuningEvent", "paper_grid"]
+__all__ = ["GRIDS", "AlphaTuner", "TuningEvent", "paper_grid"]
 
 
 def paper_grid(step: float = 0.1, top: float = 2.0) -> tuple[float, ...]:
-    """Marconi's grid ``{0, 0.1, ..., 2.0}``."""
+    """Marconi's grid ``{0, 0.1, ..., 2.0}`` (21 replays)."""
     n = round(top / step)
     return tuple(round(i * step, 10) for i in range(n + 1))
+
+
+#: Bootstrap grids by name. "coarse" (the default) spends its 6 replays near 0,
+#: where the utility changes (see the module docstring); "paper" is Marconi's.
+GRIDS: dict[str, tuple[float, ...]] = {
+    "coarse": (0.0, 0.1, 0.2, 0.5, 1.0, 2.0),
+    "paper": paper_grid(),
+}
 
 
 @dataclass(frozen=True)
@@ -63,7 +71,8 @@ class AlphaTuner:
             re-tuning.
         multiplier: bootstrap window = ``multiplier`` x requests served before
             the first eviction (Marconi: 5).
-        grid: alphas tried at bootstrap (Marconi: 0, 0.1, ..., 2.0).
+        grid: alphas tried at bootstrap (default ``GRIDS["coarse"]``;
+            Marconi's is ``GRIDS["paper"]``).
         retune_every: requests between re-tunes; ``None`` = four bootstrap
             windows; 0 disables re-tuning.
         max_window: longest bootstrap window (requests).
@@ -77,7 +86,7 @@ class AlphaTuner:
     replay: Callable[[float, Sequence, Any], float]
     snapshot: Callable[[], Any] | None = None
     multiplier: int = 5
-    grid: tuple[float, ...] = field(default_factory=paper_grid)
+    grid: tuple[float, ...] = GRIDS["coarse"]
     retune_every: int | None = None
     step: float = 0.1
     max_alpha: float = 2.0

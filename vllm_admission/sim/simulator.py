@@ -28,7 +28,7 @@ from vllm_admission.core.replay import (
     replay_requests,
 )
 from vllm_admission.core.traces import Trace
-from vllm_admission.core.tuning import AlphaTuner
+from vllm_admission.core.tuning import GRIDS, AlphaTuner
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "RunResult", "cache_requests", "group_kinds", "simulate", "trace_bound"]
 
@@ -128,6 +128,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
              capacity_bytes: int | None = None, num_blocks: int | None = None,
              block_size: int | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
              alpha: float | None = None, tune_multiplier: int = 5, outputs: str = "trace",
+             tune_grid: str = "coarse",
              retune_every: int | None = None, per_request: bool = False,
              requests: list[CacheRequest] | None = None,
              on_request: Callable[[int], None] | None = None) -> RunResult:
@@ -146,6 +147,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         chunk_size: prefill tokens per step (``max_num_batched_tokens``).
         alpha: fix ``flop``'s alpha; ``None`` tunes it online.
         tune_multiplier: bootstrap window multiplier (Marconi: 5).
+        tune_grid: bootstrap alpha grid, a key of ``GRIDS`` ("coarse", "paper").
         retune_every: see :class:`AlphaTuner`.
         outputs: "trace" or "unique" (see :data:`OUTPUT_MODES`).
         per_request: keep every request's hit tokens in the result.
@@ -159,6 +161,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         ValueError: the model is not hybrid, or neither capacity nor blocks.
     """
     get_admission(admission)  # validate names before any work
+    if tune_grid not in GRIDS:
+        raise ValueError(f"unknown tuning grid {tune_grid!r}; valid: {', '.join(GRIDS)}")
     get_eviction(eviction)
     if not costs.is_hybrid:
         raise ValueError(f"model {costs.name!r} has no recurrent layers: nothing to simulate")
@@ -186,7 +190,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             start = setup.build(alpha=a) if snapshot is None else snapshot.clone(alpha=a)
             return replay_requests(start, [req for _, req in window], prefill_flops=flops,
                                    first_index=first).flops_saved
-        tuner = AlphaTuner(replay=replay_window, snapshot=cache.clone,
+        tuner = AlphaTuner(replay=replay_window, snapshot=cache.clone, grid=GRIDS[tune_grid],
                            multiplier=tune_multiplier, retune_every=retune_every)
     hits: list[int] = []
 

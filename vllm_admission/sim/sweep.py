@@ -33,6 +33,7 @@ class SweepSpec:
     chunk_size: int
     alpha: float | None = None
     outputs: str = "trace"
+    tune_grid: str = "coarse"
     max_requests: int | None = None
     seed: int = 0
 
@@ -68,7 +69,8 @@ def _run_one(spec: SweepSpec, admission: str, eviction: str, capacity: int) -> d
     geo = block_geometry(costs, capacity)
     result = simulate(trace, costs, admission=admission, eviction=eviction,
                       capacity_bytes=capacity, chunk_size=spec.chunk_size, alpha=spec.alpha,
-                      outputs=spec.outputs, requests=_requests(spec, geo.block_size))
+                      outputs=spec.outputs, tune_grid=spec.tune_grid,
+                      requests=_requests(spec, geo.block_size))
     return result.to_record()
 
 
