@@ -1,0 +1,33 @@
+"""``make bench``: every benchmark, one after the other.
+
+* ``simulator_bench.py``: simulator speed and memory on the full Mooncake trace;
+* ``scheduler_overhead.py``: the plugin's scheduler overhead against stock vLLM
+  (needs vLLM; skipped with a message when it is not importable).
+
+Results land in ``benchmarks/results/``; ``docs/benchmarks.md`` records them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def main() -> int:
+    rc = subprocess.call([sys.executable, str(HERE / "simulator_bench.py")])
+    overhead = HERE / "scheduler_overhead.py"
+    if not overhead.exists():
+        print("scheduler_overhead.py not present; skipping the plugin benchmark")
+    elif importlib.util.find_spec("vllm") is None:
+        print("vLLM is not installed; skipping the plugin scheduler-overhead benchmark")
+    else:
+        rc = subprocess.call([sys.executable, str(overhead)]) or rc
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

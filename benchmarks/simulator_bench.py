@@ -1,0 +1,101 @@
+"""Simulator speed and memory on the full Mooncake conversation trace.
+
+Each case runs in a fresh Python process so that its peak resident memory is
+its own. A case loads the trace, re-blocks it for Qwen3-Next (block size 544),
+then times one simulated run at 64 GiB (5,140 blocks: almost every block is
+evicted once). Reported per case: wall and CPU seconds of the run alone, the
+load + re-block time, and peak RSS of the whole process.
+
+Usage: ``python benchmarks/simulator_bench.py [--repeat N] [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+MODEL = "qwen3-next-80b-a3b"
+CAPACITY = "64GiB"
+CASES = {
+    "vllm+lru": ("vllm", "lru", {}),
+    "vllm+flop (alpha tuned, coarse grid)": ("vllm", "flop", {}),
+    "vllm+flop (alpha tuned, paper grid)": ("vllm", "flop", {"tune_grid": "paper"}),
+    "vllm+flop (alpha fixed 0.5)": ("vllm", "flop", {"alpha": 0.5}),
+    "marconi+lru": ("marconi", "lru", {}),
+    "dense+lru": ("dense", "lru", {}),
+    "vllm+belady": ("vllm", "belady", {}),
+}
+
+
+def run_case(name: str) -> dict:
+    """Run one case in this process and return its measurements."""
+    from vllm_admission.core.costs import load_model
+    from vllm_admission.core.geometry import block_geometry, parse_bytes
+    from vllm_admission.core.traces import load_trace
+    from vllm_admission.sim.simulator import cache_requests, simulate
+
+    admission, eviction, extra = CASES[name]
+    t0 = time.perf_counter()
+    costs = load_model(MODEL)
+    trace = load_trace(str(TRACE))
+    geo = block_geometry(costs, parse_bytes(CAPACITY))
+    requests = cache_requests(trace, geo.block_size)
+    load_s = time.perf_counter() - t0
+    r = simulate(trace, costs, admission=admission, eviction=eviction,
+                 capacity_bytes=parse_bytes(CAPACITY), requests=requests, **extra)
+    return {"case": name, "requests": r.requests, "evictions": r.evictions,
+            "token_hit_rate": r.token_hit_rate, "wall_s": r.wall_seconds, "cpu_s": r.cpu_seconds,
+            "load_s": load_s, "alpha": r.alpha,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3, help="runs per case (median reported)")
+    ap.add_argument("--cases", default=",".join(CASES), help="comma list of case names")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "simulator.json"))
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.one:
+        print(json.dumps(run_case(args.one)))
+        return 0
+    if not TRACE.exists():
+        print(f"Mooncake trace not found at {TRACE}; skipping the simulator benchmark")
+        return 0
+    names = [n for n in args.cases.split(",") if n]
+    rows = []
+    for name in names:
+        runs = []
+        for _ in range(args.repeat):
+            out = subprocess.run([sys.executable, __file__, "--one", name], check=True,
+                                 capture_output=True, text=True)
+            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        row = dict(runs[0])
+        for key in ("wall_s", "cpu_s", "load_s", "peak_rss_mib"):
+            row[key] = statistics.median(r[key] for r in runs)
+        row["repeats"] = len(runs)
+        rows.append(row)
+        print(f"{name:<40} cpu {row['cpu_s']:6.2f} s  wall {row['wall_s']:6.2f} s  "
+              f"load {row['load_s']:5.2f} s  peak {row['peak_rss_mib']:6.0f} MiB  "
+              f"hit {row['token_hit_rate']:.2%}", flush=True)
+    base = next((r for r in rows if r["case"] == "vllm+lru"), None)
+    if base:
+        for r in rows:
+            r["cpu_ratio_to_vllm_lru"] = r["cpu_s"] / base["cpu_s"]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"trace": str(TRACE.name), "model": MODEL,
+                                          "capacity": CAPACITY, "cases": rows}, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The simulator end to end: results, bounds, determinism, and the CLI's handling of bad input."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_admission.cli import main
+from vllm_admission.core.admission import ADMISSION_POLICIES
+from vllm_admission.core.costs import load_model
+from vllm_admission.core.geometry import block_geometry, parse_bytes
+from vllm_admission.core.traces import load_trace
+from vllm_admission.sim.simulator import cache_requests, simulate, trace_bound
+
+MOONCAKE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/conversation_trace.jsonl"
+REQUIRED = {"trace", "model", "admission", "eviction", "capacity_bytes", "block_size", "num_blocks",
+            "requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "request_hit_rate",
+            "flops_saved_fraction", "state_checkpoints", "evictions", "wall_seconds"}
+
+
+@pytest.fixture(scope="module")
+def costs():
+    return load_model("qwen3-next-80b-a3b")
+
+
+@pytest.fixture(scope="module")
+def small_trace():
+    return load_trace("synthetic", max_requests=300)
+
+
+def test_cli_writes_results_and_plot(tmp_path, capsys):
+    rc = main(["simulate", "--trace", "synthetic", "--max-requests", "150", "--capacity", "2GiB,8GiB",
+               "--admission", "vllm,marconi", "--eviction", "lru,flop", "--out", str(tmp_path),
+               "--no-progress"])
+    assert rc == 0
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert len(doc["runs"]) == 2 * 2 * 2
+    for run in doc["runs"]:
+        assert REQUIRED <= set(run)
+        assert run["requests"] == 150
+        assert 0 <= run["token_hit_rate"] <= 1
+        assert run["hit_tokens"] <= doc["bound"][0]["hit_tokens"]
+    assert doc["bound"][0]["block_size"] == 544
+    assert (tmp_path / "hit_rate.png").stat().st_size > 10_000
+    table = capsys.readouterr().out
+    assert "infinite-capacity bound" in table and "marconi" in table
+
+
+def test_fixed_seed_gives_identical_results(costs):
+    def run():
+        trace = load_trace("synthetic", max_requests=250, seed=7)
+        r = simulate(trace, costs, admission="marconi", eviction="flop", capacity_bytes=parse_bytes("2GiB"))
+        rec = r.to_record()
+        rec.pop("wall_seconds"), rec.pop("cpu_seconds")
+        return rec
+
+    assert run() == run()
+
+
+@pytest.mark.parametrize("admission", sorted(ADMISSION_POLICIES))
+def test_no_run_beats_the_infinite_capacity_bound(costs, small_trace, admission):
+    geo = block_geometry(costs, parse_bytes("2GiB"))
+    reqs = cache_requests(small_trace, geo.block_size)
+    bound = trace_bound(reqs, geo.block_size)["hit_tokens"]
+    for eviction, alpha in (("lru", None), ("flop", 0.5), ("belady", None)):
+        r = simulate(small_trace, costs, admission=admission, eviction=eviction,
+                     capacity_bytes=parse_bytes("2GiB"), alpha=alpha, requests=reqs)
+        assert r.evictions > 0  # the capacity really is under pressure
+        assert r.hit_tokens <= bound
+
+
+def test_dense_with_ample_capacity_reaches_the_bound(costs, small_trace):
+    geo = block_geometry(costs, parse_bytes("1TiB"))
+    reqs = cache_requests(small_trace, geo.block_size)
+    r = simulate(small_trace, costs, admission="dense", eviction="lru",
+                 capacity_bytes=parse_bytes("1TiB"), requests=reqs)
+    assert r.evictions == 0
+    assert r.hit_tokens == trace_bound(reqs, geo.block_size)["hit_tokens"]
+
+
+def test_belady_is_a_reference_above_lru_under_pressure(costs, small_trace):
+    rates = {ev: simulate(small_trace, costs, admission="vllm", eviction=ev,
+                          capacity_bytes=parse_bytes("2GiB")).token_hit_rate
+             for ev in ("lru", "belady")}
+    assert rates["belady"] > rates["lru"]
+
+
+@pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Mooncake trace not present")
+def test_mooncake_prefix_stays_under_its_bound(costs):
+    trace = load_trace(str(MOONCAKE), max_requests=800)
+    assert trace.skipped == {"beyond max_requests": 12031 - 800}
+    r = simulate(trace, costs, admission="vllm", eviction="lru", capacity_bytes=parse_bytes("64GiB"))
+    geo = block_geometry(costs, parse_bytes("64GiB"))
+    bound = trace_bound(cache_requests(trace, geo.block_size), geo.block_size)
+    assert 0 < r.hit_tokens <= bound["hit_tokens"]
+    assert r.requests == 800 and r.skipped_requests == 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--admission", "nope"], "unknown admission policy 'nope'; valid: none, last, vllm, marconi, dense"),
+    (["--eviction", "arc"], "unknown eviction policy 'arc'; valid: lru, flop, belady"),
+    (["--capacity", "1KiB"], "too small"),
+    (["--capacity", "12 parsecs"], "unknown unit 'parsecs'"),
+    (["--model", "/nonexistent/config.json"], "nonexistent"),
+])
+def test_bad_input_is_one_clear_line(tmp_path, capsys, argv, message):
+    rc = main(["simulate", "--trace", "synthetic", "--max-requests", "20", "--out", str(tmp_path),
+               "--no-progress", *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err.startswith("vllm-admission: error:") and message in err
+    assert "\n" not in err and "Traceback" not in err
+
+
+def test_malformed_trace_line_names_file_line_and_field(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2]}\n'
+                   '{"timestamp": 1, "input_length": -5, "output_length": 3, "hash_ids": [1]}\n')
+    rc = main(["simulate", "--trace", str(bad), "--out", str(tmp_path / "o"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert f"{bad}:2: field 'input_length'" in err
+
+
+def test_empty_trace_is_an_error(tmp_path, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    rc = main(["simulate", "--trace", str(empty), "--out", str(tmp_path / "o"), "--no-progress"])
+    assert rc == 2
+    assert "empty" in capsys.readouterr().err.lower()
+
+
+def test_non_hybrid_model_is_a_clear_no_op(tmp_path, capsys):
+    cfg = tmp_path / "llama.json"
+    cfg.write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "num_hidden_layers": 2, "vocab_size": 1000, "torch_dtype": "bfloat16"}))
+    rc = main(["simulate", "--trace", "synthetic", "--model", str(cfg), "--out", str(tmp_path / "o"),
+               "--no-progress"])
+    assert rc == 0
+    assert "no recurrent layers" in capsys.readouterr().out
+    assert not (tmp_path / "o").exists()
