@@ -27,7 +27,7 @@ log = logging.getLogger("vllm_admission")
 
 #: The demo's defaults: the built-in synthetic workload on Qwen3-Next.
 DEMO_MODEL = "qwen3-next-80b-a3b"
-DEMO_CAPACITIES = "2GiB,4GiB,8GiB,16GiB,64GiB"
+DEMO_CAPACITIES = "2GiB,4GiB,8GiB,16GiB"
 DEMO_ADMISSIONS = "last,vllm,marconi,dense"
 DEMO_EVICTIONS = "lru,flop"
 
@@ -60,7 +60,8 @@ def _add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="hash output blocks as the trace's later turns see them ('trace', "
                         "default; needs a trace that records outputs, like the synthetic one) or "
                         "as unique content, like an engine replay ('unique')")
-    p.add_argument("--jobs", type=int, default=1, help="processes for the sweep (default 1)")
+    p.add_argument("--jobs", type=int, default=2 if demo else 1,
+                   help=f"processes for the sweep (default {2 if demo else 1})")
     p.add_argument("--out", default="out/demo" if demo else None, required=not demo,
                    help="output directory for results.json and hit_rate.png")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
