@@ -1,0 +1,169 @@
+"""``vllm-admission replay``: a trace through a real vLLM engine running the plugin.
+
+Requests are sent one at a time, in trace order (each finishes before the next
+is submitted), through ``vllm_admission.engine.replay.replay`` with greedy
+sampling and exactly ``output_len`` tokens each. Mooncake traces are re-blocked
+by the trace model: ``Request.token_ids(vocab_size)`` yields token ids whose
+block structure matches the trace at the engine's block size.
+
+Writes ``<out>/results.json``:
+
+* ``requests``: per request ``request_id``, ``prompt_tokens``, ``output_len``,
+  ``cached_tokens`` (``RequestOutput.num_cached_tokens``; ``null`` if skipped)
+  and ``status``;
+* totals ``prompt_tokens``, ``hit_tokens``, ``token_hit_rate``,
+  ``wall_seconds``, ``skipped`` (reason -> count, the trace loader's filters
+  included) and ``mode``;
+* the engine's ``geometry``, vLLM's prefix-cache counters over the replay and
+  the plugin's :class:`~vllm_admission.plugin.stats.AdmissionStats`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from vllm_admission.core.admission import ADMISSION_POLICIES, UnknownPolicyError, get_admission
+from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
+
+__all__ = ["add_replay_parser", "run_replay"]
+
+_MAX_LEN = re.compile(r"estimated maximum model length is (\d+)")
+
+
+def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add the ``replay`` subcommand to an ``argparse`` subparsers object."""
+    p = sub.add_parser(
+        "replay", help="replay a trace through a real vLLM engine with the AdmissionScheduler",
+        description="Replay a trace through vLLM with the AdmissionScheduler, one request at a "
+                    "time in trace order, and write <out>/results.json.")
+    p.add_argument("--model", required=True,
+                   help="model directory (e.g. from 'vllm-admission make-tiny-model DIR')")
+    p.add_argument("--trace", default="synthetic",
+                   help="a Mooncake or token JSONL file, or 'synthetic' (default)")
+    p.add_argument("--admission", default="vllm",
+                   help=f"one of: {', '.join(ADMISSION_POLICIES)} (default vllm)")
+    p.add_argument("--eviction", default="lru",
+                   help=f"one of: {', '.join(ENGINE_EVICTION_POLICIES)} (default lru)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="fix flop eviction's alpha instead of tuning it online")
+    p.add_argument("--num-gpu-blocks", type=int, default=None,
+                   help="KV block pool size (vLLM's num_gpu_blocks_override; default: from memory)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest prompt + output (default: the model's, lowered to what "
+                        "--num-gpu-blocks can hold)")
+    p.add_argument("--max-requests", type=int, default=None,
+                   help="replay only the first K requests of the trace")
+    p.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
+    p.add_argument("--out", required=True, help="output directory for results.json")
+    return p
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    get_admission(args.admission)
+    if args.eviction not in ENGINE_EVICTION_POLICIES:
+        raise UnknownPolicyError(f"eviction policy {args.eviction!r} cannot run in an engine; "
+                                 f"valid: {', '.join(ENGINE_EVICTION_POLICIES)}")
+    if args.alpha is not None and not args.alpha >= 0:
+        raise ValueError(f"--alpha must be >= 0, got {args.alpha}")
+    for name in ("num_gpu_blocks", "max_model_len", "max_requests"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if not Path(args.model).is_dir():
+        raise ValueError(f"--model {args.model}: not a directory")
+
+
+def _build(args: argparse.Namespace) -> Any:
+    from vllm_admission.engine.replay import EngineSettings, build_llm
+
+    env = {"VLLM_ADMISSION_POLICY": args.admission, "VLLM_ADMISSION_EVICTION": args.eviction}
+    if args.alpha is not None:
+        env["VLLM_ADMISSION_ALPHA"] = repr(float(args.alpha))
+    else:
+        os.environ.pop("VLLM_ADMISSION_ALPHA", None)
+    settings = EngineSettings(model=str(args.model), num_gpu_blocks=args.num_gpu_blocks,
+                              max_model_len=args.max_model_len,
+                              scheduler_cls="vllm_admission.AdmissionScheduler", env=env,
+                              seed=args.seed)
+    try:
+        return build_llm(settings)
+    except ValueError as exc:
+        m = _MAX_LEN.search(str(exc))
+        if m is None or args.max_model_len is not None or args.num_gpu_blocks is None:
+            raise
+        # A small pool: vLLM names the longest request it can hold; use that.
+        settings.max_model_len = int(m.group(1))
+        print(f"vllm-admission: {args.num_gpu_blocks} blocks hold at most "
+              f"{settings.max_model_len} tokens per request; using --max-model-len "
+              f"{settings.max_model_len}")
+        return build_llm(settings)
+
+
+def run_replay(args: argparse.Namespace) -> int:
+    """Handler of ``vllm-admission replay``; returns the exit status.
+
+    Raises:
+        UnknownPolicyError, TraceError, ValueError, OSError: bad input (the CLI
+            prints them as one ``vllm-admission: error:`` line).
+    """
+    _check_args(args)
+    from vllm_admission.core.traces import load_trace
+
+    trace = load_trace(args.trace, max_requests=args.max_requests, seed=args.seed)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    from vllm_admission.engine.replay import engine_geometry, replay
+
+    llm = _build(args)
+    vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
+    geometry = engine_geometry(llm)
+    result = replay(llm, trace.requests, vocab_size=vocab)
+    stats: dict[str, Any] | None = None
+    try:
+        from vllm_admission.plugin.scheduler import admission_stats
+
+        stats = admission_stats(llm).to_dict()
+    except RuntimeError:
+        stats = None
+    skipped = dict(trace.skipped)
+    for reason, n in result.skipped.items():
+        skipped[reason] = skipped.get(reason, 0) + n
+    doc = {
+        "mode": result.mode,
+        "model": str(args.model),
+        "trace": str(args.trace),
+        "admission": args.admission,
+        "eviction": args.eviction,
+        "alpha": args.alpha,
+        "geometry": geometry,
+        "requests": [{k: r[k] for k in ("request_id", "prompt_tokens", "output_len",
+                                         "cached_tokens", "status")}
+                     for r in result.requests],
+        "requests_run": sum(1 for r in result.requests if r["status"] == "ok"),
+        "prompt_tokens": result.prompt_tokens,
+        "hit_tokens": result.hit_tokens,
+        "token_hit_rate": result.token_hit_rate,
+        "wall_seconds": result.wall_seconds,
+        "skipped": skipped,
+        "engine_prefix_cache_hits": result.engine_prefix_cache_hits,
+        "engine_prefix_cache_queries": result.engine_prefix_cache_queries,
+        "admission_stats": stats,
+    }
+    path = out_dir / "results.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    n_skipped = sum(skipped.values())
+    print(f"mode: {result.mode}")
+    print(f"admission={args.admission} eviction={args.eviction} "
+          f"blocks={geometry.get('num_gpu_blocks')} block_size={geometry.get('block_size')}")
+    print(f"requests: {doc['requests_run']} run, {n_skipped} skipped"
+          + (f" ({', '.join(f'{k}: {v}' for k, v in skipped.items())})" if skipped else ""))
+    print(f"hit tokens: {result.hit_tokens} of {result.prompt_tokens} prompt tokens "
+          f"(token hit rate {result.token_hit_rate:.4f}); {result.wall_seconds:.1f} s")
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,198 @@
+"""Drive vLLM's scheduler without a model: for fast tests and the overhead benchmark.
+
+vLLM's own scheduler tests build a ``VllmConfig`` and a ``KVCacheConfig`` by
+hand and answer ``Scheduler.schedule()`` with made-up model-runner outputs.
+This module does the same for a hybrid layout (full-attention groups plus
+Mamba/GDN state groups, vLLM's align mode):
+
+* :func:`write_config_only_model`: a model directory holding only the tiny
+  Qwen3-Next ``config.json`` (no weights: nothing is loaded);
+* :func:`make_vllm_config`: the engine configuration vLLM derives for it;
+* :func:`make_kv_cache_config`: a pool of ``num_blocks`` blocks shared by the
+  given groups;
+* :class:`FakeEngine`: adds requests and runs ``schedule()`` /
+  ``update_from_output()`` steps, sampling a fixed token, until they finish.
+
+The scheduler sees exactly what it sees in a real engine step, except that no
+forward pass runs. Timings of ``schedule()`` and ``update_from_output()`` are
+accumulated in :attr:`FakeEngine.seconds`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FakeEngine", "make_kv_cache_config", "make_scheduler", "make_vllm_config",
+           "write_config_only_model"]
+
+
+def write_config_only_model(out_dir: str | Path, *, max_position_embeddings: int = 131072) -> Path:
+    """Write the tiny Qwen3-Next ``config.json`` (only) to ``out_dir``; return the path."""
+    from transformers import Qwen3NextConfig
+
+    from vllm_admission.engine.tiny_model import tiny_model_config_kwargs
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    Qwen3NextConfig(**tiny_model_config_kwargs(max_position_embeddings)).to_json_file(
+        str(out / "config.json"))
+    return out
+
+
+def make_vllm_config(model_dir: str | Path, *, block_size: int | None = None,
+                     max_num_batched_tokens: int = 4096, max_model_len: int = 131072,
+                     enable_prefix_caching: bool = True, max_num_seqs: int = 256) -> Any:
+    """The ``VllmConfig`` vLLM builds for ``model_dir`` (bf16, no tokenizer, eager)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16",
+                      enable_prefix_caching=enable_prefix_caching, enforce_eager=True,
+                      max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
+                      max_num_seqs=max_num_seqs, block_size=block_size)
+    return args.create_engine_config()
+
+
+def make_kv_cache_config(vllm_config: Any, num_blocks: int, *,
+                         kinds: Sequence[str] = ("state", "attention"),
+                         layers_per_group: int = 2, page_size: int = 65536) -> Any:
+    """A ``KVCacheConfig`` of ``num_blocks`` blocks for groups of the given kinds.
+
+    ``"state"`` groups get a ``MambaSpec`` (GDN shapes of the tiny model,
+    padded to ``page_size``), ``"attention"`` groups a ``FullAttentionSpec``
+    whose page is ``page_size`` bytes. Retention follows the engine config
+    (vLLM's default keeps only reachable Mamba states).
+    """
+    import torch
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+        MambaSpec,
+    )
+
+    cache = vllm_config.cache_config
+    block_size = cache.block_size
+    groups = []
+    layer = 0
+    for kind in kinds:
+        names = [f"model.layers.{layer + i}.{'linear_attn' if kind == 'state' else 'self_attn'}"
+                 for i in range(layers_per_group)]
+        layer += layers_per_group
+        if kind == "state":
+            spec = MambaSpec(block_size=block_size, shapes=((3, 512), (4, 64, 64)),
+                             dtypes=(torch.bfloat16, torch.bfloat16), page_size_padded=page_size,
+                             mamba_cache_mode=cache.mamba_cache_mode)
+        elif kind == "attention":
+            head = 64
+            heads = max(1, page_size // (2 * block_size * head * 2))
+            spec = FullAttentionSpec(block_size=block_size, num_kv_heads=heads, head_size=head,
+                                     dtype=torch.bfloat16)
+        else:
+            raise ValueError(f"kind must be 'state' or 'attention', got {kind!r}")
+        groups.append(KVCacheGroupSpec(names, spec))
+    tensors = [KVCacheTensor(size=page_size * num_blocks, layers=[g.layer_names[i] for g in groups],
+                             layer_stride=0, block_stride=page_size)
+               for i in range(layers_per_group)]
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=tensors, kv_cache_groups=groups,
+                         prefix_cache_retention_interval=cache.prefix_cache_retention_interval)
+
+
+def make_scheduler(cls: type, vllm_config: Any, kv_cache_config: Any, *,
+                   log_stats: bool = True) -> Any:
+    """Build ``cls`` (vLLM's ``Scheduler`` or a subclass) as ``EngineCore`` does."""
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    vllm_config.cache_config.num_gpu_blocks = kv_cache_config.num_blocks
+    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    return cls(vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+               structured_output_manager=StructuredOutputManager(vllm_config),
+               block_size=block_size, hash_block_size=hash_block_size, log_stats=log_stats)
+
+
+class FakeEngine:
+    """Runs a scheduler with made-up model outputs (every step samples ``token``).
+
+    Args:
+        scheduler: a built scheduler.
+        token: the token id every decode step "samples".
+    """
+
+    def __init__(self, scheduler: Any, token: int = 7) -> None:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        self.scheduler = scheduler
+        self.token = token
+        cache = scheduler.vllm_config.cache_config
+        hash_fn = get_hash_fn_by_name(cache.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self._hasher = get_request_block_hasher(scheduler.hash_block_size, hash_fn)
+        self.seconds = 0.0
+        self.steps = 0
+        #: Finished requests' last ``EngineCoreOutput``, by request id.
+        self.outputs: dict[str, Any] = {}
+        #: Prompt tokens each request found cached (``num_cached_tokens``).
+        self.cached_tokens: dict[str, int] = {}
+        self._n = 0
+
+    def add(self, prompt: Sequence[int], max_tokens: int, request_id: str | None = None) -> str:
+        """Queue a request with greedy-like sampling and ``max_tokens`` outputs."""
+        from vllm import SamplingParams
+        from vllm.v1.request import Request
+
+        rid = request_id if request_id is not None else f"req-{self._n}"
+        self._n += 1
+        params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
+        req = Request(request_id=rid, prompt_token_ids=list(prompt), sampling_params=params,
+                      pooling_params=None, block_hasher=self._hasher)
+        self.scheduler.add_request(req)
+        return rid
+
+    def step(self) -> list[Any]:
+        """One ``schedule()`` + ``update_from_output()``; returns finished outputs."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        sched = self.scheduler
+        t0 = time.perf_counter()
+        out = sched.schedule()
+        req_ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in req_ids:
+            req = sched.requests[rid]
+            done = req.num_computed_tokens >= req.num_tokens
+            sampled.append([self.token] if done else [])
+        runner = ModelRunnerOutput(req_ids=req_ids,
+                                   req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                   sampled_token_ids=sampled)
+        eco = sched.update_from_output(out, runner)
+        self.seconds += time.perf_counter() - t0
+        self.steps += 1
+        finished = []
+        for client_outputs in eco.values():
+            for o in client_outputs.outputs:
+                if o.prefill_stats is not None and o.request_id not in self.cached_tokens:
+                    self.cached_tokens[o.request_id] = o.prefill_stats.num_cached_tokens
+                if o.finished:
+                    finished.append(o)
+                    self.outputs[o.request_id] = o
+        return finished
+
+    def run(self, max_steps: int = 1_000_000) -> list[Any]:
+        """Step until no request is left; returns the finished outputs in order."""
+        done: list[Any] = []
+        for _ in range(max_steps):
+            if not self.scheduler.has_requests():
+                return done
+            done.extend(self.step())
+        raise RuntimeError(f"requests still unfinished after {max_steps} steps")
+
+    def abort(self, request_id: str) -> None:
+        """Abort a request (as the engine does on a client disconnect)."""
+        from vllm.v1.request import RequestStatus
+
+        self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
