@@ -37,8 +37,9 @@ def write_config_only_model(out_dir: str | Path, *, max_position_embeddings: int
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    Qwen3NextConfig(**tiny_model_config_kwargs(max_position_embeddings)).to_json_file(
-        str(out / "config.json"))
+    config = Qwen3NextConfig(**tiny_model_config_kwargs(max_position_embeddings))
+    config.architectures = ["Qwen3NextForCausalLM"]
+    config.to_json_file(str(out / "config.json"))
     return out
 
 
@@ -134,6 +135,8 @@ class FakeEngine:
         self._hasher = get_request_block_hasher(scheduler.hash_block_size, hash_fn)
         self.seconds = 0.0
         self.steps = 0
+        #: The ``SchedulerOutput`` of the last step.
+        self.last_output: Any = None
         #: Finished requests' last ``EngineCoreOutput``, by request id.
         self.outputs: dict[str, Any] = {}
         #: Prompt tokens each request found cached (``num_cached_tokens``).
@@ -171,6 +174,7 @@ class FakeEngine:
                                    sampled_token_ids=sampled)
         eco = sched.update_from_output(out, runner)
         self.seconds += time.perf_counter() - t0
+        self.last_output = out
         self.steps += 1
         finished = []
         for client_outputs in eco.values():

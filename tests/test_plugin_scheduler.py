@@ -1,0 +1,397 @@
+"""AdmissionScheduler inside vLLM's real scheduler, driven without a model.
+
+``vllm_admission.plugin.testing.FakeEngine`` runs vLLM 0.32's ``Scheduler``
+(``schedule()`` + ``update_from_output()``) with made-up model outputs, on a
+hand-built hybrid KV cache layout identical to the tiny Qwen3-Next engine's
+(block size 128, group 0 = GDN state, group 1 = full attention, 128 KiB per
+block id). Everything vLLM decides about blocks runs for real; only the
+forward pass is missing. No engine start: these tests are fast.
+
+The core's cache model (``HybridPrefixCache``) is the reference: the same
+requests, one at a time, must get the same hits in both.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission  # noqa: E402
+from vllm_admission.core.cache import HybridPrefixCache  # noqa: E402
+from vllm_admission.core.costs import ModelCosts  # noqa: E402
+from vllm_admission.core.eviction import get_eviction  # noqa: E402
+
+B = 128
+GROUPS = ("state", "attention")
+BYTES_PER_BLOCK = 2 * 65536  # 2 layers x 64 KiB pages (docs/engine-facts.md)
+CHUNK = 4096
+POLICIES = list(ADMISSION_POLICIES)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from vllm_admission.plugin.testing import write_config_only_model
+
+    return write_config_only_model(tmp_path_factory.mktemp("tiny_config"))
+
+
+@pytest.fixture(scope="module")
+def vllm_config(model_dir):
+    from vllm_admission.plugin.testing import make_vllm_config
+
+    cfg = make_vllm_config(model_dir, max_model_len=8192, max_num_batched_tokens=CHUNK)
+    assert cfg.cache_config.block_size == B
+    assert cfg.cache_config.mamba_cache_mode == "align"
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def costs(model_dir):
+    return ModelCosts.from_config(model_dir / "config.json")
+
+
+def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None, blocks=160,
+          kinds=GROUPS, cls=None):
+    from vllm_admission.plugin.scheduler import AdmissionScheduler
+    from vllm_admission.plugin.testing import FakeEngine, make_kv_cache_config, make_scheduler
+
+    monkeypatch.setenv("VLLM_ADMISSION_POLICY", policy)
+    monkeypatch.setenv("VLLM_ADMISSION_EVICTION", eviction)
+    if alpha is None:
+        monkeypatch.delenv("VLLM_ADMISSION_ALPHA", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_ADMISSION_ALPHA", str(alpha))
+    sched = make_scheduler(cls or AdmissionScheduler, vllm_config,
+                           make_kv_cache_config(vllm_config, blocks, kinds=kinds))
+    return FakeEngine(sched)
+
+
+def logical_clock(engine):
+    """Make the plugin's clock the request counter, as the simulator's ``now``."""
+    state = {"now": 0.0}
+    sched = engine.scheduler
+    clock = lambda: state["now"]  # noqa: E731
+    sched._admission.clock = clock
+    queue = sched.kv_cache_manager.block_pool.free_block_queue
+    if hasattr(queue, "clock"):
+        queue.clock = clock
+    return state
+
+
+def toks(seed, n):
+    rng = random.Random(seed)
+    return [rng.randrange(8, 512) for _ in range(n)]  # 7 is the fake engine's output token
+
+
+def chained(tokens):
+    out, h = [], 0
+    for i in range(len(tokens) // B):
+        h = hash((h, tuple(tokens[i * B:(i + 1) * B])))
+        out.append(h)
+    return out
+
+
+def simulate(policy, eviction, requests, *, blocks, costs, alpha=None):
+    ev = get_eviction(eviction, **({"alpha": alpha} if alpha is not None and eviction == "flop"
+                                   else {}))
+    cache = HybridPrefixCache(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
+                              admission=get_admission(policy), eviction=ev, chunk_size=CHUNK,
+                              segment_flops=costs.prefill_flops, bytes_per_block=BYTES_PER_BLOCK)
+    hits = []
+    for r, (tokens, out_len) in enumerate(requests):
+        hits.append(cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r)).hit_tokens)
+    return hits, cache
+
+
+def run_engine(engine, requests, clock=None):
+    hits = []
+    for r, (tokens, out_len) in enumerate(requests):
+        if clock is not None:
+            clock["now"] = float(r)
+        rid = engine.add(tokens, out_len)
+        engine.run()
+        hits.append(engine.cached_tokens[rid])
+    return hits
+
+
+def free_equals_usable(engine):
+    pool = engine.scheduler.kv_cache_manager.block_pool
+    return pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
+
+
+def mamba_positions(engine):
+    pool = engine.scheduler.kv_cache_manager.block_pool
+    from vllm.v1.core.kv_cache_utils import get_group_id
+
+    out = []
+    for key, blocks in pool.cached_block_hash_to_block._cache.items():  # noqa: SLF001
+        if get_group_id(key) == 0:
+            many = blocks.values() if isinstance(blocks, dict) else [blocks]
+            out.extend(b.block_hash_num_tokens for b in many)
+    return sorted(out)
+
+
+# ---------------------------------------------------------------- the junction case
+# One 1,500-token prefix; prompt i = prefix + one distinct token + the same 300-token suffix
+# (1,801 tokens), 4 output tokens, one at a time. With B = 128 the prompts share
+# floor(1500 / 128) = 11 full blocks = 1,408 tokens (block 12 holds the distinct token).
+#  * vllm / marconi: prompt 1 runs on an empty cache and keeps a state only at its prompt
+#    end floor(1800 / 128) * 128 = 1,792. Prompt 2 finds 1,408 attention tokens but no state
+#    at or below them: hybrid hit 0, junction 1,408; its prefill stops there and the state is
+#    cached. Prompts 3..10 hit 1,408.
+#  * last: no junction stop; every prompt keeps only its own 1,792 state: 0 everywhere.
+#  * dense: prompt 1 keeps a state at every block boundary: prompts 2..10 hit 1,408.
+#  * none: no state is ever cached: 0.
+# (tests/test_cache.py::EXPECTED_JUNCTION is the same derivation at B = 256: 1,280.)
+EXPECTED_JUNCTION = {
+    "none": [0] * 10,
+    "last": [0] * 10,
+    "vllm": [0, 0] + [1408] * 8,
+    "marconi": [0, 0] + [1408] * 8,
+    "dense": [0] + [1408] * 9,
+}
+
+
+def junction_requests():
+    prefix, suffix = toks(2, 1500), toks(3, 300)
+    return [(prefix + [3 + i] + suffix, 4) for i in range(10)]
+
+
+@pytest.mark.parametrize("eviction", ["lru", "flop"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_junction_case_exact_hits(vllm_config, monkeypatch, costs, policy, eviction):
+    reqs = junction_requests()
+    engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, alpha=0.5)
+    hits = run_engine(engine, reqs)
+    assert hits == EXPECTED_JUNCTION[policy]
+    assert simulate(policy, eviction, reqs, blocks=160, costs=costs, alpha=0.5)[0] == hits
+    stats = engine.scheduler.stats()
+    assert stats.tokens_saved == sum(hits)
+    assert stats.state_hits == sum(h > 0 for h in hits)
+    assert stats.requests == 10
+    assert free_equals_usable(engine)
+
+
+# ---------------------------------------------------------------- sequence-end states
+# P = 1000, O = 300: prompt end floor(999 / 128) * 128 = 896; the sequence reaches token
+# 1,299, so its last block boundary is floor(1299 / 128) * 128 = 1,280 (a decode boundary).
+EXPECTED_STATES = {
+    "none": [],
+    "vllm": [896],
+    "marconi": [1280],                       # the sequence end only
+    "last": [896, 1024, 1152, 1280],         # prompt end + every decode boundary
+    "dense": [128 * i for i in range(1, 8)] + [1024, 1152, 1280],
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_cached_states_per_policy(vllm_config, monkeypatch, costs, policy):
+    engine = build(vllm_config, monkeypatch, policy=policy)
+    run_engine(engine, [(toks(4, 1000), 300)])
+    assert mamba_positions(engine) == EXPECTED_STATES[policy]
+    _, cache = simulate(policy, "lru", [(toks(4, 1000), 300)], blocks=160, costs=costs)
+    assert cache.checkpoints == len(EXPECTED_STATES[policy])
+    assert engine.scheduler.stats().checkpoints == len(EXPECTED_STATES[policy])
+    if policy == "marconi":  # 896, 1024 and 1152 were kept tentatively, then replaced
+        assert engine.scheduler.stats().superseded == 3
+    assert free_equals_usable(engine)
+
+
+def test_dense_prefill_chunks_end_at_every_block(vllm_config, monkeypatch):
+    engine = build(vllm_config, monkeypatch, policy="dense")
+    engine.add(toks(5, 700), 2)
+    sizes = []
+    while engine.scheduler.has_requests():
+        out = engine.scheduler.schedule()
+        sizes.append(sum(out.num_scheduled_tokens.values()))
+        engine.scheduler.update_from_output(out, _outputs(engine, out))
+    # 700 tokens: chunks end at 128, 256, ..., 640 (= prompt end floor(699/128)*128), then
+    # 640..700, then one decode step.
+    assert [n for n in sizes if n] == [128] * 5 + [60, 1]
+
+
+def _outputs(engine, out):
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    ids = list(out.num_scheduled_tokens)
+    reqs = engine.scheduler.requests
+    sampled = [[7] if reqs[r].num_computed_tokens >= reqs[r].num_tokens else [] for r in ids]
+    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                             sampled_token_ids=sampled)
+
+
+# ---------------------------------------------------------------- random workloads vs the core
+def random_workload(seed, n=36):
+    rng = random.Random(seed)
+    prefixes = [toks(seed * 100 + k, rng.randrange(300, 1500)) for k in range(3)]
+    reqs = []
+    history = []
+    for i in range(n):
+        roll = rng.random()
+        if history and roll < 0.2:
+            tokens = list(rng.choice(history))                      # resend
+        elif history and roll < 0.35:
+            tokens = list(rng.choice(history)) + toks(seed * 1000 + i, rng.randrange(1, 400))
+        else:
+            tokens = rng.choice(prefixes) + toks(seed * 1000 + i, rng.randrange(1, 1200))
+        tokens = tokens[:2700]
+        history.append(tokens)
+        reqs.append((tokens, rng.randrange(1, 300)))
+    return reqs
+
+
+@pytest.mark.parametrize("eviction,alpha", [("lru", None), ("flop", 0.0), ("flop", 0.7)])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_random_workload_matches_core_model(vllm_config, monkeypatch, costs, policy, eviction,
+                                            alpha):
+    """Same requests, same hits, same evictions per group as the simulator, request by request.
+
+    A 60-block pool (59 usable, a request needs up to 26) forces many evictions. The plugin's
+    clock is the request counter, as the simulator's ``now``, so ``flop`` orders alike.
+    """
+    reqs = random_workload(11)
+    engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, alpha=alpha,
+                   blocks=60)
+    clock = logical_clock(engine)
+    hits = run_engine(engine, reqs, clock)
+    sim_hits, cache = simulate(policy, eviction, reqs, blocks=60, costs=costs, alpha=alpha)
+    assert hits == sim_hits
+    stats = engine.scheduler.stats()
+    assert stats.evictions_by_group == {"state0": cache.pool.evictions_by_group[0],
+                                        "attention1": cache.pool.evictions_by_group[1]}
+    assert stats.evictions > 0
+    assert stats.checkpoints == cache.checkpoints
+    assert stats.junctions == cache.junctions
+    assert free_equals_usable(engine)
+
+
+def test_stock_policy_leaves_vllm_untouched(vllm_config, monkeypatch):
+    """``vllm`` + ``lru``: the same hits, the same block ids handed to every request, the same
+    free-queue order and the same cached states as vLLM's own scheduler."""
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    reqs = random_workload(5)
+    runs = []
+    for cls in (Scheduler, None):
+        engine = build(vllm_config, monkeypatch, blocks=60, cls=cls)
+        sched = engine.scheduler
+        block_ids, free = [], []
+        for tokens, out_len in reqs:
+            engine.add(tokens, out_len)
+            while sched.has_requests():
+                engine.step()
+                out = engine.last_output
+                block_ids.extend(new.block_ids for new in out.scheduled_new_reqs)
+                block_ids.append(out.scheduled_cached_reqs.new_block_ids)
+            free.append(sched.kv_cache_manager.block_pool.get_num_free_blocks())
+        queue = sched.kv_cache_manager.block_pool.free_block_queue
+        runs.append((block_ids, free, list(engine.cached_tokens.values()),
+                     [b.block_id for b in queue.get_all_free_blocks()], mamba_positions(engine)))
+    assert runs[0] == runs[1]
+    assert sum(runs[0][2]) > 0
+
+
+# ---------------------------------------------------------------- faults
+@pytest.mark.parametrize("eviction", ["lru", "flop"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy, eviction):
+    """A 2,600-token request is aborted after its first prefill chunk; then eight
+    concurrent requests (700 prompt tokens sharing 300, 500 output tokens each) overflow
+    a 64-block pool while decoding, so vLLM preempts some of them. Every request but the
+    aborted one finishes with all its tokens, every block comes back, and the scheduler
+    keeps serving."""
+    engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, blocks=64)
+    sched = engine.scheduler
+    victim = engine.add(toks(77, 2600), 10)
+    engine.step()
+    assert 0 < sched.requests[victim].num_computed_tokens < 2600  # mid-prefill
+    engine.abort(victim)
+    base = toks(9, 300)
+    rids = [engine.add(base + toks(50 + i, 400), 500) for i in range(8)]
+    reqs = [sched.requests[r] for r in rids]
+    engine.run()
+    assert sum(r.num_preemptions for r in reqs) > 0
+    assert all(len(r.output_token_ids) == 500 for r in reqs)
+    assert victim not in engine.outputs or engine.outputs[victim].finish_reason is not None
+    assert free_equals_usable(engine)
+    assert not sched._admission.tracks  # noqa: SLF001 - nothing left behind
+    rid = engine.add(base + toks(99, 300), 5)
+    engine.run()
+    assert engine.cached_tokens[rid] >= (256 if policy in ("dense",) else 0)
+    assert free_equals_usable(engine)
+
+
+# ---------------------------------------------------------------- configuration
+def test_bad_environment_values_give_one_line(vllm_config, monkeypatch):
+    from vllm_admission.plugin.config import AdmissionConfigError
+
+    for var, value, valid in [("VLLM_ADMISSION_POLICY", "bogus", "none, last, vllm, marconi, dense"),
+                              ("VLLM_ADMISSION_EVICTION", "belady", "lru, flop"),
+                              ("VLLM_ADMISSION_ALPHA", "-1", ">= 0")]:
+        monkeypatch.setenv(var, value)
+        with pytest.raises(AdmissionConfigError) as info:
+            build(vllm_config, monkeypatch, policy=value if var.endswith("POLICY") else "vllm",
+                  eviction=value if var.endswith("EVICTION") else "lru",
+                  alpha=value if var.endswith("ALPHA") else None)
+        msg = str(info.value)
+        assert "\n" not in msg and var in msg and valid in msg
+        monkeypatch.delenv(var)
+
+
+def test_model_without_recurrent_layers_runs_stock(vllm_config, monkeypatch, caplog):
+    from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
+
+    caplog.set_level(logging.INFO, logger="vllm_admission")
+    logger = logging.getLogger("vllm_admission")
+    logger.addHandler(caplog.handler)
+    try:
+        engine = build(vllm_config, monkeypatch, policy="marconi", eviction="flop",
+                       kinds=("attention",))
+    finally:
+        logger.removeHandler(caplog.handler)
+    lines = [r.getMessage() for r in caplog.records if r.name == "vllm_admission"]
+    assert len(lines) == 1 and "no recurrent" in lines[0] and "nothing for the plugin" in lines[0]
+    sched = engine.scheduler
+    assert type(sched.kv_cache_manager.coordinator) is UnitaryKVCacheCoordinator
+    assert not sched.stats().active
+    rid = engine.add(toks(1, 500), 3)
+    engine.run()
+    rid2 = engine.add(toks(1, 500), 3)
+    engine.run()
+    assert engine.cached_tokens[rid] == 0 and engine.cached_tokens[rid2] == 384
+
+
+def test_switching_policy_needs_an_idle_scheduler(vllm_config, monkeypatch):
+    from vllm_admission.core.admission import UnknownPolicyError
+
+    engine = build(vllm_config, monkeypatch, policy="vllm")
+    engine.add(toks(1, 300), 3)
+    with pytest.raises(RuntimeError):
+        engine.scheduler.set_admission_policy("last")
+    engine.run()
+    engine.scheduler.set_admission_policy("last")
+    assert engine.scheduler.stats().admission == "last"
+    with pytest.raises(UnknownPolicyError):
+        engine.scheduler.set_admission_policy("bogus")
+
+
+# ---------------------------------------------------------------- alpha tuning
+def test_alpha_is_tuned_online_after_the_first_evictions(vllm_config, monkeypatch):
+    monkeypatch.setenv("VLLM_ADMISSION_TUNE_MULTIPLIER", "2")
+    engine = build(vllm_config, monkeypatch, policy="marconi", eviction="flop", blocks=60)
+    run_engine(engine, random_workload(3, n=30))
+    ctl = engine.scheduler._admission  # noqa: SLF001
+    assert ctl.tuner.drain(timeout=60)
+    assert ctl.tuner.error is None
+    events = ctl.tuner.events
+    assert events and events[0]["kind"] == "bootstrap"
+    # The first eviction fixes the window: 2 x the requests served before it.
+    assert events[0]["window"] % 2 == 0
+    engine.add(toks(5, 200), 2)
+    engine.run()  # the scheduler applies the decision at its next step
+    assert engine.scheduler.stats().alpha == events[-1]["alpha"]
+    assert engine.scheduler.stats().tuning == events
