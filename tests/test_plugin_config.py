@@ -1,0 +1,108 @@
+"""The plugin's environment variables: parsing, error lines, registration with vLLM."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from vllm_admission.plugin.config import (
+    ENV_VARS,
+    AdmissionConfig,
+    AdmissionConfigError,
+)
+
+
+def test_defaults():
+    cfg = AdmissionConfig.from_env({})
+    assert cfg == AdmissionConfig(policy="vllm", eviction="lru", alpha=None, log_interval=10.0,
+                                  tune_multiplier=5)
+    assert cfg.describe() == "admission=vllm eviction=lru"
+
+
+def test_every_valid_value():
+    for policy in ("none", "last", "vllm", "marconi", "dense"):
+        assert AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": policy}).policy == policy
+    cfg = AdmissionConfig.from_env({
+        "VLLM_ADMISSION_POLICY": " marconi ", "VLLM_ADMISSION_EVICTION": "flop",
+        "VLLM_ADMISSION_ALPHA": "0.25", "VLLM_ADMISSION_LOG_INTERVAL": "0",
+        "VLLM_ADMISSION_TUNE_MULTIPLIER": "3"})
+    assert cfg == AdmissionConfig("marconi", "flop", 0.25, 0.0, 3)
+    assert cfg.describe() == "admission=marconi eviction=flop alpha=0.25"
+    assert AdmissionConfig.from_env({"VLLM_ADMISSION_EVICTION": "flop"}).describe().endswith(
+        "alpha=tuned online")
+
+
+def test_empty_values_mean_unset():
+    assert AdmissionConfig.from_env({name: "" for name in ENV_VARS}) == AdmissionConfig()
+
+
+@pytest.mark.parametrize("name,value,valid", [
+    ("VLLM_ADMISSION_POLICY", "Marconi", "valid: none, last, vllm, marconi, dense"),
+    ("VLLM_ADMISSION_EVICTION", "belady", "valid: lru, flop"),
+    ("VLLM_ADMISSION_ALPHA", "nan", "finite number >= 0"),
+    ("VLLM_ADMISSION_ALPHA", "-0.1", "finite number >= 0"),
+    ("VLLM_ADMISSION_LOG_INTERVAL", "soon", "seconds"),
+    ("VLLM_ADMISSION_TUNE_MULTIPLIER", "0", "an integer >= 1"),
+    ("VLLM_ADMISSION_TUNE_MULTIPLIER", "2.5", "an integer >= 1"),
+])
+def test_invalid_values_give_one_line(name, value, valid):
+    with pytest.raises(AdmissionConfigError) as info:
+        AdmissionConfig.from_env({name: value})
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{name}={value!r} is invalid; ")
+    assert valid in msg
+    assert isinstance(info.value, ValueError)
+
+
+def test_long_values_are_shortened_in_the_message():
+    with pytest.raises(AdmissionConfigError) as info:
+        AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "x" * 500})
+    assert len(str(info.value)) < 200
+
+
+def test_register_makes_vllm_accept_the_variables(monkeypatch):
+    pytest.importorskip("vllm")
+    import vllm.envs as envs
+    from vllm.platforms import current_platform
+
+    from vllm_admission.plugin.register import register
+
+    for name in ENV_VARS:
+        monkeypatch.setenv(name, "")
+    monkeypatch.setenv("VLLM_ADMISSION_POLICY", "marconi")
+    register()
+    register()  # idempotent
+    for name in ENV_VARS:
+        assert name in envs.environment_variables
+        assert envs.environment_variables[name]() is None  # never in the compile cache key
+    current_platform.validate_environ(hard_fail=True)  # strict validation: no error
+
+
+def test_register_warns_once_about_an_invalid_value(monkeypatch, caplog):
+    pytest.importorskip("vllm")
+    from vllm_admission.plugin.register import register
+
+    monkeypatch.setenv("VLLM_ADMISSION_EVICTION", "belady")
+    with caplog.at_level(logging.WARNING, logger="vllm_admission"):
+        register()
+    lines = [r.getMessage() for r in caplog.records if r.name == "vllm_admission"]
+    assert len(lines) == 1 and "VLLM_ADMISSION_EVICTION='belady' is invalid" in lines[0]
+
+
+def test_entry_point_is_declared():
+    from importlib.metadata import entry_points
+
+    eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
+    assert eps.get("vllm_admission") == "vllm_admission.plugin.register:register"
+
+
+def test_scheduler_is_exported_lazily():
+    import vllm_admission
+
+    assert "AdmissionScheduler" in vllm_admission.__all__
+    pytest.importorskip("vllm")
+    from vllm_admission.plugin.scheduler import AdmissionScheduler
+
+    assert vllm_admission.AdmissionScheduler is AdmissionScheduler
