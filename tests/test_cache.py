@@ -162,9 +162,10 @@ def test_lru_pool_evicts_in_vllm_queue_order(seed):
     rng = random.Random(seed)
     n = 12
     ref, pool = ReferenceQueue(n), BlockPool(n, LRUEviction())
-    evicted = []
-    orig_drop = pool._drop_key
-    pool._drop_key = lambda b, key: (evicted.append(key), orig_drop(b, key))
+
+    def cached_keys():
+        return {(0, h) for h in pool.index[0]}
+
     next_key = 0
     for _ in range(40):
         # a "request": maybe hit some cached keys, allocate, cache some, free all
@@ -176,6 +177,7 @@ def test_lru_pool_evicts_in_vllm_queue_order(seed):
         pool.touch(pool_hits)
         k = rng.randint(1, min(4, len(ref.queue)))
         ref_new, pool_new = ref.allocate(k), pool.allocate(k, now=0.0)
+        assert cached_keys() == set(ref.index)
         for rb, pb in zip(ref_new, pool_new):
             if rng.random() < 0.6:
                 ref.cache(rb, (0, next_key))
@@ -186,7 +188,8 @@ def test_lru_pool_evicts_in_vllm_queue_order(seed):
         ref_all, pool_all = ref_hits + ref_new, pool_hits + pool_new
         ref.free([ref_all[i] for i in order])
         pool.free([pool_all[i] for i in order], now=0.0)
-        assert evicted == ref.evicted
+        assert cached_keys() == set(ref.index)  # the same blocks were evicted
+        assert pool.evictions == len(ref.evicted)
         assert pool.num_free == len(ref.queue)
 
 

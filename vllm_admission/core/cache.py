@@ -163,15 +163,23 @@ class BlockPool:
             victims = self.eviction.pop_n(k, now)
             self._num_free_cached -= k
             keys, values, next_use = self.key, self.value, self.next_use
+            index, dups, by_group = self.index, self._dups, self.evictions_by_group
+            evicted = 0
             for b in victims:
                 key = keys[b]
                 if key is not None:
-                    self._drop_key(b, key)
-                    self.evictions += 1
-                    self.evictions_by_group[key[0]] += 1
+                    g, h = key
+                    idx = index[g]
+                    if not dups or key not in dups:
+                        del idx[h]
+                    else:
+                        self._drop_key(b, key)
+                    evicted += 1
+                    by_group[g] += 1
                     keys[b] = None
                 values[b] = 0.0
                 next_use[b] = math.inf
+            self.evictions += evicted
             out.extend(victims)
         ref = self.ref
         for b in out:
@@ -194,16 +202,21 @@ class BlockPool:
         appended in the given order; uncached ones go back on the stack.
         """
         ref, keys = self.ref, self.key
-        add = self.eviction.add
+        cached = []
+        uncached = self.uncached
         for b in ordered:
             r = ref[b] - 1
             ref[b] = r
             if r == 0:
                 if keys[b] is None:
-                    self.uncached.append(b)
+                    uncached.append(b)
                 else:
-                    add(b, now, self.value[b], self.next_use[b])
-                    self._num_free_cached += 1
+                    cached.append(b)
+        if cached:
+            value, next_use = self.value, self.next_use
+            self.eviction.add_many(cached, now, [value[b] for b in cached],
+                                   [next_use[b] for b in cached])
+            self._num_free_cached += len(cached)
 
     def cache(self, block: int, key: tuple) -> None:
         """Give an in-use block its hash (``cache_full_blocks``)."""

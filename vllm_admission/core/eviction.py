@@ -29,7 +29,7 @@ import itertools
 import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from sortedcontainers import SortedList
@@ -86,6 +86,12 @@ class EvictionPolicy(ABC):
         """Pop ``n`` victims in eviction order."""
         return [self.pop(now) for _ in range(n)]
 
+    def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
+                 next_uses: Sequence[float]) -> None:
+        """:meth:`add` for several blocks, in order (``values``/``next_uses`` aligned)."""
+        for b, v, nu in zip(block_ids, values, next_uses):
+            self.add(b, now, v, nu)
+
     def bind_future(self, refresh: Callable[[int, float], float]) -> None:
         """Give a policy that :attr:`needs_future` its oracle: ``refresh(block_id,
         now)`` is the block's next use after ``now``. Others ignore it."""
@@ -122,6 +128,10 @@ class LRUEviction(EvictionPolicy):
         if not self._order:
             raise IndexError("pop from an empty eviction queue")
         return self._order.popitem(last=False)[0]
+
+    def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
+                 next_uses: Sequence[float]) -> None:
+        self._order.update(dict.fromkeys(block_ids))
 
     def clone(self) -> "LRUEviction":
         other = LRUEviction()
