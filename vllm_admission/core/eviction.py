@@ -25,6 +25,7 @@ Policies:
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from abc import ABC, abstractmethod
@@ -152,20 +153,47 @@ class LRUEviction(EvictionPolicy):
 
 
 class _Bucket:
-    """Free blocks with one last-access time: runs of equal value, in free order."""
+    """Free blocks with one last-access time: runs of equal value, in free order.
 
-    __slots__ = ("t", "runs", "minv", "maxv", "first_seq")
+    ``runs`` maps a run's sequence number to ``[value, seq, {block_id: None}]``
+    (insertion-ordered, so the first run is the earliest freed). Two lazy heaps
+    give the lowest and highest value in O(log runs).
+    """
+
+    __slots__ = ("t", "runs", "last", "lo", "hi", "minv", "maxv")
 
     def __init__(self, t: float) -> None:
         self.t = t
-        self.runs: list[list] = []  # [value, first_seq, {block_id: None}] in add order
-        self.minv = math.inf
-        self.maxv = -math.inf
-        self.first_seq = 0
+        self.runs: dict[int, list] = {}
+        self.last: list | None = None
+        self.lo: list[tuple[float, int]] = []   # (value, seq), lazy
+        self.hi: list[tuple[float, int]] = []   # (-value, seq), lazy
+        self.minv = math.inf   # as indexed in FlopEviction._by_min
+        self.maxv = -math.inf  # as indexed in FlopEviction._by_max
+
+    def add_run(self, run: list) -> None:
+        self.runs[run[1]] = run
+        self.last = run
+        heapq.heappush(self.lo, (run[0], run[1]))
+        heapq.heappush(self.hi, (-run[0], run[1]))
+
+    def drop_run(self, run: list) -> None:
+        del self.runs[run[1]]
+        if self.last is run:
+            self.last = None
+
+    def lowest_run(self) -> list:
+        lo, runs = self.lo, self.runs
+        while lo[0][1] not in runs:
+            heapq.heappop(lo)
+        return runs[lo[0][1]]
 
     def bounds(self) -> tuple[float, float]:
-        vals = [r[0] for r in self.runs]
-        return min(vals), max(vals)
+        """(lowest, highest) value among the runs; the bucket must be non-empty."""
+        hi, runs = self.hi, self.runs
+        while hi[0][1] not in runs:
+            heapq.heappop(hi)
+        return self.lowest_run()[0], -hi[0][0]
 
 
 class FlopEviction(EvictionPolicy):
@@ -227,12 +255,13 @@ class FlopEviction(EvictionPolicy):
         other._seq = itertools.count(start + 1)
         for t, b in self._buckets.items():
             nb = _Bucket(t)
-            nb.minv, nb.maxv, nb.first_seq = b.minv, b.maxv, b.first_seq
-            for v, seq, members in b.runs:
+            for v, seq, members in b.runs.values():
                 run = [v, seq, dict(members)]
-                nb.runs.append(run)
+                nb.add_run(run)
                 for bid in members:
                     other._where[bid] = (nb, run)
+            nb.last = nb.runs.get(b.last[1]) if b.last is not None else None
+            nb.minv, nb.maxv = b.minv, b.maxv
             other._buckets[t] = nb
         other._times = self._times.copy()
         other._by_min = self._by_min.copy()
@@ -271,14 +300,11 @@ class FlopEviction(EvictionPolicy):
             if self._times and now < self._times[-1]:
                 raise ValueError(f"time went backwards: {now} < {self._times[-1]}")
             b = self._buckets[now] = _Bucket(now)
-            b.first_seq = next(self._seq)
             self._times.add(now)
-        runs = b.runs
-        if runs and runs[-1][0] == value:
-            run = runs[-1]
-        else:
+        run = b.last
+        if run is None or run[0] != value:
             run = [value, next(self._seq), {}]
-            runs.append(run)
+            b.add_run(run)
         run[2][block_id] = None
         self._where[block_id] = (b, run)
         if value < b.minv or value > b.maxv:
@@ -288,8 +314,9 @@ class FlopEviction(EvictionPolicy):
         b, run = self._where.pop(block_id)
         del run[2][block_id]
         if not run[2]:
-            b.runs.remove(run)
-            self._reindex(b)
+            b.drop_run(run)
+            if not b.runs or run[0] == b.minv or run[0] == b.maxv:
+                self._reindex(b)
 
     def utility(self, block_id: int, now: float) -> float:
         """``S(n)`` of a candidate at time ``now`` (for tests and reports)."""
@@ -337,8 +364,8 @@ class FlopEviction(EvictionPolicy):
         self.last_scan = scanned
         bucket = buckets[best_t]
         if val_term(self._by_max[-1][0]) > 0.0:
-            return min(bucket.runs, key=lambda r: (r[0], r[1]))
-        return bucket.runs[0]  # every block of the bucket ties: the first freed goes
+            return bucket.lowest_run()
+        return next(iter(bucket.runs.values()))  # all tie: the first freed goes
 
     def pop(self, now: float) -> int:
         if not self._where:
