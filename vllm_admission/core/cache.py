@@ -329,6 +329,8 @@ class _Running:
     admitted: list[int] = field(default_factory=list)
     #: Cached state positions at or below the hit (computed once, for values).
     below_hit: list[int] | None = None
+    #: Memo of (number of admitted states, checkpoints, segment values).
+    values: tuple | None = None
 
 
 class HybridPrefixCache:
@@ -667,11 +669,13 @@ class HybridPrefixCache:
     def _set_flop_values(self, run: _Running, freed: list[tuple[int, int]], g: int) -> None:
         """Attach each freed block's segment FLOP efficiency (:func:`segment_values`)."""
         B = self.block_size
-        ckpts = self._known_checkpoints(run)
-        values = segment_values(ckpts, block_size=B, num_attention_groups=len(self.attn_groups),
-                                num_state_groups=len(self.state_groups),
-                                bytes_per_block=self.bytes_per_block,
-                                segment_flops=self.segment_flops)
+        if run.values is None or run.values[0] != len(run.admitted):
+            ckpts = self._known_checkpoints(run)
+            run.values = (len(run.admitted), ckpts, segment_values(
+                ckpts, block_size=B, num_attention_groups=len(self.attn_groups),
+                num_state_groups=len(self.state_groups), bytes_per_block=self.bytes_per_block,
+                segment_flops=self.segment_flops))
+        _, ckpts, values = run.values
         keys, out = self.pool.key, self.pool.value
         is_state = self.group_kinds[g] == STATE
         for i, b in freed:

@@ -10,6 +10,7 @@ fixed.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -175,7 +176,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     t0, c0 = time.perf_counter(), time.process_time()
     if requests is None:
         requests = cache_requests(trace, geo.block_size, outputs)
-    flops = costs.prefill_flops
+    flops = functools.lru_cache(maxsize=1 << 20)(costs.prefill_flops)
     setup = CacheSetup(num_blocks=geo.num_blocks, block_size=geo.block_size,
                        group_kinds=group_kinds(costs, geo), chunk_size=chunk_size,
                        bytes_per_block=geo.bytes_per_block, admission=admission,
