@@ -156,10 +156,14 @@ def plot_hit_rates(doc: dict[str, Any], path: str | os.PathLike) -> Path:
     for r in doc["runs"]:
         pairs.setdefault((r["admission"], r["eviction"]), []).append(
             (r["capacity_bytes"], r["token_hit_rate"]))
+    admissions = list(dict.fromkeys(adm for adm, _ in pairs))
+    colours = {a: f"C{i}" for i, a in enumerate(admissions)}
+    styles = {"lru": ("-", "o"), "flop": ("--", "s"), "belady": (":", "^")}
     for (adm, ev), pts in pairs.items():
         pts.sort()
-        ax.plot([p[0] / (1 << 30) for p in pts], [100 * p[1] for p in pts], marker="o",
-                label=f"{adm} + {ev}")
+        line, marker = styles.get(ev, ("-.", "x"))
+        ax.plot([p[0] / (1 << 30) for p in pts], [100 * p[1] for p in pts], color=colours[adm],
+                linestyle=line, marker=marker, markersize=4, label=f"{adm} + {ev}")
     for b in doc["bound"]:
         ax.axhline(100 * b["token_hit_rate"], color="black", linestyle="--", linewidth=1,
                    label=f"infinite-capacity bound (B={b['block_size']})")
@@ -172,7 +176,7 @@ def plot_hit_rates(doc: dict[str, Any], path: str | os.PathLike) -> Path:
     ax.set_ylabel("token hit rate (%)")
     ax.set_title(f"{doc['model']} on {doc['trace']}", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=120)
