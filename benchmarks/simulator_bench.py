@@ -26,8 +26,8 @@ MODEL = "qwen3-next-80b-a3b"
 CAPACITY = "64GiB"
 CASES = {
     "vllm+lru": ("vllm", "lru", {}),
-    "vllm+flop (alpha tuned, coarse grid)": ("vllm", "flop", {}),
-    "vllm+flop (alpha tuned, paper grid)": ("vllm", "flop", {"tune_grid": "paper"}),
+    "vllm+flop (alpha tuned; coarse grid)": ("vllm", "flop", {}),
+    "vllm+flop (alpha tuned; paper grid)": ("vllm", "flop", {"tune_grid": "paper"}),
     "vllm+flop (alpha fixed 0.5)": ("vllm", "flop", {"alpha": 0.5}),
     "marconi+lru": ("marconi", "lru", {}),
     "dense+lru": ("dense", "lru", {}),
