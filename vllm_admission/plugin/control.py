@@ -14,11 +14,12 @@ terms and keeps the per-request facts the policies need:
   exactly as the simulator computes them but with ``total_len=None`` (a live
   request's length is unknown); for a policy with ``supersede_tail``
   (``marconi``) the latest state at or after the prompt end is kept
-  tentatively and replaces the previous tentative one (:meth:`after_cache`);
+  tentatively and replaces the previous tentative one (:meth:`supersede`);
+  the states that really got a hash are recorded by :meth:`observe_cached`;
 * when blocks are freed it values them with
   :func:`~vllm_admission.core.cache.segment_values` /
   :func:`~vllm_admission.core.cache.block_value` for ``flop`` eviction
-  (:meth:`free_scope`, :meth:`stage_values`);
+  (:meth:`scope`, :meth:`stage_values`);
 * when a request finishes it feeds the alpha tuner (:meth:`on_finished`).
 
 It holds no tensors and copies none: vLLM's model runner writes the states.
@@ -30,8 +31,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -271,7 +271,8 @@ class AdmissionControl:
         self.plain_decode = policy.admit(frozenset({CheckpointKind.DECODE}))
         self.tail_ok = policy.supersede_tail and policy.admit(
             frozenset({CheckpointKind.SEQUENCE_END}))
-        self.has_stops = policy.every_block
+        # Chunk stops besides the junction (vLLM handles that one itself).
+        self.has_stops = policy.every_block or type(policy).stops is not AdmissionPolicy.stops
 
     def set_policy(self, name: str) -> None:
         """Switch the admission policy between requests (tests, benchmarks).
@@ -408,19 +409,16 @@ class AdmissionControl:
                 tentative.append(pos)
         return admitted, tentative
 
-    def after_cache(self, track: _Track, group: int, admitted: Sequence[int],
-                    tentative: Sequence[int], blocks: Sequence[Any],
-                    drop: Callable[[Any], None]) -> None:
-        """Record what one state group cached; replace superseded tentative states.
+    def supersede(self, track: _Track, group: int, tentative: Sequence[int],
+                  blocks: Sequence[Any], drop: Callable[[Any], None]) -> None:
+        """Keep only the request's latest tentative state in ``group``.
 
-        Args:
-            drop: ``f(block)`` removes a block's hash from the pool.
+        ``tentative`` are positions just cached as possible sequence ends
+        (``supersede_tail`` policies); the previous one of the same request is
+        dropped from the cache with ``drop(block)``.
         """
         B = self.B
         first = group == self.first_state
-        if first and admitted:
-            track.admitted.extend(admitted)
-            self.checkpoints += len(admitted)
         for pos in tentative:
             block = blocks[pos // B - 1]
             key = block.block_hash
@@ -428,31 +426,28 @@ class AdmissionControl:
                 continue
             old = track.tails.get(group)
             track.tails[group] = (pos, block, key)
+            if old is None or old[0] >= pos:
+                continue
+            _, old_block, old_key = old
+            if old_block.block_hash == old_key:
+                drop(old_block)
             if first:
-                track.admitted.append(pos)
-                self.checkpoints += 1
-            if old is not None and old[0] < pos:
-                _, old_block, old_key = old
-                if old_block.block_hash == old_key:
-                    drop(old_block)
-                if first:
-                    try:
-                        track.admitted.remove(old[0])
-                    except ValueError:
-                        pass
+                try:
+                    track.admitted.remove(old[0])
+                except ValueError:
+                    pass
+                else:
                     self.checkpoints -= 1
                     self.superseded += 1
 
-    def observe_cached(self, track: _Track, group: int, first: int, last: int,
-                       blocks: Sequence[Any]) -> None:
-        """``vllm`` policy: record the states stock vLLM just cached."""
-        if group != self.first_state:
-            return
+    def observe_cached(self, track: _Track, blocks: Sequence[Any], first: int, last: int) -> None:
+        """States of the first state group that just got a block hash (any policy)."""
         B = self.B
+        admitted = track.admitted
         for i in range(first, last):
             b = blocks[i]
             if not b.is_null and b.block_hash is not None:
-                track.admitted.append((i + 1) * B)
+                admitted.append((i + 1) * B)
                 self.checkpoints += 1
 
     # -- values for flop eviction -----------------------------------------
@@ -500,14 +495,9 @@ class AdmissionControl:
 
         return value
 
-    @contextmanager
-    def free_scope(self, queue_: Any, request_id: str) -> Iterator[None]:
-        """While the request's blocks are freed, value them and stamp one time."""
-        queue_.scope = (self.clock(), self.valuer(self.tracks.get(request_id)))
-        try:
-            yield
-        finally:
-            queue_.scope = None
+    def scope(self, request_id: str) -> tuple[float, Callable[[Any], float]]:
+        """``(now, valuer)`` for the blocks of one request freed together."""
+        return self.clock(), self.valuer(self.tracks.get(request_id))
 
     def stage_values(self, queue_: Any, request_id: str, blocks: Sequence[Any]) -> None:
         """Value blocks now that are returned to the pool later (deferred frees)."""

@@ -21,10 +21,12 @@ this order by ``popleft``/``popleft_n``:
 
 A cached block's FLOP efficiency is supplied at ``append_n`` time by the
 caller, either staged per block id (:meth:`stage_value`) or through the
-current free :attr:`scope` (a ``(now, valuer)`` pair the plugin's KV cache
-coordinator opens while it frees one request's blocks). Without either the
-value is 0. Time comes from the injected ``clock`` (``time.monotonic`` in the
-engine), in seconds.
+current free scope: a ``(now, valuer)`` pair, set directly as :attr:`scope`
+or made on first need by ``scope_maker(key)`` while :meth:`open_scope`
+``(key)`` is in effect (the plugin's KV cache coordinator opens one, keyed by
+request id, while it frees that request's blocks; all blocks freed in one
+scope share its time). Without either the value is 0. Time comes from the
+injected ``clock`` (``time.monotonic`` in the engine), in seconds.
 
 This module does not import vLLM: blocks only need ``block_id`` and
 ``block_hash`` attributes.
@@ -59,6 +61,7 @@ class FlopFreeBlockQueue:
         num_free_blocks: free blocks in all tiers (vLLM reads this attribute).
         scope: ``None`` or ``(now, valuer)``: while set, ``append_n`` stamps
             cached blocks with time ``now`` and value ``valuer(block)``.
+        scope_maker: ``f(key) -> (now, valuer)`` for :meth:`open_scope`.
     """
 
     def __init__(self, blocks: Iterable[Block], eviction: FlopEviction,
@@ -67,6 +70,8 @@ class FlopFreeBlockQueue:
         self.clock = clock
         self.num_free_blocks = 0
         self.scope: tuple[float, Callable[[Block], float]] | None = None
+        self.scope_maker: Callable[[Any], tuple[float, Callable[[Block], float]]] | None = None
+        self._scope_key: Any = None
         self._stack: dict[int, Block] = {}          # top = last inserted
         self._cached: dict[int, Block] = {}         # candidates, in add order
         self._meta: dict[int, tuple[float, float]] = {}  # id -> (time, value)
@@ -92,6 +97,16 @@ class FlopFreeBlockQueue:
     def clear_staged(self) -> None:
         """Forget staged values that were not used."""
         self._staged.clear()
+
+    def open_scope(self, key: Any) -> None:
+        """Blocks appended until :meth:`close_scope` get ``scope_maker(key)``'s time
+        and values (made at the first cached block, so an empty scope costs nothing)."""
+        self._scope_key = key
+        self.scope = None
+
+    def close_scope(self) -> None:
+        self._scope_key = None
+        self.scope = None
 
     # -- vLLM's FreeKVCacheBlockQueue interface ---------------------------
     def popleft(self) -> Block:
@@ -157,11 +172,7 @@ class FlopFreeBlockQueue:
         """
         if not blocks:
             return
-        scope = self.scope
-        if scope is not None:
-            now, valuer = scope
-        else:
-            now, valuer = self.clock(), None
+        now = valuer = None
         staged = self._staged
         count = 0
         for b in blocks:
@@ -169,6 +180,14 @@ class FlopFreeBlockQueue:
             if b.block_hash is None:
                 self._tail[b.block_id] = b
                 continue
+            if now is None:
+                scope = self.scope
+                if scope is None and self._scope_key is not None and self.scope_maker is not None:
+                    scope = self.scope = self.scope_maker(self._scope_key)
+                if scope is not None:
+                    now, valuer = scope
+                else:
+                    now = self.clock()
             value = staged.pop(b.block_id, None) if staged else None
             if value is None:
                 value = valuer(b) if valuer is not None else 0.0

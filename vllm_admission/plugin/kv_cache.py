@@ -7,19 +7,21 @@ coordinator, which builds the ``BlockPool`` and one manager per KV cache group).
 (by re-typing them, so every field vLLM set up stays as it is):
 
 * :class:`AdmissionCoordinator` (``HybridKVCacheCoordinator``,
-  ``vllm/v1/core/kv_cache_coordinator.py``): ``free``,
-  ``remove_skipped_blocks`` and ``pop_blocks_for_free`` give the blocks a
-  request returns to the pool their FLOP efficiency (``flop`` eviction only);
-* :class:`AdmissionMambaManager` (``MambaManager``,
-  ``vllm/v1/core/single_type_kv_cache_manager.py``): ``cache_blocks`` gives a
-  recurrent state a block hash only where the admission policy admits it (it
-  hands vLLM's own mask code those positions as the "reachable boundaries",
-  with ``retention_interval=0``); ``_cache_partial_tail_block`` is switched off
-  for non-stock policies, because with one hash per block it can only
-  re-register the prompt-end state the policy just decided about;
+  ``vllm/v1/core/kv_cache_coordinator.py``), ``flop`` eviction only:
+  ``free``, ``remove_skipped_blocks`` and ``pop_blocks_for_free`` give the
+  blocks a request returns to the pool their FLOP efficiency;
+* :class:`PolicyMambaManager` (``MambaManager``,
+  ``vllm/v1/core/single_type_kv_cache_manager.py``), every policy but
+  ``vllm`` (which keeps vLLM's own manager): ``cache_blocks`` gives a recurrent state a block hash only where the admission policy admits
+  it (it hands vLLM's own mask code those positions as the "reachable
+  boundaries", with ``retention_interval=0``); ``_cache_partial_tail_block``
+  is switched off, because with one hash per block it can only re-register
+  the prompt-end state the policy just decided about;
 * :class:`AdmissionBlockPool` (``BlockPool``, ``vllm/v1/core/block_pool.py``):
-  counts evictions per KV cache group in ``get_new_blocks`` and re-orders the
-  FLOP-aware free queue after ``reset_prefix_cache``.
+  ``cache_full_blocks`` records which states of the first state group got a
+  hash (checkpoint metrics, block values), ``get_new_blocks`` counts evictions
+  per KV cache group, ``reset_prefix_cache`` re-orders the FLOP-aware free
+  queue.
 
 With ``flop`` eviction ``block_pool.free_block_queue`` is replaced by
 :class:`~vllm_admission.plugin.free_queue.FlopFreeBlockQueue`; with ``lru``
@@ -39,7 +41,8 @@ from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.free_queue import FlopFreeBlockQueue
 
-__all__ = ["AdmissionBlockPool", "AdmissionCoordinator", "AdmissionMambaManager", "install"]
+__all__ = ["AdmissionBlockPool", "AdmissionCoordinator", "PolicyMambaManager", "install",
+           "use_policy_managers"]
 
 
 class AdmissionBlockPool(BlockPool):
@@ -51,10 +54,24 @@ class AdmissionBlockPool(BlockPool):
 
     admission_evictions: list[int]
     _admission_allocating: bool
+    _admission: AdmissionControl | None = None
+    _admission_group: int = -1
 
-    def _init_admission(self, num_groups: int) -> None:
+    def _init_admission(self, num_groups: int, control: AdmissionControl, watch_group: int) -> None:
         self.admission_evictions = [0] * num_groups
         self._admission_allocating = False
+        self._admission = control
+        self._admission_group = watch_group
+
+    def cache_full_blocks(self, request: Any, blocks: list[KVCacheBlock], num_cached_blocks: int,
+                          num_full_blocks: int, block_size: int, kv_cache_group_id: int,
+                          block_mask: list[bool] | None = None) -> None:
+        super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, block_size,
+                                  kv_cache_group_id, block_mask)
+        if kv_cache_group_id == self._admission_group and num_full_blocks > num_cached_blocks:
+            # The first state group: record the states that just got a hash.
+            ctl = self._admission
+            ctl.observe_cached(ctl.track(request), blocks, num_cached_blocks, num_full_blocks)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         self._admission_allocating = True
@@ -85,47 +102,36 @@ class AdmissionBlockPool(BlockPool):
         return ok
 
 
-class AdmissionMambaManager(MambaManager):
-    """A recurrent-state (Mamba / GDN) group whose states are cached by policy."""
+class PolicyMambaManager(MambaManager):
+    """A recurrent-state (Mamba / GDN) group whose states are cached where the
+    admission policy says (every policy but ``vllm``, which keeps ``MambaManager``)."""
 
     _admission: AdmissionControl | None = None
 
     def cache_blocks(self, request: Any, num_tokens: int, retention_interval: int | None = None,
                      *, replay_boundaries: Sequence[int]) -> None:
-        ctl = self._admission
-        if ctl is None:
-            return super().cache_blocks(request, num_tokens, retention_interval,
-                                        replay_boundaries=replay_boundaries)
         rid = request.request_id
         first = self.num_cached_block.get(rid, 0)
         last = num_tokens // self.block_size
-        if ctl.stock:
-            super().cache_blocks(request, num_tokens, retention_interval,
-                                 replay_boundaries=replay_boundaries)
-            if last > first:
-                ctl.observe_cached(ctl.track(request), self.kv_cache_group_id, first, last,
-                                   self.req_to_blocks[rid])
-            return
         if last <= first:
             return
+        ctl = self._admission
         track = ctl.track(request)
         blocks = self.req_to_blocks[rid]
         admitted, tentative = ctl.decide(track, first, last, blocks)
         # vLLM's sparse-retention mask (retention_interval=0) keeps exactly the
         # "reachable boundaries"; request.shared_prefix_boundary is added to
         # them by vLLM and is either 0 or the admitted junction here.
-        super().cache_blocks(request, num_tokens, 0,
-                             replay_boundaries=[*admitted, *tentative])
-        if admitted or tentative:
-            ctl.after_cache(track, self.kv_cache_group_id, admitted, tentative, blocks,
-                            self.block_pool.drop_hash)
+        super().cache_blocks(request, num_tokens, 0, replay_boundaries=[*admitted, *tentative])
+        if tentative:
+            ctl.supersede(track, self.kv_cache_group_id, tentative, blocks,
+                          self.block_pool.drop_hash)
 
     def _cache_partial_tail_block(self, request: Any, num_tokens: int,
                                   retention_interval: int | None) -> Any:
-        ctl = self._admission
-        if ctl is not None and not ctl.stock:
-            return None
-        return super()._cache_partial_tail_block(request, num_tokens, retention_interval)
+        # With one hash per block (checked at start-up) this stock hook could only
+        # re-register the prompt-end state, which the policy has just decided about.
+        return None
 
 
 class AdmissionCoordinator(HybridKVCacheCoordinator):
@@ -136,26 +142,25 @@ class AdmissionCoordinator(HybridKVCacheCoordinator):
 
     def free(self, request_id: str) -> None:
         queue = self._admission_queue
-        if queue is None:
-            return super().free(request_id)
-        with self._admission.free_scope(queue, request_id):
+        queue.open_scope(request_id)
+        try:
             super().free(request_id)
+        finally:
+            queue.close_scope()
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
         queue = self._admission_queue
-        if queue is None:
-            return super().remove_skipped_blocks(request_id, processed_computed_tokens,
-                                                 num_prompt_tokens)
-        with self._admission.free_scope(queue, request_id):
+        queue.open_scope(request_id)
+        try:
             super().remove_skipped_blocks(request_id, processed_computed_tokens,
                                           num_prompt_tokens)
+        finally:
+            queue.close_scope()
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         blocks = super().pop_blocks_for_free(request_id)
-        queue = self._admission_queue
-        if queue is not None:
-            self._admission.stage_values(queue, request_id, blocks)
+        self._admission.stage_values(self._admission_queue, request_id, blocks)
         return blocks
 
 
@@ -166,31 +171,51 @@ def _retype(obj: Any, base: type, cls: type) -> None:
     obj.__class__ = cls
 
 
-def install(kv_cache_manager: Any, control: AdmissionControl) -> AdmissionCoordinator:
+def use_policy_managers(coordinator: Any, control: AdmissionControl) -> None:
+    """Give the state groups the manager class the control's current policy needs:
+    vLLM's own ``MambaManager`` for ``vllm``, :class:`PolicyMambaManager` otherwise."""
+    cls = MambaManager if control.stock else PolicyMambaManager
+    for manager in coordinator.single_type_managers:
+        if isinstance(manager, MambaManager):
+            manager.__class__ = cls
+            manager._admission = control
+
+
+def install(kv_cache_manager: Any, control: AdmissionControl) -> Any:
     """Attach ``control`` to a freshly built ``KVCacheManager`` (no request seen yet).
 
-    Re-types the hybrid coordinator, its block pool and its Mamba managers
-    into the subclasses above and, for ``flop`` eviction, swaps the pool's
-    free queue for a :class:`FlopFreeBlockQueue` holding the same blocks in
-    the same order.
+    Re-types the block pool and the Mamba managers into the subclasses above
+    and, for ``flop`` eviction, the hybrid coordinator too, swapping the pool's
+    free queue for a :class:`FlopFreeBlockQueue` holding the same blocks in the
+    same order. With ``lru`` the coordinator stays vLLM's own: nothing in it
+    changes.
+
+    Returns:
+        The coordinator.
 
     Raises:
         TypeError: the objects are not vLLM's own classes (another plugin
             replaced them).
     """
     coordinator = kv_cache_manager.coordinator
-    _retype(coordinator, HybridKVCacheCoordinator, AdmissionCoordinator)
+    if type(coordinator) is not HybridKVCacheCoordinator:
+        raise TypeError(f"vllm_admission expected vLLM's HybridKVCacheCoordinator, found "
+                        f"{type(coordinator).__module__}.{type(coordinator).__name__}")
+    managers = coordinator.single_type_managers
+    for manager in managers:
+        if isinstance(manager, MambaManager) and type(manager) is not MambaManager:
+            raise TypeError(f"vllm_admission expected vLLM's MambaManager, found "
+                            f"{type(manager).__module__}.{type(manager).__name__}")
     pool = coordinator.block_pool
     _retype(pool, BlockPool, AdmissionBlockPool)
-    pool._init_admission(len(coordinator.single_type_managers))
-    for manager in coordinator.single_type_managers:
-        if isinstance(manager, MambaManager):
-            _retype(manager, MambaManager, AdmissionMambaManager)
-            manager._admission = control
-    coordinator._admission = control
+    pool._init_admission(len(managers), control, control.first_state)
+    use_policy_managers(coordinator, control)
     if control.flop is not None:
+        _retype(coordinator, HybridKVCacheCoordinator, AdmissionCoordinator)
+        coordinator._admission = control
         queue = FlopFreeBlockQueue(pool.free_block_queue.get_all_free_blocks(), control.flop,
                                    clock=control.clock)
+        queue.scope_maker = control.scope
         pool.free_block_queue = queue
         coordinator._admission_queue = queue
 

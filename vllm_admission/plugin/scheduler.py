@@ -15,7 +15,8 @@ Overridden ``vllm.v1.core.sched.scheduler.Scheduler`` methods:
   hybrid hit to the admission policy and stores the policy's junction in
   ``request.shared_prefix_boundary`` (vLLM's own value for ``vllm``);
 * ``_mamba_block_aligned_split``: also ends prefill chunks at the policy's
-  other stops (every block boundary for ``dense``);
+  other stops (every block boundary for ``dense``; bound on the instance only
+  for such a policy);
 * ``_update_after_schedule``: counts admitted requests, applies a newly tuned
   alpha, writes the periodic metric line;
 * ``_free_blocks``: forgets a finished request and feeds the alpha tuner;
@@ -97,6 +98,7 @@ class AdmissionScheduler(Scheduler):
                                    alpha=config.alpha, tune_multiplier=config.tune_multiplier)
         install(self.kv_cache_manager, control)
         self._admission = control
+        self._admission_bind_split()
         self._admission_last_log = control.clock()
         logger.info("vllm_admission: AdmissionScheduler active: %s; block_size=%d, groups=%s, "
                     "pool=%d blocks", config.describe(), geometry.block_size,
@@ -184,20 +186,31 @@ class AdmissionScheduler(Scheduler):
             boundary = ctl.on_lookup(request, num_local, boundary)
         return blocks, num_local, boundary, diverged
 
-    def _mamba_block_aligned_split(self, request: Any, num_new_tokens: int,
-                                   num_new_local_computed_tokens: int = 0,
-                                   num_external_computed_tokens: int = 0) -> int:
-        n = super()._mamba_block_aligned_split(request, num_new_tokens,
-                                               num_new_local_computed_tokens,
-                                               num_external_computed_tokens)
-        ctl = self._admission
-        if ctl is None or not ctl.has_stops or n <= 0:
+    def _admission_split(self, request: Any, num_new_tokens: int,
+                         num_new_local_computed_tokens: int = 0,
+                         num_external_computed_tokens: int = 0) -> int:
+        """``_mamba_block_aligned_split`` plus the policy's other chunk stops.
+
+        Bound on the instance as ``_mamba_block_aligned_split`` only while the
+        policy has such stops (``dense``), so other policies pay nothing per
+        request and step.
+        """
+        n = Scheduler._mamba_block_aligned_split(self, request, num_new_tokens,
+                                                 num_new_local_computed_tokens,
+                                                 num_external_computed_tokens)
+        if n <= 0:
             return n
         start = (request.num_computed_tokens + num_new_local_computed_tokens
                  + num_external_computed_tokens)
         if start >= request.num_prompt_tokens:
             return n
-        return ctl.clip_chunk(request, start, n)
+        return self._admission.clip_chunk(request, start, n)
+
+    def _admission_bind_split(self) -> None:
+        if self._admission is not None and self._admission.has_stops:
+            self._mamba_block_aligned_split = self._admission_split
+        else:
+            self.__dict__.pop("_mamba_block_aligned_split", None)
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         ctl = self._admission
@@ -267,6 +280,10 @@ class AdmissionScheduler(Scheduler):
                                f"requests in the scheduler")
         self._admission_check_supported(name)
         ctl.set_policy(name)
+        from vllm_admission.plugin.kv_cache import use_policy_managers
+
+        use_policy_managers(self.kv_cache_manager.coordinator, ctl)
+        self._admission_bind_split()
         self.admission_config = AdmissionConfig(
             policy=name, eviction=self.admission_config.eviction,
             alpha=self.admission_config.alpha, log_interval=self.admission_config.log_interval,

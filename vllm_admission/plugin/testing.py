@@ -15,7 +15,8 @@ Mamba/GDN state groups, vLLM's align mode):
 
 The scheduler sees exactly what it sees in a real engine step, except that no
 forward pass runs. Timings of ``schedule()`` and ``update_from_output()`` are
-accumulated in :attr:`FakeEngine.seconds`.
+accumulated in :attr:`FakeEngine.seconds` (wall clock) and
+:attr:`FakeEngine.cpu_seconds` (process CPU time).
 """
 
 from __future__ import annotations
@@ -133,7 +134,9 @@ class FakeEngine:
         hash_fn = get_hash_fn_by_name(cache.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         self._hasher = get_request_block_hasher(scheduler.hash_block_size, hash_fn)
+        #: Wall-clock and process CPU seconds spent in ``schedule()`` + ``update_from_output()``.
         self.seconds = 0.0
+        self.cpu_seconds = 0.0
         self.steps = 0
         #: The ``SchedulerOutput`` of the last step.
         self.last_output: Any = None
@@ -161,8 +164,11 @@ class FakeEngine:
         from vllm.v1.outputs import ModelRunnerOutput
 
         sched = self.scheduler
+        c0 = time.process_time()
         t0 = time.perf_counter()
         out = sched.schedule()
+        t1 = time.perf_counter()
+        c1 = time.process_time()
         req_ids = list(out.num_scheduled_tokens)
         sampled = []
         for rid in req_ids:
@@ -172,8 +178,11 @@ class FakeEngine:
         runner = ModelRunnerOutput(req_ids=req_ids,
                                    req_id_to_index={r: i for i, r in enumerate(req_ids)},
                                    sampled_token_ids=sampled)
+        c2 = time.process_time()
+        t2 = time.perf_counter()
         eco = sched.update_from_output(out, runner)
-        self.seconds += time.perf_counter() - t0
+        self.seconds += (t1 - t0) + (time.perf_counter() - t2)
+        self.cpu_seconds += (c1 - c0) + (time.process_time() - c2)
         self.last_output = out
         self.steps += 1
         finished = []

@@ -1,0 +1,187 @@
+"""Scheduler overhead of the AdmissionScheduler against vLLM's stock Scheduler.
+
+vLLM 0.32's ``Scheduler`` is driven without a model
+(:class:`vllm_admission.plugin.testing.FakeEngine`: made-up model-runner
+outputs, as vLLM's own scheduler tests do) on a hand-built hybrid KV cache
+(one GDN state group and one full-attention group, block size 256), over the
+first requests of the Mooncake conversation trace re-blocked at that size (or
+the synthetic workload when the trace file is absent). Requests are kept
+``--concurrency`` at a time in flight, in trace order, each generating its
+trace output length; the pool is small enough that cached blocks get evicted.
+
+Only ``schedule()`` + ``update_from_output()`` are timed, in wall-clock and
+process CPU seconds (CPU time is the steadier figure on a shared machine; it
+includes the alpha tuner's thread). Variants run in the same process,
+interleaved, for ``--reps`` repetitions; the table shows medians and the
+ratios plugin / stock (``ratio``: wall, ``cpu ratio``: CPU, ``best-of``:
+fastest run over fastest run). Targets: ``vllm``+``lru`` <= 1.05,
+``marconi``+``flop`` <= 1.15 (alpha fixed, so no tuning replays run; a last row
+tunes alpha online on its background thread and is reported for information).
+
+Usage::
+
+    .venv/bin/python benchmarks/scheduler_overhead.py [--requests 60] [--reps 5]
+
+Writes ``benchmarks/results/scheduler_overhead.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MOONCAKE = Path("/work/shared/traces/mooncake/conversation_trace.jsonl")
+VOCAB = 512
+
+VARIANTS = [
+    # name, scheduler, env
+    ("stock", "stock", {}),
+    ("vllm+lru", "plugin", {"VLLM_ADMISSION_POLICY": "vllm", "VLLM_ADMISSION_EVICTION": "lru"}),
+    ("marconi+flop", "plugin", {"VLLM_ADMISSION_POLICY": "marconi",
+                                "VLLM_ADMISSION_EVICTION": "flop", "VLLM_ADMISSION_ALPHA": "0.5"}),
+    ("marconi+flop (alpha tuned online)", "plugin",
+     {"VLLM_ADMISSION_POLICY": "marconi", "VLLM_ADMISSION_EVICTION": "flop"}),
+]
+TARGETS = {"vllm+lru": 1.05, "marconi+flop": 1.15}
+
+
+def load_workload(n: int, trace: str) -> tuple[str, list[tuple[list[int], int]]]:
+    from vllm_admission.core.traces import load_trace
+
+    spec = trace if trace != "auto" else (str(MOONCAKE) if MOONCAKE.is_file() else "synthetic")
+    t = load_trace(spec, max_requests=n)
+    return t.name, [(r.token_ids(VOCAB), r.output_len) for r in t.requests]
+
+
+def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_blocks: int,
+             concurrency: int) -> dict:
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    from vllm_admission.plugin.scheduler import AdmissionScheduler
+    from vllm_admission.plugin.testing import FakeEngine, make_kv_cache_config, make_scheduler
+
+    for name in ("VLLM_ADMISSION_POLICY", "VLLM_ADMISSION_EVICTION", "VLLM_ADMISSION_ALPHA"):
+        os.environ.pop(name, None)
+    os.environ.update(env)
+    os.environ["VLLM_ADMISSION_LOG_INTERVAL"] = "0"
+    cls = Scheduler if kind == "stock" else AdmissionScheduler
+    sched = make_scheduler(cls, vllm_config, make_kv_cache_config(vllm_config, num_blocks))
+    engine = FakeEngine(sched)
+    pending = list(workload)
+    pending.reverse()
+    gc.collect()
+    in_flight = 0
+    while pending or sched.has_requests():
+        while pending and in_flight < concurrency:
+            prompt, out_len = pending.pop()
+            engine.add(prompt, out_len)
+            in_flight += 1
+        in_flight -= len(engine.step())
+    hits = sum(engine.cached_tokens.values())
+    prompt_tokens = sum(len(p) for p, _ in workload)
+    result = {"seconds": engine.seconds, "cpu_seconds": engine.cpu_seconds,
+              "steps": engine.steps, "hit_tokens": hits,
+              "token_hit_rate": hits / prompt_tokens}
+    if kind == "plugin":
+        ctl = sched._admission  # noqa: SLF001
+        if ctl.tuner is not None:
+            ctl.tuner.drain(timeout=600)
+        stats = sched.stats()
+        result["evictions"] = stats.evictions
+        result["alpha"] = stats.alpha
+        result["tuning_events"] = len(stats.tuning)
+        sched.shutdown()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--requests", type=int, default=60, help="trace requests (default 60)")
+    p.add_argument("--reps", type=int, default=5, help="interleaved repetitions (default 5)")
+    p.add_argument("--concurrency", type=int, default=16, help="requests in flight (default 16)")
+    p.add_argument("--blocks", type=int, default=1200, help="KV pool blocks (default 1200)")
+    p.add_argument("--block-size", type=int, default=256, help="tokens per block (default 256)")
+    p.add_argument("--trace", default="auto", help="trace file, 'synthetic', or 'auto'")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scheduler_overhead.json"))
+    args = p.parse_args(argv)
+
+    import logging
+
+    logging.getLogger("vllm_admission").setLevel(logging.WARNING)
+    from vllm_admission.plugin.testing import make_vllm_config, write_config_only_model
+
+    t0 = time.perf_counter()
+    trace_name, workload = load_workload(args.requests, args.trace)
+    model_dir = write_config_only_model(tempfile.mkdtemp(prefix="tiny_config_"))
+    vllm_config = make_vllm_config(model_dir, block_size=args.block_size,
+                                   max_num_batched_tokens=8192, max_model_len=131072)
+    block_size = vllm_config.cache_config.block_size
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in VARIANTS}
+    for rep in range(args.reps):
+        order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
+        for name, kind, env in order:
+            r = run_once(kind, env, workload, vllm_config=vllm_config, num_blocks=args.blocks,
+                         concurrency=args.concurrency)
+            runs[name].append(r)
+            print(f"rep {rep + 1}/{args.reps} {name:34s} wall {r['seconds']:.3f} s, "
+                  f"cpu {r['cpu_seconds']:.3f} s ({r['steps']} steps, "
+                  f"hit rate {r['token_hit_rate']:.3f})", flush=True)
+    base = {k: statistics.median(r[k] for r in runs["stock"]) for k in ("seconds", "cpu_seconds")}
+    base_min = {k: min(r[k] for r in runs["stock"]) for k in ("seconds", "cpu_seconds")}
+    rows = []
+    for name, _, _ in VARIANTS:
+        secs = [r["seconds"] for r in runs[name]]
+        cpu = [r["cpu_seconds"] for r in runs[name]]
+        med, cmed = statistics.median(secs), statistics.median(cpu)
+        rows.append({
+            "variant": name, "median_seconds": med, "median_cpu_seconds": cmed,
+            "all_seconds": secs, "all_cpu_seconds": cpu,
+            "ratio_vs_stock": med / base["seconds"],
+            "cpu_ratio_vs_stock": cmed / base["cpu_seconds"],
+            "best_of_ratio_vs_stock": min(secs) / base_min["seconds"],
+            "target": TARGETS.get(name),
+            "steps": runs[name][0]["steps"], "token_hit_rate": runs[name][0]["token_hit_rate"],
+            "evictions": runs[name][0].get("evictions"), "alpha": runs[name][-1].get("alpha"),
+            "tuning_events": runs[name][-1].get("tuning_events"),
+            "per_step_us": 1e6 * med / runs[name][0]["steps"],
+        })
+    print()
+    print(f"{'variant':34s} {'wall s':>7s} {'us/step':>8s} {'ratio':>6s} {'cpu ratio':>9s} "
+          f"{'best-of':>7s} {'target':>7s} {'hit rate':>8s} {'evictions':>9s}")
+    for row in rows:
+        target = f"<={row['target']:.2f}" if row["target"] else ""
+        ev = "" if row["evictions"] is None else str(row["evictions"])
+        print(f"{row['variant']:34s} {row['median_seconds']:7.3f} {row['per_step_us']:8.1f} "
+              f"{row['ratio_vs_stock']:6.3f} {row['cpu_ratio_vs_stock']:9.3f} "
+              f"{row['best_of_ratio_vs_stock']:7.3f} {target:>7s} {row['token_hit_rate']:8.3f} "
+              f"{ev:>9s}")
+    doc = {
+        "what": "schedule() + update_from_output() seconds over one workload, median of "
+                "interleaved repetitions; no model runs (FakeEngine)",
+        "trace": trace_name, "requests": len(workload), "concurrency": args.concurrency,
+        "num_blocks": args.blocks, "block_size": block_size, "reps": args.reps,
+        "groups": ["state", "attention"], "max_num_batched_tokens": 8192,
+        "python": platform.python_version(), "machine": platform.machine(),
+        "cpu_count": os.cpu_count(), "rows": rows,
+        "wall_seconds": time.perf_counter() - t0,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"\nwrote {out} ({doc['wall_seconds']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
