@@ -78,6 +78,9 @@ def test_register_makes_vllm_accept_the_variables(monkeypatch):
         assert name in envs.environment_variables
         assert envs.environment_variables[name]() is None  # never in the compile cache key
     current_platform.validate_environ(hard_fail=True)  # strict validation: no error
+    monkeypatch.setenv("VLLM_ADMISSION_TYPO", "1")      # an unknown one still fails
+    with pytest.raises(ValueError, match="VLLM_ADMISSION_TYPO"):
+        current_platform.validate_environ(hard_fail=True)
 
 
 def test_register_warns_once_about_an_invalid_value(monkeypatch, caplog):
@@ -85,8 +88,13 @@ def test_register_warns_once_about_an_invalid_value(monkeypatch, caplog):
     from vllm_admission.plugin.register import register
 
     monkeypatch.setenv("VLLM_ADMISSION_EVICTION", "belady")
-    with caplog.at_level(logging.WARNING, logger="vllm_admission"):
-        register()
+    logger = logging.getLogger("vllm_admission")
+    logger.addHandler(caplog.handler)  # the plugin may route its lines through vLLM's handler
+    try:
+        with caplog.at_level(logging.WARNING, logger="vllm_admission"):
+            register()
+    finally:
+        logger.removeHandler(caplog.handler)
     lines = [r.getMessage() for r in caplog.records if r.name == "vllm_admission"]
     assert len(lines) == 1 and "VLLM_ADMISSION_EVICTION='belady' is invalid" in lines[0]
 

@@ -428,17 +428,15 @@ class AdmissionControl:
             track.tails[group] = (pos, block, key)
             if old is None or old[0] >= pos:
                 continue
-            _, old_block, old_key = old
-            if old_block.block_hash == old_key:
-                drop(old_block)
+            old_pos, old_block, old_key = old
+            if old_block.block_hash != old_key:
+                continue  # evicted (and maybe reused) meanwhile: nothing to drop
+            drop(old_block)
             if first:
-                try:
-                    track.admitted.remove(old[0])
-                except ValueError:
-                    pass
-                else:
-                    self.checkpoints -= 1
-                    self.superseded += 1
+                self.checkpoints -= 1
+                self.superseded += 1
+                if old_pos in track.admitted:  # (not after a preemption: a new track)
+                    track.admitted.remove(old_pos)
 
     def observe_cached(self, track: _Track, blocks: Sequence[Any], first: int, last: int) -> None:
         """States of the first state group that just got a block hash (any policy)."""

@@ -21,6 +21,7 @@ The scheduler itself is not installed here: it is chosen with
 from __future__ import annotations
 
 import logging
+import multiprocessing
 
 from vllm_admission.plugin.config import ENV_VARS, AdmissionConfig, AdmissionConfigError
 
@@ -36,15 +37,21 @@ def _unset() -> None:
 def register() -> None:
     """Make vLLM's environment validation accept the plugin's variables.
 
-    Idempotent. A variable that is set to an invalid value is reported here
-    with one WARNING line (the scheduler refuses to start with it later, with
-    the same message); nothing else happens at this point.
+    Idempotent. In the process that starts vLLM (not in its engine-core and
+    worker processes, which call this too) a variable set to an invalid value
+    is reported with one WARNING line before the model loads; the
+    AdmissionScheduler refuses to start with it later, with the same message.
     """
     import vllm.envs as envs
 
     for name in ENV_VARS:
         envs.environment_variables.setdefault(name, _unset)
+    if multiprocessing.current_process().name != "MainProcess":
+        return
     try:
         AdmissionConfig.from_env()
     except AdmissionConfigError as exc:
-        logger.warning("%s (AdmissionScheduler will refuse to start)", exc)
+        from vllm_admission.plugin.logs import ensure_log_output
+
+        ensure_log_output()
+        logger.warning("vllm_admission: %s (the AdmissionScheduler will refuse to start)", exc)

@@ -37,26 +37,12 @@ from vllm.v1.kv_cache_interface import MambaSpec
 
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import ATTENTION, STATE, AdmissionControl, Geometry
+from vllm_admission.plugin.logs import ensure_log_output
 from vllm_admission.plugin.stats import AdmissionStats
 
 __all__ = ["AdmissionScheduler", "admission_stats"]
 
 logger = logging.getLogger("vllm_admission")
-
-
-def _ensure_log_output() -> None:
-    """Send the plugin's lines through vLLM's handler, at vLLM's level.
-
-    Done only when nobody gave the ``vllm_admission`` logger a handler.
-    """
-    if logger.handlers:
-        return
-    vllm_logger = logging.getLogger("vllm")
-    for handler in vllm_logger.handlers:
-        logger.addHandler(handler)
-    if logger.level == logging.NOTSET:
-        logger.setLevel(vllm_logger.level or logging.INFO)
-    logger.propagate = False
 
 
 class AdmissionScheduler(Scheduler):
@@ -76,7 +62,7 @@ class AdmissionScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         config = AdmissionConfig.from_env()
         super().__init__(*args, **kwargs)
-        _ensure_log_output()
+        ensure_log_output()
         self.admission_config = config
         self._admission: AdmissionControl | None = None
         self._admission_last_log = 0.0
