@@ -353,7 +353,8 @@ def test_model_without_recurrent_layers_runs_stock(vllm_config, monkeypatch, cap
                        kinds=("attention",))
     finally:
         logger.removeHandler(caplog.handler)
-    lines = [r.getMessage() for r in caplog.records if r.name == "vllm_admission"]
+    records = {id(r): r for r in caplog.records if r.name == "vllm_admission"}
+    lines = [r.getMessage() for r in records.values()]
     assert len(lines) == 1 and "no recurrent" in lines[0] and "nothing for the plugin" in lines[0]
     sched = engine.scheduler
     assert type(sched.kv_cache_manager.coordinator) is UnitaryKVCacheCoordinator
