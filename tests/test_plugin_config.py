@@ -16,7 +16,7 @@ from vllm_admission.plugin.config import (
 def test_defaults():
     cfg = AdmissionConfig.from_env({})
     assert cfg == AdmissionConfig(policy="vllm", eviction="lru", alpha=None, log_interval=10.0,
-                                  tune_multiplier=5)
+                                  tune_multiplier=5, tune_grid="coarse")
     assert cfg.describe() == "admission=vllm eviction=lru"
 
 
@@ -26,8 +26,8 @@ def test_every_valid_value():
     cfg = AdmissionConfig.from_env({
         "VLLM_ADMISSION_POLICY": " marconi ", "VLLM_ADMISSION_EVICTION": "flop",
         "VLLM_ADMISSION_ALPHA": "0.25", "VLLM_ADMISSION_LOG_INTERVAL": "0",
-        "VLLM_ADMISSION_TUNE_MULTIPLIER": "3"})
-    assert cfg == AdmissionConfig("marconi", "flop", 0.25, 0.0, 3)
+        "VLLM_ADMISSION_TUNE_MULTIPLIER": "3", "VLLM_ADMISSION_TUNE_GRID": "paper"})
+    assert cfg == AdmissionConfig("marconi", "flop", 0.25, 0.0, 3, "paper")
     assert cfg.describe() == "admission=marconi eviction=flop alpha=0.25"
     assert AdmissionConfig.from_env({"VLLM_ADMISSION_EVICTION": "flop"}).describe().endswith(
         "alpha=tuned online")
@@ -45,6 +45,7 @@ def test_empty_values_mean_unset():
     ("VLLM_ADMISSION_LOG_INTERVAL", "soon", "seconds"),
     ("VLLM_ADMISSION_TUNE_MULTIPLIER", "0", "an integer >= 1"),
     ("VLLM_ADMISSION_TUNE_MULTIPLIER", "2.5", "an integer >= 1"),
+    ("VLLM_ADMISSION_TUNE_GRID", "fine", "valid: coarse, paper"),
 ])
 def test_invalid_values_give_one_line(name, value, valid):
     with pytest.raises(AdmissionConfigError) as info:

@@ -67,14 +67,15 @@ EXPECTED_STATES = {
     "dense": [128 * i for i in range(1, 8)] + [1024],
 }
 
-# Faults: six 700-token prompts sharing 300 tokens, 200 output tokens each, all at once in
-# a 48-block pool (a request needs up to 8 KV blocks + 2 states); vLLM preempts one of them
-# near its end and recomputes it. Greedy tokens depend on the batch on this CPU backend
+# Faults: eight 700-token prompts sharing 300 tokens, 80 output tokens each, all at once in
+# a 48-block pool (a request needs up to 7 KV blocks + 2 states); vLLM preempts some of them
+# while they decode and recomputes them (3 preemptions in vLLM's scheduler driven without
+# a model, tests/test_plugin_scheduler.py's FakeEngine). Greedy tokens depend on the batch on this CPU backend
 # (a request decoded alone and in this batch differ from token 11 on), and a request
 # recomputed after a preemption takes other kernels, so the reference is stock vLLM
 # running the same batch in the same pool.
-FAULT_PROMPTS = [toks(9, 300) + toks(50 + i, 400) for i in range(6)]
-FAULT_OUTPUT = 200
+FAULT_PROMPTS = [toks(9, 300) + toks(50 + i, 400) for i in range(8)]
+FAULT_OUTPUT = 80
 
 
 # ------------------------------------------------------------------ engines
@@ -205,7 +206,7 @@ def reference(engines):
     assert not preempted
     ref["faults"] = [out for _, out in generate(llm, FAULT_PROMPTS, FAULT_OUTPUT)]
     ref["faults_preempted"] = len(preempted)
-    assert preempted, "the pool was meant to be too small for six requests at once"
+    assert preempted, "the pool was meant to be too small for eight requests at once"
     assert all(len(out) == 4 for out in ref["junction"])
     return ref
 
@@ -349,7 +350,7 @@ def test_flop_engine_survives_preemption_and_abort(engines, reference, policy):
         engine.step()
     assert_no_leak(llm)
     assert llm.reset_prefix_cache()
-    # Six requests at once overflow the pool while decoding: vLLM preempts and recomputes.
+    # Eight requests at once overflow the pool while decoding: vLLM preempts and recomputes.
     preempted = spy_preemptions(sched)
     try:
         results = generate(llm, FAULT_PROMPTS, FAULT_OUTPUT)

@@ -15,6 +15,9 @@ variable                       default      valid values
 ``VLLM_ADMISSION_TUNE_MULTIPLIER`` ``5``    integer >= 1: the alpha tuner's bootstrap
                                             window, in multiples of the requests served
                                             before the first eviction
+``VLLM_ADMISSION_TUNE_GRID``   ``coarse``   a grid name of ``vllm_admission.core.tuning.GRIDS``
+                                            (``coarse``, ``paper``): the alphas the tuner
+                                            tries at bootstrap
 =============================  ===========  ==============================================
 
 An empty value counts as unset. A bad value raises :class:`AdmissionConfigError`
@@ -30,12 +33,14 @@ from dataclasses import dataclass
 
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
+from vllm_admission.core.tuning import GRIDS
 
 __all__ = [
     "ENV_ALPHA",
     "ENV_EVICTION",
     "ENV_LOG_INTERVAL",
     "ENV_POLICY",
+    "ENV_TUNE_GRID",
     "ENV_TUNE_MULTIPLIER",
     "ENV_VARS",
     "AdmissionConfig",
@@ -47,11 +52,13 @@ ENV_EVICTION = "VLLM_ADMISSION_EVICTION"
 ENV_ALPHA = "VLLM_ADMISSION_ALPHA"
 ENV_LOG_INTERVAL = "VLLM_ADMISSION_LOG_INTERVAL"
 ENV_TUNE_MULTIPLIER = "VLLM_ADMISSION_TUNE_MULTIPLIER"
+ENV_TUNE_GRID = "VLLM_ADMISSION_TUNE_GRID"
 
 DEFAULT_POLICY = "vllm"
 DEFAULT_EVICTION = "lru"
 DEFAULT_LOG_INTERVAL = 10.0
 DEFAULT_TUNE_MULTIPLIER = 5
+DEFAULT_TUNE_GRID = "coarse"
 
 #: Every variable the plugin reads: name -> one-line description (for the
 #: docs and for registering the names with vLLM's environment validation).
@@ -63,6 +70,7 @@ ENV_VARS: dict[str, str] = {
     ENV_LOG_INTERVAL: f"seconds between metric log lines, 0 = off (default {DEFAULT_LOG_INTERVAL:g})",
     ENV_TUNE_MULTIPLIER: (f"alpha tuner bootstrap multiplier, integer >= 1 "
                           f"(default {DEFAULT_TUNE_MULTIPLIER})"),
+    ENV_TUNE_GRID: f"alpha tuner bootstrap grid, one of {', '.join(GRIDS)} (default {DEFAULT_TUNE_GRID})",
 }
 
 
@@ -83,6 +91,7 @@ class AdmissionConfig:
         alpha: fixed ``flop`` weight, or ``None`` to tune it online.
         log_interval: seconds between metric log lines; 0 disables them.
         tune_multiplier: bootstrap window multiplier of the alpha tuner.
+        tune_grid: name of the tuner's bootstrap grid (a key of ``GRIDS``).
     """
 
     policy: str = DEFAULT_POLICY
@@ -90,6 +99,7 @@ class AdmissionConfig:
     alpha: float | None = None
     log_interval: float = DEFAULT_LOG_INTERVAL
     tune_multiplier: int = DEFAULT_TUNE_MULTIPLIER
+    tune_grid: str = DEFAULT_TUNE_GRID
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AdmissionConfig:
@@ -138,8 +148,11 @@ class AdmissionConfig:
                 multiplier = 0
             if multiplier < 1:
                 raise _invalid(ENV_TUNE_MULTIPLIER, text, "an integer >= 1")
+        grid = raw(ENV_TUNE_GRID) or DEFAULT_TUNE_GRID
+        if grid not in GRIDS:
+            raise _invalid(ENV_TUNE_GRID, grid, ", ".join(GRIDS))
         return cls(policy=policy, eviction=eviction, alpha=alpha, log_interval=log_interval,
-                   tune_multiplier=multiplier)
+                   tune_multiplier=multiplier, tune_grid=grid)
 
     def describe(self) -> str:
         """``"admission=<p> eviction=<e>[ alpha=<a>]"`` for log lines."""

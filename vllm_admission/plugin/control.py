@@ -45,7 +45,7 @@ from vllm_admission.core.admission import (
 from vllm_admission.core.cache import block_value, segment_values
 from vllm_admission.core.eviction import FlopEviction
 from vllm_admission.core.replay import CacheRequest, CacheSetup, replay_requests
-from vllm_admission.core.tuning import AlphaTuner
+from vllm_admission.core.tuning import GRIDS, AlphaTuner
 from vllm_admission.plugin.stats import AdmissionStats
 
 __all__ = ["ATTENTION", "STATE", "AdmissionControl", "Geometry", "TunerThread"]
@@ -209,6 +209,7 @@ class AdmissionControl:
             (``ModelCosts.prefill_flops``); required for ``flop``.
         alpha: fixed alpha for ``flop``; ``None`` tunes it online.
         tune_multiplier: the tuner's bootstrap multiplier.
+        tune_grid: the tuner's bootstrap grid, a key of ``GRIDS``.
         clock: seconds, monotonic.
         is_cached_state: ``f(block_hash, group) -> bool``: whether vLLM's pool
             holds a state block for that hash in that group (for the values of
@@ -223,6 +224,7 @@ class AdmissionControl:
     def __init__(self, *, policy: str, eviction: str, geometry: Geometry,
                  prefill_flops: Callable[[int, int], float] | None = None,
                  alpha: float | None = None, tune_multiplier: int = 5,
+                 tune_grid: str = "coarse",
                  clock: Callable[[], float] = time.monotonic,
                  is_cached_state: Callable[[Any, int], bool] | None = None,
                  tune_in_thread: bool = True) -> None:
@@ -256,6 +258,7 @@ class AdmissionControl:
         self.tuner: TunerThread | None = None
         self.fixed_alpha = alpha
         self.tune_multiplier = tune_multiplier
+        self.tune_grid = GRIDS[tune_grid]
         self.tune_in_thread = tune_in_thread
         if eviction == "flop":
             self.flop = FlopEviction(alpha if alpha is not None else 0.0)
@@ -552,7 +555,8 @@ class AdmissionControl:
         # The engine tunes once per bootstrap window, as Marconi does: re-tuning
         # needs snapshots of a simulated twin of the live cache, which the
         # engine does not keep.
-        return AlphaTuner(replay=replay, snapshot=None, multiplier=self.tune_multiplier)
+        return AlphaTuner(replay=replay, snapshot=None, multiplier=self.tune_multiplier,
+                          grid=self.tune_grid)
 
     # -- metrics ---------------------------------------------------------------
     def stats(self, *, evictions_by_group: Sequence[int], free_blocks: int) -> AdmissionStats:

@@ -51,7 +51,7 @@ class AdmissionScheduler(Scheduler):
     Takes vLLM's scheduler arguments unchanged. Settings come from the
     environment (``VLLM_ADMISSION_POLICY``, ``VLLM_ADMISSION_EVICTION``,
     ``VLLM_ADMISSION_ALPHA``, ``VLLM_ADMISSION_LOG_INTERVAL``,
-    ``VLLM_ADMISSION_TUNE_MULTIPLIER``).
+    ``VLLM_ADMISSION_TUNE_MULTIPLIER``, ``VLLM_ADMISSION_TUNE_GRID``).
 
     Raises:
         AdmissionConfigError: an invalid setting, or a policy the engine's
@@ -81,7 +81,8 @@ class AdmissionScheduler(Scheduler):
 
         control = AdmissionControl(policy=config.policy, eviction=config.eviction,
                                    geometry=geometry, prefill_flops=prefill_flops,
-                                   alpha=config.alpha, tune_multiplier=config.tune_multiplier)
+                                   alpha=config.alpha, tune_multiplier=config.tune_multiplier,
+                                   tune_grid=config.tune_grid)
         install(self.kv_cache_manager, control)
         self._admission = control
         self._admission_bind_split()
@@ -273,7 +274,8 @@ class AdmissionScheduler(Scheduler):
         self.admission_config = AdmissionConfig(
             policy=name, eviction=self.admission_config.eviction,
             alpha=self.admission_config.alpha, log_interval=self.admission_config.log_interval,
-            tune_multiplier=self.admission_config.tune_multiplier)
+            tune_multiplier=self.admission_config.tune_multiplier,
+            tune_grid=self.admission_config.tune_grid)
 
 
 def admission_stats(llm: Any) -> AdmissionStats:
