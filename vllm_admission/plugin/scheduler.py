@@ -266,6 +266,11 @@ class AdmissionScheduler(Scheduler):
             raise RuntimeError(f"cannot switch admission policy with {len(self.requests)} "
                                f"requests in the scheduler")
         self._admission_check_supported(name)
+        odd = [k for k in ctl.geometry.group_kinds if k not in (STATE, ATTENTION)]
+        if odd and name != "vllm":
+            raise AdmissionConfigError(
+                f"VLLM_ADMISSION_POLICY={name} cannot run with KV cache groups "
+                f"{', '.join(sorted(set(odd)))} (valid here: vllm)")
         ctl.set_policy(name)
         from vllm_admission.plugin.kv_cache import use_policy_managers
 
