@@ -1,0 +1,96 @@
+"""``vllm-admission replay``: error lines (no engine) and one real replay (engine)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import random
+
+import pytest
+
+from vllm_admission.cli import main
+
+
+def run(argv, capsys):
+    rc = main(argv)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--admission", "bogus"],
+     "vllm-admission: error: unknown admission policy 'bogus'; valid: none, last, vllm, "
+     "marconi, dense"),
+    (["--eviction", "belady"],
+     "vllm-admission: error: eviction policy 'belady' cannot run in an engine; valid: lru, flop"),
+    (["--trace", "/nonexistent/trace.jsonl"], "vllm-admission: error: trace file not found"),
+    (["--num-gpu-blocks", "0"], "vllm-admission: error: --num-gpu-blocks must be >= 1, got 0"),
+])
+def test_bad_input_is_one_error_line(tmp_path, capsys, extra, message):
+    model = tmp_path / "model"
+    model.mkdir()
+    rc, out, err = run(["replay", "--model", str(model), "--out", str(tmp_path / "out"), *extra],
+                       capsys)
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith(message)
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_missing_model_directory(tmp_path, capsys):
+    rc, _, err = run(["replay", "--model", str(tmp_path / "nope"), "--out", str(tmp_path)], capsys)
+    assert rc == 2 and err.startswith("vllm-admission: error: --model") and "not a directory" in err
+
+
+def test_malformed_trace_line(tmp_path, capsys):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"request_id": "a", "prompt_token_ids": [1, 2], "output_len": 1}\n{oops\n')
+    rc, _, err = run(["replay", "--model", str(tmp_path), "--trace", str(trace),
+                      "--out", str(tmp_path / "o")], capsys)
+    assert rc == 2 and err.startswith("vllm-admission: error: ") and ":2:" in err
+
+
+@pytest.mark.engine
+def test_replay_writes_results(tmp_path_factory, capsys, monkeypatch):
+    """Four short requests, the second and fourth resending the first: with ``vllm`` the
+    resends hit floor((300 - 1) / 128) * 128 = 256 tokens."""
+    pytest.importorskip("vllm")
+    import vllm.plugins
+
+    from vllm_admission.engine.tiny_model import make_tiny_model
+
+    model = make_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_next_replay"))
+    rng = random.Random(0)
+    a = [rng.randrange(3, 512) for _ in range(300)]
+    b = [rng.randrange(3, 512) for _ in range(200)]
+    trace = tmp_path_factory.mktemp("trace") / "t.jsonl"
+    trace.write_text("".join(json.dumps({"request_id": rid, "prompt_token_ids": p,
+                                         "output_len": 3}) + "\n"
+                             for rid, p in [("a", a), ("a2", a), ("b", b), ("a3", a)]))
+    out = tmp_path_factory.mktemp("out")
+    saved = dict(os.environ)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    vllm.plugins.plugins_loaded = False
+    try:
+        rc, stdout, _ = run(["replay", "--model", str(model), "--trace", str(trace),
+                             "--admission", "vllm", "--eviction", "flop", "--alpha", "0.5",
+                             "--num-gpu-blocks", "64", "--out", str(out)], capsys)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        gc.collect()
+    assert rc == 0
+    assert "mode: sequential: one request at a time, in trace order" in stdout
+    doc = json.loads((out / "results.json").read_text())
+    assert [r["cached_tokens"] for r in doc["requests"]] == [0, 256, 0, 256]
+    assert [r["prompt_tokens"] for r in doc["requests"]] == [300, 300, 200, 300]
+    assert doc["prompt_tokens"] == 1100 and doc["hit_tokens"] == 512
+    assert doc["token_hit_rate"] == pytest.approx(512 / 1100)
+    assert doc["skipped"] == {}
+    assert doc["engine_prefix_cache_hits"] == 512
+    assert doc["admission_stats"]["eviction"] == "flop"
+    assert doc["admission_stats"]["alpha"] == 0.5
+    assert doc["admission_stats"]["tokens_saved"] == 512
+    assert doc["geometry"]["num_gpu_blocks"] == 64
+    assert doc["wall_seconds"] > 0
