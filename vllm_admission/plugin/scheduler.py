@@ -76,6 +76,10 @@ class AdmissionScheduler(Scheduler):
         self._admission_check_supported(config.policy)
         prefill_flops = None
         if config.eviction == "flop":
+            if self.connector is not None:
+                # KV connectors (offloading) walk vLLM's free queue every step.
+                raise AdmissionConfigError(
+                    "VLLM_ADMISSION_EVICTION=flop cannot run with a KV connector (valid here: lru)")
             prefill_flops = self._admission_costs().prefill_flops
         from vllm_admission.plugin.kv_cache import install
 
