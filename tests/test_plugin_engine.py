@@ -135,6 +135,9 @@ class Engines:
 
     def close(self):
         if self.llm is not None:
+            # Shut the engine core down now: it tears down process-wide distributed state,
+            # and a late garbage collection would do that under the next engine's feet.
+            self.llm.llm_engine.engine_core.shutdown()
             self.llm = None
             self.kind = None
             gc.collect()
@@ -380,10 +383,17 @@ def test_invalid_setting_stops_the_engine_with_one_line(engines, monkeypatch):
     settings = EngineSettings(model=str(engines.model_dir), max_model_len=4096, num_gpu_blocks=64,
                               scheduler_cls="vllm_admission.AdmissionScheduler",
                               env={"VLLM_ADMISSION_POLICY": "marconni"})
-    with pytest.raises(AdmissionConfigError) as info:
-        build_llm(settings)
+    try:
+        with pytest.raises(AdmissionConfigError) as info:
+            build_llm(settings)
+    finally:
+        # The half-built engine initialised process-wide distributed state and nothing
+        # tears it down: do it, so later engines in this process start clean.
+        from vllm.distributed import cleanup_dist_env_and_memory
+
+        gc.collect()
+        cleanup_dist_env_and_memory()
     monkeypatch.delenv("VLLM_ADMISSION_POLICY")
     msg = str(info.value)
     assert msg == ("VLLM_ADMISSION_POLICY='marconni' is invalid; "
                    "valid: none, last, vllm, marconi, dense")
-    gc.collect()

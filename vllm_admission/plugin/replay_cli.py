@@ -121,16 +121,22 @@ def run_replay(args: argparse.Namespace) -> int:
     from vllm_admission.engine.replay import engine_geometry, replay
 
     llm = _build(args)
-    vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
-    geometry = engine_geometry(llm)
-    result = replay(llm, trace.requests, vocab_size=vocab)
-    stats: dict[str, Any] | None = None
     try:
-        from vllm_admission.plugin.scheduler import admission_stats
+        vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
+        geometry = engine_geometry(llm)
+        result = replay(llm, trace.requests, vocab_size=vocab)
+        stats: dict[str, Any] | None = None
+        try:
+            from vllm_admission.plugin.scheduler import admission_stats
 
-        stats = admission_stats(llm).to_dict()
-    except RuntimeError:
-        stats = None
+            stats = admission_stats(llm).to_dict()
+        except RuntimeError:
+            stats = None
+    finally:
+        # Tear the engine down now, not whenever the garbage collector gets to it: an
+        # in-process engine core also tears down process-wide distributed state.
+        llm.llm_engine.engine_core.shutdown()
+        del llm
     skipped = dict(trace.skipped)
     for reason, n in result.skipped.items():
         skipped[reason] = skipped.get(reason, 0) + n
