@@ -70,18 +70,6 @@ def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None
     return FakeEngine(sched)
 
 
-def logical_clock(engine):
-    """Make the plugin's clock the request counter, as the simulator's ``now``."""
-    state = {"now": 0.0}
-    sched = engine.scheduler
-    clock = lambda: state["now"]  # noqa: E731
-    sched._admission.clock = clock
-    queue = sched.kv_cache_manager.block_pool.free_block_queue
-    if hasattr(queue, "clock"):
-        queue.clock = clock
-    return state
-
-
 def toks(seed, n):
     rng = random.Random(seed)
     return [rng.randrange(8, 512) for _ in range(n)]  # 7 is the fake engine's output token
@@ -107,11 +95,9 @@ def simulate(policy, eviction, requests, *, blocks, costs, alpha=None):
     return hits, cache
 
 
-def run_engine(engine, requests, clock=None):
+def run_engine(engine, requests):
     hits = []
-    for r, (tokens, out_len) in enumerate(requests):
-        if clock is not None:
-            clock["now"] = float(r)
+    for tokens, out_len in requests:
         rid = engine.add(tokens, out_len)
         engine.run()
         hits.append(engine.cached_tokens[rid])
@@ -251,13 +237,13 @@ def test_random_workload_matches_core_model(vllm_config, monkeypatch, costs, pol
     """Same requests, same hits, same evictions per group as the simulator, request by request.
 
     A 60-block pool (59 usable, a request needs up to 26) forces many evictions. The plugin's
-    clock is the request counter, as the simulator's ``now``, so ``flop`` orders alike.
+    default eviction clock counts arriving requests, as the simulator's ``now`` does, so
+    ``flop`` orders alike without any test hook.
     """
     reqs = random_workload(11)
     engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, alpha=alpha,
                    blocks=60)
-    clock = logical_clock(engine)
-    hits = run_engine(engine, reqs, clock)
+    hits = run_engine(engine, reqs)
     sim_hits, cache = simulate(policy, eviction, reqs, blocks=60, costs=costs, alpha=alpha)
     assert hits == sim_hits
     stats = engine.scheduler.stats()

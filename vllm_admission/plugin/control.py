@@ -210,7 +210,10 @@ class AdmissionControl:
         alpha: fixed alpha for ``flop``; ``None`` tunes it online.
         tune_multiplier: the tuner's bootstrap multiplier.
         tune_grid: the tuner's bootstrap grid, a key of ``GRIDS``.
-        clock: seconds, monotonic.
+        clock: the recency clock of ``flop`` eviction; default
+            :meth:`request_clock`, the index of the latest request that arrived
+            (requests, as the simulator's ``now``; wall seconds would make the
+            utility's recency term, and so alpha, depend on engine speed).
         is_cached_state: ``f(block_hash, group) -> bool``: whether vLLM's pool
             holds a state block for that hash in that group (for the values of
             states below a request's hit).
@@ -225,7 +228,7 @@ class AdmissionControl:
                  prefill_flops: Callable[[int, int], float] | None = None,
                  alpha: float | None = None, tune_multiplier: int = 5,
                  tune_grid: str = "coarse",
-                 clock: Callable[[], float] = time.monotonic,
+                 clock: Callable[[], float] | None = None,
                  is_cached_state: Callable[[Any, int], bool] | None = None,
                  tune_in_thread: bool = True) -> None:
         if eviction not in ("lru", "flop"):
@@ -240,7 +243,8 @@ class AdmissionControl:
         self._state_set = frozenset(self.state_groups)
         self.eviction = eviction
         self.prefill_flops = prefill_flops
-        self.clock = clock
+        self.arrivals = 0
+        self.clock = clock if clock is not None else self.request_clock
         self.is_cached_state = is_cached_state
         self.tracks: dict[str, _Track] = {}
         self._pending: dict[str, HitProbe] = {}
@@ -292,6 +296,15 @@ class AdmissionControl:
         if self.tuner is not None:  # its replays use the policy's name
             self.tuner.stop()
             self.tuner = TunerThread(self._make_tuner)
+
+    # -- arrivals and clock ----------------------------------------------------
+    def on_arrival(self) -> None:
+        """A request was added to the scheduler (``Scheduler.add_request``)."""
+        self.arrivals += 1
+
+    def request_clock(self) -> float:
+        """Index of the latest request that arrived (0-based; 0.0 before any)."""
+        return float(max(self.arrivals - 1, 0))
 
     # -- lookup and chunking -------------------------------------------------
     def on_lookup(self, request: Any, num_local: int, shared_prefix_boundary: int) -> int:

@@ -26,7 +26,8 @@ or made on first need by ``scope_maker(key)`` while :meth:`open_scope`
 ``(key)`` is in effect (the plugin's KV cache coordinator opens one, keyed by
 request id, while it frees that request's blocks; all blocks freed in one
 scope share its time). Without either the value is 0. Time comes from the
-injected ``clock`` (``time.monotonic`` in the engine), in seconds.
+injected ``clock`` (the plugin's request clock in the engine: the index of the latest
+arriving request, the same unit as the simulator's ``now``).
 
 This module does not import vLLM: blocks only need ``block_id`` and
 ``block_hash`` attributes.
@@ -55,7 +56,8 @@ class FlopFreeBlockQueue:
             hash become eviction candidates with value 0.
         eviction: orders the cached free blocks; its ``alpha`` may be changed
             at any time.
-        clock: seconds, non-decreasing (default ``time.monotonic``).
+        clock: non-decreasing recency clock (default ``time.monotonic``; the
+            engine passes the request clock of ``AdmissionControl``).
 
     Attributes:
         num_free_blocks: free blocks in all tiers (vLLM reads this attribute).

@@ -17,8 +17,10 @@ Overridden ``vllm.v1.core.sched.scheduler.Scheduler`` methods:
 * ``_mamba_block_aligned_split``: also ends prefill chunks at the policy's
   other stops (every block boundary for ``dense``; bound on the instance only
   for such a policy);
-* ``_update_after_schedule``: counts admitted requests, applies a newly tuned
-  alpha, writes the periodic metric line;
+* ``add_request``: advances the eviction clock (requests, as in the simulator);
+* ``schedule``: applies a newly tuned alpha before the step allocates blocks;
+* ``_update_after_schedule``: counts admitted requests, writes the periodic
+  metric line;
 * ``_free_blocks``: forgets a finished request and feeds the alpha tuner;
 * ``shutdown``: stops the tuner thread.
 
@@ -29,6 +31,7 @@ layers, the scheduler logs one INFO line and behaves exactly as vLLM's.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -90,7 +93,7 @@ class AdmissionScheduler(Scheduler):
         install(self.kv_cache_manager, control)
         self._admission = control
         self._admission_bind_split()
-        self._admission_last_log = control.clock()
+        self._admission_last_log = time.monotonic()
         logger.info("vllm_admission: AdmissionScheduler active: %s; block_size=%d, groups=%s, "
                     "pool=%d blocks", config.describe(), geometry.block_size,
                     ",".join(geometry.group_kinds), geometry.num_blocks)
@@ -170,6 +173,17 @@ class AdmissionScheduler(Scheduler):
                 f"(valid here: lru)") from None
 
     # -- overridden vLLM methods -------------------------------------------------
+    def add_request(self, request: Any) -> None:
+        if self._admission is not None:
+            self._admission.on_arrival()
+        super().add_request(request)
+
+    def schedule(self) -> Any:
+        if self._admission is not None:
+            # A tuned alpha applies before this step's allocations may evict.
+            self._admission.poll_alpha()
+        return super().schedule()
+
     def _get_local_prefix_cache_hit(self, request: Any) -> Any:
         blocks, num_local, boundary, diverged = super()._get_local_prefix_cache_hit(request)
         ctl = self._admission
@@ -207,10 +221,9 @@ class AdmissionScheduler(Scheduler):
         ctl = self._admission
         if ctl is not None:
             ctl.on_scheduled(scheduler_output.num_scheduled_tokens)
-            ctl.poll_alpha()
             interval = self.admission_config.log_interval
             if interval:
-                now = ctl.clock()
+                now = time.monotonic()
                 if now - self._admission_last_log >= interval:
                     self._admission_last_log = now
                     line = self.stats().summary()
