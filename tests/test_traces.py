@@ -281,6 +281,25 @@ def test_mooncake_records_become_512_token_spans(tmp_path):
     assert c.block_hashes(512)[1] != a.prompt.block_hashes(512, include_partial=True)[1]
 
 
+def test_mooncake_block_tokens_shrink_prompts_and_keep_sharing(tmp_path):
+    path = _write(tmp_path, [_mc(0, 1000, 3, [0, 1]), _mc(1500, 1025, 2, [0, 1, 9])])
+    a, c = load_trace(path, mooncake_block_tokens=128).requests
+    # full blocks become 128 tokens; a last block of 488 becomes ceil(488 / 4) = 122, of 1 -> 1
+    assert a.prompt == SpanPrompt(((0, 128), (1, 122)))
+    assert c.prompt == SpanPrompt(((0, 128), (1, 128), (9, 1)))
+    assert (a.prompt_len, a.output_len, c.prompt_len) == (250, 3, 257)
+    assert a.block_hashes(128) == c.block_hashes(128)[:1]  # the shared first hash id
+    assert c.block_hashes(128)[1] != a.prompt.block_hashes(128, include_partial=True)[1]
+    full = load_trace(path).requests  # the default keeps the published 512
+    assert [r.prompt_len for r in full] == [1000, 1025]
+
+
+@pytest.mark.parametrize("value", [0, 513, 2.0])
+def test_bad_mooncake_block_tokens(tmp_path, value):
+    with pytest.raises(TraceError, match="mooncake_block_tokens"):
+        load_trace(_write(tmp_path, [_mc()]), mooncake_block_tokens=value)
+
+
 _MOONCAKE_BAD = [
     ({"input_length": 10, "output_length": 1, "hash_ids": [0]}, "timestamp", "missing"),
     (_mc(ts="5"), "timestamp", "finite number"),

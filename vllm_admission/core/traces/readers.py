@@ -41,6 +41,7 @@ def load_trace(
     max_requests: int | None = None,
     max_prompt_tokens: int | None = None,
     seed: int = 0,
+    mooncake_block_tokens: int = MOONCAKE_BLOCK_TOKENS,
     **synthetic_params: Any,
 ) -> Trace:
     """Load a trace: ``"synthetic"`` for the generated workload, otherwise a JSONL file path.
@@ -54,11 +55,23 @@ def load_trace(
     ``Trace.skipped`` under :data:`SKIP_OVER_MAX_PROMPT` or :data:`SKIP_BEYOND_MAX_REQUESTS`.
     All lines are validated, kept or not.
 
+    ``mooncake_block_tokens`` is how many tokens each Mooncake hash id stands for. The
+    trace's own block is :data:`MOONCAKE_BLOCK_TOKENS` (512), and lines are checked against
+    it; a smaller value shrinks every prompt in proportion (a full block becomes
+    ``mooncake_block_tokens`` tokens, the last partial block ``ceil(len * s / 512)``) and
+    keeps which blocks requests share. An engine on CPU cannot prefill the published lengths
+    in useful time; ``mooncake_block_tokens=128`` maps one hash id to one 128-token engine
+    block. The filters see the scaled lengths; ``output_length`` is not scaled.
+
     Raises TraceError for a missing file, a malformed line (``"<file>:<line>: field '<name>': ..."``),
     an unknown format, unknown synthetic parameters, or a trace left with no request.
     """
     _check_limit("max_requests", max_requests)
     _check_limit("max_prompt_tokens", max_prompt_tokens)
+    _check_limit("mooncake_block_tokens", mooncake_block_tokens)
+    if mooncake_block_tokens > MOONCAKE_BLOCK_TOKENS:
+        raise TraceError(f"mooncake_block_tokens must be <= {MOONCAKE_BLOCK_TOKENS} (the trace's own "
+                         f"block), got {mooncake_block_tokens}")
     if str(spec) == "synthetic":
         trace = generate(_synthetic_config(synthetic_params), seed)
     else:
@@ -66,7 +79,7 @@ def load_trace(
             raise TraceError(
                 f"synthetic parameters {sorted(synthetic_params)} only apply to load_trace('synthetic'), not to a file"
             )
-        trace = _read_file(Path(spec))
+        trace = _read_file(Path(spec), mooncake_block_tokens)
     if not trace.requests:
         raise TraceError(f"trace {trace.source} is empty: it has no records")
     _apply_filters(trace, max_requests, max_prompt_tokens)
@@ -104,7 +117,7 @@ def _apply_filters(trace: Trace, max_requests: int | None, max_prompt_tokens: in
 # ---------------------------------------------------------------- reading files
 
 
-def _read_file(path: Path) -> Trace:
+def _read_file(path: Path, mooncake_block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> Trace:
     if not path.exists():
         raise TraceError(f"trace file not found: {path}")
     if not path.is_file():
@@ -116,7 +129,7 @@ def _read_file(path: Path) -> Trace:
             return Trace(name=f"file/{path.stem}", requests=[], source=str(path))
         where, rec = first
         if "hash_ids" in rec:
-            kind, parse = "mooncake", _MooncakeParser()
+            kind, parse = "mooncake", _MooncakeParser(mooncake_block_tokens)
         elif "prompt_token_ids" in rec:
             kind, parse = "tokens", _TokenParser()
         else:
@@ -208,8 +221,9 @@ class _Monotone:
 class _MooncakeParser:
     """One Mooncake record -> a Request with 512-token spans keyed by ``hash_ids``."""
 
-    def __init__(self) -> None:
+    def __init__(self, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> None:
         self.clock = _Monotone()
+        self.block_tokens = block_tokens
 
     def __call__(self, where: str, rec: dict) -> Request:
         _check_fields(where, rec, _MOONCAKE_FIELDS, _MOONCAKE_FIELDS)
@@ -223,8 +237,10 @@ class _MooncakeParser:
             need = -(-length // B)
             what = f"has {len(ids)} ids, but input_length {length} needs ceil({length}/{B}) = {need}"
             raise _bad(where, "hash_ids", what)
-        spans = list(zip(ids, itertools.repeat(B)))
-        spans[-1] = (ids[-1], length - B * (len(ids) - 1))
+        S = self.block_tokens
+        last = length - B * (len(ids) - 1)
+        spans = list(zip(ids, itertools.repeat(S)))
+        spans[-1] = (ids[-1], last if S == B else -(-last * S // B))
         line = where.rsplit(":", 1)[1]
         return Request(f"mooncake-{line}", SpanPrompt(tuple(spans)), output, arrival, None)
 
