@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,11 +34,14 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "DEFAULT_ENV",
     "SEQUENTIAL_MODE",
+    "TIMED_MODE",
     "EngineSettings",
     "ReplayResult",
     "Req",
     "blocks_needed",
     "build_llm",
+    "build_llm_fitting",
+    "shutdown_llm",
     "cached_block_positions",
     "engine_geometry",
     "inprocess_scheduler",
@@ -55,8 +59,9 @@ DEFAULT_ENV: dict[str, str] = {
 }
 
 SEQUENTIAL_MODE = "sequential: one request at a time, in trace order"
+TIMED_MODE = "timed: each request submitted at its trace arrival time x time_scale; requests overlap"
 
-_MODES = {"sequential": SEQUENTIAL_MODE}
+_MODES = {"sequential": SEQUENTIAL_MODE, "timed": TIMED_MODE}
 
 
 class Req(Protocol):
@@ -70,6 +75,9 @@ class Req(Protocol):
 
     @property
     def output_len(self) -> int: ...
+
+    @property
+    def arrival_s(self) -> float | None: ...
 
     def token_ids(self, vocab_size: int) -> list[int]: ...
 
@@ -121,12 +129,17 @@ class ReplayResult:
             asked for), ``cached_tokens`` (prompt tokens served from the
             prefix cache, ``RequestOutput.num_cached_tokens``; ``None`` when
             skipped), ``output_tokens`` (generated token ids; ``[]`` when
-            skipped) and ``status`` (``"ok"`` or ``"skipped: <reason>"``).
+            skipped), ``prefill_seconds`` (engine-core time from the request's
+            first scheduling to its first token, from vLLM's request metrics;
+            ``None`` when skipped or unavailable), ``submitted_s`` (seconds
+            after the replay start when it was handed to the engine) and
+            ``status`` (``"ok"`` or ``"skipped: <reason>"``).
         prompt_tokens: sum of prompt tokens over the requests that ran.
         hit_tokens: sum of ``cached_tokens`` over the requests that ran.
         token_hit_rate: ``hit_tokens / prompt_tokens`` (0.0 when nothing ran).
         skipped: reason -> number of requests skipped for it.
         wall_seconds: wall-clock seconds spent in the replay loop.
+        prefill_seconds: sum of the requests' ``prefill_seconds``.
         mode: how requests were submitted, in words.
         engine_prefix_cache_hits: change of vLLM's ``vllm:prefix_cache_hits``
             counter over the replay, in tokens (``None`` if unavailable).
@@ -142,6 +155,7 @@ class ReplayResult:
     skipped: dict[str, int]
     wall_seconds: float
     mode: str
+    prefill_seconds: float = 0.0
     engine_prefix_cache_hits: int | None = None
     engine_prefix_cache_queries: int | None = None
 
@@ -211,6 +225,44 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
     if settings.scheduler_cls is not None:
         kwargs["scheduler_cls"] = settings.scheduler_cls
     return vllm.LLM(**kwargs)
+
+
+_MAX_LEN = re.compile(r"estimated maximum model length is (\d+)")
+
+
+def build_llm_fitting(settings: EngineSettings) -> tuple[vllm.LLM, str | None]:
+    """:func:`build_llm`, lowering ``max_model_len`` to what a small pool holds.
+
+    When ``settings.num_gpu_blocks`` is set, ``settings.max_model_len`` is not,
+    and vLLM refuses to start because one request of the model's full length
+    does not fit, the engine is built again with the longest length vLLM says
+    fits (``settings.max_model_len`` is updated).
+
+    Returns:
+        ``(llm, note)``: ``note`` says what was lowered (``None`` if nothing).
+
+    Raises:
+        ValueError: as :func:`build_llm`.
+    """
+    try:
+        return build_llm(settings), None
+    except ValueError as exc:
+        m = _MAX_LEN.search(str(exc))
+        if m is None or settings.max_model_len is not None or settings.num_gpu_blocks is None:
+            raise
+        settings.max_model_len = int(m.group(1))
+        note = (f"{settings.num_gpu_blocks} blocks hold at most {settings.max_model_len} tokens "
+                f"per request; using max_model_len {settings.max_model_len}")
+        return build_llm(settings), note
+
+
+def shutdown_llm(llm: vllm.LLM) -> None:
+    """Stop ``llm``'s engine core now.
+
+    An in-process engine core also tears down process-wide distributed state;
+    left to the garbage collector, that can happen under the next engine.
+    """
+    llm.llm_engine.engine_core.shutdown()
 
 
 def inprocess_scheduler(llm: vllm.LLM) -> Any:
@@ -407,14 +459,22 @@ def replay(
     *,
     vocab_size: int,
     mode: str = "sequential",
+    time_scale: float = 1.0,
+    after_request: Callable[[int], None] | None = None,
 ) -> ReplayResult:
     """Send ``requests`` through ``llm`` and record prefix-cache hits per request.
 
-    ``"sequential"`` mode runs one request at a time in input order: one
-    ``llm.generate`` call per request with greedy sampling (temperature 0),
+    Every request is sampled greedily (temperature 0) with
     ``max_tokens = output_len``, ``ignore_eos=True`` and no detokenization,
-    so every request produces exactly ``output_len`` tokens and finishes
-    before the next is sent.
+    so it produces exactly ``output_len`` tokens.
+
+    * ``"sequential"``: one request at a time in input order (one
+      ``llm.generate`` call each); each finishes before the next is sent.
+    * ``"timed"``: request ``i`` is added to the engine
+      (``llm.llm_engine.add_request``) once ``arrival_s * time_scale``
+      seconds have passed since the start, while the engine steps; requests
+      overlap whenever the engine is slower than the trace. Needs every
+      request's ``arrival_s``.
 
     A request that cannot run is skipped before submission and counted in
     ``ReplayResult.skipped`` under its reason: prompt + output longer than
@@ -426,23 +486,32 @@ def replay(
     Args:
         llm: an engine from :func:`build_llm` (any ``vllm.LLM`` with prefix
             caching and ``skip_tokenizer_init=True`` works).
-        requests: objects with ``request_id``, ``prompt_len``, ``output_len``
-            and ``token_ids(vocab_size)``.
+        requests: objects with ``request_id``, ``prompt_len``, ``output_len``,
+            ``arrival_s`` (seconds; ``"timed"`` only) and
+            ``token_ids(vocab_size)``.
         vocab_size: passed to ``token_ids``; must not exceed the model's
             vocabulary (512 for the tiny model).
-        mode: only ``"sequential"``.
+        mode: ``"sequential"`` or ``"timed"``.
+        time_scale: multiplies arrival times in ``"timed"`` mode (0.1 replays
+            ten times faster than the trace); must be >= 0.
+        after_request: ``"sequential"`` only: called with the request's index
+            after it finished (e.g. to let the plugin's tuner catch up).
 
     Returns:
         A :class:`ReplayResult`.
 
     Raises:
-        ValueError: for an unknown ``mode``, a non-positive ``vocab_size``, or a
-            request whose ``token_ids`` length differs from ``prompt_len``.
+        ValueError: for an unknown ``mode``, a non-positive ``vocab_size``, a
+            negative ``time_scale``, a request without ``arrival_s`` in
+            ``"timed"`` mode, or a request whose ``token_ids`` length differs
+            from ``prompt_len``.
     """
     if mode not in _MODES:
         raise ValueError(f"unknown replay mode {mode!r}; known: {sorted(_MODES)}")
     if vocab_size <= 0:
         raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    if not time_scale >= 0:
+        raise ValueError(f"time_scale must be >= 0, got {time_scale}")
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -450,9 +519,7 @@ def replay(
     hits0, queries0 = prefix_cache_counters(llm)
     rows: list[dict[str, Any]] = []
     skipped: dict[str, int] = {}
-    prompt_tokens = 0
-    hit_tokens = 0
-    t0 = time.perf_counter()
+    runnable: list[tuple[int, Any, list[int]]] = []
     for req in requests:
         prompt_len = int(req.prompt_len)
         output_len = int(req.output_len)
@@ -462,33 +529,42 @@ def replay(
             "output_len": output_len,
             "cached_tokens": None,
             "output_tokens": [],
+            "prefill_seconds": None,
+            "submitted_s": None,
         }
+        rows.append(row)
         reason = _skip_reason(prompt_len, output_len, geometry)
         if reason is not None:
             row["status"] = f"skipped: {reason}"
             skipped[reason] = skipped.get(reason, 0) + 1
-            rows.append(row)
             continue
+        if mode == "timed" and getattr(req, "arrival_s", None) is None:
+            raise ValueError(f"request {req.request_id!r} has no arrival time; timed replay needs one")
         ids = list(req.token_ids(vocab_size))
         if len(ids) != prompt_len:
             raise ValueError(
                 f"request {req.request_id!r}: token_ids gave {len(ids)} ids, prompt_len is {prompt_len}"
             )
-        params = SamplingParams(
-            max_tokens=output_len,
-            temperature=0.0,
-            ignore_eos=True,
-            detokenize=False,
-        )
-        (out,) = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)
-        cached = int(out.num_cached_tokens or 0)
-        row["cached_tokens"] = cached
-        row["output_tokens"] = list(out.outputs[0].token_ids)
-        row["status"] = "ok"
-        rows.append(row)
-        prompt_tokens += prompt_len
-        hit_tokens += cached
+        runnable.append((len(rows) - 1, req, ids))
+
+    def params(output_len: int) -> SamplingParams:
+        return SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True, detokenize=False)
+
+    t0 = time.perf_counter()
+    if mode == "sequential":
+        for i, (index, req, ids) in enumerate(runnable):
+            rows[index]["submitted_s"] = time.perf_counter() - t0
+            (out,) = llm.generate([TokensPrompt(prompt_token_ids=ids)], params(req.output_len),
+                                  use_tqdm=False)
+            _record(rows[index], out)
+            if after_request is not None:
+                after_request(i)
+    else:
+        _run_timed(llm, runnable, rows, params, TokensPrompt, time_scale, t0)
     wall = time.perf_counter() - t0
+    ran = [r for r in rows if r["status"] == "ok"]
+    prompt_tokens = sum(r["prompt_tokens"] for r in ran)
+    hit_tokens = sum(r["cached_tokens"] for r in ran)
     hits1, queries1 = prefix_cache_counters(llm)
     return ReplayResult(
         requests=rows,
@@ -498,6 +574,42 @@ def replay(
         skipped=skipped,
         wall_seconds=wall,
         mode=_MODES[mode],
+        prefill_seconds=sum(r["prefill_seconds"] or 0.0 for r in ran),
         engine_prefix_cache_hits=None if hits0 is None or hits1 is None else hits1 - hits0,
         engine_prefix_cache_queries=None if queries0 is None or queries1 is None else queries1 - queries0,
     )
+
+
+def _record(row: dict[str, Any], out: Any) -> None:
+    """Fill ``row`` from a finished ``RequestOutput``."""
+    row["cached_tokens"] = int(out.num_cached_tokens or 0)
+    row["output_tokens"] = list(out.outputs[0].token_ids)
+    m = getattr(out, "metrics", None)
+    first, scheduled = getattr(m, "first_token_ts", 0.0), getattr(m, "scheduled_ts", 0.0)
+    row["prefill_seconds"] = float(first - scheduled) if first and scheduled else None
+    row["status"] = "ok"
+
+
+def _run_timed(llm: Any, runnable: list, rows: list, params: Callable, prompt_cls: Any,
+               time_scale: float, t0: float) -> None:
+    """Add requests at their scaled arrival times while stepping the engine."""
+    engine = llm.llm_engine
+    start = min((req.arrival_s for _, req, _ in runnable), default=0.0)
+    due = [(req.arrival_s - start) * time_scale for _, req, _ in runnable]
+    by_id: dict[str, int] = {}
+    nxt = 0
+    while nxt < len(runnable) or engine.has_unfinished_requests():
+        now = time.perf_counter() - t0
+        while nxt < len(runnable) and due[nxt] <= now:
+            index, req, ids = runnable[nxt]
+            rid = f"timed-{index}"
+            by_id[rid] = index
+            rows[index]["submitted_s"] = now
+            engine.add_request(rid, prompt_cls(prompt_token_ids=ids), params(req.output_len))
+            nxt += 1
+        if engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    _record(rows[by_id[out.request_id]], out)
+        elif nxt < len(runnable):
+            time.sleep(max(0.0, min(due[nxt] - now, 0.05)))

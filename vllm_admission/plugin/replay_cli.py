@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +30,6 @@ from vllm_admission.core.admission import ADMISSION_POLICIES, UnknownPolicyError
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 
 __all__ = ["add_replay_parser", "run_replay"]
-
-_MAX_LEN = re.compile(r"estimated maximum model length is (\d+)")
 
 
 def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
@@ -79,7 +76,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _build(args: argparse.Namespace) -> Any:
-    from vllm_admission.engine.replay import EngineSettings, build_llm
+    from vllm_admission.engine.replay import EngineSettings, build_llm_fitting
 
     env = {"VLLM_ADMISSION_POLICY": args.admission, "VLLM_ADMISSION_EVICTION": args.eviction}
     if args.alpha is not None:
@@ -90,18 +87,10 @@ def _build(args: argparse.Namespace) -> Any:
                               max_model_len=args.max_model_len,
                               scheduler_cls="vllm_admission.AdmissionScheduler", env=env,
                               seed=args.seed)
-    try:
-        return build_llm(settings)
-    except ValueError as exc:
-        m = _MAX_LEN.search(str(exc))
-        if m is None or args.max_model_len is not None or args.num_gpu_blocks is None:
-            raise
-        # A small pool: vLLM names the longest request it can hold; use that.
-        settings.max_model_len = int(m.group(1))
-        print(f"vllm-admission: {args.num_gpu_blocks} blocks hold at most "
-              f"{settings.max_model_len} tokens per request; using --max-model-len "
-              f"{settings.max_model_len}")
-        return build_llm(settings)
+    llm, note = build_llm_fitting(settings)
+    if note:
+        print(f"vllm-admission: {note}")
+    return llm
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -118,7 +107,7 @@ def run_replay(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    from vllm_admission.engine.replay import engine_geometry, replay
+    from vllm_admission.engine.replay import engine_geometry, replay, shutdown_llm
 
     llm = _build(args)
     try:
@@ -135,7 +124,7 @@ def run_replay(args: argparse.Namespace) -> int:
     finally:
         # Tear the engine down now, not whenever the garbage collector gets to it: an
         # in-process engine core also tears down process-wide distributed state.
-        llm.llm_engine.engine_core.shutdown()
+        shutdown_llm(llm)
         del llm
     skipped = dict(trace.skipped)
     for reason, n in result.skipped.items():

@@ -178,11 +178,11 @@ class AdmissionScheduler(Scheduler):
             self._admission.on_arrival()
         super().add_request(request)
 
-    def schedule(self) -> Any:
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self._admission is not None:
             # A tuned alpha applies before this step's allocations may evict.
             self._admission.poll_alpha()
-        return super().schedule()
+        return super().schedule(*args, **kwargs)
 
     def _get_local_prefix_cache_hit(self, request: Any) -> Any:
         blocks, num_local, boundary, diverged = super()._get_local_prefix_cache_hit(request)
