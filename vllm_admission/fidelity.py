@@ -65,6 +65,8 @@ class FidelitySpec:
         model: model directory (its ``config.json`` gives the FLOP costs).
         trace: a trace file or ``"synthetic"``.
         admissions, evictions: policy names; every pair runs.
+        pairs: run exactly these ``(admission, eviction)`` pairs instead of
+            the cross product (``None``: the cross product).
         num_gpu_blocks: pool sizes in blocks (``None``: sized from memory,
             8,192 blocks with the default 1 GiB on CPU); every pair runs at each.
         max_requests: keep the first K requests of the trace.
@@ -83,6 +85,7 @@ class FidelitySpec:
     trace: str = "synthetic"
     admissions: tuple[str, ...] = ("vllm",)
     evictions: tuple[str, ...] = ("lru",)
+    pairs: tuple[tuple[str, str], ...] | None = None
     num_gpu_blocks: tuple[int | None, ...] = (None,)
     max_requests: int | None = None
     max_prompt_tokens: int | None = None
@@ -94,6 +97,12 @@ class FidelitySpec:
     alpha: float | None = None
     seed: int = 0
 
+    def policy_pairs(self) -> list[tuple[str, str]]:
+        """The ``(admission, eviction)`` pairs to run, in order."""
+        if self.pairs is not None:
+            return [tuple(p) for p in self.pairs]
+        return [(a, e) for a in self.admissions for e in self.evictions]
+
     def check(self) -> None:
         """Validate names and numbers before any engine starts.
 
@@ -101,11 +110,11 @@ class FidelitySpec:
             UnknownPolicyError: an unknown policy, or an eviction the engine cannot run.
             ValueError: a bad number, mode or model directory.
         """
-        if not self.admissions or not self.evictions:
+        if not self.policy_pairs():
             raise UnknownPolicyError("give at least one admission and one eviction policy")
-        for a in self.admissions:
+        for a, _ in self.policy_pairs():
             get_admission(a)
-        for e in self.evictions:
+        for _, e in self.policy_pairs():
             if e not in ENGINE_EVICTION_POLICIES:
                 raise UnknownPolicyError(f"eviction policy {e!r} cannot run in an engine; "
                                          f"valid: {', '.join(ENGINE_EVICTION_POLICIES)}")
@@ -385,12 +394,11 @@ def run_fidelity(spec: FidelitySpec, *,
         raise FidelityError(f"model {costs.name} has no recurrent layers: nothing to compare")
     records = []
     for blocks in spec.num_gpu_blocks:
-        for admission in spec.admissions:
-            for eviction in spec.evictions:
-                rec = run_pair(spec, trace, costs, admission, eviction, blocks)
-                records.append(rec)
-                if on_record is not None:
-                    on_record(rec)
+        for admission, eviction in spec.policy_pairs():
+            rec = run_pair(spec, trace, costs, admission, eviction, blocks)
+            records.append(rec)
+            if on_record is not None:
+                on_record(rec)
     _add_stock_ratios(records)
     settings = dataclasses.asdict(spec)
     settings.update(trace_name=trace.name, trace_requests=len(trace.requests),

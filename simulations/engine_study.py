@@ -1,0 +1,92 @@
+"""Policy study and simulator fidelity on the real vLLM engine (``make engine-study``).
+
+Runs :func:`vllm_admission.fidelity.run_fidelity` on the tiny random-weight
+Qwen3-Next model (CPU vLLM 0.32) for the workloads below and writes each
+``fidelity.json`` / ``fidelity.png`` under ``docs/results/engine/<name>/``.
+``docs/results.md`` ("On the real engine") is written from them.
+
+Each workload runs its pairs at an ample pool (8,192 blocks, no eviction) and a
+tight one (evictions on most requests), one pair after another in one process,
+so the prefill-time ratios to stock are measured in one run.
+
+Usage: ``python simulations/engine_study.py [NAME ...] [--model DIR] [--out DIR]``
+(NAME: one of the workloads below; default all). Needs vLLM; about an hour on a
+2-core CPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from vllm_admission.fidelity import FidelitySpec, format_fidelity, run_fidelity, write_fidelity
+
+ROOT = Path(__file__).resolve().parent.parent
+MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
+
+STUDY_PAIRS = (("vllm", "lru"), ("marconi", "flop"), ("last", "lru"), ("dense", "lru"))
+ALL_PAIRS = tuple((a, e) for e in ("lru", "flop")
+                  for a in ("none", "last", "vllm", "marconi", "dense"))
+
+#: Chats and few-shot prompts over a few shared system prompts / templates, short
+#: enough for a CPU engine (the default synthetic workload's agent contexts are 10k tokens).
+SHARED_PROMPTS = dict(
+    num_requests=100, chat_fraction=0.7, fewshot_fraction=0.3, agent_fraction=0.0,
+    num_system_prompts=4, system_prompt_len=(800, 0.4, 300, 2000),
+    num_templates=3, template_len=(1200, 0.4, 400, 2500),
+    user_message_len=(120, 0.9, 8, 800), chat_output_len=(80, 0.8, 1, 400),
+    fewshot_query_len=(100, 0.8, 8, 500), chat_think_s=20.0, request_rate=2.0,
+    max_prompt_len=6000)
+
+
+def workloads(model: str) -> dict[str, FidelitySpec]:
+    """The study's runs by name."""
+    mooncake = dict(model=model, trace=str(MOONCAKE), max_requests=100,
+                    mooncake_block_tokens=128, max_output_len=16)
+    synthetic = dict(model=model, trace="synthetic", synthetic=SHARED_PROMPTS, max_output_len=16)
+    return {
+        # Policy study (the four pairs), ample and tight pools.
+        "mooncake": FidelitySpec(**mooncake, pairs=STUDY_PAIRS, num_gpu_blocks=(None, 300)),
+        # Every policy pair, ample and tight: the fidelity table.
+        "synthetic": FidelitySpec(**synthetic, pairs=ALL_PAIRS, num_gpu_blocks=(None, 64)),
+        # Requests overlapping in the engine: how far the sequential prediction drifts.
+        "synthetic-timed": FidelitySpec(**synthetic, pairs=(("vllm", "lru"), ("marconi", "flop")),
+                                        num_gpu_blocks=(64,), mode="timed", time_scale=0.25),
+        "mooncake-timed": FidelitySpec(**mooncake, pairs=(("vllm", "lru"),),
+                                       num_gpu_blocks=(300,), mode="timed", time_scale=1.0),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="workloads to run (default: all)")
+    parser.add_argument("--model", default=str(ROOT / "out" / "tiny-model"),
+                        help="tiny model directory (made if missing)")
+    parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "engine"))
+    args = parser.parse_args(argv)
+    if not (Path(args.model) / "config.json").exists():
+        from vllm_admission.engine.tiny_model import make_tiny_model
+
+        make_tiny_model(args.model)
+    runs = workloads(args.model)
+    unknown = [n for n in args.names if n not in runs]
+    if unknown:
+        parser.error(f"unknown workload(s) {unknown}; known: {', '.join(runs)}")
+    for name in args.names or list(runs):
+        t0 = time.perf_counter()
+        doc = run_fidelity(runs[name], on_record=lambda r, n=name: print(
+            f"[{n}] {r['admission']}+{r['eviction']} @ {r['num_blocks']} blocks: "
+            f"{r['requests_differing']}/{r['requests']} differ, engine hit "
+            f"{100 * r['engine']['token_hit_rate']:.2f}%, prefill {r['engine']['prefill_seconds']:.1f} s",
+            flush=True))
+        doc["settings"]["study_wall_seconds"] = time.perf_counter() - t0
+        print(format_fidelity(doc))
+        js, png = write_fidelity(doc, Path(args.out) / name)
+        print(f"wrote {js} and {png}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
