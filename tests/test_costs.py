@@ -23,36 +23,15 @@ from vllm_admission.core.costs import (
     ModelCosts,
     load_model,
 )
+from vllm_admission.engine.tiny_model import TINY_MODEL_PARAMS
 
 SHARED = Path("/work/shared/model_configs")
 REAL_CONFIGS = sorted(SHARED.glob("*.json")) + sorted(SHARED.glob("unverified/*.json"))
 needs_shared = pytest.mark.skipif(not REAL_CONFIGS, reason="shared model configs not present")
 
 # The tiny Qwen3-Next that ran on vLLM's CPU backend (shared/guide/vllm-integration.md).
-TINY_QWEN3_NEXT = {
-    "architectures": ["Qwen3NextForCausalLM"],
-    "model_type": "qwen3_next",
-    "torch_dtype": "bfloat16",
-    "vocab_size": 512,
-    "hidden_size": 128,
-    "num_hidden_layers": 4,
-    "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": 64,
-    "linear_value_head_dim": 64,
-    "linear_conv_kernel_dim": 4,
-    "intermediate_size": 256,
-    "num_experts": 4,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 64,
-    "shared_expert_intermediate_size": 64,
-    "decoder_sparse_step": 1,
-    "mlp_only_layers": [],
-}
+TINY_QWEN3_NEXT = {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+                   "torch_dtype": "bfloat16", **TINY_MODEL_PARAMS}
 
 
 def tiny(**changes):
