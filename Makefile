@@ -8,7 +8,7 @@ OUT      ?= out
 # with them present, vLLM fails at import ("operator torchvision::nms does not exist").
 CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
 
-.PHONY: install demo test test-fast bench study clean
+.PHONY: install demo test test-fast bench study engine-study clean
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ bench: install
 
 study: install
 	$(BIN)/python simulations/mooncake_study.py
+
+# Policy study and simulator fidelity on the real CPU engine (about an hour on 2 cores).
+engine-study: install
+	$(BIN)/python simulations/engine_study.py --model $(OUT)/tiny-model
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis

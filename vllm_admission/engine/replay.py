@@ -605,7 +605,9 @@ def _run_timed(llm: Any, runnable: list, rows: list, params: Callable, prompt_cl
             rid = f"timed-{index}"
             by_id[rid] = index
             rows[index]["submitted_s"] = now
-            engine.add_request(rid, prompt_cls(prompt_token_ids=ids), params(req.output_len))
+            # vLLM may suffix the id internally; outputs carry one or the other.
+            by_id[engine.add_request(rid, prompt_cls(prompt_token_ids=ids),
+                                     params(req.output_len))] = index
             nxt += 1
         if engine.has_unfinished_requests():
             for out in engine.step():
