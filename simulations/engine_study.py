@@ -59,13 +59,95 @@ def workloads(model: str) -> dict[str, FidelitySpec]:
     }
 
 
+def _load_docs(out: Path) -> dict[str, dict]:
+    import json
+
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(out.glob("*/fidelity.json"))}
+
+
+def _pool(rec: dict) -> str:
+    return f"{rec['num_blocks']:,}"
+
+
+def tables(out: Path) -> str:
+    """The markdown tables of docs/results.md ("On the real engine"), from the written runs."""
+    docs = _load_docs(out)
+    lines = []
+    study = [(n, d) for n, d in docs.items() if d["settings"]["mode"] == "sequential"]
+    lines += ["| workload | pool (blocks) | policy | engine token hit rate | simulator | "
+              "prefill tokens computed | vs stock | prefill seconds | vs stock |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for name, doc in study:
+        for r in doc["records"]:
+            if (r["admission"], r["eviction"]) not in STUDY_PAIRS:
+                continue
+            e, s = r["engine"], r["simulator"]
+            tok = e.get("prefill_tokens_vs_stock")
+            sec = e.get("prefill_seconds_vs_stock")
+            lines.append(
+                f"| {name} | {_pool(r)} | {r['admission']}+{r['eviction']} | "
+                f"{100 * e['token_hit_rate']:.2f} % | {100 * s['token_hit_rate']:.2f} % | "
+                f"{e['prefill_tokens_computed']:,} | {'-' if tok is None else f'{tok:.3f}'} | "
+                f"{e['prefill_seconds']:.1f} | {'-' if sec is None else f'{sec:.3f}'} |")
+    lines += ["", "| workload | mode | pool (blocks) | policy | requests | differing | "
+              "abs. difference (% of prompt tokens) | engine evictions | simulator evictions |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for name, doc in docs.items():
+        for r in doc["records"]:
+            lines.append(
+                f"| {name} | {r['mode']} | {_pool(r)} | {r['admission']}+{r['eviction']} | "
+                f"{r['requests']} | {r['requests_differing']} | "
+                f"{100 * r['abs_diff_fraction']:.3f} | {r['engine']['evictions']:,} | "
+                f"{r['simulator']['evictions']:,} |")
+    return "\n".join(lines)
+
+
+def plot_study(out: Path) -> Path:
+    """Bar chart: engine token hit rate per policy pair, per workload and pool."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    docs = [(n, d) for n, d in _load_docs(out).items() if d["settings"]["mode"] == "sequential"]
+    groups = [(n, r["num_blocks"]) for n, d in docs for r in d["records"]
+              if (r["admission"], r["eviction"]) == STUDY_PAIRS[0]]
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    width = 0.8 / len(STUDY_PAIRS)
+    for k, pair in enumerate(STUDY_PAIRS):
+        heights = []
+        for name, blocks in groups:
+            doc = dict(docs)[name]
+            rec = next((r for r in doc["records"] if r["num_blocks"] == blocks
+                        and (r["admission"], r["eviction"]) == pair), None)
+            heights.append(100 * rec["engine"]["token_hit_rate"] if rec else 0.0)
+        ax.bar([i + k * width for i in range(len(groups))], heights, width, label="+".join(pair))
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(groups))])
+    ax.set_xticklabels([f"{n}\n{b:,} blocks" for n, b in groups], fontsize=8)
+    ax.set_ylabel("engine token hit rate (%)")
+    ax.legend(fontsize=8)
+    ax.set_title("tiny Qwen3-Next on CPU vLLM 0.32, one request at a time", fontsize=9)
+    fig.tight_layout()
+    path = out / "study.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="workloads to run (default: all)")
     parser.add_argument("--model", default=str(ROOT / "out" / "tiny-model"),
                         help="tiny model directory (made if missing)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "engine"))
+    parser.add_argument("--tables", action="store_true",
+                        help="only print the markdown tables and redraw study.png from the runs "
+                             "already written")
     args = parser.parse_args(argv)
+    if args.tables:
+        print(tables(Path(args.out)))
+        print(f"wrote {plot_study(Path(args.out))}")
+        return 0
     if not (Path(args.model) / "config.json").exists():
         from vllm_admission.engine.tiny_model import make_tiny_model
 
@@ -85,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         print(format_fidelity(doc))
         js, png = write_fidelity(doc, Path(args.out) / name)
         print(f"wrote {js} and {png}", flush=True)
+    print(tables(Path(args.out)))
+    print(f"wrote {plot_study(Path(args.out))}")
     return 0
 
 
