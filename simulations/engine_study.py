@@ -56,6 +56,10 @@ def workloads(model: str) -> dict[str, FidelitySpec]:
                                         num_gpu_blocks=(64,), mode="timed", time_scale=0.25),
         "mooncake-timed": FidelitySpec(**mooncake, pairs=(("vllm", "lru"),),
                                        num_gpu_blocks=(300,), mode="timed", time_scale=1.0),
+        # Drift against overlap: the same run at several time scales (4: little overlap).
+        **{f"synthetic-timed-x{scale:g}": FidelitySpec(
+            **synthetic, pairs=(("vllm", "lru"),), num_gpu_blocks=(64,), mode="timed",
+            time_scale=scale) for scale in (4.0, 1.0, 0.0)},
     }
 
 
@@ -92,13 +96,28 @@ def tables(out: Path) -> str:
     lines += ["", "| workload | mode | pool (blocks) | policy | requests | differing | "
               "abs. difference (% of prompt tokens) | engine evictions | simulator evictions |",
               "|---|---|---|---|---|---|---|---|---|"]
-    for name, doc in docs.items():
+    for name, doc in study:
         for r in doc["records"]:
             lines.append(
                 f"| {name} | {r['mode']} | {_pool(r)} | {r['admission']}+{r['eviction']} | "
                 f"{r['requests']} | {r['requests_differing']} | "
                 f"{100 * r['abs_diff_fraction']:.3f} | {r['engine']['evictions']:,} | "
                 f"{r['simulator']['evictions']:,} |")
+    lines += ["", "| workload | time scale | pool (blocks) | policy | mean requests in flight | "
+              "differing | abs. difference (% of prompt tokens) | engine hit rate | "
+              "simulator (sequential) |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, doc in docs.items():
+        if doc["settings"]["mode"] != "timed":
+            continue
+        for r in doc["records"]:
+            conc = r.get("mean_concurrency")
+            lines.append(
+                f"| {name} | {doc['settings']['time_scale']:g} | {_pool(r)} | "
+                f"{r['admission']}+{r['eviction']} | {'-' if conc is None else f'{conc:.2f}'} | "
+                f"{r['requests_differing']} of {r['requests']} | "
+                f"{100 * r['abs_diff_fraction']:.2f} | "
+                f"{100 * r['engine']['token_hit_rate']:.2f} % | "
+                f"{100 * r['simulator']['token_hit_rate']:.2f} % |")
     return "\n".join(lines)
 
 

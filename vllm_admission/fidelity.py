@@ -319,6 +319,7 @@ def run_pair(spec: FidelitySpec, trace: Trace, costs: ModelCosts, admission: str
         **{k: cmp[k] for k in ("requests", "requests_differing", "abs_diff_tokens",
                                 "abs_diff_fraction", "first_difference")},
         "prompt_tokens": prompt_total,
+        "mean_concurrency": _mean_concurrency(rows),
         "skipped": dict(result.skipped),
         "engine": {
             "hit_tokens": engine_hit,
@@ -349,8 +350,19 @@ def run_pair(spec: FidelitySpec, trace: Trace, costs: ModelCosts, admission: str
             "simulator": sim_hits,
             "prefill_seconds": [r["prefill_seconds"] for r in rows],
             "submitted_s": [r["submitted_s"] for r in rows],
+            "finished_s": [r["finished_s"] for r in rows],
         },
     }
+
+
+def _mean_concurrency(rows: Sequence[dict[str, Any]]) -> float | None:
+    """Requests in the engine on average over the replay: sum of (finish - submit) / span."""
+    spans = [(r["submitted_s"], r["finished_s"]) for r in rows
+             if r.get("submitted_s") is not None and r.get("finished_s") is not None]
+    if not spans:
+        return None
+    total = max(f for _, f in spans) - min(s for s, _ in spans)
+    return sum(f - s for s, f in spans) / total if total > 0 else None
 
 
 def _add_stock_ratios(records: list[dict[str, Any]]) -> None:

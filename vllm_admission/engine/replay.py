@@ -531,6 +531,7 @@ def replay(
             "output_tokens": [],
             "prefill_seconds": None,
             "submitted_s": None,
+            "finished_s": None,
         }
         rows.append(row)
         reason = _skip_reason(prompt_len, output_len, geometry)
@@ -557,6 +558,7 @@ def replay(
             (out,) = llm.generate([TokensPrompt(prompt_token_ids=ids)], params(req.output_len),
                                   use_tqdm=False)
             _record(rows[index], out)
+            rows[index]["finished_s"] = time.perf_counter() - t0
             if after_request is not None:
                 after_request(i)
     else:
@@ -612,6 +614,8 @@ def _run_timed(llm: Any, runnable: list, rows: list, params: Callable, prompt_cl
         if engine.has_unfinished_requests():
             for out in engine.step():
                 if out.finished:
-                    _record(rows[by_id[out.request_id]], out)
+                    row = rows[by_id[out.request_id]]
+                    _record(row, out)
+                    row["finished_s"] = time.perf_counter() - t0
         elif nxt < len(runnable):
             time.sleep(max(0.0, min(due[nxt] - now, 0.05)))
