@@ -453,7 +453,14 @@ def plot_fidelity(doc: dict[str, Any], path: str | os.PathLike) -> Path:
         ax.set_ylabel("engine cached tokens", fontsize=7)
     for ax in list(axes.flat)[len(recs):]:
         ax.axis("off")
-    fig.suptitle(f"{doc['settings']['trace_name']}, {doc['settings']['mode']} replay", fontsize=9)
+    st = doc["settings"]
+    what = Path(str(st["trace"])).name
+    if st["mode"] == "timed":
+        what += f", timed replay (time scale {st['time_scale']:g})"
+    else:
+        what += ", sequential replay"
+    fig.suptitle(f"{what}: engine cached tokens against the simulator's hit, per request",
+                 fontsize=9)
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=110)
