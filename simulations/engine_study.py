@@ -153,6 +153,45 @@ def plot_study(out: Path) -> Path:
     return path
 
 
+def plot_drift(out: Path) -> Path | None:
+    """Drift of the engine from the sequential prediction against requests in flight."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = []
+    for name, doc in _load_docs(out).items():
+        if doc["settings"]["mode"] != "timed":
+            continue
+        for r in doc["records"]:
+            if r.get("mean_concurrency") is None:
+                continue
+            gap = 100 * (r["simulator"]["token_hit_rate"] - r["engine"]["token_hit_rate"])
+            points.append((name, doc["settings"]["time_scale"], r, gap))
+    if not points:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    for name, scale, r, gap in points:
+        label = f"{name.split('-')[0]} {r['admission']}+{r['eviction']} x{scale:g}"
+        x = r["mean_concurrency"]
+        axes[0].scatter(x, 100 * r["abs_diff_fraction"], label=label)
+        axes[1].scatter(x, gap)
+    axes[0].set_ylabel("|engine - simulator| (% of prompt tokens)")
+    axes[1].set_ylabel("simulator minus engine hit rate (points)")
+    for ax in axes:
+        ax.set_xlabel("mean requests in flight")
+        ax.set_xscale("symlog", linthresh=1)
+        ax.axhline(0, color="0.7", lw=0.8)
+    axes[0].legend(fontsize=7)
+    fig.suptitle("timed replay: drift from the one-at-a-time prediction", fontsize=9)
+    fig.tight_layout()
+    path = out / "drift.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="workloads to run (default: all)")
@@ -165,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.tables:
         print(tables(Path(args.out)))
-        print(f"wrote {plot_study(Path(args.out))}")
+        print(f"wrote {plot_study(Path(args.out))} and {plot_drift(Path(args.out))}")
         return 0
     if not (Path(args.model) / "config.json").exists():
         from vllm_admission.engine.tiny_model import make_tiny_model
@@ -187,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         js, png = write_fidelity(doc, Path(args.out) / name)
         print(f"wrote {js} and {png}", flush=True)
     print(tables(Path(args.out)))
-    print(f"wrote {plot_study(Path(args.out))}")
+    print(f"wrote {plot_study(Path(args.out))} and {plot_drift(Path(args.out))}")
     return 0
 
 
