@@ -459,7 +459,7 @@ def plot_fidelity(doc: dict[str, Any], path: str | os.PathLike) -> Path:
         what += f", timed replay (time scale {st['time_scale']:g})"
     else:
         what += ", sequential replay"
-    fig.suptitle(f"{what}: engine cached tokens against the simulator's hit, per request",
+    fig.suptitle(f"{what}\nengine cached tokens against the simulator's hit, per request",
                  fontsize=9)
     fig.tight_layout()
     out = Path(path)
