@@ -73,6 +73,21 @@ def _pool(rec: dict) -> str:
     return f"{rec['num_blocks']:,}"
 
 
+def overlapped(rec: dict) -> int:
+    """Requests whose time in the engine (submit to finish) overlaps another request's."""
+    pr = rec["per_request"]
+    spans = sorted(zip(pr["submitted_s"], pr["finished_s"]))
+    hit = [False] * len(spans)
+    end, owner = float("-inf"), -1
+    for i, (s, f) in enumerate(spans):
+        if s < end:
+            hit[i] = True
+            hit[owner] = True
+        if f > end:
+            end, owner = f, i
+    return sum(hit)
+
+
 def tables(out: Path) -> str:
     """The markdown tables of docs/results.md ("On the real engine"), from the written runs."""
     docs = _load_docs(out)
@@ -103,9 +118,10 @@ def tables(out: Path) -> str:
                 f"{r['requests']} | {r['requests_differing']} | "
                 f"{100 * r['abs_diff_fraction']:.3f} | {r['engine']['evictions']:,} | "
                 f"{r['simulator']['evictions']:,} |")
-    lines += ["", "| workload | time scale | pool (blocks) | policy | mean requests in flight | "
-              "differing | abs. difference (% of prompt tokens) | engine hit rate | "
-              "simulator (sequential) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| workload | time scale | pool (blocks) | policy | requests overlapping "
+              "another | mean requests in flight | differing | abs. difference (% of prompt "
+              "tokens) | engine hit rate | simulator (sequential) |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for name, doc in docs.items():
         if doc["settings"]["mode"] != "timed":
             continue
@@ -113,7 +129,8 @@ def tables(out: Path) -> str:
             conc = r.get("mean_concurrency")
             lines.append(
                 f"| {name} | {doc['settings']['time_scale']:g} | {_pool(r)} | "
-                f"{r['admission']}+{r['eviction']} | {'-' if conc is None else f'{conc:.2f}'} | "
+                f"{r['admission']}+{r['eviction']} | {overlapped(r)} of {r['requests']} | "
+                f"{'-' if conc is None else f'{conc:.2f}'} | "
                 f"{r['requests_differing']} of {r['requests']} | "
                 f"{100 * r['abs_diff_fraction']:.2f} | "
                 f"{100 * r['engine']['token_hit_rate']:.2f} % | "
