@@ -7,9 +7,7 @@ from that engine must agree on every request's cached tokens.
 
 from __future__ import annotations
 
-import gc
 import json
-import os
 
 import pytest
 
@@ -127,21 +125,6 @@ def test_model_without_config(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------- the real engine
-@pytest.fixture
-def engine_env(monkeypatch):
-    pytest.importorskip("vllm")
-    import vllm.plugins
-
-    saved = dict(os.environ)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
-    vllm.plugins.plugins_loaded = False
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
-    gc.collect()
-
-
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     pytest.importorskip("vllm")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import gc
 import json
-import os
 import random
 
 import pytest
@@ -51,12 +49,9 @@ def test_malformed_trace_line(tmp_path, capsys):
 
 
 @pytest.mark.engine
-def test_replay_writes_results(tmp_path_factory, capsys, monkeypatch):
+def test_replay_writes_results(tmp_path_factory, capsys, engine_env):
     """Four short requests, the second and fourth resending the first: with ``vllm`` the
     resends hit floor((300 - 1) / 128) * 128 = 256 tokens."""
-    pytest.importorskip("vllm")
-    import vllm.plugins
-
     from vllm_admission.engine.tiny_model import make_tiny_model
 
     model = make_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_next_replay"))
@@ -68,18 +63,9 @@ def test_replay_writes_results(tmp_path_factory, capsys, monkeypatch):
                                          "output_len": 3}) + "\n"
                              for rid, p in [("a", a), ("a2", a), ("b", b), ("a3", a)]))
     out = tmp_path_factory.mktemp("out")
-    saved = dict(os.environ)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
-    vllm.plugins.plugins_loaded = False
-    try:
-        rc, stdout, _ = run(["replay", "--model", str(model), "--trace", str(trace),
-                             "--admission", "vllm", "--eviction", "flop", "--alpha", "0.5",
-                             "--num-gpu-blocks", "64", "--out", str(out)], capsys)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-        gc.collect()
+    rc, stdout, _ = run(["replay", "--model", str(model), "--trace", str(trace),
+                         "--admission", "vllm", "--eviction", "flop", "--alpha", "0.5",
+                         "--num-gpu-blocks", "64", "--out", str(out)], capsys)
     assert rc == 0
     assert "mode: sequential: one request at a time, in trace order" in stdout
     doc = json.loads((out / "results.json").read_text())
