@@ -23,6 +23,7 @@ import os
 import random
 
 import pytest
+from junction_case import EXPECTED_JUNCTION, junction_prompts
 
 pytestmark = pytest.mark.engine
 
@@ -36,24 +37,8 @@ def toks(seed, n):
     return [rng.randrange(3, 512) for _ in range(n)]
 
 
-# The junction case (tests/test_cache.py::EXPECTED_JUNCTION derives it for B = 256):
-# a 1,500-token prefix, then prompts = prefix + one distinct token + the same 300 tokens
-# (1,801 tokens), 4 output tokens, one at a time. They share floor(1500 / 128) = 11 full
-# blocks = 1,408 tokens.
-#  * vllm, marconi: prompt 1 keeps a state only at its prompt end floor(1800/128)*128 =
-#    1,792; prompt 2 finds 1,408 KV tokens but no state there (hit 0, junction 1,408), stops
-#    its prefill at the junction and caches that state; prompts 3..10 hit 1,408.
-#  * last: no junction stop, states only at each prompt's own 1,792: 0 for all.
-#  * dense: prompt 1 leaves a state at every block boundary: prompts 2..10 hit 1,408.
-#  * none: no state is ever cached: 0.
-EXPECTED_JUNCTION = {
-    "none": [0] * 10,
-    "last": [0] * 10,
-    "vllm": [0, 0] + [1408] * 8,
-    "marconi": [0, 0] + [1408] * 8,
-    "dense": [0] + [1408] * 9,
-}
-JUNCTION_PROMPTS = [toks(2, 1500) + [3 + i] + toks(3, 300) for i in range(10)]
+# The junction case: tests/junction_case.py.
+JUNCTION_PROMPTS = junction_prompts(toks)
 
 # One request, P = 1000, O = 40: prompt end floor(999/128)*128 = 896; the sequence reaches
 # token 1,039, whose last block boundary floor(1039/128)*128 = 1,024 is crossed in decode.
@@ -96,15 +81,15 @@ class Engines:
 
         from vllm_admission.engine.replay import EngineSettings, build_llm
 
-        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ADMISSION_LOG_INTERVAL": "0"}
-        for name in ("VLLM_ADMISSION_POLICY", "VLLM_ADMISSION_EVICTION", "VLLM_ADMISSION_ALPHA"):
-            os.environ.pop(name, None)
+        env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ADMISSION_LOG_INTERVAL": "0",
+               "VLLM_ADMISSION_POLICY": None, "VLLM_ADMISSION_EVICTION": None,
+               "VLLM_ADMISSION_ALPHA": None}
         settings = EngineSettings(model=str(self.model_dir), env=env, max_model_len=4096)
         if kind == "stock":
             env["VLLM_PLUGINS"] = ""
             settings.num_gpu_blocks = FLOP_BLOCKS
         else:
-            os.environ.pop("VLLM_PLUGINS", None)
+            env["VLLM_PLUGINS"] = None
             settings.scheduler_cls = "vllm_admission.AdmissionScheduler"
             if kind == "lru":
                 settings.num_gpu_blocks = 160

@@ -251,23 +251,18 @@ def _load(spec: FidelitySpec) -> Trace:
 def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
                 num_gpu_blocks: int | None) -> dict[str, Any]:
     from vllm_admission.engine.replay import (
-        EngineSettings,
         build_llm_fitting,
         engine_geometry,
         inprocess_scheduler,
+        plugin_settings,
         replay,
         shutdown_llm,
     )
 
-    env = {"VLLM_ADMISSION_POLICY": admission, "VLLM_ADMISSION_EVICTION": eviction,
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    if spec.alpha is not None:
-        env["VLLM_ADMISSION_ALPHA"] = repr(float(spec.alpha))
-    else:
-        os.environ.pop("VLLM_ADMISSION_ALPHA", None)
-    settings = EngineSettings(model=spec.model, num_gpu_blocks=num_gpu_blocks,
-                              scheduler_cls="vllm_admission.AdmissionScheduler", env=env,
-                              seed=spec.seed)
+    settings = plugin_settings(spec.model, admission=admission, eviction=eviction,
+                               alpha=spec.alpha, num_gpu_blocks=num_gpu_blocks, seed=spec.seed)
+    # The comparison reads the live scheduler: the engine core must run in this process.
+    settings.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     llm, note = build_llm_fitting(settings)
     try:
         scheduler = inprocess_scheduler(llm)

@@ -45,6 +45,7 @@ __all__ = [
     "cached_block_positions",
     "engine_geometry",
     "inprocess_scheduler",
+    "plugin_settings",
     "prefix_cache_counters",
     "replay",
 ]
@@ -102,7 +103,8 @@ class EngineSettings:
             ``"vllm_admission.AdmissionScheduler"`` (``None``: stock vLLM).
         env: extra environment variables (e.g. policy selection) set in
             ``os.environ`` before the engine starts; they override both the
-            caller's environment and :data:`DEFAULT_ENV`.
+            caller's environment and :data:`DEFAULT_ENV`. A value of ``None``
+            removes the variable from ``os.environ`` instead.
         seed: engine seed.
         gpu_memory_utilization: fraction of memory vLLM may plan with (on the
             CPU backend it also bounds host memory); 0.5 works on this project's
@@ -114,7 +116,7 @@ class EngineSettings:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     scheduler_cls: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str | None] = field(default_factory=dict)
     seed: int = 0
     gpu_memory_utilization: float = 0.5
 
@@ -167,7 +169,31 @@ def _apply_env(settings: EngineSettings) -> None:
     for key, value in DEFAULT_ENV.items():
         os.environ.setdefault(key, value)
     for key, value in settings.env.items():
-        os.environ[str(key)] = str(value)
+        if value is None:
+            os.environ.pop(str(key), None)
+        else:
+            os.environ[str(key)] = str(value)
+
+
+def plugin_settings(model: str, *, admission: str, eviction: str, alpha: float | None = None,
+                    num_gpu_blocks: int | None = None, max_model_len: int | None = None,
+                    seed: int = 0) -> EngineSettings:
+    """Settings for vLLM running the ``AdmissionScheduler`` with one policy pair.
+
+    The pair goes to ``VLLM_ADMISSION_POLICY`` / ``VLLM_ADMISSION_EVICTION``.
+    ``alpha`` fixes ``flop``'s alpha (``VLLM_ADMISSION_ALPHA``); ``None``
+    leaves it to online tuning and removes a ``VLLM_ADMISSION_ALPHA`` left in
+    the environment. Names are not checked here: the scheduler refuses an
+    invalid one at engine start.
+    """
+    env: dict[str, str | None] = {
+        "VLLM_ADMISSION_POLICY": admission,
+        "VLLM_ADMISSION_EVICTION": eviction,
+        "VLLM_ADMISSION_ALPHA": None if alpha is None else repr(float(alpha)),
+    }
+    return EngineSettings(model=str(model), num_gpu_blocks=num_gpu_blocks,
+                          max_model_len=max_model_len,
+                          scheduler_cls="vllm_admission.AdmissionScheduler", env=env, seed=seed)
 
 
 def build_llm(settings: EngineSettings) -> vllm.LLM:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -76,17 +75,11 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _build(args: argparse.Namespace) -> Any:
-    from vllm_admission.engine.replay import EngineSettings, build_llm_fitting
+    from vllm_admission.engine.replay import build_llm_fitting, plugin_settings
 
-    env = {"VLLM_ADMISSION_POLICY": args.admission, "VLLM_ADMISSION_EVICTION": args.eviction}
-    if args.alpha is not None:
-        env["VLLM_ADMISSION_ALPHA"] = repr(float(args.alpha))
-    else:
-        os.environ.pop("VLLM_ADMISSION_ALPHA", None)
-    settings = EngineSettings(model=str(args.model), num_gpu_blocks=args.num_gpu_blocks,
-                              max_model_len=args.max_model_len,
-                              scheduler_cls="vllm_admission.AdmissionScheduler", env=env,
-                              seed=args.seed)
+    settings = plugin_settings(args.model, admission=args.admission, eviction=args.eviction,
+                               alpha=args.alpha, num_gpu_blocks=args.num_gpu_blocks,
+                               max_model_len=args.max_model_len, seed=args.seed)
     llm, note = build_llm_fitting(settings)
     if note:
         print(f"vllm-admission: {note}")
