@@ -88,9 +88,8 @@ def overlapped(rec: dict) -> int:
     return sum(hit)
 
 
-def tables(out: Path) -> str:
+def tables(docs: dict[str, dict]) -> str:
     """The markdown tables of docs/results.md ("On the real engine"), from the written runs."""
-    docs = _load_docs(out)
     lines = []
     study = [(n, d) for n, d in docs.items() if d["settings"]["mode"] == "sequential"]
     lines += ["| workload | pool (blocks) | policy | engine token hit rate | simulator | "
@@ -138,14 +137,14 @@ def tables(out: Path) -> str:
     return "\n".join(lines)
 
 
-def plot_study(out: Path) -> Path:
+def plot_study(docs_by_name: dict[str, dict], out: Path) -> Path:
     """Bar chart: engine token hit rate per policy pair, per workload and pool."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    docs = [(n, d) for n, d in _load_docs(out).items() if d["settings"]["mode"] == "sequential"]
+    docs = [(n, d) for n, d in docs_by_name.items() if d["settings"]["mode"] == "sequential"]
     groups = [(n, r["num_blocks"]) for n, d in docs for r in d["records"]
               if (r["admission"], r["eviction"]) == STUDY_PAIRS[0]]
     fig, ax = plt.subplots(figsize=(8, 3.4))
@@ -153,7 +152,7 @@ def plot_study(out: Path) -> Path:
     for k, pair in enumerate(STUDY_PAIRS):
         heights = []
         for name, blocks in groups:
-            doc = dict(docs)[name]
+            doc = docs_by_name[name]
             rec = next((r for r in doc["records"] if r["num_blocks"] == blocks
                         and (r["admission"], r["eviction"]) == pair), None)
             heights.append(100 * rec["engine"]["token_hit_rate"] if rec else 0.0)
@@ -170,7 +169,7 @@ def plot_study(out: Path) -> Path:
     return path
 
 
-def plot_drift(out: Path) -> Path | None:
+def plot_drift(docs: dict[str, dict], out: Path) -> Path | None:
     """Drift of the engine from the sequential prediction against requests in flight."""
     import matplotlib
 
@@ -178,7 +177,7 @@ def plot_drift(out: Path) -> Path | None:
     import matplotlib.pyplot as plt
 
     points = []
-    for name, doc in _load_docs(out).items():
+    for name, doc in docs.items():
         if doc["settings"]["mode"] != "timed":
             continue
         for r in doc["records"]:
@@ -209,6 +208,14 @@ def plot_drift(out: Path) -> Path | None:
     return path
 
 
+def _summarise(out: Path) -> int:
+    """Print the tables and draw study.png / drift.png from every run under ``out``."""
+    docs = _load_docs(out)
+    print(tables(docs))
+    print(f"wrote {plot_study(docs, out)} and {plot_drift(docs, out)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="workloads to run (default: all)")
@@ -220,9 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                              "already written")
     args = parser.parse_args(argv)
     if args.tables:
-        print(tables(Path(args.out)))
-        print(f"wrote {plot_study(Path(args.out))} and {plot_drift(Path(args.out))}")
-        return 0
+        return _summarise(Path(args.out))
     if not (Path(args.model) / "config.json").exists():
         from vllm_admission.engine.tiny_model import make_tiny_model
 
@@ -242,9 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_fidelity(doc))
         js, png = write_fidelity(doc, Path(args.out) / name)
         print(f"wrote {js} and {png}", flush=True)
-    print(tables(Path(args.out)))
-    print(f"wrote {plot_study(Path(args.out))} and {plot_drift(Path(args.out))}")
-    return 0
+    return _summarise(Path(args.out))
 
 
 if __name__ == "__main__":
