@@ -55,6 +55,24 @@ def costs(model_dir):
     return ModelCosts.from_config(model_dir / "config.json")
 
 
+_BUILT: list = []
+
+
+@pytest.fixture(autouse=True)
+def _finish_tuners():
+    """After each test, let its schedulers' alpha tuners finish and stop.
+
+    A tuner thread left running logs its decision whenever it gets there, which can
+    fall inside a later test's log capture.
+    """
+    yield
+    while _BUILT:
+        ctl = getattr(_BUILT.pop().scheduler, "_admission", None)
+        if ctl is not None and ctl.tuner is not None:
+            ctl.tuner.drain(timeout=60)
+            ctl.tuner.stop()
+
+
 def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None, blocks=160,
           kinds=GROUPS, cls=None):
     from vllm_admission.plugin.scheduler import AdmissionScheduler
@@ -68,7 +86,9 @@ def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None
         monkeypatch.setenv("VLLM_ADMISSION_ALPHA", str(alpha))
     sched = make_scheduler(cls or AdmissionScheduler, vllm_config,
                            make_kv_cache_config(vllm_config, blocks, kinds=kinds))
-    return FakeEngine(sched)
+    engine = FakeEngine(sched)
+    _BUILT.append(engine)
+    return engine
 
 
 def toks(seed, n):
