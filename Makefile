@@ -7,14 +7,17 @@ OUT      ?= out
 # The CPU build of vLLM 0.32 drags in torchvision/torchaudio/torchcodec built for CUDA torch;
 # with them present, vLLM fails at import ("operator torchvision::nms does not exist").
 CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
+# Distribution metadata "vllm" for the CPU build, so that vLLM's own `vllm` command works
+# (see packaging/vllm-cpu-dist/pyproject.toml).
+VLLM_CPU_DIST := packaging/vllm-cpu-dist
 
 .PHONY: install demo test test-fast bench study engine-study clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(VLLM_CPU_DIST)/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/pip install -q -e ".[cpu,dev]"
+	$(BIN)/pip install -q -e ".[cpu,dev]" ./$(VLLM_CPU_DIST)
 	$(BIN)/pip uninstall -y -q $(CUDA_ONLY_EXTRAS) 2>/dev/null || true
 	touch $(STAMP)
 

@@ -24,3 +24,48 @@ def engine_env(monkeypatch):
     os.environ.clear()
     os.environ.update(saved)
     gc.collect()
+
+
+# ---------------------------------------------------------------- engine geometry
+#: The SSM state dtypes the engine tests pin through vLLM's own ``mamba_ssm_cache_dtype``.
+#: vLLM's CPU platform keeps the tiny model's GDN state in bf16 on CPUs without AVX-512 BF16
+#: and resets it to float32 on CPUs with it (``vllm/platforms/cpu.py``
+#: ``check_and_update_config``); the float32 state page is larger, so vLLM raises the block
+#: size (``vllm/platforms/interface.py`` ``_align_hybrid_block_size``). Pinning each in turn
+#: runs both geometries on any CPU; ``test_tiny_model_engine.py`` also covers the platform
+#: default ("auto") of whatever CPU runs it.
+ENGINE_SSM_DTYPES = ("bfloat16", "float32")
+
+
+@pytest.fixture(scope="module", params=ENGINE_SSM_DTYPES)
+def ssm_dtype(request) -> str:
+    """One pinned SSM state dtype per module instance (the engine tests run once per value)."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """The tiny Qwen3-Next model (weights and tokenizer), written once per test session."""
+    pytest.importorskip("transformers")
+    from vllm_admission.engine.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_next"))
+
+
+def predicted_block_size(model_dir, ssm_dtype: str) -> int:
+    """The block size vLLM's CPU platform gives ``model_dir`` with ``ssm_dtype`` state.
+
+    The core's derivation (``core/geometry.py`` ``aligned_block_size``, vLLM's
+    ``_align_hybrid_block_size``) from the CPU default of 128 tokens; the engine tests assert
+    the live engine agrees before deriving any expected number from it.
+    """
+    from vllm_admission.core.costs import ModelCosts
+    from vllm_admission.core.geometry import CPU_BLOCK_SIZE, CPU_KERNEL_BLOCK_SIZE, aligned_block_size
+
+    costs = ModelCosts.from_config(f"{model_dir}/config.json", mamba_ssm_cache_dtype=ssm_dtype)
+    return aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)
+
+
+def engine_block_size(llm) -> int:
+    """Tokens per KV block of a started ``vllm.LLM``."""
+    return int(llm.llm_engine.vllm_config.cache_config.block_size)

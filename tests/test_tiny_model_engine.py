@@ -1,11 +1,12 @@
 """Real-engine tests: the tiny Qwen3-Next hybrid model on stock vLLM 0.32 with prefix caching.
 
-One engine is started for the whole module (about 7 s of engine construction
-after a ~20 s first import of vLLM on a 2-core CPU machine). The numbers
-asserted here are the ones measured by ``scripts/engine_probe.py`` and
-explained in ``docs/engine-facts.md``.
+The module runs twice, once per pinned SSM state dtype (``conftest.ENGINE_SSM_DTYPES``:
+bf16 gives 128-token blocks, float32 256), with one engine per run; one more test starts
+an engine with vLLM's platform default, whatever this CPU makes of it. The block size
+``B`` is read from the live engine after checking it against the core's derivation, and
+every expected number below is derived from it (``docs/engine-facts.md``).
 
-Derivations used below (B = block size = 128 tokens for this model):
+Derivations used below:
 
 * vLLM never serves a prompt's last token from the cache (it needs that
   token's logits), so a hit is at most ``P - 1`` tokens, and hits are whole
@@ -13,15 +14,14 @@ Derivations used below (B = block size = 128 tokens for this model):
   ``floor((P - 1) / B) * B`` tokens. The first request also leaves a Mamba
   state at exactly that position (its prefill is cut there), so the hybrid hit
   is not shortened by the recurrent group.
-  P = 1000 -> 7 * 128 = 896; P = 1025 -> 8 * 128 = 1024.
 * Junction scenario: prefix of 1500 tokens, prompts = prefix + 1 distinct
-  token + the same 300 tokens. Prompts share ``floor(1500 / B) = 11`` full
-  blocks = 1408 tokens. With the prefix sent first, its prefill leaves a
-  Mamba state at ``floor(1499 / B) * B = 1408``: every prompt hits 1408.
-  Without it, prompt 1 misses (empty cache) and leaves state only at its own
-  ``floor(1800 / B) * B = 1792``; prompt 2 finds 1408 attention tokens but no
-  state at or below 1408 -> 0, and stops its prefill at the junction 1408,
-  caching the state there; prompts 3..10 hit 1408.
+  token + the same 300 tokens. Prompts share ``S = floor(1500 / B) * B``
+  tokens. With the prefix sent first, its prefill leaves a Mamba state at
+  ``floor(1499 / B) * B = S``: every prompt hits S. Without it, prompt 1
+  misses (empty cache) and leaves state only at its own
+  ``floor(1800 / B) * B``; prompt 2 finds S attention tokens but no state at or
+  below S -> 0, and stops its prefill at the junction S, caching the state
+  there; prompts 3..10 hit S.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
+from conftest import engine_block_size, predicted_block_size
 
 from vllm_admission.engine.replay import (
     SEQUENTIAL_MODE,
@@ -40,10 +41,10 @@ from vllm_admission.engine.replay import (
     ReplayResult,
     _skip_reason,
     blocks_needed,
+    shutdown_llm,
 )
 
 VOCAB = 512
-B = 128  # measured block size of the tiny model; asserted against the engine below
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ def toks(seed: int, n: int) -> list[int]:
 
 # ------------------------------------------------------------------ pure helpers (no engine)
 
+# A made-up geometry (these helpers take any): 128-token blocks, one state and one attention group.
 GEO_64 = {
     "block_size": 128,
     "num_gpu_blocks": 64,
@@ -101,25 +103,19 @@ def test_skip_reasons():
 # ------------------------------------------------------------------ engine fixtures
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    pytest.importorskip("transformers")
-    from vllm_admission.engine.tiny_model import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_next"))
-
-
 @pytest.fixture(scope="module")
-def llm(tiny_model_dir):
+def llm(tiny_model_dir, ssm_dtype):
     pytest.importorskip("vllm")
     from vllm_admission.engine.replay import build_llm
 
     saved = dict(os.environ)
     t0 = time.perf_counter()
     # Stock vLLM: keep this project's general plugin (and any other) out of the engine.
-    engine = build_llm(EngineSettings(model=str(tiny_model_dir), env={"VLLM_PLUGINS": ""}))
+    engine = build_llm(EngineSettings(model=str(tiny_model_dir), env={"VLLM_PLUGINS": ""},
+                                      mamba_ssm_cache_dtype=ssm_dtype))
     engine._probe_start_seconds = time.perf_counter() - t0  # noqa: SLF001
     yield engine
+    shutdown_llm(engine)
     del engine
     gc.collect()
     os.environ.clear()
@@ -129,6 +125,14 @@ def llm(tiny_model_dir):
     import vllm.plugins
 
     vllm.plugins.plugins_loaded = False
+
+
+@pytest.fixture(scope="module")
+def B(llm, tiny_model_dir, ssm_dtype):  # noqa: N802 - the block size, as in the docs
+    """The live engine's block size, checked against the core's derivation for this dtype."""
+    block = engine_block_size(llm)
+    assert block == predicted_block_size(tiny_model_dir, ssm_dtype)
+    return block
 
 
 def one(llm, prompt: list[int], max_tokens: int = 4) -> tuple[int, list[int]]:
@@ -144,44 +148,58 @@ def one(llm, prompt: list[int], max_tokens: int = 4) -> tuple[int, list[int]]:
 
 
 @pytest.mark.engine
-def test_tiny_model_is_idempotent(tiny_model_dir):
+def test_tiny_model_is_idempotent_and_has_a_tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
     from vllm_admission.engine.tiny_model import make_tiny_model
 
     weights = tiny_model_dir / "model.safetensors"
     mtime = weights.stat().st_mtime_ns
-    t0 = time.perf_counter()
     assert make_tiny_model(tiny_model_dir) == tiny_model_dir
-    assert time.perf_counter() - t0 < 1.0
-    assert weights.stat().st_mtime_ns == mtime
+    assert weights.stat().st_mtime_ns == mtime  # not rebuilt
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    text = "The prefix cache keeps a recurrent state, 42 times!"
+    ids = tok(text)["input_ids"]
+    assert ids and max(ids) < VOCAB
+    assert tok.decode(ids) == text
+    assert (tok.bos_token_id, tok.eos_token_id, tok.pad_token_id) == (0, 1, 2)
 
 
 @pytest.mark.engine
-def test_engine_geometry(llm):
+def test_engine_geometry(llm, B, ssm_dtype):
     from vllm_admission.engine.replay import engine_geometry
 
     geo = engine_geometry(llm)
     assert llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
     assert geo["inprocess"] is True
     assert geo["block_size"] == B
+    assert geo["mamba_ssm_cache_dtype"] == ssm_dtype
+    assert geo["ssm_state_dtype"] == ssm_dtype
     assert geo["mamba_cache_mode"] == "align"
     assert geo["max_model_len"] == 131072
     assert geo["max_num_batched_tokens"] == 4096
-    assert geo["num_gpu_blocks"] == 8192  # VLLM_CPU_KVCACHE_SPACE=1 GiB / 2 layers / 64 KiB pages
     kinds = {g["kind"]: g["num_layers"] for g in geo["kv_cache_groups"]}
     assert kinds == {"mamba": 2, "full_attention": 2}
     assert {g["block_size"] for g in geo["kv_cache_groups"]} == {B}
+    # The attention page is B tokens x 2 KV heads x 64 x (K, V) x 2 bytes; the state page is
+    # padded to it. A block id costs the largest group's pages: VLLM_CPU_KVCACHE_SPACE=1 GiB
+    # over 2 layers of one page each.
+    page = B * 2 * 64 * 2 * 2
+    assert {g["page_size_bytes"] for g in geo["kv_cache_groups"]} == {page}
+    assert geo["num_gpu_blocks"] == (1 << 30) // (2 * page)
 
 
 @pytest.mark.engine
-def test_repeated_prompt_hits_last_full_block_before_last_token(llm):
-    for p_len in (1000, 1025):
+def test_repeated_prompt_hits_last_full_block_before_last_token(llm, B):
+    for p_len in (1000, 1025, 2 * B + 1):
         llm.reset_prefix_cache()
         prompt = toks(p_len, p_len)
         first, out1 = one(llm, prompt)
         second, out2 = one(llm, prompt)
         assert first == 0
-        assert second == (p_len - 1) // B * B  # 896 for 1000, 1024 for 1025
+        assert second == (p_len - 1) // B * B
         assert out1 == out2
+    assert (1025 - 1) // B * B > (1000 - 1) // B * B  # the cases differ in both geometries
 
 
 @pytest.mark.engine
@@ -197,40 +215,80 @@ def test_greedy_outputs_are_identical(llm):
 
 
 @pytest.mark.engine
-def test_junction_scenario_exact_hits(llm):
+def test_junction_scenario_exact_hits(llm, B):
     prefix, suffix = toks(2, 1500), toks(3, 300)
     prompts = [prefix + [3 + i] + suffix for i in range(10)]
+    shared = 1500 // B * B  # = floor(1499 / B) * B, the prefix request's checkpoint
+    assert shared == 1499 // B * B > 0
 
     llm.reset_prefix_cache()
     assert one(llm, prefix)[0] == 0
-    assert [one(llm, p)[0] for p in prompts] == [1408] * 10
+    assert [one(llm, p)[0] for p in prompts] == [shared] * 10
 
     llm.reset_prefix_cache()
-    assert [one(llm, p)[0] for p in prompts] == [0, 0] + [1408] * 8
+    assert [one(llm, p)[0] for p in prompts] == [0, 0] + [shared] * 8
 
 
 @pytest.mark.engine
-def test_second_turn_hits_prompt_checkpoint_not_decode_boundary(llm):
+def test_second_turn_hits_prompt_checkpoint_not_decode_boundary(llm, B):
     from vllm_admission.engine.replay import cached_block_positions
 
     llm.reset_prefix_cache()
     first = toks(4, 1000)
-    _, out = one(llm, first, 100)
+    # Enough output to cross the next block boundary after the prompt in either geometry.
+    checkpoint = 999 // B * B
+    output_len = checkpoint + 2 * B - 1000 + 1
+    _, out = one(llm, first, output_len)
+    computed = 1000 + output_len - 1  # the last output token's KV is never computed
     cached = cached_block_positions(llm)
-    # Attention blocks filled during decode are cached (1099 tokens computed -> 8 blocks),
-    # but the only Mamba state is the prompt checkpoint floor(999 / 128) * 128 = 896.
-    assert cached["0:mamba"] == [896]
-    assert cached["1:full_attention"] == [B * i for i in range(1, 9)]
-    # So turn 2 = turn 1 prompt + its output + 700 new tokens hits 896, not 1024.
-    assert one(llm, first + out + toks(5, 700))[0] == 896
+    # Every full attention block is cached, decode ones included, but the only Mamba state
+    # is the prompt checkpoint floor(999 / B) * B.
+    assert cached["0:mamba"] == [checkpoint]
+    assert cached["1:full_attention"] == [B * i for i in range(1, computed // B + 1)]
+    assert computed // B * B > checkpoint + B - 1  # a decode block boundary lies past it
+    # So turn 2 = turn 1 prompt + its output + 700 new tokens hits the checkpoint only.
+    assert one(llm, first + out + toks(5, 700))[0] == checkpoint
 
 
 @pytest.mark.engine
-def test_replay_counts_hits_and_skips(llm):
+def test_platform_default_follows_the_cpu_rule(tiny_model_dir):
+    """With vLLM's default ("auto"), the CPU platform decides the SSM dtype: float32 on CPUs
+    with AVX-512 BF16, the model's bf16 elsewhere; the block size follows the dtype."""
+    import torch
+
+    from vllm_admission.engine.replay import build_llm, engine_geometry
+
+    saved = dict(os.environ)
+    expected = "float32" if torch.cpu._is_avx512_bf16_supported() else "bfloat16"  # noqa: SLF001
+    engine = build_llm(EngineSettings(model=str(tiny_model_dir), env={"VLLM_PLUGINS": ""},
+                                      num_gpu_blocks=64, max_model_len=2048))
+    try:
+        geo = engine_geometry(engine)
+        B = geo["block_size"]  # noqa: N806
+        assert geo["ssm_state_dtype"] == expected
+        assert B == predicted_block_size(tiny_model_dir, expected)
+        prompt = toks(8, 700)
+        assert one(engine, prompt)[0] == 0
+        assert one(engine, prompt)[0] == 699 // B * B
+    finally:
+        shutdown_llm(engine)
+        del engine
+        gc.collect()
+        os.environ.clear()
+        os.environ.update(saved)
+        import vllm.plugins
+
+        vllm.plugins.plugins_loaded = False
+
+
+@pytest.mark.engine
+def test_replay_counts_hits_and_skips(llm, B):
     from vllm_admission.engine.replay import replay
 
     llm.reset_prefix_cache()
-    p = tuple(toks(6, 200))
+    p_len = 2 * B + 72
+    hit = (p_len - 1) // B * B  # = 2 B
+    p = tuple(toks(6, p_len))
     reqs = [
         StandInRequest("a", p, 4),
         StandInRequest("too-long", (), 1, declared_len=131072),  # 131073 > max_model_len
@@ -241,26 +299,26 @@ def test_replay_counts_hits_and_skips(llm):
     assert res.mode == SEQUENTIAL_MODE
     assert [r["status"] for r in res.requests] == ["ok", "skipped: longer than max_model_len", "ok"]
     assert res.skipped == {"longer than max_model_len": 1}
-    assert [r["cached_tokens"] for r in res.requests] == [0, None, 128]  # floor(199 / 128) * 128
-    assert res.prompt_tokens == 400 and res.hit_tokens == 128
-    assert res.token_hit_rate == pytest.approx(128 / 400)
+    assert [r["cached_tokens"] for r in res.requests] == [0, None, hit]
+    assert res.prompt_tokens == 2 * p_len and res.hit_tokens == hit
+    assert res.token_hit_rate == pytest.approx(hit / (2 * p_len))
     assert res.requests[0]["output_tokens"] == res.requests[2]["output_tokens"]
     assert len(res.requests[0]["output_tokens"]) == 4
-    assert res.engine_prefix_cache_queries == 400
-    assert res.engine_prefix_cache_hits == 128
+    assert res.engine_prefix_cache_queries == 2 * p_len
+    assert res.engine_prefix_cache_hits == hit
     with pytest.raises(ValueError):
         replay(llm, [], vocab_size=VOCAB, mode="batched")
 
 
 @pytest.mark.engine
-def test_replay_accepts_trace_requests(llm):
+def test_replay_accepts_trace_requests(llm, B):
     traces = pytest.importorskip("vllm_admission.core.traces")
     from vllm_admission.core.traces.prompts import TokenPrompt
     from vllm_admission.engine.replay import replay
 
     llm.reset_prefix_cache()
-    prompt = TokenPrompt(tuple(toks(7, 300)))
+    prompt = TokenPrompt(tuple(toks(7, B + 44)))
     reqs = [traces.Request(f"r{i}", prompt, 2, None, None) for i in range(2)]
     res = replay(llm, reqs, vocab_size=VOCAB)
-    assert [r["cached_tokens"] for r in res.requests] == [0, 256]  # floor(299 / 128) * 128
+    assert [r["cached_tokens"] for r in res.requests] == [0, B]  # floor((B + 43) / B) * B
     assert res.skipped == {}

@@ -109,6 +109,17 @@ class EngineSettings:
         gpu_memory_utilization: fraction of memory vLLM may plan with (on the
             CPU backend it also bounds host memory); 0.5 works on this project's
             machines.
+        mamba_ssm_cache_dtype: vLLM's ``mamba_ssm_cache_dtype`` (``"auto"``,
+            ``"float32"``, ``"bfloat16"``, ``"float16"``); ``None``: vLLM's
+            default ``"auto"``, which vLLM's CPU platform turns into float32 on
+            CPUs with AVX-512 BF16 (``vllm/platforms/cpu.py``
+            ``check_and_update_config``), doubling the GDN state page and so
+            the block size of the tiny model (``docs/engine-facts.md``). Pin it
+            to get the same geometry on every CPU.
+        block_size: tokens per KV block (vLLM's ``block_size``); ``None``: the
+            platform's choice. vLLM still raises it when the recurrent-state
+            page does not fit (``platforms/interface.py``
+            ``_align_hybrid_block_size``).
     """
 
     model: str
@@ -119,6 +130,8 @@ class EngineSettings:
     env: dict[str, str | None] = field(default_factory=dict)
     seed: int = 0
     gpu_memory_utilization: float = 0.5
+    mamba_ssm_cache_dtype: str | None = None
+    block_size: int | None = None
 
 
 @dataclass
@@ -250,6 +263,10 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
         kwargs["max_model_len"] = int(settings.max_model_len)
     if settings.scheduler_cls is not None:
         kwargs["scheduler_cls"] = settings.scheduler_cls
+    if settings.mamba_ssm_cache_dtype is not None:
+        kwargs["mamba_ssm_cache_dtype"] = settings.mamba_ssm_cache_dtype
+    if settings.block_size is not None:
+        kwargs["block_size"] = int(settings.block_size)
     return vllm.LLM(**kwargs)
 
 
@@ -333,6 +350,12 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
     * ``max_num_batched_tokens`` (token budget of one step),
     * ``max_model_len`` (tokens),
     * ``mamba_cache_mode`` (``"align"`` with prefix caching on hybrid models),
+    * ``mamba_ssm_cache_dtype`` (the setting after the platform's changes:
+      ``"float32"`` on CPUs with AVX-512 BF16 when ``"auto"`` was asked for;
+      ``"auto"`` means the model's own choice, see ``ssm_state_dtype``),
+    * ``ssm_state_dtype``: the dtype of the recurrent (SSM / GDN temporal)
+      state as allocated, e.g. ``"bfloat16"`` or ``"float32"`` (``None``
+      without Mamba groups or when the engine core runs in another process),
     * ``enable_chunked_prefill``, ``async_scheduling``, ``max_num_seqs``,
     * ``scheduler_cls`` (qualified name or class repr),
     * ``kv_cache_groups``: list of ``{"kind", "num_layers", "block_size",
@@ -353,11 +376,13 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
         "max_num_batched_tokens": int(sc.max_num_batched_tokens),
         "max_model_len": int(vc.model_config.max_model_len),
         "mamba_cache_mode": getattr(cc, "mamba_cache_mode", None),
+        "mamba_ssm_cache_dtype": str(cc.mamba_ssm_cache_dtype),
         "enable_chunked_prefill": bool(getattr(sc, "enable_chunked_prefill", True)),
         "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
         "max_num_seqs": int(sc.max_num_seqs),
         "scheduler_cls": str(getattr(sc, "scheduler_cls", None)),
         "kv_cache_groups": None,
+        "ssm_state_dtype": None,
         "inprocess": False,
     }
     try:
@@ -377,6 +402,10 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
         }
         for g in kvc.kv_cache_groups
     ]
+    state_dtypes = {str(g.kv_cache_spec.dtypes[-1]).removeprefix("torch.")
+                    for g in kvc.kv_cache_groups if hasattr(g.kv_cache_spec, "dtypes")}
+    if state_dtypes:
+        geo["ssm_state_dtype"] = ",".join(sorted(state_dtypes))
     return geo
 
 

@@ -11,6 +11,12 @@ a vLLM CPU constraint:
 
 * ``torch_dtype`` bfloat16: the CPU GDN kernel refuses anything else.
 * ``head_dim`` 64: the CPU attention backend rejects 32.
+
+A byte-level BPE tokenizer with the model's 512-token vocabulary is trained
+offline (``tokenizers``) on a fixed synthetic corpus and saved beside the
+weights, so ``vllm serve DIR`` takes text prompts without
+``skip_tokenizer_init``. Special tokens: ``<bos>`` 0, ``<eos>`` 1, ``<pad>`` 2,
+matching the config.
 """
 
 from __future__ import annotations
@@ -19,10 +25,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TINY_MODEL_PARAMS", "make_tiny_model", "tiny_model_config_kwargs"]
+__all__ = ["TINY_MODEL_PARAMS", "make_tiny_model", "tiny_model_config_kwargs", "train_tiny_tokenizer"]
 
 #: Bumped whenever the recipe below changes, so stale directories are rebuilt.
-_RECIPE_VERSION = 1
+_RECIPE_VERSION = 2  # 2: a tokenizer is written too
 _MARKER = "vllm_admission_tiny_model.json"
 
 #: The fixed part of the recipe (everything except context length and seed).
@@ -66,11 +72,66 @@ def tiny_model_config_kwargs(max_position_embeddings: int = 131072) -> dict[str,
     """
     kw = json.loads(json.dumps(TINY_MODEL_PARAMS))
     kw["max_position_embeddings"] = int(max_position_embeddings)
-    # No tokenizer ships with the model; these ids only need to be in range.
+    # The tokenizer's special tokens (see train_tiny_tokenizer).
     kw["bos_token_id"] = 0
     kw["eos_token_id"] = 1
     kw["pad_token_id"] = 2
     return kw
+
+
+#: Special tokens in id order (ids 0, 1, 2: bos, eos, pad of the config).
+_SPECIAL_TOKENS = ("<bos>", "<eos>", "<pad>")
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+_WORDS = (
+    "the a of to and in is it that for on with as cache block prefix state token model "
+    "request hit miss layer attention recurrent hybrid admission eviction checkpoint "
+    "server prompt user assistant system reply question answer data time number value"
+).split()
+
+
+def _corpus(seed: int, lines: int = 2000):
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(lines):
+        n = rng.randrange(4, 24)
+        words = [rng.choice(_WORDS) for _ in range(n)]
+        words.append(str(rng.randrange(0, 10_000)))
+        yield " ".join(words) + rng.choice((".", "?", "!", ","))
+
+
+def train_tiny_tokenizer(vocab_size: int = TINY_MODEL_PARAMS["vocab_size"], *, seed: int = 0) -> Any:
+    """A byte-level BPE tokenizer of ``vocab_size`` tokens, trained offline.
+
+    Trained with the ``tokenizers`` library on a fixed synthetic English-like
+    corpus (no download). Any text encodes (byte fallback through the 256
+    byte tokens); ids are ``< vocab_size``.
+
+    Returns:
+        A ``transformers.PreTrainedTokenizerFast`` with ``<bos>`` = 0,
+        ``<eos>`` = 1, ``<pad>`` = 2 and a minimal chat template.
+
+    Raises:
+        ValueError: ``vocab_size`` below 256 bytes + 3 special tokens.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if vocab_size < 256 + len(_SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size must be at least {256 + len(_SPECIAL_TOKENS)}, got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(_SPECIAL_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    bos, eos, pad = _SPECIAL_TOKENS
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos,
+                                   pad_token=pad, chat_template=_CHAT_TEMPLATE)
 
 
 def _marker_payload(max_position_embeddings: int, seed: int) -> dict[str, Any]:
@@ -96,9 +157,10 @@ def make_tiny_model(
     recipe, ``max_position_embeddings`` and ``seed`` (checked through a small
     marker json written last), it is returned without rebuilding.
 
-    Only ``config.json``, the safetensors weights and ``generation_config.json``
-    are written; there is no tokenizer, so engines must use
-    ``skip_tokenizer_init=True`` and token-id prompts.
+    Writes ``config.json``, the safetensors weights, ``generation_config.json``
+    and the tokenizer of :func:`train_tiny_tokenizer` (``tokenizer.json``,
+    ``tokenizer_config.json``), so the directory serves text prompts
+    (``vllm serve DIR``) as well as token-id prompts.
 
     Args:
         out_dir: directory to create or reuse.
@@ -138,5 +200,6 @@ def make_tiny_model(
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model = model.to(torch.bfloat16)
     model.save_pretrained(out)
+    train_tiny_tokenizer(config.vocab_size, seed=int(seed)).save_pretrained(out)
     marker.write_text(json.dumps(want, indent=2, sort_keys=True) + "\n")
     return out
