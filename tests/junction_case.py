@@ -1,31 +1,36 @@
-"""The junction case at the tiny engine's block size, B = 128 (shared by the plugin tests).
+"""The junction case, at any block size B (shared by the plugin tests).
 
 One 1,500-token prefix; prompt i = prefix + one distinct token + the same 300-token suffix
-(1,801 tokens), 4 output tokens, one at a time. The prompts share floor(1500 / 128) = 11
-full blocks = 1,408 tokens (block 12 holds the distinct token).
+(1,801 tokens), 4 output tokens, one at a time. The prompts share S = floor(1500 / B) * B
+tokens (S = 1,408 at B = 128, 1,280 at B = 256; the block after S holds the distinct token).
 
 * vllm / marconi: prompt 1 runs on an empty cache and keeps a state only at its prompt end
-  floor(1800 / 128) * 128 = 1,792. Prompt 2 finds 1,408 attention tokens but no state at or
-  below them: hybrid hit 0, junction 1,408; its prefill stops there and the state is cached.
-  Prompts 3..10 hit 1,408.
-* last: no junction stop; every prompt keeps only its own 1,792 state: 0 everywhere.
-* dense: prompt 1 keeps a state at every block boundary: prompts 2..10 hit 1,408.
+  floor(1800 / B) * B. Prompt 2 finds S attention tokens but no state at or below them:
+  hybrid hit 0, junction S; its prefill stops there and the state is cached. Prompts 3..10
+  hit S.
+* last: no junction stop; every prompt keeps only its own prompt-end state: 0 everywhere.
+* dense: prompt 1 keeps a state at every block boundary: prompts 2..10 hit S.
 * none: no state is ever cached: 0.
 
-(tests/test_cache.py::EXPECTED_JUNCTION is the same derivation at B = 256: 1,280.)
+(tests/test_cache.py::EXPECTED_JUNCTION is the same derivation at B = 256.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-EXPECTED_JUNCTION = {
-    "none": [0] * 10,
-    "last": [0] * 10,
-    "vllm": [0, 0] + [1408] * 8,
-    "marconi": [0, 0] + [1408] * 8,
-    "dense": [0] + [1408] * 9,
-}
+
+def expected_junction(block_size: int) -> dict[str, list[int]]:
+    """Per policy, the ten prompts' hits (tokens) at ``block_size``."""
+    shared = 1500 // block_size * block_size
+    assert 0 < shared < 1500, "the case needs at least one shared block and a distinct one"
+    return {
+        "none": [0] * 10,
+        "last": [0] * 10,
+        "vllm": [0, 0] + [shared] * 8,
+        "marconi": [0, 0] + [shared] * 8,
+        "dense": [0] + [shared] * 9,
+    }
 
 
 def junction_prompts(toks: Callable[[int, int], list[int]]) -> list[list[int]]:

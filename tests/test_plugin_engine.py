@@ -3,16 +3,17 @@
 Engines (in-process engine core, so the scheduler is inspectable), one alive at a time:
 
 * ``stock``: vLLM without this plugin (``VLLM_PLUGINS=""``, stock scheduler) in the same
-  48-block pool as ``flop``: the reference outputs;
-* ``lru``: the plugin with ``lru`` eviction, a 160-block pool; every admission policy is
-  run on it by switching the policy on the live scheduler between cases;
-* ``flop``: the plugin with ``flop`` eviction (alpha fixed at 0) in a 48-block pool, small
-  enough for evictions and preemptions;
+  small pool as ``flop``: the reference outputs;
+* ``lru``: the plugin with ``lru`` eviction, a pool of 20,480 tokens; every admission
+  policy is run on it by switching the policy on the live scheduler between cases;
+* ``flop``: the plugin with ``flop`` eviction (alpha fixed at 0) in a pool of 6,144 tokens,
+  small enough for evictions and preemptions;
 * one engine start with an invalid setting.
 
-Block size 128 (the CPU default for this model, asserted). Derivations are next to the
-expected numbers; the fast tests in ``test_plugin_scheduler.py`` check the same cases
-without a model.
+The module runs once per pinned SSM state dtype (``conftest.ENGINE_SSM_DTYPES``), so with
+the block size B = 128 (bf16 state) and B = 256 (float32) on any CPU; pools are sized in
+tokens and converted to blocks of B. Derivations are next to the expected numbers; the
+fast tests in ``test_plugin_scheduler.py`` check the same cases without a model.
 """
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ import os
 import random
 
 import pytest
-from junction_case import EXPECTED_JUNCTION, junction_prompts
+from conftest import engine_block_size, predicted_block_size
+from junction_case import expected_junction, junction_prompts
 
 pytestmark = pytest.mark.engine
 
-B = 128
 POLICIES = ["vllm", "last", "marconi", "dense", "none"]
-FLOP_BLOCKS = 48
+LRU_POOL_TOKENS = 160 * 128
+FLOP_POOL_TOKENS = 48 * 128
+MAX_MODEL_LEN = 4096
 
 
 def toks(seed, n):
@@ -40,20 +43,32 @@ def toks(seed, n):
 # The junction case: tests/junction_case.py.
 JUNCTION_PROMPTS = junction_prompts(toks)
 
-# One request, P = 1000, O = 40: prompt end floor(999/128)*128 = 896; the sequence reaches
-# token 1,039, whose last block boundary floor(1039/128)*128 = 1,024 is crossed in decode.
+# One request, P = 1000, O = 40.
 SEQ_PROMPT = toks(4, 1000)
 SEQ_OUTPUT = 40
-EXPECTED_STATES = {
-    "none": [],
-    "vllm": [896],
-    "marconi": [1024],
-    "last": [896, 1024],
-    "dense": [128 * i for i in range(1, 8)] + [1024],
-}
+
+
+def expected_states(B: int) -> dict[str, list[int]]:  # noqa: N803
+    """Per policy, the cached state positions after SEQ_PROMPT with SEQ_OUTPUT tokens.
+
+    Prompt end c = floor(999 / B) * B (896 at B = 128, 768 at 256); the sequence reaches token
+    1,039, and decode crosses the block boundaries in (1000, 1039] (1,024 in both geometries),
+    the last of which, floor(1039 / B) * B, is Marconi's sequence end.
+    """
+    c = 999 // B * B
+    decode = [k * B for k in range(1000 // B + 1, 1039 // B + 1)]
+    assert decode, "the output must cross a block boundary"
+    return {
+        "none": [],
+        "vllm": [c],
+        "marconi": [1039 // B * B],
+        "last": [c] + decode,
+        "dense": [B * i for i in range(1, c // B + 1)] + decode,
+    }
+
 
 # Faults: eight 700-token prompts sharing 300 tokens, 80 output tokens each, all at once in
-# a 48-block pool (a request needs up to 7 KV blocks + 2 states); vLLM preempts some of them
+# the flop pool (a request needs up to ceil(779 / B) KV blocks + 2 states); vLLM preempts some of them
 # while they decode and recomputes them (3 preemptions in vLLM's scheduler driven without
 # a model, tests/test_plugin_scheduler.py's FakeEngine). Greedy tokens depend on the batch on this CPU backend
 # (a request decoded alone and in this batch differ from token 11 on), and a request
@@ -65,10 +80,17 @@ FAULT_OUTPUT = 80
 
 # ------------------------------------------------------------------ engines
 class Engines:
-    """At most one engine alive; switching kind closes the previous one."""
+    """At most one engine alive; switching kind closes the previous one.
 
-    def __init__(self, model_dir):
+    ``B`` is the block size vLLM gives the model with ``ssm_dtype`` state, derived by the core
+    and checked against every engine started.
+    """
+
+    def __init__(self, model_dir, ssm_dtype):
         self.model_dir = model_dir
+        self.ssm_dtype = ssm_dtype
+        self.B = predicted_block_size(model_dir, ssm_dtype)  # noqa: N806
+        self.flop_blocks = FLOP_POOL_TOKENS // self.B
         self.kind = None
         self.llm = None
         self.warnings: dict[str, list[str]] = {}
@@ -84,18 +106,19 @@ class Engines:
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ADMISSION_LOG_INTERVAL": "0",
                "VLLM_ADMISSION_POLICY": None, "VLLM_ADMISSION_EVICTION": None,
                "VLLM_ADMISSION_ALPHA": None}
-        settings = EngineSettings(model=str(self.model_dir), env=env, max_model_len=4096)
+        settings = EngineSettings(model=str(self.model_dir), env=env, max_model_len=MAX_MODEL_LEN,
+                                  mamba_ssm_cache_dtype=self.ssm_dtype)
         if kind == "stock":
             env["VLLM_PLUGINS"] = ""
-            settings.num_gpu_blocks = FLOP_BLOCKS
+            settings.num_gpu_blocks = self.flop_blocks
         else:
             env["VLLM_PLUGINS"] = None
             settings.scheduler_cls = "vllm_admission.AdmissionScheduler"
             if kind == "lru":
-                settings.num_gpu_blocks = 160
+                settings.num_gpu_blocks = LRU_POOL_TOKENS // self.B
                 env.update(VLLM_ADMISSION_EVICTION="lru")
             elif kind == "flop":
-                settings.num_gpu_blocks = FLOP_BLOCKS
+                settings.num_gpu_blocks = self.flop_blocks
                 env.update(VLLM_ADMISSION_EVICTION="flop", VLLM_ADMISSION_ALPHA="0")
             else:
                 raise ValueError(kind)
@@ -111,6 +134,7 @@ class Engines:
             self.llm = build_llm(settings)
         finally:
             vllm_logger.removeHandler(handler)
+        assert engine_block_size(self.llm) == self.B
         self.kind = kind
         # (vLLM itself leaves VLLM_DIST_IDENT behind after an in-process engine, which it
         # then warns about; only the plugin's variables matter here.)
@@ -129,13 +153,10 @@ class Engines:
 
 
 @pytest.fixture(scope="module")
-def engines(tmp_path_factory):
+def engines(tiny_model_dir, ssm_dtype):
     pytest.importorskip("vllm")
-    pytest.importorskip("transformers")
-    from vllm_admission.engine.tiny_model import make_tiny_model
-
     saved = dict(os.environ)
-    e = Engines(make_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_next_plugin")))
+    e = Engines(tiny_model_dir, ssm_dtype)
     yield e
     e.close()
     os.environ.clear()
@@ -183,7 +204,6 @@ def spy_preemptions(sched):
 def reference(engines):
     """Stock vLLM's greedy outputs for the prompts below (one at a time, and the batch)."""
     llm = engines.get("stock")
-    assert llm.llm_engine.vllm_config.cache_config.block_size == B
     sched = scheduler(llm)
     assert type(sched).__name__ == "Scheduler"
     preempted = spy_preemptions(sched)
@@ -220,7 +240,7 @@ def test_junction_case_outputs_and_metrics(engines, reference, policy):
     hits0, queries0 = prefix_cache_counters(llm)
     results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
     hits = [h for h, _ in results]
-    assert hits == EXPECTED_JUNCTION[policy]
+    assert hits == expected_junction(engines.B)[policy]
     assert [out for _, out in results] == reference["junction"]
     # vLLM's own counters stay right: hits = the sum of num_cached_tokens.
     hits1, queries1 = prefix_cache_counters(llm)
@@ -234,26 +254,30 @@ def test_junction_case_outputs_and_metrics(engines, reference, policy):
     assert_no_leak(llm)
 
 
-def test_junction_case_engine_equals_core_model():
+def chained(tokens, B):  # noqa: N803
+    """Chained block hashes of ``tokens`` (one per full block of ``B``), as vLLM chains them."""
+    out, h = [], 0
+    for i in range(len(tokens) // B):
+        h = hash((h, tuple(tokens[i * B:(i + 1) * B])))
+        out.append(h)
+    return out
+
+
+def test_junction_case_engine_equals_core_model(engines):
     """The core's cache model with this engine's geometry gives the same per-request hits."""
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
     from vllm_admission.core.eviction import get_eviction
 
-    def chained(tokens):
-        out, h = [], 0
-        for i in range(len(tokens) // B):
-            h = hash((h, tuple(tokens[i * B:(i + 1) * B])))
-            out.append(h)
-        return out
-
+    B = engines.B  # noqa: N806
     for policy in POLICIES:
-        cache = HybridPrefixCache(num_blocks=160, block_size=B, group_kinds=("state", "attention"),
+        cache = HybridPrefixCache(num_blocks=LRU_POOL_TOKENS // B, block_size=B,
+                                  group_kinds=("state", "attention"),
                                   admission=get_admission(policy), eviction=get_eviction("lru"),
                                   chunk_size=4096)
-        hits = [cache.serve(chained(p), len(p), 4, rid=r, now=float(r)).hit_tokens
+        hits = [cache.serve(chained(p, B), len(p), 4, rid=r, now=float(r)).hit_tokens
                 for r, p in enumerate(JUNCTION_PROMPTS)]
-        assert hits == EXPECTED_JUNCTION[policy], policy
+        assert hits == expected_junction(B)[policy], policy
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -261,25 +285,28 @@ def test_cached_states_follow_the_policy(engines, reference, policy):
     from vllm_admission.engine.replay import cached_block_positions
 
     llm = engines.get("lru")
+    B = engines.B  # noqa: N806
+    states = expected_states(B)[policy]
     assert llm.reset_prefix_cache()
     scheduler(llm).set_admission_policy(policy)
     ((hit, out),) = one_at_a_time(llm, [SEQ_PROMPT], SEQ_OUTPUT)
     assert hit == 0 and out == reference["seq"]
     cached = cached_block_positions(llm)
-    assert cached["0:mamba"] == EXPECTED_STATES[policy]
-    # Attention KV for 1,039 computed tokens: 8 full blocks, whatever the policy.
-    assert cached["1:full_attention"] == [B * i for i in range(1, 9)]
-    # The same prompt again hits the last cached state at or below floor(999/128)*128 = 896.
+    assert cached["0:mamba"] == states
+    # Attention KV for 1,039 computed tokens: every full block, whatever the policy.
+    assert cached["1:full_attention"] == [B * i for i in range(1, 1039 // B + 1)]
+    # The same prompt again hits the last cached state at or below floor(999 / B) * B.
     ((again, out2),) = one_at_a_time(llm, [SEQ_PROMPT], 4)
-    assert again == max([s for s in EXPECTED_STATES[policy] if s <= 896], default=0)
+    assert again == max([s for s in states if s <= 999 // B * B], default=0)
     assert out2 == reference["seq"][:4]
     assert_no_leak(llm)
 
 
 # ------------------------------------------------------------------ flop engine
 def test_flop_engine_junction_case_matches_core_model(engines, reference):
-    """With a 48-block pool the ten 1,801-token prompts (15 KV blocks + states each) evict;
-    the core model with the same geometry and alpha = 0 predicts every hit."""
+    """In the flop pool (6,144 tokens) the ten 1,801-token prompts (ceil(1801 / B) KV blocks
+    + states each) evict; the core model with the same geometry and alpha = 0 predicts every
+    hit."""
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
     from vllm_admission.core.costs import ModelCosts
@@ -288,26 +315,25 @@ def test_flop_engine_junction_case_matches_core_model(engines, reference):
     llm = engines.get("flop")
     sched = scheduler(llm)
     assert type(sched.kv_cache_manager.block_pool.free_block_queue).__name__ == "FlopFreeBlockQueue"
-    costs = ModelCosts.from_config(llm.llm_engine.vllm_config.model_config.hf_config.to_dict())
-
-    def chained(tokens):
-        out, h = [], 0
-        for i in range(len(tokens) // B):
-            h = hash((h, tuple(tokens[i * B:(i + 1) * B])))
-            out.append(h)
-        return out
+    costs = ModelCosts.from_config(llm.llm_engine.vllm_config.model_config.hf_config.to_dict(),
+                                   mamba_ssm_cache_dtype=engines.ssm_dtype)
+    B = engines.B  # noqa: N806
+    groups = sched.kv_cache_config.kv_cache_groups
+    bytes_per_block = max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
+    assert bytes_per_block == 2 * (B * 2 * 64 * 2 * 2)  # 2 layers x one attention page
 
     for policy in POLICIES:
         assert llm.reset_prefix_cache()
         sched.set_admission_policy(policy)
         before = sched.stats()
         results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
-        cache = HybridPrefixCache(num_blocks=FLOP_BLOCKS, block_size=B,
+        cache = HybridPrefixCache(num_blocks=engines.flop_blocks, block_size=B,
                                   group_kinds=("state", "attention"),
                                   admission=get_admission(policy),
                                   eviction=get_eviction("flop", alpha=0.0), chunk_size=4096,
-                                  segment_flops=costs.prefill_flops, bytes_per_block=2 * 65536)
-        sim = [cache.serve(chained(p), len(p), 4, rid=r, now=float(r)).hit_tokens
+                                  segment_flops=costs.prefill_flops,
+                                  bytes_per_block=bytes_per_block)
+        sim = [cache.serve(chained(p, B), len(p), 4, rid=r, now=float(r)).hit_tokens
                for r, p in enumerate(JUNCTION_PROMPTS)]
         assert [h for h, _ in results] == sim, policy
         assert [out for _, out in results] == reference["junction"], policy
@@ -365,7 +391,9 @@ def test_invalid_setting_stops_the_engine_with_one_line(engines, monkeypatch):
     from vllm_admission.plugin.config import AdmissionConfigError
 
     engines.close()
-    settings = EngineSettings(model=str(engines.model_dir), max_model_len=4096, num_gpu_blocks=64,
+    settings = EngineSettings(model=str(engines.model_dir), max_model_len=MAX_MODEL_LEN,
+                              num_gpu_blocks=engines.flop_blocks,
+                              mamba_ssm_cache_dtype=engines.ssm_dtype,
                               scheduler_cls="vllm_admission.AdmissionScheduler",
                               env={"VLLM_ADMISSION_POLICY": "marconni"})
     try:

@@ -17,7 +17,7 @@ import logging
 import random
 
 import pytest
-from junction_case import EXPECTED_JUNCTION, junction_prompts
+from junction_case import expected_junction, junction_prompts
 
 pytest.importorskip("vllm")
 
@@ -26,7 +26,7 @@ from vllm_admission.core.cache import HybridPrefixCache  # noqa: E402
 from vllm_admission.core.costs import ModelCosts  # noqa: E402
 from vllm_admission.core.eviction import get_eviction  # noqa: E402
 
-B = 128
+B = 128  # pinned through vLLM's block_size (and bf16 state) below: the same on every CPU
 GROUPS = ("state", "attention")
 BYTES_PER_BLOCK = 2 * 65536  # 2 layers x 64 KiB pages (docs/engine-facts.md)
 CHUNK = 4096
@@ -44,7 +44,8 @@ def model_dir(tmp_path_factory):
 def vllm_config(model_dir):
     from vllm_admission.plugin.testing import make_vllm_config
 
-    cfg = make_vllm_config(model_dir, max_model_len=8192, max_num_batched_tokens=CHUNK)
+    cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192,
+                           max_num_batched_tokens=CHUNK)
     assert cfg.cache_config.block_size == B
     assert cfg.cache_config.mamba_cache_mode == "align"
     return cfg
@@ -154,7 +155,7 @@ def test_junction_case_exact_hits(vllm_config, monkeypatch, costs, policy, evict
     reqs = junction_requests()
     engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, alpha=0.5)
     hits = run_engine(engine, reqs)
-    assert hits == EXPECTED_JUNCTION[policy]
+    assert hits == expected_junction(B)[policy]
     assert simulate(policy, eviction, reqs, blocks=160, costs=costs, alpha=0.5)[0] == hits
     stats = engine.scheduler.stats()
     assert stats.tokens_saved == sum(hits)

@@ -47,10 +47,16 @@ def write_config_only_model(out_dir: str | Path, *, max_position_embeddings: int
 def make_vllm_config(model_dir: str | Path, *, block_size: int | None = None,
                      max_num_batched_tokens: int = 4096, max_model_len: int = 131072,
                      enable_prefix_caching: bool = True, max_num_seqs: int = 256) -> Any:
-    """The ``VllmConfig`` vLLM builds for ``model_dir`` (bf16, no tokenizer, eager)."""
+    """The ``VllmConfig`` vLLM builds for ``model_dir`` (bf16, no tokenizer, eager).
+
+    The SSM state dtype is pinned to bf16 (the dtype of :func:`make_kv_cache_config`'s
+    state spec), so vLLM's CPU platform does not switch it to float32 on CPUs with
+    AVX-512 BF16 (``vllm/platforms/cpu.py``).
+    """
     from vllm.engine.arg_utils import EngineArgs
 
     args = EngineArgs(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16",
+                      mamba_ssm_cache_dtype="bfloat16",
                       enable_prefix_caching=enable_prefix_caching, enforce_eager=True,
                       max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
                       max_num_seqs=max_num_seqs, block_size=block_size)
