@@ -53,6 +53,9 @@ ENV_ALPHA = "VLLM_ADMISSION_ALPHA"
 ENV_LOG_INTERVAL = "VLLM_ADMISSION_LOG_INTERVAL"
 ENV_TUNE_MULTIPLIER = "VLLM_ADMISSION_TUNE_MULTIPLIER"
 ENV_TUNE_GRID = "VLLM_ADMISSION_TUNE_GRID"
+#: Not a user setting: where the engine core publishes the plugin's metrics
+#: (vllm_admission.plugin.metrics, which imports vLLM; hence defined here too).
+ENV_METRICS_DIR = "VLLM_ADMISSION_METRICS_DIR"
 
 DEFAULT_POLICY = "vllm"
 DEFAULT_EVICTION = "lru"
@@ -71,6 +74,8 @@ ENV_VARS: dict[str, str] = {
     ENV_TUNE_MULTIPLIER: (f"alpha tuner bootstrap multiplier, integer >= 1 "
                           f"(default {DEFAULT_TUNE_MULTIPLIER})"),
     ENV_TUNE_GRID: f"alpha tuner bootstrap grid, one of {', '.join(GRIDS)} (default {DEFAULT_TUNE_GRID})",
+    ENV_METRICS_DIR: ("directory where the scheduler publishes its counters for the server's "
+                      "/metrics (set by the plugin in the process that starts vLLM)"),
 }
 
 

@@ -20,9 +20,11 @@ Overridden ``vllm.v1.core.sched.scheduler.Scheduler`` methods:
 * ``add_request``: advances the eviction clock (requests, as in the simulator);
 * ``schedule``: applies a newly tuned alpha before the step allocates blocks;
 * ``_update_after_schedule``: counts admitted requests, writes the periodic
-  metric line;
-* ``_free_blocks``: forgets a finished request and feeds the alpha tuner;
-* ``shutdown``: stops the tuner thread.
+  metric line and the metrics snapshot for ``/metrics``
+  (:mod:`vllm_admission.plugin.metrics`);
+* ``_free_blocks``: forgets a finished request, feeds the alpha tuner,
+  publishes the snapshot when the last running request ends;
+* ``shutdown``: stops the tuner thread, removes the snapshot.
 
 With prefix caching off, or a model without recurrent (or without attention)
 layers, the scheduler logs one INFO line and behaves exactly as vLLM's.
@@ -41,6 +43,7 @@ from vllm.v1.kv_cache_interface import MambaSpec
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import ATTENTION, STATE, AdmissionControl, Geometry
 from vllm_admission.plugin.logs import ensure_log_output
+from vllm_admission.plugin.metrics import StatsPublisher
 from vllm_admission.plugin.stats import AdmissionStats
 
 __all__ = ["AdmissionScheduler", "admission_stats"]
@@ -70,10 +73,13 @@ class AdmissionScheduler(Scheduler):
         self._admission: AdmissionControl | None = None
         self._admission_last_log = 0.0
         self._admission_last_line = ""
+        self._admission_publisher = StatsPublisher.from_env(
+            engine_index=self.vllm_config.parallel_config.data_parallel_rank)
         reason = self._admission_inert_reason()
         if reason is not None:
             logger.info("vllm_admission: %s; AdmissionScheduler runs as vLLM's stock scheduler "
                         "(nothing for the plugin to do)", reason)
+            self._admission_publish(idle=True)
             return
         geometry = self._admission_geometry(config)
         self._admission_check_supported(config.policy)
@@ -97,6 +103,13 @@ class AdmissionScheduler(Scheduler):
         logger.info("vllm_admission: AdmissionScheduler active: %s; block_size=%d, groups=%s, "
                     "pool=%d blocks", config.describe(), geometry.block_size,
                     ",".join(geometry.group_kinds), geometry.num_blocks)
+        self._admission_publish(idle=True)
+
+    def _admission_publish(self, *, idle: bool) -> None:
+        """Write the metrics snapshot if one is due (always when ``idle``)."""
+        publisher = self._admission_publisher
+        if publisher is not None and publisher.due(idle):
+            publisher.publish(self.stats())
 
     # -- set-up helpers ----------------------------------------------------------
     def _admission_inert_reason(self) -> str | None:
@@ -230,6 +243,7 @@ class AdmissionScheduler(Scheduler):
                     if line != self._admission_last_line:
                         self._admission_last_line = line
                         logger.info("vllm_admission: %s", line)
+            self._admission_publish(idle=False)
         super()._update_after_schedule(scheduler_output)
 
     def _free_blocks(self, request: Any) -> None:
@@ -238,11 +252,14 @@ class AdmissionScheduler(Scheduler):
         if ctl is not None:
             pool = self.kv_cache_manager.block_pool
             ctl.on_finished(request, any(pool.admission_evictions))
+            self._admission_publish(idle=not self.requests)
 
     def shutdown(self) -> None:
         ctl = self._admission
         if ctl is not None and ctl.tuner is not None:
             ctl.tuner.stop()
+        if self._admission_publisher is not None:
+            self._admission_publisher.remove()
         super().shutdown()
 
     # -- public helpers ------------------------------------------------------------

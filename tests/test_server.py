@@ -1,0 +1,189 @@
+"""A real OpenAI-compatible server with the plugin: ``vllm serve`` as the README writes it.
+
+The server is vLLM's own ``vllm`` command from this environment, started on the tiny model
+(weights and tokenizer from ``make_tiny_model``) with the AdmissionScheduler, and spoken to
+over HTTP with the ``openai`` client and ``httpx``. The SSM state is pinned to bf16
+(``--mamba-ssm-cache-dtype``), so the block size B is the core's derivation on any CPU.
+
+Three text completions share a long prefix and differ after it (vLLM's stock admission,
+``vllm``): with S = the shared tokens rounded down to a block,
+
+* A runs on an empty cache: 0 cached tokens; its prompt-end state is kept;
+* B finds S tokens of attention KV but no state there: 0 cached tokens, one junction, and
+  its prefill stops at S so the state at S is kept, plus its own prompt end;
+* C hits S (``usage.prompt_tokens_details.cached_tokens``) and keeps its prompt end.
+
+So on ``/metrics``: 3 requests, 1 junction, 4 checkpoints, 1 state hit, S tokens saved,
+no evictions, and vLLM's own ``vllm:prefix_cache_hits`` = S.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import predicted_block_size
+
+pytestmark = pytest.mark.engine
+
+VLLM = str(Path(sys.executable).with_name("vllm"))
+MODEL_NAME = "tiny"
+START_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(model_dir, port: int) -> list[str]:
+    return [VLLM, "serve", str(model_dir), "--scheduler-cls", "vllm_admission.AdmissionScheduler",
+            "--served-model-name", MODEL_NAME, "--enable-prefix-caching",
+            "--enable-prompt-tokens-details", "--dtype", "bfloat16",
+            "--mamba-ssm-cache-dtype", "bfloat16", "--gpu-memory-utilization", "0.5",
+            "--max-model-len", "4096", "--host", "127.0.0.1", "--port", str(port)]
+
+
+def server_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
+    env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ADMISSION_LOG_INTERVAL="0", **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    """``(base_url, block_size)`` of a running ``vllm serve`` with the plugin."""
+    httpx = pytest.importorskip("httpx")
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(serve_command(tiny_model_dir, port),
+                                env=server_env(VLLM_ADMISSION_POLICY="vllm",
+                                               VLLM_ADMISSION_EVICTION="lru"),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vllm serve exited with {proc.returncode}:\n"
+                            + log_path.read_text()[-4000:])
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("vllm serve did not become healthy:\n" + log_path.read_text()[-4000:])
+            time.sleep(1)
+        yield base, predicted_block_size(tiny_model_dir, "bfloat16"), log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``(sample name, sorted labels) -> value`` of every sample on ``/metrics``."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(samples, name: str, **labels: str) -> float:
+    want = {"model_name": MODEL_NAME, **labels}
+    hits = [v for (n, ls), v in samples.items()
+            if n == name and all(dict(ls).get(k) == x for k, x in want.items())]
+    assert len(hits) == 1, f"{name} {labels}: {len(hits)} samples"
+    return hits[0]
+
+
+def words(seed: int, n: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    vocab = "cache block prefix state token model layer attention hybrid server prompt".split()
+    return " ".join(f"{rng.choice(vocab)}{rng.randrange(100)}" for _ in range(n))
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_shared_prefix_is_cached_and_counted(server, tiny_model_dir):
+    from openai import OpenAI
+    from transformers import AutoTokenizer
+
+    base, B, log_path = server  # noqa: N806
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    prefix = words(1, 300)
+    prompts = [f"{prefix}\n{tag}: {words(seed, 150)}" for tag, seed in
+               (("alpha", 2), ("beta", 3), ("gamma", 4))]
+    ids = [tok(p)["input_ids"] for p in prompts]
+    shared = {common_prefix(ids[i], ids[j]) // B * B for i, j in ((0, 1), (0, 2), (1, 2))}
+    assert len(shared) == 1
+    (S,) = shared  # noqa: N806
+    assert S >= 2 * B and all(len(x) - 1 >= S + B for x in ids)
+
+    before = scrape(base)
+    assert value(before, "vllm:hybrid_prefix_cache_policy_info", engine="0",
+                 admission="vllm", eviction="lru", active="true") == 1.0
+
+    client = OpenAI(base_url=f"{base}/v1", api_key="unused")
+    usages = []
+    for p in prompts:
+        r = client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=4, temperature=0.0)
+        assert r.choices[0].text is not None
+        usages.append(r.usage)
+    assert [u.prompt_tokens for u in usages] == [len(x) for x in ids]
+    assert [u.prompt_tokens_details.cached_tokens for u in usages] == [0, 0, S]
+
+    # The engine core publishes when its last running request ends; allow the file a moment.
+    deadline = time.monotonic() + 30
+    while True:
+        after = scrape(base)
+        if value(after, "vllm:hybrid_prefix_cache_requests_total", engine="0") >= 3:
+            break
+        assert time.monotonic() < deadline, "the plugin's counters did not reach /metrics"
+        time.sleep(0.5)
+
+    def moved(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    expected = {"requests": 3, "prompt_tokens": sum(len(x) for x in ids), "junctions": 1,
+                "checkpoints": 4, "state_hits": 1, "tokens_saved": S, "superseded": 0}
+    got = {k: moved(f"vllm:hybrid_prefix_cache_{k}_total", engine="0") for k in expected}
+    assert got == expected
+    for kind, group in (("state", "0"), ("attention", "1")):
+        assert value(after, "vllm:hybrid_prefix_cache_evictions_total", engine="0",
+                     kind=kind, group=group) == 0
+    assert moved("vllm:prefix_cache_hits_total", engine="0") == S
+    usable = value(after, "vllm:hybrid_prefix_cache_usable_blocks", engine="0")
+    assert value(after, "vllm:hybrid_prefix_cache_free_blocks", engine="0") == usable > 0
+    assert "AdmissionScheduler active: admission=vllm eviction=lru" in log_path.read_text()
+
+
+def test_invalid_policy_stops_the_server_with_one_line(tiny_model_dir):
+    proc = subprocess.run(serve_command(tiny_model_dir, free_port()),
+                          env=server_env(VLLM_ADMISSION_POLICY="marconni"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines[-1] == ("vllm_admission: error: VLLM_ADMISSION_POLICY='marconni' is invalid; "
+                         "valid: none, last, vllm, marconi, dense")
