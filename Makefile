@@ -4,6 +4,8 @@ VENV     ?= .venv
 BIN      := $(VENV)/bin
 STAMP    := $(VENV)/.stamp-install
 OUT      ?= out
+# Extra pytest arguments for `make test` (.ci/run asks for a JUnit report).
+PYTEST_ARGS ?=
 # The CPU build of vLLM 0.32 drags in torchvision/torchaudio/torchcodec built for CUDA torch;
 # with them present, vLLM fails at import ("operator torchvision::nms does not exist").
 CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
@@ -25,7 +27,7 @@ demo: install
 	$(BIN)/vllm-admission demo --out $(OUT)/demo
 
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not engine"

@@ -1,0 +1,139 @@
+"""The plugin's /metrics path without a server: snapshot files, the collector, register()."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm_admission.plugin.metrics import (  # noqa: E402
+    COUNTERS,
+    AdmissionCollector,
+    StatsPublisher,
+    read_snapshots,
+)
+from vllm_admission.plugin.stats import AdmissionStats  # noqa: E402
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def stats(**kw) -> AdmissionStats:
+    base = dict(active=True, admission="marconi", eviction="flop", alpha=0.5, requests=7,
+                prompt_tokens=9000, junctions=2, checkpoints=5, superseded=1, state_hits=4,
+                tokens_saved=3072, evictions=11, evictions_by_group={"state0": 3, "attention1": 8},
+                free_blocks=40, usable_blocks=63)
+    base.update(kw)
+    return AdmissionStats(**base)
+
+
+def test_publisher_writes_atomically_and_throttles(tmp_path):
+    clock = FakeClock()
+    pub = StatsPublisher(tmp_path / "m", engine_index=3, interval_s=1.0, clock=clock)
+    assert pub.due(idle=False)
+    pub.publish(stats())
+    assert json.loads((tmp_path / "m" / "engine-3.json").read_text()) == stats().to_dict()
+    assert [p.name for p in (tmp_path / "m").iterdir()] == ["engine-3.json"]  # no temp file left
+    clock.t += 0.5
+    assert not pub.due(idle=False)
+    assert pub.due(idle=True)  # the last request ended: publish whatever the interval
+    clock.t += 0.5
+    assert pub.due(idle=False)
+    assert read_snapshots(tmp_path / "m") == {"3": stats().to_dict()}
+    pub.remove()
+    assert not (tmp_path / "m").exists()
+    assert read_snapshots(tmp_path / "m") == {}
+
+
+def test_publisher_from_env(monkeypatch, tmp_path):
+    monkeypatch.delenv("VLLM_ADMISSION_METRICS_DIR", raising=False)
+    assert StatsPublisher.from_env() is None
+    monkeypatch.setenv("VLLM_ADMISSION_METRICS_DIR", str(tmp_path))
+    assert StatsPublisher.from_env(engine_index=1).path == tmp_path / "engine-1.json"
+
+
+def scrape(collector) -> dict:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_collector_exports_every_counter_with_vllm_conventions(tmp_path):
+    StatsPublisher(tmp_path, engine_index=0).publish(stats())
+    StatsPublisher(tmp_path, engine_index=1).publish(stats(eviction="lru", alpha=None, requests=2,
+                                                           evictions_by_group={}))
+    got = scrape(AdmissionCollector(tmp_path, "my-model"))
+    e0 = (("engine", "0"), ("model_name", "my-model"))
+    e1 = (("engine", "1"), ("model_name", "my-model"))
+    s = stats()
+    for name in COUNTERS:
+        assert got[(f"vllm:hybrid_prefix_cache_{name}_total", e0)] == getattr(s, name)
+    assert got[("vllm:hybrid_prefix_cache_requests_total", e1)] == 2
+    info = [k for k in got if k[0] == "vllm:hybrid_prefix_cache_policy_info"]
+    assert sorted(dict(labels)["eviction"] for _, labels in info) == ["flop", "lru"]
+    assert all(dict(labels)["admission"] == "marconi" for _, labels in info)
+    assert got[("vllm:hybrid_prefix_cache_evictions_total",
+                tuple(sorted({"engine": "0", "model_name": "my-model", "kind": "state",
+                              "group": "0"}.items())))] == 3
+    assert got[("vllm:hybrid_prefix_cache_evictions_total",
+                tuple(sorted({"engine": "0", "model_name": "my-model", "kind": "attention",
+                              "group": "1"}.items())))] == 8
+    assert got[("vllm:hybrid_prefix_cache_alpha", e0)] == 0.5
+    assert ("vllm:hybrid_prefix_cache_alpha", e1) not in got  # lru has no alpha
+    assert got[("vllm:hybrid_prefix_cache_free_blocks", e0)] == 40
+    assert got[("vllm:hybrid_prefix_cache_usable_blocks", e0)] == 63
+
+
+def test_collector_without_snapshots_exports_nothing(tmp_path):
+    assert scrape(AdmissionCollector(tmp_path / "absent", "m")) == {}
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["vllm", "serve", "M", "--scheduler-cls", "vllm_admission.AdmissionScheduler"], True),
+    (["vllm", "serve", "M", "--scheduler-cls=vllm_admission.AdmissionScheduler"], True),
+    (["vllm", "serve", "M", "--scheduler_cls", "vllm_admission.plugin.scheduler.X"], True),
+    (["vllm", "serve", "M", "--scheduler-cls", "my.Scheduler"], False),
+    (["vllm", "serve", "M", "--scheduler-cls"], False),
+    (["script.py"], False),
+])
+def test_command_line_naming_the_scheduler(argv, named):
+    from vllm_admission.plugin.register import names_admission_scheduler
+
+    assert names_admission_scheduler(argv) is named
+
+
+def test_register_sets_the_metrics_dir_and_refuses_bad_settings_for_the_server(monkeypatch, capsys):
+    from vllm_admission.plugin import register as reg
+
+    monkeypatch.delenv("VLLM_ADMISSION_METRICS_DIR", raising=False)
+    monkeypatch.setenv("VLLM_ADMISSION_POLICY", "vllm")
+    reg.register()
+    import os
+
+    assert os.environ["VLLM_ADMISSION_METRICS_DIR"].endswith(f"vllm_admission-{os.getpid()}")
+
+    monkeypatch.setenv("VLLM_ADMISSION_EVICTION", "belady")
+    monkeypatch.setattr(reg.sys, "argv", ["vllm", "serve", "M", "--scheduler-cls",
+                                          "vllm_admission.AdmissionScheduler"])
+    with pytest.raises(SystemExit) as info:
+        reg.register()
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "vllm_admission: error: VLLM_ADMISSION_EVICTION='belady' is invalid; valid: ")
+
+    # Not the server's command line: a warning only (the scheduler refuses later).
+    monkeypatch.setattr(reg.sys, "argv", ["script.py"])
+    reg.register()
