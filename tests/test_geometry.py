@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import shutil
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_admission.core.costs import ModelCosts, load_model
+from vllm_admission.core.costs import BUILTIN_MODELS, ModelCosts, load_model
 from vllm_admission.core.geometry import (
     CPU_BLOCK_SIZE,
     CPU_KERNEL_BLOCK_SIZE,
@@ -30,7 +32,7 @@ from vllm_admission.core.geometry import (
     minimum_capacity_bytes,
     parse_bytes,
 )
-from vllm_admission.engine.tiny_model import TINY_MODEL_PARAMS
+from vllm_admission.engine.tiny_model import TINY_MODEL_PARAMS, tiny_model_config_kwargs
 
 SHARED = Path("/work/shared/model_configs")
 REAL_CONFIGS = sorted(SHARED.glob("*.json")) + sorted(SHARED.glob("unverified/*.json"))
@@ -103,6 +105,89 @@ def test_guide_tiny_model_gets_block_256_on_cpu():
     assert aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE) == 256
     # With a bf16 state (35840 bytes) one 128-token page (65536 bytes) would have sufficed.
     assert aligned_block_size(ModelCosts.from_config(TINY_QWEN3_NEXT), 128, kernel_block_size=32) == 128
+
+
+def _gdn_config(which: str) -> dict:
+    """The raw config of the built-in Qwen3-Next or of the tiny model (as its Qwen3NextConfig kwargs)."""
+    if which == "qwen3-next":
+        path = Path(QWEN3_NEXT.source)
+        assert path.name == BUILTIN_MODELS["qwen3-next-80b-a3b"][0]
+        return json.loads(path.read_text())
+    return {"architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", **tiny_model_config_kwargs()}
+
+
+def _gdn_expectations(cfg: dict, ssm_bytes: int, start: int, kernel: int) -> tuple[int, int, int, int]:
+    """(conv elements, SSM elements, attention page bytes per token, aligned block size) of one layer.
+
+    From the config's shapes alone.
+
+    vLLM's ``MambaStateShapeCalculator.gated_delta_net_state_shape`` (TP 1): conv state
+    ``(kernel - 1) x (2 * Hk * dk + Hv * dv)`` in the model dtype (bf16), temporal (SSM) state
+    ``Hv x dv x dk`` in the SSM dtype (``ssm_bytes`` per element). Attention page per token:
+    K and V, ``kv_heads * head_dim`` bf16 each. Block: ``Platform._align_hybrid_block_size``.
+    """
+    conv = (cfg["linear_conv_kernel_dim"] - 1) * (
+        2 * cfg["linear_num_key_heads"] * cfg["linear_key_head_dim"]
+        + cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"]
+    )
+    ssm = cfg["linear_num_value_heads"] * cfg["linear_value_head_dim"] * cfg["linear_key_head_dim"]
+    state_page = 2 * conv + ssm_bytes * ssm
+    attn_per_token = 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 2
+    align = max(kernel, start)
+    size = align * math.ceil(state_page / (align * attn_per_token))
+    return conv, ssm, attn_per_token, max(start, kernel * math.ceil(size / kernel))
+
+
+def _num_gdn_layers(cfg: dict) -> int:
+    if "layer_types" in cfg:
+        return cfg["layer_types"].count("linear_attention")
+    return cfg["num_hidden_layers"] - cfg["num_hidden_layers"] // cfg["full_attention_interval"]
+
+
+@pytest.mark.parametrize("which", ["qwen3-next", "tiny"])
+@pytest.mark.parametrize("start, kernel", [(16, 16), (CPU_BLOCK_SIZE, CPU_KERNEL_BLOCK_SIZE)], ids=["cuda", "cpu"])
+def test_ssm_cache_dtype_scales_the_state_page_and_the_block_size(which, start, kernel):
+    cfg = _gdn_config(which)
+    costs = {d: ModelCosts.from_config(cfg, mamba_ssm_cache_dtype=d) for d in ("auto", "bfloat16", "float32")}
+    # "auto" resolves as vLLM does on a GPU: Qwen3-Next keeps its GDN state in the model dtype.
+    assert {d: c.ssm_dtype for d, c in costs.items()} == {"auto": "bfloat16", "bfloat16": "bfloat16",
+                                                          "float32": "float32"}
+    assert {d: c.mamba_ssm_cache_dtype for d, c in costs.items()} == {d: d for d in costs}
+    assert costs["auto"].state_bytes == costs["bfloat16"].state_bytes
+    # Only the SSM share of the state doubles: ratio (2 conv + 4 ssm) / (2 conv + 2 ssm).
+    conv, ssm, attn_per_token, bf16_block = _gdn_expectations(cfg, 2, start, kernel)
+    *_, fp32_block = _gdn_expectations(cfg, 4, start, kernel)
+    layers = _num_gdn_layers(cfg)
+    assert costs["bfloat16"].state_bytes == layers * (2 * conv + 2 * ssm)
+    assert costs["float32"].state_bytes == layers * (2 * conv + 4 * ssm)
+    assert Fraction(costs["float32"].state_bytes, costs["bfloat16"].state_bytes) == Fraction(
+        2 * conv + 4 * ssm, 2 * conv + 2 * ssm)
+    assert costs["float32"].kv_bytes_per_token == costs["bfloat16"].kv_bytes_per_token
+    # The larger state page needs a larger attention page, so a larger aligned block.
+    blocks = {d: aligned_block_size(c, start, kernel_block_size=kernel) for d, c in costs.items()}
+    assert blocks == {"auto": bf16_block, "bfloat16": bf16_block, "float32": fp32_block}
+    assert fp32_block > bf16_block
+    # Same capacity: the float32 geometry's pages are larger, so fewer blocks (num_blocks =
+    # capacity // (layers per group * block_size * attention page per token)).
+    capacity = 64 * GiB
+    geo = {d: block_geometry(costs[d], capacity, block_size=start, kernel_block_size=kernel)
+           for d in ("bfloat16", "float32")}
+    for d, g in geo.items():
+        assert g.block_size == blocks[d]
+        assert g.page_bytes == g.block_size * attn_per_token
+        assert g.num_blocks == capacity // (g.group_size * g.block_size * attn_per_token)
+    assert geo["float32"].num_blocks < geo["bfloat16"].num_blocks
+
+
+def test_ssm_cache_dtype_block_sizes_by_hand():
+    # The same rule with the numbers written out (derivations in the two tests above).
+    # Qwen3-Next, CUDA: float32 state 49152 + 32*128*128*4 = 2146304 bytes; 16 * ceil(2146304 / 32768) = 1056.
+    f32 = load_model("qwen3-next-80b-a3b", mamba_ssm_cache_dtype="float32")
+    assert (aligned_block_size(QWEN3_NEXT), aligned_block_size(f32)) == (544, 1056)
+    # Tiny model, CPU: bf16 state 35840 bytes fits one 128-token page (65536); float32 68608 needs 256.
+    tiny = {d: ModelCosts.from_config(_gdn_config("tiny"), mamba_ssm_cache_dtype=d) for d in ("bfloat16", "float32")}
+    assert {d: aligned_block_size(c, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)
+            for d, c in tiny.items()} == {"bfloat16": 128, "float32": 256}
 
 
 @pytest.mark.parametrize(

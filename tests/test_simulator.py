@@ -5,17 +5,18 @@ from pathlib import Path
 
 import pytest
 
-from vllm_admission.cli import main
+from vllm_admission.cli import build_parser, main
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.costs import load_model
-from vllm_admission.core.geometry import block_geometry, parse_bytes
+from vllm_admission.core.geometry import aligned_block_size, block_geometry, parse_bytes
 from vllm_admission.core.traces import load_trace
 from vllm_admission.sim.simulator import cache_requests, simulate, trace_bound
 
 MOONCAKE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/conversation_trace.jsonl"
 REQUIRED = {"trace", "model", "admission", "eviction", "capacity_bytes", "block_size", "num_blocks",
             "requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "request_hit_rate",
-            "flops_saved_fraction", "state_checkpoints", "evictions", "wall_seconds"}
+            "flops_saved_fraction", "state_checkpoints", "evictions", "wall_seconds",
+            "mamba_ssm_cache_dtype", "ssm_dtype"}
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,8 @@ def test_cli_writes_results_and_plot(tmp_path, capsys):
         assert run["requests"] == 150
         assert 0 <= run["token_hit_rate"] <= 1
         assert run["hit_tokens"] <= doc["bound"][0]["hit_tokens"]
+        # The default "auto" resolves as on a GPU: Qwen3-Next keeps a bf16 GDN state.
+        assert (run["mamba_ssm_cache_dtype"], run["ssm_dtype"]) == ("auto", "bfloat16")
     assert doc["bound"][0]["block_size"] == 544
     assert (tmp_path / "hit_rate.png").stat().st_size > 10_000
     table = capsys.readouterr().out
@@ -94,6 +97,47 @@ def test_mooncake_prefix_stays_under_its_bound(costs):
     bound = trace_bound(cache_requests(trace, geo.block_size), geo.block_size)
     assert 0 < r.hit_tokens <= bound["hit_tokens"]
     assert r.requests == 800 and r.skipped_requests == 0
+
+
+def test_ssm_cache_dtype_option_changes_the_geometry(tmp_path, capsys):
+    docs, tables = {}, {}
+    for dtype in ("bfloat16", "float32"):
+        rc = main(["simulate", "--trace", "synthetic", "--max-requests", "40", "--capacity", "2GiB",
+                   "--admission", "vllm", "--eviction", "lru", "--mamba-ssm-cache-dtype", dtype,
+                   "--out", str(tmp_path / dtype), "--no-progress"])
+        assert rc == 0
+        docs[dtype] = json.loads((tmp_path / dtype / "results.json").read_text())
+        tables[dtype] = capsys.readouterr().out
+    for dtype, doc in docs.items():
+        assert (doc["mamba_ssm_cache_dtype"], doc["ssm_dtype"]) == (dtype, dtype)
+        assert f"SSM state {dtype} (--mamba-ssm-cache-dtype {dtype})" in tables[dtype]
+        (run,) = doc["runs"]
+        assert (run["mamba_ssm_cache_dtype"], run["ssm_dtype"]) == (dtype, dtype)
+        costs = load_model("qwen3-next-80b-a3b", mamba_ssm_cache_dtype=dtype)
+        geo = block_geometry(costs, parse_bytes("2GiB"))
+        assert (run["block_size"], run["num_blocks"]) == (aligned_block_size(costs), geo.num_blocks)
+        assert doc["bound"][0]["block_size"] == run["block_size"]
+    bf16, fp32 = docs["bfloat16"]["runs"][0], docs["float32"]["runs"][0]
+    # A float32 SSM state doubles the bulk of the state page: larger blocks, fewer of them.
+    assert fp32["block_size"] > bf16["block_size"]
+    assert fp32["num_blocks"] < bf16["num_blocks"]
+
+
+def test_bad_ssm_cache_dtype_is_argparses_error(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--out", str(tmp_path), "--mamba-ssm-cache-dtype", "bogus"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "invalid choice: 'bogus'" in errors[0]
+    assert "Traceback" not in err and not (tmp_path / "results.json").exists()
+
+
+def test_demo_takes_the_ssm_cache_dtype_too():
+    parser = build_parser()
+    assert parser.parse_args(["demo"]).mamba_ssm_cache_dtype == "auto"
+    assert parser.parse_args(["demo", "--mamba-ssm-cache-dtype", "float32"]).mamba_ssm_cache_dtype == "float32"
+    assert parser.parse_args(["simulate", "--out", "x"]).mamba_ssm_cache_dtype == "auto"
 
 
 @pytest.mark.parametrize("argv, message", [

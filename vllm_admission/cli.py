@@ -33,6 +33,9 @@ DEMO_CAPACITIES = "2GiB,4GiB,8GiB,16GiB"
 DEMO_ADMISSIONS = "last,vllm,marconi,dense"
 DEMO_EVICTIONS = "lru,flop"
 
+#: Values of ``--mamba-ssm-cache-dtype`` (vLLM 0.32 ``MambaDType``, vllm/config/cache.py).
+MAMBA_SSM_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
 USER_ERRORS = (UnknownPolicyError, ModelConfigError, CapacityError, TraceError, ValueError, OSError)
 
 
@@ -48,6 +51,11 @@ def _add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help=f"comma list of: {', '.join(ADMISSION_POLICIES)} (default {DEMO_ADMISSIONS})")
     p.add_argument("--eviction", default=DEMO_EVICTIONS,
                    help=f"comma list of: {', '.join(EVICTION_POLICIES)} (default {DEMO_EVICTIONS})")
+    p.add_argument("--mamba-ssm-cache-dtype", choices=MAMBA_SSM_CACHE_DTYPES, default="auto",
+                   help="dtype of the recurrent (SSM / GDN) state, as vLLM's flag of that name: "
+                        "'auto' (default) resolves per model as vLLM does on a GPU; vLLM's CPU "
+                        "platform uses float32 on CPUs with AVX-512 BF16. A float32 state doubles "
+                        "the state page and so raises the block size")
     p.add_argument("--chunk-size", type=int, default=None,
                    help="prefill tokens per step, vLLM's max_num_batched_tokens (default 8192)")
     p.add_argument("--alpha", type=float, default=None,
@@ -224,9 +232,8 @@ def _simulate(args: argparse.Namespace) -> int:
         evictions=parse_list(args.eviction, "eviction policy", list(EVICTION_POLICIES)),
         chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
         max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
-        tune_grid=args.tune_grid)
-    from vllm_admission.core.costs import load_model
-    costs = load_model(args.model)
+        tune_grid=args.tune_grid, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype)
+    costs = spec.load_costs()
     if not costs.is_hybrid:
         print(f"vllm-admission: {costs.name} has no recurrent layers; prefix caching already "
               "works block by block for it, so there is nothing for admission to do.")

@@ -212,6 +212,9 @@ class ModelCosts:
         num_decoder_layers: number of decoder layers.
         vocab_size: vocabulary size (not used in any cost).
         source: the file the config was read from, or None for a dict.
+        mamba_ssm_cache_dtype: the ``mamba_ssm_cache_dtype`` this model was
+            built with, as requested (``"auto"`` unresolved); the dtype it
+            resolved to is :attr:`ssm_dtype`.
     """
 
     name: str
@@ -224,6 +227,7 @@ class ModelCosts:
     num_decoder_layers: int = 0
     vocab_size: int = 0
     source: str | None = None
+    mamba_ssm_cache_dtype: str = "auto"
 
     # ---- memory ----------------------------------------------------------- #
 
@@ -249,6 +253,16 @@ class ModelCosts:
     def state_bytes(self) -> int:
         """Bytes of one sequence's recurrent state over all recurrent layers (SSM + conv)."""
         return sum(layer.state_bytes for layer in self.recurrent_layers)
+
+    @property
+    def ssm_dtype(self) -> str | None:
+        """Resolved dtype name of the recurrent layers' SSM (temporal) state.
+
+        ``"bfloat16"``, ``"float32"``...: what ``mamba_ssm_cache_dtype``
+        (``"auto"`` or explicit) resolved to, as vLLM allocates it on a GPU.
+        None without recurrent layers. All recurrent layers share it.
+        """
+        return next((layer.ssm_dtype for layer in self.recurrent_layers), None)
 
     @property
     def is_hybrid(self) -> bool:
@@ -339,6 +353,7 @@ class ModelCosts:
             "layers": self.layer_counts(),
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "state_bytes": self.state_bytes,
+            "ssm_dtype": self.ssm_dtype,
             "state_tokens_equivalent": self.state_tokens_equivalent,
             "is_hybrid": self.is_hybrid,
             "flops_per_token": self.flops_per_token,
@@ -367,8 +382,13 @@ class ModelCosts:
         becomes bfloat16, as vLLM does on GPUs); KV and conv state in the model
         dtype; SSM state in the conv-state dtype, except Nemotron-H (the
         config's ``mamba_ssm_cache_dtype``, default float32) and Qwen3.5 (its
-        ``mamba_ssm_dtype``). Note: vLLM's CPU backend may force the GDN SSM
-        state to float32; pass ``mamba_ssm_cache_dtype="float32"`` to model it.
+        ``mamba_ssm_dtype``). The value given is kept as
+        :attr:`mamba_ssm_cache_dtype`, the resolved one is :attr:`ssm_dtype`.
+        Note: vLLM's CPU platform (``vllm/platforms/cpu.py``,
+        ``CpuPlatform.check_and_update_config``) resets
+        ``mamba_ssm_cache_dtype`` to float32 on CPUs with AVX-512 BF16 unless
+        bfloat16 / float16 was asked for and the accelerated GDN backend takes
+        it; pass ``mamba_ssm_cache_dtype="float32"`` to model such an engine.
 
         Raises:
             ModelConfigError: unreadable file, invalid JSON, missing or invalid
@@ -415,6 +435,7 @@ class ModelCosts:
             num_decoder_layers=num_decoder_layers,
             vocab_size=text.int("vocab_size", 0),
             source=str(path) if path is not None else None,
+            mamba_ssm_cache_dtype=str(mamba_ssm_cache_dtype),
         )
 
 

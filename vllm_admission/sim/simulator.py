@@ -45,7 +45,10 @@ class RunResult:
     ``token_hit_rate = hit_tokens / prompt_tokens`` over the requests that ran;
     ``request_hit_rate`` is the fraction of those with a non-zero hit;
     ``flops_saved_fraction`` is prefill FLOPs saved over prefill FLOPs without
-    any cache.
+    any cache. ``mamba_ssm_cache_dtype`` is the SSM state dtype the model was
+    built with as requested (``"auto"`` unresolved) and ``ssm_dtype`` what it
+    resolved to (:attr:`ModelCosts.ssm_dtype`); both shape ``block_size`` and
+    ``num_blocks``.
     """
 
     trace: str
@@ -55,6 +58,8 @@ class RunResult:
     capacity_bytes: int | None
     block_size: int
     num_blocks: int
+    mamba_ssm_cache_dtype: str
+    ssm_dtype: str | None
     requests: int
     skipped_requests: int
     prompt_tokens: int
@@ -140,7 +145,9 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
 
     Args:
         trace: the requests.
-        costs: the model's cost model (must be hybrid).
+        costs: the model's cost model (must be hybrid); its state dtypes
+            (``mamba_ssm_cache_dtype``) decide the state page, hence the
+            aligned block size and the blocks a capacity holds.
         admission, eviction: registered policy names.
         capacity_bytes: KV cache bytes.
         num_blocks: blocks in the pool (overrides ``capacity_bytes``).
@@ -214,6 +221,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         trace=trace.name, model=costs.name, admission=admission, eviction=eviction,
         capacity_bytes=capacity_bytes if num_blocks is None else None,
         block_size=geo.block_size, num_blocks=geo.num_blocks,
+        mamba_ssm_cache_dtype=costs.mamba_ssm_cache_dtype, ssm_dtype=costs.ssm_dtype,
         requests=totals.requests, skipped_requests=totals.skipped,
         prompt_tokens=totals.prompt_tokens, hit_tokens=totals.hit_tokens,
         token_hit_rate=_ratio(totals.hit_tokens, totals.prompt_tokens),

@@ -23,7 +23,13 @@ __all__ = ["SweepSpec", "format_table", "plot_hit_rates", "run_sweep", "write_re
 
 @dataclass(frozen=True)
 class SweepSpec:
-    """What to sweep. ``trace`` and ``model`` are as given on the command line."""
+    """What to sweep. ``trace`` and ``model`` are as given on the command line.
+
+    ``mamba_ssm_cache_dtype`` is vLLM's flag of that name (``"auto"``,
+    ``"float32"``, ``"bfloat16"``, ``"float16"``): the SSM state dtype of the
+    model every run uses, ``"auto"`` resolved as vLLM does on a GPU (see
+    :meth:`ModelCosts.from_config`).
+    """
 
     trace: str
     model: str
@@ -36,6 +42,16 @@ class SweepSpec:
     tune_grid: str = "coarse"
     max_requests: int | None = None
     seed: int = 0
+    mamba_ssm_cache_dtype: str = "auto"
+
+    def load_costs(self) -> ModelCosts:
+        """The cost model of ``model`` with this spec's SSM state dtype.
+
+        Raises:
+            ModelConfigError: unknown model, unreadable or invalid config, or
+                an unknown dtype name.
+        """
+        return load_model(self.model, mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype)
 
     def runs(self) -> list[tuple[str, str, int]]:
         return list(itertools.product(self.admissions, self.evictions, self.capacities))
@@ -46,12 +62,12 @@ _STATE: dict[str, Any] = {}
 
 
 def _load(spec: SweepSpec) -> tuple[Trace, ModelCosts]:
-    key = (spec.trace, spec.model, spec.max_requests, spec.seed)
+    key = (spec.trace, spec.model, spec.max_requests, spec.seed, spec.mamba_ssm_cache_dtype)
     if _STATE.get("key") != key:
         _STATE.clear()
         _STATE["key"] = key
         _STATE["trace"] = load_trace(spec.trace, max_requests=spec.max_requests, seed=spec.seed)
-        _STATE["costs"] = load_model(spec.model)
+        _STATE["costs"] = spec.load_costs()
         _STATE["requests"] = {}
     return _STATE["trace"], _STATE["costs"]
 
@@ -81,8 +97,11 @@ def run_sweep(spec: SweepSpec, *, jobs: int = 1, progress: bool = True) -> dict[
     input fails before any worker starts.
 
     Returns:
-        ``{"trace": ..., "model": ..., "bound": {...}, "runs": [...]}`` with runs
-        in (admission, eviction, capacity) order.
+        ``{"trace": ..., "model": ..., "mamba_ssm_cache_dtype": ...,
+        "ssm_dtype": ..., "bound": {...}, "runs": [...]}`` with runs in
+        (admission, eviction, capacity) order; ``mamba_ssm_cache_dtype`` is
+        the requested SSM state dtype and ``ssm_dtype`` the resolved one (every
+        run record repeats both).
     """
     trace, costs = _load(spec)
     for cap in spec.capacities:
@@ -107,6 +126,8 @@ def run_sweep(spec: SweepSpec, *, jobs: int = 1, progress: bool = True) -> dict[
         "trace_summary": trace.summary(),
         "model": costs.name,
         "model_source": spec.model,
+        "mamba_ssm_cache_dtype": spec.mamba_ssm_cache_dtype,
+        "ssm_dtype": costs.ssm_dtype,
         "chunk_size": spec.chunk_size,
         "outputs": spec.outputs,
         "bound": [trace_bound(_requests(spec, b), b) for b in block_sizes],
@@ -115,10 +136,14 @@ def run_sweep(spec: SweepSpec, *, jobs: int = 1, progress: bool = True) -> dict[
 
 
 def format_table(doc: dict[str, Any]) -> str:
-    """A plain-text table of the runs, one line each."""
+    """A plain-text table of the runs, one line each, under a line naming model and SSM state dtype."""
+    title = f"{doc['model']}"
+    if doc.get("ssm_dtype") is not None:
+        title += (f": SSM state {doc['ssm_dtype']} "
+                  f"(--mamba-ssm-cache-dtype {doc.get('mamba_ssm_cache_dtype', 'auto')})")
     head = f"{'admission':<9} {'eviction':<8} {'capacity':>10} {'blocks':>7} {'hit rate':>8} " \
            f"{'req hit':>7} {'FLOPs saved':>11} {'ckpts':>7} {'evictions':>9} {'alpha':>5} {'sec':>6}"
-    lines = [head, "-" * len(head)]
+    lines = [title, head, "-" * len(head)]
     for r in doc["runs"]:
         alpha = "" if r["alpha"] is None else f"{r['alpha']:.1f}"
         lines.append(
@@ -174,7 +199,8 @@ def plot_hit_rates(doc: dict[str, Any], path: str | os.PathLike) -> Path:
     ax.minorticks_off()
     ax.set_xlabel("KV cache capacity (GiB)")
     ax.set_ylabel("token hit rate (%)")
-    ax.set_title(f"{doc['model']} on {doc['trace']}", fontsize=10)
+    state = f", SSM state {doc['ssm_dtype']}" if doc.get("ssm_dtype") else ""
+    ax.set_title(f"{doc['model']} on {doc['trace']}{state}", fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
