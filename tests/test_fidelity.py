@@ -13,10 +13,12 @@ import pytest
 
 from vllm_admission.cli import main
 from vllm_admission.core.costs import ModelCosts
+from vllm_admission.core.geometry import CPU_BLOCK_SIZE, CPU_KERNEL_BLOCK_SIZE, aligned_block_size
 from vllm_admission.core.traces import load_trace
 from vllm_admission.fidelity import (
     FidelityError,
     compare_hits,
+    costs_like_engine,
     meets_bar,
     simulate_like_engine,
 )
@@ -65,19 +67,32 @@ def test_fidelity_bar(admission, eviction, differing, fraction, ok):
     assert meets_bar({**rec, "mode": "timed"})  # concurrency drift is reported, not judged
 
 
-def _engine_geometry(num_blocks, kinds=("mamba", "full_attention"), page=65536):
-    return {"block_size": 128, "num_gpu_blocks": num_blocks, "max_num_batched_tokens": 4096,
+def _engine_geometry(num_blocks, kinds=("mamba", "full_attention"), page=65536, block_size=128,
+                     **extra):
+    return {"block_size": block_size, "num_gpu_blocks": num_blocks, "max_num_batched_tokens": 4096,
             "kv_cache_groups": [{"kind": k, "num_layers": 2, "page_size_bytes": page}
-                                for k in kinds]}
+                                for k in kinds], **extra}
 
 
 @pytest.fixture(scope="module")
-def tiny_costs(tmp_path_factory):
+def tiny_config(tmp_path_factory):
     pytest.importorskip("transformers")
     from vllm_admission.plugin.testing import write_config_only_model
 
-    model = write_config_only_model(tmp_path_factory.mktemp("tiny_cfg"))
-    return ModelCosts.from_config(model / "config.json")
+    return write_config_only_model(tmp_path_factory.mktemp("tiny_cfg")) / "config.json"
+
+
+@pytest.fixture(scope="module")
+def tiny_costs(tiny_config):
+    return ModelCosts.from_config(tiny_config)
+
+
+def _cpu_engine_geometry(costs, num_blocks, **extra):
+    """What a CPU engine reports for ``costs``: its aligned block size, pages of that many tokens."""
+    block = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)
+    per_token = costs.kv_bytes_per_token // len(costs.attention_layers)  # one layer's K and V
+    return _engine_geometry(num_blocks, page=block * per_token, block_size=block,
+                            ssm_state_dtype=costs.ssm_dtype, **extra)
 
 
 def test_simulator_takes_the_engines_layout(tiny_costs):
@@ -98,6 +113,83 @@ def test_a_layout_the_simulator_does_not_derive_is_an_error(tiny_costs, geometry
     with pytest.raises(FidelityError, match=what):
         simulate_like_engine(trace, tiny_costs, geometry, admission="vllm", eviction="lru",
                              alpha=None)
+
+
+@pytest.mark.parametrize("setting,allocated", [
+    ("auto", "bfloat16"),        # vLLM's GPU rule: Qwen3-Next's GDN state in the model dtype
+    ("bfloat16", "bfloat16"),
+    ("float32", "float32"),      # e.g. "auto" reset by vLLM's CPU platform on AVX-512 BF16 CPUs
+])
+def test_costs_follow_the_engines_ssm_dtype(tiny_config, setting, allocated):
+    geometry = {"dtype": "bfloat16", "kv_cache_dtype": "auto", "mamba_cache_dtype": "auto",
+                "mamba_ssm_cache_dtype": setting, "ssm_state_dtype": allocated}
+    costs = costs_like_engine(tiny_config, geometry)
+    assert (costs.mamba_ssm_cache_dtype, costs.ssm_dtype) == (setting, allocated)
+    assert costs.state_bytes == ModelCosts.from_config(
+        tiny_config, mamba_ssm_cache_dtype=allocated).state_bytes
+    # Without dtype keys (an older geometry dict) everything is "auto".
+    assert costs_like_engine(tiny_config, {}).ssm_dtype == "bfloat16"
+
+
+def test_an_ssm_dtype_the_settings_do_not_give_is_an_error(tiny_config, tiny_costs):
+    with pytest.raises(FidelityError, match="stores the SSM state of .* in float32"):
+        costs_like_engine(tiny_config, {"mamba_ssm_cache_dtype": "auto", "ssm_state_dtype": "float32"})
+    # simulate_like_engine checks it too: bf16 costs for a float32-state engine.
+    f32 = ModelCosts.from_config(tiny_config, mamba_ssm_cache_dtype="float32")
+    with pytest.raises(FidelityError, match="SSM state"):
+        simulate_like_engine(load_trace("synthetic", num_requests=4), tiny_costs,
+                             _cpu_engine_geometry(f32, 48), admission="vllm", eviction="lru",
+                             alpha=None)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_layout_check_holds_in_both_state_dtypes(tiny_config, dtype):
+    costs = costs_like_engine(tiny_config, {"mamba_ssm_cache_dtype": dtype})
+    trace = load_trace("synthetic", num_requests=12, agent_fraction=0.0, chat_fraction=0.5,
+                       fewshot_fraction=0.5)
+    geometry = _cpu_engine_geometry(costs, 48, mamba_ssm_cache_dtype=dtype)
+    res = simulate_like_engine(trace, costs, geometry, admission="vllm", eviction="lru", alpha=None)
+    assert (res.num_blocks, res.block_size, res.ssm_dtype) == (48, geometry["block_size"], dtype)
+    assert len(res.per_request_hits) == 12
+    half = dict(geometry, kv_cache_groups=[dict(g, page_size_bytes=g["page_size_bytes"] // 2)
+                                           for g in geometry["kv_cache_groups"]])
+    with pytest.raises(FidelityError, match="bytes per block"):
+        simulate_like_engine(trace, costs, half, admission="vllm", eviction="lru", alpha=None)
+
+
+def test_vllms_cpu_rule_reaches_the_simulator(tiny_config, monkeypatch):
+    """vLLM's CPU platform on an AVX-512 BF16 CPU: "auto" becomes float32 and the block grows."""
+    pytest.importorskip("vllm")
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from vllm_admission.fidelity import _engine_dtypes
+
+    if not current_platform.is_cpu():
+        pytest.skip("vLLM's CPU platform rule")
+    # vllm/platforms/cpu.py check_and_update_config asks torch whether the CPU has AVX-512 BF16.
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    vc = EngineArgs(model=str(tiny_config.parent), skip_tokenizer_init=True, dtype="bfloat16",
+                    enable_prefix_caching=True, enforce_eager=True,
+                    max_model_len=4096).create_engine_config()
+    assert vc.cache_config.mamba_ssm_cache_dtype == "float32"
+    current_platform._align_hybrid_block_size(vc, CPUAttentionBackend)
+    model_cls, _ = ModelRegistry.resolve_model_cls(vc.model_config.architecture,
+                                                   model_config=vc.model_config)
+    state_dtype = str(model_cls.get_mamba_state_dtype_from_config(vc)[1]).removeprefix("torch.")
+    geometry = {**_engine_dtypes(vc), "mamba_ssm_cache_dtype": vc.cache_config.mamba_ssm_cache_dtype,
+                "ssm_state_dtype": state_dtype}
+    assert geometry["dtype"] == "bfloat16" and state_dtype == "float32"
+    costs = costs_like_engine(tiny_config, geometry)
+    assert costs.ssm_dtype == "float32"
+    block = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)
+    assert block == vc.cache_config.block_size
+    # The default ("auto" read as on a GPU) would have predicted the bf16 engine's smaller block.
+    assert aligned_block_size(ModelCosts.from_config(tiny_config), CPU_BLOCK_SIZE,
+                              kernel_block_size=CPU_KERNEL_BLOCK_SIZE) < block
 
 
 @pytest.mark.parametrize("extra,message", [

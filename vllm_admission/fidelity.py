@@ -10,9 +10,12 @@ For every (pool size, admission, eviction) this module
    the engine itself: its block size, its number of blocks, its
    ``max_num_batched_tokens`` as the chunk size, its KV cache group order and
    bytes per block (checked against the simulator's own geometry; a mismatch
-   is an error, not a silent fallback), the model's FLOP costs, output blocks
-   hashed as unique (the engine generates them), and alpha tuned once, as the
-   plugin does (no re-tuning);
+   is an error, not a silent fallback), its resolved dtypes (model, KV cache,
+   conv state and, above all, ``mamba_ssm_cache_dtype`` after vLLM's CPU
+   platform has reset it to float32 on CPUs with AVX-512 BF16; the SSM state
+   dtype decides the state page and so the block size), the model's FLOP
+   costs, output blocks hashed as unique (the engine generates them), and
+   alpha tuned once, as the plugin does (no re-tuning);
 3. compares the two request by request.
 
 In ``"sequential"`` mode (the default) a request finishes before the next is
@@ -44,8 +47,9 @@ from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.geometry import geometry_from_blocks
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS, Trace, load_trace
 
-__all__ = ["EXACT_ADMISSIONS", "FidelityError", "FidelitySpec", "compare_hits", "format_fidelity",
-           "meets_bar", "plot_fidelity", "run_fidelity", "simulate_like_engine", "write_fidelity"]
+__all__ = ["EXACT_ADMISSIONS", "FidelityError", "FidelitySpec", "compare_hits", "costs_like_engine",
+           "format_fidelity", "meets_bar", "plot_fidelity", "run_fidelity", "simulate_like_engine",
+           "write_fidelity"]
 
 MODES = ("sequential", "timed")
 
@@ -197,6 +201,49 @@ def meets_bar(record: dict[str, Any]) -> bool:
 
 # ---------------------------------------------------------------- simulator side
 
+#: Engine dtype settings (keys of the engine geometry dict), each passed to
+#: ``ModelCosts.from_config`` as the keyword of the same name.
+_DTYPE_KEYS = ("dtype", "kv_cache_dtype", "mamba_cache_dtype", "mamba_ssm_cache_dtype")
+
+
+def costs_like_engine(config: str | os.PathLike | dict[str, Any],
+                      geometry: dict[str, Any]) -> ModelCosts:
+    """The cost model of ``config`` with the dtypes the engine resolved.
+
+    Args:
+        config: the model's ``config.json`` (path) or its parsed dict.
+        geometry: :func:`vllm_admission.engine.replay.engine_geometry` of the
+            engine, optionally with ``dtype`` (model dtype, e.g.
+            ``"bfloat16"``), ``kv_cache_dtype`` and ``mamba_cache_dtype``
+            added (``_run_engine`` adds them). Its ``mamba_ssm_cache_dtype``
+            is vLLM's setting after the platform's changes (``"float32"`` on
+            CPUs with AVX-512 BF16 when ``"auto"`` was asked for,
+            ``vllm/platforms/cpu.py`` ``check_and_update_config``). A key that
+            is absent or None counts as ``"auto"``.
+
+    Returns:
+        :meth:`ModelCosts.from_config` with those dtypes; its ``ssm_dtype``
+        (and so its state page and aligned block size) is the engine's.
+
+    Raises:
+        FidelityError: the engine reports an allocated ``ssm_state_dtype``
+            other than the one these settings resolve to.
+        ModelConfigError: unreadable config or unknown dtype name.
+    """
+    kwargs = {key: str(geometry[key]) for key in _DTYPE_KEYS if geometry.get(key) is not None}
+    costs = ModelCosts.from_config(config, **kwargs)
+    _check_ssm_dtype(costs, geometry)
+    return costs
+
+
+def _check_ssm_dtype(costs: ModelCosts, geometry: dict[str, Any]) -> None:
+    engine = geometry.get("ssm_state_dtype")
+    if engine is not None and engine != costs.ssm_dtype:
+        raise FidelityError(
+            f"the engine stores the SSM state of {costs.name} in {engine}, the simulator's cost "
+            f"model in {costs.ssm_dtype} (mamba_ssm_cache_dtype {costs.mamba_ssm_cache_dtype!r}); "
+            f"build it with costs_like_engine")
+
 
 def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, Any], *,
                          admission: str, eviction: str, alpha: float | None,
@@ -204,12 +251,15 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
     """Run the simulator with the engine's geometry; returns its ``RunResult``.
 
     ``geometry`` is :func:`vllm_admission.engine.replay.engine_geometry` of the
-    engine (in-process). Output blocks are unique (the engine generates
-    them); ``flop`` tunes alpha once, as the plugin does.
+    engine (in-process); ``costs`` should come from :func:`costs_like_engine`
+    so that its SSM state dtype is the engine's. Output blocks are unique
+    (the engine generates them); ``flop`` tunes alpha once, as the plugin does.
 
     Raises:
-        FidelityError: the engine's KV cache groups or bytes per block differ
-            from what the simulator derives for ``costs`` at that block size.
+        FidelityError: the engine's allocated SSM state dtype
+            (``ssm_state_dtype``, when known) is not ``costs.ssm_dtype``, or
+            its KV cache groups or bytes per block differ from what the
+            simulator derives for ``costs`` at that block size.
     """
     from vllm_admission.sim.simulator import group_kinds, simulate
 
@@ -217,6 +267,7 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
     if not groups:
         raise FidelityError("the engine's KV cache groups are unknown (engine core in another "
                             "process?); run with VLLM_ENABLE_V1_MULTIPROCESSING=0")
+    _check_ssm_dtype(costs, geometry)
     engine_kinds = tuple(_KIND.get(g["kind"], g["kind"]) for g in groups)
     bs, nb = int(geometry["block_size"]), int(geometry["num_gpu_blocks"])
     geo = geometry_from_blocks(costs, nb, bs)
@@ -267,7 +318,7 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
     try:
         scheduler = inprocess_scheduler(llm)
         vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
-        geometry = engine_geometry(llm)
+        geometry = {**_engine_dtypes(llm.llm_engine.vllm_config), **engine_geometry(llm)}
 
         def settle(_: int) -> None:
             ctl = getattr(scheduler, "_admission", None)
@@ -284,15 +335,36 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
             "max_model_len": settings.max_model_len}
 
 
+def _engine_dtypes(vllm_config: Any) -> dict[str, str | None]:
+    """The engine's resolved model dtype and its KV / conv-state cache dtype settings.
+
+    ``dtype`` is ``model_config.dtype`` without ``"torch."``; ``kv_cache_dtype``
+    and ``mamba_cache_dtype`` are ``cache_config``'s (``"auto"``: the model
+    dtype). None where the config lacks the attribute.
+    """
+    mc, cc = vllm_config.model_config, vllm_config.cache_config
+    dtype = getattr(mc, "dtype", None)
+    out = {"dtype": None if dtype is None else str(dtype).removeprefix("torch.")}
+    for key, attr in (("kv_cache_dtype", "cache_dtype"), ("mamba_cache_dtype", "mamba_cache_dtype")):
+        value = getattr(cc, attr, None)
+        out[key] = None if value is None else str(value)
+    return out
+
+
 def _subset(trace: Trace, keep: Sequence[int]) -> Trace:
     return Trace(name=trace.name, source=trace.source, requests=[trace.requests[i] for i in keep])
 
 
-def run_pair(spec: FidelitySpec, trace: Trace, costs: ModelCosts, admission: str, eviction: str,
+def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
              num_gpu_blocks: int | None) -> dict[str, Any]:
-    """One engine replay and its simulator twin; returns the ``fidelity.json`` record."""
+    """One engine replay and its simulator twin; returns the ``fidelity.json`` record.
+
+    The simulator's cost model is built from the model's ``config.json`` with
+    the dtypes this engine resolved (:func:`costs_like_engine`).
+    """
     eng = _run_engine(spec, trace, admission, eviction, num_gpu_blocks)
     geometry, result = eng["geometry"], eng["result"]
+    costs = costs_like_engine(Path(spec.model) / "config.json", geometry)
     ran = [i for i, r in enumerate(result.requests) if r["status"] == "ok"]
     sim = simulate_like_engine(_subset(trace, ran), costs, geometry, admission=admission,
                                eviction=eviction, alpha=spec.alpha)
@@ -310,6 +382,8 @@ def run_pair(spec: FidelitySpec, trace: Trace, costs: ModelCosts, admission: str
         "block_size": int(geometry["block_size"]),
         "chunk_size": int(geometry["max_num_batched_tokens"]),
         "max_model_len": int(geometry["max_model_len"]),
+        "mamba_ssm_cache_dtype": geometry.get("mamba_ssm_cache_dtype"),
+        "ssm_dtype": costs.ssm_dtype,
         "mode": spec.mode,
         **{k: cmp[k] for k in ("requests", "requests_differing", "abs_diff_tokens",
                                 "abs_diff_fraction", "first_difference")},
@@ -382,8 +456,11 @@ def run_fidelity(spec: FidelitySpec, *,
     """Run every (pool, admission, eviction) of ``spec``; return the ``fidelity.json`` document.
 
     The document has ``settings`` (the spec, the trace's name, request count
-    and skips) and ``records``: one per policy pair and pool, in run order,
-    each with ``admission``, ``eviction``, ``num_blocks``, ``requests``,
+    and skips, and the engine's ``mamba_ssm_cache_dtype`` setting and the SSM
+    state dtype ``ssm_dtype`` both sides used; a list if engines differed)
+    and ``records``: one per policy pair and pool, in run order, each with
+    ``admission``, ``eviction``, ``num_blocks``, ``block_size``,
+    ``mamba_ssm_cache_dtype``, ``ssm_dtype``, ``requests``,
     ``requests_differing``, ``abs_diff_fraction`` (tokens over prompt tokens),
     the engine's and the simulator's totals and the per-request lists.
     ``engine.prefill_seconds_vs_stock`` is the pair's prefill wall time over
@@ -402,15 +479,25 @@ def run_fidelity(spec: FidelitySpec, *,
     records = []
     for blocks in spec.num_gpu_blocks:
         for admission, eviction in spec.policy_pairs():
-            rec = run_pair(spec, trace, costs, admission, eviction, blocks)
+            rec = run_pair(spec, trace, admission, eviction, blocks)
             records.append(rec)
             if on_record is not None:
                 on_record(rec)
     _add_stock_ratios(records)
     settings = dataclasses.asdict(spec)
     settings.update(trace_name=trace.name, trace_requests=len(trace.requests),
-                    trace_skipped=dict(trace.skipped))
+                    trace_skipped=dict(trace.skipped),
+                    mamba_ssm_cache_dtype=_one_or_all(r["mamba_ssm_cache_dtype"] for r in records),
+                    ssm_dtype=_one_or_all(r["ssm_dtype"] for r in records))
     return {"settings": settings, "records": records}
+
+
+def _one_or_all(values) -> Any:
+    """The value all records share, else the distinct values in first-seen order (None if none)."""
+    distinct = list(dict.fromkeys(values))
+    if not distinct:
+        return None
+    return distinct[0] if len(distinct) == 1 else distinct
 
 
 # ---------------------------------------------------------------- output
@@ -454,6 +541,8 @@ def plot_fidelity(doc: dict[str, Any], path: str | os.PathLike) -> Path:
         what += f", timed replay (time scale {st['time_scale']:g})"
     else:
         what += ", sequential replay"
+    if st.get("ssm_dtype") is not None:
+        what += f", SSM state {st['ssm_dtype']}"
     fig.suptitle(f"{what}\nengine cached tokens against the simulator's hit, per request",
                  fontsize=9)
     fig.tight_layout()
@@ -473,10 +562,15 @@ def write_fidelity(doc: dict[str, Any], out_dir: str | os.PathLike) -> tuple[Pat
 
 
 def format_fidelity(doc: dict[str, Any]) -> str:
-    """A plain-text table of the records."""
+    """A plain-text table of the records, under a line naming the SSM state dtype when known."""
+    st = doc.get("settings", {})
+    title = []
+    if st.get("ssm_dtype") is not None:
+        title = [f"SSM state {st['ssm_dtype']} (engine mamba_ssm_cache_dtype "
+                 f"{st.get('mamba_ssm_cache_dtype')})"]
     head = (f"{'admission':<9} {'eviction':<8} {'blocks':>6} {'reqs':>5} {'differ':>6} "
             f"{'diff %':>7} {'engine hit':>10} {'sim hit':>8} {'prefill s':>9} {'vs stock':>8}")
-    lines = [head, "-" * len(head)]
+    lines = [*title, head, "-" * len(head)]
     for r in doc["records"]:
         e, s = r["engine"], r["simulator"]
         ratio = e.get("prefill_seconds_vs_stock")
