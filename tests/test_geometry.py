@@ -97,9 +97,11 @@ def test_user_block_size_is_the_alignment_start():
 
 
 def test_guide_tiny_model_gets_block_256_on_cpu():
-    # vllm-integration.md: the tiny Qwen3-Next got block_size 256 on the CPU backend.
-    # Attention page per token: 2 * 2 * 64 * 2 = 512. The CPU platform stores the GDN state in
-    # float32: conv 3 * 512 * 2 = 3072 + state 4 * 64 * 64 * 4 = 65536 -> 68608 bytes.
+    # vllm-integration.md: the tiny Qwen3-Next got block_size 256 on the CPU backend. That
+    # machine's CPU had AVX-512 BF16, where vLLM's CPU platform stores the GDN state in float32
+    # (vllm/platforms/cpu.py; elsewhere it stays bf16, docs/engine-facts.md section 0).
+    # Attention page per token: 2 * 2 * 64 * 2 = 512. Float32 state:
+    # conv 3 * 512 * 2 = 3072 + state 4 * 64 * 64 * 4 = 65536 -> 68608 bytes.
     # align = max(32, 128) = 128; 128 * ceil(68608 / (128 * 512)) = 128 * 2 = 256.
     costs = ModelCosts.from_config(TINY_QWEN3_NEXT, mamba_ssm_cache_dtype="float32")
     assert aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE) == 256
