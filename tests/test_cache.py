@@ -174,7 +174,7 @@ def test_lru_pool_evicts_in_vllm_queue_order(seed):
         pool_hits = [pool.get_cached(k) for k in hits]
         for blk in ref_hits:
             ref.touch(blk)
-        pool.touch(pool_hits)
+        pool.touch(pool_hits, now=0.0)
         k = rng.randint(1, min(4, len(ref.queue)))
         ref_new, pool_new = ref.allocate(k), pool.allocate(k, now=0.0)
         assert cached_keys() == set(ref.index)

@@ -44,6 +44,25 @@ class TestContract:
         with pytest.raises(KeyError):
             get_eviction(name).remove(42)
 
+    def test_clone_pops_the_same_order_independently(self, name):
+        pol = get_eviction(name)
+        for i in range(8):
+            pol.add(i, now=float(i // 3), value=float(i % 3), next_use=float(20 - i))
+            if pol.needs_hits and i % 2:
+                pol.remove(i)
+                pol.on_hit(i, now=float(i // 3))
+                pol.add(i, now=float(i // 3))
+        copy = pol.clone()
+        assert copy.pop_n(8, now=5.0) == pol.pop_n(8, now=5.0)
+
+
+def test_capabilities_are_declared_for_every_policy():
+    """What the simulator and the plugin read instead of policy names."""
+    engine = {n for n, c in EVICTION_POLICIES.items() if not c.needs_future}
+    assert {"lru", "flop"} <= engine and "belady" not in engine
+    assert [n for n, c in EVICTION_POLICIES.items() if c.vllm_order] == ["lru"]
+    assert [n for n, c in EVICTION_POLICIES.items() if c.tunable] == ["flop"]
+
 
 def test_lru_is_fifo_over_free_events():
     pol = LRUEviction()
@@ -125,7 +144,7 @@ def test_belady_evicts_farthest_next_use_first():
 
 
 def test_unknown_eviction_name_lists_valid_ones():
-    with pytest.raises(UnknownPolicyError, match="valid: lru, flop, belady"):
+    with pytest.raises(UnknownPolicyError, match="valid: " + ", ".join(EVICTION_POLICIES)):
         get_eviction("arc")
 
 

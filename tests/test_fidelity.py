@@ -13,6 +13,7 @@ import pytest
 
 from vllm_admission.cli import main
 from vllm_admission.core.costs import ModelCosts
+from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.geometry import CPU_BLOCK_SIZE, CPU_KERNEL_BLOCK_SIZE, aligned_block_size
 from vllm_admission.core.traces import load_trace
 from vllm_admission.fidelity import (
@@ -194,7 +195,8 @@ def test_vllms_cpu_rule_reaches_the_simulator(tiny_config, monkeypatch):
 
 @pytest.mark.parametrize("extra,message", [
     (["--admission", "vllm,bogus"], "unknown admission policy 'bogus'"),
-    (["--eviction", "belady"], "unknown eviction policy 'belady'; valid: lru, flop"),
+    (["--eviction", "belady"],
+     f"unknown eviction policy 'belady'; valid: {', '.join(ENGINE_EVICTION_POLICIES)}"),
     (["--num-gpu-blocks", "64,x"], "--num-gpu-blocks '64,x': expected a comma list of integers"),
     (["--num-gpu-blocks", "1"], "a pool needs at least 2 blocks"),
     (["--synthetic", "num_requests"], "--synthetic 'num_requests': expected KEY=VALUE"),

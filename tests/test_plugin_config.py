@@ -6,6 +6,8 @@ import logging
 
 import pytest
 
+from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
+
 from vllm_admission.plugin.config import (
     ENV_VARS,
     AdmissionConfig,
@@ -39,7 +41,7 @@ def test_empty_values_mean_unset():
 
 @pytest.mark.parametrize("name,value,valid", [
     ("VLLM_ADMISSION_POLICY", "Marconi", "valid: none, last, vllm, marconi, dense"),
-    ("VLLM_ADMISSION_EVICTION", "belady", "valid: lru, flop"),
+    ("VLLM_ADMISSION_EVICTION", "belady", f"valid: {', '.join(ENGINE_EVICTION_POLICIES)}"),
     ("VLLM_ADMISSION_ALPHA", "nan", "finite number >= 0"),
     ("VLLM_ADMISSION_ALPHA", "-0.1", "finite number >= 0"),
     ("VLLM_ADMISSION_LOG_INTERVAL", "soon", "seconds"),

@@ -25,6 +25,8 @@ import random
 
 import pytest
 from conftest import engine_block_size, predicted_block_size
+
+from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from junction_case import expected_junction, junction_prompts
 
 pytestmark = pytest.mark.engine
@@ -120,6 +122,9 @@ class Engines:
             elif kind == "flop":
                 settings.num_gpu_blocks = self.flop_blocks
                 env.update(VLLM_ADMISSION_EVICTION="flop", VLLM_ADMISSION_ALPHA="0")
+            elif kind.startswith("eviction:"):  # a registered policy, its default settings
+                settings.num_gpu_blocks = self.flop_blocks
+                env.update(VLLM_ADMISSION_EVICTION=kind.removeprefix("eviction:"))
             else:
                 raise ValueError(kind)
         # Another test module may have loaded vLLM's general plugins with VLLM_PLUGINS=""
@@ -314,7 +319,7 @@ def test_flop_engine_junction_case_matches_core_model(engines, reference):
 
     llm = engines.get("flop")
     sched = scheduler(llm)
-    assert type(sched.kv_cache_manager.block_pool.free_block_queue).__name__ == "FlopFreeBlockQueue"
+    assert type(sched.kv_cache_manager.block_pool.free_block_queue).__name__ == "PolicyFreeBlockQueue"
     costs = ModelCosts.from_config(llm.llm_engine.vllm_config.model_config.hf_config.to_dict(),
                                    mamba_ssm_cache_dtype=engines.ssm_dtype)
     B = engines.B  # noqa: N806
@@ -382,6 +387,25 @@ def test_flop_engine_survives_preemption_and_abort(engines, reference, policy):
     # The engine keeps serving: a request alone gives the reference tokens.
     ((_, out),) = one_at_a_time(llm, [SEQ_PROMPT], 4)
     assert out == reference["seq"][:4]
+    assert_no_leak(llm)
+
+
+# ------------------------------------------------------------------ every eviction policy
+@pytest.mark.parametrize("eviction", ENGINE_EVICTION_POLICIES)
+def test_every_engine_eviction_policy_starts_and_gives_stock_outputs(engines, reference, eviction):
+    """Each name VLLM_ADMISSION_EVICTION accepts (the registry, so a new policy is covered
+    without editing this test) starts an engine with its default settings, serves the
+    junction case in the small pool with evictions, and gives stock vLLM's greedy tokens."""
+    from vllm_admission.core.eviction import eviction_class
+
+    llm = engines.get(f"eviction:{eviction}")
+    sched = scheduler(llm)
+    results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
+    assert [out for _, out in results] == reference["junction"]
+    stats = sched.stats()
+    assert stats.eviction == eviction and stats.evictions > 0
+    queue = type(sched.kv_cache_manager.block_pool.free_block_queue).__name__
+    assert (queue == "FreeKVCacheBlockQueue") == eviction_class(eviction).vllm_order
     assert_no_leak(llm)
 
 

@@ -1,4 +1,4 @@
-"""FlopFreeBlockQueue against vLLM 0.32's FreeKVCacheBlockQueue, with real KVCacheBlock objects.
+"""PolicyFreeBlockQueue (here with FlopEviction) against vLLM 0.32's FreeKVCacheBlockQueue, with real KVCacheBlock objects.
 
 vLLM's queue semantics (``vllm/v1/core/kv_cache_utils.py``, used by
 ``vllm/v1/core/block_pool.py``): ``prepend_n`` puts blocks at the head in list
@@ -24,7 +24,7 @@ from vllm.v1.core.kv_cache_utils import (  # noqa: E402
 )
 
 from vllm_admission.core.eviction import FlopEviction  # noqa: E402
-from vllm_admission.plugin.free_queue import FlopFreeBlockQueue  # noqa: E402
+from vllm_admission.plugin.free_queue import PolicyFreeBlockQueue  # noqa: E402
 
 
 class Clock:
@@ -51,13 +51,13 @@ def ids(bs):
 def test_serves_every_method_vllm_calls():
     public = {n for n, _ in inspect.getmembers(FreeKVCacheBlockQueue, inspect.isfunction)
               if not n.startswith("_")}
-    assert public <= set(dir(FlopFreeBlockQueue)), public - set(dir(FlopFreeBlockQueue))
-    q = FlopFreeBlockQueue(blocks(4), FlopEviction())
+    assert public <= set(dir(PolicyFreeBlockQueue)), public - set(dir(PolicyFreeBlockQueue))
+    q = PolicyFreeBlockQueue(blocks(4), FlopEviction())
     assert q.num_free_blocks == 4
 
 
 def test_fresh_queue_hands_out_blocks_in_vllms_order():
-    ours = FlopFreeBlockQueue(blocks(10), FlopEviction())
+    ours = PolicyFreeBlockQueue(blocks(10), FlopEviction())
     theirs = FreeKVCacheBlockQueue(blocks(10))
     assert ids(ours.get_all_free_blocks()) == ids(theirs.get_all_free_blocks())
     assert ours.popleft().block_id == theirs.popleft().block_id == 0
@@ -73,7 +73,7 @@ def test_random_operations_match_vllm_with_alpha_zero():
     rng = random.Random(3)
     mine, theirs = blocks(64), blocks(64)
     clock = Clock()
-    ours = FlopFreeBlockQueue(mine, FlopEviction(0.0), clock=clock)
+    ours = PolicyFreeBlockQueue(mine, FlopEviction(0.0), clock=clock)
     ref = FreeKVCacheBlockQueue(theirs)
     held: list[int] = []
     for step in range(2000):
@@ -117,14 +117,14 @@ def test_random_operations_match_vllm_with_alpha_zero():
 def test_uncached_blocks_go_first_then_flop_order():
     bs = blocks(8)
     clock = Clock()
-    q = FlopFreeBlockQueue([], FlopEviction(1.0), clock=clock)
+    q = PolicyFreeBlockQueue([], FlopEviction(1.0), clock=clock)
     # Two cached batches: blocks 0-2 freed at t=1 (values 5, 1, 3), 3-4 at t=2 (values 0, 9).
     for b in bs[:5]:
         cache(b)
     values = {0: 5.0, 1: 1.0, 2: 3.0, 3: 0.0, 4: 9.0}
     clock.now = 1.0
     for b in bs[:3]:
-        q.stage_value(b.block_id, values[b.block_id])
+        q.stage_value(b, values[b.block_id])
     q.append_n(bs[:3])
     clock.now = 2.0
     q.scope = (2.0, lambda b: values[b.block_id])
@@ -151,7 +151,7 @@ def test_uncached_blocks_go_first_then_flop_order():
 
 def test_remove_from_every_tier_and_errors():
     bs = blocks(6)
-    q = FlopFreeBlockQueue(bs[:2], FlopEviction())
+    q = PolicyFreeBlockQueue(bs[:2], FlopEviction())
     cache(bs[2])
     q.append_n([bs[2], bs[3]])     # bs[3] has no hash: the last-resort tail
     assert q.num_free_blocks == 4
@@ -167,7 +167,7 @@ def test_remove_from_every_tier_and_errors():
 
 def test_unhashed_appended_blocks_are_last_resort():
     bs = blocks(4)
-    q = FlopFreeBlockQueue([bs[0]], FlopEviction())
+    q = PolicyFreeBlockQueue([bs[0]], FlopEviction())
     q.append_n([bs[1]])            # like BlockPool.unpin_blocks: no hash, evict last
     cache(bs[2])
     q.append_n([bs[2]])
@@ -178,7 +178,7 @@ def test_forget_hashes_keeps_order_and_empties_the_policy():
     bs = blocks(5)
     flop = FlopEviction(0.0)
     clock = Clock()
-    q = FlopFreeBlockQueue([bs[0]], flop, clock=clock)
+    q = PolicyFreeBlockQueue([bs[0]], flop, clock=clock)
     for b in bs[1:4]:
         cache(b)
     clock.now = 1.0
@@ -196,14 +196,14 @@ def test_alpha_change_reorders_candidates():
     bs = blocks(2)
     clock = Clock()
     flop = FlopEviction(0.0)
-    q = FlopFreeBlockQueue([], flop, clock=clock)
+    q = PolicyFreeBlockQueue([], flop, clock=clock)
     cache(bs[0])
     cache(bs[1])
     clock.now = 1.0
-    q.stage_value(0, 100.0)        # older but valuable
+    q.stage_value(bs[0], 100.0)    # older but valuable
     q.append_n([bs[0]])
     clock.now = 2.0
-    q.stage_value(1, 0.0)          # newer, worthless
+    q.stage_value(bs[1], 0.0)      # newer, worthless
     q.append_n([bs[1]])
     clock.now = 3.0
     assert ids(q.get_all_free_blocks()) == [0, 1]   # recency only
@@ -218,7 +218,7 @@ def test_block_pool_runs_on_the_adapter():
 
     pools = [BlockPool(num_gpu_blocks=16, enable_caching=True, hash_block_size=16)
              for _ in range(2)]
-    pools[1].free_block_queue = FlopFreeBlockQueue(
+    pools[1].free_block_queue = PolicyFreeBlockQueue(
         pools[1].free_block_queue.get_all_free_blocks(), FlopEviction(0.0))
     rng = random.Random(0)
     history = []
@@ -246,3 +246,23 @@ def test_block_pool_runs_on_the_adapter():
     assert ids(pools[0].free_block_queue.get_all_free_blocks()) == \
         ids(pools[1].free_block_queue.get_all_free_blocks())
     assert pools[1].reset_prefix_cache() is True
+
+
+def test_a_staged_value_does_not_outlive_the_blocks_hash():
+    """Stage a value, drop the block's hash, reuse the block under another hash: the new
+    content is valued afresh (the stale 99.0 would make the block look precious)."""
+    bs = blocks(2)
+    clock = Clock()
+    flop = FlopEviction(1.0)
+    q = PolicyFreeBlockQueue([], flop, clock=clock)
+    cache(bs[0])
+    q.stage_value(bs[0], 99.0)
+    bs[0].reset_hash()                 # the hash is dropped before the block came back
+    cache(bs[0], tag="new")            # ... and the block is reused for other content
+    q.scope = (1.0, lambda b: 0.0)
+    q.append_n([bs[0]])
+    cache(bs[1])
+    q.scope = (1.0, lambda b: 5.0)
+    q.append_n([bs[1]])
+    clock.now = 2.0
+    assert ids(q.get_all_free_blocks()) == [0, 1]   # 0 carries value 0, not the stale 99

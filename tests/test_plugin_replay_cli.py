@@ -8,6 +8,7 @@ import random
 import pytest
 
 from vllm_admission.cli import main
+from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 
 
 def run(argv, capsys):
@@ -21,7 +22,8 @@ def run(argv, capsys):
      "vllm-admission: error: unknown admission policy 'bogus'; valid: none, last, vllm, "
      "marconi, dense"),
     (["--eviction", "belady"],
-     "vllm-admission: error: eviction policy 'belady' cannot run in an engine; valid: lru, flop"),
+     "vllm-admission: error: eviction policy 'belady' cannot run in an engine; "
+     f"valid: {', '.join(ENGINE_EVICTION_POLICIES)}"),
     (["--trace", "/nonexistent/trace.jsonl"], "vllm-admission: error: trace file not found"),
     (["--num-gpu-blocks", "0"], "vllm-admission: error: --num-gpu-blocks must be >= 1, got 0"),
 ])

@@ -24,13 +24,21 @@ pytest.importorskip("vllm")
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission  # noqa: E402
 from vllm_admission.core.cache import HybridPrefixCache  # noqa: E402
 from vllm_admission.core.costs import ModelCosts  # noqa: E402
-from vllm_admission.core.eviction import get_eviction  # noqa: E402
+from vllm_admission.core.eviction import (  # noqa: E402
+    ENGINE_EVICTION_POLICIES,
+    eviction_class,
+    get_eviction,
+)
 
 B = 128  # pinned through vLLM's block_size (and bf16 state) below: the same on every CPU
 GROUPS = ("state", "attention")
 BYTES_PER_BLOCK = 2 * 65536  # 2 layers x 64 KiB pages (docs/engine-facts.md)
 CHUNK = 4096
 POLICIES = list(ADMISSION_POLICIES)
+#: Every eviction policy the engine accepts (a new registry entry is covered automatically),
+#: a tunable one at two fixed alphas.
+EVICTION_CASES = [(name, alpha) for name in ENGINE_EVICTION_POLICIES
+                  for alpha in ((0.0, 0.7) if eviction_class(name).tunable else (None,))]
 
 
 @pytest.fixture(scope="module")
@@ -106,8 +114,8 @@ def chained(tokens):
 
 
 def simulate(policy, eviction, requests, *, blocks, costs, alpha=None):
-    ev = get_eviction(eviction, **({"alpha": alpha} if alpha is not None and eviction == "flop"
-                                   else {}))
+    tunable = eviction_class(eviction).tunable
+    ev = get_eviction(eviction, **({"alpha": alpha} if alpha is not None and tunable else {}))
     cache = HybridPrefixCache(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
                               admission=get_admission(policy), eviction=ev, chunk_size=CHUNK,
                               segment_flops=costs.prefill_flops, bytes_per_block=BYTES_PER_BLOCK)
@@ -232,7 +240,7 @@ def random_workload(seed, n=36):
     return reqs
 
 
-@pytest.mark.parametrize("eviction,alpha", [("lru", None), ("flop", 0.0), ("flop", 0.7)])
+@pytest.mark.parametrize("eviction,alpha", EVICTION_CASES)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_random_workload_matches_core_model(vllm_config, monkeypatch, costs, policy, eviction,
                                             alpha):
@@ -284,7 +292,7 @@ def test_stock_policy_leaves_vllm_untouched(vllm_config, monkeypatch):
 
 
 # ---------------------------------------------------------------- faults
-@pytest.mark.parametrize("eviction", ["lru", "flop"])
+@pytest.mark.parametrize("eviction", ENGINE_EVICTION_POLICIES)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy, eviction):
     """A 2,600-token request is aborted after its first prefill chunk; then eight
@@ -318,7 +326,7 @@ def test_bad_environment_values_give_one_line(vllm_config, monkeypatch):
     from vllm_admission.plugin.config import AdmissionConfigError
 
     for var, value, valid in [("VLLM_ADMISSION_POLICY", "bogus", "none, last, vllm, marconi, dense"),
-                              ("VLLM_ADMISSION_EVICTION", "belady", "lru, flop"),
+                              ("VLLM_ADMISSION_EVICTION", "belady", ", ".join(ENGINE_EVICTION_POLICIES)),
                               ("VLLM_ADMISSION_ALPHA", "-1", ">= 0")]:
         monkeypatch.setenv(var, value)
         with pytest.raises(AdmissionConfigError) as info:

@@ -8,6 +8,7 @@ import pytest
 from vllm_admission.cli import build_parser, main
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.costs import load_model
+from vllm_admission.core.eviction import EVICTION_POLICIES
 from vllm_admission.core.geometry import aligned_block_size, block_geometry, parse_bytes
 from vllm_admission.core.traces import load_trace
 from vllm_admission.sim.simulator import cache_requests, simulate, trace_bound
@@ -142,7 +143,7 @@ def test_demo_takes_the_ssm_cache_dtype_too():
 
 @pytest.mark.parametrize("argv, message", [
     (["--admission", "nope"], "unknown admission policy 'nope'; valid: none, last, vllm, marconi, dense"),
-    (["--eviction", "arc"], "unknown eviction policy 'arc'; valid: lru, flop, belady"),
+    (["--eviction", "arc"], f"unknown eviction policy 'arc'; valid: {', '.join(EVICTION_POLICIES)}"),
     (["--capacity", "1KiB"], "too small"),
     (["--capacity", "12 parsecs"], "unknown unit 'parsecs'"),
     (["--model", "/nonexistent/config.json"], "nonexistent"),

@@ -43,7 +43,7 @@ from typing import Any
 
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
 from vllm_admission.core.costs import ModelCosts
-from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
+from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, eviction_class
 from vllm_admission.core.geometry import geometry_from_blocks
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS, Trace, load_trace
 
@@ -188,13 +188,14 @@ TOLERANCE = 0.01
 def meets_bar(record: dict[str, Any]) -> bool:
     """Whether a sequential record meets the fidelity bar.
 
-    Exact (no differing request) for ``lru`` with an admission of
-    :data:`EXACT_ADMISSIONS`; otherwise ``abs_diff_fraction <= 1 %``. Timed
+    Exact (no differing request) for an eviction policy in vLLM's own order
+    (``vllm_order``: ``lru``) with an admission of :data:`EXACT_ADMISSIONS`;
+    otherwise ``abs_diff_fraction <= 1 %``. Timed
     records have no bar (their drift is reported, not judged): always True.
     """
     if record.get("mode", "sequential") != "sequential":
         return True
-    if record["eviction"] == "lru" and record["admission"] in EXACT_ADMISSIONS:
+    if eviction_class(record["eviction"]).vllm_order and record["admission"] in EXACT_ADMISSIONS:
         return record["requests_differing"] == 0
     return record["abs_diff_fraction"] <= TOLERANCE
 

@@ -186,14 +186,19 @@ class BlockPool:
             ref[b] = 1
         return out
 
-    def touch(self, blocks: Sequence[int]) -> None:
-        """A prefix hit takes references on cached blocks (``BlockPool.touch``)."""
+    def touch(self, blocks: Sequence[int], now: float) -> None:
+        """A prefix hit takes references on cached blocks (``BlockPool.touch``);
+        a policy that :attr:`~EvictionPolicy.needs_hits` hears each of them."""
         ref = self.ref
+        eviction = self.eviction
         for b in blocks:
             if ref[b] == 0:
-                self.eviction.remove(b)
+                eviction.remove(b)
                 self._num_free_cached -= 1
             ref[b] += 1
+        if eviction.needs_hits:
+            for b in blocks:
+                eviction.on_hit(b, now)
 
     def free(self, ordered: Sequence[int], now: float) -> None:
         """Drop one reference each, in eviction-priority order (``free_blocks``).
@@ -478,7 +483,7 @@ class HybridPrefixCache:
                        blocks=[[] for _ in range(ngroups)], num_cached=[hit_blocks] * ngroups,
                        retired=[0] * ngroups)
         if hit_blocks:
-            self._touch_hit(run, hit_blocks)
+            self._touch_hit(run, hit_blocks, now)
 
         computed = probe.state_hit
         while computed < prompt_len:
@@ -508,18 +513,18 @@ class HybridPrefixCache:
             m += 1
         return events
 
-    def _touch_hit(self, run: _Running, hit_blocks: int) -> None:
+    def _touch_hit(self, run: _Running, hit_blocks: int, now: float) -> None:
         index = self.pool.index
         h = run.hashes
         for g, kind in enumerate(self.group_kinds):
             d = index[g]
             if kind == ATTENTION:
                 blocks = [d[h[i]] for i in range(hit_blocks)]
-                self.pool.touch(blocks)
+                self.pool.touch(blocks, now)
                 run.blocks[g] = blocks
             else:
                 b = d[h[hit_blocks - 1]]
-                self.pool.touch((b,))
+                self.pool.touch((b,), now)
                 run.blocks[g] = [NULL] * (hit_blocks - 1) + [b]
 
     def _split(self, run: _Running, start: int, n: int) -> int:

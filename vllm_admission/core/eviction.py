@@ -10,8 +10,24 @@ orders the *cached* free blocks only.
 
 Blocks are identified by integer ids. ``add`` is called when a cached block's
 reference count drops to zero, ``remove`` when a prefix hit takes it back, and
-``pop`` when an allocation needs a block. Time is injected (``now``): a logical
-request counter in the simulator, a monotonic clock in the engine.
+``pop`` when an allocation needs a block. A policy that declares
+:attr:`~EvictionPolicy.needs_hits` also hears :meth:`~EvictionPolicy.on_hit`
+for every cached block a prefix hit references (vLLM's ``BlockPool.touch``) and
+:meth:`~EvictionPolicy.forget` when a block loses its hash without being popped.
+Time is injected (``now``): the index of the latest request, in the simulator
+and in the engine alike.
+
+What a policy needs is declared as class attributes (capabilities), read by the
+simulator and by the plugin; nothing outside this registry branches on a
+policy's name:
+
+* ``needs_values``: FLOP-efficiency values at ``add`` (the cache model computes them);
+* ``needs_future``: next-use times (an oracle): simulator only;
+* ``needs_hits``: the hit hook;
+* ``tunable``: an ``alpha`` tuned online by :class:`~vllm_admission.core.tuning.AlphaTuner`
+  when not fixed;
+* ``vllm_order``: orders exactly as vLLM's ``FreeKVCacheBlockQueue``, so the
+  engine keeps vLLM's own queue.
 
 Policies:
 
@@ -43,6 +59,7 @@ __all__ = [
     "EvictionPolicy",
     "FlopEviction",
     "LRUEviction",
+    "eviction_class",
     "get_eviction",
 ]
 
@@ -63,6 +80,13 @@ class EvictionPolicy(ABC):
     needs_values: ClassVar[bool] = False
     #: Whether the policy needs future knowledge (simulator only).
     needs_future: ClassVar[bool] = False
+    #: Whether the cache must report prefix hits (:meth:`on_hit`, :meth:`forget`).
+    needs_hits: ClassVar[bool] = False
+    #: Whether the policy has an ``alpha`` that is tuned online unless fixed.
+    tunable: ClassVar[bool] = False
+    #: Whether the order is exactly vLLM's free-block queue order (the engine
+    #: then keeps vLLM's own queue and calls no policy code).
+    vllm_order: ClassVar[bool] = False
 
     @abstractmethod
     def add(self, block_id: int, now: float, value: float = 0.0,
@@ -97,6 +121,15 @@ class EvictionPolicy(ABC):
         """Give a policy that :attr:`needs_future` its oracle: ``refresh(block_id,
         now)`` is the block's next use after ``now``. Others ignore it."""
 
+    def on_hit(self, block_id: int, now: float) -> None:
+        """A prefix hit referenced cached block ``block_id`` (after :meth:`remove`
+        if it was a candidate). Called only for policies that :attr:`needs_hits`."""
+
+    def forget(self, block_id: int) -> None:
+        """``block_id`` lost its hash without being popped (the plugin drops a
+        superseded state, or the prefix cache is reset); it is not a candidate.
+        Called only for policies that :attr:`needs_hits`."""
+
     @abstractmethod
     def clone(self) -> "EvictionPolicy":
         """An independent copy with the same candidates in the same order."""
@@ -114,6 +147,7 @@ class LRUEviction(EvictionPolicy):
 
     name = "lru"
     summary = "vLLM's free-block queue order (least recently freed first)"
+    vllm_order = True
 
     def __init__(self) -> None:
         self._order: OrderedDict[int, None] = OrderedDict()
@@ -225,6 +259,7 @@ class FlopEviction(EvictionPolicy):
     name = "flop"
     summary = "Marconi's utility: recency + alpha x FLOPs saved per byte (min-max normalised)"
     needs_values = True
+    tunable = True
 
     def __init__(self, alpha: float = 0.0) -> None:
         self.alpha = alpha  # validated by the property setter
@@ -480,6 +515,19 @@ EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
 ENGINE_EVICTION_POLICIES = tuple(n for n, c in EVICTION_POLICIES.items() if not c.needs_future)
 
 
+def eviction_class(name: str) -> type[EvictionPolicy]:
+    """The policy class registered under ``name`` (to read its capabilities).
+
+    Raises:
+        UnknownPolicyError: unknown name; the message lists the valid names.
+    """
+    try:
+        return EVICTION_POLICIES[name]
+    except KeyError:
+        valid = ", ".join(EVICTION_POLICIES)
+        raise UnknownPolicyError(f"unknown eviction policy {name!r}; valid: {valid}") from None
+
+
 def get_eviction(name: str, **options) -> EvictionPolicy:
     """Build the eviction policy registered under ``name``.
 
@@ -491,9 +539,4 @@ def get_eviction(name: str, **options) -> EvictionPolicy:
         UnknownPolicyError: unknown name; the message lists the valid names.
         TypeError: an option the policy does not take.
     """
-    try:
-        cls = EVICTION_POLICIES[name]
-    except KeyError:
-        valid = ", ".join(EVICTION_POLICIES)
-        raise UnknownPolicyError(f"unknown eviction policy {name!r}; valid: {valid}") from None
-    return cls(**options)
+    return eviction_class(name)(**options)

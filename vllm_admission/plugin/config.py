@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm_admission.core.admission import ADMISSION_POLICIES
-from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
+from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, eviction_class
 from vllm_admission.core.tuning import GRIDS
 
 __all__ = [
@@ -162,7 +162,7 @@ class AdmissionConfig:
     def describe(self) -> str:
         """``"admission=<p> eviction=<e>[ alpha=<a>]"`` for log lines."""
         text = f"admission={self.policy} eviction={self.eviction}"
-        if self.eviction == "flop":
+        if eviction_class(self.eviction).tunable:
             text += f" alpha={'tuned online' if self.alpha is None else f'{self.alpha:g}'}"
         return text
 

@@ -18,8 +18,8 @@ terms and keeps the per-request facts the policies need:
   the states that really got a hash are recorded by :meth:`observe_cached`;
 * when blocks are freed it values them with
   :func:`~vllm_admission.core.cache.segment_values` /
-  :func:`~vllm_admission.core.cache.block_value` for ``flop`` eviction
-  (:meth:`scope`, :meth:`stage_values`);
+  :func:`~vllm_admission.core.cache.block_value` for eviction policies that
+  ``needs_values`` (:meth:`scope`, :meth:`stage_values`);
 * when a request finishes it feeds the alpha tuner (:meth:`on_finished`).
 
 It holds no tensors and copies none: vLLM's model runner writes the states.
@@ -43,7 +43,7 @@ from vllm_admission.core.admission import (
     get_admission,
 )
 from vllm_admission.core.cache import block_value, segment_values
-from vllm_admission.core.eviction import FlopEviction
+from vllm_admission.core.eviction import EvictionPolicy, eviction_class, get_eviction
 from vllm_admission.core.replay import CacheRequest, CacheSetup, replay_requests
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
 from vllm_admission.plugin.stats import AdmissionStats
@@ -203,25 +203,30 @@ class AdmissionControl:
 
     Args:
         policy: admission policy name.
-        eviction: ``"lru"`` or ``"flop"``.
+        eviction: an engine-capable eviction policy name
+            (``vllm_admission.core.eviction.ENGINE_EVICTION_POLICIES``).
         geometry: the engine's cache layout.
         prefill_flops: ``f(num_tokens, num_cached) -> FLOPs``
-            (``ModelCosts.prefill_flops``); required for ``flop``.
-        alpha: fixed alpha for ``flop``; ``None`` tunes it online.
+            (``ModelCosts.prefill_flops``); required by policies that
+            ``needs_values`` and by the alpha tuner.
+        alpha: fixed alpha of a ``tunable`` policy; ``None`` tunes it online.
         tune_multiplier: the tuner's bootstrap multiplier.
         tune_grid: the tuner's bootstrap grid, a key of ``GRIDS``.
-        clock: the recency clock of ``flop`` eviction; default
+        clock: the recency clock of the eviction policy; default
             :meth:`request_clock`, the index of the latest request that arrived
             (requests, as the simulator's ``now``; wall seconds would make the
             utility's recency term, and so alpha, depend on engine speed).
         is_cached_state: ``f(block_hash, group) -> bool``: whether vLLM's pool
             holds a state block for that hash in that group (for the values of
             states below a request's hit).
+        group_of: ``f(block) -> KV cache group index`` of a cached block
+            (vLLM's ``get_group_id`` of its hash; the adapter binds it).
         tune_in_thread: run the tuner on a daemon thread (default) or inline.
 
     Raises:
         UnknownPolicyError: unknown policy name.
-        ValueError: ``flop`` without ``prefill_flops``.
+        ValueError: a policy that needs the future (simulator only), or one
+            that needs values without ``prefill_flops``.
     """
 
     def __init__(self, *, policy: str, eviction: str, geometry: Geometry,
@@ -230,11 +235,14 @@ class AdmissionControl:
                  tune_grid: str = "coarse",
                  clock: Callable[[], float] | None = None,
                  is_cached_state: Callable[[Any, int], bool] | None = None,
+                 group_of: Callable[[Any], int] | None = None,
                  tune_in_thread: bool = True) -> None:
-        if eviction not in ("lru", "flop"):
-            raise ValueError(f"eviction must be 'lru' or 'flop', got {eviction!r}")
-        if eviction == "flop" and prefill_flops is None:
-            raise ValueError("flop eviction needs prefill_flops")
+        policy_cls = eviction_class(eviction)
+        if policy_cls.needs_future:
+            raise ValueError(f"eviction {eviction!r} needs future knowledge: simulator only")
+        tuned = policy_cls.tunable and alpha is None
+        if (policy_cls.needs_values or tuned) and prefill_flops is None:
+            raise ValueError(f"eviction {eviction!r} needs prefill_flops")
         self.geometry = geometry
         self.B = geometry.block_size
         self._hash_stride = geometry.block_size // geometry.hash_block_size
@@ -246,6 +254,7 @@ class AdmissionControl:
         self.arrivals = 0
         self.clock = clock if clock is not None else self.request_clock
         self.is_cached_state = is_cached_state
+        self.group_of = group_of
         self.tracks: dict[str, _Track] = {}
         self._pending: dict[str, HitProbe] = {}
         # metrics
@@ -257,16 +266,17 @@ class AdmissionControl:
         self.state_hits = 0
         self.tokens_saved = 0
         self._set_policy(get_admission(policy))
-        # eviction
-        self.flop: FlopEviction | None = None
+        # eviction: None keeps vLLM's own free-block queue (a policy in vLLM's order).
+        self.eviction_policy: EvictionPolicy | None = None
         self.tuner: TunerThread | None = None
         self.fixed_alpha = alpha
         self.tune_multiplier = tune_multiplier
         self.tune_grid = GRIDS[tune_grid]
         self.tune_in_thread = tune_in_thread
-        if eviction == "flop":
-            self.flop = FlopEviction(alpha if alpha is not None else 0.0)
-            if alpha is None:
+        if not policy_cls.vllm_order:
+            options = {"alpha": alpha if alpha is not None else 0.0} if policy_cls.tunable else {}
+            self.eviction_policy = get_eviction(eviction, **options)
+            if tuned:
                 self.tuner = TunerThread(self._make_tuner)
 
     # -- policy ------------------------------------------------------------
@@ -464,7 +474,7 @@ class AdmissionControl:
                 admitted.append((i + 1) * B)
                 self.checkpoints += 1
 
-    # -- values for flop eviction -----------------------------------------
+    # -- values for value-aware eviction (needs_values) -------------------
     def _checkpoints(self, track: _Track) -> list[int]:
         """Ascending cached-state positions along the request's prefix (the simulator's)."""
         if track.below_hit is None:
@@ -485,8 +495,10 @@ class AdmissionControl:
         return track.below_hit + track.admitted
 
     def valuer(self, track: _Track | None) -> Callable[[Any], float]:
-        """``f(block) -> FLOPs per byte`` for the request's cached blocks (lazy)."""
-        if track is None:
+        """``f(block) -> FLOPs per byte`` for the request's cached blocks (lazy);
+        0 for every block when the policy does not use values."""
+        policy = self.eviction_policy
+        if track is None or policy is None or not policy.needs_values:
             return lambda block: 0.0
         geo = self.geometry
         memo: list = []
@@ -504,8 +516,7 @@ class AdmissionControl:
             end = block.block_hash_num_tokens
             if end is None:
                 return 0.0
-            group = int.from_bytes(block.block_hash[-4:], "big")
-            return block_value(values, ckpts, end, group in self._state_set)
+            return block_value(values, ckpts, end, self.group_of(block) in self._state_set)
 
         return value
 
@@ -515,10 +526,30 @@ class AdmissionControl:
 
     def stage_values(self, queue_: Any, request_id: str, blocks: Sequence[Any]) -> None:
         """Value blocks now that are returned to the pool later (deferred frees)."""
+        policy = self.eviction_policy
+        if policy is None or not policy.needs_values:
+            return
         value = self.valuer(self.tracks.get(request_id))
         for b in blocks:
             if not b.is_null and b.block_hash is not None:
-                queue_.stage_value(b.block_id, value(b))
+                queue_.stage_value(b, value(b))
+
+    def on_hit(self, blocks: Sequence[Any]) -> None:
+        """A prefix hit referenced ``blocks`` (``BlockPool.touch``): tell a policy
+        that :attr:`~vllm_admission.core.eviction.EvictionPolicy.needs_hits`."""
+        policy = self.eviction_policy
+        if policy is None or not policy.needs_hits:
+            return
+        now = self.clock()
+        for b in blocks:
+            if not b.is_null and b.block_hash is not None:
+                policy.on_hit(b.block_id, now)
+
+    def on_hash_dropped(self, block: Any) -> None:
+        """``block`` lost its hash without an eviction (a superseded state)."""
+        policy = self.eviction_policy
+        if policy is not None and policy.needs_hits:
+            policy.forget(block.block_id)
 
     # -- finishing and tuning ----------------------------------------------
     def on_finished(self, request: Any, evicted_so_far: bool) -> None:
@@ -549,8 +580,8 @@ class AdmissionControl:
         if self.tuner is None:
             return None
         alpha = self.tuner.take_alpha()
-        if alpha is not None and self.flop is not None:
-            self.flop.alpha = alpha
+        if alpha is not None:
+            self.eviction_policy.alpha = alpha
         return alpha
 
     def _make_tuner(self) -> AlphaTuner:
@@ -559,7 +590,7 @@ class AdmissionControl:
         setup = CacheSetup(num_blocks=geo.num_blocks, block_size=geo.block_size,
                            group_kinds=geo.group_kinds, chunk_size=geo.chunk_size,
                            bytes_per_block=geo.bytes_per_block, admission=self.policy.name,
-                           eviction="flop", segment_flops=flops)
+                           eviction=self.eviction, segment_flops=flops)
 
         def replay(alpha: float, window: Sequence[CacheRequest], snapshot: Any = None) -> float:
             return replay_requests(setup.build(alpha=alpha), list(window),
@@ -578,7 +609,8 @@ class AdmissionControl:
         by_group = {f"{kinds[g]}{g}": int(n) for g, n in enumerate(evictions_by_group)}
         return AdmissionStats(
             active=True, admission=self.policy.name, eviction=self.eviction,
-            alpha=self.flop.alpha if self.flop is not None else None,
+            alpha=self.eviction_policy.alpha
+            if self.eviction_policy is not None and self.eviction_policy.tunable else None,
             requests=self.requests, prompt_tokens=self.prompt_tokens, junctions=self.junctions,
             checkpoints=self.checkpoints, superseded=self.superseded,
             state_hits=self.state_hits, tokens_saved=self.tokens_saved,

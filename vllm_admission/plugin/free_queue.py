@@ -1,4 +1,4 @@
-"""A FLOP-aware stand-in for vLLM's ``FreeKVCacheBlockQueue``.
+"""A policy-ordered stand-in for vLLM's ``FreeKVCacheBlockQueue``.
 
 vLLM 0.32 keeps every free block of the pool in one doubly linked list,
 ``BlockPool.free_block_queue`` (``vllm/v1/core/kv_cache_utils.py``,
@@ -9,18 +9,21 @@ vLLM 0.32 keeps every free block of the pool in one doubly linked list,
 drops the hash of any cached block it took; ``BlockPool.touch`` pulls a cached
 block back out on a prefix hit (``remove``).
 
-:class:`FlopFreeBlockQueue` serves the same calls with three tiers, taken in
+:class:`PolicyFreeBlockQueue` serves the same calls with three tiers, taken in
 this order by ``popleft``/``popleft_n``:
 
 1. blocks without a hash, as a stack: ``prepend_n`` pushes, so the next block
    handed out is exactly the one vLLM's list would hand out;
-2. cached blocks, ordered by :class:`vllm_admission.core.eviction.FlopEviction`
-   (Marconi's recency + alpha x FLOP efficiency);
+2. cached blocks, ordered by any engine-capable
+   :class:`vllm_admission.core.eviction.EvictionPolicy` (``flop``: Marconi's
+   recency + alpha x FLOP efficiency; or any other), the same object the
+   simulator's pool runs;
 3. blocks without a hash that were *appended* (vLLM's ``BlockPool.unpin_blocks``
    returns such blocks as last-resort candidates), first in first out.
 
-A cached block's FLOP efficiency is supplied at ``append_n`` time by the
-caller, either staged per block id (:meth:`stage_value`) or through the
+A cached block's FLOP efficiency (for policies that ``needs_values``) is
+supplied at ``append_n`` time by the caller, either staged per block
+(:meth:`stage_value`, valid only while the block keeps that hash) or through the
 current free scope: a ``(now, valuer)`` pair, set directly as :attr:`scope`
 or made on first need by ``scope_maker(key)`` while :meth:`open_scope`
 ``(key)`` is in effect (the plugin's KV cache coordinator opens one, keyed by
@@ -40,22 +43,22 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from vllm_admission.core.eviction import FlopEviction
+from vllm_admission.core.eviction import EvictionPolicy
 
-__all__ = ["FlopFreeBlockQueue"]
+__all__ = ["PolicyFreeBlockQueue"]
 
 Block = Any  # vllm.v1.core.kv_cache_utils.KVCacheBlock or any object with block_id / block_hash
 
 
-class FlopFreeBlockQueue:
-    """Free blocks of one ``BlockPool``: uncached first, cached ones in FLOP-aware order.
+class PolicyFreeBlockQueue:
+    """Free blocks of one ``BlockPool``: uncached first, cached ones in the policy's order.
 
     Args:
         blocks: the free blocks in the order vLLM's queue holds them (head
             first), e.g. ``old_queue.get_all_free_blocks()``. Blocks with a
             hash become eviction candidates with value 0.
-        eviction: orders the cached free blocks; its ``alpha`` may be changed
-            at any time.
+        eviction: orders the cached free blocks (a tunable policy's ``alpha``
+            may be changed at any time).
         clock: non-decreasing recency clock (default ``time.monotonic``; the
             engine passes the request clock of ``AdmissionControl``).
 
@@ -66,7 +69,7 @@ class FlopFreeBlockQueue:
         scope_maker: ``f(key) -> (now, valuer)`` for :meth:`open_scope`.
     """
 
-    def __init__(self, blocks: Iterable[Block], eviction: FlopEviction,
+    def __init__(self, blocks: Iterable[Block], eviction: EvictionPolicy,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.eviction = eviction
         self.clock = clock
@@ -78,7 +81,7 @@ class FlopFreeBlockQueue:
         self._cached: dict[int, Block] = {}         # candidates, in add order
         self._meta: dict[int, tuple[float, float]] = {}  # id -> (time, value)
         self._tail: OrderedDict[int, Block] = OrderedDict()
-        self._staged: dict[int, float] = {}
+        self._staged: dict[int, tuple[Any, float]] = {}   # id -> (hash, value)
         blocks = list(blocks)
         uncached = [b for b in blocks if b.block_hash is None]
         self.prepend_n(uncached)
@@ -92,9 +95,10 @@ class FlopFreeBlockQueue:
                 b.prev_free_block = b.next_free_block = None
 
     # -- values ----------------------------------------------------------
-    def stage_value(self, block_id: int, value: float) -> None:
-        """Give the next ``append_n`` of ``block_id`` this value (FLOPs per byte)."""
-        self._staged[block_id] = value
+    def stage_value(self, block: Block, value: float) -> None:
+        """Give ``block``'s next ``append_n`` this value (FLOPs per byte), provided
+        it still holds the hash it has now (a value belongs to a block's content)."""
+        self._staged[block.block_id] = (block.block_hash, value)
 
     def clear_staged(self) -> None:
         """Forget staged values that were not used."""
@@ -179,6 +183,7 @@ class FlopFreeBlockQueue:
         count = 0
         for b in blocks:
             count += 1
+            entry = staged.pop(b.block_id, None) if staged else None
             if b.block_hash is None:
                 self._tail[b.block_id] = b
                 continue
@@ -190,8 +195,9 @@ class FlopFreeBlockQueue:
                     now, valuer = scope
                 else:
                     now = self.clock()
-            value = staged.pop(b.block_id, None) if staged else None
-            if value is None:
+            if entry is not None and entry[0] == b.block_hash:
+                value = entry[1]
+            else:
                 value = valuer(b) if valuer is not None else 0.0
             self._add_cached(b, now, value)
         self.num_free_blocks += count
@@ -207,11 +213,8 @@ class FlopFreeBlockQueue:
         """Every free block in the order they would be handed out now."""
         out = list(reversed(self._stack.values()))
         if self._cached:
-            copy = FlopEviction(self.eviction.alpha)
-            last = 0.0
-            for bid, (t, v) in self._meta.items():
-                copy.add(bid, t, v)
-                last = max(last, t)
+            last = max(t for t, _ in self._meta.values())
+            copy = self.eviction.clone()
             order = copy.pop_n(len(copy), max(self.clock(), last))
             out.extend(self._cached[bid] for bid in order)
         out.extend(self._tail.values())
@@ -237,6 +240,9 @@ class FlopFreeBlockQueue:
         order = self.get_all_free_blocks()
         for bid in list(self._cached):
             self.eviction.remove(bid)
+        if self.eviction.needs_hits:
+            for b in order:
+                self.eviction.forget(b.block_id)
         self._cached.clear()
         self._meta.clear()
         self._tail.clear()
@@ -262,5 +268,6 @@ class FlopFreeBlockQueue:
         return self.num_free_blocks
 
     def __repr__(self) -> str:
-        return (f"FlopFreeBlockQueue(free={self.num_free_blocks}, uncached={len(self._stack)}, "
-                f"cached={len(self._cached)}, tail={len(self._tail)}, alpha={self.eviction.alpha:g})")
+        return (f"PolicyFreeBlockQueue(free={self.num_free_blocks}, uncached={len(self._stack)}, "
+                f"cached={len(self._cached)}, tail={len(self._tail)}, "
+                f"eviction={self.eviction.name})")

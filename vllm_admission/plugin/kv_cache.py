@@ -7,9 +7,10 @@ coordinator, which builds the ``BlockPool`` and one manager per KV cache group).
 (by re-typing them, so every field vLLM set up stays as it is):
 
 * :class:`AdmissionCoordinator` (``HybridKVCacheCoordinator``,
-  ``vllm/v1/core/kv_cache_coordinator.py``), ``flop`` eviction only:
-  ``free``, ``remove_skipped_blocks`` and ``pop_blocks_for_free`` give the
-  blocks a request returns to the pool their FLOP efficiency;
+  ``vllm/v1/core/kv_cache_coordinator.py``), with any eviction policy not in
+  vLLM's own order: ``free``, ``remove_skipped_blocks`` and
+  ``pop_blocks_for_free`` give the blocks a request returns to the pool one
+  time stamp and, for policies that ``needs_values``, their FLOP efficiency;
 * :class:`PolicyMambaManager` (``MambaManager``,
   ``vllm/v1/core/single_type_kv_cache_manager.py``), every policy but
   ``vllm`` (which keeps vLLM's own manager): ``cache_blocks`` gives a recurrent state a block hash only where the admission policy admits
@@ -20,12 +21,14 @@ coordinator, which builds the ``BlockPool`` and one manager per KV cache group).
 * :class:`AdmissionBlockPool` (``BlockPool``, ``vllm/v1/core/block_pool.py``):
   ``cache_full_blocks`` records which states of the first state group got a
   hash (checkpoint metrics, block values), ``get_new_blocks`` counts evictions
-  per KV cache group, ``reset_prefix_cache`` re-orders the FLOP-aware free
-  queue.
+  per KV cache group, ``touch`` reports prefix hits to a policy that
+  ``needs_hits``, ``reset_prefix_cache`` re-orders the policy's free queue.
 
-With ``flop`` eviction ``block_pool.free_block_queue`` is replaced by
-:class:`~vllm_admission.plugin.free_queue.FlopFreeBlockQueue`; with ``lru``
-vLLM's ``FreeKVCacheBlockQueue`` stays.
+With an eviction policy not in vLLM's order (``flop``, or any other
+registered policy whose ``vllm_order`` is false and that needs no future)
+``block_pool.free_block_queue`` is replaced by
+:class:`~vllm_admission.plugin.free_queue.PolicyFreeBlockQueue` running that
+policy; with ``lru`` vLLM's ``FreeKVCacheBlockQueue`` stays.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_group_id, make_block_h
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
 from vllm_admission.plugin.control import AdmissionControl
-from vllm_admission.plugin.free_queue import FlopFreeBlockQueue
+from vllm_admission.plugin.free_queue import PolicyFreeBlockQueue
 
 __all__ = ["AdmissionBlockPool", "AdmissionCoordinator", "PolicyMambaManager", "install",
            "use_policy_managers"]
@@ -73,6 +76,10 @@ class AdmissionBlockPool(BlockPool):
             ctl = self._admission
             ctl.observe_cached(ctl.track(request), blocks, num_cached_blocks, num_full_blocks)
 
+    def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
+        super().touch(blocks)
+        self._admission.on_hit(blocks)
+
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         self._admission_allocating = True
         try:
@@ -91,13 +98,14 @@ class AdmissionBlockPool(BlockPool):
         """Remove a block's hashes (it stays where it is) and, if it is free,
         move it to the head of the free queue, where vLLM keeps uncached blocks."""
         BlockPool._maybe_evict_cached_block(self, block)
+        self._admission.on_hash_dropped(block)
         if block.ref_cnt == 0 and not block.is_null:
             self.free_block_queue.remove(block)
             self.free_block_queue.prepend_n([block])
 
     def reset_prefix_cache(self) -> bool:
         ok = super().reset_prefix_cache()
-        if ok and isinstance(self.free_block_queue, FlopFreeBlockQueue):
+        if ok and isinstance(self.free_block_queue, PolicyFreeBlockQueue):
             self.free_block_queue.forget_hashes()
         return ok
 
@@ -135,10 +143,10 @@ class PolicyMambaManager(MambaManager):
 
 
 class AdmissionCoordinator(HybridKVCacheCoordinator):
-    """vLLM's hybrid coordinator; values freed blocks for ``flop`` eviction."""
+    """vLLM's hybrid coordinator; time-stamps (and values) the blocks a request frees."""
 
     _admission: AdmissionControl | None = None
-    _admission_queue: FlopFreeBlockQueue | None = None
+    _admission_queue: PolicyFreeBlockQueue | None = None
 
     def free(self, request_id: str) -> None:
         queue = self._admission_queue
@@ -185,10 +193,10 @@ def install(kv_cache_manager: Any, control: AdmissionControl) -> Any:
     """Attach ``control`` to a freshly built ``KVCacheManager`` (no request seen yet).
 
     Re-types the block pool and the Mamba managers into the subclasses above
-    and, for ``flop`` eviction, the hybrid coordinator too, swapping the pool's
-    free queue for a :class:`FlopFreeBlockQueue` holding the same blocks in the
-    same order. With ``lru`` the coordinator stays vLLM's own: nothing in it
-    changes.
+    and, for an eviction policy not in vLLM's order, the hybrid coordinator
+    too, swapping the pool's free queue for a :class:`PolicyFreeBlockQueue`
+    holding the same blocks in the same order. With ``lru`` the coordinator
+    stays vLLM's own: nothing in it changes.
 
     Returns:
         The coordinator.
@@ -210,11 +218,11 @@ def install(kv_cache_manager: Any, control: AdmissionControl) -> Any:
     _retype(pool, BlockPool, AdmissionBlockPool)
     pool._init_admission(len(managers), control, control.first_state)
     use_policy_managers(coordinator, control)
-    if control.flop is not None:
+    if control.eviction_policy is not None:
         _retype(coordinator, HybridKVCacheCoordinator, AdmissionCoordinator)
         coordinator._admission = control
-        queue = FlopFreeBlockQueue(pool.free_block_queue.get_all_free_blocks(), control.flop,
-                                   clock=control.clock)
+        queue = PolicyFreeBlockQueue(pool.free_block_queue.get_all_free_blocks(),
+                                     control.eviction_policy, clock=control.clock)
         queue.scope_maker = control.scope
         pool.free_block_queue = queue
         coordinator._admission_queue = queue
@@ -224,4 +232,5 @@ def install(kv_cache_manager: Any, control: AdmissionControl) -> Any:
             make_block_hash_with_group_id(block_hash, group)) is not None
 
     control.is_cached_state = is_cached_state
+    control.group_of = lambda block: get_group_id(block.block_hash)
     return coordinator

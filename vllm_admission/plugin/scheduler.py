@@ -40,6 +40,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
 from vllm.v1.kv_cache_interface import MambaSpec
 
+from vllm_admission.core.eviction import EVICTION_POLICIES, eviction_class
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import ATTENTION, STATE, AdmissionControl, Geometry
 from vllm_admission.plugin.logs import ensure_log_output
@@ -84,12 +85,15 @@ class AdmissionScheduler(Scheduler):
         geometry = self._admission_geometry(config)
         self._admission_check_supported(config.policy)
         prefill_flops = None
-        if config.eviction == "flop":
+        eviction = eviction_class(config.eviction)
+        if not eviction.vllm_order:
             if self.connector is not None:
                 # KV connectors (offloading) walk vLLM's free queue every step.
                 raise AdmissionConfigError(
-                    "VLLM_ADMISSION_EVICTION=flop cannot run with a KV connector (valid here: lru)")
-            prefill_flops = self._admission_costs().prefill_flops
+                    f"VLLM_ADMISSION_EVICTION={config.eviction} cannot run with a KV connector "
+                    f"(valid here: {', '.join(n for n, c in EVICTION_POLICIES.items() if c.vllm_order)})")
+        if eviction.needs_values or (eviction.tunable and config.alpha is None):
+            prefill_flops = self._admission_costs(config.eviction).prefill_flops
         from vllm_admission.plugin.kv_cache import install
 
         control = AdmissionControl(policy=config.policy, eviction=config.eviction,
@@ -133,7 +137,8 @@ class AdmissionScheduler(Scheduler):
             else:
                 kinds.append(type(m).__name__)
         unsupported = [k for k in kinds if k not in (STATE, ATTENTION)]
-        if unsupported and (config.policy != "vllm" or config.eviction != "lru"):
+        if unsupported and (config.policy != "vllm"
+                            or not eviction_class(config.eviction).vllm_order):
             raise AdmissionConfigError(
                 f"vllm_admission supports full-attention and Mamba/GDN KV cache groups only; "
                 f"this model also has {', '.join(sorted(set(unsupported)))} (valid here: "
@@ -174,7 +179,7 @@ class AdmissionScheduler(Scheduler):
                 f"VLLM_ADMISSION_POLICY={policy} cannot run with {'; '.join(problems)} "
                 f"(valid here: vllm)")
 
-    def _admission_costs(self) -> Any:
+    def _admission_costs(self, eviction: str) -> Any:
         from vllm_admission.core.costs import ModelConfigError, ModelCosts
 
         hf = self.vllm_config.model_config.hf_config
@@ -182,8 +187,8 @@ class AdmissionScheduler(Scheduler):
             return ModelCosts.from_config(hf.to_dict())
         except ModelConfigError as exc:
             raise AdmissionConfigError(
-                f"VLLM_ADMISSION_EVICTION=flop needs a FLOP model of this architecture: {exc} "
-                f"(valid here: lru)") from None
+                f"VLLM_ADMISSION_EVICTION={eviction} needs a FLOP model of this architecture: "
+                f"{exc} (valid here: lru)") from None
 
     # -- overridden vLLM methods -------------------------------------------------
     def add_request(self, request: Any) -> None:

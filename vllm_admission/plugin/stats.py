@@ -20,7 +20,8 @@ class AdmissionStats:
             no recurrent or no attention layers); every count is then 0.
         admission: admission policy name.
         eviction: eviction policy name.
-        alpha: ``flop``'s current alpha (``None`` with ``lru``).
+        alpha: the current alpha of a tunable eviction policy (``flop``);
+            ``None`` for the others.
         requests: requests admitted into the running batch after a prefix
             lookup.
         prompt_tokens: prompt tokens of those requests.

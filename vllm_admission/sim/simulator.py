@@ -19,7 +19,7 @@ from typing import Any
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import ATTENTION, STATE
 from vllm_admission.core.costs import ModelCosts
-from vllm_admission.core.eviction import get_eviction
+from vllm_admission.core.eviction import eviction_class
 from vllm_admission.core.geometry import CacheGeometry, block_geometry, geometry_from_blocks
 from vllm_admission.core.replay import (
     CacheRequest,
@@ -171,7 +171,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     get_admission(admission)  # validate names before any work
     if tune_grid not in GRIDS:
         raise ValueError(f"unknown tuning grid {tune_grid!r}; valid: {', '.join(GRIDS)}")
-    get_eviction(eviction)
+    policy = eviction_class(eviction)
     if not costs.is_hybrid:
         raise ValueError(f"model {costs.name!r} has no recurrent layers: nothing to simulate")
     if num_blocks is not None:
@@ -188,11 +188,12 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                        group_kinds=group_kinds(costs, geo), chunk_size=chunk_size,
                        bytes_per_block=geo.bytes_per_block, admission=admission,
                        eviction=eviction, segment_flops=flops)
-    oracle = NextUseOracle(requests) if eviction == "belady" else None
-    cache = setup.build(alpha=alpha if alpha is not None else (0.0 if eviction == "flop" else None),
+    oracle = NextUseOracle(requests) if policy.needs_future else None
+    tuned = policy.tunable and alpha is None
+    cache = setup.build(alpha=(0.0 if tuned else alpha) if policy.tunable else None,
                         next_use=oracle)
     tuner = None
-    if eviction == "flop" and alpha is None:
+    if tuned:
         def replay_window(a: float, window, snapshot) -> float:
             first = window[0][0]
             start = setup.build(alpha=a) if snapshot is None else snapshot.clone(alpha=a)
@@ -230,7 +231,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         state_checkpoints=cache.checkpoints, junctions=cache.junctions,
         evictions=cache.pool.evictions,
         evictions_by_group=dict(zip(names, cache.pool.evictions_by_group)),
-        alpha=(tuner.alpha if tuner else alpha) if eviction == "flop" else None,
+        alpha=(tuner.alpha if tuner else alpha) if policy.tunable else None,
         alpha_events=[{"at": e.at, "window": e.window, "alpha": e.alpha, "kind": e.kind}
                       for e in tuner.events] if tuner else [],
         wall_seconds=wall, cpu_seconds=cpu, per_request_hits=hits if per_request else None)

@@ -14,6 +14,7 @@ from typing import Any
 from tqdm import tqdm
 
 from vllm_admission.core.costs import ModelCosts, load_model
+from vllm_admission.core.eviction import EVICTION_POLICIES
 from vllm_admission.core.geometry import block_geometry
 from vllm_admission.core.traces import Trace, load_trace
 from vllm_admission.sim.simulator import cache_requests, simulate, trace_bound
@@ -183,7 +184,9 @@ def plot_hit_rates(doc: dict[str, Any], path: str | os.PathLike) -> Path:
             (r["capacity_bytes"], r["token_hit_rate"]))
     admissions = list(dict.fromkeys(adm for adm, _ in pairs))
     colours = {a: f"C{i}" for i, a in enumerate(admissions)}
-    styles = {"lru": ("-", "o"), "flop": ("--", "s"), "belady": (":", "^")}
+    # One line style per eviction policy, in registry order.
+    looks = [("-", "o"), ("--", "s"), ("-.", "D"), (":", "^"), ((0, (1, 1)), "v")]
+    styles = {name: looks[i % len(looks)] for i, name in enumerate(EVICTION_POLICIES)}
     for (adm, ev), pts in pairs.items():
         pts.sort()
         line, marker = styles.get(ev, ("-.", "x"))
