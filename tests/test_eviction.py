@@ -11,6 +11,7 @@ from vllm_admission.core.eviction import (
     EVICTION_POLICIES,
     BeladyEviction,
     FlopEviction,
+    LFUEviction,
     LRUEviction,
     get_eviction,
 )
@@ -59,9 +60,40 @@ class TestContract:
 def test_capabilities_are_declared_for_every_policy():
     """What the simulator and the plugin read instead of policy names."""
     engine = {n for n, c in EVICTION_POLICIES.items() if not c.needs_future}
-    assert {"lru", "flop"} <= engine and "belady" not in engine
+    assert {"lru", "flop", "lfu"} <= engine and "belady" not in engine
     assert [n for n, c in EVICTION_POLICIES.items() if c.vllm_order] == ["lru"]
     assert [n for n, c in EVICTION_POLICIES.items() if c.tunable] == ["flop"]
+
+
+def test_lfu_without_hits_orders_like_lru():
+    lfu, lru = LFUEviction(), LRUEviction()
+    for b in (4, 2, 7, 1, 9):
+        lfu.add(b, now=0.0)
+        lru.add(b, now=0.0)
+    assert lfu.pop_n(5, now=1.0) == lru.pop_n(5, now=1.0)
+
+
+def test_lfu_keeps_hit_blocks_and_forgets_counts_with_the_hash():
+    pol = LFUEviction()
+    for b in (1, 2, 3):
+        pol.add(b, now=0.0)
+    # A prefix hit takes block 1 back (remove, then the hit), and it is freed again.
+    pol.remove(1)
+    pol.on_hit(1, now=1.0)
+    pol.add(1, now=1.0)
+    pol.add(4, now=1.0)
+    assert pol.pop_n(3, now=2.0) == [2, 3, 4]  # zero hits first, in free order
+    assert pol.pop(now=2.0) == 1
+    # Evicted: the block's next hash starts from zero hits.
+    pol.add(1, now=3.0)
+    pol.add(5, now=3.0)
+    assert pol.pop(now=3.0) == 1
+    # forget(): the hash was dropped without an eviction.
+    pol.on_hit(6, now=4.0)
+    pol.forget(6)
+    pol.add(6, now=4.0)
+    pol.add(7, now=4.0)
+    assert pol.pop_n(3, now=4.0) == [5, 6, 7]  # with the count kept, 6 would go last
 
 
 def test_lru_is_fifo_over_free_events():

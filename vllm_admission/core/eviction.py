@@ -34,6 +34,8 @@ Policies:
 * :class:`LRUEviction` (``lru``): vLLM's own order, block for block.
 * :class:`FlopEviction` (``flop``): Marconi's utility, recency + alpha x FLOP
   efficiency, min-max normalised over the candidates (Marconi section 4.2).
+* :class:`LFUEviction` (``lfu``): fewest prefix hits since the block was cached
+  first, least recently freed among equals.
 * :class:`BeladyEviction` (``belady``): offline reference; evicts the block whose
   hash is next needed farthest in the future. Needs the future, so the engine
   never offers it.
@@ -58,6 +60,7 @@ __all__ = [
     "BeladyEviction",
     "EvictionPolicy",
     "FlopEviction",
+    "LFUEviction",
     "LRUEviction",
     "eviction_class",
     "get_eviction",
@@ -434,6 +437,82 @@ class FlopEviction(EvictionPolicy):
         return block_id in self._where
 
 
+class LFUEviction(EvictionPolicy):
+    """Least frequently used: the candidate with the fewest prefix hits goes first.
+
+    A block's count is the number of prefix hits that referenced it since it
+    got its hash (:meth:`on_hit`); it starts at 0 and is forgotten when the
+    block is evicted (:meth:`pop`) or loses its hash otherwise
+    (:meth:`forget`). Among candidates with equal counts the least recently
+    freed goes first (vLLM's order), so with no hits at all this is ``lru``.
+    A classic frequency baseline (no aging); see docs/results.md for how it
+    does on the Mooncake trace.
+    """
+
+    name = "lfu"
+    summary = "fewest prefix hits since cached first, least recently freed among equals"
+    needs_hits = True
+
+    def __init__(self) -> None:
+        self._hits: dict[int, int] = {}
+        self._levels: dict[int, OrderedDict[int, None]] = {}   # hits -> candidates in free order
+        self._counts: SortedList = SortedList()                # hit counts with candidates
+        self._level_of: dict[int, int] = {}                    # candidate -> its level
+
+    def add(self, block_id: int, now: float, value: float = 0.0,
+            next_use: float = math.inf) -> None:
+        if block_id in self._level_of:
+            raise KeyError(f"block {block_id} is already a candidate")
+        k = self._hits.get(block_id, 0)
+        level = self._levels.get(k)
+        if level is None:
+            level = self._levels[k] = OrderedDict()
+            self._counts.add(k)
+        level[block_id] = None
+        self._level_of[block_id] = k
+
+    def remove(self, block_id: int) -> None:
+        k = self._level_of.pop(block_id)
+        level = self._levels[k]
+        del level[block_id]
+        if not level:
+            del self._levels[k]
+            self._counts.remove(k)
+
+    def pop(self, now: float) -> int:
+        if not self._level_of:
+            raise IndexError("pop from an empty eviction queue")
+        k = self._counts[0]
+        level = self._levels[k]
+        block_id = level.popitem(last=False)[0]
+        if not level:
+            del self._levels[k]
+            self._counts.remove(k)
+        del self._level_of[block_id]
+        self._hits.pop(block_id, None)
+        return block_id
+
+    def on_hit(self, block_id: int, now: float) -> None:
+        self._hits[block_id] = self._hits.get(block_id, 0) + 1
+
+    def forget(self, block_id: int) -> None:
+        self._hits.pop(block_id, None)
+
+    def clone(self) -> "LFUEviction":
+        other = LFUEviction()
+        other._hits = dict(self._hits)
+        other._levels = {k: v.copy() for k, v in self._levels.items()}
+        other._counts = self._counts.copy()
+        other._level_of = dict(self._level_of)
+        return other
+
+    def __len__(self) -> int:
+        return len(self._level_of)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self._level_of
+
+
 class BeladyEviction(EvictionPolicy):
     """Offline reference: evict the block whose hash is needed farthest ahead.
 
@@ -508,7 +587,7 @@ class BeladyEviction(EvictionPolicy):
 
 #: Registry: name -> policy class.
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
-    cls.name: cls for cls in (LRUEviction, FlopEviction, BeladyEviction)
+    cls.name: cls for cls in (LRUEviction, FlopEviction, LFUEviction, BeladyEviction)
 }
 
 #: Policies a live engine can run (no future knowledge).
