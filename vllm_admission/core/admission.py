@@ -14,7 +14,10 @@ both at block-aligned token positions:
   ``MambaManager.cache_blocks`` / ``reachable_block_mask``).
 
 The simulator and the vLLM plugin call the same objects through these two
-methods. Policies are chosen by name from :data:`ADMISSION_POLICIES`.
+methods, per request through one :class:`RequestAdmission` (the probe, the
+stops, the decision for each state position, the checkpoints kept below the
+hit and the FLOP values of the request's blocks). Policies are chosen by name
+from :data:`ADMISSION_POLICIES`.
 
 Sources: Marconi (Pan et al., MLSys 2025, section 4.1, "admission"); vLLM 0.32
 ``vllm/v1/core/sched/scheduler.py`` (``_mamba_block_aligned_split``),
@@ -26,8 +29,10 @@ last reusable position is ``prompt_len - 1``, block-floored).
 
 from __future__ import annotations
 
+import bisect
 import enum
 from abc import ABC
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -40,6 +45,8 @@ __all__ = [
     "LastAdmission",
     "MarconiAdmission",
     "NoAdmission",
+    "RequestAdmission",
+    "SegmentCosts",
     "UnknownPolicyError",
     "checkpoint_kinds",
     "VllmAdmission",
@@ -149,6 +156,9 @@ class AdmissionPolicy(ABC):
     #: Whether a decode-time state replaces the request's earlier tentative
     #: end-of-sequence state (Marconi keeps one state per sequence end).
     supersede_tail: ClassVar[bool] = False
+    #: Whether this is exactly vLLM 0.32's own behaviour, so the engine leaves
+    #: vLLM's code in charge (its junction, its Mamba manager).
+    vllm_native: ClassVar[bool] = False
 
     def stops(self, probe: HitProbe) -> tuple[int, ...]:
         """Token positions where prefill chunks must end so that a state is written.
@@ -191,6 +201,7 @@ class VllmAdmission(AdmissionPolicy):
                "block boundary plus the shared-prefix junction")
     uses_junction = True
 
+    vllm_native = True
     admitted = frozenset({CheckpointKind.JUNCTION, CheckpointKind.PROMPT_END})
 
 
@@ -216,6 +227,188 @@ class DenseAdmission(AdmissionPolicy):
         return tuple(i * b for i in range(first, last + 1))
 
     admitted = frozenset(CheckpointKind)
+
+
+# ---------------------------------------------------------------- one request
+
+#: :meth:`RequestAdmission.decide` results.
+SKIP, ADMIT, TENTATIVE = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class SegmentCosts:
+    """What the FLOP value of a block depends on besides the request (Marconi 4.2).
+
+    Attributes:
+        block_size: tokens per block.
+        num_attention_groups, num_state_groups: KV cache groups of each kind.
+        bytes_per_block: bytes one block id holds (the largest group's page x layers).
+        segment_flops: ``f(end, start) -> FLOPs`` of computing tokens
+            ``[start, end)`` with ``start`` cached (``ModelCosts.prefill_flops``).
+    """
+
+    block_size: int
+    num_attention_groups: int
+    num_state_groups: int
+    bytes_per_block: int
+    segment_flops: Callable[[int, int], float]
+
+
+def segment_values(checkpoints: Sequence[int], costs: SegmentCosts) -> dict[int, float]:
+    """FLOP efficiency of each segment of a prefix (Marconi 4.2, at block granularity).
+
+    Marconi scores a radix-tree node by the FLOPs a hit on it saves relative
+    to its parent, per byte the node holds. Here a node is a *segment*: the
+    tokens between two consecutive cached state positions ``q < p`` of one
+    prefix. A hit at ``p`` instead of ``q`` saves ``segment_flops(p, q)``
+    FLOPs; the segment holds its attention blocks in every attention group
+    plus one state block per state group.
+
+    Args:
+        checkpoints: ascending cached-state positions (tokens) along the prefix.
+        costs: the geometry and FLOP model.
+
+    Returns:
+        ``{p: FLOPs per byte}`` for every checkpoint ``p``.
+    """
+    values = {}
+    prev = 0
+    per_block = costs.num_attention_groups * costs.bytes_per_block
+    state_bytes = costs.num_state_groups * costs.bytes_per_block
+    for p in checkpoints:
+        values[p] = (costs.segment_flops(p, prev)
+                     / ((p - prev) // costs.block_size * per_block + state_bytes))
+        prev = p
+    return values
+
+
+def block_value(values: dict[int, float], checkpoints: Sequence[int], end: int,
+                is_state: bool) -> float:
+    """Value of the block ending at token ``end``: its segment's FLOP efficiency.
+
+    A state block's segment ends at ``end``; an attention block belongs to the
+    first segment ending at or after ``end``. Attention blocks past the last
+    checkpoint, and states that are not checkpoints, are worth 0: no hybrid
+    hit can use them.
+    """
+    if is_state:
+        return values.get(end, 0.0)
+    k = bisect.bisect_left(checkpoints, end)
+    return values[checkpoints[k]] if k < len(checkpoints) else 0.0
+
+
+class RequestAdmission:
+    """One request's admission, shared by the simulator's cache model and the plugin.
+
+    Built at the prefix lookup. It fixes the request's junction and chunk stops
+    and answers, for each block-aligned position where align mode wrote a
+    state, whether the state is cached (:meth:`decide`). It also keeps the
+    positions of the first state group that the request cached
+    (:attr:`admitted`, changed through :meth:`record` and :meth:`unrecord`)
+    and, for FLOP-aware eviction, the cached checkpoints
+    along its prefix and the FLOP value of each of its blocks
+    (:meth:`block_value`). The callers only translate: the cache model from
+    block indexes, the plugin from vLLM's blocks.
+
+    Args:
+        policy: the admission policy.
+        probe: what the lookup found.
+        total_len: prompt plus output tokens when known (the simulator);
+            ``None`` for a live request (the engine), whose end is unknown:
+            then a ``supersede_tail`` policy keeps every state at or after the
+            prompt end tentatively (:data:`TENTATIVE`) and the caller keeps
+            only the latest one.
+        junction: the junction the request acts on. Default: the probe's
+            junction when the policy uses it, else 0. The plugin passes
+            vLLM's own value for a ``vllm_native`` policy.
+
+    Attributes:
+        junction: the junction (tokens; 0: none).
+        prompt_end: ``(prompt_len - 1) // B * B``, the prompt checkpoint.
+        stops: ascending chunk stops (the junction included when used).
+        admitted: ascending positions cached in the first state group.
+    """
+
+    __slots__ = ("policy", "probe", "junction", "prompt_end", "stops", "admitted",
+                 "_special", "_plain_chunk", "_plain_decode", "_tail_ok", "_below_hit",
+                 "_values", "_version")
+
+    def __init__(self, policy: AdmissionPolicy, probe: HitProbe, *, total_len: int | None,
+                 junction: int | None = None) -> None:
+        B, P = probe.block_size, probe.prompt_len
+        self.policy = policy
+        self.probe = probe
+        if junction is None:
+            junction = probe.junction if policy.uses_junction else 0
+        self.junction = junction
+        self.prompt_end = (P - 1) // B * B
+        self.stops = policy.stops(probe)
+        self.admitted: list[int] = []
+        special = {}
+        ends = (junction, self.prompt_end,
+                (total_len - 1) // B * B if total_len is not None else 0)
+        for pos in ends:
+            if pos > 0 and pos not in special:
+                special[pos] = policy.admit(checkpoint_kinds(
+                    pos, prompt_len=P, total_len=total_len, block_size=B, junction=junction))
+        self._special = special
+        self._plain_chunk = policy.admit(frozenset({CheckpointKind.CHUNK_END}))
+        self._plain_decode = policy.admit(frozenset({CheckpointKind.DECODE}))
+        self._tail_ok = (total_len is None and policy.supersede_tail
+                         and policy.admit(frozenset({CheckpointKind.SEQUENCE_END})))
+        self._below_hit: list[int] | None = None
+        self._values: tuple | None = None
+        self._version = 0  # bumped whenever admitted changes (the values' memo key)
+
+    def record(self, position: int) -> None:
+        """The state at ``position`` (first state group) got a block hash."""
+        self.admitted.append(position)
+        self._version += 1
+
+    def unrecord(self, position: int) -> None:
+        """The state at ``position`` lost its hash again (a superseded tentative end);
+        a position the request did not record is ignored."""
+        if position in self.admitted:
+            self.admitted.remove(position)
+            self._version += 1
+
+    def decide(self, position: int) -> int:
+        """:data:`ADMIT` (cache the state at ``position``), :data:`TENTATIVE` (cache
+        it until a later state of the request replaces it) or :data:`SKIP`."""
+        ok = self._special.get(position)
+        if ok is None:
+            ok = self._plain_chunk if position <= self.probe.prompt_len else self._plain_decode
+        if ok:
+            return ADMIT
+        if self._tail_ok and position >= self.prompt_end:
+            return TENTATIVE
+        return SKIP
+
+    def checkpoints(self, is_cached_state: Callable[[int], bool]) -> list[int]:
+        """Ascending cached-state positions along the request's sequence.
+
+        The states at or below the hit that are in the cache (asked once, the
+        first time: ``is_cached_state(i)`` for the state after block ``i``,
+        0-based), the hit itself, then :attr:`admitted`.
+        """
+        if self._below_hit is None:
+            B, hit = self.probe.block_size, self.probe.state_hit
+            below = [(i + 1) * B for i in range(hit // B) if is_cached_state(i)]
+            if hit and (not below or below[-1] != hit):
+                below.append(hit)
+            self._below_hit = below
+        return self._below_hit + self.admitted
+
+    def block_value(self, end: int, is_state: bool, costs: SegmentCosts,
+                    is_cached_state: Callable[[int], bool]) -> float:
+        """FLOP efficiency (FLOPs saved per byte) of the request's block ending at
+        token ``end`` (:func:`segment_values`, :func:`block_value`); the segment
+        values are computed again only when :attr:`admitted` changed."""
+        memo = self._values
+        if memo is None or memo[0] != self._version:
+            ckpts = self.checkpoints(is_cached_state)
+            memo = self._values = (self._version, ckpts, segment_values(ckpts, costs))
+        return block_value(memo[2], memo[1], end, is_state)
 
 
 #: Registry: name -> policy class, in the order shown to users.

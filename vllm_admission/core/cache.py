@@ -37,13 +37,19 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from vllm_admission.core.admission import AdmissionPolicy, CheckpointKind, HitProbe, checkpoint_kinds
+from vllm_admission.core.admission import (
+    ADMIT,
+    AdmissionPolicy,
+    HitProbe,
+    RequestAdmission,
+    SegmentCosts,
+)
 from vllm_admission.core.eviction import EvictionPolicy
 
 __all__ = ["ATTENTION", "STATE", "BlockPool", "HybridPrefixCache", "PoolExhausted",
-           "RequestOutcome", "block_value", "segment_values"]
+           "RequestOutcome"]
 
 ATTENTION = "attention"
 STATE = "state"
@@ -252,54 +258,6 @@ class BlockPool:
                 del self._dups[key]
 
 
-def segment_values(checkpoints: Sequence[int], *, block_size: int, num_attention_groups: int,
-                   num_state_groups: int, bytes_per_block: int,
-                   segment_flops: Callable[[int, int], float]) -> dict[int, float]:
-    """FLOP efficiency of each segment of a prefix (Marconi 4.2, at block granularity).
-
-    Marconi scores a radix-tree node by the FLOPs a hit on it saves relative
-    to its parent, per byte the node holds. Here a node is a *segment*: the
-    tokens between two consecutive cached state positions ``q < p`` of one
-    prefix. A hit at ``p`` instead of ``q`` saves ``segment_flops(p, q)``
-    FLOPs; the segment holds its attention blocks in every attention group
-    plus one state block per state group.
-
-    Args:
-        checkpoints: ascending cached-state positions (tokens) along the prefix.
-        block_size: tokens per block.
-        num_attention_groups, num_state_groups: KV cache groups of each kind.
-        bytes_per_block: bytes one block id holds.
-        segment_flops: ``f(end, start)``: FLOPs of computing ``[start, end)``
-            with ``start`` cached (``ModelCosts.prefill_flops``).
-
-    Returns:
-        ``{p: FLOPs per byte}`` for every checkpoint ``p``.
-    """
-    values = {}
-    prev = 0
-    per_block = num_attention_groups * bytes_per_block
-    state_bytes = num_state_groups * bytes_per_block
-    for p in checkpoints:
-        values[p] = segment_flops(p, prev) / ((p - prev) // block_size * per_block + state_bytes)
-        prev = p
-    return values
-
-
-def block_value(values: dict[int, float], checkpoints: Sequence[int], end: int,
-                is_state: bool) -> float:
-    """Value of the block ending at token ``end``: its segment's FLOP efficiency.
-
-    A state block's segment ends at ``end``; an attention block belongs to the
-    first segment ending at or after ``end``. Attention blocks past the last
-    checkpoint, and states that are not checkpoints, are worth 0: no hybrid
-    hit can use them.
-    """
-    if is_state:
-        return values.get(end, 0.0)
-    k = bisect.bisect_left(checkpoints, end)
-    return values[checkpoints[k]] if k < len(checkpoints) else 0.0
-
-
 @dataclass(frozen=True, slots=True)
 class RequestOutcome:
     """What one request got from the cache. Lengths in tokens.
@@ -322,20 +280,11 @@ class _Running:
     rid: int
     hashes: Sequence[int]
     prompt_len: int
-    hit: int
-    stops: tuple[int, ...]
-    #: Admission decisions for positions with a special kind; others use the
-    #: policy's plain chunk-end / decode decision.
-    special: dict[int, bool]
+    #: The request's admission decisions, stops, checkpoints and block values.
+    adm: RequestAdmission
     blocks: list[list[int]]
     num_cached: list[int]
     retired: list[int]
-    #: State positions this request admitted, ascending.
-    admitted: list[int] = field(default_factory=list)
-    #: Cached state positions at or below the hit (computed once, for values).
-    below_hit: list[int] | None = None
-    #: Memo of (number of admitted states, checkpoints, segment values).
-    values: tuple | None = None
 
 
 class HybridPrefixCache:
@@ -389,8 +338,10 @@ class HybridPrefixCache:
             keys = self.pool.key
             eviction.bind_future(lambda b, now: next_use(keys[b][1], now))
         self._needs_meta = eviction.needs_values or eviction.needs_future
-        self._plain_chunk = admission.admit(frozenset({CheckpointKind.CHUNK_END}))
-        self._plain_decode = admission.admit(frozenset({CheckpointKind.DECODE}))
+        self._segment_costs = SegmentCosts(
+            block_size=block_size, num_attention_groups=len(self.attn_groups),
+            num_state_groups=len(self.state_groups), bytes_per_block=bytes_per_block,
+            segment_flops=segment_flops)
         #: State checkpoints admitted (cumulative, counted once per position).
         self.checkpoints = 0
         #: Requests whose KV hit ran past their state hit (shared prefixes seen).
@@ -467,19 +418,12 @@ class HybridPrefixCache:
         evictions_before = self.pool.evictions
         probe = self.lookup(hashes, prompt_len)
         hit_blocks = probe.state_hit // B
-        admission = self.admission
-        junction = probe.junction if admission.uses_junction else 0
         if probe.junction:
             self.junctions += 1
         total = prompt_len + output_len
-        special = {}
-        for pos in {junction, (prompt_len - 1) // B * B, (total - 1) // B * B}:
-            if pos > 0:
-                special[pos] = admission.admit(checkpoint_kinds(
-                    pos, prompt_len=prompt_len, total_len=total, block_size=B, junction=junction))
+        adm = RequestAdmission(self.admission, probe, total_len=total)
         ngroups = len(self.group_kinds)
-        run = _Running(rid=rid, hashes=hashes, prompt_len=prompt_len, hit=probe.state_hit,
-                       stops=admission.stops(probe), special=special,
+        run = _Running(rid=rid, hashes=hashes, prompt_len=prompt_len, adm=adm,
                        blocks=[[] for _ in range(ngroups)], num_cached=[hit_blocks] * ngroups,
                        retired=[0] * ngroups)
         if hit_blocks:
@@ -497,7 +441,7 @@ class HybridPrefixCache:
         self._finish(run, now)
         return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=probe.state_hit,
                               kv_hit_tokens=probe.kv_hit, junction=probe.junction,
-                              checkpoints=len(run.admitted),
+                              checkpoints=len(adm.admitted),
                               evictions=self.pool.evictions - evictions_before)
 
     def _decode_events(self, first: int, last: int) -> list[int]:
@@ -543,7 +487,7 @@ class HybridPrefixCache:
             nb = (start // B + 1) * B
             if start < nb < stop:
                 stop = nb
-        stops = run.stops
+        stops = run.adm.stops
         k = bisect.bisect_right(stops, start)
         if k < len(stops) and stops[k] < stop:
             stop = stops[k]
@@ -627,6 +571,7 @@ class HybridPrefixCache:
                     idx[h] = b
             inserted[g] += full - nc
         first_state = self.state_groups[0]
+        decide = run.adm.decide
         for g in self.state_groups:
             nc = num_cached[g]
             if nc >= full:
@@ -638,13 +583,11 @@ class HybridPrefixCache:
                 if not b:
                     continue
                 pos = (i + 1) * B
-                admit = run.special.get(pos)
-                if admit is None:
-                    admit = self._plain_chunk if pos <= run.prompt_len else self._plain_decode
-                if not admit:
+                # The length is known here, so a decision is never tentative.
+                if decide(pos) != ADMIT:
                     continue
                 if g == first_state:
-                    run.admitted.append(pos)
+                    run.adm.record(pos)
                     self.checkpoints += 1
                 pool.cache(b, (g, hashes[i] if i < nh else ("out", run.rid, i)))
 
@@ -672,27 +615,17 @@ class HybridPrefixCache:
                     next_use[b] = self.next_use(key[1], run.rid)
 
     def _set_flop_values(self, run: _Running, freed: list[tuple[int, int]], g: int) -> None:
-        """Attach each freed block's segment FLOP efficiency (:func:`segment_values`)."""
+        """Attach each freed block's segment FLOP efficiency (``RequestAdmission.block_value``)."""
         B = self.block_size
-        if run.values is None or run.values[0] != len(run.admitted):
-            ckpts = self._known_checkpoints(run)
-            run.values = (len(run.admitted), ckpts, segment_values(
-                ckpts, block_size=B, num_attention_groups=len(self.attn_groups),
-                num_state_groups=len(self.state_groups), bytes_per_block=self.bytes_per_block,
-                segment_flops=self.segment_flops))
-        _, ckpts, values = run.values
+        index, hashes = self.pool.index[self.state_groups[0]], run.hashes
+
+        def is_cached_state(i: int) -> bool:
+            return hashes[i] in index
+
         keys, out = self.pool.key, self.pool.value
         is_state = self.group_kinds[g] == STATE
+        value = run.adm.block_value
+        costs = self._segment_costs
         for i, b in freed:
             if keys[b] is not None:
-                out[b] = block_value(values, ckpts, (i + 1) * B, is_state)
-
-    def _known_checkpoints(self, run: _Running) -> list[int]:
-        """Ascending cached-state positions along this request's sequence."""
-        if run.below_hit is None:
-            d = self.pool.index[self.state_groups[0]]
-            B = self.block_size
-            run.below_hit = [(i + 1) * B for i in range(run.hit // B) if run.hashes[i] in d]
-            if run.hit and (not run.below_hit or run.below_hit[-1] != run.hit):
-                run.below_hit.append(run.hit)
-        return run.below_hit + run.admitted
+                out[b] = value((i + 1) * B, is_state, costs, is_cached_state)

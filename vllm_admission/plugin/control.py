@@ -10,16 +10,16 @@ terms and keeps the per-request facts the policies need:
   further chunk stops (:meth:`clip_chunk`, for ``dense``);
 * when a recurrent-state group caches blocks (``MambaManager.cache_blocks``)
   it says which block-aligned state positions are admitted
-  (:meth:`decide`), with :func:`~vllm_admission.core.admission.checkpoint_kinds`
-  exactly as the simulator computes them but with ``total_len=None`` (a live
+  (:meth:`decide`), through the request's
+  :class:`~vllm_admission.core.admission.RequestAdmission`, the object the
+  simulator's cache model uses, built with ``total_len=None`` (a live
   request's length is unknown); for a policy with ``supersede_tail``
   (``marconi``) the latest state at or after the prompt end is kept
   tentatively and replaces the previous tentative one (:meth:`supersede`);
   the states that really got a hash are recorded by :meth:`observe_cached`;
-* when blocks are freed it values them with
-  :func:`~vllm_admission.core.cache.segment_values` /
-  :func:`~vllm_admission.core.cache.block_value` for eviction policies that
-  ``needs_values`` (:meth:`scope`, :meth:`stage_values`);
+* when blocks are freed it values them with the same object's
+  :meth:`~vllm_admission.core.admission.RequestAdmission.block_value` for
+  eviction policies that ``needs_values`` (:meth:`scope`, :meth:`stage_values`);
 * when a request finishes it feeds the alpha tuner (:meth:`on_finished`).
 
 It holds no tensors and copies none: vLLM's model runner writes the states.
@@ -36,13 +36,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_admission.core.admission import (
+    ADMIT,
+    TENTATIVE,
     AdmissionPolicy,
-    CheckpointKind,
     HitProbe,
-    checkpoint_kinds,
+    RequestAdmission,
+    SegmentCosts,
     get_admission,
 )
-from vllm_admission.core.cache import block_value, segment_values
 from vllm_admission.core.eviction import EvictionPolicy, eviction_class, get_eviction
 from vllm_admission.core.replay import CacheRequest, CacheSetup, replay_requests
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
@@ -96,14 +97,9 @@ class _Track:
     """What the plugin knows about one live request (lengths in tokens)."""
 
     request: Any                     # vllm.v1.request.Request
-    probe: HitProbe
-    junction: int                    # the junction the policy acts on (0: none)
-    prompt_end: int                  # (prompt_len - 1) // B * B
-    special: dict[int, bool]         # admission of junction / prompt-end positions
-    stops: tuple[int, ...]           # chunk stops besides the junction (dense)
-    admitted: list[int] = field(default_factory=list)   # first state group, ascending
+    adm: RequestAdmission            # the core's per-request admission (probe, stops, ...)
+    stops: tuple[int, ...]           # chunk stops besides the junction (vLLM ends that one)
     tails: dict[int, tuple[int, Any, Any]] = field(default_factory=dict)  # g -> (pos, block, key)
-    below_hit: list[int] | None = None
 
 
 class TunerThread:
@@ -249,6 +245,10 @@ class AdmissionControl:
         self.state_groups = geometry.state_groups
         self.first_state = self.state_groups[0]
         self._state_set = frozenset(self.state_groups)
+        self._segment_costs = SegmentCosts(
+            block_size=geometry.block_size, num_attention_groups=len(geometry.attention_groups),
+            num_state_groups=len(geometry.state_groups), bytes_per_block=geometry.bytes_per_block,
+            segment_flops=prefill_flops)
         self.eviction = eviction
         self.prefill_flops = prefill_flops
         self.arrivals = 0
@@ -282,12 +282,8 @@ class AdmissionControl:
     # -- policy ------------------------------------------------------------
     def _set_policy(self, policy: AdmissionPolicy) -> None:
         self.policy = policy
-        #: ``vllm``: stock vLLM decides what is cached; the plugin only watches.
-        self.stock = policy.name == "vllm"
-        self.plain_chunk = policy.admit(frozenset({CheckpointKind.CHUNK_END}))
-        self.plain_decode = policy.admit(frozenset({CheckpointKind.DECODE}))
-        self.tail_ok = policy.supersede_tail and policy.admit(
-            frozenset({CheckpointKind.SEQUENCE_END}))
+        #: vLLM's own policy: vLLM decides what is cached; the plugin only watches.
+        self.stock = policy.vllm_native
         # Chunk stops besides the junction (vLLM handles that one itself).
         self.has_stops = policy.every_block or type(policy).stops is not AdmissionPolicy.stops
 
@@ -330,32 +326,19 @@ class AdmissionControl:
             vLLM's value for ``vllm``; otherwise the policy's junction stop
             (``policy.stops(probe)`` for policies that use the junction, else 0).
         """
-        B = self.B
-        prompt_len = request.num_prompt_tokens
         kv_hit = shared_prefix_boundary if shared_prefix_boundary > num_local else num_local
-        probe = HitProbe(prompt_len, B, kv_hit, num_local)
-        policy = self.policy
+        probe = HitProbe(request.num_prompt_tokens, self.B, kv_hit, num_local)
         rid = request.request_id
         self._pending[rid] = probe
-        if self.stock:
-            junction = shared_prefix_boundary
-            stops: tuple[int, ...] = ()
-        else:
-            junction = probe.junction if policy.uses_junction else 0
-            stops = tuple(s for s in policy.stops(probe) if s != junction)
-        prompt_end = (prompt_len - 1) // B * B
-        special = {}
-        for pos in (junction, prompt_end):
-            if pos > 0:
-                special[pos] = policy.admit(checkpoint_kinds(
-                    pos, prompt_len=prompt_len, total_len=None, block_size=B, junction=junction))
+        adm = RequestAdmission(self.policy, probe, total_len=None,
+                               junction=shared_prefix_boundary if self.stock else None)
+        stops = () if self.stock else tuple(s for s in adm.stops if s != adm.junction)
         old = self.tracks.get(rid)
-        track = _Track(request=request, probe=probe, junction=junction, prompt_end=prompt_end,
-                       special=special, stops=stops)
+        track = _Track(request=request, adm=adm, stops=stops)
         if old is not None and old.tails:
             track.tails = old.tails  # a preempted request keeps its tentative tail
         self.tracks[rid] = track
-        return junction if not self.stock else shared_prefix_boundary
+        return adm.junction
 
     def clip_chunk(self, request: Any, start: int, num_new_tokens: int) -> int:
         """End the chunk ``[start, start + n)`` at the policy's next stop inside it."""
@@ -390,16 +373,9 @@ class AdmissionControl:
         """The request's track; one with no hit is made for a request never looked up."""
         track = self.tracks.get(request.request_id)
         if track is None:
-            B = self.B
-            P = request.num_prompt_tokens
-            probe = HitProbe(P, B, 0, 0)
-            prompt_end = (P - 1) // B * B
-            special = {}
-            if prompt_end > 0:
-                special[prompt_end] = self.policy.admit(checkpoint_kinds(
-                    prompt_end, prompt_len=P, total_len=None, block_size=B, junction=0))
-            track = _Track(request=request, probe=probe, junction=0, prompt_end=prompt_end,
-                           special=special, stops=())
+            probe = HitProbe(request.num_prompt_tokens, self.B, 0, 0)
+            adm = RequestAdmission(self.policy, probe, total_len=None, junction=0)
+            track = _Track(request=request, adm=adm, stops=())
             self.tracks[request.request_id] = track
         return track
 
@@ -416,22 +392,17 @@ class AdmissionControl:
             request replaces them (``supersede_tail`` policies).
         """
         B = self.B
-        special = track.special
-        P = track.probe.prompt_len
-        prompt_end = track.prompt_end
-        plain_chunk, plain_decode, tail_ok = self.plain_chunk, self.plain_decode, self.tail_ok
+        decide = track.adm.decide
         admitted: list[int] = []
         tentative: list[int] = []
         for i in range(first, last):
             if blocks[i].is_null:
                 continue
             pos = (i + 1) * B
-            ok = special.get(pos)
-            if ok is None:
-                ok = plain_chunk if pos <= P else plain_decode
-            if ok:
+            d = decide(pos)
+            if d == ADMIT:
                 admitted.append(pos)
-            elif tail_ok and pos >= prompt_end:
+            elif d == TENTATIVE:
                 tentative.append(pos)
         return admitted, tentative
 
@@ -461,38 +432,33 @@ class AdmissionControl:
             if first:
                 self.checkpoints -= 1
                 self.superseded += 1
-                if old_pos in track.admitted:  # (not after a preemption: a new track)
-                    track.admitted.remove(old_pos)
+                track.adm.unrecord(old_pos)  # (absent after a preemption: a new track)
 
     def observe_cached(self, track: _Track, blocks: Sequence[Any], first: int, last: int) -> None:
         """States of the first state group that just got a block hash (any policy)."""
         B = self.B
-        admitted = track.admitted
+        record = track.adm.record
         for i in range(first, last):
             b = blocks[i]
             if not b.is_null and b.block_hash is not None:
-                admitted.append((i + 1) * B)
+                record((i + 1) * B)
                 self.checkpoints += 1
 
     # -- values for value-aware eviction (needs_values) -------------------
-    def _checkpoints(self, track: _Track) -> list[int]:
-        """Ascending cached-state positions along the request's prefix (the simulator's)."""
-        if track.below_hit is None:
-            hit = track.probe.state_hit
-            B = self.B
-            below: list[int] = []
-            if hit and self.is_cached_state is not None:
-                hashes = track.request.block_hashes
-                stride = self._hash_stride
-                g = self.first_state
-                for i in range(hit // B):
-                    k = (i + 1) * stride - 1
-                    if k < len(hashes) and self.is_cached_state(hashes[k], g):
-                        below.append((i + 1) * B)
-            if hit and (not below or below[-1] != hit):
-                below.append(hit)
-            track.below_hit = below
-        return track.below_hit + track.admitted
+    def _is_cached_state(self, track: _Track) -> Callable[[int], bool]:
+        """``f(i)``: whether vLLM's pool holds the first state group's state after
+        block ``i`` of the request's prompt (for the checkpoints below its hit)."""
+        if self.is_cached_state is None:
+            return lambda i: False
+        hashes = track.request.block_hashes
+        stride = self._hash_stride
+        g = self.first_state
+
+        def cached(i: int) -> bool:
+            k = (i + 1) * stride - 1
+            return k < len(hashes) and self.is_cached_state(hashes[k], g)
+
+        return cached
 
     def valuer(self, track: _Track | None) -> Callable[[Any], float]:
         """``f(block) -> FLOPs per byte`` for the request's cached blocks (lazy);
@@ -500,23 +466,15 @@ class AdmissionControl:
         policy = self.eviction_policy
         if track is None or policy is None or not policy.needs_values:
             return lambda block: 0.0
-        geo = self.geometry
-        memo: list = []
+        cached = self._is_cached_state(track)
+        costs, states, group_of = self._segment_costs, self._state_set, self.group_of
+        value_at = track.adm.block_value
 
         def value(block: Any) -> float:
-            if not memo:
-                ckpts = self._checkpoints(track)
-                values = segment_values(
-                    ckpts, block_size=geo.block_size,
-                    num_attention_groups=len(geo.attention_groups),
-                    num_state_groups=len(geo.state_groups),
-                    bytes_per_block=geo.bytes_per_block, segment_flops=self.prefill_flops)
-                memo.append((values, ckpts))
-            values, ckpts = memo[0]
             end = block.block_hash_num_tokens
             if end is None:
                 return 0.0
-            return block_value(values, ckpts, end, self.group_of(block) in self._state_set)
+            return value_at(end, group_of(block) in states, costs, cached)
 
         return value
 
@@ -560,14 +518,14 @@ class AdmissionControl:
         if self.tuner is None or track is None or self.tuner.error is not None:
             return
         output_len = request.num_output_tokens
-        P = track.probe.prompt_len
+        P = track.adm.probe.prompt_len
         if output_len < 1 or P < 1:
             return
         hashes = request.block_hashes
         stride = self._hash_stride
         n = min(P // self.B, len(hashes) // stride)
         keys = [int.from_bytes(bytes(hashes[(i + 1) * stride - 1])[:8], "big") for i in range(n)]
-        hit = track.probe.state_hit
+        hit = track.adm.probe.state_hit
         saved = self.prefill_flops(P, 0) - self.prefill_flops(P, hit)
         item = CacheRequest(keys, P, output_len)
         if self.tune_in_thread:

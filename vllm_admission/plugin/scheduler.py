@@ -40,6 +40,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
 from vllm.v1.kv_cache_interface import MambaSpec
 
+from vllm_admission.core.admission import get_admission
 from vllm_admission.core.eviction import EVICTION_POLICIES, eviction_class
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import ATTENTION, STATE, AdmissionControl, Geometry
@@ -137,7 +138,7 @@ class AdmissionScheduler(Scheduler):
             else:
                 kinds.append(type(m).__name__)
         unsupported = [k for k in kinds if k not in (STATE, ATTENTION)]
-        if unsupported and (config.policy != "vllm"
+        if unsupported and (not get_admission(config.policy).vllm_native
                             or not eviction_class(config.eviction).vllm_order):
             raise AdmissionConfigError(
                 f"vllm_admission supports full-attention and Mamba/GDN KV cache groups only; "
@@ -152,7 +153,7 @@ class AdmissionScheduler(Scheduler):
 
     def _admission_check_supported(self, policy: str) -> None:
         """Non-stock admission needs plain align mode; say which feature is in the way."""
-        if policy == "vllm":
+        if get_admission(policy).vllm_native:
             return
         problems = []
         if self.cache_config.mamba_cache_mode != "align":
@@ -306,7 +307,7 @@ class AdmissionScheduler(Scheduler):
                                f"requests in the scheduler")
         self._admission_check_supported(name)
         odd = [k for k in ctl.geometry.group_kinds if k not in (STATE, ATTENTION)]
-        if odd and name != "vllm":
+        if odd and not get_admission(name).vllm_native:
             raise AdmissionConfigError(
                 f"VLLM_ADMISSION_POLICY={name} cannot run with KV cache groups "
                 f"{', '.join(sorted(set(odd)))} (valid here: vllm)")

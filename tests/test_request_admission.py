@@ -1,0 +1,85 @@
+"""RequestAdmission: the one per-request admission object of the simulator and the plugin."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_admission.core.admission import (
+    ADMISSION_POLICIES,
+    ADMIT,
+    SKIP,
+    TENTATIVE,
+    HitProbe,
+    RequestAdmission,
+    SegmentCosts,
+    get_admission,
+    segment_values,
+)
+
+B = 128
+# P = 1000, O = 40: prompt end 896, sequence end floor(1039 / 128) * 128 = 1024; a junction at 512.
+PROBE = HitProbe(prompt_len=1000, block_size=B, kv_hit=512, state_hit=256)
+
+
+def decisions(name: str, total_len: int | None) -> dict[int, int]:
+    adm = RequestAdmission(get_admission(name), PROBE, total_len=total_len)
+    return {pos: adm.decide(pos) for pos in range(B, 1024 + 1, B)}
+
+
+def test_known_length_never_tentative_and_matches_the_kinds():
+    every = {128 * i for i in range(1, 9)}  # chunk ends, the prompt end, the decode boundary
+    expected_admitted = {
+        "none": set(),
+        "last": every,
+        "vllm": {512, 896},       # the junction and the prompt end
+        "marconi": {512, 1024},   # the junction and the sequence end
+        "dense": every,
+    }
+    for name in ADMISSION_POLICIES:
+        got = decisions(name, 1040)
+        assert TENTATIVE not in got.values(), name
+        assert {p for p, d in got.items() if d == ADMIT} == expected_admitted[name], name
+
+
+def test_unknown_length_keeps_marconis_tail_tentative():
+    got = decisions("marconi", None)
+    assert {p for p, d in got.items() if d == ADMIT} == {512}  # the junction only
+    assert {p for p, d in got.items() if d == TENTATIVE} == {896, 1024}  # at/after the prompt end
+    assert all(d == SKIP for p, d in got.items() if p < 896 and p != 512)
+    # Other policies decide the same with or without the length.
+    for name in ("none", "last", "vllm", "dense"):
+        assert decisions(name, None) == decisions(name, 1040), name
+
+
+def test_junction_and_stops():
+    assert RequestAdmission(get_admission("vllm"), PROBE, total_len=None).junction == 512
+    assert RequestAdmission(get_admission("last"), PROBE, total_len=None).junction == 0
+    assert RequestAdmission(get_admission("vllm"), PROBE, total_len=None, junction=640).junction == 640
+    assert RequestAdmission(get_admission("marconi"), PROBE, total_len=None).stops == (512,)
+    assert RequestAdmission(get_admission("dense"), PROBE, total_len=None).stops == tuple(
+        range(384, 897, 128))
+
+
+def test_checkpoints_and_values_follow_record_and_unrecord():
+    costs = SegmentCosts(block_size=B, num_attention_groups=1, num_state_groups=1,
+                         bytes_per_block=10, segment_flops=lambda end, start: float(end - start))
+    adm = RequestAdmission(get_admission("marconi"), PROBE, total_len=None)
+    asked = []
+
+    def cached(i: int) -> bool:
+        asked.append(i)
+        return i == 0  # the state after block 0 (128) is in the cache
+
+    assert adm.checkpoints(cached) == [128, 256]  # 128 cached below the hit, then the hit
+    adm.record(896)
+    assert adm.block_value(896, True, costs, cached) == segment_values([128, 256, 896], costs)[896]
+    # A superseded tentative end: the values must be recomputed although the count is the same.
+    adm.unrecord(896)
+    adm.record(1024)
+    assert adm.block_value(896, True, costs, cached) == 0.0
+    assert adm.block_value(1024, True, costs, cached) == pytest.approx(
+        (1024 - 256) / ((1024 - 256) // B * 10 + 10))
+    assert adm.block_value(640, False, costs, cached) == adm.block_value(1024, True, costs, cached)
+    assert asked == [0, 1]  # the cache was asked once
+    adm.unrecord(4096)  # never recorded: ignored
+    assert adm.admitted == [1024]
