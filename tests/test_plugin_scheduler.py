@@ -140,15 +140,13 @@ def free_equals_usable(engine):
 
 
 def mamba_positions(engine):
-    pool = engine.scheduler.kv_cache_manager.block_pool
     from vllm.v1.core.kv_cache_utils import get_group_id
 
-    out = []
-    for key, blocks in pool.cached_block_hash_to_block._cache.items():  # noqa: SLF001
-        if get_group_id(key) == 0:
-            many = blocks.values() if isinstance(blocks, dict) else [blocks]
-            out.extend(b.block_hash_num_tokens for b in many)
-    return sorted(out)
+    from vllm_admission.plugin.vllm_hooks import cached_blocks
+
+    pool = engine.scheduler.kv_cache_manager.block_pool
+    return sorted(b.block_hash_num_tokens for key, b in cached_blocks(pool)
+                  if get_group_id(key) == 0)
 
 
 # ---------------------------------------------------------------- the junction case
@@ -360,6 +358,39 @@ def test_model_without_recurrent_layers_runs_stock(vllm_config, monkeypatch, cap
     rid2 = engine.add(toks(1, 500), 3)
     engine.run()
     assert engine.cached_tokens[rid] == 0 and engine.cached_tokens[rid2] == 384
+
+
+def test_an_unsupported_vllm_refuses_changes_and_runs_stock_otherwise(vllm_config, monkeypatch):
+    """vllm_hooks' version gate: another release line than 0.32 gets one line and no patching."""
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+
+    from vllm_admission.plugin import vllm_hooks
+    from vllm_admission.plugin.scheduler import AdmissionScheduler
+
+    monkeypatch.setattr(vllm_hooks, "installed_version", lambda: "0.33.0")
+    with pytest.raises(vllm_hooks.UnsupportedVllmError) as info:
+        build(vllm_config, monkeypatch, policy="marconi", eviction="lru")
+    assert str(info.value) == (
+        "vllm_admission supports vLLM 0.32.x, found 0.33.0; the AdmissionScheduler refuses to "
+        "change vLLM's caching on it (valid here: VLLM_ADMISSION_POLICY=vllm with "
+        "VLLM_ADMISSION_EVICTION=lru)")
+    engine = build(vllm_config, monkeypatch, policy="vllm", eviction="lru")
+    sched = engine.scheduler
+    assert isinstance(sched, AdmissionScheduler) and not sched.stats().active
+    assert type(sched.kv_cache_manager.coordinator) is HybridKVCacheCoordinator
+    assert type(sched.kv_cache_manager.block_pool.free_block_queue) is FreeKVCacheBlockQueue
+    engine.add(toks(2, 500), 3)
+    engine.run()
+    assert free_equals_usable(engine)
+
+
+def test_every_private_vllm_member_the_plugin_relies_on_exists():
+    from vllm_admission.plugin import vllm_hooks
+
+    assert vllm_hooks.check_version()  # the suite runs against the supported release
+    assert vllm_hooks.check_version("0.32.3+cpu") and not vllm_hooks.check_version("0.33.0")
+    assert vllm_hooks.missing_members() == []
 
 
 def test_switching_policy_needs_an_idle_scheduler(vllm_config, monkeypatch):

@@ -424,16 +424,15 @@ def cached_block_positions(llm: vllm.LLM) -> dict[str, list[int]]:
     """
     from vllm.v1.core.kv_cache_utils import get_group_id
 
+    from vllm_admission.plugin.vllm_hooks import cached_blocks
+
     scheduler = inprocess_scheduler(llm)
     groups = scheduler.kv_cache_config.kv_cache_groups
     names = [f"{i}:{_group_kind(g.kv_cache_spec)}" for i, g in enumerate(groups)]
     out: dict[str, list[int]] = {n: [] for n in names}
-    cache = scheduler.kv_cache_manager.block_pool.cached_block_hash_to_block
-    for key, blocks in cache._cache.items():  # noqa: SLF001 - no public iterator in 0.32
-        many = blocks.values() if isinstance(blocks, dict) else [blocks]
-        for block in many:
-            n = block.block_hash_num_tokens
-            out[names[get_group_id(key)]].append(int(n) if n is not None else -1)
+    for key, block in cached_blocks(scheduler.kv_cache_manager.block_pool):
+        n = block.block_hash_num_tokens
+        out[names[get_group_id(key)]].append(int(n) if n is not None else -1)
     for v in out.values():
         v.sort()
     return out

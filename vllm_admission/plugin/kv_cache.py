@@ -3,8 +3,9 @@
 vLLM builds its KV cache objects inside ``KVCacheManager.__init__``
 (``vllm/v1/core/kv_cache_manager.py``: ``get_kv_cache_coordinator`` picks the
 coordinator, which builds the ``BlockPool`` and one manager per KV cache group).
-:func:`install` turns those live, still empty objects into the subclasses below
-(by re-typing them, so every field vLLM set up stays as it is):
+:func:`vllm_admission.plugin.vllm_hooks.install` turns those live, still empty
+objects into the subclasses below (by re-typing them, so every field vLLM set
+up stays as it is):
 
 * :class:`AdmissionCoordinator` (``HybridKVCacheCoordinator``,
   ``vllm/v1/core/kv_cache_coordinator.py``), with any eviction policy not in
@@ -38,14 +39,13 @@ from typing import Any
 
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
-from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_group_id, make_block_hash_with_group_id
+from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_group_id
 from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.free_queue import PolicyFreeBlockQueue
 
-__all__ = ["AdmissionBlockPool", "AdmissionCoordinator", "PolicyMambaManager", "install",
-           "use_policy_managers"]
+__all__ = ["AdmissionBlockPool", "AdmissionCoordinator", "PolicyMambaManager"]
 
 
 class AdmissionBlockPool(BlockPool):
@@ -170,67 +170,3 @@ class AdmissionCoordinator(HybridKVCacheCoordinator):
         blocks = super().pop_blocks_for_free(request_id)
         self._admission.stage_values(self._admission_queue, request_id, blocks)
         return blocks
-
-
-def _retype(obj: Any, base: type, cls: type) -> None:
-    if type(obj) is not base:
-        raise TypeError(f"vllm_admission expected vLLM's {base.__name__}, found "
-                        f"{type(obj).__module__}.{type(obj).__name__}")
-    obj.__class__ = cls
-
-
-def use_policy_managers(coordinator: Any, control: AdmissionControl) -> None:
-    """Give the state groups the manager class the control's current policy needs:
-    vLLM's own ``MambaManager`` for ``vllm``, :class:`PolicyMambaManager` otherwise."""
-    cls = MambaManager if control.stock else PolicyMambaManager
-    for manager in coordinator.single_type_managers:
-        if isinstance(manager, MambaManager):
-            manager.__class__ = cls
-            manager._admission = control
-
-
-def install(kv_cache_manager: Any, control: AdmissionControl) -> Any:
-    """Attach ``control`` to a freshly built ``KVCacheManager`` (no request seen yet).
-
-    Re-types the block pool and the Mamba managers into the subclasses above
-    and, for an eviction policy not in vLLM's order, the hybrid coordinator
-    too, swapping the pool's free queue for a :class:`PolicyFreeBlockQueue`
-    holding the same blocks in the same order. With ``lru`` the coordinator
-    stays vLLM's own: nothing in it changes.
-
-    Returns:
-        The coordinator.
-
-    Raises:
-        TypeError: the objects are not vLLM's own classes (another plugin
-            replaced them).
-    """
-    coordinator = kv_cache_manager.coordinator
-    if type(coordinator) is not HybridKVCacheCoordinator:
-        raise TypeError(f"vllm_admission expected vLLM's HybridKVCacheCoordinator, found "
-                        f"{type(coordinator).__module__}.{type(coordinator).__name__}")
-    managers = coordinator.single_type_managers
-    for manager in managers:
-        if isinstance(manager, MambaManager) and type(manager) is not MambaManager:
-            raise TypeError(f"vllm_admission expected vLLM's MambaManager, found "
-                            f"{type(manager).__module__}.{type(manager).__name__}")
-    pool = coordinator.block_pool
-    _retype(pool, BlockPool, AdmissionBlockPool)
-    pool._init_admission(len(managers), control, control.first_state)
-    use_policy_managers(coordinator, control)
-    if control.eviction_policy is not None:
-        _retype(coordinator, HybridKVCacheCoordinator, AdmissionCoordinator)
-        coordinator._admission = control
-        queue = PolicyFreeBlockQueue(pool.free_block_queue.get_all_free_blocks(),
-                                     control.eviction_policy, clock=control.clock)
-        queue.scope_maker = control.scope
-        pool.free_block_queue = queue
-        coordinator._admission_queue = queue
-
-    def is_cached_state(block_hash: Any, group: int) -> bool:
-        return pool.cached_block_hash_to_block.get_one_block(
-            make_block_hash_with_group_id(block_hash, group)) is not None
-
-    control.is_cached_state = is_cached_state
-    control.group_of = lambda block: get_group_id(block.block_hash)
-    return coordinator

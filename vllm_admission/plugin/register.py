@@ -75,10 +75,9 @@ def register() -> None:
         SystemExit: (status 2) an invalid setting while the command line
             names the AdmissionScheduler.
     """
-    import vllm.envs as envs
+    from vllm_admission.plugin.vllm_hooks import register_env_vars
 
-    for name in ENV_VARS:
-        envs.environment_variables.setdefault(name, _unset)
+    register_env_vars(ENV_VARS, _unset)
     if multiprocessing.current_process().name != "MainProcess":
         return
     os.environ.setdefault(ENV_METRICS_DIR, default_metrics_dir())

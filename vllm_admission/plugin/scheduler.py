@@ -42,6 +42,7 @@ from vllm.v1.kv_cache_interface import MambaSpec
 
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.eviction import EVICTION_POLICIES, eviction_class
+from vllm_admission.plugin import vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import ATTENTION, STATE, AdmissionControl, Geometry
 from vllm_admission.plugin.logs import ensure_log_output
@@ -78,6 +79,11 @@ class AdmissionScheduler(Scheduler):
         self._admission_publisher = StatsPublisher.from_env(
             engine_index=self.vllm_config.parallel_config.data_parallel_rank)
         reason = self._admission_inert_reason()
+        if reason is None and not vllm_hooks.check_version():
+            wants = not (get_admission(config.policy).vllm_native
+                         and eviction_class(config.eviction).vllm_order)
+            vllm_hooks.refuse_or_run_stock(vllm_hooks.installed_version(), wants)
+            reason = f"vLLM {vllm_hooks.installed_version()} is not a supported release"
         if reason is not None:
             logger.info("vllm_admission: %s; AdmissionScheduler runs as vLLM's stock scheduler "
                         "(nothing for the plugin to do)", reason)
@@ -95,13 +101,11 @@ class AdmissionScheduler(Scheduler):
                     f"(valid here: {', '.join(n for n, c in EVICTION_POLICIES.items() if c.vllm_order)})")
         if eviction.needs_values or (eviction.tunable and config.alpha is None):
             prefill_flops = self._admission_costs(config.eviction).prefill_flops
-        from vllm_admission.plugin.kv_cache import install
-
         control = AdmissionControl(policy=config.policy, eviction=config.eviction,
                                    geometry=geometry, prefill_flops=prefill_flops,
                                    alpha=config.alpha, tune_multiplier=config.tune_multiplier,
                                    tune_grid=config.tune_grid)
-        install(self.kv_cache_manager, control)
+        vllm_hooks.install(self.kv_cache_manager, control)
         self._admission = control
         self._admission_bind_split()
         self._admission_last_log = time.monotonic()
@@ -231,10 +235,9 @@ class AdmissionScheduler(Scheduler):
         return self._admission.clip_chunk(request, start, n)
 
     def _admission_bind_split(self) -> None:
-        if self._admission is not None and self._admission.has_stops:
-            self._mamba_block_aligned_split = self._admission_split
-        else:
-            self.__dict__.pop("_mamba_block_aligned_split", None)
+        ctl = self._admission
+        vllm_hooks.bind_chunk_split(
+            self, self._admission_split if ctl is not None and ctl.has_stops else None)
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         ctl = self._admission
@@ -312,9 +315,7 @@ class AdmissionScheduler(Scheduler):
                 f"VLLM_ADMISSION_POLICY={name} cannot run with KV cache groups "
                 f"{', '.join(sorted(set(odd)))} (valid here: vllm)")
         ctl.set_policy(name)
-        from vllm_admission.plugin.kv_cache import use_policy_managers
-
-        use_policy_managers(self.kv_cache_manager.coordinator, ctl)
+        vllm_hooks.use_policy_managers(self.kv_cache_manager.coordinator, ctl)
         self._admission_bind_split()
         self.admission_config = AdmissionConfig(
             policy=name, eviction=self.admission_config.eviction,

@@ -1,0 +1,276 @@
+"""Every place where vllm_admission reaches into vLLM's internals, in one module.
+
+The plugin enters vLLM through two documented doors, ``--scheduler-cls``
+(:class:`~vllm_admission.plugin.scheduler.AdmissionScheduler` subclasses
+vLLM's ``Scheduler``) and the ``vllm.general_plugins`` /
+``vllm.stat_logger_plugins`` entry points. Everything beyond that, the live
+objects it changes and the private members it overrides or reads, is done
+here, behind a version check:
+
+* :func:`check_version`: vLLM 0.32.x is supported. Another version gets one
+  line: the AdmissionScheduler refuses to start when a setting asks for
+  anything but vLLM's own behaviour, and otherwise runs as vLLM's stock
+  scheduler (nothing is patched);
+* :func:`install`: re-types the freshly built block pool, Mamba managers and
+  hybrid coordinator into the subclasses of
+  :mod:`vllm_admission.plugin.kv_cache` (their fields stay vLLM's) and swaps
+  the pool's free-block queue for a
+  :class:`~vllm_admission.plugin.free_queue.PolicyFreeBlockQueue`;
+* :func:`use_policy_managers`, :func:`bind_chunk_split`: what a policy switch
+  changes (the Mamba managers' class, the chunk-split override on the
+  scheduler instance);
+* :func:`register_env_vars`: adds the plugin's variables to
+  ``vllm.envs.environment_variables``;
+* :func:`cached_blocks`: iterates vLLM's block-hash map (no public iterator).
+
+:data:`PRIVATE_MEMBERS` lists each private member relied on, with the vLLM
+file it comes from; ``tests/test_vllm_hooks.py`` checks that the installed
+vLLM still has every one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from vllm_admission.plugin.config import AdmissionConfigError
+
+__all__ = [
+    "PRIVATE_MEMBERS",
+    "SUPPORTED_VLLM",
+    "UnsupportedVllmError",
+    "bind_chunk_split",
+    "cached_blocks",
+    "check_version",
+    "install",
+    "missing_members",
+    "register_env_vars",
+    "use_policy_managers",
+]
+
+logger = logging.getLogger("vllm_admission")
+
+#: The vLLM release line the plugin is written against (``major.minor``).
+SUPPORTED_VLLM = "0.32"
+
+#: ``(file under vllm/, qualified member, how the plugin uses it)`` for every
+#: private (or undocumented) member of vLLM the plugin overrides, calls or reads.
+PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
+    ("v1/core/sched/scheduler.py", "Scheduler._get_local_prefix_cache_hit",
+     "overridden: reports the probe, returns the policy's junction"),
+    ("v1/core/sched/scheduler.py", "Scheduler._mamba_block_aligned_split",
+     "called, and shadowed on the instance for policies with extra chunk stops"),
+    ("v1/core/sched/scheduler.py", "Scheduler._update_after_schedule",
+     "overridden: counts admitted requests, logs, publishes metrics"),
+    ("v1/core/sched/scheduler.py", "Scheduler._free_blocks",
+     "overridden: forgets a finished request, feeds the alpha tuner"),
+    ("v1/core/kv_cache_coordinator.py", "HybridKVCacheCoordinator.single_type_managers",
+     "read: the per-group managers (instance attribute)"),
+    ("v1/core/kv_cache_coordinator.py", "HybridKVCacheCoordinator.free",
+     "overridden: one free scope per request"),
+    ("v1/core/kv_cache_coordinator.py", "HybridKVCacheCoordinator.remove_skipped_blocks",
+     "overridden: one free scope for retired state blocks"),
+    ("v1/core/kv_cache_coordinator.py", "HybridKVCacheCoordinator.pop_blocks_for_free",
+     "overridden: values deferred frees"),
+    ("v1/core/single_type_kv_cache_manager.py", "MambaManager.cache_blocks",
+     "overridden: caches only the admitted states (replay_boundaries)"),
+    ("v1/core/single_type_kv_cache_manager.py", "MambaManager._cache_partial_tail_block",
+     "overridden: off"),
+    ("v1/core/block_pool.py", "BlockPool.cache_full_blocks",
+     "overridden: records the states that got a hash"),
+    ("v1/core/block_pool.py", "BlockPool.get_new_blocks",
+     "overridden: marks allocation-time evictions"),
+    ("v1/core/block_pool.py", "BlockPool._maybe_evict_cached_block",
+     "overridden (counts evictions per group) and called (drops a superseded state's hash)"),
+    ("v1/core/block_pool.py", "BlockPool.touch", "overridden: the eviction policy's hit hook"),
+    ("v1/core/block_pool.py", "BlockPool.reset_prefix_cache",
+     "overridden: re-orders the policy's free queue"),
+    ("v1/core/block_pool.py", "BlockPool.free_block_queue",
+     "replaced by PolicyFreeBlockQueue (instance attribute)"),
+    ("v1/core/block_pool.py", "BlockHashToBlockMap._cache",
+     "iterated by cached_blocks (instance attribute)"),
+    ("v1/core/kv_cache_utils.py", "FreeKVCacheBlockQueue.get_all_free_blocks",
+     "read once: the free blocks in order, when the queue is swapped"),
+    ("v1/core/kv_cache_utils.py", "get_group_id", "called: a block hash's KV cache group"),
+    ("v1/core/kv_cache_utils.py", "make_block_hash_with_group_id",
+     "called: looks up a state block by hash and group"),
+    ("envs.py", "environment_variables", "extended with the plugin's variables"),
+)
+
+# Members that are instance attributes (checked on a live object, not the class).
+_INSTANCE_ATTRIBUTES = frozenset({
+    "HybridKVCacheCoordinator.single_type_managers", "BlockPool.free_block_queue",
+    "BlockHashToBlockMap._cache", "environment_variables",
+})
+
+
+class UnsupportedVllmError(AdmissionConfigError):
+    """The installed vLLM is not the release line the plugin supports."""
+
+
+def installed_version() -> str:
+    """``vllm.__version__``."""
+    import vllm
+
+    return str(vllm.__version__)
+
+
+def check_version(version: str | None = None) -> bool:
+    """Whether ``version`` (default: the installed vLLM's) is a supported release.
+
+    Returns:
+        ``True`` for 0.32.x; ``False`` otherwise.
+    """
+    version = installed_version() if version is None else version
+    parts = version.split("+")[0].split(".")
+    return ".".join(parts[:2]) == SUPPORTED_VLLM
+
+
+def refuse_or_run_stock(version: str, wants_changes: bool) -> None:
+    """What an unsupported vLLM gets.
+
+    Raises:
+        UnsupportedVllmError: ``wants_changes`` (a setting other than vLLM's own
+            behaviour); the message is one line.
+    """
+    text = f"vllm_admission supports vLLM {SUPPORTED_VLLM}.x, found {version}"
+    if wants_changes:
+        raise UnsupportedVllmError(
+            f"{text}; the AdmissionScheduler refuses to change vLLM's caching on it "
+            f"(valid here: VLLM_ADMISSION_POLICY=vllm with VLLM_ADMISSION_EVICTION=lru)")
+    logger.warning("vllm_admission: %s; AdmissionScheduler runs as vLLM's stock scheduler", text)
+
+
+def missing_members() -> list[str]:
+    """The :data:`PRIVATE_MEMBERS` the installed vLLM lacks (class members only;
+    instance attributes are checked by the tests on a live engine)."""
+    from vllm.v1.core import block_pool, kv_cache_coordinator, kv_cache_utils
+    from vllm.v1.core import single_type_kv_cache_manager as stkm
+    from vllm.v1.core.sched import scheduler
+
+    modules = {"v1/core/sched/scheduler.py": scheduler, "v1/core/block_pool.py": block_pool,
+               "v1/core/kv_cache_coordinator.py": kv_cache_coordinator,
+               "v1/core/single_type_kv_cache_manager.py": stkm,
+               "v1/core/kv_cache_utils.py": kv_cache_utils}
+    missing = []
+    for path, member, _ in PRIVATE_MEMBERS:
+        if member in _INSTANCE_ATTRIBUTES or path not in modules:
+            continue
+        obj: Any = modules[path]
+        for part in member.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                missing.append(f"{path}: {member}")
+                break
+    return missing
+
+
+# ---------------------------------------------------------------- live objects
+def _retype(obj: Any, base: type, cls: type) -> None:
+    if type(obj) is not base:
+        raise TypeError(f"vllm_admission expected vLLM's {base.__name__}, found "
+                        f"{type(obj).__module__}.{type(obj).__name__}")
+    obj.__class__ = cls
+
+
+def use_policy_managers(coordinator: Any, control: Any) -> None:
+    """Give the state groups the manager class the control's current policy needs:
+    vLLM's own ``MambaManager`` for a ``vllm_native`` policy,
+    :class:`~vllm_admission.plugin.kv_cache.PolicyMambaManager` otherwise."""
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    from vllm_admission.plugin.kv_cache import PolicyMambaManager
+
+    cls = MambaManager if control.stock else PolicyMambaManager
+    for manager in coordinator.single_type_managers:
+        if isinstance(manager, MambaManager):
+            manager.__class__ = cls
+            manager._admission = control
+
+
+def install(kv_cache_manager: Any, control: Any) -> Any:
+    """Attach ``control`` to a freshly built ``KVCacheManager`` (no request seen yet).
+
+    Re-types the block pool and the Mamba managers into the subclasses of
+    :mod:`vllm_admission.plugin.kv_cache` and, for an eviction policy not in
+    vLLM's order, the hybrid coordinator too, swapping the pool's free queue
+    for a :class:`~vllm_admission.plugin.free_queue.PolicyFreeBlockQueue`
+    holding the same blocks in the same order. With ``lru`` the coordinator
+    stays vLLM's own: nothing in it changes.
+
+    Returns:
+        The coordinator.
+
+    Raises:
+        TypeError: the objects are not vLLM's own classes (another plugin
+            replaced them).
+    """
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+    from vllm.v1.core.kv_cache_utils import get_group_id, make_block_hash_with_group_id
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    from vllm_admission.plugin.free_queue import PolicyFreeBlockQueue
+    from vllm_admission.plugin.kv_cache import AdmissionBlockPool, AdmissionCoordinator
+
+    coordinator = kv_cache_manager.coordinator
+    if type(coordinator) is not HybridKVCacheCoordinator:
+        raise TypeError(f"vllm_admission expected vLLM's HybridKVCacheCoordinator, found "
+                        f"{type(coordinator).__module__}.{type(coordinator).__name__}")
+    managers = coordinator.single_type_managers
+    for manager in managers:
+        if isinstance(manager, MambaManager) and type(manager) is not MambaManager:
+            raise TypeError(f"vllm_admission expected vLLM's MambaManager, found "
+                            f"{type(manager).__module__}.{type(manager).__name__}")
+    pool = coordinator.block_pool
+    _retype(pool, BlockPool, AdmissionBlockPool)
+    pool._init_admission(len(managers), control, control.first_state)
+    use_policy_managers(coordinator, control)
+    if control.eviction_policy is not None:
+        _retype(coordinator, HybridKVCacheCoordinator, AdmissionCoordinator)
+        coordinator._admission = control
+        queue = PolicyFreeBlockQueue(pool.free_block_queue.get_all_free_blocks(),
+                                     control.eviction_policy, clock=control.clock)
+        queue.scope_maker = control.scope
+        pool.free_block_queue = queue
+        coordinator._admission_queue = queue
+
+    def is_cached_state(block_hash: Any, group: int) -> bool:
+        return pool.cached_block_hash_to_block.get_one_block(
+            make_block_hash_with_group_id(block_hash, group)) is not None
+
+    control.is_cached_state = is_cached_state
+    control.group_of = lambda block: get_group_id(block.block_hash)
+    return coordinator
+
+
+def bind_chunk_split(scheduler: Any, split: Callable[..., int] | None) -> None:
+    """Shadow ``Scheduler._mamba_block_aligned_split`` on ``scheduler`` with
+    ``split`` (the policy has extra chunk stops), or remove the shadow (``None``),
+    so that other policies pay nothing per request and step."""
+    if split is not None:
+        scheduler._mamba_block_aligned_split = split
+    else:
+        scheduler.__dict__.pop("_mamba_block_aligned_split", None)
+
+
+def register_env_vars(names: Sequence[str], getter: Callable[[], Any]) -> None:
+    """Add ``names`` to ``vllm.envs.environment_variables`` (idempotent), so vLLM's
+    environment validation accepts them (``Platform.validate_environ``)."""
+    import vllm.envs as envs
+
+    for name in names:
+        envs.environment_variables.setdefault(name, getter)
+
+
+def cached_blocks(block_pool: Any) -> Iterator[tuple[Any, Any]]:
+    """``(block hash with group id, block)`` for every block in vLLM's prefix cache.
+
+    vLLM 0.32's ``BlockHashToBlockMap`` maps a key to one block or to a dict of
+    duplicates; it has no public iterator, so this reads its ``_cache``.
+    """
+    for key, blocks in block_pool.cached_block_hash_to_block._cache.items():  # noqa: SLF001
+        many = blocks.values() if isinstance(blocks, dict) else (blocks,)
+        for block in many:
+            yield key, block
