@@ -84,18 +84,21 @@ GEO_64 = {
 
 def test_blocks_needed_counts_every_group():
     # 7808 tokens = 61 attention blocks + 2 Mamba state blocks = 63 = 64 - null block.
-    assert blocks_needed(7808, GEO_64) == 63
-    assert blocks_needed(7809, GEO_64) == 64
-    assert blocks_needed(1, GEO_64) == 3
+    # KV for P + O - 1 tokens: 7,807 -> 61 attention blocks + 2 Mamba blocks = 63 = 64 - null.
+    assert blocks_needed(7600, 208, GEO_64) == 63
+    assert blocks_needed(7600, 209, GEO_64) == 63  # 7,808 tokens of KV: still 61 blocks
+    assert blocks_needed(7600, 210, GEO_64) == 64
+    assert blocks_needed(1, 1, GEO_64) == 3
     with pytest.raises(ValueError):
-        blocks_needed(-1, GEO_64)
+        blocks_needed(0, 1, GEO_64)
 
 
 def test_skip_reasons():
     assert _skip_reason(7700, 108, GEO_64) is None
     assert _skip_reason(7700, 109, GEO_64) == "longer than max_model_len"
     geo = dict(GEO_64, max_model_len=100_000)
-    assert _skip_reason(7700, 109, geo) == "needs more KV blocks than the pool holds"
+    assert _skip_reason(7700, 109, geo) is None  # 7,808 tokens of KV fit (63 blocks)
+    assert _skip_reason(7700, 110, geo) == "needs more KV blocks than the pool holds"
     assert _skip_reason(0, 5, GEO_64) == "empty prompt"
     assert _skip_reason(5, 0, GEO_64) == "output_len < 1"
 

@@ -47,6 +47,7 @@ from vllm_admission.core.admission import (
     SegmentCosts,
 )
 from vllm_admission.core.eviction import EvictionPolicy
+from vllm_admission.core.geometry import blocks_needed
 
 __all__ = ["ATTENTION", "STATE", "BlockPool", "HybridPrefixCache", "PoolExhausted",
            "RequestOutcome"]
@@ -367,9 +368,10 @@ class HybridPrefixCache:
 
     # -- sizing ----------------------------------------------------------
     def blocks_needed(self, prompt_len: int, output_len: int) -> int:
-        """Most blocks a request holds at once (attention + 2 state blocks per group)."""
-        last = prompt_len + output_len - 1
-        return len(self.attn_groups) * -(-last // self.block_size) + 2 * len(self.state_groups)
+        """Most blocks a request holds at once (:func:`~vllm_admission.core.geometry.blocks_needed`)."""
+        return blocks_needed(prompt_len, output_len, block_size=self.block_size,
+                             num_attention_groups=len(self.attn_groups),
+                             num_state_groups=len(self.state_groups))
 
     def fits(self, prompt_len: int, output_len: int) -> bool:
         """Whether the request can ever run alone in this pool."""

@@ -64,6 +64,7 @@ __all__ = [
     "CapacityError",
     "aligned_block_size",
     "block_geometry",
+    "blocks_needed",
     "geometry_from_blocks",
     "minimum_capacity_bytes",
     "parse_bytes",
@@ -438,6 +439,29 @@ def _states_per_request(mamba_cache_mode: str) -> int:
     if mamba_cache_mode not in _MAMBA_CACHE_MODES:
         raise ValueError(f"mamba_cache_mode must be one of {_MAMBA_CACHE_MODES}, got {mamba_cache_mode!r}")
     return 2 if mamba_cache_mode == "align" else 1
+
+
+def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_attention_groups: int,
+                  num_state_groups: int, mamba_cache_mode: str = "align") -> int:
+    """Most pool blocks one request holds at once in vLLM 0.32 (one pool for every group).
+
+    KV exists for ``prompt_len + output_len - 1`` tokens (the last output
+    token's KV is never computed), so each attention group holds
+    ``ceil((prompt_len + output_len - 1) / block_size)`` blocks at the end;
+    each state group holds 2 blocks in ``align`` mode (the running state and
+    the one being written at a block boundary; ``MambaSpec.max_memory_usage_bytes``
+    in ``vllm/v1/kv_cache_interface.py``), 1 otherwise. Measured on the engine in
+    docs/engine-facts.md section 5. The simulator's cache model and the engine
+    replay's skip rule both use this.
+
+    Raises:
+        ValueError: non-positive lengths or block size, or an unknown mode.
+    """
+    if prompt_len < 1 or output_len < 1:
+        raise ValueError(f"prompt_len and output_len must be >= 1, got {prompt_len}, {output_len}")
+    _check_positive(block_size, "block_size")
+    return (num_attention_groups * _cdiv(prompt_len + output_len - 1, block_size)
+            + num_state_groups * _states_per_request(mamba_cache_mode))
 
 
 def _attention_blocks_needed(geometry: CacheGeometry, num_tokens: int) -> int:

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import HybridPrefixCache, RequestOutcome
 from vllm_admission.core.eviction import get_eviction
+from vllm_admission.core.traces.trace import capacity_bound
 
 __all__ = ["CacheRequest", "CacheSetup", "NextUseOracle", "ReplayTotals", "infinite_capacity_bound",
            "replay_requests"]
@@ -91,29 +92,12 @@ class NextUseOracle:
 
 
 def infinite_capacity_bound(requests: Sequence[CacheRequest], block_size: int) -> tuple[int, int]:
-    """Hit tokens with an infinite cache and a state at every block boundary.
-
-    Each request hits its longest run of leading blocks that some earlier
-    request computed (prompt blocks, and output blocks whose hashes are known),
-    capped as vLLM caps a hit: ``(prompt_len - 1) // block_size`` blocks. An
-    earlier request computed ``(prompt_len + output_len - 1) // block_size``
-    full blocks (the last output token's KV is never computed).
+    """:func:`vllm_admission.core.traces.trace.capacity_bound` of cache requests.
 
     Returns:
         ``(hit_tokens, prompt_tokens)`` summed over the requests.
     """
-    seen: set = set()
-    hit = prompt = 0
-    for req in requests:
-        hashes = req.hashes
-        cap = min((req.prompt_len - 1) // block_size, len(hashes))
-        k = 0
-        while k < cap and hashes[k] in seen:
-            k += 1
-        hit += k * block_size
-        prompt += req.prompt_len
-        seen.update(hashes[:(req.prompt_len + req.output_len - 1) // block_size])
-    return hit, prompt
+    return capacity_bound(((r.hashes, r.prompt_len, r.output_len) for r in requests), block_size)
 
 
 @dataclass

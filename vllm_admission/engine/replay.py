@@ -441,29 +441,22 @@ def cached_block_positions(llm: vllm.LLM) -> dict[str, list[int]]:
 # ---------------------------------------------------------------- accounting
 
 
-def blocks_needed(num_tokens: int, geometry: dict[str, Any]) -> int:
-    """Pool blocks one request of ``num_tokens`` (prompt + output) holds at its peak.
-
-    Each full-attention (or other token-indexed) group holds
-    ``ceil(num_tokens / block_size)`` blocks; each Mamba group in ``align``
-    mode holds 2 state blocks (vLLM's own sizing,
-    ``MambaSpec.max_memory_usage_bytes`` in ``vllm/v1/kv_cache_interface.py``;
-    1 outside ``align`` mode). All groups draw from the one shared pool.
-    When the groups are unknown (engine core in another process) one
-    attention group and one Mamba group are assumed.
+def blocks_needed(prompt_len: int, output_len: int, geometry: dict[str, Any]) -> int:
+    """Pool blocks one request holds at its peak on the engine described by ``geometry``
+    (:func:`engine_geometry`): :func:`vllm_admission.core.geometry.blocks_needed` with
+    the engine's group counts. When the groups are unknown (engine core in another
+    process) one attention group and one Mamba group are assumed.
 
     Raises:
-        ValueError: if ``num_tokens`` is negative.
+        ValueError: non-positive lengths.
     """
-    if num_tokens < 0:
-        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-    bs = int(geometry["block_size"])
+    from vllm_admission.core.geometry import blocks_needed as core_blocks_needed
+
     groups = geometry.get("kv_cache_groups") or [{"kind": "full_attention"}, {"kind": "mamba"}]
-    mamba_blocks = 2 if geometry.get("mamba_cache_mode") == "align" else 1
-    total = 0
-    for g in groups:
-        total += mamba_blocks if g["kind"] == "mamba" else math.ceil(num_tokens / bs)
-    return total
+    states = sum(g["kind"] == "mamba" for g in groups)
+    return core_blocks_needed(prompt_len, output_len, block_size=int(geometry["block_size"]),
+                              num_attention_groups=len(groups) - states, num_state_groups=states,
+                              mamba_cache_mode=geometry.get("mamba_cache_mode") or "none")
 
 
 def _skip_reason(prompt_len: int, output_len: int, geometry: dict[str, Any]) -> str | None:
@@ -475,7 +468,7 @@ def _skip_reason(prompt_len: int, output_len: int, geometry: dict[str, Any]) -> 
     if total > geometry["max_model_len"]:
         return "longer than max_model_len"
     usable = geometry["num_gpu_blocks"] - 1 if geometry.get("num_gpu_blocks") else None
-    if usable is not None and blocks_needed(total, geometry) > usable:
+    if usable is not None and blocks_needed(prompt_len, output_len, geometry) > usable:
         return "needs more KV blocks than the pool holds"
     return None
 

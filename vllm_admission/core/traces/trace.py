@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from vllm_admission.core.traces.prompts import Prompt, SpanPrompt
 
-__all__ = ["TraceError", "Request", "Trace", "PrefixReuse"]
+__all__ = ["TraceError", "Request", "Trace", "PrefixReuse", "capacity_bound"]
 
 
 class TraceError(ValueError):
@@ -192,8 +193,40 @@ class Trace:
         return PrefixReuse(hit_blocks, total_blocks, hit_tokens, prompt_tokens)
 
     def infinite_capacity_bound(self, block_size: int) -> tuple[int, int]:
-        """``(hit_tokens, prompt_tokens)`` under an infinite cache with a state at every block,
-        with vLLM's rules: full blocks only, each request's hit capped at
-        ``(prompt_len - 1) // block_size`` blocks. See :meth:`prefix_reuse`."""
-        reuse = self.prefix_reuse(block_size, partial_blocks=False, cap=True)
-        return reuse.hit_tokens, reuse.prompt_tokens
+        """``(hit_tokens, prompt_tokens)`` under an infinite cache with a state at every
+        block: :func:`capacity_bound` over the requests' :meth:`sequence_block_hashes`
+        (prompts, and outputs whose content the trace knows)."""
+        return capacity_bound(((h, r.prompt_len, r.output_len) for h, r in
+                               zip(self.sequence_block_hashes(block_size), self.requests)),
+                              block_size)
+
+
+def capacity_bound(requests: Iterable[tuple[Sequence[int], int, int]],
+                   block_size: int) -> tuple[int, int]:
+    """Hit tokens with an infinite cache and a state at every block boundary.
+
+    ``requests`` yields ``(block_hashes, prompt_len, output_len)`` in arrival
+    order; ``block_hashes`` are the full blocks of the prompt and, where the
+    output's content is known, of the output. Each request hits its longest
+    run of leading blocks that an earlier request computed, capped as vLLM caps
+    a hit: ``(prompt_len - 1) // block_size`` blocks. An earlier request
+    computed ``(prompt_len + output_len - 1) // block_size`` full blocks: vLLM
+    caches the KV of full blocks filled during decode too (the last output
+    token's KV is never computed; docs/engine-facts.md rule 3), so a later turn
+    that repeats an earlier output can hit it. This is the one bound of the
+    project: the simulator's ``results.json`` and the trace statistics use it.
+
+    Returns:
+        ``(hit_tokens, prompt_tokens)`` summed over the requests.
+    """
+    seen: set = set()
+    hit = prompt = 0
+    for hashes, prompt_len, output_len in requests:
+        cap = min((prompt_len - 1) // block_size, len(hashes))
+        k = 0
+        while k < cap and hashes[k] in seen:
+            k += 1
+        hit += k * block_size
+        prompt += prompt_len
+        seen.update(hashes[:(prompt_len + output_len - 1) // block_size])
+    return hit, prompt
