@@ -11,7 +11,10 @@ Usage::
 
 Two engines are started one after the other in this process (about 30 s
 total on a 2-core machine, plus the scenarios): one sized from memory, one
-with ``num_gpu_blocks_override=64``.
+with ``num_gpu_blocks_override=64``. The SSM state is pinned to bf16
+(:data:`SSM_DTYPE`): the numbers in ``docs/engine-facts.md`` are that geometry
+(block 128), which vLLM's CPU platform would otherwise change on CPUs with
+AVX-512 BF16 (section 0 of that page).
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ import random
 import sys
 import time
 from pathlib import Path
+
+#: The probe's geometry on every CPU: bf16 recurrent state, 128-token blocks.
+SSM_DTYPE = "bfloat16"
 
 # Stock vLLM: do not load this project's (or anyone's) general plugins.
 os.environ.setdefault("VLLM_PLUGINS", "")
@@ -126,7 +132,7 @@ def engine_default(model: str) -> None:
         return next(v for k, v in cached_block_positions(llm).items() if k.endswith("mamba"))
 
     t = time.perf_counter()
-    llm = build_llm(EngineSettings(model=model))
+    llm = build_llm(EngineSettings(model=model, mamba_ssm_cache_dtype=SSM_DTYPE))
     emit("engine_start_seconds_default", round(time.perf_counter() - t, 1))
     geo = engine_geometry(llm)
     emit("geometry_default", geo)
@@ -238,13 +244,14 @@ def engine_small(model: str) -> None:
 
     # With 64 blocks, vLLM refuses max_model_len 131072; find what it accepts.
     try:
-        build_llm(EngineSettings(model=model, num_gpu_blocks=64))
+        build_llm(EngineSettings(model=model, num_gpu_blocks=64, mamba_ssm_cache_dtype=SSM_DTYPE))
         emit("small_pool_default_len", "started")
     except ValueError as e:
         emit("small_pool_default_len", f"refused: {str(e)[:400]}")
         gc.collect()
     t = time.perf_counter()
-    llm = build_llm(EngineSettings(model=model, num_gpu_blocks=64, max_model_len=7808))
+    llm = build_llm(EngineSettings(model=model, num_gpu_blocks=64, max_model_len=7808,
+                                   mamba_ssm_cache_dtype=SSM_DTYPE))
     emit("engine_start_seconds_small", round(time.perf_counter() - t, 1))
     geo = engine_geometry(llm)
     emit("geometry_blocks64", geo)
@@ -263,7 +270,8 @@ t0 = time.perf_counter()
 from vllm_admission.engine.replay import EngineSettings, build_llm, engine_geometry
 if __name__ == "__main__":
     t1 = time.perf_counter()
-    llm = build_llm(EngineSettings(model=sys.argv[1], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}))
+    llm = build_llm(EngineSettings(model=sys.argv[1], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+                                   mamba_ssm_cache_dtype=SSM_DTYPE))
     t2 = time.perf_counter()
     geo = engine_geometry(llm)
     print("MPRESULT " + json.dumps({"import_s": round(t1 - t0, 1), "build_s": round(t2 - t1, 1),
