@@ -399,16 +399,24 @@ class RequestAdmission:
             self._below_hit = below
         return self._below_hit + self.admitted
 
-    def block_value(self, end: int, is_state: bool, costs: SegmentCosts,
-                    is_cached_state: Callable[[int], bool]) -> float:
-        """FLOP efficiency (FLOPs saved per byte) of the request's block ending at
-        token ``end`` (:func:`segment_values`, :func:`block_value`); the segment
-        values are computed again only when :attr:`admitted` changed."""
+    def segment_table(self, costs: SegmentCosts, is_cached_state: Callable[[int], bool]
+                      ) -> tuple[list[int], dict[int, float]]:
+        """``(checkpoints, {checkpoint: FLOPs per byte})`` of the request's prefix
+        (:meth:`checkpoints`, :func:`segment_values`), computed again only when
+        :attr:`admitted` changed. A block's value is then
+        ``block_value(values, checkpoints, end, is_state)``."""
         memo = self._values
         if memo is None or memo[0] != self._version:
             ckpts = self.checkpoints(is_cached_state)
             memo = self._values = (self._version, ckpts, segment_values(ckpts, costs))
-        return block_value(memo[2], memo[1], end, is_state)
+        return memo[1], memo[2]
+
+    def block_value(self, end: int, is_state: bool, costs: SegmentCosts,
+                    is_cached_state: Callable[[int], bool]) -> float:
+        """FLOP efficiency (FLOPs saved per byte) of the request's block ending at
+        token ``end`` (:meth:`segment_table`, :func:`block_value`)."""
+        ckpts, values = self.segment_table(costs, is_cached_state)
+        return block_value(values, ckpts, end, is_state)
 
 
 #: Registry: name -> policy class, in the order shown to users.

@@ -45,6 +45,7 @@ from vllm_admission.core.admission import (
     HitProbe,
     RequestAdmission,
     SegmentCosts,
+    block_value,
 )
 from vllm_admission.core.eviction import EvictionPolicy
 from vllm_admission.core.geometry import blocks_needed
@@ -617,17 +618,16 @@ class HybridPrefixCache:
                     next_use[b] = self.next_use(key[1], run.rid)
 
     def _set_flop_values(self, run: _Running, freed: list[tuple[int, int]], g: int) -> None:
-        """Attach each freed block's segment FLOP efficiency (``RequestAdmission.block_value``)."""
+        """Attach each freed block's segment FLOP efficiency (``RequestAdmission.segment_table``)."""
         B = self.block_size
         index, hashes = self.pool.index[self.state_groups[0]], run.hashes
 
         def is_cached_state(i: int) -> bool:
             return hashes[i] in index
 
+        ckpts, values = run.adm.segment_table(self._segment_costs, is_cached_state)
         keys, out = self.pool.key, self.pool.value
         is_state = self.group_kinds[g] == STATE
-        value = run.adm.block_value
-        costs = self._segment_costs
         for i, b in freed:
             if keys[b] is not None:
-                out[b] = value((i + 1) * B, is_state, costs, is_cached_state)
+                out[b] = block_value(values, ckpts, (i + 1) * B, is_state)
