@@ -112,7 +112,7 @@ def block_trace(llm, prompt: list[int], max_tokens: int) -> dict[str, object]:
         "free_after": pool.get_num_free_blocks(),
         "cached_block_entries_after": len(pool.cached_block_hash_to_block),
         "mamba_states_cached_after": next(
-            v for k, v in cached_block_positions(llm).items() if k.endswith("mamba")),
+            v for k, v in cached_block_positions(llm).items() if k.endswith(":state")),
         "peak_per_group": peak,
         "steps_total": len(steps),
         "steps": kept,
@@ -129,7 +129,7 @@ def engine_default(model: str) -> None:
     )
 
     def mamba_positions() -> list[int]:
-        return next(v for k, v in cached_block_positions(llm).items() if k.endswith("mamba"))
+        return next(v for k, v in cached_block_positions(llm).items() if k.endswith(":state"))
 
     t = time.perf_counter()
     llm = build_llm(EngineSettings(model=model, mamba_ssm_cache_dtype=SSM_DTYPE))
@@ -213,7 +213,7 @@ def engine_default(model: str) -> None:
     c_ext = one(llm, a + toks(r, 800), 4)[0]
     emit("chunked_prefill_P5000", {
         "first": c0,
-        "mamba_states_after_first": next(v for k, v in after.items() if k.endswith("mamba")),
+        "mamba_states_after_first": next(v for k, v in after.items() if k.endswith(":state")),
         "attention_blocks_after_first": len(next(v for k, v in after.items() if k.endswith("attention"))),
         "diverge_at_4200_hit": c_div_4200,
         "mamba_states_after_divergent": mamba_after_div,

@@ -68,7 +68,7 @@ def test_fidelity_bar(admission, eviction, differing, fraction, ok):
     assert meets_bar({**rec, "mode": "timed"})  # concurrency drift is reported, not judged
 
 
-def _engine_geometry(num_blocks, kinds=("mamba", "full_attention"), page=65536, block_size=128,
+def _engine_geometry(num_blocks, kinds=("state", "attention"), page=65536, block_size=128,
                      **extra):
     return {"block_size": block_size, "num_gpu_blocks": num_blocks, "max_num_batched_tokens": 4096,
             "kv_cache_groups": [{"kind": k, "num_layers": 2, "page_size_bytes": page}
@@ -106,7 +106,7 @@ def test_simulator_takes_the_engines_layout(tiny_costs):
 
 
 @pytest.mark.parametrize("geometry,what", [
-    (_engine_geometry(48, kinds=("full_attention", "mamba")), "groups"),
+    (_engine_geometry(48, kinds=("attention", "state")), "groups"),
     (_engine_geometry(48, page=32768), "bytes per block"),
 ])
 def test_a_layout_the_simulator_does_not_derive_is_an_error(tiny_costs, geometry, what):

@@ -297,9 +297,9 @@ def test_cached_states_follow_the_policy(engines, reference, policy):
     ((hit, out),) = one_at_a_time(llm, [SEQ_PROMPT], SEQ_OUTPUT)
     assert hit == 0 and out == reference["seq"]
     cached = cached_block_positions(llm)
-    assert cached["0:mamba"] == states
+    assert cached["0:state"] == states
     # Attention KV for 1,039 computed tokens: every full block, whatever the policy.
-    assert cached["1:full_attention"] == [B * i for i in range(1, 1039 // B + 1)]
+    assert cached["1:attention"] == [B * i for i in range(1, 1039 // B + 1)]
     # The same prompt again hits the last cached state at or below floor(999 / B) * B.
     ((again, out2),) = one_at_a_time(llm, [SEQ_PROMPT], 4)
     assert again == max([s for s in states if s <= 999 // B * B], default=0)

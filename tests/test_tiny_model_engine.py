@@ -78,7 +78,7 @@ GEO_64 = {
     "num_gpu_blocks": 64,
     "max_model_len": 7808,
     "mamba_cache_mode": "align",
-    "kv_cache_groups": [{"kind": "mamba"}, {"kind": "full_attention"}],
+    "kv_cache_groups": [{"kind": "state"}, {"kind": "attention"}],
 }
 
 
@@ -182,7 +182,7 @@ def test_engine_geometry(llm, B, ssm_dtype):
     assert geo["max_model_len"] == 131072
     assert geo["max_num_batched_tokens"] == 4096
     kinds = {g["kind"]: g["num_layers"] for g in geo["kv_cache_groups"]}
-    assert kinds == {"mamba": 2, "full_attention": 2}
+    assert kinds == {"state": 2, "attention": 2}
     assert {g["block_size"] for g in geo["kv_cache_groups"]} == {B}
     # The attention page is B tokens x 2 KV heads x 64 x (K, V) x 2 bytes; the state page is
     # padded to it. A block id costs the largest group's pages: VLLM_CPU_KVCACHE_SPACE=1 GiB
@@ -246,8 +246,8 @@ def test_second_turn_hits_prompt_checkpoint_not_decode_boundary(llm, B):
     cached = cached_block_positions(llm)
     # Every full attention block is cached, decode ones included, but the only Mamba state
     # is the prompt checkpoint floor(999 / B) * B.
-    assert cached["0:mamba"] == [checkpoint]
-    assert cached["1:full_attention"] == [B * i for i in range(1, computed // B + 1)]
+    assert cached["0:state"] == [checkpoint]
+    assert cached["1:attention"] == [B * i for i in range(1, computed // B + 1)]
     assert computed // B * B > checkpoint + B - 1  # a decode block boundary lies past it
     # So turn 2 = turn 1 prompt + its output + 700 new tokens hits the checkpoint only.
     assert one(llm, first + out + toks(5, 700))[0] == checkpoint

@@ -53,9 +53,6 @@ __all__ = ["EXACT_ADMISSIONS", "FidelityError", "FidelitySpec", "compare_hits", 
 
 MODES = ("sequential", "timed")
 
-#: Engine KV cache spec kinds (``engine_geometry``) -> the simulator's group kinds.
-_KIND = {"mamba": "state", "full_attention": "attention"}
-
 
 class FidelityError(ValueError):
     """The simulator cannot be configured like the engine (e.g. a group layout it does not model)."""
@@ -269,7 +266,7 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
         raise FidelityError("the engine's KV cache groups are unknown (engine core in another "
                             "process?); run with VLLM_ENABLE_V1_MULTIPROCESSING=0")
     _check_ssm_dtype(costs, geometry)
-    engine_kinds = tuple(_KIND.get(g["kind"], g["kind"]) for g in groups)
+    engine_kinds = tuple(g["kind"] for g in groups)
     bs, nb = int(geometry["block_size"]), int(geometry["num_gpu_blocks"])
     geo = geometry_from_blocks(costs, nb, bs)
     sim_kinds = group_kinds(costs, geo)

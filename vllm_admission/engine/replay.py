@@ -332,12 +332,12 @@ def inprocess_scheduler(llm: vllm.LLM) -> Any:
 
 
 def _group_kind(spec: Any) -> str:
-    name = type(spec).__name__
-    if name.endswith("Spec"):
-        name = name[: -len("Spec")]
-    return {"FullAttention": "full_attention", "Mamba": "mamba", "SlidingWindow": "sliding_window"}.get(
-        name, name.lower()
-    )
+    """The core's name for a KV cache group (``"attention"``, ``"state"``), from its
+    vLLM spec class; other spec classes: the lower-cased class name without ``Spec``."""
+    from vllm_admission.core.cache import ATTENTION, STATE
+
+    name = type(spec).__name__.removesuffix("Spec")
+    return {"FullAttention": ATTENTION, "Mamba": STATE}.get(name, name.lower())
 
 
 def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
@@ -359,8 +359,9 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
     * ``enable_chunked_prefill``, ``async_scheduling``, ``max_num_seqs``,
     * ``scheduler_cls`` (qualified name or class repr),
     * ``kv_cache_groups``: list of ``{"kind", "num_layers", "block_size",
-      "page_size_bytes", "layers"}``; ``kind`` is ``"full_attention"`` or
-      ``"mamba"`` (other spec classes: lower-cased class name); ``None`` when
+      "page_size_bytes", "layers"}``; ``kind`` is the core's ``"attention"``
+      (full attention) or ``"state"`` (Mamba / GDN) (other spec classes:
+      lower-cased class name); ``None`` when
       the engine core runs in another process,
     * ``inprocess`` (bool: whether :func:`inprocess_scheduler` works).
 
@@ -452,8 +453,8 @@ def blocks_needed(prompt_len: int, output_len: int, geometry: dict[str, Any]) ->
     """
     from vllm_admission.core.geometry import blocks_needed as core_blocks_needed
 
-    groups = geometry.get("kv_cache_groups") or [{"kind": "full_attention"}, {"kind": "mamba"}]
-    states = sum(g["kind"] == "mamba" for g in groups)
+    groups = geometry.get("kv_cache_groups") or [{"kind": "attention"}, {"kind": "state"}]
+    states = sum(g["kind"] == "state" for g in groups)
     return core_blocks_needed(prompt_len, output_len, block_size=int(geometry["block_size"]),
                               num_attention_groups=len(groups) - states, num_state_groups=states,
                               mamba_cache_mode=geometry.get("mamba_cache_mode") or "none")
