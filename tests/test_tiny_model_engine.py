@@ -26,10 +26,10 @@ Derivations used below:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import random
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -106,28 +106,34 @@ def test_skip_reasons():
 # ------------------------------------------------------------------ engine fixtures
 
 
-@pytest.fixture(scope="module")
-def llm(tiny_model_dir, ssm_dtype):
+@contextlib.contextmanager
+def stock_engine(model_dir, **settings):
+    """Stock vLLM on ``model_dir`` (this project's general plugin, and any other, kept out),
+    shut down afterwards with the environment restored."""
     pytest.importorskip("vllm")
     from vllm_admission.engine.replay import build_llm
 
     saved = dict(os.environ)
-    t0 = time.perf_counter()
-    # Stock vLLM: keep this project's general plugin (and any other) out of the engine.
-    engine = build_llm(EngineSettings(model=str(tiny_model_dir), env={"VLLM_PLUGINS": ""},
-                                      mamba_ssm_cache_dtype=ssm_dtype))
-    engine._probe_start_seconds = time.perf_counter() - t0  # noqa: SLF001
-    yield engine
-    shutdown_llm(engine)
-    del engine
-    gc.collect()
-    os.environ.clear()
-    os.environ.update(saved)
-    # vLLM loads general plugins once per process; with VLLM_PLUGINS="" that "once" loaded
-    # nothing. Let a later engine in this pytest process load the plugins it asks for.
-    import vllm.plugins
+    engine = build_llm(EngineSettings(model=str(model_dir), env={"VLLM_PLUGINS": ""}, **settings))
+    try:
+        yield engine
+    finally:
+        shutdown_llm(engine)
+        del engine
+        gc.collect()
+        os.environ.clear()
+        os.environ.update(saved)
+        # vLLM loads general plugins once per process; with VLLM_PLUGINS="" that "once"
+        # loaded nothing. Let a later engine in this pytest process load the plugins it asks for.
+        import vllm.plugins
 
-    vllm.plugins.plugins_loaded = False
+        vllm.plugins.plugins_loaded = False
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_model_dir, ssm_dtype):
+    with stock_engine(tiny_model_dir, mamba_ssm_cache_dtype=ssm_dtype) as engine:
+        yield engine
 
 
 @pytest.fixture(scope="module")
@@ -259,13 +265,10 @@ def test_platform_default_follows_the_cpu_rule(tiny_model_dir):
     with AVX-512 BF16, the model's bf16 elsewhere; the block size follows the dtype."""
     import torch
 
-    from vllm_admission.engine.replay import build_llm, engine_geometry
+    from vllm_admission.engine.replay import engine_geometry
 
-    saved = dict(os.environ)
     expected = "float32" if torch.cpu._is_avx512_bf16_supported() else "bfloat16"  # noqa: SLF001
-    engine = build_llm(EngineSettings(model=str(tiny_model_dir), env={"VLLM_PLUGINS": ""},
-                                      num_gpu_blocks=64, max_model_len=2048))
-    try:
+    with stock_engine(tiny_model_dir, num_gpu_blocks=64, max_model_len=2048) as engine:
         geo = engine_geometry(engine)
         B = geo["block_size"]  # noqa: N806
         assert geo["ssm_state_dtype"] == expected
@@ -273,15 +276,6 @@ def test_platform_default_follows_the_cpu_rule(tiny_model_dir):
         prompt = toks(8, 700)
         assert one(engine, prompt)[0] == 0
         assert one(engine, prompt)[0] == 699 // B * B
-    finally:
-        shutdown_llm(engine)
-        del engine
-        gc.collect()
-        os.environ.clear()
-        os.environ.update(saved)
-        import vllm.plugins
-
-        vllm.plugins.plugins_loaded = False
 
 
 @pytest.mark.engine
