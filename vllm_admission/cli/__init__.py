@@ -1,0 +1,86 @@
+"""The ``vllm-admission`` command line.
+
+Subcommands:
+
+* ``simulate``: trace-replay sweeps over policies and capacities;
+* ``demo``: ``simulate`` on the built-in synthetic workload and model;
+* ``make-tiny-model`` / ``replay``: the real vLLM engine side (need vLLM);
+* ``fidelity``: the same requests through the engine and the simulator,
+  compared request by request (needs vLLM).
+
+One module per subcommand family: :mod:`~vllm_admission.cli.simulate`,
+:mod:`~vllm_admission.cli.replay`, :mod:`~vllm_admission.cli.fidelity`.
+
+Bad input (unknown policy, impossible capacity, malformed trace, non-hybrid
+model) ends with one ``vllm-admission: error: ...`` line and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from vllm_admission.cli.fidelity import add_fidelity_parser, run_fidelity_cli
+from vllm_admission.cli.replay import add_replay_parser, run_replay
+from vllm_admission.cli.simulate import add_simulate_args, run_simulate
+from vllm_admission.core.admission import UnknownPolicyError
+from vllm_admission.core.costs import ModelConfigError
+from vllm_admission.core.geometry import CapacityError
+from vllm_admission.core.traces import TraceError
+
+log = logging.getLogger("vllm_admission")
+
+USER_ERRORS = (UnknownPolicyError, ModelConfigError, CapacityError, TraceError, ValueError, OSError)
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-admission",
+        description="Prefix-cache admission and eviction for hybrid models in vLLM: "
+                    "simulate policies on traces, or run them in a real engine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sim = sub.add_parser("simulate", help="replay a trace through the cache model for "
+                                          "every (admission, eviction, capacity)")
+    add_simulate_args(sim, demo=False)
+    demo = sub.add_parser("demo", help="simulate the built-in synthetic workload on Qwen3-Next")
+    add_simulate_args(demo, demo=True)
+
+    tiny = sub.add_parser("make-tiny-model",
+                          help="write a small random-weight Qwen3-Next hybrid that runs on CPU vLLM")
+    tiny.add_argument("dir", help="output directory")
+    tiny.add_argument("--max-model-len", type=int, default=131072)
+    tiny.add_argument("--seed", type=int, default=0)
+
+    add_replay_parser(sub)
+    add_fidelity_parser(sub)
+    return parser
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    from vllm_admission.engine.tiny_model import make_tiny_model
+
+    path = make_tiny_model(args.dir, max_position_embeddings=args.max_model_len, seed=args.seed)
+    print(f"tiny hybrid model in {path}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handlers = {"simulate": run_simulate, "demo": run_simulate,
+                "make-tiny-model": _make_tiny_model, "replay": run_replay,
+                "fidelity": run_fidelity_cli}
+    try:
+        return handlers[args.command](args)
+    except USER_ERRORS as exc:
+        print(f"vllm-admission: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("vllm-admission: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,90 @@
+"""``vllm-admission simulate`` and ``demo``: trace-replay sweeps in the simulator."""
+
+from __future__ import annotations
+
+import argparse
+
+from vllm_admission.core.admission import ADMISSION_POLICIES
+from vllm_admission.core.eviction import EVICTION_POLICIES
+from vllm_admission.core.geometry import parse_bytes
+
+__all__ = ["DEMO_MODEL", "MAMBA_SSM_CACHE_DTYPES", "add_simulate_args", "run_simulate"]
+
+#: The demo's defaults: the built-in synthetic workload on Qwen3-Next.
+DEMO_MODEL = "qwen3-next-80b-a3b"
+DEMO_CAPACITIES = "2GiB,4GiB,8GiB,16GiB"
+DEMO_ADMISSIONS = "last,vllm,marconi,dense"
+DEMO_EVICTIONS = "lru,flop"
+
+#: Values of ``--mamba-ssm-cache-dtype`` (vLLM 0.32 ``MambaDType``, vllm/config/cache.py).
+MAMBA_SSM_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
+    """The options of ``simulate`` (``demo``: the demo's defaults)."""
+    p.add_argument("--trace", default="synthetic",
+                   help="a Mooncake or token JSONL file, or 'synthetic' (default)")
+    p.add_argument("--model", default=DEMO_MODEL,
+                   help=f"a Hugging Face config.json, or a built-in name (default {DEMO_MODEL})")
+    p.add_argument("--capacity", default=DEMO_CAPACITIES,
+                   help="comma list of KV cache sizes, e.g. 4GiB,16GiB "
+                        f"(default {DEMO_CAPACITIES})")
+    p.add_argument("--admission", default=DEMO_ADMISSIONS,
+                   help=f"comma list of: {', '.join(ADMISSION_POLICIES)} (default {DEMO_ADMISSIONS})")
+    p.add_argument("--eviction", default=DEMO_EVICTIONS,
+                   help=f"comma list of: {', '.join(EVICTION_POLICIES)} (default {DEMO_EVICTIONS})")
+    p.add_argument("--mamba-ssm-cache-dtype", choices=MAMBA_SSM_CACHE_DTYPES, default="auto",
+                   help="dtype of the recurrent (SSM / GDN) state, as vLLM's flag of that name: "
+                        "'auto' (default) resolves per model as vLLM does on a GPU; vLLM's CPU "
+                        "platform uses float32 on CPUs with AVX-512 BF16. A float32 state doubles "
+                        "the state page and so raises the block size")
+    p.add_argument("--chunk-size", type=int, default=None,
+                   help="prefill tokens per step, vLLM's max_num_batched_tokens (default 8192)")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="fix flop eviction's alpha instead of tuning it online")
+    p.add_argument("--tune-grid", choices=("coarse", "paper"), default="coarse",
+                   help="alphas flop eviction tries on its bootstrap window: 'coarse' "
+                        "(0, 0.1, 0.2, 0.5, 1, 2; default) or Marconi's 'paper' grid (0 to 2 by 0.1)")
+    p.add_argument("--max-requests", type=int, default=None,
+                   help="replay only the first K requests (the rest are counted as skipped)")
+    p.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
+    p.add_argument("--outputs", choices=("trace", "unique"), default="trace",
+                   help="hash output blocks as the trace's later turns see them ('trace', "
+                        "default; needs a trace that records outputs, like the synthetic one) or "
+                        "as unique content, like an engine replay ('unique')")
+    p.add_argument("--jobs", type=int, default=2 if demo else 1,
+                   help=f"processes for the sweep (default {2 if demo else 1})")
+    p.add_argument("--out", default="out/demo" if demo else None, required=not demo,
+                   help="output directory for results.json and hit_rate.png")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run_simulate(args: argparse.Namespace) -> int:
+    """Run a sweep; print the table; write results.json and the plot."""
+    from vllm_admission.sim.simulator import DEFAULT_CHUNK_SIZE
+    from vllm_admission.sim.sweep import SweepSpec, format_table, parse_list, run_sweep, write_results
+
+    capacities = tuple(parse_bytes(c.strip()) for c in args.capacity.split(",") if c.strip())
+    if not capacities:
+        raise ValueError("no capacity given, e.g. --capacity 4GiB,16GiB")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    spec = SweepSpec(
+        trace=args.trace, model=args.model, capacities=capacities,
+        admissions=parse_list(args.admission, "admission policy", list(ADMISSION_POLICIES)),
+        evictions=parse_list(args.eviction, "eviction policy", list(EVICTION_POLICIES)),
+        chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
+        max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
+        tune_grid=args.tune_grid, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype)
+    costs = spec.load_costs()
+    if not costs.is_hybrid:
+        print(f"vllm-admission: {costs.name} has no recurrent layers; prefix caching already "
+              "works block by block for it, so there is nothing for admission to do.")
+        return 0
+    doc = run_sweep(spec, jobs=args.jobs, progress=not args.no_progress)
+    print(format_table(doc))
+    res, png = write_results(doc, args.out)
+    print(f"wrote {res} and {png}")
+    return 0
+
+
