@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import functools
 from abc import ABC
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -175,6 +176,13 @@ class AdmissionPolicy(ABC):
     def admit(self, kinds: frozenset[CheckpointKind]) -> bool:
         """Whether a state with these kinds (see :func:`checkpoint_kinds`) is cached."""
         return not self.admitted.isdisjoint(kinds)
+
+    @functools.cached_property
+    def plain_decisions(self) -> tuple[bool, bool, bool]:
+        """``admit`` of a position with one kind only: a chunk end, a decode
+        boundary, a sequence end (computed once per policy object)."""
+        return tuple(self.admit(frozenset({k})) for k in (
+            CheckpointKind.CHUNK_END, CheckpointKind.DECODE, CheckpointKind.SEQUENCE_END))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -352,10 +360,8 @@ class RequestAdmission:
                 special[pos] = policy.admit(checkpoint_kinds(
                     pos, prompt_len=P, total_len=total_len, block_size=B, junction=junction))
         self._special = special
-        self._plain_chunk = policy.admit(frozenset({CheckpointKind.CHUNK_END}))
-        self._plain_decode = policy.admit(frozenset({CheckpointKind.DECODE}))
-        self._tail_ok = (total_len is None and policy.supersede_tail
-                         and policy.admit(frozenset({CheckpointKind.SEQUENCE_END})))
+        self._plain_chunk, self._plain_decode, sequence_end = policy.plain_decisions
+        self._tail_ok = total_len is None and policy.supersede_tail and sequence_end
         self._below_hit: list[int] | None = None
         self._values: tuple | None = None
         self._version = 0  # bumped whenever admitted changes (the values' memo key)
