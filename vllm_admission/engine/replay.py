@@ -20,7 +20,6 @@ lazily.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import time
