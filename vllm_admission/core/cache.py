@@ -48,13 +48,11 @@ from vllm_admission.core.admission import (
     block_value,
 )
 from vllm_admission.core.eviction import EvictionPolicy
-from vllm_admission.core.geometry import blocks_needed
+from vllm_admission.core.geometry import ATTENTION, STATE, blocks_needed
 
 __all__ = ["ATTENTION", "STATE", "BlockPool", "HybridPrefixCache", "PoolExhausted",
            "RequestOutcome"]
 
-ATTENTION = "attention"
-STATE = "state"
 NULL = 0  # vLLM's null block id: a placeholder in a state group's block table
 
 

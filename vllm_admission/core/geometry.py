@@ -56,11 +56,14 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from vllm_admission.core.costs import ModelCosts
 
 __all__ = [
+    "ATTENTION",
+    "STATE",
     "CUDA_BLOCK_SIZE",
     "CUDA_KERNEL_BLOCK_SIZE",
     "CPU_BLOCK_SIZE",
     "CPU_KERNEL_BLOCK_SIZE",
     "CacheGeometry",
+    "CacheLayout",
     "CapacityError",
     "aligned_block_size",
     "block_geometry",
@@ -80,6 +83,56 @@ CPU_BLOCK_SIZE = 128
 CPU_KERNEL_BLOCK_SIZE = 32
 
 _MAMBA_CACHE_MODES = ("align", "none")
+
+
+#: The core's names of the two KV cache group kinds (vLLM: ``FullAttentionSpec``, ``MambaSpec``).
+ATTENTION = "attention"
+STATE = "state"
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """The block layout a prefix cache runs with, as the cache model and the plugin see it.
+
+    The one description of a pool shared by the simulator (``CacheSetup``,
+    ``HybridPrefixCache``) and the plugin (``AdmissionControl``, read from a live
+    engine by the AdmissionScheduler). :class:`CacheGeometry` is how a capacity in
+    bytes becomes such a pool; this is the pool itself.
+
+    Attributes:
+        num_blocks: blocks in vLLM's one ``BlockPool``, null block included.
+        block_size: tokens per block (every group, and the hit alignment).
+        group_kinds: ``"attention"`` / ``"state"`` per KV cache group, in vLLM's
+            group order (an engine may report other kinds; the plugin refuses
+            policies that cannot run with them).
+        bytes_per_block: bytes one block id holds (the largest group's page x
+            its layers).
+        chunk_size: prefill token budget per step (``max_num_batched_tokens``).
+        hash_block_size: tokens per vLLM block hash (``block_size`` or a
+            divisor); ``None`` means ``block_size``.
+    """
+
+    num_blocks: int
+    block_size: int
+    group_kinds: tuple[str, ...]
+    bytes_per_block: int
+    chunk_size: int
+    hash_block_size: int | None = None
+
+    @property
+    def state_groups(self) -> tuple[int, ...]:
+        """Indexes of the recurrent-state groups."""
+        return tuple(g for g, k in enumerate(self.group_kinds) if k == STATE)
+
+    @property
+    def attention_groups(self) -> tuple[int, ...]:
+        """Indexes of the attention groups."""
+        return tuple(g for g, k in enumerate(self.group_kinds) if k == ATTENTION)
+
+    @property
+    def hash_stride(self) -> int:
+        """vLLM block hashes per block."""
+        return self.block_size // (self.hash_block_size or self.block_size)
 
 
 class CapacityError(ValueError):

@@ -16,6 +16,7 @@ from typing import NamedTuple
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import HybridPrefixCache, RequestOutcome
 from vllm_admission.core.eviction import get_eviction
+from vllm_admission.core.geometry import CacheLayout
 from vllm_admission.core.traces.trace import capacity_bound
 
 __all__ = ["CacheRequest", "CacheSetup", "NextUseOracle", "ReplayTotals", "infinite_capacity_bound",
@@ -35,34 +36,27 @@ class CacheSetup:
     """Everything needed to build a :class:`HybridPrefixCache` again.
 
     Attributes:
-        num_blocks: vLLM's ``num_gpu_blocks`` (includes the null block).
-        block_size: tokens per block.
-        group_kinds: KV cache groups in vLLM's order ("attention" / "state").
-        chunk_size: prefill token budget per step (``max_num_batched_tokens``).
-        bytes_per_block: bytes one block id holds.
+        layout: the pool (:class:`~vllm_admission.core.geometry.CacheLayout`).
         admission: admission policy name.
         eviction: eviction policy name.
         segment_flops: FLOPs of computing ``[start, end)`` with ``start`` cached.
     """
 
-    num_blocks: int
-    block_size: int
-    group_kinds: tuple[str, ...]
-    chunk_size: int
-    bytes_per_block: int
+    layout: CacheLayout
     admission: str
     eviction: str
     segment_flops: Callable[[int, int], float] | None = field(default=None, compare=False)
 
     def build(self, *, alpha: float | None = None,
               next_use: Callable[[int, float], float] | None = None) -> HybridPrefixCache:
-        """A fresh, empty cache with this setup (``alpha`` for ``flop`` eviction)."""
+        """A fresh, empty cache with this setup (``alpha`` for a tunable eviction policy)."""
         options = {"alpha": alpha} if alpha is not None else {}
+        lay = self.layout
         return HybridPrefixCache(
-            num_blocks=self.num_blocks, block_size=self.block_size,
-            group_kinds=self.group_kinds, admission=get_admission(self.admission),
-            eviction=get_eviction(self.eviction, **options), chunk_size=self.chunk_size,
-            segment_flops=self.segment_flops, bytes_per_block=self.bytes_per_block,
+            num_blocks=lay.num_blocks, block_size=lay.block_size,
+            group_kinds=lay.group_kinds, admission=get_admission(self.admission),
+            eviction=get_eviction(self.eviction, **options), chunk_size=lay.chunk_size,
+            segment_flops=self.segment_flops, bytes_per_block=lay.bytes_per_block,
             next_use=next_use)
 
 

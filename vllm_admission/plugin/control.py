@@ -45,51 +45,18 @@ from vllm_admission.core.admission import (
     get_admission,
 )
 from vllm_admission.core.eviction import EvictionPolicy, eviction_class, get_eviction
+from vllm_admission.core.geometry import CacheLayout
 from vllm_admission.core.replay import CacheRequest, CacheSetup, replay_requests
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
 from vllm_admission.plugin.stats import AdmissionStats
 
-__all__ = ["ATTENTION", "STATE", "AdmissionControl", "Geometry", "TunerThread"]
+__all__ = ["AdmissionControl", "TunerThread"]
 
 logger = logging.getLogger("vllm_admission")
-
-ATTENTION = "attention"
-STATE = "state"
 
 #: Requests the alpha tuner may remember before any eviction; past it the
 #: tuner restarts (bounds memory on a server whose cache never fills).
 MAX_BOOTSTRAP_HISTORY = 20_000
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """The engine's cache layout, as the core needs it.
-
-    Attributes:
-        block_size: tokens per block (every group, and the hit alignment).
-        hash_block_size: tokens per vLLM block hash (``block_size`` or a divisor).
-        num_blocks: blocks in the pool, null block included.
-        group_kinds: ``"attention"`` / ``"state"`` per KV cache group, in
-            vLLM's group order.
-        bytes_per_block: bytes one block id holds (the largest group's
-            ``page_size_bytes`` x layers).
-        chunk_size: ``max_num_batched_tokens`` (the tuner's replays).
-    """
-
-    block_size: int
-    hash_block_size: int
-    num_blocks: int
-    group_kinds: tuple[str, ...]
-    bytes_per_block: int
-    chunk_size: int
-
-    @property
-    def state_groups(self) -> tuple[int, ...]:
-        return tuple(g for g, k in enumerate(self.group_kinds) if k == STATE)
-
-    @property
-    def attention_groups(self) -> tuple[int, ...]:
-        return tuple(g for g, k in enumerate(self.group_kinds) if k == ATTENTION)
 
 
 @dataclass(slots=True)
@@ -201,7 +168,7 @@ class AdmissionControl:
         policy: admission policy name.
         eviction: an engine-capable eviction policy name
             (``vllm_admission.core.eviction.ENGINE_EVICTION_POLICIES``).
-        geometry: the engine's cache layout.
+        geometry: the engine's cache layout (the core's ``CacheLayout``).
         prefill_flops: ``f(num_tokens, num_cached) -> FLOPs``
             (``ModelCosts.prefill_flops``); required by policies that
             ``needs_values`` and by the alpha tuner.
@@ -225,7 +192,7 @@ class AdmissionControl:
             that needs values without ``prefill_flops``.
     """
 
-    def __init__(self, *, policy: str, eviction: str, geometry: Geometry,
+    def __init__(self, *, policy: str, eviction: str, geometry: CacheLayout,
                  prefill_flops: Callable[[int, int], float] | None = None,
                  alpha: float | None = None, tune_multiplier: int = 5,
                  tune_grid: str = "coarse",
@@ -241,7 +208,7 @@ class AdmissionControl:
             raise ValueError(f"eviction {eviction!r} needs prefill_flops")
         self.geometry = geometry
         self.B = geometry.block_size
-        self._hash_stride = geometry.block_size // geometry.hash_block_size
+        self._hash_stride = geometry.hash_stride
         self.state_groups = geometry.state_groups
         self.first_state = self.state_groups[0]
         self._state_set = frozenset(self.state_groups)
@@ -545,10 +512,8 @@ class AdmissionControl:
     def _make_tuner(self) -> AlphaTuner:
         geo = self.geometry
         flops = self.prefill_flops
-        setup = CacheSetup(num_blocks=geo.num_blocks, block_size=geo.block_size,
-                           group_kinds=geo.group_kinds, chunk_size=geo.chunk_size,
-                           bytes_per_block=geo.bytes_per_block, admission=self.policy.name,
-                           eviction=self.eviction, segment_flops=flops)
+        setup = CacheSetup(layout=geo, admission=self.policy.name, eviction=self.eviction,
+                           segment_flops=flops)
 
         def replay(alpha: float, window: Sequence[CacheRequest], snapshot: Any = None) -> float:
             return replay_requests(setup.build(alpha=alpha), list(window),

@@ -44,7 +44,9 @@ from vllm_admission.core.admission import get_admission
 from vllm_admission.core.eviction import EVICTION_POLICIES, eviction_class
 from vllm_admission.plugin import vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
-from vllm_admission.plugin.control import ATTENTION, STATE, AdmissionControl, Geometry
+from vllm_admission.core.cache import ATTENTION, STATE
+from vllm_admission.core.geometry import CacheLayout
+from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.logs import ensure_log_output
 from vllm_admission.plugin.metrics import StatsPublisher
 from vllm_admission.plugin.stats import AdmissionStats
@@ -131,7 +133,7 @@ class AdmissionScheduler(Scheduler):
             return "the model has no attention layers"
         return None
 
-    def _admission_geometry(self, config: AdmissionConfig) -> Geometry:
+    def _admission_geometry(self, config: AdmissionConfig) -> CacheLayout:
         managers = self.kv_cache_manager.coordinator.single_type_managers
         kinds = []
         for m in managers:
@@ -150,10 +152,10 @@ class AdmissionScheduler(Scheduler):
                 f"VLLM_ADMISSION_POLICY=vllm with VLLM_ADMISSION_EVICTION=lru)")
         groups = self.kv_cache_config.kv_cache_groups
         bytes_per_block = max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
-        return Geometry(block_size=self.block_size, hash_block_size=self.hash_block_size,
-                        num_blocks=self.kv_cache_config.num_blocks, group_kinds=tuple(kinds),
-                        bytes_per_block=int(bytes_per_block),
-                        chunk_size=int(self.scheduler_config.max_num_batched_tokens))
+        return CacheLayout(block_size=self.block_size, hash_block_size=self.hash_block_size,
+                           num_blocks=self.kv_cache_config.num_blocks, group_kinds=tuple(kinds),
+                           bytes_per_block=int(bytes_per_block),
+                           chunk_size=int(self.scheduler_config.max_num_batched_tokens))
 
     def _admission_check_supported(self, policy: str) -> None:
         """Non-stock admission needs plain align mode; say which feature is in the way."""

@@ -20,7 +20,12 @@ from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import ATTENTION, STATE
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.eviction import eviction_class
-from vllm_admission.core.geometry import CacheGeometry, block_geometry, geometry_from_blocks
+from vllm_admission.core.geometry import (
+    CacheGeometry,
+    CacheLayout,
+    block_geometry,
+    geometry_from_blocks,
+)
 from vllm_admission.core.replay import (
     CacheRequest,
     CacheSetup,
@@ -184,10 +189,10 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     if requests is None:
         requests = cache_requests(trace, geo.block_size, outputs)
     flops = functools.lru_cache(maxsize=1 << 20)(costs.prefill_flops)
-    setup = CacheSetup(num_blocks=geo.num_blocks, block_size=geo.block_size,
-                       group_kinds=group_kinds(costs, geo), chunk_size=chunk_size,
-                       bytes_per_block=geo.bytes_per_block, admission=admission,
-                       eviction=eviction, segment_flops=flops)
+    layout = CacheLayout(num_blocks=geo.num_blocks, block_size=geo.block_size,
+                         group_kinds=group_kinds(costs, geo), bytes_per_block=geo.bytes_per_block,
+                         chunk_size=chunk_size)
+    setup = CacheSetup(layout=layout, admission=admission, eviction=eviction, segment_flops=flops)
     oracle = NextUseOracle(requests) if policy.needs_future else None
     tuned = policy.tunable and alpha is None
     cache = setup.build(alpha=(0.0 if tuned else alpha) if policy.tunable else None,
@@ -217,7 +222,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
 
     totals = replay_requests(cache, requests, prefill_flops=flops, on_outcome=on_outcome)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    names = [f"{k}{g}" for g, k in enumerate(setup.group_kinds)]
+    names = [f"{k}{g}" for g, k in enumerate(layout.group_kinds)]
     return RunResult(
         trace=trace.name, model=costs.name, admission=admission, eviction=eviction,
         capacity_bytes=capacity_bytes if num_blocks is None else None,
