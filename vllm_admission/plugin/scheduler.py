@@ -84,8 +84,7 @@ class AdmissionScheduler(Scheduler):
         if reason is None and not vllm_hooks.check_version():
             wants = not (get_admission(config.policy).vllm_native
                          and eviction_class(config.eviction).vllm_order)
-            vllm_hooks.refuse_or_run_stock(vllm_hooks.installed_version(), wants)
-            reason = f"vLLM {vllm_hooks.installed_version()} is not a supported release"
+            reason = vllm_hooks.unsupported_reason(vllm_hooks.installed_version(), wants)
         if reason is not None:
             logger.info("vllm_admission: %s; AdmissionScheduler runs as vLLM's stock scheduler "
                         "(nothing for the plugin to do)", reason)

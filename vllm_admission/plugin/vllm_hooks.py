@@ -7,10 +7,10 @@ vLLM's ``Scheduler``) and the ``vllm.general_plugins`` /
 objects it changes and the private members it overrides or reads, is done
 here, behind a version check:
 
-* :func:`check_version`: vLLM 0.32.x is supported. Another version gets one
-  line: the AdmissionScheduler refuses to start when a setting asks for
-  anything but vLLM's own behaviour, and otherwise runs as vLLM's stock
-  scheduler (nothing is patched);
+* :func:`check_version`, :func:`unsupported_reason`: vLLM 0.32.x is
+  supported. Another version gets one line: the AdmissionScheduler refuses to
+  start when a setting asks for anything but vLLM's own behaviour, and
+  otherwise runs as vLLM's stock scheduler (nothing is patched);
 * :func:`install`: re-types the freshly built block pool, Mamba managers and
   hybrid coordinator into the subclasses of
   :mod:`vllm_admission.plugin.kv_cache` (their fields stay vLLM's) and swaps
@@ -30,7 +30,6 @@ vLLM still has every one.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -46,10 +45,9 @@ __all__ = [
     "install",
     "missing_members",
     "register_env_vars",
+    "unsupported_reason",
     "use_policy_managers",
 ]
-
-logger = logging.getLogger("vllm_admission")
 
 #: The vLLM release line the plugin is written against (``major.minor``).
 SUPPORTED_VLLM = "0.32"
@@ -127,8 +125,8 @@ def check_version(version: str | None = None) -> bool:
     return ".".join(parts[:2]) == SUPPORTED_VLLM
 
 
-def refuse_or_run_stock(version: str, wants_changes: bool) -> None:
-    """What an unsupported vLLM gets.
+def unsupported_reason(version: str, wants_changes: bool) -> str:
+    """What an unsupported vLLM gets: the reason the scheduler logs as it runs stock.
 
     Raises:
         UnsupportedVllmError: ``wants_changes`` (a setting other than vLLM's own
@@ -139,7 +137,7 @@ def refuse_or_run_stock(version: str, wants_changes: bool) -> None:
         raise UnsupportedVllmError(
             f"{text}; the AdmissionScheduler refuses to change vLLM's caching on it "
             f"(valid here: VLLM_ADMISSION_POLICY=vllm with VLLM_ADMISSION_EVICTION=lru)")
-    logger.warning("vllm_admission: %s; AdmissionScheduler runs as vLLM's stock scheduler", text)
+    return text
 
 
 def missing_members() -> list[str]:
