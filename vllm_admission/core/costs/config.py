@@ -1,0 +1,209 @@
+"""Reading Hugging Face configs: fields with one-line errors, and vLLM 0.32's dtype rules."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from vllm_admission.core.costs.layers import (
+    _CANONICAL_DTYPE,
+    _DTYPE_BYTES,
+    ModelConfigError,
+)
+
+_NEMOTRON_H = ("NemotronHForCausalLM",)
+_QWEN3_5 = (
+    "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5ForCausalLM",
+)
+# --------------------------------------------------------------------------- #
+# Reading configs
+# --------------------------------------------------------------------------- #
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ModelConfigError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelConfigError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
+    try:
+        # json accepts the non-standard tokens Infinity / NaN that some
+        # Nemotron-H configs contain (time_step_limit).
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelConfigError(
+            f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+
+
+def _display_name(raw: Mapping[str, Any], path: Path | None, architecture: str) -> str:
+    name_or_path = raw.get("_name_or_path")
+    if isinstance(name_or_path, str) and name_or_path.strip("/"):
+        return name_or_path.rstrip("/").rsplit("/", 1)[-1]
+    if path is not None:
+        stem = path.stem
+        if stem == "config" and path.parent.name:
+            return path.parent.name
+        # "Org__Model.json" (the naming of /work/shared/model_configs) -> "Model"
+        return stem.split("__", 1)[-1]
+    return architecture
+
+
+_MISSING = object()
+
+
+class _Fields:
+    """Typed access to one JSON object, with one-line errors naming file and field."""
+
+    def __init__(self, data: Mapping[str, Any], label: str, prefix: str = "") -> None:
+        self.data = data
+        self.label = label
+        self.prefix = prefix
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.data
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def _error(self, key: str, problem: str) -> ModelConfigError:
+        return ModelConfigError(f"{self.label}: field '{self.prefix}{key}' {problem}")
+
+    def sub(self, key: str) -> "_Fields":
+        value = self.data.get(key)
+        if not isinstance(value, Mapping):
+            raise self._error(key, "must be a JSON object")
+        return _Fields(value, self.label, f"{self.prefix}{key}.")
+
+    def int(self, key: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
+        value = self.data.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise self._error(key, "is missing")
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            raise self._error(key, f"must be an integer, got {value!r}")
+        if int(value) < minimum:
+            raise self._error(key, f"must be >= {minimum}, got {value!r}")
+        return int(value)
+
+    def first_int(self, keys: tuple[str, ...], default: Any = _MISSING, *, minimum: int = 1) -> int:
+        """The first of ``keys`` that is present and not null."""
+        for key in keys:
+            if self.data.get(key) is not None:
+                return self.int(key, minimum=minimum)
+        if default is _MISSING:
+            raise self._error(keys[0], "is missing" + (f" (also tried {', '.join(keys[1:])})" if keys[1:] else ""))
+        return default
+
+    def list(self, key: str, default: Any = _MISSING) -> list[Any]:
+        value = self.data.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise self._error(key, "is missing")
+            return default
+        if not isinstance(value, list):
+            raise self._error(key, f"must be a list, got {type(value).__name__}")
+        return value
+
+    def str(self, key: str, default: Any = _MISSING) -> str:
+        value = self.data.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise self._error(key, "is missing")
+            return default
+        if not isinstance(value, str):
+            raise self._error(key, f"must be a string, got {value!r}")
+        return value
+
+    def bool(self, key: str, default: bool) -> bool:
+        value = self.data.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self._error(key, f"must be true or false, got {value!r}")
+        return value
+
+
+# --------------------------------------------------------------------------- #
+# dtypes (vLLM 0.32 rules)
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class _Dtypes:
+    model: str
+    kv: str
+    conv: str
+    ssm: str
+
+    @staticmethod
+    def resolve(
+        top: _Fields,
+        text: _Fields,
+        dtype: str | None,
+        kv_cache_dtype: str,
+        mamba_cache_dtype: str,
+        mamba_ssm_cache_dtype: str,
+        architecture: str,
+    ) -> "_Dtypes":
+        """Resolve the four dtypes as vLLM 0.32 does (file references in the body)."""
+        # Model dtype: vllm/config/model.py _get_and_verify_dtype / _resolve_auto_dtype:
+        # "auto" takes the config's dtype, and float32 checkpoints are served in
+        # the platform's preferred half type (bfloat16 on current GPUs).
+        if dtype is None or dtype == "auto":
+            config_dtype = None
+            for fields in (text, top):
+                for key in ("torch_dtype", "dtype"):
+                    if isinstance(fields.get(key), str):
+                        config_dtype = fields.get(key)
+                        break
+                if config_dtype is not None:
+                    break
+            model = _dtype_name(config_dtype or "float32", top.label, "torch_dtype")
+            if model == "float32":
+                model = "bfloat16"
+        else:
+            model = _dtype_name(dtype, top.label, "dtype (argument)")
+        if model not in ("bfloat16", "float16", "float32"):
+            raise ModelConfigError(f"{top.label}: model dtype '{model}' is not a float dtype")
+
+        # KV cache: vllm/config/cache.py cache_dtype; "auto" = model dtype.
+        kv = model if kv_cache_dtype == "auto" else _dtype_name(kv_cache_dtype, top.label, "kv_cache_dtype (argument)")
+        # Conv state: MambaStateDtypeCalculator._mamba_state_dtype ->
+        # get_kv_cache_torch_dtype(mamba_cache_dtype, model_dtype).
+        conv = (
+            model
+            if mamba_cache_dtype == "auto"
+            else _dtype_name(mamba_cache_dtype, top.label, "mamba_cache_dtype (argument)")
+        )
+        # SSM state: "auto" = the conv-state dtype, after the per-model hooks of
+        # vllm/model_executor/models/config.py have replaced "auto":
+        #   NemotronHForCausalLMConfig: hf_config.mamba_ssm_cache_dtype, default float32
+        #   Qwen3_5ForConditionalGenerationConfig: hf_text_config.mamba_ssm_dtype
+        ssm_choice = mamba_ssm_cache_dtype
+        if ssm_choice == "auto":
+            if architecture in _NEMOTRON_H:
+                ssm_choice = text.str("mamba_ssm_cache_dtype", "float32")
+            elif architecture in _QWEN3_5 and text.get("mamba_ssm_dtype") is not None:
+                ssm_choice = text.str("mamba_ssm_dtype")
+        ssm = conv if ssm_choice == "auto" else _dtype_name(ssm_choice, top.label, "mamba_ssm_cache_dtype")
+        return _Dtypes(model=model, kv=kv, conv=conv, ssm=ssm)
+
+
+def _dtype_name(value: str, label: str, field_name: str) -> str:
+    name = str(value).lower().replace("torch.", "")
+    if name not in _DTYPE_BYTES:
+        raise ModelConfigError(
+            f"{label}: field '{field_name}' has unsupported dtype {value!r}; "
+            f"known: {', '.join(sorted(_DTYPE_BYTES))}"
+        )
+    return _CANONICAL_DTYPE.get(name, name)
+
+
