@@ -48,6 +48,7 @@ from vllm_admission.core.admission import (
     block_value,
 )
 from vllm_admission.core.eviction import EvictionPolicy
+from vllm_admission.core.free_blocks import FreeBlocks
 from vllm_admission.core.geometry import ATTENTION, STATE, blocks_needed
 
 __all__ = ["ATTENTION", "STATE", "BlockPool", "HybridPrefixCache", "PoolExhausted",
@@ -88,15 +89,14 @@ class BlockPool:
         if num_groups < 1:
             raise ValueError(f"num_groups must be >= 1, got {num_groups}")
         self.num_blocks = num_blocks
-        self.eviction = eviction
-        self.uncached: list[int] = list(range(num_blocks - 1, 0, -1))  # a stack: top = end
+        self.free_blocks = FreeBlocks(eviction)
+        self.free_blocks.push_uncached(range(1, num_blocks))
         self.key: list[tuple | None] = [None] * num_blocks
         self.ref: list[int] = [0] * num_blocks
         self.value: list[float] = [0.0] * num_blocks
         self.next_use: list[float] = [math.inf] * num_blocks
         self.index: list[dict] = [{} for _ in range(num_groups)]
         self._dups: dict[tuple, list[int]] = {}
-        self._num_free_cached = 0
         #: Blocks whose hash was dropped to make room (cumulative).
         self.evictions = 0
         #: Evictions per KV cache group index.
@@ -104,19 +104,22 @@ class BlockPool:
         #: Cached entries inserted (cumulative), per KV cache group index.
         self.insertions_by_group: list[int] = [0] * num_groups
 
+    @property
+    def eviction(self) -> EvictionPolicy:
+        """The policy that orders the cached free blocks."""
+        return self.free_blocks.eviction
+
     def clone(self, eviction: EvictionPolicy) -> "BlockPool":
         """An independent copy of this pool that uses ``eviction`` (a clone of ours)."""
         other = BlockPool.__new__(BlockPool)
         other.num_blocks = self.num_blocks
-        other.eviction = eviction
-        other.uncached = self.uncached[:]
+        other.free_blocks = self.free_blocks.clone(eviction)
         other.key = self.key[:]
         other.ref = self.ref[:]
         other.value = self.value[:]
         other.next_use = self.next_use[:]
         other.index = [d.copy() for d in self.index]
         other._dups = {k: v[:] for k, v in self._dups.items()}
-        other._num_free_cached = self._num_free_cached
         other.evictions = self.evictions
         other.evictions_by_group = self.evictions_by_group[:]
         other.insertions_by_group = self.insertions_by_group[:]
@@ -126,12 +129,12 @@ class BlockPool:
     @property
     def num_free(self) -> int:
         """Blocks an allocation can take now (uncached plus evictable)."""
-        return len(self.uncached) + self._num_free_cached
+        return len(self.free_blocks)
 
     @property
     def num_free_uncached(self) -> int:
         """Free blocks that hold no hash."""
-        return len(self.uncached)
+        return len(self.free_blocks.uncached)
 
     @property
     def num_used(self) -> int:
@@ -154,39 +157,29 @@ class BlockPool:
         Raises:
             PoolExhausted: fewer than ``n`` blocks are free.
         """
-        uncached = self.uncached
-        m = len(uncached)
-        if n <= m:
-            out = uncached[m - n:]
-            del uncached[m - n:]
-            out.reverse()
-        else:
-            if n > self.num_free:
-                raise PoolExhausted(f"need {n} blocks, {self.num_free} free of {self.num_blocks - 1}")
-            out = uncached[::-1]
-            uncached.clear()
-            k = n - m
-            victims = self.eviction.pop_n(k, now)
-            self._num_free_cached -= k
+        free = self.free_blocks
+        if n > len(free):
+            raise PoolExhausted(f"need {n} blocks, {len(free)} free of {self.num_blocks - 1}")
+        evicting = n > len(free.uncached)
+        out = free.take(n, now)
+        if evicting:
             keys, values, next_use = self.key, self.value, self.next_use
             index, dups, by_group = self.index, self._dups, self.evictions_by_group
             evicted = 0
-            for b in victims:
+            for b in out:
                 key = keys[b]
                 if key is not None:
                     g, h = key
-                    idx = index[g]
                     if not dups or key not in dups:
-                        del idx[h]
+                        del index[g][h]
                     else:
                         self._drop_key(b, key)
                     evicted += 1
                     by_group[g] += 1
                     keys[b] = None
-                values[b] = 0.0
-                next_use[b] = math.inf
+                    values[b] = 0.0
+                    next_use[b] = math.inf
             self.evictions += evicted
-            out.extend(victims)
         ref = self.ref
         for b in out:
             ref[b] = 1
@@ -196,12 +189,12 @@ class BlockPool:
         """A prefix hit takes references on cached blocks (``BlockPool.touch``);
         a policy that :attr:`~EvictionPolicy.needs_hits` hears each of them."""
         ref = self.ref
-        eviction = self.eviction
+        free = self.free_blocks
         for b in blocks:
             if ref[b] == 0:
-                eviction.remove(b)
-                self._num_free_cached -= 1
+                free.remove_cached(b)
             ref[b] += 1
+        eviction = free.eviction
         if eviction.needs_hits:
             for b in blocks:
                 eviction.on_hit(b, now)
@@ -210,11 +203,12 @@ class BlockPool:
         """Drop one reference each, in eviction-priority order (``free_blocks``).
 
         Cached blocks that reach zero references become eviction candidates,
-        appended in the given order; uncached ones go back on the stack.
+        appended in the given order; uncached ones go to the head of the free
+        list (``prepend_n``).
         """
         ref, keys = self.ref, self.key
         cached = []
-        uncached = self.uncached
+        uncached = []
         for b in ordered:
             r = ref[b] - 1
             ref[b] = r
@@ -223,11 +217,13 @@ class BlockPool:
                     uncached.append(b)
                 else:
                     cached.append(b)
+        free = self.free_blocks
+        if uncached:
+            free.push_uncached(uncached)
         if cached:
             value, next_use = self.value, self.next_use
-            self.eviction.add_many(cached, now, [value[b] for b in cached],
-                                   [next_use[b] for b in cached])
-            self._num_free_cached += len(cached)
+            free.add_cached(cached, now, [value[b] for b in cached],
+                            [next_use[b] for b in cached])
 
     def cache(self, block: int, key: tuple) -> None:
         """Give an in-use block its hash (``cache_full_blocks``)."""

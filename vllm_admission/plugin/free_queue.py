@@ -9,8 +9,10 @@ vLLM 0.32 keeps every free block of the pool in one doubly linked list,
 drops the hash of any cached block it took; ``BlockPool.touch`` pulls a cached
 block back out on a prefix hit (``remove``).
 
-:class:`PolicyFreeBlockQueue` serves the same calls with three tiers, taken in
-this order by ``popleft``/``popleft_n``:
+:class:`PolicyFreeBlockQueue` serves the same calls from the core's
+:class:`~vllm_admission.core.free_blocks.FreeBlocks` (the simulator's pool
+keeps its free blocks in the same structure), three tiers taken in this order
+by ``popleft``/``popleft_n``:
 
 1. blocks without a hash, as a stack: ``prepend_n`` pushes, so the next block
    handed out is exactly the one vLLM's list would hand out;
@@ -39,11 +41,11 @@ This module does not import vLLM: blocks only need ``block_id`` and
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from vllm_admission.core.eviction import EvictionPolicy
+from vllm_admission.core.free_blocks import FreeBlocks
 
 __all__ = ["PolicyFreeBlockQueue"]
 
@@ -52,6 +54,10 @@ Block = Any  # vllm.v1.core.kv_cache_utils.KVCacheBlock or any object with block
 
 class PolicyFreeBlockQueue:
     """Free blocks of one ``BlockPool``: uncached first, cached ones in the policy's order.
+
+    The order lives in a core :class:`~vllm_admission.core.free_blocks.FreeBlocks`
+    over block ids (the structure the simulator's pool uses); this class adds
+    the translation from vLLM's block objects and the values of cached blocks.
 
     Args:
         blocks: the free blocks in the order vLLM's queue holds them (head
@@ -71,28 +77,29 @@ class PolicyFreeBlockQueue:
 
     def __init__(self, blocks: Iterable[Block], eviction: EvictionPolicy,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.eviction = eviction
         self.clock = clock
         self.num_free_blocks = 0
         self.scope: tuple[float, Callable[[Block], float]] | None = None
         self.scope_maker: Callable[[Any], tuple[float, Callable[[Block], float]]] | None = None
         self._scope_key: Any = None
-        self._stack: dict[int, Block] = {}          # top = last inserted
-        self._cached: dict[int, Block] = {}         # candidates, in add order
-        self._meta: dict[int, tuple[float, float]] = {}  # id -> (time, value)
-        self._tail: OrderedDict[int, Block] = OrderedDict()
+        self._free = FreeBlocks(eviction)
+        self._blocks: dict[int, Block] = {}               # every free block by id
         self._staged: dict[int, tuple[Any, float]] = {}   # id -> (hash, value)
         blocks = list(blocks)
-        uncached = [b for b in blocks if b.block_hash is None]
-        self.prepend_n(uncached)
-        now = clock()
-        for b in blocks:
-            if b.block_hash is not None:
-                self._add_cached(b, now, 0.0)
+        self.prepend_n([b for b in blocks if b.block_hash is None])
+        cached = [b for b in blocks if b.block_hash is not None]
+        for b in cached:
+            self._blocks[b.block_id] = b
+        self._free.add_cached([b.block_id for b in cached], clock())
         self.num_free_blocks = len(blocks)
         for b in blocks:  # the linked-list fields belong to vLLM's queue
             if hasattr(b, "prev_free_block"):
                 b.prev_free_block = b.next_free_block = None
+
+    @property
+    def eviction(self) -> EvictionPolicy:
+        """The policy that orders the cached free blocks."""
+        return self._free.eviction
 
     # -- values ----------------------------------------------------------
     def stage_value(self, block: Block, value: float) -> None:
@@ -129,41 +136,17 @@ class PolicyFreeBlockQueue:
         """
         if n <= 0:
             return []
-        if n > self.num_free_blocks:
-            raise ValueError(f"cannot take {n} blocks, {self.num_free_blocks} are free")
-        out: list[Block] = []
-        stack = self._stack
-        while stack and len(out) < n:
-            out.append(stack.popitem()[1])
-        need = n - len(out)
-        if need:
-            k = min(need, len(self._cached))
-            if k:
-                cached, meta = self._cached, self._meta
-                for bid in self.eviction.pop_n(k, self.clock()):
-                    out.append(cached.pop(bid))
-                    del meta[bid]
-                need -= k
-            tail = self._tail
-            while need:
-                out.append(tail.popitem(last=False)[1])
-                need -= 1
+        blocks = self._blocks
+        out = [blocks.pop(bid) for bid in self._free.take(n, self.clock())]
         self.num_free_blocks -= n
         return out
 
     def remove(self, block: Block) -> None:
         """Withdraw a free block (a prefix hit took it). RuntimeError if it is not free."""
         bid = block.block_id
-        if bid in self._cached:
-            self.eviction.remove(bid)
-            del self._cached[bid]
-            del self._meta[bid]
-        elif bid in self._stack:
-            del self._stack[bid]
-        elif bid in self._tail:
-            del self._tail[bid]
-        else:
+        if self._blocks.pop(bid, None) is None:
             raise RuntimeError(f"remove() called on a block that is not free: {block!r}")
+        self._free.remove(bid)
         self.num_free_blocks -= 1
 
     def append(self, block: Block) -> None:
@@ -173,19 +156,23 @@ class PolicyFreeBlockQueue:
     def append_n(self, blocks: list[Block]) -> None:
         """Return blocks to the pool as eviction candidates, in the given order.
 
-        Cached blocks join the FLOP-aware tier with the current scope's time
+        Cached blocks join the policy-ordered tier with the current scope's time
         and value (or a staged value); uncached ones join the last-resort tail.
         """
         if not blocks:
             return
-        now = valuer = None
+        registry = self._blocks
         staged = self._staged
-        count = 0
+        cached: list[int] = []
+        values: list[float] = []
+        valuer = None
+        now = None
         for b in blocks:
-            count += 1
-            entry = staged.pop(b.block_id, None) if staged else None
+            bid = b.block_id
+            registry[bid] = b
+            entry = staged.pop(bid, None) if staged else None
             if b.block_hash is None:
-                self._tail[b.block_id] = b
+                self._free.append_tail((bid,))
                 continue
             if now is None:
                 scope = self.scope
@@ -196,29 +183,26 @@ class PolicyFreeBlockQueue:
                 else:
                     now = self.clock()
             if entry is not None and entry[0] == b.block_hash:
-                value = entry[1]
+                values.append(entry[1])
             else:
-                value = valuer(b) if valuer is not None else 0.0
-            self._add_cached(b, now, value)
-        self.num_free_blocks += count
+                values.append(valuer(b) if valuer is not None else 0.0)
+            cached.append(bid)
+        if cached:
+            self._free.add_cached(cached, now, values)
+        self.num_free_blocks += len(blocks)
 
     def prepend_n(self, blocks: list[Block]) -> None:
         """Put blocks at the head, ``blocks[0]`` first (vLLM's order for uncached blocks)."""
-        stack = self._stack
-        for b in reversed(blocks):
-            stack[b.block_id] = b
+        registry = self._blocks
+        for b in blocks:
+            registry[b.block_id] = b
+        self._free.push_uncached([b.block_id for b in blocks])
         self.num_free_blocks += len(blocks)
 
     def get_all_free_blocks(self) -> list[Block]:
         """Every free block in the order they would be handed out now."""
-        out = list(reversed(self._stack.values()))
-        if self._cached:
-            last = max(t for t, _ in self._meta.values())
-            copy = self.eviction.clone()
-            order = copy.pop_n(len(copy), max(self.clock(), last))
-            out.extend(self._cached[bid] for bid in order)
-        out.extend(self._tail.values())
-        return out
+        blocks = self._blocks
+        return [blocks[bid] for bid in self._free.order(self.clock())]
 
     def iter_blocks_after(self, cursor: Block | None) -> Iterator[Block]:
         """Free blocks in hand-out order after ``cursor`` (all of them for ``None``)."""
@@ -237,37 +221,23 @@ class PolicyFreeBlockQueue:
 
         Keeps the current hand-out order, all in the uncached stack.
         """
-        order = self.get_all_free_blocks()
-        for bid in list(self._cached):
-            self.eviction.remove(bid)
-        if self.eviction.needs_hits:
-            for b in order:
-                self.eviction.forget(b.block_id)
-        self._cached.clear()
-        self._meta.clear()
-        self._tail.clear()
-        self._stack.clear()
+        order = self._free.uncache_all(self.clock())
+        eviction = self.eviction
+        if eviction.needs_hits:
+            for bid in order:
+                eviction.forget(bid)
         self._staged.clear()
-        n = self.num_free_blocks
-        self.num_free_blocks = 0
-        self.prepend_n(order)
-        assert self.num_free_blocks == n
 
     @property
     def num_cached_candidates(self) -> int:
         """Free blocks that still hold a hash (eviction candidates)."""
-        return len(self._cached)
-
-    def _add_cached(self, b: Block, now: float, value: float) -> None:
-        bid = b.block_id
-        self.eviction.add(bid, now, value)
-        self._cached[bid] = b
-        self._meta[bid] = (now, value)
+        return self._free.num_cached
 
     def __len__(self) -> int:
         return self.num_free_blocks
 
     def __repr__(self) -> str:
-        return (f"PolicyFreeBlockQueue(free={self.num_free_blocks}, uncached={len(self._stack)}, "
-                f"cached={len(self._cached)}, tail={len(self._tail)}, "
+        free = self._free
+        return (f"PolicyFreeBlockQueue(free={self.num_free_blocks}, uncached={len(free.uncached)}, "
+                f"cached={free.num_cached}, tail={len(free.tail)}, "
                 f"eviction={self.eviction.name})")
