@@ -330,15 +330,6 @@ def inprocess_scheduler(llm: vllm.LLM) -> Any:
     return scheduler
 
 
-def _group_kind(spec: Any) -> str:
-    """The core's name for a KV cache group (``"attention"``, ``"state"``), from its
-    vLLM spec class; other spec classes: the lower-cased class name without ``Spec``."""
-    from vllm_admission.core.cache import ATTENTION, STATE
-
-    name = type(spec).__name__.removesuffix("Spec")
-    return {"FullAttention": ATTENTION, "Mamba": STATE}.get(name, name.lower())
-
-
 def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
     """What the simulator must copy from a started engine.
 
@@ -359,8 +350,8 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
     * ``scheduler_cls`` (qualified name or class repr),
     * ``kv_cache_groups``: list of ``{"kind", "num_layers", "block_size",
       "page_size_bytes", "layers"}``; ``kind`` is the core's ``"attention"``
-      (full attention) or ``"state"`` (Mamba / GDN) (other spec classes:
-      lower-cased class name); ``None`` when
+      or ``"state"``, from the group's vLLM manager
+      (:func:`vllm_admission.plugin.kv_cache.group_kinds`); ``None`` when
       the engine core runs in another process,
     * ``inprocess`` (bool: whether :func:`inprocess_scheduler` works).
 
@@ -390,17 +381,20 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
     except RuntimeError:
         return geo
     geo["inprocess"] = True
+    from vllm_admission.plugin.kv_cache import group_kinds
+
     kvc = scheduler.kv_cache_config
+    kinds = group_kinds(scheduler.kv_cache_manager.coordinator.single_type_managers)
     geo["num_gpu_blocks"] = int(kvc.num_blocks)
     geo["kv_cache_groups"] = [
         {
-            "kind": _group_kind(g.kv_cache_spec),
+            "kind": kind,
             "num_layers": len(g.layer_names),
             "block_size": int(g.kv_cache_spec.block_size),
             "page_size_bytes": int(g.kv_cache_spec.page_size_bytes),
             "layers": list(g.layer_names),
         }
-        for g in kvc.kv_cache_groups
+        for g, kind in zip(kvc.kv_cache_groups, kinds)
     ]
     state_dtypes = {str(g.kv_cache_spec.dtypes[-1]).removeprefix("torch.")
                     for g in kvc.kv_cache_groups if hasattr(g.kv_cache_spec, "dtypes")}
@@ -424,11 +418,12 @@ def cached_block_positions(llm: vllm.LLM) -> dict[str, list[int]]:
     """
     from vllm.v1.core.kv_cache_utils import get_group_id
 
+    from vllm_admission.plugin.kv_cache import group_kinds
     from vllm_admission.plugin.vllm_hooks import cached_blocks
 
     scheduler = inprocess_scheduler(llm)
-    groups = scheduler.kv_cache_config.kv_cache_groups
-    names = [f"{i}:{_group_kind(g.kv_cache_spec)}" for i, g in enumerate(groups)]
+    kinds = group_kinds(scheduler.kv_cache_manager.coordinator.single_type_managers)
+    names = [f"{i}:{kind}" for i, kind in enumerate(kinds)]
     out: dict[str, list[int]] = {n: [] for n in names}
     for key, block in cached_blocks(scheduler.kv_cache_manager.block_pool):
         n = block.block_hash_num_tokens

@@ -40,12 +40,41 @@ from typing import Any
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_group_id
-from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
 
+from vllm_admission.core.geometry import ATTENTION, STATE
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.free_queue import PolicyFreeBlockQueue
 
-__all__ = ["AdmissionBlockPool", "AdmissionCoordinator", "PolicyMambaManager"]
+__all__ = ["AdmissionBlockPool", "AdmissionCoordinator", "PolicyMambaManager", "group_kinds"]
+
+
+def group_kinds(managers: Sequence[Any]) -> tuple[str, ...]:
+    """The core's kind of each KV cache group, from the vLLM manager that runs it.
+
+    What decides how a group is reused is its manager, not its spec class
+    (vLLM's ``KVCacheSpecRegistry`` in
+    ``vllm/v1/core/single_type_kv_cache_manager.py`` maps several specs to one
+    manager): a group run by ``FullAttentionManager`` (full attention, and also
+    MLA and hidden-state specs) is ``"attention"``, reusable at any cached
+    block; one run by ``MambaManager`` (or this module's subclass) is
+    ``"state"``, reusable only where a state was saved. Any other manager
+    (sliding window, chunked local attention, ...) is named by its class, which
+    the plugin then treats as unsupported.
+
+    Args:
+        managers: ``coordinator.single_type_managers``, in group order.
+    """
+    kinds = []
+    for m in managers:
+        cls = type(m)
+        if cls is MambaManager or cls is PolicyMambaManager:
+            kinds.append(STATE)
+        elif cls is FullAttentionManager:
+            kinds.append(ATTENTION)
+        else:
+            kinds.append(cls.__name__)
+    return tuple(kinds)
 
 
 class AdmissionBlockPool(BlockPool):

@@ -37,16 +37,15 @@ import time
 from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
 from vllm.v1.kv_cache_interface import MambaSpec
 
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.eviction import EVICTION_POLICIES, eviction_class
 from vllm_admission.plugin import vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
-from vllm_admission.core.cache import ATTENTION, STATE
-from vllm_admission.core.geometry import CacheLayout
+from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout
 from vllm_admission.plugin.control import AdmissionControl
+from vllm_admission.plugin.kv_cache import group_kinds
 from vllm_admission.plugin.logs import ensure_log_output
 from vllm_admission.plugin.metrics import StatsPublisher
 from vllm_admission.plugin.stats import AdmissionStats
@@ -125,23 +124,15 @@ class AdmissionScheduler(Scheduler):
     def _admission_inert_reason(self) -> str | None:
         if not self.cache_config.enable_prefix_caching:
             return "prefix caching is off"
-        kinds = [type(g.kv_cache_spec) for g in self.kv_cache_config.kv_cache_groups]
-        if not any(issubclass(k, MambaSpec) for k in kinds):
+        kinds = group_kinds(self.kv_cache_manager.coordinator.single_type_managers)
+        if STATE not in kinds:
             return "the model has no recurrent (Mamba/GDN) layers"
-        if all(issubclass(k, MambaSpec) for k in kinds):
+        if all(k == STATE for k in kinds):
             return "the model has no attention layers"
         return None
 
     def _admission_geometry(self, config: AdmissionConfig) -> CacheLayout:
-        managers = self.kv_cache_manager.coordinator.single_type_managers
-        kinds = []
-        for m in managers:
-            if type(m) is MambaManager:
-                kinds.append(STATE)
-            elif type(m) is FullAttentionManager:
-                kinds.append(ATTENTION)
-            else:
-                kinds.append(type(m).__name__)
+        kinds = group_kinds(self.kv_cache_manager.coordinator.single_type_managers)
         unsupported = [k for k in kinds if k not in (STATE, ATTENTION)]
         if unsupported and (not get_admission(config.policy).vllm_native
                             or not eviction_class(config.eviction).vllm_order):
@@ -152,7 +143,7 @@ class AdmissionScheduler(Scheduler):
         groups = self.kv_cache_config.kv_cache_groups
         bytes_per_block = max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
         return CacheLayout(block_size=self.block_size, hash_block_size=self.hash_block_size,
-                           num_blocks=self.kv_cache_config.num_blocks, group_kinds=tuple(kinds),
+                           num_blocks=self.kv_cache_config.num_blocks, group_kinds=kinds,
                            bytes_per_block=int(bytes_per_block),
                            chunk_size=int(self.scheduler_config.max_num_batched_tokens))
 
