@@ -69,7 +69,7 @@ def block_trace(llm, prompt: list[int], max_tokens: int) -> dict[str, object]:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from vllm_admission.engine.replay import cached_block_positions, inprocess_scheduler
+    from vllm_admission.engine.llm import cached_block_positions, inprocess_scheduler
 
     sched = inprocess_scheduler(llm)
     kvm = sched.kv_cache_manager
@@ -120,7 +120,7 @@ def block_trace(llm, prompt: list[int], max_tokens: int) -> dict[str, object]:
 
 
 def engine_default(model: str) -> None:
-    from vllm_admission.engine.replay import (
+    from vllm_admission.engine.llm import (
         EngineSettings,
         build_llm,
         cached_block_positions,
@@ -240,7 +240,7 @@ def engine_default(model: str) -> None:
 
 
 def engine_small(model: str) -> None:
-    from vllm_admission.engine.replay import EngineSettings, build_llm, engine_geometry
+    from vllm_admission.engine.llm import EngineSettings, build_llm, engine_geometry
 
     # With 64 blocks, vLLM refuses max_model_len 131072; find what it accepts.
     try:
@@ -267,7 +267,7 @@ def engine_small(model: str) -> None:
 _MP_CHILD = r"""
 import json, os, sys, time
 t0 = time.perf_counter()
-from vllm_admission.engine.replay import EngineSettings, build_llm, engine_geometry
+from vllm_admission.engine.llm import EngineSettings, build_llm, engine_geometry
 if __name__ == "__main__":
     t1 = time.perf_counter()
     llm = build_llm(EngineSettings(model=sys.argv[1], env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},

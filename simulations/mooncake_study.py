@@ -19,7 +19,8 @@ import sys
 from pathlib import Path
 
 from vllm_admission.core.geometry import parse_bytes
-from vllm_admission.sim.sweep import SweepSpec, format_table, run_sweep, write_results
+from vllm_admission.sim.report import format_table, write_results
+from vllm_admission.sim.sweep import SweepSpec, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"

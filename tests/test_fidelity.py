@@ -167,7 +167,7 @@ def test_vllms_cpu_rule_reaches_the_simulator(tiny_config, monkeypatch):
     from vllm.platforms import current_platform
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from vllm_admission.fidelity import _engine_dtypes
+    from vllm_admission.fidelity.run import _engine_dtypes
 
     if not current_platform.is_cpu():
         pytest.skip("vLLM's CPU platform rule")

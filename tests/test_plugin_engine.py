@@ -25,9 +25,9 @@ import random
 
 import pytest
 from conftest import engine_block_size, predicted_block_size
+from junction_case import expected_junction, junction_prompts
 
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
-from junction_case import expected_junction, junction_prompts
 
 pytestmark = pytest.mark.engine
 
@@ -103,7 +103,7 @@ class Engines:
         self.close()
         import vllm.plugins
 
-        from vllm_admission.engine.replay import EngineSettings, build_llm
+        from vllm_admission.engine.llm import EngineSettings, build_llm
 
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ADMISSION_LOG_INTERVAL": "0",
                "VLLM_ADMISSION_POLICY": None, "VLLM_ADMISSION_EVICTION": None,
@@ -182,7 +182,7 @@ def one_at_a_time(llm, prompts, max_tokens):
 
 
 def scheduler(llm):
-    from vllm_admission.engine.replay import inprocess_scheduler
+    from vllm_admission.engine.llm import inprocess_scheduler
 
     return inprocess_scheduler(llm)
 
@@ -234,7 +234,7 @@ def test_plugin_variables_cause_no_vllm_warning(engines, reference, monkeypatch)
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_junction_case_outputs_and_metrics(engines, reference, policy):
-    from vllm_admission.engine.replay import prefix_cache_counters
+    from vllm_admission.engine.llm import prefix_cache_counters
     from vllm_admission.plugin.scheduler import admission_stats
 
     llm = engines.get("lru")
@@ -287,7 +287,7 @@ def test_junction_case_engine_equals_core_model(engines):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_cached_states_follow_the_policy(engines, reference, policy):
-    from vllm_admission.engine.replay import cached_block_positions
+    from vllm_admission.engine.llm import cached_block_positions
 
     llm = engines.get("lru")
     B = engines.B  # noqa: N806
@@ -411,7 +411,7 @@ def test_every_engine_eviction_policy_starts_and_gives_stock_outputs(engines, re
 
 # ------------------------------------------------------------------ start-up errors
 def test_invalid_setting_stops_the_engine_with_one_line(engines, monkeypatch):
-    from vllm_admission.engine.replay import EngineSettings, build_llm
+    from vllm_admission.engine.llm import EngineSettings, build_llm
     from vllm_admission.plugin.config import AdmissionConfigError
 
     engines.close()

@@ -35,13 +35,12 @@ from dataclasses import dataclass
 import pytest
 from conftest import engine_block_size, predicted_block_size
 
+from vllm_admission.engine.llm import EngineSettings, shutdown_llm
 from vllm_admission.engine.replay import (
     SEQUENTIAL_MODE,
-    EngineSettings,
     ReplayResult,
     _skip_reason,
     blocks_needed,
-    shutdown_llm,
 )
 
 VOCAB = 512
@@ -111,7 +110,7 @@ def stock_engine(model_dir, **settings):
     """Stock vLLM on ``model_dir`` (this project's general plugin, and any other, kept out),
     shut down afterwards with the environment restored."""
     pytest.importorskip("vllm")
-    from vllm_admission.engine.replay import build_llm
+    from vllm_admission.engine.llm import build_llm
 
     saved = dict(os.environ)
     engine = build_llm(EngineSettings(model=str(model_dir), env={"VLLM_PLUGINS": ""}, **settings))
@@ -176,7 +175,7 @@ def test_tiny_model_is_idempotent_and_has_a_tokenizer(tiny_model_dir):
 
 @pytest.mark.engine
 def test_engine_geometry(llm, B, ssm_dtype):
-    from vllm_admission.engine.replay import engine_geometry
+    from vllm_admission.engine.llm import engine_geometry
 
     geo = engine_geometry(llm)
     assert llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
@@ -240,7 +239,7 @@ def test_junction_scenario_exact_hits(llm, B):
 
 @pytest.mark.engine
 def test_second_turn_hits_prompt_checkpoint_not_decode_boundary(llm, B):
-    from vllm_admission.engine.replay import cached_block_positions
+    from vllm_admission.engine.llm import cached_block_positions
 
     llm.reset_prefix_cache()
     first = toks(4, 1000)
@@ -265,7 +264,7 @@ def test_platform_default_follows_the_cpu_rule(tiny_model_dir):
     with AVX-512 BF16, the model's bf16 elsewhere; the block size follows the dtype."""
     import torch
 
-    from vllm_admission.engine.replay import engine_geometry
+    from vllm_admission.engine.llm import engine_geometry
 
     expected = "float32" if torch.cpu._is_avx512_bf16_supported() else "bfloat16"  # noqa: SLF001
     with stock_engine(tiny_model_dir, num_gpu_blocks=64, max_model_len=2048) as engine:

@@ -76,6 +76,7 @@ def _synthetic_params(items: list[str]) -> dict:
 
 def run_fidelity_cli(args: argparse.Namespace) -> int:
     """Run the comparison; print and write it; with ``--check``, exit 1 on a missed bar."""
+    from vllm_admission.cli.options import parse_list
     from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
     from vllm_admission.fidelity import (
         FidelitySpec,
@@ -84,7 +85,6 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         run_fidelity,
         write_fidelity,
     )
-    from vllm_admission.sim.sweep import parse_list
 
     blocks: tuple = (None,)
     if args.num_gpu_blocks is not None:

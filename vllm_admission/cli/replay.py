@@ -25,7 +25,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_admission.core.admission import ADMISSION_POLICIES, UnknownPolicyError, get_admission
+from vllm_admission.core.admission import (
+    ADMISSION_POLICIES,
+    UnknownPolicyError,
+    get_admission,
+)
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 
 __all__ = ["add_replay_parser", "run_replay"]
@@ -75,7 +79,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def _build(args: argparse.Namespace) -> Any:
-    from vllm_admission.engine.replay import build_llm_fitting, plugin_settings
+    from vllm_admission.engine.llm import build_llm_fitting, plugin_settings
 
     settings = plugin_settings(args.model, admission=args.admission, eviction=args.eviction,
                                alpha=args.alpha, num_gpu_blocks=args.num_gpu_blocks,
@@ -100,7 +104,8 @@ def run_replay(args: argparse.Namespace) -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    from vllm_admission.engine.replay import engine_geometry, replay, shutdown_llm
+    from vllm_admission.engine.llm import engine_geometry, shutdown_llm
+    from vllm_admission.engine.replay import replay
 
     llm = _build(args)
     try:

@@ -61,8 +61,10 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
 
 def run_simulate(args: argparse.Namespace) -> int:
     """Run a sweep; print the table; write results.json and the plot."""
+    from vllm_admission.cli.options import parse_list
+    from vllm_admission.sim.report import format_table, write_results
     from vllm_admission.sim.simulator import DEFAULT_CHUNK_SIZE
-    from vllm_admission.sim.sweep import SweepSpec, format_table, parse_list, run_sweep, write_results
+    from vllm_admission.sim.sweep import SweepSpec, run_sweep
 
     capacities = tuple(parse_bytes(c.strip()) for c in args.capacity.split(",") if c.strip())
     if not capacities:

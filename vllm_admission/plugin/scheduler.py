@@ -41,9 +41,9 @@ from vllm.v1.kv_cache_interface import MambaSpec
 
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.eviction import EVICTION_POLICIES, eviction_class
+from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout
 from vllm_admission.plugin import vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
-from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.kv_cache import group_kinds
 from vllm_admission.plugin.logs import ensure_log_output
@@ -324,7 +324,7 @@ def admission_stats(llm: Any) -> AdmissionStats:
             (``VLLM_ENABLE_V1_MULTIPROCESSING=1``), or its scheduler is not an
             :class:`AdmissionScheduler`.
     """
-    from vllm_admission.engine.replay import inprocess_scheduler
+    from vllm_admission.engine.llm import inprocess_scheduler
 
     scheduler = inprocess_scheduler(llm)
     if not isinstance(scheduler, AdmissionScheduler):

@@ -1,0 +1,229 @@
+"""Both sides on the same requests, for every pool and policy pair (``fidelity.json``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from vllm_admission.core.costs import ModelCosts
+from vllm_admission.core.traces import Trace, load_trace
+from vllm_admission.fidelity.compare import compare_hits
+from vllm_admission.fidelity.simulate import costs_like_engine, simulate_like_engine
+from vllm_admission.fidelity.spec import FidelityError, FidelitySpec
+
+__all__ = ["run_fidelity", "run_pair"]
+
+
+def _load(spec: FidelitySpec) -> Trace:
+    trace = load_trace(spec.trace, max_requests=spec.max_requests,
+                       max_prompt_tokens=spec.max_prompt_tokens, seed=spec.seed,
+                       mooncake_block_tokens=spec.mooncake_block_tokens, **spec.synthetic)
+    if spec.max_output_len is not None:
+        cap = spec.max_output_len
+        trace = Trace(name=trace.name, source=trace.source, skipped=dict(trace.skipped),
+                      requests=[dataclasses.replace(r, output_len=min(r.output_len, cap))
+                                for r in trace.requests])
+    return trace
+
+
+def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
+                num_gpu_blocks: int | None) -> dict[str, Any]:
+    from vllm_admission.engine.llm import (
+        build_llm_fitting,
+        engine_geometry,
+        inprocess_scheduler,
+        plugin_settings,
+        shutdown_llm,
+    )
+    from vllm_admission.engine.replay import replay
+
+    settings = plugin_settings(spec.model, admission=admission, eviction=eviction,
+                               alpha=spec.alpha, num_gpu_blocks=num_gpu_blocks, seed=spec.seed)
+    # The comparison reads the live scheduler: the engine core must run in this process.
+    settings.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    llm, note = build_llm_fitting(settings)
+    try:
+        scheduler = inprocess_scheduler(llm)
+        vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
+        geometry = {**_engine_dtypes(llm.llm_engine.vllm_config), **engine_geometry(llm)}
+
+        def settle(_: int) -> None:
+            ctl = getattr(scheduler, "_admission", None)
+            if ctl is not None and ctl.tuner is not None:
+                ctl.tuner.drain(timeout=600)
+
+        result = replay(llm, trace.requests, vocab_size=vocab, mode=spec.mode,
+                        time_scale=spec.time_scale, after_request=settle)
+        stats = scheduler.stats().to_dict()
+    finally:
+        shutdown_llm(llm)
+        del llm
+    return {"geometry": geometry, "result": result, "stats": stats, "note": note,
+            "max_model_len": settings.max_model_len}
+
+
+def _engine_dtypes(vllm_config: Any) -> dict[str, str | None]:
+    """The engine's resolved model dtype and its KV / conv-state cache dtype settings.
+
+    ``dtype`` is ``model_config.dtype`` without ``"torch."``; ``kv_cache_dtype``
+    and ``mamba_cache_dtype`` are ``cache_config``'s (``"auto"``: the model
+    dtype). None where the config lacks the attribute.
+    """
+    mc, cc = vllm_config.model_config, vllm_config.cache_config
+    dtype = getattr(mc, "dtype", None)
+    out = {"dtype": None if dtype is None else str(dtype).removeprefix("torch.")}
+    for key, attr in (("kv_cache_dtype", "cache_dtype"), ("mamba_cache_dtype", "mamba_cache_dtype")):
+        value = getattr(cc, attr, None)
+        out[key] = None if value is None else str(value)
+    return out
+
+
+def _subset(trace: Trace, keep: Sequence[int]) -> Trace:
+    return Trace(name=trace.name, source=trace.source, requests=[trace.requests[i] for i in keep])
+
+
+def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
+             num_gpu_blocks: int | None) -> dict[str, Any]:
+    """One engine replay and its simulator twin; returns the ``fidelity.json`` record.
+
+    The simulator's cost model is built from the model's ``config.json`` with
+    the dtypes this engine resolved (:func:`costs_like_engine`).
+    """
+    eng = _run_engine(spec, trace, admission, eviction, num_gpu_blocks)
+    geometry, result = eng["geometry"], eng["result"]
+    costs = costs_like_engine(Path(spec.model) / "config.json", geometry)
+    ran = [i for i, r in enumerate(result.requests) if r["status"] == "ok"]
+    sim = simulate_like_engine(_subset(trace, ran), costs, geometry, admission=admission,
+                               eviction=eviction, alpha=spec.alpha)
+    rows = [result.requests[i] for i in ran]
+    sim_hits = [None if h < 0 else h for h in sim.per_request_hits]
+    prompts = [r["prompt_tokens"] for r in rows]
+    engine_hits = [r["cached_tokens"] for r in rows]
+    cmp = compare_hits(prompts, engine_hits, sim_hits)
+    prompt_total = sum(prompts)
+    engine_hit = sum(engine_hits)
+    stats = eng["stats"]
+    return {
+        "admission": admission, "eviction": eviction,
+        "num_blocks": int(geometry["num_gpu_blocks"]),
+        "block_size": int(geometry["block_size"]),
+        "chunk_size": int(geometry["max_num_batched_tokens"]),
+        "max_model_len": int(geometry["max_model_len"]),
+        "mamba_ssm_cache_dtype": geometry.get("mamba_ssm_cache_dtype"),
+        "ssm_dtype": costs.ssm_dtype,
+        "mode": spec.mode,
+        **{k: cmp[k] for k in ("requests", "requests_differing", "abs_diff_tokens",
+                                "abs_diff_fraction", "first_difference")},
+        "prompt_tokens": prompt_total,
+        "mean_concurrency": _mean_concurrency(rows),
+        "skipped": dict(result.skipped),
+        "engine": {
+            "hit_tokens": engine_hit,
+            "token_hit_rate": engine_hit / prompt_total if prompt_total else 0.0,
+            "prefill_tokens_computed": prompt_total - engine_hit,
+            "prefill_seconds": result.prefill_seconds,
+            "wall_seconds": result.wall_seconds,
+            "evictions": stats.get("evictions"),
+            "junctions": stats.get("junctions"),
+            "checkpoints": stats.get("checkpoints"),
+            "alpha": stats.get("alpha"),
+            "tuning": stats.get("tuning"),
+        },
+        "simulator": {
+            "hit_tokens": sim.hit_tokens,
+            "token_hit_rate": sim.token_hit_rate,
+            "prefill_tokens_computed": sim.prompt_tokens - sim.hit_tokens,
+            "evictions": sim.evictions,
+            "junctions": sim.junctions,
+            "checkpoints": sim.state_checkpoints,
+            "alpha": sim.alpha,
+            "tuning": sim.alpha_events,
+        },
+        "per_request": {
+            "request_id": [r["request_id"] for r in rows],
+            "prompt_tokens": prompts,
+            "engine": engine_hits,
+            "simulator": sim_hits,
+            "prefill_seconds": [r["prefill_seconds"] for r in rows],
+            "submitted_s": [r["submitted_s"] for r in rows],
+            "finished_s": [r["finished_s"] for r in rows],
+        },
+    }
+
+
+def _mean_concurrency(rows: Sequence[dict[str, Any]]) -> float | None:
+    """Requests in the engine on average over the replay: sum of (finish - submit) / span."""
+    spans = [(r["submitted_s"], r["finished_s"]) for r in rows
+             if r.get("submitted_s") is not None and r.get("finished_s") is not None]
+    if not spans:
+        return None
+    total = max(f for _, f in spans) - min(s for s, _ in spans)
+    return sum(f - s for s, f in spans) / total if total > 0 else None
+
+
+def _add_stock_ratios(records: list[dict[str, Any]]) -> None:
+    """``prefill_seconds_vs_stock`` / ``prefill_tokens_vs_stock`` against vllm+lru at the same pool."""
+    stock = {r["num_blocks"]: r for r in records
+             if r["admission"] == "vllm" and r["eviction"] == "lru"}
+    for r in records:
+        base = stock.get(r["num_blocks"])
+        eng = r["engine"]
+        if base is None:
+            eng["prefill_seconds_vs_stock"] = eng["prefill_tokens_vs_stock"] = None
+            continue
+        b = base["engine"]
+        eng["prefill_seconds_vs_stock"] = (eng["prefill_seconds"] / b["prefill_seconds"]
+                                           if b["prefill_seconds"] else None)
+        eng["prefill_tokens_vs_stock"] = (eng["prefill_tokens_computed"] / b["prefill_tokens_computed"]
+                                          if b["prefill_tokens_computed"] else None)
+
+
+def run_fidelity(spec: FidelitySpec, *,
+                 on_record: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run every (pool, admission, eviction) of ``spec``; return the ``fidelity.json`` document.
+
+    The document has ``settings`` (the spec, the trace's name, request count
+    and skips, and the engine's ``mamba_ssm_cache_dtype`` setting and the SSM
+    state dtype ``ssm_dtype`` both sides used; a list if engines differed)
+    and ``records``: one per policy pair and pool, in run order, each with
+    ``admission``, ``eviction``, ``num_blocks``, ``block_size``,
+    ``mamba_ssm_cache_dtype``, ``ssm_dtype``, ``requests``,
+    ``requests_differing``, ``abs_diff_fraction`` (tokens over prompt tokens),
+    the engine's and the simulator's totals and the per-request lists.
+    ``engine.prefill_seconds_vs_stock`` is the pair's prefill wall time over
+    that of ``vllm`` + ``lru`` at the same pool in the same run (``None`` if
+    that pair is not in the run).
+
+    Raises:
+        UnknownPolicyError, TraceError, ModelConfigError, ValueError: bad input.
+        FidelityError: the simulator cannot mirror the engine's layout.
+    """
+    spec.check()
+    trace = _load(spec)
+    costs = ModelCosts.from_config(Path(spec.model) / "config.json")
+    if not costs.is_hybrid:
+        raise FidelityError(f"model {costs.name} has no recurrent layers: nothing to compare")
+    records = []
+    for blocks in spec.num_gpu_blocks:
+        for admission, eviction in spec.policy_pairs():
+            rec = run_pair(spec, trace, admission, eviction, blocks)
+            records.append(rec)
+            if on_record is not None:
+                on_record(rec)
+    _add_stock_ratios(records)
+    settings = dataclasses.asdict(spec)
+    settings.update(trace_name=trace.name, trace_requests=len(trace.requests),
+                    trace_skipped=dict(trace.skipped),
+                    mamba_ssm_cache_dtype=_one_or_all(r["mamba_ssm_cache_dtype"] for r in records),
+                    ssm_dtype=_one_or_all(r["ssm_dtype"] for r in records))
+    return {"settings": settings, "records": records}
+
+
+def _one_or_all(values) -> Any:
+    """The value all records share, else the distinct values in first-seen order (None if none)."""
+    distinct = list(dict.fromkeys(values))
+    if not distinct:
+        return None
+    return distinct[0] if len(distinct) == 1 else distinct

@@ -1,0 +1,97 @@
+"""What a fidelity run runs: :class:`FidelitySpec`, its checks, and :class:`FidelityError`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_admission.core.admission import UnknownPolicyError, get_admission
+from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
+from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
+
+__all__ = ["FidelityError", "FidelitySpec", "MODES"]
+
+
+MODES = ("sequential", "timed")
+
+
+class FidelityError(ValueError):
+    """The simulator cannot be configured like the engine (e.g. a group layout it does not model)."""
+
+
+@dataclass
+class FidelitySpec:
+    """What :func:`run_fidelity` runs.
+
+    Attributes:
+        model: model directory (its ``config.json`` gives the FLOP costs).
+        trace: a trace file or ``"synthetic"``.
+        admissions, evictions: policy names; every pair runs.
+        pairs: run exactly these ``(admission, eviction)`` pairs instead of
+            the cross product (``None``: the cross product).
+        num_gpu_blocks: pool sizes in blocks (``None``: sized from memory,
+            8,192 blocks with the default 1 GiB on CPU); every pair runs at each.
+        max_requests: keep the first K requests of the trace.
+        max_prompt_tokens: drop longer prompts (counted as skipped).
+        max_output_len: cap every request's output tokens (``None``: as in
+            the trace); recorded in the output.
+        mooncake_block_tokens: tokens per Mooncake hash id (512: the trace's own).
+        synthetic: keyword parameters of the synthetic workload.
+        mode: ``"sequential"`` or ``"timed"``.
+        time_scale: ``"timed"`` mode: multiplies trace arrival times.
+        alpha: fix ``flop``'s alpha in both (``None``: tuned online in both).
+        seed: synthetic workload and engine seed.
+    """
+
+    model: str
+    trace: str = "synthetic"
+    admissions: tuple[str, ...] = ("vllm",)
+    evictions: tuple[str, ...] = ("lru",)
+    pairs: tuple[tuple[str, str], ...] | None = None
+    num_gpu_blocks: tuple[int | None, ...] = (None,)
+    max_requests: int | None = None
+    max_prompt_tokens: int | None = None
+    max_output_len: int | None = None
+    mooncake_block_tokens: int = MOONCAKE_BLOCK_TOKENS
+    synthetic: dict[str, Any] = field(default_factory=dict)
+    mode: str = "sequential"
+    time_scale: float = 1.0
+    alpha: float | None = None
+    seed: int = 0
+
+    def policy_pairs(self) -> list[tuple[str, str]]:
+        """The ``(admission, eviction)`` pairs to run, in order."""
+        if self.pairs is not None:
+            return [tuple(p) for p in self.pairs]
+        return [(a, e) for a in self.admissions for e in self.evictions]
+
+    def check(self) -> None:
+        """Validate names and numbers before any engine starts.
+
+        Raises:
+            UnknownPolicyError: an unknown policy, or an eviction the engine cannot run.
+            ValueError: a bad number, mode or model directory.
+        """
+        if not self.policy_pairs():
+            raise UnknownPolicyError("give at least one admission and one eviction policy")
+        for a, _ in self.policy_pairs():
+            get_admission(a)
+        for _, e in self.policy_pairs():
+            if e not in ENGINE_EVICTION_POLICIES:
+                raise UnknownPolicyError(f"eviction policy {e!r} cannot run in an engine; "
+                                         f"valid: {', '.join(ENGINE_EVICTION_POLICIES)}")
+        if self.mode not in MODES:
+            raise ValueError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
+        if not self.time_scale >= 0:
+            raise ValueError(f"time scale must be >= 0, got {self.time_scale}")
+        if self.alpha is not None and not self.alpha >= 0:
+            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+        for n in self.num_gpu_blocks:
+            if n is not None and n < 2:
+                raise ValueError(f"a pool needs at least 2 blocks (one is vLLM's null block), got {n}")
+        if self.max_output_len is not None and self.max_output_len < 1:
+            raise ValueError(f"max output length must be >= 1, got {self.max_output_len}")
+        if not (Path(self.model) / "config.json").is_file():
+            raise ValueError(f"model {self.model}: no config.json there "
+                             f"(make one with 'vllm-admission make-tiny-model DIR')")
