@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from vllm_admission.core.adaptive import AUTO
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.eviction import EVICTION_POLICIES
 from vllm_admission.core.geometry import parse_bytes
@@ -30,9 +31,11 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="comma list of KV cache sizes, e.g. 4GiB,16GiB "
                         f"(default {DEMO_CAPACITIES})")
     p.add_argument("--admission", default=DEMO_ADMISSIONS,
-                   help=f"comma list of: {', '.join(ADMISSION_POLICIES)} (default {DEMO_ADMISSIONS})")
+                   help=f"comma list of: {', '.join(ADMISSION_POLICIES)}, {AUTO} "
+                        f"(default {DEMO_ADMISSIONS}); '{AUTO}' chooses online by shadow replay")
     p.add_argument("--eviction", default=DEMO_EVICTIONS,
-                   help=f"comma list of: {', '.join(EVICTION_POLICIES)} (default {DEMO_EVICTIONS})")
+                   help=f"comma list of: {', '.join(EVICTION_POLICIES)}, {AUTO} "
+                        f"(default {DEMO_EVICTIONS}); '{AUTO}' chooses online by shadow replay")
     p.add_argument("--mamba-ssm-cache-dtype", choices=MAMBA_SSM_CACHE_DTYPES, default="auto",
                    help="dtype of the recurrent (SSM / GDN) state, as vLLM's flag of that name: "
                         "'auto' (default) resolves per model as vLLM does on a GPU; vLLM's CPU "
@@ -73,8 +76,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     spec = SweepSpec(
         trace=args.trace, model=args.model, capacities=capacities,
-        admissions=parse_list(args.admission, "admission policy", list(ADMISSION_POLICIES)),
-        evictions=parse_list(args.eviction, "eviction policy", list(EVICTION_POLICIES)),
+        admissions=parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, AUTO]),
+        evictions=parse_list(args.eviction, "eviction policy", [*EVICTION_POLICIES, AUTO]),
         chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
         max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
         tune_grid=args.tune_grid, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype)

@@ -78,18 +78,21 @@ class BlockPool:
         num_blocks: blocks in the pool, as vLLM reports ``num_gpu_blocks``.
         eviction: orders the cached free blocks.
         num_groups: KV cache groups sharing the pool.
+        switchable: the eviction policy can be replaced mid-run
+            (:meth:`FreeBlocks.switch <vllm_admission.core.free_blocks.FreeBlocks.switch>`).
 
     Raises:
         ValueError: ``num_blocks < 2`` or ``num_groups < 1``.
     """
 
-    def __init__(self, num_blocks: int, eviction: EvictionPolicy, num_groups: int = 1) -> None:
+    def __init__(self, num_blocks: int, eviction: EvictionPolicy, num_groups: int = 1, *,
+                 switchable: bool = False) -> None:
         if num_blocks < 2:
             raise ValueError(f"a block pool needs at least 2 blocks, got {num_blocks}")
         if num_groups < 1:
             raise ValueError(f"num_groups must be >= 1, got {num_groups}")
         self.num_blocks = num_blocks
-        self.free_blocks = FreeBlocks(eviction)
+        self.free_blocks = FreeBlocks(eviction, switchable=switchable)
         self.free_blocks.push_uncached(range(1, num_blocks))
         self.key: list[tuple | None] = [None] * num_blocks
         self.ref: list[int] = [0] * num_blocks
@@ -300,6 +303,9 @@ class HybridPrefixCache:
         bytes_per_block: bytes one block id holds (for FLOP efficiency).
         next_use: ``f(block_hash, now) -> time`` of the next request needing the
             hash; needed by ``belady``.
+        switchable: allow :meth:`switch` (the adaptive controller).
+        track_values: compute block values whatever the eviction policy, so
+            that a policy that ``needs_values`` can be switched to later.
 
     Raises:
         ValueError: bad geometry or a missing callback for the chosen eviction.
@@ -309,13 +315,14 @@ class HybridPrefixCache:
                  admission: AdmissionPolicy, eviction: EvictionPolicy, chunk_size: int,
                  segment_flops: Callable[[int, int], float] | None = None,
                  bytes_per_block: int = 1,
-                 next_use: Callable[[int, float], float] | None = None) -> None:
+                 next_use: Callable[[int, float], float] | None = None,
+                 switchable: bool = False, track_values: bool = False) -> None:
         if block_size < 1 or chunk_size < 1:
             raise ValueError(f"block_size and chunk_size must be >= 1, got {block_size}, {chunk_size}")
         kinds = tuple(group_kinds)
         if ATTENTION not in kinds or STATE not in kinds or set(kinds) - {ATTENTION, STATE}:
             raise ValueError(f"group_kinds must mix 'attention' and 'state' groups, got {kinds}")
-        if eviction.needs_values and segment_flops is None:
+        if (eviction.needs_values or track_values) and segment_flops is None:
             raise ValueError(f"eviction {eviction.name!r} needs segment_flops")
         if eviction.needs_future and next_use is None:
             raise ValueError(f"eviction {eviction.name!r} needs next_use")
@@ -326,14 +333,15 @@ class HybridPrefixCache:
         self.state_groups = tuple(g for g, k in enumerate(kinds) if k == STATE)
         self.admission = admission
         self.eviction = eviction
-        self.pool = BlockPool(num_blocks, eviction, len(kinds))
+        self.pool = BlockPool(num_blocks, eviction, len(kinds), switchable=switchable)
         self.segment_flops = segment_flops
         self.bytes_per_block = bytes_per_block
         self.next_use = next_use
         if eviction.needs_future:
             keys = self.pool.key
             eviction.bind_future(lambda b, now: next_use(keys[b][1], now))
-        self._needs_meta = eviction.needs_values or eviction.needs_future
+        self._needs_values = eviction.needs_values or track_values
+        self._needs_meta = self._needs_values or eviction.needs_future
         self._segment_costs = SegmentCosts(
             block_size=block_size, num_attention_groups=len(self.attn_groups),
             num_state_groups=len(self.state_groups), bytes_per_block=bytes_per_block,
@@ -360,6 +368,34 @@ class HybridPrefixCache:
             next_use = self.next_use
             other.eviction.bind_future(lambda b, now: next_use(keys[b][1], now))
         return other
+
+    def switch(self, *, admission: AdmissionPolicy | None = None,
+               eviction: EvictionPolicy | None = None) -> None:
+        """Use another admission and/or eviction policy from the next request on.
+
+        An admission policy decides per request, so it simply takes over. A new
+        eviction policy (a fresh object) receives the current free cached
+        blocks with the times and values they were freed with
+        (:meth:`FreeBlocks.switch <vllm_admission.core.free_blocks.FreeBlocks.switch>`);
+        no block changes hands, so nothing can leak.
+
+        Raises:
+            RuntimeError: the cache was not built ``switchable``.
+            ValueError: ``eviction`` needs future knowledge, or values the cache
+                does not compute (build it with ``track_values``).
+        """
+        if not self.pool.free_blocks.switchable:
+            raise RuntimeError("this cache was not built switchable")
+        if admission is not None:
+            self.admission = admission
+        if eviction is not None:
+            if eviction.needs_future:
+                raise ValueError(f"cannot switch to {eviction.name!r}: it needs future knowledge")
+            if eviction.needs_values and not self._needs_values:
+                raise ValueError(f"cannot switch to {eviction.name!r}: this cache does not "
+                                 f"compute block values (build it with track_values)")
+            self.pool.free_blocks.switch(eviction)
+            self.eviction = eviction
 
     # -- sizing ----------------------------------------------------------
     def blocks_needed(self, prompt_len: int, output_len: int) -> int:
@@ -602,7 +638,7 @@ class HybridPrefixCache:
     # -- eviction metadata ----------------------------------------------
     def _set_values(self, run: _Running, freed: list[tuple[int, int]], g: int) -> None:
         """Attach FLOP efficiency / next use to ``(index, block)`` pairs about to be freed."""
-        if self.eviction.needs_values:
+        if self._needs_values:
             self._set_flop_values(run, freed, g)
         if self.eviction.needs_future:
             keys, next_use = self.pool.key, self.pool.next_use

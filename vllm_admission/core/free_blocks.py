@@ -22,7 +22,10 @@ cached tier can follow any :class:`~vllm_admission.core.eviction.EvictionPolicy`
    first out.
 
 With :class:`~vllm_admission.core.eviction.LRUEviction` the order is vLLM's,
-block for block. The simulator's :class:`~vllm_admission.core.cache.BlockPool`
+block for block. A pool built ``switchable`` remembers when each candidate was
+freed and its value, so that :meth:`FreeBlocks.switch` can hand the cached
+tier to another policy mid-run (the adaptive controller,
+:mod:`vllm_admission.core.adaptive`). The simulator's :class:`~vllm_admission.core.cache.BlockPool`
 and the plugin's ``PolicyFreeBlockQueue`` both keep their free blocks in this
 one structure; blocks are integer ids.
 """
@@ -42,6 +45,8 @@ class FreeBlocks:
 
     Args:
         eviction: orders the cached tier (the object is used, not copied).
+        switchable: remember each candidate's ``(now, value, next_use)`` so
+            that :meth:`switch` can move the candidates to another policy.
 
     Attributes:
         uncached: the uncached stack as an insertion-ordered dict (top = last key).
@@ -50,14 +55,21 @@ class FreeBlocks:
         latest: the largest ``now`` any cached block was added at (``-inf`` before any).
     """
 
-    __slots__ = ("eviction", "uncached", "tail", "num_cached", "latest")
+    __slots__ = ("eviction", "uncached", "tail", "num_cached", "latest", "_stamps")
 
-    def __init__(self, eviction: EvictionPolicy) -> None:
+    def __init__(self, eviction: EvictionPolicy, *, switchable: bool = False) -> None:
         self.eviction = eviction
         self.uncached: dict[int, None] = {}
         self.tail: dict[int, None] = {}
         self.num_cached = 0
         self.latest = -math.inf
+        # id -> (now, value, next_use), in the order the candidates were added.
+        self._stamps: dict[int, tuple[float, float, float]] | None = {} if switchable else None
+
+    @property
+    def switchable(self) -> bool:
+        """Whether :meth:`switch` can be used."""
+        return self._stamps is not None
 
     def clone(self, eviction: EvictionPolicy) -> FreeBlocks:
         """An independent copy whose cached tier is ``eviction`` (a clone of ours)."""
@@ -66,7 +78,40 @@ class FreeBlocks:
         other.tail = self.tail.copy()
         other.num_cached = self.num_cached
         other.latest = self.latest
+        other._stamps = self._stamps.copy() if self._stamps is not None else None
         return other
+
+    def switch(self, eviction: EvictionPolicy) -> None:
+        """Order the cached tier by ``eviction`` (empty, not yet used) from now on.
+
+        The candidates move to it in the order they were freed, each with the
+        time and value it was freed with, so the new policy sees the same
+        history as if it had run all along (apart from hits heard before the
+        switch, which a policy that ``needs_hits`` does not get).
+
+        Raises:
+            RuntimeError: the structure was not built ``switchable``.
+            ValueError: ``eviction`` already holds candidates.
+        """
+        if self._stamps is None:
+            raise RuntimeError("this free list was not built switchable")
+        if len(eviction):
+            raise ValueError(f"the new eviction policy already holds {len(eviction)} candidates")
+        run: list[int] = []
+        values: list[float] = []
+        next_uses: list[float] = []
+        t_run = None
+        for b, (t, v, nu) in self._stamps.items():
+            if t != t_run and run:
+                eviction.add_many(run, t_run, values, next_uses)
+                run, values, next_uses = [], [], []
+            t_run = t
+            run.append(b)
+            values.append(v)
+            next_uses.append(nu)
+        if run:
+            eviction.add_many(run, t_run, values, next_uses)
+        self.eviction = eviction
 
     def __len__(self) -> int:
         return len(self.uncached) + self.num_cached + len(self.tail)
@@ -90,8 +135,15 @@ class FreeBlocks:
         n = len(block_ids)
         if not n:
             return
-        self.eviction.add_many(block_ids, now, values if values is not None else [0.0] * n,
-                               next_uses if next_uses is not None else [math.inf] * n)
+        if values is None:
+            values = [0.0] * n
+        if next_uses is None:
+            next_uses = [math.inf] * n
+        self.eviction.add_many(block_ids, now, values, next_uses)
+        stamps = self._stamps
+        if stamps is not None:
+            for b, v, nu in zip(block_ids, values, next_uses):
+                stamps[b] = (now, v, nu)
         self.num_cached += n
         if now > self.latest:
             self.latest = now
@@ -122,9 +174,14 @@ class FreeBlocks:
         if need:
             k = min(need, self.num_cached)
             if k:
-                out.extend(self.eviction.pop_n(k, now))
+                victims = self.eviction.pop_n(k, now)
+                out.extend(victims)
                 self.num_cached -= k
                 need -= k
+                stamps = self._stamps
+                if stamps is not None:
+                    for b in victims:
+                        del stamps[b]
             tail = self.tail
             for _ in range(need):
                 b = next(iter(tail))
@@ -142,8 +199,7 @@ class FreeBlocks:
             KeyError: ``block_id`` is not free.
         """
         if block_id in self.eviction:
-            self.eviction.remove(block_id)
-            self.num_cached -= 1
+            self.remove_cached(block_id)
             return True
         if block_id in self.uncached:
             del self.uncached[block_id]
@@ -155,6 +211,8 @@ class FreeBlocks:
         """Withdraw a block known to be a cached candidate (the hot path of a hit)."""
         self.eviction.remove(block_id)
         self.num_cached -= 1
+        if self._stamps is not None:
+            del self._stamps[block_id]
 
     def order(self, now: float) -> list[int]:
         """Every free block id in the order :meth:`take` would hand them out now
@@ -179,6 +237,8 @@ class FreeBlocks:
             if b in eviction:
                 eviction.remove(b)
         self.num_cached = 0
+        if self._stamps is not None:
+            self._stamps.clear()
         self.tail.clear()
         self.uncached.clear()
         self.push_uncached(order)

@@ -48,8 +48,10 @@ class CacheSetup:
     segment_flops: Callable[[int, int], float] | None = field(default=None, compare=False)
 
     def build(self, *, alpha: float | None = None,
-              next_use: Callable[[int, float], float] | None = None) -> HybridPrefixCache:
-        """A fresh, empty cache with this setup (``alpha`` for a tunable eviction policy)."""
+              next_use: Callable[[int, float], float] | None = None,
+              switchable: bool = False, track_values: bool = False) -> HybridPrefixCache:
+        """A fresh, empty cache with this setup (``alpha`` for a tunable eviction policy;
+        ``switchable``, ``track_values``: see :class:`HybridPrefixCache`)."""
         options = {"alpha": alpha} if alpha is not None else {}
         lay = self.layout
         return HybridPrefixCache(
@@ -57,7 +59,7 @@ class CacheSetup:
             group_kinds=lay.group_kinds, admission=get_admission(self.admission),
             eviction=get_eviction(self.eviction, **options), chunk_size=lay.chunk_size,
             segment_flops=self.segment_flops, bytes_per_block=lay.bytes_per_block,
-            next_use=next_use)
+            next_use=next_use, switchable=switchable, track_values=track_values)
 
 
 class NextUseOracle:

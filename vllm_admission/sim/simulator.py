@@ -5,7 +5,9 @@ A run builds vLLM's block geometry for the model and capacity
 that block size, and replays it one request at a time through
 :class:`~vllm_admission.core.cache.HybridPrefixCache`. With ``flop`` eviction,
 alpha is tuned online (:class:`~vllm_admission.core.tuning.AlphaTuner`) unless
-fixed.
+fixed. With ``auto`` admission and/or eviction a
+:class:`~vllm_admission.core.adaptive.PolicyController` chooses the pair
+online.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_admission.core.admission import get_admission
+from vllm_admission.core.adaptive import AUTO, PolicyController, candidate_policies
 from vllm_admission.core.cache import ATTENTION, STATE
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.eviction import eviction_class
@@ -53,7 +55,11 @@ class RunResult:
     any cache. ``mamba_ssm_cache_dtype`` is the SSM state dtype the model was
     built with as requested (``"auto"`` unresolved) and ``ssm_dtype`` what it
     resolved to (:attr:`ModelCosts.ssm_dtype`); both shape ``block_size`` and
-    ``num_blocks``.
+    ``num_blocks``. With ``auto``, ``policy_switches`` lists every switch
+    (:meth:`Decision.as_dict <vllm_admission.core.adaptive.Decision.as_dict>`:
+    request index ``at``, ``from``, ``to``, the window's scores),
+    ``policy_decisions`` counts the windows decided and ``final_policy`` is
+    the pair serving at the end.
     """
 
     trace: str
@@ -80,6 +86,9 @@ class RunResult:
     alpha_events: list[dict[str, Any]]
     wall_seconds: float
     cpu_seconds: float
+    policy_switches: list[dict[str, Any]] = field(default_factory=list)
+    policy_decisions: int = 0
+    final_policy: str | None = None
     per_request_hits: list[int] | None = field(default=None, repr=False)
 
     def to_record(self) -> dict[str, Any]:
@@ -168,15 +177,20 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             share them); built from ``trace`` when ``None``.
         on_request: called with the request index after each request.
 
+    ``admission`` and/or ``eviction`` may be ``"auto"``: the run starts as
+    vLLM's own pair and a :class:`~vllm_admission.core.adaptive.PolicyController`
+    switches among the candidates (``tune_*`` and ``alpha`` are then unused).
+
     Raises:
         UnknownPolicyError: a policy name is not registered.
         CapacityError: the capacity cannot hold a single block set.
         ValueError: the model is not hybrid, or neither capacity nor blocks.
     """
-    get_admission(admission)  # validate names before any work
+    adaptive = AUTO in (admission, eviction)
+    admissions, evictions = candidate_policies(admission, eviction)  # validates names first
     if tune_grid not in GRIDS:
         raise ValueError(f"unknown tuning grid {tune_grid!r}; valid: {', '.join(GRIDS)}")
-    policy = eviction_class(eviction)
+    policy = eviction_class(evictions[0])
     if not costs.is_hybrid:
         raise ValueError(f"model {costs.name!r} has no recurrent layers: nothing to simulate")
     if num_blocks is not None:
@@ -192,11 +206,23 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     layout = CacheLayout(num_blocks=geo.num_blocks, block_size=geo.block_size,
                          group_kinds=group_kinds(costs, geo), bytes_per_block=geo.bytes_per_block,
                          chunk_size=chunk_size)
-    setup = CacheSetup(layout=layout, admission=admission, eviction=eviction, segment_flops=flops)
-    oracle = NextUseOracle(requests) if policy.needs_future else None
-    tuned = policy.tunable and alpha is None
-    cache = setup.build(alpha=(0.0 if tuned else alpha) if policy.tunable else None,
-                        next_use=oracle)
+    controller = None
+    if adaptive:
+        setup = CacheSetup(layout=layout, admission="vllm" if "vllm" in admissions else admissions[0],
+                           eviction="lru" if "lru" in evictions else evictions[0],
+                           segment_flops=flops)
+        policy = eviction_class(setup.eviction)
+        cache = setup.build(switchable=True, track_values=any(
+            eviction_class(e).needs_values for e in evictions))
+        controller = PolicyController(cache, admissions, evictions, prefill_flops=flops)
+    else:
+        setup = CacheSetup(layout=layout, admission=admission, eviction=eviction,
+                           segment_flops=flops)
+        oracle = NextUseOracle(requests) if policy.needs_future else None
+    tuned = policy.tunable and alpha is None and not adaptive
+    if not adaptive:
+        cache = setup.build(alpha=(0.0 if tuned else alpha) if policy.tunable else None,
+                            next_use=oracle)
     tuner = None
     if tuned:
         def replay_window(a: float, window, snapshot) -> float:
@@ -211,12 +237,15 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     def on_outcome(r: int, out) -> None:
         if per_request:
             hits.append(-1 if out is None else out.hit_tokens)
-        if tuner is not None and out is not None:
+        if (tuner is not None or controller is not None) and out is not None:
             req = requests[r]
             saved = flops(req.prompt_len, 0) - flops(req.prompt_len, out.hit_tokens)
-            new = tuner.observe((r, req), cache.pool.evictions > 0, saved)
-            if new is not None:
-                cache.eviction.alpha = new
+            if controller is not None:
+                controller.observe(r, req, saved)
+            else:
+                new = tuner.observe((r, req), cache.pool.evictions > 0, saved)
+                if new is not None:
+                    cache.eviction.alpha = new
         if on_request:
             on_request(r)
 
@@ -236,10 +265,14 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         state_checkpoints=cache.checkpoints, junctions=cache.junctions,
         evictions=cache.pool.evictions,
         evictions_by_group=dict(zip(names, cache.pool.evictions_by_group)),
-        alpha=(tuner.alpha if tuner else alpha) if policy.tunable else None,
+        alpha=(tuner.alpha if tuner else alpha) if policy.tunable and not adaptive else None,
         alpha_events=[{"at": e.at, "window": e.window, "alpha": e.alpha, "kind": e.kind}
                       for e in tuner.events] if tuner else [],
-        wall_seconds=wall, cpu_seconds=cpu, per_request_hits=hits if per_request else None)
+        wall_seconds=wall, cpu_seconds=cpu,
+        policy_switches=[d.as_dict() for d in controller.switches] if controller else [],
+        policy_decisions=len(controller.decisions) if controller else 0,
+        final_policy=str(controller.pair) if controller else None,
+        per_request_hits=hits if per_request else None)
 
 
 def _ratio(a: float, b: float) -> float:
