@@ -8,11 +8,13 @@ from hypothesis import strategies as st
 
 from vllm_admission.core.admission import UnknownPolicyError
 from vllm_admission.core.eviction import (
+    ENGINE_EVICTION_POLICIES,
     EVICTION_POLICIES,
     BeladyEviction,
     FlopEviction,
     LFUEviction,
     LRUEviction,
+    ReuseEviction,
     get_eviction,
 )
 
@@ -63,6 +65,8 @@ def test_capabilities_are_declared_for_every_policy():
     assert {"lru", "flop", "lfu"} <= engine and "belady" not in engine
     assert [n for n, c in EVICTION_POLICIES.items() if c.vllm_order] == ["lru"]
     assert [n for n, c in EVICTION_POLICIES.items() if c.tunable] == ["flop"]
+    keyed = [n for n, c in EVICTION_POLICIES.items() if c.needs_keys]
+    assert keyed == ["reuse"] and not set(keyed) & set(ENGINE_EVICTION_POLICIES)
 
 
 def test_lfu_without_hits_orders_like_lru():
@@ -210,3 +214,101 @@ def test_belady_refreshes_a_next_use_that_passed_without_a_touch():
     pol.add(1, now=0, next_use=3.0)
     pol.add(2, now=0, next_use=9.0)
     assert pol.pop(now=5.0) == 1
+
+
+# ---------------------------------------------------------------- reuse
+def _cached(pol, now, *pairs):
+    """Cache blocks with hash keys, then free them at ``now`` (as a request does)."""
+    for b, key in pairs:
+        pol.on_cache(b, key)
+    for b, _ in pairs:
+        pol.add(b, now=now)
+
+
+def test_reuse_without_history_orders_like_lru():
+    reuse, lru = ReuseEviction(), LRUEviction()
+    for b in (5, 3, 9, 1):
+        reuse.add(b, now=0.0)
+        lru.add(b, now=0.0)
+    for pol in (reuse, lru):
+        pol.remove(3)
+        pol.add(3, now=1.0)
+    assert reuse.ratio == 1.0
+    assert reuse.pop_n(4, now=2.0) == lru.pop_n(4, now=2.0) == [5, 9, 1, 3]
+
+
+def test_reuse_keeps_a_hit_block_r_times_longer():
+    pol = ReuseEviction()
+    _cached(pol, 0.0, (1, "a"), (2, "b"), (3, "c"))
+    pol.remove(1)                      # a prefix hit takes block 1 back...
+    pol.on_hit(1, now=1.0)
+    pol.add(1, now=1.0)                # ...and frees it again
+    _cached(pol, 2.0, (4, "d"), (5, "e"), (6, "f"), (7, "g"))
+    # One of seven first uses was followed by another: a reused hash is likelier to
+    # come back, so r > 1 (the exact value depends on the halving of old counts).
+    assert 4 / 3 < pol.ratio < 100
+    # LRU would evict 1 (freed at 1) before 4..7 (freed at 2); at now = 5 block 1 is
+    # 4 old, less than r x the 3 to 5 of the oldest first-time block.
+    assert pol.pop_n(6, now=5.0) == [2, 3, 4, 5, 6, 7]
+    _cached(pol, 100.0, (8, "h"))
+    # Now the oldest first-time block is 1 old and block 1 is 100 old: it goes.
+    assert pol.pop(now=101.0) == 1
+    assert pol.pop(now=101.0) == 8
+
+
+def test_reuse_history_outlives_eviction_but_not_forget():
+    def order(lose):
+        pol = ReuseEviction()
+        pol.on_cache(1, "a")
+        lose(pol)
+        # "a" is cached again (block 5), freed before three first-time blocks.
+        _cached(pol, 1.0, (5, "a"), (2, "b"), (3, "c"), (4, "d"))
+        return pol.pop_n(4, now=3.0)
+
+    def evict(pol):
+        pol.add(1, now=0.0)
+        assert pol.pop(now=0.0) == 1   # the hash survives as a ghost
+
+    # Recomputed after an eviction: a reuse, so block 5 outlives the first-time blocks.
+    assert order(evict) == [2, 3, 4, 5]
+    # Dropped without an eviction (forget): no history, plain LRU order.
+    assert order(lambda pol: pol.forget(1)) == [5, 2, 3, 4]
+
+
+def test_reuse_ghosts_are_bounded():
+    pol = ReuseEviction(history=1.0)
+    for b in range(1, 4):
+        _cached(pol, float(b), (b, ("k", b)))
+        assert pol.pop(now=float(b)) == b
+    # The cache never held more than one block: one ghost is kept, the newest.
+    assert list(pol._ghost) == [("k", 3)]  # noqa: SLF001 - the bound is the point
+    assert set(pol._refs) == {("k", 3)}  # noqa: SLF001
+
+
+def test_reuse_rejects_bad_history():
+    with pytest.raises(ValueError, match="history"):
+        ReuseEviction(history=-1.0)
+
+
+def test_cache_reports_hash_keys_to_policies_that_need_them():
+    from vllm_admission.core.admission import get_admission
+    from vllm_admission.core.cache import HybridPrefixCache
+
+    class Spy(ReuseEviction):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def on_cache(self, block_id, key):
+            self.seen.append(key)
+            super().on_cache(block_id, key)
+
+    spy = Spy()
+    cache = HybridPrefixCache(num_blocks=100, block_size=16, group_kinds=("state", "attention"),
+                              admission=get_admission("vllm"), eviction=spy, chunk_size=64)
+    hashes = [11, 12, 13, 14]
+    cache.serve(hashes, prompt_len=65, output_len=1, rid=0, now=0.0)
+    assert [k for k in spy.seen if k[0] == 1] == [(1, h) for h in hashes]
+    assert (0, 14) in spy.seen  # the prompt-end state, keyed by its group
+    out = cache.serve(hashes, prompt_len=65, output_len=1, rid=1, now=1.0)
+    assert out.hit_tokens == 64

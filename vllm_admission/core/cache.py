@@ -238,6 +238,8 @@ class BlockPool:
         else:
             idx[h] = block
         self.insertions_by_group[g] += 1
+        if self.eviction.needs_keys:
+            self.eviction.on_cache(block, key)
 
     def _drop_key(self, block: int, key: tuple) -> None:
         g, h = key
@@ -587,6 +589,7 @@ class HybridPrefixCache:
         hashes = run.hashes
         nh = len(hashes)
         keys, index, dups, inserted = pool.key, pool.index, pool._dups, pool.insertions_by_group
+        on_cache = self.eviction.on_cache if self.eviction.needs_keys else None
         for g in self.attn_groups:
             nc = num_cached[g]
             if nc >= full:
@@ -602,6 +605,8 @@ class HybridPrefixCache:
                     dups.setdefault((g, h), []).append(b)
                 else:
                     idx[h] = b
+                if on_cache is not None:
+                    on_cache(b, (g, h))
             inserted[g] += full - nc
         first_state = self.state_groups[0]
         decide = run.adm.decide
