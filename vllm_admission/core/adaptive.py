@@ -123,7 +123,7 @@ def candidate_policies(admission: str, eviction: str) -> tuple[tuple[str, ...], 
     if eviction == AUTO:
         evictions = AUTO_EVICTIONS
     else:
-        if eviction_class(eviction).needs_future:
+        if admission == AUTO and eviction_class(eviction).needs_future:
             raise ValueError(f"eviction {eviction!r} needs future knowledge; "
                              f"it cannot be combined with admission 'auto'")
         evictions = (eviction,)

@@ -1,0 +1,156 @@
+"""auto: switching policies mid-run is safe and loses nothing, and the controller
+moves to the pair a shadow replay shows to be better."""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_cache import B, chained, make_cache, random_trace
+
+from vllm_admission.core.adaptive import (
+    AUTO,
+    AUTO_ADMISSIONS,
+    AUTO_EVICTIONS,
+    Pair,
+    PolicyController,
+    candidate_policies,
+)
+from vllm_admission.core.admission import UnknownPolicyError, get_admission
+from vllm_admission.core.eviction import get_eviction
+from vllm_admission.core.replay import CacheRequest
+
+
+def flops(end, start):
+    return float(end * end - start * start)
+
+
+def serve_all(cache, reqs, switch_at=None, switch=None):
+    hits = []
+    for r, (hashes, n, out) in enumerate(reqs):
+        if r == switch_at:
+            switch(cache)
+        if not cache.fits(n, out):
+            hits.append(None)
+            continue
+        hits.append(cache.serve(hashes, n, out, rid=r, now=float(r)).hit_tokens)
+    return hits
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), at=st.integers(1, 29), blocks=st.integers(14, 60),
+       eviction=st.sampled_from(["lru", "flop"]))
+def test_switching_to_a_fresh_copy_of_the_same_policy_changes_nothing(seed, at, blocks, eviction):
+    """The hand-over keeps every candidate's free time and value: a fresh LRU (or flop at a
+    fixed alpha) that receives the candidates orders them exactly as the old one would."""
+    reqs = random_trace(random.Random(seed))
+    opts = {"alpha": 0.7} if eviction == "flop" else {}
+
+    def build():
+        c = make_cache("vllm", eviction, num_blocks=blocks, switchable=True, track_values=True,
+                       segment_flops=flops, bytes_per_block=1)
+        if opts:
+            c.eviction.alpha = opts["alpha"]
+        return c
+
+    plain = serve_all(build(), reqs)
+    switched = serve_all(build(), reqs, switch_at=at,
+                         switch=lambda c: c.switch(eviction=get_eviction(eviction, **opts)))
+    assert switched == plain
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), blocks=st.integers(14, 60),
+       switches=st.lists(st.tuples(st.integers(0, 29), st.sampled_from(sorted(AUTO_ADMISSIONS)),
+                                   st.sampled_from(["lru", "flop", "lfu", "reuse"])),
+                         max_size=5))
+def test_any_switch_sequence_leaks_no_block(seed, blocks, switches):
+    reqs = random_trace(random.Random(seed))
+    cache = make_cache("vllm", "lru", num_blocks=blocks, switchable=True, track_values=True,
+                       segment_flops=flops, bytes_per_block=1)
+    plan = {}
+    for at, adm, ev in switches:
+        plan.setdefault(at, (adm, ev))
+    for r, (hashes, n, out) in enumerate(reqs):
+        if r in plan:
+            adm, ev = plan[r]
+            cache.switch(admission=get_admission(adm), eviction=get_eviction(ev))
+            assert cache.eviction.name == ev
+        if cache.fits(n, out):
+            cache.serve(hashes, n, out, rid=r, now=float(r))
+        pool = cache.pool
+        assert pool.num_used == 0
+        free = pool.free_blocks
+        assert len(free) == blocks - 1
+        assert free.num_cached == len(cache.eviction)
+
+
+def test_switch_needs_a_switchable_cache_and_refuses_what_it_cannot_serve():
+    with pytest.raises(RuntimeError, match="not built switchable"):
+        make_cache("vllm", "lru").switch(eviction=get_eviction("lfu"))
+    cache = make_cache("vllm", "lru", switchable=True)
+    with pytest.raises(ValueError, match="future knowledge"):
+        cache.switch(eviction=get_eviction("belady"))
+    with pytest.raises(ValueError, match="track_values"):
+        cache.switch(eviction=get_eviction("flop"))
+
+
+def shared_prefix_workload(n=200, num_docs=12, seed=3):
+    """Prompts extend one of a few long documents at a random block: the reusable
+    prefix ends anywhere, so a state at every block (dense) hits sooner than
+    states only at detected junctions (vllm) while the cache is ample."""
+    rng = random.Random(seed)
+    docs = [[("d", d, k) for k in range(12 * B)] for d in range(num_docs)]
+    reqs = []
+    for r in range(n):
+        doc = rng.choice(docs)
+        cut = rng.randint(2, 11) * B + rng.randint(0, B - 1)
+        tokens = doc[:cut] + [("u", r)] * rng.randint(1, B)
+        reqs.append(CacheRequest(chained(tokens), len(tokens), rng.randint(1, 16)))
+    return reqs
+
+
+def run_controller(admissions, evictions, reqs, blocks=4000):
+    cache = make_cache("vllm", "lru", num_blocks=blocks, switchable=True,
+                       segment_flops=flops, bytes_per_block=1)
+    ctl = PolicyController(cache, admissions, evictions, prefill_flops=flops, min_window=20,
+                           max_window=40)
+    hits = 0
+    for r, req in enumerate(reqs):
+        out = cache.serve(req.hashes, req.prompt_len, req.output_len, rid=r, now=float(r))
+        hits += out.hit_tokens
+        ctl.observe(r, req, flops(req.prompt_len, 0) - flops(req.prompt_len, out.hit_tokens))
+    return ctl, hits
+
+
+def test_controller_moves_to_the_admission_that_saves_more():
+    reqs = shared_prefix_workload()
+    ctl, hits = run_controller(("vllm", "dense"), ("lru",), reqs)
+    assert ctl.pair == Pair("dense", "lru")
+    first = ctl.switches[0]
+    assert first.before == Pair("vllm", "lru") and first.after == Pair("dense", "lru")
+    assert first.scores["dense+lru"] > first.scores["vllm+lru"]
+    assert first.at == first.window - 1 == 39   # decided at the end of the first window
+    _, stock_hits = run_controller(("vllm",), ("lru",), reqs)
+    assert hits > stock_hits
+
+
+def test_a_single_pair_is_never_replayed():
+    ctl, _ = run_controller(("vllm",), ("lru",), shared_prefix_workload(n=60))
+    assert ctl.decisions == [] and ctl.pair == Pair("vllm", "lru")
+
+
+def test_neighbours_change_one_policy_at_a_time():
+    cache = make_cache("vllm", "lru", switchable=True)
+    ctl = PolicyController(cache, ("vllm", "last", "dense"), ("lru", "lfu"), prefill_flops=flops)
+    assert ctl.neighbours() == [Pair("last", "lru"), Pair("dense", "lru"), Pair("vllm", "lfu")]
+
+
+def test_candidate_policies():
+    assert candidate_policies(AUTO, AUTO) == (AUTO_ADMISSIONS, AUTO_EVICTIONS)
+    assert candidate_policies("last", AUTO) == (("last",), AUTO_EVICTIONS)
+    assert "none" not in AUTO_ADMISSIONS and "belady" not in AUTO_EVICTIONS
+    with pytest.raises(UnknownPolicyError):
+        candidate_policies("nope", AUTO)
+    with pytest.raises(ValueError, match="future knowledge"):
+        candidate_policies(AUTO, "belady")
