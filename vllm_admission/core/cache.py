@@ -172,24 +172,27 @@ class BlockPool:
 
     def _evict(self, blocks: Sequence[int]) -> None:
         """Drop the hash of every cached block among ``blocks`` (just taken)."""
-        keys, values, next_use = self.key, self.value, self.next_use
+        keys = self.key
+        victims = [b for b in blocks if keys[b] is not None]
+        victim_keys = [keys[b] for b in victims]
         index, dups, by_group = self.index, self._dups, self.evictions_by_group
-        evicted = 0
-        for b in blocks:
-            key = keys[b]
-            if key is None:
-                continue
-            g, h = key
-            if dups and key in dups:
-                self._drop_key(b, key)
-            else:
+        if dups and not dups.keys().isdisjoint(victim_keys):
+            for b, key in zip(victims, victim_keys):
+                if key in dups:
+                    self._drop_key(b, key)
+                else:
+                    del index[key[0]][key[1]]
+                by_group[key[0]] += 1
+        else:  # no duplicate hashes: each key is its group's indexed one
+            for g, h in victim_keys:
                 del index[g][h]
-            evicted += 1
-            by_group[g] += 1
+                by_group[g] += 1
+        values, next_use, never = self.value, self.next_use, math.inf
+        for b in victims:
             keys[b] = None
             values[b] = 0.0
-            next_use[b] = math.inf
-        self.evictions += evicted
+            next_use[b] = never
+        self.evictions += len(victims)
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
         """A prefix hit takes references on cached blocks (``BlockPool.touch``);

@@ -75,9 +75,7 @@ class FreeBlocks:
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         """Put blocks without a hash at the head, ``block_ids[0]`` handed out first
         (``FreeKVCacheBlockQueue.prepend_n``)."""
-        uncached = self.uncached
-        for b in reversed(block_ids):
-            uncached[b] = None
+        self.uncached.update(dict.fromkeys(reversed(block_ids)))
 
     def add_cached(self, block_ids: Sequence[int], now: float,
                    values: Sequence[float] | None = None,
@@ -114,10 +112,8 @@ class FreeBlocks:
         """
         if n > len(self):
             raise ValueError(f"cannot take {n} blocks, {len(self)} are free")
-        uncached = self.uncached
-        out: list[int] = []
-        for _ in range(min(n, len(uncached))):
-            out.append(uncached.popitem()[0])
+        pop = self.uncached.popitem
+        out = [pop()[0] for _ in range(min(n, len(self.uncached)))]
         need = n - len(out)
         if need:
             k = min(need, self.num_cached)
