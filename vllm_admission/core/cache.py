@@ -72,7 +72,10 @@ class BlockPool:
 
     Free blocks without a hash sit on a stack and are reused first (vLLM
     prepends them to ``free_block_queue``); free cached blocks are ordered by
-    the eviction policy.
+    the eviction policy. ``value`` and ``next_use`` are what the policy is told
+    when a cached block becomes a candidate; they are kept (set by the caller
+    before :meth:`free`, reset at eviction) only for a policy that reads them
+    (:attr:`~EvictionPolicy.needs_values`, :attr:`~EvictionPolicy.needs_future`).
 
     Args:
         num_blocks: blocks in the pool, as vLLM reports ``num_gpu_blocks``.
@@ -160,39 +163,38 @@ class BlockPool:
         free = self.free_blocks
         if n > len(free):
             raise PoolExhausted(f"need {n} blocks, {len(free)} free of {self.num_blocks - 1}")
-        num_uncached = len(free.uncached)
+        num_uncached, num_cached = len(free.uncached), free.num_cached
         out = free.take(n, now)
         if n > num_uncached:
-            # Past the uncached stack: the policy's victims, then the tail.
-            self._evict(out[num_uncached:])
+            # After the uncached stack come the policy's victims (then the tail).
+            self._evict(out[num_uncached:num_uncached + min(n - num_uncached, num_cached)])
         ref = self.ref
         for b in out:
             ref[b] = 1
         return out
 
-    def _evict(self, blocks: Sequence[int]) -> None:
-        """Drop the hash of every cached block among ``blocks`` (just taken)."""
-        keys = self.key
-        victims = [b for b in blocks if keys[b] is not None]
-        victim_keys = [keys[b] for b in victims]
-        index, dups, by_group = self.index, self._dups, self.evictions_by_group
-        if dups and not dups.keys().isdisjoint(victim_keys):
-            for b, key in zip(victims, victim_keys):
-                if key in dups:
-                    self._drop_key(b, key)
-                else:
-                    del index[key[0]][key[1]]
-                by_group[key[0]] += 1
-        else:  # no duplicate hashes: each key is its group's indexed one
-            for g, h in victim_keys:
-                del index[g][h]
-                by_group[g] += 1
-        values, next_use, never = self.value, self.next_use, math.inf
+    def _evict(self, victims: Sequence[int]) -> None:
+        """Drop the hashes of cached blocks the policy just gave up."""
+        keys, index, dups, by_group = self.key, self.index, self._dups, self.evictions_by_group
         for b in victims:
+            key = keys[b]
+            g, h = key
+            if dups and key in dups:
+                self._drop_key(b, key)
+            else:
+                del index[g][h]
+            by_group[g] += 1
             keys[b] = None
-            values[b] = 0.0
-            next_use[b] = never
         self.evictions += len(victims)
+        eviction = self.free_blocks.eviction
+        if eviction.needs_values:
+            values = self.value
+            for b in victims:
+                values[b] = 0.0
+        if eviction.needs_future:
+            next_use = self.next_use
+            for b in victims:
+                next_use[b] = math.inf
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
         """A prefix hit takes references on cached blocks (``BlockPool.touch``);
@@ -243,9 +245,11 @@ class BlockPool:
         if uncached:
             free.push_uncached(uncached)
         if cached:
+            eviction = free.eviction
             value, next_use = self.value, self.next_use
-            free.add_cached(cached, now, [value[b] for b in cached],
-                            [next_use[b] for b in cached])
+            free.add_cached(cached, now,
+                            [value[b] for b in cached] if eviction.needs_values else None,
+                            [next_use[b] for b in cached] if eviction.needs_future else None)
 
     def cache(self, block: int, key: tuple) -> None:
         """Give an in-use block its hash (``cache_full_blocks``)."""
@@ -639,8 +643,7 @@ class HybridPrefixCache:
     def _freed(self, run: _Running, g: int, indexes: Sequence[int]) -> list[int]:
         """Group ``g``'s blocks at ``indexes``, in that order, with their eviction
         metadata attached: the list to free."""
-        blocks = run.blocks[g]
-        freed = [blocks[i] for i in indexes]
+        freed = list(map(run.blocks[g].__getitem__, indexes))
         if self._needs_meta:
             self._set_values(run, indexes, freed, g)
         return freed

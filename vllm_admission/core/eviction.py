@@ -48,7 +48,7 @@ import itertools
 import math
 import operator
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
@@ -170,7 +170,7 @@ class LRUEviction(EvictionPolicy):
 
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
                  next_uses: Sequence[float]) -> None:
-        self._order.update(dict.fromkeys(block_ids))
+        _consume(map(self._order.__setitem__, block_ids, itertools.repeat(None)))
 
     def clone(self) -> "LRUEviction":
         other = LRUEviction()
@@ -180,8 +180,9 @@ class LRUEviction(EvictionPolicy):
     def pop_n(self, n: int, now: float) -> list[int]:
         if n > len(self._order):
             raise IndexError(f"pop {n} from an eviction queue of {len(self._order)}")
-        pop = self._order.popitem
-        return [pop(last=False)[0] for _ in range(n)]
+        victims = list(itertools.islice(self._order, n))
+        _consume(map(self._order.__delitem__, victims))
+        return victims
 
     def __len__(self) -> int:
         return len(self._order)
@@ -614,6 +615,12 @@ class BeladyEviction(EvictionPolicy):
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self._entries
+
+
+def _consume(iterator) -> None:
+    """Run ``iterator`` to its end without a Python-level loop (a ``map`` of a
+    container's mutating method applies it item by item at C speed)."""
+    deque(iterator, maxlen=0)
 
 
 #: Registry: name -> policy class.

@@ -112,8 +112,10 @@ class FreeBlocks:
         """
         if n > len(self):
             raise ValueError(f"cannot take {n} blocks, {len(self)} are free")
-        pop = self.uncached.popitem
-        out = [pop()[0] for _ in range(min(n, len(self.uncached)))]
+        uncached = self.uncached
+        out: list[int] = []
+        for _ in range(min(n, len(uncached))):
+            out.append(uncached.popitem()[0])
         need = n - len(out)
         if need:
             k = min(need, self.num_cached)
