@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import enum
 import functools
+import itertools
 from abc import ABC
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -129,14 +130,27 @@ def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
         A non-empty frozenset: CHUNK_END or DECODE always, plus JUNCTION,
         PROMPT_END and SEQUENCE_END where they apply.
     """
-    kinds = {CheckpointKind.CHUNK_END if position <= prompt_len else CheckpointKind.DECODE}
-    if junction and position == junction:
-        kinds.add(CheckpointKind.JUNCTION)
-    if position == (prompt_len - 1) // block_size * block_size:
-        kinds.add(CheckpointKind.PROMPT_END)
-    if total_len is not None and position == (total_len - 1) // block_size * block_size:
-        kinds.add(CheckpointKind.SEQUENCE_END)
+    return _KIND_SETS[(
+        position <= prompt_len,
+        bool(junction) and position == junction,
+        position == (prompt_len - 1) // block_size * block_size,
+        total_len is not None and position == (total_len - 1) // block_size * block_size,
+    )]
+
+
+def _kind_set(in_prompt: bool, junction: bool, prompt_end: bool,
+              sequence_end: bool) -> frozenset[CheckpointKind]:
+    kinds = {CheckpointKind.CHUNK_END if in_prompt else CheckpointKind.DECODE}
+    for flag, kind in ((junction, CheckpointKind.JUNCTION), (prompt_end, CheckpointKind.PROMPT_END),
+                       (sequence_end, CheckpointKind.SEQUENCE_END)):
+        if flag:
+            kinds.add(kind)
     return frozenset(kinds)
+
+
+#: :func:`checkpoint_kinds`' answers, built once (a request asks for up to three,
+#: and hashing enum members in Python is what a fresh set would cost).
+_KIND_SETS = {flags: _kind_set(*flags) for flags in itertools.product((False, True), repeat=4)}
 
 
 class AdmissionPolicy(ABC):

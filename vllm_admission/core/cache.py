@@ -72,7 +72,10 @@ class BlockPool:
 
     Free blocks without a hash sit on a stack and are reused first (vLLM
     prepends them to ``free_block_queue``); free cached blocks are ordered by
-    the eviction policy.
+    the eviction policy. ``value`` and ``next_use`` are what the policy is told
+    when a cached block becomes a candidate; they are kept (set by the caller
+    before :meth:`free`, reset at eviction) only for a policy that reads them
+    (:attr:`~EvictionPolicy.needs_values`, :attr:`~EvictionPolicy.needs_future`).
 
     Args:
         num_blocks: blocks in the pool, as vLLM reports ``num_gpu_blocks``.
@@ -163,30 +166,38 @@ class BlockPool:
         free = self.free_blocks
         if n > len(free):
             raise PoolExhausted(f"need {n} blocks, {len(free)} free of {self.num_blocks - 1}")
-        evicting = n > len(free.uncached)
+        num_uncached, num_cached = len(free.uncached), free.num_cached
         out = free.take(n, now)
-        if evicting:
-            keys, values, next_use = self.key, self.value, self.next_use
-            index, dups, by_group = self.index, self._dups, self.evictions_by_group
-            evicted = 0
-            for b in out:
-                key = keys[b]
-                if key is not None:
-                    g, h = key
-                    if not dups or key not in dups:
-                        del index[g][h]
-                    else:
-                        self._drop_key(b, key)
-                    evicted += 1
-                    by_group[g] += 1
-                    keys[b] = None
-                    values[b] = 0.0
-                    next_use[b] = math.inf
-            self.evictions += evicted
+        if n > num_uncached:
+            # After the uncached stack come the policy's victims (then the tail).
+            self._evict(out[num_uncached:num_uncached + min(n - num_uncached, num_cached)])
         ref = self.ref
         for b in out:
             ref[b] = 1
         return out
+
+    def _evict(self, victims: Sequence[int]) -> None:
+        """Drop the hashes of cached blocks the policy just gave up."""
+        keys, index, dups, by_group = self.key, self.index, self._dups, self.evictions_by_group
+        for b in victims:
+            key = keys[b]
+            g, h = key
+            if dups and key in dups:
+                self._drop_key(b, key)
+            else:
+                del index[g][h]
+            by_group[g] += 1
+            keys[b] = None
+        self.evictions += len(victims)
+        eviction = self.free_blocks.eviction
+        if eviction.needs_values or self.free_blocks.switchable:
+            values = self.value
+            for b in victims:
+                values[b] = 0.0
+        if eviction.needs_future:
+            next_use = self.next_use
+            for b in victims:
+                next_use[b] = math.inf
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
         """A prefix hit takes references on cached blocks (``BlockPool.touch``);
@@ -209,24 +220,40 @@ class BlockPool:
         appended in the given order; uncached ones go to the head of the free
         list (``prepend_n``).
         """
+        self.free_each((ordered,), now)
+
+    def free_each(self, lists: Sequence[Sequence[int]], now: float) -> None:
+        """:meth:`free` of each list in turn (one request's groups), in one pass.
+
+        The result is that of consecutive :meth:`free` calls: the cached blocks
+        join the policy in the lists' order, and the uncached ones are pushed
+        list after list (so the last list's are handed out first).
+        """
         ref, keys = self.ref, self.key
-        cached = []
-        uncached = []
-        for b in ordered:
-            r = ref[b] - 1
-            ref[b] = r
-            if r == 0:
-                if keys[b] is None:
-                    uncached.append(b)
-                else:
-                    cached.append(b)
+        cached: list[int] = []
+        uncached: list[int] = []
+        for ordered in lists:
+            released = []
+            for b in ordered:
+                r = ref[b] - 1
+                ref[b] = r
+                if r == 0:
+                    if keys[b] is None:
+                        released.append(b)
+                    else:
+                        cached.append(b)
+            if released:
+                uncached[:0] = released  # pushed after the earlier lists' blocks
         free = self.free_blocks
         if uncached:
             free.push_uncached(uncached)
         if cached:
+            eviction = free.eviction
             value, next_use = self.value, self.next_use
-            free.add_cached(cached, now, [value[b] for b in cached],
-                            [next_use[b] for b in cached])
+            free.add_cached(cached, now,
+                            [value[b] for b in cached]
+                            if eviction.needs_values or free.switchable else None,
+                            [next_use[b] for b in cached] if eviction.needs_future else None)
 
     def cache(self, block: int, key: tuple) -> None:
         """Give an in-use block its hash (``cache_full_blocks``)."""
@@ -240,6 +267,25 @@ class BlockPool:
         self.insertions_by_group[g] += 1
         if self.eviction.needs_keys:
             self.eviction.on_cache(block, key)
+
+    def cache_many(self, group: int, blocks: Sequence[int], hashes: Sequence) -> None:
+        """:meth:`cache` of ``blocks[i]`` under ``(group, hashes[i])``, in order.
+
+        Hashes new to the group and distinct (the usual case) go into the index
+        in one bulk insert; otherwise block by block.
+        """
+        idx = self.index[group]
+        new = dict(zip(hashes, blocks))
+        if (len(new) != len(blocks) or not idx.keys().isdisjoint(new)
+                or self.eviction.needs_keys):
+            for b, h in zip(blocks, hashes):
+                self.cache(b, (group, h))
+            return
+        idx.update(new)
+        keys = self.key
+        for b, h in zip(blocks, hashes):
+            keys[b] = (group, h)
+        self.insertions_by_group[group] += len(new)
 
     def _drop_key(self, block: int, key: tuple) -> None:
         g, h = key
@@ -276,16 +322,23 @@ class RequestOutcome:
 
 @dataclass(slots=True)
 class _Running:
-    """Per-request bookkeeping while a request runs (the managers' dicts)."""
+    """Per-request bookkeeping while a request runs (the managers' dicts).
+
+    Every group caches its full blocks at the same steps, and every state group
+    holds its blocks at the same indexes, so both are kept once for all groups.
+    """
 
     rid: int
     hashes: Sequence[int]
     prompt_len: int
     #: The request's admission decisions, stops, checkpoints and block values.
     adm: RequestAdmission
+    #: Each group's block table (a state group's holds NULL where it has no block).
     blocks: list[list[int]]
-    num_cached: list[int]
-    retired: list[int]
+    #: Leading blocks of every group already cached (``num_cached_block``).
+    num_cached: int
+    #: Ascending indexes where the state groups hold a block (not NULL).
+    live: list[int]
 
 
 class HybridPrefixCache:
@@ -459,8 +512,7 @@ class HybridPrefixCache:
         adm = RequestAdmission(self.admission, probe, total_len=total)
         ngroups = len(self.group_kinds)
         run = _Running(rid=rid, hashes=hashes, prompt_len=prompt_len, adm=adm,
-                       blocks=[[] for _ in range(ngroups)], num_cached=[hit_blocks] * ngroups,
-                       retired=[0] * ngroups)
+                       blocks=[[] for _ in range(ngroups)], num_cached=hit_blocks, live=[])
         if hit_blocks:
             self._touch_hit(run, hit_blocks, now)
 
@@ -505,6 +557,7 @@ class HybridPrefixCache:
                 b = d[h[hit_blocks - 1]]
                 self.pool.touch((b,), now)
                 run.blocks[g] = [NULL] * (hit_blocks - 1) + [b]
+        run.live.append(hit_blocks - 1)
 
     def _split(self, run: _Running, start: int, n: int) -> int:
         """``Scheduler._mamba_block_aligned_split`` for a fresh request (no EAGLE)."""
@@ -529,34 +582,38 @@ class HybridPrefixCache:
         return max(stop - start, 0)
 
     def _step(self, run: _Running, start: int, n: int, num_tokens: int, now: float) -> None:
+        """One scheduler step computing tokens ``[start, start + n)`` while the
+        request has ``num_tokens`` tokens (step 4 of the module docstring)."""
         B = self.block_size
-        pool = self.pool
-        blocks_by_group = run.blocks
-        # 1. remove_skipped_blocks: a state group keeps only the block that holds
-        #    the state of the last computed token.
         if start > 0:
-            skipped = (start - 1) // B
-            retired = run.retired
-            for g in self.state_groups:
-                blocks = blocks_by_group[g]
-                first = retired[g]
-                last = skipped if skipped < len(blocks) else len(blocks)
-                if first >= last:
-                    continue
-                freed = []
-                for i in range(last - 1, first - 1, -1):
-                    b = blocks[i]
-                    if b:
-                        freed.append((i, b))
-                        blocks[i] = NULL
-                retired[g] = last
-                if freed:
-                    if self._needs_meta:
-                        self._set_values(run, freed, g)
-                    pool.free([b for _, b in freed], now)
-        # 2. allocate_new_blocks. One pool call for all groups: which group gets
-        #    which popped block changes neither hits nor the eviction order.
-        need = -(-(start + n) // B)
+            self._retire_states(run, (start - 1) // B, now)
+        self._allocate(run, -(-(start + n) // B), now)
+        full = min(start + n, num_tokens) // B
+        if full > run.num_cached:
+            self._cache_full(run, full)
+
+    def _retire_states(self, run: _Running, skipped: int, now: float) -> None:
+        """``MambaManager.remove_skipped_blocks``: a state group keeps only the block
+        that holds the state of the last computed token; its blocks before index
+        ``skipped`` are freed, the latest first."""
+        live = run.live
+        if not live or live[0] >= skipped:
+            return
+        k = bisect.bisect_left(live, skipped)
+        retired = live[k - 1::-1]
+        del live[:k]
+        self.pool.free_each([self._freed(run, g, retired) for g in self.state_groups], now)
+        for g in self.state_groups:
+            blocks = run.blocks[g]
+            for i in retired:
+                blocks[i] = NULL
+
+    def _allocate(self, run: _Running, need: int, now: float) -> None:
+        """``allocate_new_blocks``: every attention group grows to ``need`` blocks,
+        every state group gets one new block at index ``need - 1`` (if it has
+        none there yet). One pool call for all groups: which group gets which
+        popped block changes neither hits nor the eviction order."""
+        blocks_by_group = run.blocks
         total = 0
         for g in self.attn_groups:
             have = len(blocks_by_group[g])
@@ -565,94 +622,88 @@ class HybridPrefixCache:
         grow_state = need > len(blocks_by_group[self.state_groups[0]])
         if grow_state:
             total += len(self.state_groups)
-        if total:
-            new = pool.allocate(total, now)
-            k = 0
-            for g in self.attn_groups:
-                blocks = blocks_by_group[g]
-                have = len(blocks)
-                if need > have:
-                    blocks.extend(new[k:k + need - have])
-                    k += need - have
-            if grow_state:
-                for g in self.state_groups:
-                    blocks = blocks_by_group[g]
-                    if need - 1 > len(blocks):
-                        blocks.extend([NULL] * (need - 1 - len(blocks)))
-                    blocks.append(new[k])
-                    k += 1
-        # 3. cache_blocks up to the finalized tokens.
-        full = min(start + n, num_tokens) // B
-        num_cached = run.num_cached
-        if num_cached[0] >= full and all(num_cached[g] >= full for g in range(len(num_cached))):
+        if not total:
             return
-        hashes = run.hashes
-        nh = len(hashes)
-        keys, index, dups, inserted = pool.key, pool.index, pool._dups, pool.insertions_by_group
-        on_cache = self.eviction.on_cache if self.eviction.needs_keys else None
+        new = self.pool.allocate(total, now)
+        k = 0
         for g in self.attn_groups:
-            nc = num_cached[g]
-            if nc >= full:
-                continue
-            num_cached[g] = full
             blocks = blocks_by_group[g]
-            idx = index[g]
-            for i in range(nc, full):
-                h = hashes[i] if i < nh else ("out", run.rid, i)
-                b = blocks[i]
-                keys[b] = (g, h)
-                if h in idx:
-                    dups.setdefault((g, h), []).append(b)
-                else:
-                    idx[h] = b
-                if on_cache is not None:
-                    on_cache(b, (g, h))
-            inserted[g] += full - nc
-        first_state = self.state_groups[0]
-        decide = run.adm.decide
-        for g in self.state_groups:
-            nc = num_cached[g]
-            if nc >= full:
+            have = len(blocks)
+            if need > have:
+                blocks.extend(new[k:k + need - have])
+                k += need - have
+        if grow_state:
+            for g in self.state_groups:
+                blocks = blocks_by_group[g]
+                if need - 1 > len(blocks):
+                    blocks.extend([NULL] * (need - 1 - len(blocks)))
+                blocks.append(new[k])
+                k += 1
+            run.live.append(need - 1)
+
+    def _cache_full(self, run: _Running, full: int) -> None:
+        """``cache_blocks`` up to the first ``full`` blocks: every new attention
+        block, and a state block where the admission policy admits its position."""
+        nc, run.num_cached = run.num_cached, full
+        hashes, pool = run.hashes, self.pool
+        nh = len(hashes)
+        prompt_end = min(full, nh)  # blocks past the hashes are output blocks
+        for g in self.attn_groups:
+            blocks = run.blocks[g]
+            if nc < prompt_end:
+                pool.cache_many(g, blocks[nc:prompt_end], hashes[nc:prompt_end])
+            for i in range(max(nc, nh), full):
+                pool.cache(blocks[i], (g, ("out", run.rid, i)))
+        adm, B = run.adm, self.block_size
+        for i in run.live:
+            if not nc <= i < full:
                 continue
-            num_cached[g] = full
-            blocks = blocks_by_group[g]
-            for i in range(nc, full):
-                b = blocks[i]
-                if not b:
-                    continue
-                pos = (i + 1) * B
-                # The length is known here, so a decision is never tentative.
-                if decide(pos) != ADMIT:
-                    continue
-                if g == first_state:
-                    run.adm.record(pos)
-                    self.checkpoints += 1
-                pool.cache(b, (g, hashes[i] if i < nh else ("out", run.rid, i)))
+            pos = (i + 1) * B
+            # The length is known here, so a decision is never tentative.
+            if adm.decide(pos) != ADMIT:
+                continue
+            adm.record(pos)
+            self.checkpoints += 1
+            h = hashes[i] if i < nh else ("out", run.rid, i)
+            for g in self.state_groups:
+                pool.cache(run.blocks[g][i], (g, h))
 
     def _finish(self, run: _Running, now: float) -> None:
-        for g in range(len(self.group_kinds)):
-            blocks = run.blocks[g]
-            if self._needs_meta:
-                freed = [(i, blocks[i]) for i in range(len(blocks) - 1, -1, -1) if blocks[i]]
-                self._set_values(run, freed, g)
-                self.pool.free([b for _, b in freed], now)
-            else:
-                self.pool.free([b for b in reversed(blocks) if b], now)
-            run.blocks[g] = []
+        """Free every block: group after group in vLLM's order, each group's
+        latest first (``SingleTypeKVCacheManager.free``)."""
+        held = run.live[::-1]
+        lists = []
+        for g, kind in enumerate(self.group_kinds):
+            indexes = range(len(run.blocks[g]) - 1, -1, -1) if kind == ATTENTION else held
+            lists.append(self._freed(run, g, indexes))
+        self.pool.free_each(lists, now)
+        run.blocks = [[] for _ in run.blocks]
+        run.live = []
+
+    def _freed(self, run: _Running, g: int, indexes: Sequence[int]) -> list[int]:
+        """Group ``g``'s blocks at ``indexes``, in that order, with their eviction
+        metadata attached: the list to free."""
+        freed = list(map(run.blocks[g].__getitem__, indexes))
+        if self._needs_meta:
+            self._set_values(run, indexes, freed, g)
+        return freed
 
     # -- eviction metadata ----------------------------------------------
-    def _set_values(self, run: _Running, freed: list[tuple[int, int]], g: int) -> None:
-        """Attach FLOP efficiency / next use to ``(index, block)`` pairs about to be freed."""
+    def _set_values(self, run: _Running, indexes: Sequence[int], blocks: Sequence[int],
+                    g: int) -> None:
+        """Attach FLOP efficiency / next use to group ``g``'s ``blocks`` (at
+        ``indexes``) about to be freed."""
         if self._needs_values:
-            self._set_flop_values(run, freed, g)
+            self._set_flop_values(run, indexes, blocks, g)
         if self.eviction.needs_future:
             keys, next_use = self.pool.key, self.pool.next_use
-            for _, b in freed:
+            for b in blocks:
                 key = keys[b]
                 if key is not None:
                     next_use[b] = self.next_use(key[1], run.rid)
 
-    def _set_flop_values(self, run: _Running, freed: list[tuple[int, int]], g: int) -> None:
+    def _set_flop_values(self, run: _Running, indexes: Sequence[int], blocks: Sequence[int],
+                         g: int) -> None:
         """Attach each freed block's segment FLOP efficiency (``RequestAdmission.segment_table``)."""
         B = self.block_size
         index, hashes = self.pool.index[self.state_groups[0]], run.hashes
@@ -663,6 +714,6 @@ class HybridPrefixCache:
         ckpts, values = run.adm.segment_table(self._segment_costs, is_cached_state)
         keys, out = self.pool.key, self.pool.value
         is_state = self.group_kinds[g] == STATE
-        for i, b in freed:
+        for i, b in zip(indexes, blocks):
             if keys[b] is not None:
                 out[b] = block_value(values, ckpts, (i + 1) * B, is_state)

@@ -51,8 +51,9 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import operator
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
@@ -184,7 +185,7 @@ class LRUEviction(EvictionPolicy):
 
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
                  next_uses: Sequence[float]) -> None:
-        self._order.update(dict.fromkeys(block_ids))
+        _consume(map(self._order.__setitem__, block_ids, itertools.repeat(None)))
 
     def clone(self) -> "LRUEviction":
         other = LRUEviction()
@@ -194,8 +195,9 @@ class LRUEviction(EvictionPolicy):
     def pop_n(self, n: int, now: float) -> list[int]:
         if n > len(self._order):
             raise IndexError(f"pop {n} from an eviction queue of {len(self._order)}")
-        pop = self._order.popitem
-        return [pop(last=False)[0] for _ in range(n)]
+        victims = list(itertools.islice(self._order, n))
+        _consume(map(self._order.__delitem__, victims))
+        return victims
 
     def __len__(self) -> int:
         return len(self._order)
@@ -346,8 +348,20 @@ class FlopEviction(EvictionPolicy):
 
     def add(self, block_id: int, now: float, value: float = 0.0,
             next_use: float = math.inf) -> None:
-        if block_id in self._where:
-            raise KeyError(f"block {block_id} is already a candidate")
+        self._add_equal((block_id,), now, value)
+
+    def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
+                 next_uses: Sequence[float]) -> None:
+        """:meth:`add` of each block in order, a stretch of equal values at a time."""
+        for value, stretch in itertools.groupby(zip(block_ids, values), key=operator.itemgetter(1)):
+            self._add_equal([b for b, _ in stretch], now, value)
+
+    def _add_equal(self, block_ids: Sequence[int], now: float, value: float) -> None:
+        """Add blocks that share ``value``, in order: they extend the bucket's
+        latest run when it has this value, else they start a new run."""
+        where = self._where
+        if not where.keys().isdisjoint(block_ids):
+            raise KeyError(f"a block of {list(block_ids)} is already a candidate")
         b = self._buckets.get(now)
         if b is None:
             if self._times and now < self._times[-1]:
@@ -358,8 +372,8 @@ class FlopEviction(EvictionPolicy):
         if run is None or run[0] != value:
             run = [value, next(self._seq), {}]
             b.add_run(run)
-        run[2][block_id] = None
-        self._where[block_id] = (b, run)
+        run[2].update(dict.fromkeys(block_ids))
+        where.update(dict.fromkeys(block_ids, (b, run)))
         if value < b.minv or value > b.maxv:
             self._reindex(b)
 
@@ -397,26 +411,40 @@ class FlopEviction(EvictionPolicy):
         return rec_term, val_term
 
     def _best_run(self, now: float) -> list:
-        """The run holding the lowest-utility block (threshold walk over buckets)."""
-        rec_term, val_term = self._normalisers(now)
-        buckets = self._buckets
+        """The run holding the lowest-utility block (threshold walk over buckets).
+
+        The terms of :meth:`_normalisers` are written out here (the same
+        arithmetic, so the same floats): this loop is the policy's hot path.
+        """
+        buckets, times = self._buckets, self._times
+        t_old, t_new = times[0], times[-1]
+        v_min, v_max = self._by_min[0][0], self._by_max[-1][0]
+        v_span, alpha = v_max - v_min, self._alpha
+        if not (v_span > 0 and alpha):
+            # No value term: recency alone, which grows with time, so the
+            # oldest bucket wins; within it every block ties: the first freed goes.
+            self.last_scan = 1
+            return next(iter(buckets[t_old].runs.values()))
+        r_min = 1.0 / (now - t_old + 1.0)
+        r_span = 1.0 / (now - t_new + 1.0) - r_min
         best_s, best_t = math.inf, math.inf
         scanned = 0
-        for t_i, (minv_j, t_j) in zip(self._times, self._by_min):
+        for t_i, (minv_j, t_j) in zip(times, self._by_min):
             scanned += 1
-            s_i = rec_term(t_i)
-            cand = s_i + val_term(buckets[t_i].minv)
+            s_i = (1.0 / (now - t_i + 1.0) - r_min) / r_span if r_span > 0 else 0.0
+            cand = s_i + alpha * (buckets[t_i].minv - v_min) / v_span
             if cand < best_s or (cand == best_s and t_i < best_t):
                 best_s, best_t = cand, t_i
-            cand = rec_term(t_j) + val_term(minv_j)
+            v_j = alpha * (minv_j - v_min) / v_span
+            cand = ((1.0 / (now - t_j + 1.0) - r_min) / r_span if r_span > 0 else 0.0) + v_j
             if cand < best_s or (cand == best_s and t_j < best_t):
                 best_s, best_t = cand, t_j
             # An unseen bucket is no older than t_i and holds no value below minv_j.
-            if best_s <= s_i + val_term(minv_j):
+            if best_s <= s_i + v_j:
                 break
         self.last_scan = scanned
         bucket = buckets[best_t]
-        if val_term(self._by_max[-1][0]) > 0.0:
+        if alpha * (v_max - v_min) / v_span > 0.0:
             return bucket.lowest_run()
         return next(iter(bucket.runs.values()))  # all tie: the first freed goes
 
@@ -437,11 +465,15 @@ class FlopEviction(EvictionPolicy):
         while len(out) < n:
             run = self._best_run(now)
             members = run[2]
-            take = min(n - len(out), len(members))
-            it = iter(members)
-            victims = [next(it) for _ in range(take)]
+            victims = list(itertools.islice(members, n - len(out)))
+            bucket = self._where[victims[0]][0]
             for v in victims:
-                self.remove(v)
+                del self._where[v]
+                del members[v]
+            if not members:  # as the last self.remove(v) would
+                bucket.drop_run(run)
+                if not bucket.runs or run[0] == bucket.minv or run[0] == bucket.maxv:
+                    self._reindex(bucket)
             out.extend(victims)
         return out
 
@@ -770,6 +802,10 @@ class ReuseEviction(EvictionPolicy):
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self._first or block_id in self._again
+def _consume(iterator) -> None:
+    """Run ``iterator`` to its end without a Python-level loop (a ``map`` of a
+    container's mutating method applies it item by item at C speed)."""
+    deque(iterator, maxlen=0)
 
 
 #: Registry: name -> policy class.

@@ -120,9 +120,7 @@ class FreeBlocks:
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         """Put blocks without a hash at the head, ``block_ids[0]`` handed out first
         (``FreeKVCacheBlockQueue.prepend_n``)."""
-        uncached = self.uncached
-        for b in reversed(block_ids):
-            uncached[b] = None
+        self.uncached.update(dict.fromkeys(reversed(block_ids)))
 
     def add_cached(self, block_ids: Sequence[int], now: float,
                    values: Sequence[float] | None = None,
