@@ -1,12 +1,13 @@
 """auto: switching policies mid-run is safe and loses nothing, and the controller
 moves to the pair a shadow replay shows to be better."""
 
+import dataclasses
 import random
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_cache import B, chained, make_cache, random_trace
+from test_cache import GROUPS, B, chained, make_cache, random_trace
 
 from vllm_admission.core.adaptive import (
     AUTO,
@@ -18,7 +19,8 @@ from vllm_admission.core.adaptive import (
 )
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
 from vllm_admission.core.eviction import get_eviction
-from vllm_admission.core.replay import CacheRequest
+from vllm_admission.core.geometry import CacheLayout
+from vllm_admission.core.replay import CacheRequest, CacheSetup
 
 
 def flops(end, start):
@@ -110,16 +112,22 @@ def shared_prefix_workload(n=200, num_docs=12, seed=3):
     return reqs
 
 
+def setup_for(blocks):
+    layout = CacheLayout(num_blocks=blocks, block_size=B, group_kinds=GROUPS, bytes_per_block=1,
+                         chunk_size=8192)
+    return CacheSetup(layout=layout, admission="vllm", eviction="lru", segment_flops=flops)
+
+
 def run_controller(admissions, evictions, reqs, blocks=4000):
-    cache = make_cache("vllm", "lru", num_blocks=blocks, switchable=True,
-                       segment_flops=flops, bytes_per_block=1)
-    ctl = PolicyController(cache, admissions, evictions, prefill_flops=flops, min_window=20,
-                           max_window=40)
+    setup = setup_for(blocks)
+    cache = setup.build(switchable=True)
+    ctl = PolicyController(cache, setup, admissions, evictions, prefill_flops=flops,
+                           min_window=20, max_window=40)
     hits = 0
     for r, req in enumerate(reqs):
         out = cache.serve(req.hashes, req.prompt_len, req.output_len, rid=r, now=float(r))
         hits += out.hit_tokens
-        ctl.observe(r, req, flops(req.prompt_len, 0) - flops(req.prompt_len, out.hit_tokens))
+        ctl.observe(r, req)
     return ctl, hits
 
 
@@ -135,15 +143,22 @@ def test_controller_moves_to_the_admission_that_saves_more():
     assert hits > stock_hits
 
 
-def test_a_single_pair_is_never_replayed():
+def test_a_single_pair_runs_no_shadow():
     ctl, _ = run_controller(("vllm",), ("lru",), shared_prefix_workload(n=60))
-    assert ctl.decisions == [] and ctl.pair == Pair("vllm", "lru")
+    assert ctl.shadows == {} and ctl.decisions == [] and ctl.pair == Pair("vllm", "lru")
 
 
-def test_neighbours_change_one_policy_at_a_time():
-    cache = make_cache("vllm", "lru", switchable=True)
-    ctl = PolicyController(cache, ("vllm", "last", "dense"), ("lru", "lfu"), prefill_flops=flops)
-    assert ctl.neighbours() == [Pair("last", "lru"), Pair("dense", "lru"), Pair("vllm", "lfu")]
+def test_every_candidate_pair_has_a_shadow_that_ran_it_all_along():
+    reqs = shared_prefix_workload(n=30)
+    ctl, _ = run_controller(("vllm", "last", "dense"), ("lru", "lfu"), reqs)
+    assert sorted(map(str, ctl.shadows)) == sorted(f"{a}+{e}" for a in ("vllm", "last", "dense")
+                                                   for e in ("lru", "lfu"))
+    for pair, shadow in ctl.shadows.items():
+        alone = setup_for(4000)
+        alone = dataclasses.replace(alone, admission=pair.admission, eviction=pair.eviction).build()
+        for r, req in enumerate(reqs):
+            alone.serve(req.hashes, req.prompt_len, req.output_len, rid=r, now=float(r))
+        assert shadow.checkpoints == alone.checkpoints and shadow.junctions == alone.junctions
 
 
 def test_candidate_policies():

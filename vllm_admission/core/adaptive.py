@@ -11,25 +11,26 @@ future and no constant fitted to a trace:
   cache *is* the run; in the vLLM plugin it is a twin of the engine's cache,
   fed the same requests (the simulator predicts the engine request for
   request, ``docs/fidelity.md``), and each switch is applied to the engine too;
-* **windows**: at the start of each window the controller snapshots the cache
-  (``HybridPrefixCache.clone``), then records the window's requests and the
-  prefill FLOPs they saved live. A window holds about one pool's worth of
-  traffic (the requests whose prompt and output tokens first fill the pool's
-  blocks), between ``min_window`` and ``max_window`` requests: shorter windows
-  cannot show what eviction keeps, longer ones react late;
-* **candidates**: at the end of a window it replays the window from the
-  snapshot under the neighbours of the live pair: the live admission with
-  every other eviction, and the live eviction with every other admission
-  (a coordinate search: ``(A - 1) + (E - 1)`` replays instead of
-  ``A x E - 1``). The live pair's score is what it really saved from the
-  same snapshot, so every score starts from the same warm cache;
+* **shadows**: beside that cache it runs one simulated cache per candidate
+  pair (every admission x every eviction it chooses among), each fed every
+  request from the start. A shadow is a cache that has always run its pair, so
+  the comparison is between steady states. (An earlier design replayed each
+  window from a snapshot of the live cache; it flapped between ``vllm`` and
+  ``last`` on the Mooncake trace, because a snapshot carries the states the
+  live pair saved, which favour whichever pair is *not* live: 26 switches in
+  61 windows at 64 GiB);
+* **windows**: the controller decides at the end of each window. A window
+  holds about one pool's worth of traffic (the requests whose prompt and
+  output tokens first fill the pool's blocks), between ``min_window`` and
+  ``max_window`` requests: shorter windows are noisy, longer ones react late;
 * **score**: prefill FLOPs saved, the quantity time to first token pays for
   and the one Marconi's alpha tuner maximises (Marconi section 4.2); token
   hits would weigh a hit on a 100-token prefix like one on a 100-token tail
   of a 30,000-token prompt, which costs far more to recompute;
-* **switch**: to the best candidate when it saved more than the live pair by
-  the relative margin ``min_gain`` (1 % by default: smaller differences are
-  within what the choice of window moves). Switching is safe mid-run: a new
+* **switch**: to the shadow that saved the most over the window, when it saved
+  more than the live pair's shadow by the relative margin ``min_gain`` (1 % by
+  default: smaller differences are within what the choice of window moves).
+  Switching is safe mid-run: a new
   admission policy decides from the next request on, a new eviction policy
   receives the free cached blocks with the times and values they were freed
   with (:meth:`HybridPrefixCache.switch
@@ -39,10 +40,14 @@ future and no constant fitted to a trace:
 The controller starts from vLLM's own pair (``vllm`` + ``lru``), so it begins
 exactly as stock vLLM does. Every decision is kept as a :class:`Decision`
 (request index, window, scores, the pair before and after).
+
+Cost: one cache-model run per candidate pair beside the live one (8 with the
+default candidates); the memory of as many block pools (tens of MiB each).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -50,8 +55,12 @@ from typing import Any
 
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import HybridPrefixCache
-from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, eviction_class, get_eviction
-from vllm_admission.core.replay import CacheRequest, replay_requests
+from vllm_admission.core.eviction import (
+    ENGINE_EVICTION_POLICIES,
+    eviction_class,
+    get_eviction,
+)
+from vllm_admission.core.replay import CacheRequest, CacheSetup
 
 __all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "Decision", "Pair", "PolicyController",
            "candidate_policies"]
@@ -132,29 +141,34 @@ def candidate_policies(admission: str, eviction: str) -> tuple[tuple[str, ...], 
 
 @dataclass
 class PolicyController:
-    """Serves as one policy pair and switches to a better one when a shadow replay shows it.
+    """Serves as one policy pair and switches to the pair its shadow caches show is better.
 
     Args:
-        cache: the cache whose policies it controls; built ``switchable``
-            (``CacheSetup.build(switchable=True)``) and serving as ``start``.
+        live: the cache whose policies it controls, built ``switchable`` and
+            serving as :attr:`pair` (in the simulator the run's own cache; in the
+            plugin a twin of the engine's, or ``None`` when the caller applies
+            :attr:`pair` itself).
+        setup: builds the shadow caches (layout, FLOP costs); its policy names
+            are ignored.
         admissions, evictions: the names it chooses among (at least one each).
         prefill_flops: ``f(end, start) -> FLOPs`` of prefilling ``[start, end)``
             (the score's unit).
-        start: the pair ``cache`` serves as now (default ``vllm`` + ``lru`` when
-            both are candidates, else the first of each).
+        start: the pair served first (default ``vllm`` + ``lru`` when both are
+            candidates, else the first name of each).
         min_window, max_window: bounds on a window's length, in requests.
         min_gain: relative margin a candidate must beat the live pair by.
 
-    Use: after serving each request on ``cache``, call :meth:`observe` with the
-    request, its index and the FLOPs its hit saved. It returns the
-    :class:`Decision` when a window ends with a switch (already applied to
-    ``cache``), else ``None``.
+    Use: after serving each request on ``live``, call :meth:`observe` with the
+    request's index and the request. It serves the request on every shadow and
+    returns the :class:`Decision` when a window ends with a switch (already
+    applied to ``live``), else ``None``.
 
     Raises:
         ValueError: no candidates, or bad window bounds.
     """
 
-    cache: HybridPrefixCache
+    live: HybridPrefixCache | None
+    setup: CacheSetup
     admissions: Sequence[str]
     evictions: Sequence[str]
     prefill_flops: Callable[[int, int], float]
@@ -176,22 +190,18 @@ class PolicyController:
             self.start = Pair("vllm" if "vllm" in self.admissions else self.admissions[0],
                               "lru" if "lru" in self.evictions else self.evictions[0])
         self.pair = self.start
-        self._pool_tokens = (self.cache.pool.num_blocks - 1) * self.cache.block_size
+        pairs = [Pair(a, e) for a in self.admissions for e in self.evictions]
+        # Nothing to choose with one pair: no shadows at all.
+        self.shadows: dict[Pair, HybridPrefixCache] = {} if len(pairs) == 1 else {
+            p: dataclasses.replace(self.setup, admission=p.admission, eviction=p.eviction).build()
+            for p in pairs}
+        lay = self.setup.layout
+        self._pool_tokens = (lay.num_blocks - 1) * lay.block_size
         self._tokens_seen = 0
-        self.window_len: int | None = None     # fixed once one pool's worth of traffic was seen
-        self._window: list[tuple[int, CacheRequest]] = []
-        self._window_saved = 0.0
-        # Nothing to choose: no snapshots, no replays.
-        fixed = len(self.admissions) == 1 and len(self.evictions) == 1
-        self._snapshot = None if fixed else self.cache.clone()
-
-    # -- what the controller decides among -------------------------------------
-    def neighbours(self) -> list[Pair]:
-        """The pairs tried at the end of a window: one policy changed at a time."""
-        live = self.pair
-        out = [Pair(a, live.eviction) for a in self.admissions if a != live.admission]
-        out += [Pair(live.admission, e) for e in self.evictions if e != live.eviction]
-        return out
+        #: Requests per window, fixed once one pool's worth of traffic was seen.
+        self.window_len: int | None = None
+        self._count = 0
+        self._scores = dict.fromkeys(self.shadows, 0.0)
 
     @property
     def switches(self) -> list[Decision]:
@@ -199,54 +209,50 @@ class PolicyController:
         return [d for d in self.decisions if d.switched]
 
     # -- serving -----------------------------------------------------------------
-    def observe(self, index: int, request: CacheRequest, saved: float) -> Decision | None:
-        """Record a request just served on :attr:`cache` (``saved``: FLOPs its hit saved)."""
-        if self._snapshot is None:
+    def observe(self, index: int, request: CacheRequest) -> Decision | None:
+        """Serve ``request`` (number ``index``) on every shadow; decide at a window's end."""
+        if not self.shadows:
             return None
-        self._window.append((index, request))
-        self._window_saved += saved
+        flops = self.prefill_flops
+        full = flops(request.prompt_len, 0)
+        scores = self._scores
+        for pair, shadow in self.shadows.items():
+            if shadow.fits(request.prompt_len, request.output_len):
+                out = shadow.serve(request.hashes, request.prompt_len, request.output_len,
+                                   index, float(index))
+                scores[pair] += full - flops(request.prompt_len, out.hit_tokens)
+        self._count += 1
         if self.window_len is None:
             self._tokens_seen += request.prompt_len + request.output_len
-            n = len(self._window)
+            n = self._count
             if n >= self.max_window or (n >= self.min_window
                                         and self._tokens_seen >= self._pool_tokens):
                 self.window_len = n
             else:
                 return None
-        elif len(self._window) < self.window_len:
+        elif self._count < self.window_len:
             return None
         decision = self._decide(index)
-        self._window, self._window_saved = [], 0.0
-        self._snapshot = self.cache.clone()
+        self._count = 0
+        self._scores = dict.fromkeys(self.shadows, 0.0)
         return decision if decision.switched else None
-
-    def _replay(self, pair: Pair) -> float:
-        start = self._snapshot.clone()
-        start.switch(admission=get_admission(pair.admission),
-                     eviction=get_eviction(pair.eviction)
-                     if pair.eviction != self.pair.eviction else None)
-        first = self._window[0][0]
-        return replay_requests(start, [req for _, req in self._window],
-                               prefill_flops=self.prefill_flops, first_index=first).flops_saved
 
     def _decide(self, index: int) -> Decision:
         live = self.pair
-        scores = {str(live): self._window_saved}
-        best, best_score = live, self._window_saved
-        for pair in self.neighbours():
-            score = self._replay(pair)
-            scores[str(pair)] = score
-            if score > best_score:
-                best, best_score = pair, score
-        live_score = self._window_saved
-        gain = (best_score - live_score) / live_score if live_score > 0 else math.inf
-        after = best if best != live and best_score > live_score and gain > self.min_gain else live
-        decision = Decision(at=index, window=len(self._window), before=live, after=after,
-                            scores=scores)
+        scores = self._scores
+        live_score = scores[live]
+        best = max(scores, key=lambda p: (scores[p], p == live))
+        gain = (scores[best] - live_score) / live_score if live_score > 0 else math.inf
+        after = best if scores[best] > live_score and gain > self.min_gain else live
+        decision = Decision(at=index, window=self._count, before=live, after=after,
+                            scores={str(p): v for p, v in scores.items()})
         self.decisions.append(decision)
         if after != live:
-            self.cache.switch(
-                admission=get_admission(after.admission) if after.admission != live.admission else None,
-                eviction=get_eviction(after.eviction) if after.eviction != live.eviction else None)
+            if self.live is not None:
+                self.live.switch(
+                    admission=get_admission(after.admission)
+                    if after.admission != live.admission else None,
+                    eviction=get_eviction(after.eviction)
+                    if after.eviction != live.eviction else None)
             self.pair = after
         return decision

@@ -214,7 +214,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         policy = eviction_class(setup.eviction)
         cache = setup.build(switchable=True, track_values=any(
             eviction_class(e).needs_values for e in evictions))
-        controller = PolicyController(cache, admissions, evictions, prefill_flops=flops)
+        controller = PolicyController(cache, setup, admissions, evictions, prefill_flops=flops)
     else:
         setup = CacheSetup(layout=layout, admission=admission, eviction=eviction,
                            segment_flops=flops)
@@ -237,15 +237,14 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     def on_outcome(r: int, out) -> None:
         if per_request:
             hits.append(-1 if out is None else out.hit_tokens)
-        if (tuner is not None or controller is not None) and out is not None:
+        if controller is not None and out is not None:
+            controller.observe(r, requests[r])
+        elif tuner is not None and out is not None:
             req = requests[r]
             saved = flops(req.prompt_len, 0) - flops(req.prompt_len, out.hit_tokens)
-            if controller is not None:
-                controller.observe(r, req, saved)
-            else:
-                new = tuner.observe((r, req), cache.pool.evictions > 0, saved)
-                if new is not None:
-                    cache.eviction.alpha = new
+            new = tuner.observe((r, req), cache.pool.evictions > 0, saved)
+            if new is not None:
+                cache.eviction.alpha = new
         if on_request:
             on_request(r)
 
