@@ -32,6 +32,7 @@ CASES = {
     "marconi+lru": ("marconi", "lru", {}),
     "dense+lru": ("dense", "lru", {}),
     "vllm+belady": ("vllm", "belady", {}),
+    "auto+auto (8 shadow caches)": ("auto", "auto", {}),
 }
 
 
@@ -53,7 +54,7 @@ def run_case(name: str) -> dict:
                  capacity_bytes=parse_bytes(CAPACITY), requests=requests, **extra)
     return {"case": name, "requests": r.requests, "evictions": r.evictions,
             "token_hit_rate": r.token_hit_rate, "wall_s": r.wall_seconds, "cpu_s": r.cpu_seconds,
-            "load_s": load_s, "alpha": r.alpha,
+            "load_s": load_s, "alpha": r.alpha, "final_policy": r.final_policy,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 

@@ -21,9 +21,12 @@ from junction_case import expected_junction, junction_prompts
 
 pytest.importorskip("vllm")
 
+from vllm_admission.core.adaptive import AUTO, PolicyController, candidate_policies  # noqa: E402
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission  # noqa: E402
 from vllm_admission.core.cache import HybridPrefixCache  # noqa: E402
 from vllm_admission.core.costs import ModelCosts  # noqa: E402
+from vllm_admission.core.geometry import CacheLayout  # noqa: E402
+from vllm_admission.core.replay import CacheRequest, CacheSetup  # noqa: E402
 from vllm_admission.core.eviction import (  # noqa: E402
     ENGINE_EVICTION_POLICIES,
     eviction_class,
@@ -77,9 +80,9 @@ def _finish_tuners():
     yield
     while _BUILT:
         ctl = getattr(_BUILT.pop().scheduler, "_admission", None)
-        if ctl is not None and ctl.tuner is not None:
-            ctl.tuner.drain(timeout=60)
-            ctl.tuner.stop()
+        if ctl is not None:
+            ctl.drain(timeout=60)
+            ctl.stop()
 
 
 def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None, blocks=160,
@@ -423,3 +426,45 @@ def test_alpha_is_tuned_online_after_the_first_evictions(vllm_config, monkeypatc
     engine.run()  # the scheduler applies the decision at its next step
     assert engine.scheduler.stats().alpha == events[-1]["alpha"]
     assert engine.scheduler.stats().tuning == events
+
+
+# ---------------------------------------------------------------- auto: engine against core
+def simulate_auto(requests, *, blocks, costs):
+    """The simulator's auto run (sim/simulator.py does the same on a trace)."""
+    layout = CacheLayout(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
+                         bytes_per_block=BYTES_PER_BLOCK, chunk_size=CHUNK)
+    admissions, evictions = candidate_policies(AUTO, AUTO)
+    start = PolicyController.default_start(admissions, evictions)
+    setup = CacheSetup(layout=layout, admission=start.admission, eviction=start.eviction,
+                       segment_flops=costs.prefill_flops)
+    cache = setup.build(switchable=True)
+    ctl = PolicyController(cache, setup, admissions, evictions, prefill_flops=costs.prefill_flops)
+    hits = []
+    for r, (tokens, out_len) in enumerate(requests):
+        out = cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r))
+        hits.append(out.hit_tokens)
+        ctl.observe(r, CacheRequest(chained(tokens), len(tokens), out_len))
+    return hits, ctl
+
+
+def test_auto_switches_like_the_simulator_request_for_request(vllm_config, monkeypatch, costs):
+    """VLLM_ADMISSION_POLICY=auto and VLLM_ADMISSION_EVICTION=auto: the plugin's controller
+    (shadow caches fed the finished requests) switches after the same requests as the
+    simulator's, to the same pairs, and every request gets the simulator's hit."""
+    reqs = random_workload(7, n=170)
+    engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
+    ctl = engine.scheduler._admission
+    hits = []
+    for tokens, out_len in reqs:
+        rid = engine.add(tokens, out_len)
+        engine.run()
+        hits.append(engine.cached_tokens[rid])
+        assert ctl.drain(timeout=60)     # the decision lands before the next request
+    sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs)
+    stats = engine.scheduler.stats()
+    assert [d.as_dict() for d in sim.switches] == stats.policy_switches
+    assert len(sim.decisions) >= 3 and sim.switches, "the workload should make auto switch"
+    assert hits == sim_hits
+    assert (stats.admission, stats.eviction) == (sim.pair.admission, sim.pair.eviction)
+    assert stats.adaptive and "auto" in stats.summary()
+    assert free_equals_usable(engine)

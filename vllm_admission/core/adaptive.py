@@ -187,8 +187,7 @@ class PolicyController:
         self.admissions = tuple(self.admissions)
         self.evictions = tuple(self.evictions)
         if self.start is None:
-            self.start = Pair("vllm" if "vllm" in self.admissions else self.admissions[0],
-                              "lru" if "lru" in self.evictions else self.evictions[0])
+            self.start = self.default_start(self.admissions, self.evictions)
         self.pair = self.start
         pairs = [Pair(a, e) for a in self.admissions for e in self.evictions]
         # Nothing to choose with one pair: no shadows at all.
@@ -202,6 +201,12 @@ class PolicyController:
         self.window_len: int | None = None
         self._count = 0
         self._scores = dict.fromkeys(self.shadows, 0.0)
+
+    @staticmethod
+    def default_start(admissions: Sequence[str], evictions: Sequence[str]) -> Pair:
+        """``vllm`` + ``lru`` (stock vLLM) where they are candidates, else the first names."""
+        return Pair("vllm" if "vllm" in admissions else admissions[0],
+                    "lru" if "lru" in evictions else evictions[0])
 
     @property
     def switches(self) -> list[Decision]:

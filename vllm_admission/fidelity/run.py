@@ -51,8 +51,8 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
 
         def settle(_: int) -> None:
             ctl = getattr(scheduler, "_admission", None)
-            if ctl is not None and ctl.tuner is not None:
-                ctl.tuner.drain(timeout=600)
+            if ctl is not None:
+                ctl.drain(timeout=600)
 
         result = replay(llm, trace.requests, vocab_size=vocab, mode=spec.mode,
                         time_scale=spec.time_scale, after_request=settle)

@@ -6,8 +6,9 @@ This module does not import vLLM. Every variable is optional:
 variable                       default      valid values
 =============================  ===========  ==============================================
 ``VLLM_ADMISSION_POLICY``      ``vllm``     an admission policy name (``none``, ``last``,
-                                            ``vllm``, ``marconi``, ``dense``)
-``VLLM_ADMISSION_EVICTION``    ``lru``      an engine eviction policy (``lru``, ``flop``)
+                                            ``vllm``, ``marconi``, ``dense``), or ``auto``
+``VLLM_ADMISSION_EVICTION``    ``lru``      an engine eviction policy (``lru``, ``flop``,
+                                            ``lfu``), or ``auto``
 ``VLLM_ADMISSION_ALPHA``       unset        a finite float >= 0: fixes ``flop``'s alpha
                                             (unset: tuned online)
 ``VLLM_ADMISSION_LOG_INTERVAL`` ``10``      seconds between metric log lines, a finite
@@ -31,7 +32,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vllm_admission.core.admission import ADMISSION_POLICIES
+from vllm_admission.core.adaptive import AUTO
+from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, eviction_class
 from vllm_admission.core.tuning import GRIDS
 
@@ -66,8 +68,9 @@ DEFAULT_TUNE_GRID = "coarse"
 #: Every variable the plugin reads: name -> one-line description (for the
 #: docs and for registering the names with vLLM's environment validation).
 ENV_VARS: dict[str, str] = {
-    ENV_POLICY: f"admission policy, one of {', '.join(ADMISSION_POLICIES)} (default {DEFAULT_POLICY})",
-    ENV_EVICTION: (f"eviction policy, one of {', '.join(ENGINE_EVICTION_POLICIES)} "
+    ENV_POLICY: (f"admission policy, one of {', '.join(ADMISSION_POLICIES)}, or {AUTO} "
+                 f"(default {DEFAULT_POLICY})"),
+    ENV_EVICTION: (f"eviction policy, one of {', '.join(ENGINE_EVICTION_POLICIES)}, or {AUTO} "
                    f"(default {DEFAULT_EVICTION})"),
     ENV_ALPHA: "fixed alpha (float >= 0) for flop eviction; unset = tuned online",
     ENV_LOG_INTERVAL: f"seconds between metric log lines, 0 = off (default {DEFAULT_LOG_INTERVAL:g})",
@@ -123,11 +126,11 @@ class AdmissionConfig:
             return value or None
 
         policy = raw(ENV_POLICY) or DEFAULT_POLICY
-        if policy not in ADMISSION_POLICIES:
-            raise _invalid(ENV_POLICY, policy, ", ".join(ADMISSION_POLICIES))
+        if policy not in ADMISSION_POLICIES and policy != AUTO:
+            raise _invalid(ENV_POLICY, policy, ", ".join([*ADMISSION_POLICIES, AUTO]))
         eviction = raw(ENV_EVICTION) or DEFAULT_EVICTION
-        if eviction not in ENGINE_EVICTION_POLICIES:
-            raise _invalid(ENV_EVICTION, eviction, ", ".join(ENGINE_EVICTION_POLICIES))
+        if eviction not in ENGINE_EVICTION_POLICIES and eviction != AUTO:
+            raise _invalid(ENV_EVICTION, eviction, ", ".join([*ENGINE_EVICTION_POLICIES, AUTO]))
 
         alpha = None
         text = raw(ENV_ALPHA)
@@ -159,10 +162,17 @@ class AdmissionConfig:
         return cls(policy=policy, eviction=eviction, alpha=alpha, log_interval=log_interval,
                    tune_multiplier=multiplier, tune_grid=grid)
 
+    def wants_changes(self) -> bool:
+        """Whether these settings ask for anything but vLLM's own behaviour."""
+        if AUTO in (self.policy, self.eviction):
+            return True
+        return not (get_admission(self.policy).vllm_native
+                    and eviction_class(self.eviction).vllm_order)
+
     def describe(self) -> str:
         """``"admission=<p> eviction=<e>[ alpha=<a>]"`` for log lines."""
         text = f"admission={self.policy} eviction={self.eviction}"
-        if eviction_class(self.eviction).tunable:
+        if self.eviction != AUTO and eviction_class(self.eviction).tunable:
             text += f" alpha={'tuned online' if self.alpha is None else f'{self.alpha:g}'}"
         return text
 

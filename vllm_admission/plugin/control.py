@@ -35,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_admission.core.adaptive import Pair, PolicyController
 from vllm_admission.core.admission import (
     ADMIT,
     TENTATIVE,
@@ -50,7 +51,7 @@ from vllm_admission.core.replay import CacheRequest, CacheSetup, replay_requests
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
 from vllm_admission.plugin.stats import AdmissionStats
 
-__all__ = ["AdmissionControl", "TunerThread"]
+__all__ = ["AdmissionControl", "ControllerThread", "TunerThread"]
 
 logger = logging.getLogger("vllm_admission")
 
@@ -69,50 +70,33 @@ class _Track:
     tails: dict[int, tuple[int, Any, Any]] = field(default_factory=dict)  # g -> (pos, block, key)
 
 
-class TunerThread:
-    """Runs :class:`~vllm_admission.core.tuning.AlphaTuner` off the scheduler thread.
+class _Worker:
+    """A daemon thread that digests finished requests off the scheduler thread.
 
-    The scheduler hands each finished request to :meth:`submit` (cheap); a
-    daemon thread feeds the tuner, whose window replays run the core cache
-    model. A decision is picked up by the scheduler with :meth:`take_alpha`.
-
-    Args:
-        make_tuner: builds a fresh ``AlphaTuner``.
-        max_history: restart the tuner after this many requests without an
-            eviction (its bootstrap window would otherwise grow without end).
+    The scheduler hands items to :meth:`submit` (cheap); the thread calls
+    :meth:`_observe` on each, in order. An exception stops the work (logged
+    once, kept in :attr:`error`) and never reaches the engine.
     """
 
-    def __init__(self, make_tuner: Callable[[], AlphaTuner],
-                 max_history: int = MAX_BOOTSTRAP_HISTORY) -> None:
-        self._make = make_tuner
-        self.tuner = make_tuner()
-        self.max_history = max_history
-        self.events: list[dict[str, Any]] = []
-        self._seen_without_eviction = 0
-        self._pending: float | None = None
+    #: What the thread does, for its name and its one warning line.
+    what = "work"
+
+    def __init__(self) -> None:
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.error: str | None = None
 
-    def submit(self, request: CacheRequest, evicted_so_far: bool, saved: float) -> None:
-        """Queue one finished request (``saved``: FLOPs its hit saved)."""
+    def submit(self, *item: Any) -> None:
+        """Queue one item for :meth:`_observe`."""
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="vllm_admission-tuner",
+            self._thread = threading.Thread(target=self._run, name=f"vllm_admission-{self.what}",
                                             daemon=True)
             self._thread.start()
-        self._queue.put((request, evicted_so_far, saved))
-
-    def take_alpha(self) -> float | None:
-        """The alpha decided since the last call, or ``None``."""
-        if self._pending is None:
-            return None
-        with self._lock:
-            alpha, self._pending = self._pending, None
-        return alpha
+        self._queue.put(item)
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted request is processed; False on timeout."""
+        """Wait until every submitted item is processed; False on timeout."""
         if self._thread is None:
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -123,7 +107,7 @@ class TunerThread:
         return True
 
     def stop(self) -> None:
-        """Ask the thread to finish after the queued requests."""
+        """Ask the thread to finish after the queued items."""
         if self._thread is not None:
             self._queue.put(None)
 
@@ -133,17 +117,53 @@ class TunerThread:
             try:
                 if item is None:
                     return
-                self._observe(*item)
+                if self.error is None:
+                    self._observe(*item)
             except Exception as exc:  # noqa: BLE001 - never take the engine down
                 if self.error is None:
                     self.error = f"{type(exc).__name__}: {exc}"
-                    logger.warning("vllm_admission: alpha tuning stopped: %s", self.error)
+                    logger.warning("vllm_admission: %s stopped: %s", self.what, self.error)
             finally:
                 self._queue.task_done()
 
+    def _observe(self, *item: Any) -> None:
+        raise NotImplementedError
+
+
+class TunerThread(_Worker):
+    """Runs :class:`~vllm_admission.core.tuning.AlphaTuner` off the scheduler thread.
+
+    Items are ``(request, evicted_so_far, saved)``; the tuner's window replays
+    run the core cache model. A decision is picked up by the scheduler with
+    :meth:`take_alpha`.
+
+    Args:
+        make_tuner: builds a fresh ``AlphaTuner``.
+        max_history: restart the tuner after this many requests without an
+            eviction (its bootstrap window would otherwise grow without end).
+    """
+
+    what = "alpha tuning"
+
+    def __init__(self, make_tuner: Callable[[], AlphaTuner],
+                 max_history: int = MAX_BOOTSTRAP_HISTORY) -> None:
+        super().__init__()
+        self._make = make_tuner
+        self.tuner = make_tuner()
+        self.max_history = max_history
+        self.events: list[dict[str, Any]] = []
+        self._seen_without_eviction = 0
+        self._pending: float | None = None
+
+    def take_alpha(self) -> float | None:
+        """The alpha decided since the last call, or ``None``."""
+        if self._pending is None:
+            return None
+        with self._lock:
+            alpha, self._pending = self._pending, None
+        return alpha
+
     def _observe(self, request: CacheRequest, evicted: bool, saved: float) -> None:
-        if self.error is not None:
-            return
         tuner = self.tuner
         if tuner.window_len is None and not evicted:
             self._seen_without_eviction += 1
@@ -159,6 +179,41 @@ class TunerThread:
         if new is not None:
             with self._lock:
                 self._pending = new
+
+
+class ControllerThread(_Worker):
+    """Feeds a :class:`~vllm_admission.core.adaptive.PolicyController` (``auto``)
+    off the scheduler thread.
+
+    Items are ``(index, request)``: every finished request goes through the
+    controller's shadow caches. The pair it switches to is picked up by the
+    scheduler with :meth:`take_pair`.
+    """
+
+    what = "policy selection"
+
+    def __init__(self, controller: PolicyController) -> None:
+        super().__init__()
+        self.controller = controller
+        self.switches: list[dict[str, Any]] = []
+        self._pending: Pair | None = None
+
+    def take_pair(self) -> Pair | None:
+        """The pair decided since the last call, or ``None``."""
+        if self._pending is None:
+            return None
+        with self._lock:
+            pair, self._pending = self._pending, None
+        return pair
+
+    def _observe(self, index: int, request: CacheRequest) -> None:
+        decision = self.controller.observe(index, request)
+        if decision is not None:
+            self.switches.append(decision.as_dict())
+            logger.info("vllm_admission: auto: %s -> %s after request %d (window of %d)",
+                        decision.before, decision.after, decision.at, decision.window)
+            with self._lock:
+                self._pending = decision.after
 
 
 class AdmissionControl:
@@ -184,7 +239,12 @@ class AdmissionControl:
             states below a request's hit).
         group_of: ``f(block) -> KV cache group index`` of a cached block
             (vLLM's ``get_group_id`` of its hash; the adapter binds it).
-        tune_in_thread: run the tuner on a daemon thread (default) or inline.
+        tune_in_thread: run the tuner (or the controller) on a daemon thread
+            (default) or inline.
+        adaptive: ``(admissions, evictions)`` to choose among online (``auto``,
+            :class:`~vllm_admission.core.adaptive.PolicyController`), starting
+            from ``policy`` + ``eviction``; needs ``prefill_flops``. The free
+            queue is then always the plugin's, so that eviction can switch.
 
     Raises:
         UnknownPolicyError: unknown policy name.
@@ -199,8 +259,11 @@ class AdmissionControl:
                  clock: Callable[[], float] | None = None,
                  is_cached_state: Callable[[Any, int], bool] | None = None,
                  group_of: Callable[[Any], int] | None = None,
-                 tune_in_thread: bool = True) -> None:
+                 tune_in_thread: bool = True,
+                 adaptive: tuple[Sequence[str], Sequence[str]] | None = None) -> None:
         policy_cls = eviction_class(eviction)
+        if adaptive is not None and prefill_flops is None:
+            raise ValueError("auto policy selection needs prefill_flops")
         if policy_cls.needs_future:
             raise ValueError(f"eviction {eviction!r} needs future knowledge: simulator only")
         tuned = policy_cls.tunable and alpha is None
@@ -240,7 +303,17 @@ class AdmissionControl:
         self.tune_multiplier = tune_multiplier
         self.tune_grid = GRIDS[tune_grid]
         self.tune_in_thread = tune_in_thread
-        if not policy_cls.vllm_order:
+        self.controller: ControllerThread | None = None
+        self._finished = 0
+        if adaptive is not None:
+            admissions, evictions = adaptive
+            setup = CacheSetup(layout=geometry, admission=policy, eviction=eviction,
+                               segment_flops=prefill_flops)
+            self.controller = ControllerThread(PolicyController(
+                None, setup, admissions, evictions, prefill_flops=prefill_flops,
+                start=Pair(policy, eviction)))
+            tuned = False
+        if not policy_cls.vllm_order or adaptive is not None:
             options = {"alpha": alpha if alpha is not None else 0.0} if policy_cls.tunable else {}
             self.eviction_policy = get_eviction(eviction, **options)
             if tuned:
@@ -478,11 +551,12 @@ class AdmissionControl:
 
     # -- finishing and tuning ----------------------------------------------
     def on_finished(self, request: Any, evicted_so_far: bool) -> None:
-        """The request left the scheduler: forget it; feed the tuner."""
+        """The request left the scheduler: forget it; feed the tuner or the controller."""
         rid = request.request_id
         self._pending.pop(rid, None)
         track = self.tracks.pop(rid, None)
-        if self.tuner is None or track is None or self.tuner.error is not None:
+        worker = self.tuner if self.tuner is not None else self.controller
+        if worker is None or track is None or worker.error is not None:
             return
         output_len = request.num_output_tokens
         P = track.adm.probe.prompt_len
@@ -492,9 +566,16 @@ class AdmissionControl:
         stride = self._hash_stride
         n = min(P // self.B, len(hashes) // stride)
         keys = [int.from_bytes(bytes(hashes[(i + 1) * stride - 1])[:8], "big") for i in range(n)]
+        item = CacheRequest(keys, P, output_len)
+        if self.controller is not None:
+            index, self._finished = self._finished, self._finished + 1
+            if self.tune_in_thread:
+                self.controller.submit(index, item)
+            else:
+                self.controller._observe(index, item)  # noqa: SLF001
+            return
         hit = track.adm.probe.state_hit
         saved = self.prefill_flops(P, 0) - self.prefill_flops(P, hit)
-        item = CacheRequest(keys, P, output_len)
         if self.tune_in_thread:
             self.tuner.submit(item, evicted_so_far, saved)
         else:
@@ -508,6 +589,28 @@ class AdmissionControl:
         if alpha is not None:
             self.eviction_policy.alpha = alpha
         return alpha
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until the tuner or controller thread has digested every finished
+        request (sequential replays, tests); False on timeout."""
+        worker = self.tuner if self.tuner is not None else self.controller
+        return worker.drain(timeout) if worker is not None else True
+
+    def stop(self) -> None:
+        """Stop the tuner or controller thread after its queued requests."""
+        for worker in (self.tuner, self.controller):
+            if worker is not None:
+                worker.stop()
+
+    def take_pair(self) -> Pair | None:
+        """The pair ``auto`` switched to since the last call, or ``None``."""
+        return self.controller.take_pair() if self.controller is not None else None
+
+    def set_eviction(self, policy: EvictionPolicy) -> None:
+        """Order free blocks by ``policy`` (fresh) from now on (``auto``); the free
+        queue hands its candidates over itself."""
+        self.eviction_policy = policy
+        self.eviction = policy.name
 
     def _make_tuner(self) -> AlphaTuner:
         geo = self.geometry
@@ -539,4 +642,6 @@ class AdmissionControl:
             state_hits=self.state_hits, tokens_saved=self.tokens_saved,
             evictions=sum(by_group.values()), evictions_by_group=by_group,
             free_blocks=free_blocks, usable_blocks=self.geometry.num_blocks - 1,
-            tuning=list(self.tuner.events) if self.tuner is not None else [])
+            tuning=list(self.tuner.events) if self.tuner is not None else [],
+            adaptive=self.controller is not None,
+            policy_switches=list(self.controller.switches) if self.controller is not None else [])

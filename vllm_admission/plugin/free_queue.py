@@ -67,6 +67,7 @@ class PolicyFreeBlockQueue:
             may be changed at any time).
         clock: non-decreasing recency clock (default ``time.monotonic``; the
             engine passes the request clock of ``AdmissionControl``).
+        switchable: allow :meth:`switch` (``auto``).
 
     Attributes:
         num_free_blocks: free blocks in all tiers (vLLM reads this attribute).
@@ -76,13 +77,13 @@ class PolicyFreeBlockQueue:
     """
 
     def __init__(self, blocks: Iterable[Block], eviction: EvictionPolicy,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, *, switchable: bool = False) -> None:
         self.clock = clock
         self.num_free_blocks = 0
         self.scope: tuple[float, Callable[[Block], float]] | None = None
         self.scope_maker: Callable[[Any], tuple[float, Callable[[Block], float]]] | None = None
         self._scope_key: Any = None
-        self._free = FreeBlocks(eviction)
+        self._free = FreeBlocks(eviction, switchable=switchable)
         self._blocks: dict[int, Block] = {}               # every free block by id
         self._staged: dict[int, tuple[Any, float]] = {}   # id -> (hash, value)
         blocks = list(blocks)
@@ -100,6 +101,16 @@ class PolicyFreeBlockQueue:
     def eviction(self) -> EvictionPolicy:
         """The policy that orders the cached free blocks."""
         return self._free.eviction
+
+    def switch(self, eviction: EvictionPolicy) -> None:
+        """Order the cached blocks by ``eviction`` (a fresh policy) from now on;
+        the candidates move over with their free times and values
+        (:meth:`FreeBlocks.switch <vllm_admission.core.free_blocks.FreeBlocks.switch>`).
+
+        Raises:
+            RuntimeError: the queue was not built ``switchable``.
+        """
+        self._free.switch(eviction)
 
     # -- values ----------------------------------------------------------
     def stage_value(self, block: Block, value: float) -> None:

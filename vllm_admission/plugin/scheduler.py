@@ -39,8 +39,9 @@ from typing import Any
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import MambaSpec
 
+from vllm_admission.core.adaptive import AUTO, PolicyController, candidate_policies
 from vllm_admission.core.admission import get_admission
-from vllm_admission.core.eviction import EVICTION_POLICIES, eviction_class
+from vllm_admission.core.eviction import EVICTION_POLICIES, eviction_class, get_eviction
 from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout
 from vllm_admission.plugin import vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
@@ -81,8 +82,7 @@ class AdmissionScheduler(Scheduler):
             engine_index=self.vllm_config.parallel_config.data_parallel_rank)
         reason = self._admission_inert_reason()
         if reason is None and not vllm_hooks.check_version():
-            wants = not (get_admission(config.policy).vllm_native
-                         and eviction_class(config.eviction).vllm_order)
+            wants = config.wants_changes()
             reason = vllm_hooks.unsupported_reason(vllm_hooks.installed_version(), wants)
         if reason is not None:
             logger.info("vllm_admission: %s; AdmissionScheduler runs as vLLM's stock scheduler "
@@ -90,21 +90,27 @@ class AdmissionScheduler(Scheduler):
             self._admission_publish(idle=True)
             return
         geometry = self._admission_geometry(config)
-        self._admission_check_supported(config.policy)
+        adaptive = AUTO in (config.policy, config.eviction)
+        admissions, evictions = candidate_policies(config.policy, config.eviction)
+        start = PolicyController.default_start(admissions, evictions)
+        for name in admissions:
+            self._admission_check_supported(name)
         prefill_flops = None
-        eviction = eviction_class(config.eviction)
-        if not eviction.vllm_order:
+        if adaptive or any(not eviction_class(e).vllm_order for e in evictions):
             if self.connector is not None:
                 # KV connectors (offloading) walk vLLM's free queue every step.
                 raise AdmissionConfigError(
                     f"VLLM_ADMISSION_EVICTION={config.eviction} cannot run with a KV connector "
                     f"(valid here: {', '.join(n for n, c in EVICTION_POLICIES.items() if c.vllm_order)})")
-        if eviction.needs_values or (eviction.tunable and config.alpha is None):
+        eviction = eviction_class(start.eviction)
+        if adaptive or eviction.needs_values or (eviction.tunable and config.alpha is None):
             prefill_flops = self._admission_costs(config.eviction).prefill_flops
-        control = AdmissionControl(policy=config.policy, eviction=config.eviction,
+        control = AdmissionControl(policy=start.admission, eviction=start.eviction,
                                    geometry=geometry, prefill_flops=prefill_flops,
                                    alpha=config.alpha, tune_multiplier=config.tune_multiplier,
-                                   tune_grid=config.tune_grid)
+                                   tune_grid=config.tune_grid,
+                                   adaptive=(admissions, evictions) if adaptive else None)
+        self._admission_pending_pair = None
         vllm_hooks.install(self.kv_cache_manager, control)
         self._admission = control
         self._admission_bind_split()
@@ -134,8 +140,7 @@ class AdmissionScheduler(Scheduler):
     def _admission_geometry(self, config: AdmissionConfig) -> CacheLayout:
         kinds = group_kinds(self.kv_cache_manager.coordinator.single_type_managers)
         unsupported = [k for k in kinds if k not in (STATE, ATTENTION)]
-        if unsupported and (not get_admission(config.policy).vllm_native
-                            or not eviction_class(config.eviction).vllm_order):
+        if unsupported and config.wants_changes():
             raise AdmissionConfigError(
                 f"vllm_admission supports full-attention and Mamba/GDN KV cache groups only; "
                 f"this model also has {', '.join(sorted(set(unsupported)))} (valid here: "
@@ -190,14 +195,39 @@ class AdmissionScheduler(Scheduler):
     # -- overridden vLLM methods -------------------------------------------------
     def add_request(self, request: Any) -> None:
         if self._admission is not None:
+            self._admission_apply_auto()
             self._admission.on_arrival()
         super().add_request(request)
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if self._admission is not None:
-            # A tuned alpha applies before this step's allocations may evict.
+            # A tuned alpha, or auto's eviction, applies before this step's
+            # allocations may evict.
             self._admission.poll_alpha()
+            self._admission_apply_auto()
         return super().schedule(*args, **kwargs)
+
+    def _admission_apply_auto(self) -> None:
+        """Apply the pair ``auto`` switched to: the eviction policy at once (the
+        free queue hands its candidates over), the admission policy at the first
+        moment no request is in the scheduler (a live request's checkpoints were
+        planned under the old one)."""
+        ctl = self._admission
+        pair = ctl.take_pair()
+        if pair is not None:
+            self._admission_pending_pair = pair
+        pending = self._admission_pending_pair
+        if pending is None:
+            return
+        if pending.eviction != ctl.eviction:
+            policy = get_eviction(pending.eviction)
+            self.kv_cache_manager.block_pool.free_block_queue.switch(policy)
+            ctl.set_eviction(policy)
+        if pending.admission != ctl.policy.name:
+            if self.requests:
+                return
+            self._admission_use_admission(pending.admission)
+        self._admission_pending_pair = None
 
     def _get_local_prefix_cache_hit(self, request: Any) -> Any:
         blocks, num_local, boundary, diverged = super()._get_local_prefix_cache_hit(request)
@@ -257,8 +287,8 @@ class AdmissionScheduler(Scheduler):
 
     def shutdown(self) -> None:
         ctl = self._admission
-        if ctl is not None and ctl.tuner is not None:
-            ctl.tuner.stop()
+        if ctl is not None:
+            ctl.stop()
         if self._admission_publisher is not None:
             self._admission_publisher.remove()
         super().shutdown()
@@ -306,14 +336,19 @@ class AdmissionScheduler(Scheduler):
             raise AdmissionConfigError(
                 f"VLLM_ADMISSION_POLICY={name} cannot run with KV cache groups "
                 f"{', '.join(sorted(set(odd)))} (valid here: vllm)")
-        ctl.set_policy(name)
-        vllm_hooks.use_policy_managers(self.kv_cache_manager.coordinator, ctl)
-        self._admission_bind_split()
+        self._admission_use_admission(name)
         self.admission_config = AdmissionConfig(
             policy=name, eviction=self.admission_config.eviction,
             alpha=self.admission_config.alpha, log_interval=self.admission_config.log_interval,
             tune_multiplier=self.admission_config.tune_multiplier,
             tune_grid=self.admission_config.tune_grid)
+
+
+    def _admission_use_admission(self, name: str) -> None:
+        ctl = self._admission
+        ctl.set_policy(name)
+        vllm_hooks.use_policy_managers(self.kv_cache_manager.coordinator, ctl)
+        self._admission_bind_split()
 
 
 def admission_stats(llm: Any) -> AdmissionStats:

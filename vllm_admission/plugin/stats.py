@@ -41,6 +41,10 @@ class AdmissionStats:
         usable_blocks: blocks in the pool minus vLLM's null block.
         tuning: alpha tuning decisions so far, each
             ``{"at", "window", "alpha", "kind"}``.
+        adaptive: whether ``auto`` chooses the pair online.
+        policy_switches: ``auto``'s switches so far, each ``{"at", "window",
+            "from", "to", "scores"}`` (``at``: index of the finished request
+            after which the switch was decided).
     """
 
     active: bool
@@ -59,6 +63,8 @@ class AdmissionStats:
     free_blocks: int = 0
     usable_blocks: int = 0
     tuning: list[dict[str, Any]] = field(default_factory=list)
+    adaptive: bool = False
+    policy_switches: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready copy."""
@@ -68,7 +74,8 @@ class AdmissionStats:
         """One log line."""
         groups = " ".join(f"{k}={v}" for k, v in self.evictions_by_group.items())
         alpha = "" if self.alpha is None else f" alpha={self.alpha:g}"
-        return (f"admission={self.admission} eviction={self.eviction}{alpha} "
+        auto = f" (auto, {len(self.policy_switches)} switches)" if self.adaptive else ""
+        return (f"admission={self.admission} eviction={self.eviction}{alpha}{auto} "
                 f"requests={self.requests} junctions={self.junctions} "
                 f"checkpoints={self.checkpoints} state_hits={self.state_hits} "
                 f"tokens_saved={self.tokens_saved}/{self.prompt_tokens} "

@@ -229,7 +229,8 @@ def install(kv_cache_manager: Any, control: Any) -> Any:
         _retype(coordinator, HybridKVCacheCoordinator, AdmissionCoordinator)
         coordinator._admission = control
         queue = PolicyFreeBlockQueue(pool.free_block_queue.get_all_free_blocks(),
-                                     control.eviction_policy, clock=control.clock)
+                                     control.eviction_policy, clock=control.clock,
+                                     switchable=control.controller is not None)
         queue.scope_maker = control.scope
         pool.free_block_queue = queue
         coordinator._admission_queue = queue

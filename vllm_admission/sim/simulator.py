@@ -208,8 +208,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                          chunk_size=chunk_size)
     controller = None
     if adaptive:
-        setup = CacheSetup(layout=layout, admission="vllm" if "vllm" in admissions else admissions[0],
-                           eviction="lru" if "lru" in evictions else evictions[0],
+        start = PolicyController.default_start(admissions, evictions)
+        setup = CacheSetup(layout=layout, admission=start.admission, eviction=start.eviction,
                            segment_flops=flops)
         policy = eviction_class(setup.eviction)
         cache = setup.build(switchable=True, track_values=any(
