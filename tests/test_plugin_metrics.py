@@ -29,7 +29,11 @@ def stats(**kw) -> AdmissionStats:
     base = dict(active=True, admission="marconi", eviction="flop", alpha=0.5, requests=7,
                 prompt_tokens=9000, junctions=2, checkpoints=5, superseded=1, state_hits=4,
                 tokens_saved=3072, evictions=11, evictions_by_group={"state0": 3, "attention1": 8},
-                free_blocks=40, usable_blocks=63)
+                free_blocks=40, usable_blocks=63, adaptive=True,
+                policy_switches=[{"at": 49, "window": 50, "from": "vllm+lru", "to": "marconi+lru",
+                                  "scores": {"vllm+lru": 1.0, "marconi+lru": 2.0}},
+                                 {"at": 99, "window": 50, "from": "marconi+lru", "to": "marconi+lfu",
+                                  "scores": {"marconi+lru": 1.0, "marconi+lfu": 2.0}}])
     base.update(kw)
     return AdmissionStats(**base)
 
@@ -79,11 +83,15 @@ def test_collector_exports_every_counter_with_vllm_conventions(tmp_path):
     e1 = (("engine", "1"), ("model_name", "my-model"))
     s = stats()
     for name in COUNTERS:
-        assert got[(f"vllm:hybrid_prefix_cache_{name}_total", e0)] == getattr(s, name)
+        want = getattr(s, name)
+        want = len(want) if isinstance(want, list) else want
+        assert got[(f"vllm:hybrid_prefix_cache_{name}_total", e0)] == want
+    assert got[("vllm:hybrid_prefix_cache_policy_switches_total", e0)] == 2
     assert got[("vllm:hybrid_prefix_cache_requests_total", e1)] == 2
     info = [k for k in got if k[0] == "vllm:hybrid_prefix_cache_policy_info"]
     assert sorted(dict(labels)["eviction"] for _, labels in info) == ["flop", "lru"]
     assert all(dict(labels)["admission"] == "marconi" for _, labels in info)
+    assert all(dict(labels)["auto"] == "true" for _, labels in info)
     assert got[("vllm:hybrid_prefix_cache_evictions_total",
                 tuple(sorted({"engine": "0", "model_name": "my-model", "kind": "state",
                               "group": "0"}.items())))] == 3

@@ -27,7 +27,8 @@ line, ``stats()``, ``results.json`` and ``/metrics`` use one name per count:
 ==========================================  =======  =====================================
 metric                                      type     meaning (``AdmissionStats`` field)
 ==========================================  =======  =====================================
-``vllm:hybrid_prefix_cache_policy_info``    info     labels ``admission``, ``eviction``, ``active``
+``vllm:hybrid_prefix_cache_policy_info``    info     labels ``admission``, ``eviction`` (the live
+                                                     pair), ``active``, ``auto``
 ``vllm:hybrid_prefix_cache_requests``       counter  requests admitted after a prefix lookup
 ``vllm:hybrid_prefix_cache_prompt_tokens``  counter  their prompt tokens
 ``vllm:hybrid_prefix_cache_junctions``      counter  requests whose KV hit ran past the state hit
@@ -35,6 +36,7 @@ metric                                      type     meaning (``AdmissionStats``
 ``vllm:hybrid_prefix_cache_superseded``     counter  tentative sequence-end states replaced
 ``vllm:hybrid_prefix_cache_state_hits``     counter  requests with a hybrid hit > 0
 ``vllm:hybrid_prefix_cache_tokens_saved``   counter  prompt tokens served from the cache
+``vllm:hybrid_prefix_cache_policy_switches`` counter switches made by ``auto``
 ``vllm:hybrid_prefix_cache_evictions``      counter  cached blocks evicted, labels ``kind``, ``group``
 ``vllm:hybrid_prefix_cache_alpha``          gauge    ``flop``'s alpha (absent with ``lru``)
 ``vllm:hybrid_prefix_cache_free_blocks``    gauge    free blocks (uncached plus evictable)
@@ -85,6 +87,8 @@ COUNTERS: dict[str, str] = {
     "superseded": "Tentative sequence-end states replaced by a later state of the same request.",
     "state_hits": "Admitted requests with a hybrid prefix hit > 0.",
     "tokens_saved": "Prompt tokens served from the hybrid prefix cache.",
+    "policy_switches": "Switches of the admission/eviction pair made by auto (the length of "
+                       "AdmissionStats.policy_switches).",
 }
 _GAUGES: dict[str, str] = {
     "alpha": "Alpha of the FLOP-aware eviction (recency weight).",
@@ -210,9 +214,11 @@ class AdmissionCollector:
             labels = [self.model_name, engine]
             info.add_metric(labels, {"admission": str(stats.get("admission")),
                                      "eviction": str(stats.get("eviction")),
-                                     "active": str(bool(stats.get("active"))).lower()})
+                                     "active": str(bool(stats.get("active"))).lower(),
+                                     "auto": str(bool(stats.get("adaptive"))).lower()})
             for name, family in counters.items():
-                family.add_metric(labels, float(stats.get(name, 0)))
+                value = stats.get(name, 0)
+                family.add_metric(labels, float(len(value) if isinstance(value, list) else value))
             for key, count in stats.get("evictions_by_group", {}).items():
                 m = _GROUP_KEY.match(key)
                 kind, group = (m["kind"], m["index"]) if m else (key, "")
