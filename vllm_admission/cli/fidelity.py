@@ -25,9 +25,9 @@ def add_fidelity_parser(sub) -> None:
     p.add_argument("--trace", default="synthetic",
                    help="a Mooncake or token JSONL file, or 'synthetic' (default)")
     p.add_argument("--admission", default="vllm",
-                   help=f"comma list of: {', '.join(ADMISSION_POLICIES)} (default vllm)")
+                   help=f"comma list of: {', '.join(ADMISSION_POLICIES)}, auto (default vllm)")
     p.add_argument("--eviction", default="lru",
-                   help=f"comma list of: {', '.join(ENGINE_EVICTION_POLICIES)} (default lru)")
+                   help=f"comma list of: {', '.join(ENGINE_EVICTION_POLICIES)}, auto (default lru)")
     p.add_argument("--num-gpu-blocks", default=None,
                    help="comma list of KV block pool sizes (vLLM's num_gpu_blocks_override); "
                         "default: sized from memory (8,192 blocks on CPU with 1 GiB)")
@@ -99,8 +99,8 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     spec = FidelitySpec(
         model=args.model, trace=args.trace,
-        admissions=parse_list(args.admission, "admission policy", list(ADMISSION_POLICIES)),
-        evictions=parse_list(args.eviction, "eviction policy", list(ENGINE_EVICTION_POLICIES)),
+        admissions=parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, "auto"]),
+        evictions=parse_list(args.eviction, "eviction policy", [*ENGINE_EVICTION_POLICIES, "auto"]),
         num_gpu_blocks=blocks, max_requests=args.max_requests,
         max_prompt_tokens=args.max_prompt_tokens, max_output_len=args.max_output_len,
         mooncake_block_tokens=args.mooncake_block_tokens,

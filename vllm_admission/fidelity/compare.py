@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from vllm_admission.core.adaptive import AUTO
 from vllm_admission.core.eviction import eviction_class
 
 __all__ = ["EXACT_ADMISSIONS", "TOLERANCE", "compare_hits", "meets_bar"]
@@ -61,11 +62,12 @@ def meets_bar(record: dict[str, Any]) -> bool:
 
     Exact (no differing request) for an eviction policy in vLLM's own order
     (``vllm_order``: ``lru``) with an admission of :data:`EXACT_ADMISSIONS`;
-    otherwise ``abs_diff_fraction <= 1 %``. Timed
+    otherwise (``auto`` included) ``abs_diff_fraction <= 1 %``. Timed
     records have no bar (their drift is reported, not judged): always True.
     """
     if record.get("mode", "sequential") != "sequential":
         return True
-    if eviction_class(record["eviction"]).vllm_order and record["admission"] in EXACT_ADMISSIONS:
+    if (record["eviction"] != AUTO and eviction_class(record["eviction"]).vllm_order
+            and record["admission"] in EXACT_ADMISSIONS):
         return record["requests_differing"] == 0
     return record["abs_diff_fraction"] <= TOLERANCE

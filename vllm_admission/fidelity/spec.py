@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_admission.core.adaptive import AUTO
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
@@ -76,11 +77,12 @@ class FidelitySpec:
         if not self.policy_pairs():
             raise UnknownPolicyError("give at least one admission and one eviction policy")
         for a, _ in self.policy_pairs():
-            get_admission(a)
+            if a != AUTO:
+                get_admission(a)
         for _, e in self.policy_pairs():
-            if e not in ENGINE_EVICTION_POLICIES:
+            if e not in ENGINE_EVICTION_POLICIES and e != AUTO:
                 raise UnknownPolicyError(f"eviction policy {e!r} cannot run in an engine; "
-                                         f"valid: {', '.join(ENGINE_EVICTION_POLICIES)}")
+                                         f"valid: {', '.join([*ENGINE_EVICTION_POLICIES, AUTO])}")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
         if not self.time_scale >= 0:
