@@ -25,13 +25,13 @@ from vllm_admission.core.adaptive import AUTO, PolicyController, candidate_polic
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission  # noqa: E402
 from vllm_admission.core.cache import HybridPrefixCache  # noqa: E402
 from vllm_admission.core.costs import ModelCosts  # noqa: E402
-from vllm_admission.core.geometry import CacheLayout  # noqa: E402
-from vllm_admission.core.replay import CacheRequest, CacheSetup  # noqa: E402
 from vllm_admission.core.eviction import (  # noqa: E402
     ENGINE_EVICTION_POLICIES,
     eviction_class,
     get_eviction,
 )
+from vllm_admission.core.geometry import CacheLayout  # noqa: E402
+from vllm_admission.core.replay import CacheRequest, CacheSetup  # noqa: E402
 
 B = 128  # pinned through vLLM's block_size (and bf16 state) below: the same on every CPU
 GROUPS = ("state", "attention")
@@ -88,7 +88,11 @@ def _finish_tuners():
 def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None, blocks=160,
           kinds=GROUPS, cls=None):
     from vllm_admission.plugin.scheduler import AdmissionScheduler
-    from vllm_admission.plugin.testing import FakeEngine, make_kv_cache_config, make_scheduler
+    from vllm_admission.plugin.testing import (
+        FakeEngine,
+        make_kv_cache_config,
+        make_scheduler,
+    )
 
     monkeypatch.setenv("VLLM_ADMISSION_POLICY", policy)
     monkeypatch.setenv("VLLM_ADMISSION_EVICTION", eviction)
