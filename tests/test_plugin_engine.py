@@ -125,6 +125,9 @@ class Engines:
             elif kind.startswith("eviction:"):  # a registered policy, its default settings
                 settings.num_gpu_blocks = self.flop_blocks
                 env.update(VLLM_ADMISSION_EVICTION=kind.removeprefix("eviction:"))
+            elif kind == "auto":
+                settings.num_gpu_blocks = self.flop_blocks
+                env.update(VLLM_ADMISSION_POLICY="auto", VLLM_ADMISSION_EVICTION="auto")
             else:
                 raise ValueError(kind)
         # Another test module may have loaded vLLM's general plugins with VLLM_PLUGINS=""
@@ -406,6 +409,24 @@ def test_every_engine_eviction_policy_starts_and_gives_stock_outputs(engines, re
     assert stats.eviction == eviction and stats.evictions > 0
     queue = type(sched.kv_cache_manager.block_pool.free_block_queue).__name__
     assert (queue == "FreeKVCacheBlockQueue") == eviction_class(eviction).vllm_order
+    assert_no_leak(llm)
+
+
+def test_auto_starts_and_gives_stock_outputs(engines, reference):
+    """VLLM_ADMISSION_POLICY=auto and VLLM_ADMISSION_EVICTION=auto (the other names the
+    variables accept) start an engine that begins as stock vLLM's pair, serves the junction
+    case with evictions through the plugin's free queue, and gives stock's greedy tokens."""
+    llm = engines.get("auto")
+    sched = scheduler(llm)
+    results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
+    assert [out for _, out in results] == reference["junction"]
+    stats = sched.stats()
+    assert stats.adaptive and (stats.admission, stats.eviction) == ("vllm", "lru")
+    assert stats.evictions > 0
+    queue = type(sched.kv_cache_manager.block_pool.free_block_queue).__name__
+    assert queue == "PolicyFreeBlockQueue"
+    assert sched._admission.drain(timeout=60)  # noqa: SLF001 - the shadows saw every request
+    assert sched._admission.controller.controller.shadows  # noqa: SLF001
     assert_no_leak(llm)
 
 
