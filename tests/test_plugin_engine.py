@@ -454,4 +454,4 @@ def test_invalid_setting_stops_the_engine_with_one_line(engines, monkeypatch):
     monkeypatch.delenv("VLLM_ADMISSION_POLICY")
     msg = str(info.value)
     assert msg == ("VLLM_ADMISSION_POLICY='marconni' is invalid; "
-                   "valid: none, last, vllm, marconi, dense")
+                   "valid: none, last, vllm, marconi, dense, auto")

@@ -186,4 +186,4 @@ def test_invalid_policy_stops_the_server_with_one_line(tiny_model_dir):
     assert "Traceback" not in proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines[-1] == ("vllm_admission: error: VLLM_ADMISSION_POLICY='marconni' is invalid; "
-                         "valid: none, last, vllm, marconi, dense")
+                         "valid: none, last, vllm, marconi, dense, auto")
