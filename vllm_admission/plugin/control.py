@@ -85,7 +85,21 @@ class _Worker:
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._pending: Any = None
         self.error: str | None = None
+
+    def _offer(self, decision: Any) -> None:
+        """Leave a decision for the scheduler thread (a newer one replaces it)."""
+        with self._lock:
+            self._pending = decision
+
+    def _take(self) -> Any:
+        """The decision left since the last call, or ``None``."""
+        if self._pending is None:
+            return None
+        with self._lock:
+            decision, self._pending = self._pending, None
+        return decision
 
     def submit(self, *item: Any) -> None:
         """Queue one item for :meth:`_observe`."""
@@ -153,15 +167,10 @@ class TunerThread(_Worker):
         self.max_history = max_history
         self.events: list[dict[str, Any]] = []
         self._seen_without_eviction = 0
-        self._pending: float | None = None
 
     def take_alpha(self) -> float | None:
         """The alpha decided since the last call, or ``None``."""
-        if self._pending is None:
-            return None
-        with self._lock:
-            alpha, self._pending = self._pending, None
-        return alpha
+        return self._take()
 
     def _observe(self, request: CacheRequest, evicted: bool, saved: float) -> None:
         tuner = self.tuner
@@ -177,8 +186,7 @@ class TunerThread(_Worker):
             logger.info("vllm_admission: alpha tuning (%s over %d requests): alpha=%g",
                         e.kind, e.window, e.alpha)
         if new is not None:
-            with self._lock:
-                self._pending = new
+            self._offer(new)
 
 
 class ControllerThread(_Worker):
@@ -196,24 +204,18 @@ class ControllerThread(_Worker):
         super().__init__()
         self.controller = controller
         self.switches: list[dict[str, Any]] = []
-        self._pending: Pair | None = None
 
     def take_pair(self) -> Pair | None:
         """The pair decided since the last call, or ``None``."""
-        if self._pending is None:
-            return None
-        with self._lock:
-            pair, self._pending = self._pending, None
-        return pair
+        return self._take()
 
     def _observe(self, index: int, request: CacheRequest) -> None:
         decision = self.controller.observe(index, request)
         if decision is not None:
             self.switches.append(decision.as_dict())
-            logger.info("vllm_admission: auto: %s -> %s after request %d (window of %d)",
-                        decision.before, decision.after, decision.at, decision.window)
-            with self._lock:
-                self._pending = decision.after
+            logger.info("vllm_admission: auto: %s -> %s after request %d",
+                        decision.before, decision.after, decision.at)
+            self._offer(decision.after)
 
 
 class AdmissionControl:
