@@ -190,7 +190,6 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     admissions, evictions = candidate_policies(admission, eviction)  # validates names first
     if tune_grid not in GRIDS:
         raise ValueError(f"unknown tuning grid {tune_grid!r}; valid: {', '.join(GRIDS)}")
-    policy = eviction_class(evictions[0])
     if not costs.is_hybrid:
         raise ValueError(f"model {costs.name!r} has no recurrent layers: nothing to simulate")
     if num_blocks is not None:
@@ -207,22 +206,23 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                          group_kinds=group_kinds(costs, geo), bytes_per_block=geo.bytes_per_block,
                          chunk_size=chunk_size)
     controller = None
+    tunable = False  # a fixed eviction policy with an alpha
     if adaptive:
         start = PolicyController.default_start(admissions, evictions)
         setup = CacheSetup(layout=layout, admission=start.admission, eviction=start.eviction,
                            segment_flops=flops)
-        policy = eviction_class(setup.eviction)
         cache = setup.build(switchable=True, track_values=any(
             eviction_class(e).needs_values for e in evictions))
         controller = PolicyController(cache, setup, admissions, evictions, prefill_flops=flops)
     else:
         setup = CacheSetup(layout=layout, admission=admission, eviction=eviction,
                            segment_flops=flops)
+        policy = eviction_class(eviction)
+        tunable = policy.tunable
         oracle = NextUseOracle(requests) if policy.needs_future else None
-    tuned = policy.tunable and alpha is None and not adaptive
-    if not adaptive:
-        cache = setup.build(alpha=(0.0 if tuned else alpha) if policy.tunable else None,
+        cache = setup.build(alpha=(0.0 if alpha is None else alpha) if tunable else None,
                             next_use=oracle)
+    tuned = tunable and alpha is None
     tuner = None
     if tuned:
         def replay_window(a: float, window, snapshot) -> float:
@@ -264,7 +264,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         state_checkpoints=cache.checkpoints, junctions=cache.junctions,
         evictions=cache.pool.evictions,
         evictions_by_group=dict(zip(names, cache.pool.evictions_by_group)),
-        alpha=(tuner.alpha if tuner else alpha) if policy.tunable and not adaptive else None,
+        alpha=(tuner.alpha if tuner else alpha) if tunable else None,
         alpha_events=[{"at": e.at, "window": e.window, "alpha": e.alpha, "kind": e.kind}
                       for e in tuner.events] if tuner else [],
         wall_seconds=wall, cpu_seconds=cpu,
