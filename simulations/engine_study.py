@@ -27,6 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 
 STUDY_PAIRS = (("vllm", "lru"), ("marconi", "flop"), ("last", "lru"), ("dense", "lru"))
+#: ``auto`` beside stock, in one run (prefill seconds are compared as a ratio).
+AUTO_PAIRS = (("vllm", "lru"), ("auto", "auto"))
+#: Every pair the tables and the plot show.
+SHOWN_PAIRS = (*STUDY_PAIRS, ("auto", "auto"))
 ALL_PAIRS = tuple((a, e) for e in ("lru", "flop")
                   for a in ("none", "last", "vllm", "marconi", "dense"))
 
@@ -51,6 +55,9 @@ def workloads(model: str) -> dict[str, FidelitySpec]:
         "mooncake": FidelitySpec(**mooncake, pairs=STUDY_PAIRS, num_gpu_blocks=(None, 300)),
         # Every policy pair, ample and tight: the fidelity table.
         "synthetic": FidelitySpec(**synthetic, pairs=ALL_PAIRS, num_gpu_blocks=(None, 64)),
+        # auto (decisions every 50 requests) against stock on the tight pools.
+        "auto-synthetic": FidelitySpec(**synthetic, pairs=AUTO_PAIRS, num_gpu_blocks=(64,)),
+        "auto-mooncake": FidelitySpec(**mooncake, pairs=AUTO_PAIRS, num_gpu_blocks=(300,)),
         # Requests overlapping in the engine: how far the sequential prediction drifts.
         "synthetic-timed": FidelitySpec(**synthetic, pairs=(("vllm", "lru"), ("marconi", "flop")),
                                         num_gpu_blocks=(64,), mode="timed", time_scale=0.25),
@@ -97,7 +104,7 @@ def tables(docs: dict[str, dict]) -> str:
               "|---|---|---|---|---|---|---|---|---|"]
     for name, doc in study:
         for r in doc["records"]:
-            if (r["admission"], r["eviction"]) not in STUDY_PAIRS:
+            if (r["admission"], r["eviction"]) not in SHOWN_PAIRS:
                 continue
             e, s = r["engine"], r["simulator"]
             tok = e.get("prefill_tokens_vs_stock")
@@ -148,8 +155,8 @@ def plot_study(docs_by_name: dict[str, dict], out: Path) -> Path:
     groups = [(n, r["num_blocks"]) for n, d in docs for r in d["records"]
               if (r["admission"], r["eviction"]) == STUDY_PAIRS[0]]
     fig, ax = plt.subplots(figsize=(8, 3.4))
-    width = 0.8 / len(STUDY_PAIRS)
-    for k, pair in enumerate(STUDY_PAIRS):
+    width = 0.8 / len(SHOWN_PAIRS)
+    for k, pair in enumerate(SHOWN_PAIRS):
         heights = []
         for name, blocks in groups:
             doc = docs_by_name[name]

@@ -270,3 +270,26 @@ def test_timed_mode_overlaps_requests(tiny_model, tmp_path, engine_env):
     # Every request was handed over before the first finished (its prefill alone takes longer).
     assert max(pr["submitted_s"]) < min(pr["prefill_seconds"])
     assert meets_bar(rec)  # timed records are reported, never judged
+
+
+@pytest.mark.engine
+def test_auto_switches_in_the_engine_as_in_the_simulator(tiny_model, engine_env):
+    """auto+auto deciding every 6 requests: the engine switches at the same requests to the
+    same pairs as the simulator, and every request's cached tokens are equal."""
+    from vllm_admission.fidelity import FidelitySpec, run_fidelity
+
+    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    spec = FidelitySpec(model=str(tiny_model), trace="synthetic", pairs=(("auto", "auto"),),
+                        num_gpu_blocks=(40,), max_output_len=8, auto_interval=6,
+                        synthetic=synthetic)
+    (rec,) = run_fidelity(spec)["records"]
+    pr = rec["per_request"]
+    assert rec["requests"] == len(pr["engine"]) >= 20
+    engine_switches = rec["engine"]["policy_switches"]
+    sim_switches = rec["simulator"]["policy_switches"]
+    assert engine_switches, "no switch: the case no longer exercises switching"
+    assert [(s["at"], s["from"], s["to"]) for s in engine_switches] == \
+        [(s["at"], s["from"], s["to"]) for s in sim_switches]
+    assert all((s["at"] + 1) % 6 == 0 for s in engine_switches)
+    assert pr["engine"] == pr["simulator"], rec["first_difference"]
+    assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0

@@ -33,6 +33,10 @@ def test_every_valid_value():
     assert cfg.describe() == "admission=marconi eviction=flop alpha=0.25"
     assert AdmissionConfig.from_env({"VLLM_ADMISSION_EVICTION": "flop"}).describe().endswith(
         "alpha=tuned online")
+    auto = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "auto",
+                                     "VLLM_ADMISSION_AUTO_INTERVAL": "8"})
+    assert auto.auto_interval == 8
+    assert auto.describe() == "admission=auto eviction=lru decisions every 8 requests"
 
 
 def test_empty_values_mean_unset():
@@ -48,6 +52,8 @@ def test_empty_values_mean_unset():
     ("VLLM_ADMISSION_TUNE_MULTIPLIER", "0", "an integer >= 1"),
     ("VLLM_ADMISSION_TUNE_MULTIPLIER", "2.5", "an integer >= 1"),
     ("VLLM_ADMISSION_TUNE_GRID", "fine", "valid: coarse, paper"),
+    ("VLLM_ADMISSION_AUTO_INTERVAL", "0", "an integer >= 1"),
+    ("VLLM_ADMISSION_AUTO_INTERVAL", "every 10", "an integer >= 1"),
 ])
 def test_invalid_values_give_one_line(name, value, valid):
     with pytest.raises(AdmissionConfigError) as info:

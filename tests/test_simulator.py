@@ -186,3 +186,30 @@ def test_non_hybrid_model_is_a_clear_no_op(tmp_path, capsys):
     assert rc == 0
     assert "no recurrent layers" in capsys.readouterr().out
     assert not (tmp_path / "o").exists()
+
+
+def test_cli_auto_records_its_decisions(tmp_path):
+    """``--admission auto --eviction auto``: a decision every ``--auto-interval`` requests,
+    every switch recorded with the request index after which it took effect."""
+    rc = main(["simulate", "--trace", "synthetic", "--max-requests", "120", "--capacity", "2GiB",
+               "--admission", "auto", "--eviction", "auto", "--auto-interval", "15",
+               "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    (run,) = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert (run["admission"], run["eviction"]) == ("auto", "auto")
+    assert run["policy_decisions"] == 120 // 15
+    assert run["policy_switches"]                      # this workload rewards leaving stock
+    pair = "vllm+lru"                                  # auto starts as stock vLLM
+    for s in run["policy_switches"]:
+        assert (s["at"] + 1) % 15 == 0 and s["from"] == pair and s["to"] != pair
+        assert s["scores"][s["to"]] > s["scores"][s["from"]]
+        pair = s["to"]
+    assert run["final_policy"] == pair
+
+
+def test_cli_refuses_an_auto_interval_below_one(tmp_path, capsys):
+    rc = main(["simulate", "--trace", "synthetic", "--capacity", "2GiB", "--admission", "auto",
+               "--auto-interval", "0", "--out", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--auto-interval must be >= 1 request, got 0" in err
+    assert "Traceback" not in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vllm_admission.core.adaptive import DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
 
 __all__ = ["add_fidelity_parser", "run_fidelity_cli"]
@@ -50,6 +51,9 @@ def add_fidelity_parser(sub) -> None:
                    help="timed mode: multiply arrival times by this (default 1)")
     p.add_argument("--alpha", type=float, default=None,
                    help="fix flop eviction's alpha in both (default: tuned online in both)")
+    p.add_argument("--auto-interval", type=int, default=DEFAULT_INTERVAL,
+                   help=f"with auto: requests between two policy decisions, in both "
+                        f"(default {DEFAULT_INTERVAL})")
     p.add_argument("--seed", type=int, default=0, help="synthetic workload and engine seed")
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless every sequential record meets the fidelity bar: exact per "
@@ -105,7 +109,7 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         max_prompt_tokens=args.max_prompt_tokens, max_output_len=args.max_output_len,
         mooncake_block_tokens=args.mooncake_block_tokens,
         synthetic=_synthetic_params(args.synthetic), mode=args.mode, time_scale=args.time_scale,
-        alpha=args.alpha, seed=args.seed)
+        alpha=args.alpha, auto_interval=args.auto_interval, seed=args.seed)
 
     def progress(rec: dict) -> None:
         print(f"{rec['admission']}+{rec['eviction']} at {rec['num_blocks']} blocks: "

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from vllm_admission.core.adaptive import AUTO
+from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.eviction import EVICTION_POLICIES
 from vllm_admission.core.geometry import parse_bytes
@@ -48,6 +48,9 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--tune-grid", choices=("coarse", "paper"), default="coarse",
                    help="alphas flop eviction tries on its bootstrap window: 'coarse' "
                         "(0, 0.1, 0.2, 0.5, 1, 2; default) or Marconi's 'paper' grid (0 to 2 by 0.1)")
+    p.add_argument("--auto-interval", type=int, default=DEFAULT_INTERVAL,
+                   help=f"with '{AUTO}': requests between two policy decisions "
+                        f"(default {DEFAULT_INTERVAL})")
     p.add_argument("--max-requests", type=int, default=None,
                    help="replay only the first K requests (the rest are counted as skipped)")
     p.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
@@ -74,13 +77,16 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise ValueError("no capacity given, e.g. --capacity 4GiB,16GiB")
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.auto_interval < 1:
+        raise ValueError(f"--auto-interval must be >= 1 request, got {args.auto_interval}")
     spec = SweepSpec(
         trace=args.trace, model=args.model, capacities=capacities,
         admissions=parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, AUTO]),
         evictions=parse_list(args.eviction, "eviction policy", [*EVICTION_POLICIES, AUTO]),
         chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
         max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
-        tune_grid=args.tune_grid, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype)
+        tune_grid=args.tune_grid, auto_interval=args.auto_interval,
+        mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype)
     costs = spec.load_costs()
     if not costs.is_hybrid:
         print(f"vllm-admission: {costs.name} has no recurrent layers; prefix caching already "

@@ -67,11 +67,15 @@ from vllm_admission.core.eviction import (
 )
 from vllm_admission.core.replay import CacheRequest, CacheSetup
 
-__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "Decision", "Pair", "PolicyController",
-           "candidate_policies"]
+__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "Decision", "Pair",
+           "PolicyController", "candidate_policies"]
 
 #: The name that asks for online selection, for admission and eviction alike.
 AUTO = "auto"
+
+#: Requests between two decisions (``PolicyController.min_window``), unless the
+#: user sets another (``--auto-interval``, ``VLLM_ADMISSION_AUTO_INTERVAL``).
+DEFAULT_INTERVAL = 50
 
 #: Admission policies ``auto`` chooses among: every registered one that
 #: checkpoints at all (``none`` keeps no state, so it never hits).
@@ -162,9 +166,10 @@ class PolicyController:
             (the score's unit).
         start: the pair served first (default ``vllm`` + ``lru`` when both are
             candidates, else the first name of each).
-        min_window: requests between two decisions, and the shortest pool
-            turnover assumed.
-        max_window: the longest pool turnover assumed, in requests.
+        min_window: requests between two decisions (the *decision interval*),
+            and the shortest pool turnover assumed.
+        max_window: the longest pool turnover assumed, in requests (raised
+            to ``min_window`` when smaller).
         min_gain: relative margin a candidate must beat the live pair by.
         half_life: in pool turnovers, how long until a request's saving counts
             half in the scores compared; 0 compares the last ``min_window``
@@ -176,7 +181,7 @@ class PolicyController:
     applied to ``live``), else ``None``.
 
     Raises:
-        ValueError: no candidates, or bad window bounds.
+        ValueError: no candidates, or a decision interval that is not an integer >= 1.
     """
 
     live: HybridPrefixCache | None
@@ -185,7 +190,7 @@ class PolicyController:
     evictions: Sequence[str]
     prefill_flops: Callable[[int, int], float]
     start: Pair | None = None
-    min_window: int = 50
+    min_window: int = DEFAULT_INTERVAL
     max_window: int = 1000
     min_gain: float = 0.01
     half_life: float = 4.0
@@ -194,9 +199,10 @@ class PolicyController:
     def __post_init__(self) -> None:
         if not self.admissions or not self.evictions:
             raise ValueError("the controller needs at least one admission and one eviction policy")
-        if not 1 <= self.min_window <= self.max_window:
-            raise ValueError(f"need 1 <= min_window <= max_window, got {self.min_window}, "
-                             f"{self.max_window}")
+        if not (isinstance(self.min_window, int) and self.min_window >= 1):
+            raise ValueError(f"the decision interval must be an integer >= 1 request, "
+                             f"got {self.min_window!r}")
+        self.max_window = max(self.max_window, self.min_window)
         self.admissions = tuple(self.admissions)
         self.evictions = tuple(self.evictions)
         if self.start is None:

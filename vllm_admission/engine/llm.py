@@ -111,20 +111,22 @@ def _apply_env(settings: EngineSettings) -> None:
 
 
 def plugin_settings(model: str, *, admission: str, eviction: str, alpha: float | None = None,
-                    num_gpu_blocks: int | None = None, max_model_len: int | None = None,
-                    seed: int = 0) -> EngineSettings:
+                    auto_interval: int | None = None, num_gpu_blocks: int | None = None,
+                    max_model_len: int | None = None, seed: int = 0) -> EngineSettings:
     """Settings for vLLM running the ``AdmissionScheduler`` with one policy pair.
 
     The pair goes to ``VLLM_ADMISSION_POLICY`` / ``VLLM_ADMISSION_EVICTION``.
     ``alpha`` fixes ``flop``'s alpha (``VLLM_ADMISSION_ALPHA``); ``None``
     leaves it to online tuning and removes a ``VLLM_ADMISSION_ALPHA`` left in
-    the environment. Names are not checked here: the scheduler refuses an
-    invalid one at engine start.
+    the environment. ``auto_interval`` sets ``VLLM_ADMISSION_AUTO_INTERVAL``
+    (``None``: the default, removing one left in the environment). Names are
+    not checked here: the scheduler refuses an invalid one at engine start.
     """
     env: dict[str, str | None] = {
         "VLLM_ADMISSION_POLICY": admission,
         "VLLM_ADMISSION_EVICTION": eviction,
         "VLLM_ADMISSION_ALPHA": None if alpha is None else repr(float(alpha)),
+        "VLLM_ADMISSION_AUTO_INTERVAL": None if auto_interval is None else str(int(auto_interval)),
     }
     return EngineSettings(model=str(model), num_gpu_blocks=num_gpu_blocks,
                           max_model_len=max_model_len,

@@ -40,7 +40,8 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
     from vllm_admission.engine.replay import replay
 
     settings = plugin_settings(spec.model, admission=admission, eviction=eviction,
-                               alpha=spec.alpha, num_gpu_blocks=num_gpu_blocks, seed=spec.seed)
+                               alpha=spec.alpha, auto_interval=spec.auto_interval,
+                               num_gpu_blocks=num_gpu_blocks, seed=spec.seed)
     # The comparison reads the live scheduler: the engine core must run in this process.
     settings.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     llm, note = build_llm_fitting(settings)
@@ -96,7 +97,8 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
     costs = costs_like_engine(Path(spec.model) / "config.json", geometry)
     ran = [i for i, r in enumerate(result.requests) if r["status"] == "ok"]
     sim = simulate_like_engine(_subset(trace, ran), costs, geometry, admission=admission,
-                               eviction=eviction, alpha=spec.alpha)
+                               eviction=eviction, alpha=spec.alpha,
+                               auto_interval=spec.auto_interval)
     rows = [result.requests[i] for i in ran]
     sim_hits = [None if h < 0 else h for h in sim.per_request_hits]
     prompts = [r["prompt_tokens"] for r in rows]

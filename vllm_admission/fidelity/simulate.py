@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from vllm_admission.core.adaptive import DEFAULT_INTERVAL
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.geometry import geometry_from_blocks
 from vllm_admission.core.traces import Trace
@@ -59,7 +60,8 @@ def _check_ssm_dtype(costs: ModelCosts, geometry: dict[str, Any]) -> None:
 
 def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, Any], *,
                          admission: str, eviction: str, alpha: float | None,
-                         tune_multiplier: int = 5, tune_grid: str = "coarse") -> Any:
+                         tune_multiplier: int = 5, tune_grid: str = "coarse",
+                         auto_interval: int = DEFAULT_INTERVAL) -> Any:
     """Run the simulator with the engine's geometry; returns its ``RunResult``.
 
     ``geometry`` is :func:`vllm_admission.engine.replay.engine_geometry` of the
@@ -93,4 +95,5 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
     return simulate(trace, costs, admission=admission, eviction=eviction, num_blocks=nb,
                     block_size=bs, chunk_size=int(geometry["max_num_batched_tokens"]),
                     alpha=alpha, outputs="unique", retune_every=0, per_request=True,
-                    tune_multiplier=tune_multiplier, tune_grid=tune_grid)
+                    tune_multiplier=tune_multiplier, tune_grid=tune_grid,
+                    auto_interval=auto_interval)

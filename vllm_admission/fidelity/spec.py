@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_admission.core.adaptive import AUTO
+from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
@@ -42,6 +42,7 @@ class FidelitySpec:
         mode: ``"sequential"`` or ``"timed"``.
         time_scale: ``"timed"`` mode: multiplies trace arrival times.
         alpha: fix ``flop``'s alpha in both (``None``: tuned online in both).
+        auto_interval: ``auto``'s requests between decisions, in both.
         seed: synthetic workload and engine seed.
     """
 
@@ -59,6 +60,7 @@ class FidelitySpec:
     mode: str = "sequential"
     time_scale: float = 1.0
     alpha: float | None = None
+    auto_interval: int = DEFAULT_INTERVAL
     seed: int = 0
 
     def policy_pairs(self) -> list[tuple[str, str]]:
@@ -89,6 +91,8 @@ class FidelitySpec:
             raise ValueError(f"time scale must be >= 0, got {self.time_scale}")
         if self.alpha is not None and not self.alpha >= 0:
             raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+        if self.auto_interval < 1:
+            raise ValueError(f"the auto interval must be >= 1 request, got {self.auto_interval}")
         for n in self.num_gpu_blocks:
             if n is not None and n < 2:
                 raise ValueError(f"a pool needs at least 2 blocks (one is vLLM's null block), got {n}")

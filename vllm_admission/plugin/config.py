@@ -19,6 +19,8 @@ variable                       default      valid values
 ``VLLM_ADMISSION_TUNE_GRID``   ``coarse``   a grid name of ``vllm_admission.core.tuning.GRIDS``
                                             (``coarse``, ``paper``): the alphas the tuner
                                             tries at bootstrap
+``VLLM_ADMISSION_AUTO_INTERVAL`` ``50``     integer >= 1: with ``auto``, finished requests
+                                            between two policy decisions
 =============================  ===========  ==============================================
 
 An empty value counts as unset. A bad value raises :class:`AdmissionConfigError`
@@ -32,13 +34,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vllm_admission.core.adaptive import AUTO
+from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, eviction_class
 from vllm_admission.core.tuning import GRIDS
 
 __all__ = [
     "ENV_ALPHA",
+    "ENV_AUTO_INTERVAL",
     "ENV_EVICTION",
     "ENV_LOG_INTERVAL",
     "ENV_POLICY",
@@ -55,6 +58,7 @@ ENV_ALPHA = "VLLM_ADMISSION_ALPHA"
 ENV_LOG_INTERVAL = "VLLM_ADMISSION_LOG_INTERVAL"
 ENV_TUNE_MULTIPLIER = "VLLM_ADMISSION_TUNE_MULTIPLIER"
 ENV_TUNE_GRID = "VLLM_ADMISSION_TUNE_GRID"
+ENV_AUTO_INTERVAL = "VLLM_ADMISSION_AUTO_INTERVAL"
 #: Not a user setting: where the engine core publishes the plugin's metrics
 #: (vllm_admission.plugin.metrics, which imports vLLM; hence defined here too).
 ENV_METRICS_DIR = "VLLM_ADMISSION_METRICS_DIR"
@@ -77,6 +81,8 @@ ENV_VARS: dict[str, str] = {
     ENV_TUNE_MULTIPLIER: (f"alpha tuner bootstrap multiplier, integer >= 1 "
                           f"(default {DEFAULT_TUNE_MULTIPLIER})"),
     ENV_TUNE_GRID: f"alpha tuner bootstrap grid, one of {', '.join(GRIDS)} (default {DEFAULT_TUNE_GRID})",
+    ENV_AUTO_INTERVAL: (f"auto: finished requests between two policy decisions, integer >= 1 "
+                        f"(default {DEFAULT_INTERVAL})"),
     ENV_METRICS_DIR: ("directory where the scheduler publishes its counters for the server's "
                       "/metrics (set by the plugin in the process that starts vLLM)"),
 }
@@ -100,6 +106,7 @@ class AdmissionConfig:
         log_interval: seconds between metric log lines; 0 disables them.
         tune_multiplier: bootstrap window multiplier of the alpha tuner.
         tune_grid: name of the tuner's bootstrap grid (a key of ``GRIDS``).
+        auto_interval: with ``auto``, finished requests between two decisions.
     """
 
     policy: str = DEFAULT_POLICY
@@ -108,6 +115,7 @@ class AdmissionConfig:
     log_interval: float = DEFAULT_LOG_INTERVAL
     tune_multiplier: int = DEFAULT_TUNE_MULTIPLIER
     tune_grid: str = DEFAULT_TUNE_GRID
+    auto_interval: int = DEFAULT_INTERVAL
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AdmissionConfig:
@@ -147,20 +155,14 @@ class AdmissionConfig:
                 raise _invalid(ENV_LOG_INTERVAL, text, "seconds, a finite number >= 0 (0 = no log lines)")
             log_interval = value
 
-        multiplier = DEFAULT_TUNE_MULTIPLIER
-        text = raw(ENV_TUNE_MULTIPLIER)
-        if text is not None:
-            try:
-                multiplier = int(text)
-            except ValueError:
-                multiplier = 0
-            if multiplier < 1:
-                raise _invalid(ENV_TUNE_MULTIPLIER, text, "an integer >= 1")
+        multiplier = _positive_int(ENV_TUNE_MULTIPLIER, raw(ENV_TUNE_MULTIPLIER),
+                                   DEFAULT_TUNE_MULTIPLIER)
         grid = raw(ENV_TUNE_GRID) or DEFAULT_TUNE_GRID
         if grid not in GRIDS:
             raise _invalid(ENV_TUNE_GRID, grid, ", ".join(GRIDS))
+        interval = _positive_int(ENV_AUTO_INTERVAL, raw(ENV_AUTO_INTERVAL), DEFAULT_INTERVAL)
         return cls(policy=policy, eviction=eviction, alpha=alpha, log_interval=log_interval,
-                   tune_multiplier=multiplier, tune_grid=grid)
+                   tune_multiplier=multiplier, tune_grid=grid, auto_interval=interval)
 
     def wants_changes(self) -> bool:
         """Whether these settings ask for anything but vLLM's own behaviour."""
@@ -172,6 +174,8 @@ class AdmissionConfig:
     def describe(self) -> str:
         """``"admission=<p> eviction=<e>[ alpha=<a>]"`` for log lines."""
         text = f"admission={self.policy} eviction={self.eviction}"
+        if AUTO in (self.policy, self.eviction):
+            text += f" decisions every {self.auto_interval} requests"
         if self.eviction != AUTO and eviction_class(self.eviction).tunable:
             text += f" alpha={'tuned online' if self.alpha is None else f'{self.alpha:g}'}"
         return text
@@ -183,6 +187,18 @@ def _float(text: str) -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) else None
+
+
+def _positive_int(name: str, text: str | None, default: int) -> int:
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise _invalid(name, text, "an integer >= 1")
+    return value
 
 
 def _invalid(name: str, value: str, valid: str) -> AdmissionConfigError:

@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_admission.core.adaptive import Pair, PolicyController
+from vllm_admission.core.adaptive import DEFAULT_INTERVAL, Pair, PolicyController
 from vllm_admission.core.admission import (
     ADMIT,
     TENTATIVE,
@@ -247,6 +247,7 @@ class AdmissionControl:
             :class:`~vllm_admission.core.adaptive.PolicyController`), starting
             from ``policy`` + ``eviction``; needs ``prefill_flops``. The free
             queue is then always the plugin's, so that eviction can switch.
+        auto_interval: with ``adaptive``, finished requests between decisions.
 
     Raises:
         UnknownPolicyError: unknown policy name.
@@ -262,7 +263,8 @@ class AdmissionControl:
                  is_cached_state: Callable[[Any, int], bool] | None = None,
                  group_of: Callable[[Any], int] | None = None,
                  tune_in_thread: bool = True,
-                 adaptive: tuple[Sequence[str], Sequence[str]] | None = None) -> None:
+                 adaptive: tuple[Sequence[str], Sequence[str]] | None = None,
+                 auto_interval: int = DEFAULT_INTERVAL) -> None:
         policy_cls = eviction_class(eviction)
         if adaptive is not None and prefill_flops is None:
             raise ValueError("auto policy selection needs prefill_flops")
@@ -313,7 +315,7 @@ class AdmissionControl:
                                segment_flops=prefill_flops)
             self.controller = ControllerThread(PolicyController(
                 None, setup, admissions, evictions, prefill_flops=prefill_flops,
-                start=Pair(policy, eviction)))
+                start=Pair(policy, eviction), min_window=auto_interval))
             tuned = False
         if not policy_cls.vllm_order or adaptive is not None:
             options = {"alpha": alpha if alpha is not None else 0.0} if policy_cls.tunable else {}

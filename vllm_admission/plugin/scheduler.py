@@ -109,7 +109,8 @@ class AdmissionScheduler(Scheduler):
                                    geometry=geometry, prefill_flops=prefill_flops,
                                    alpha=config.alpha, tune_multiplier=config.tune_multiplier,
                                    tune_grid=config.tune_grid,
-                                   adaptive=(admissions, evictions) if adaptive else None)
+                                   adaptive=(admissions, evictions) if adaptive else None,
+                                   auto_interval=config.auto_interval)
         self._admission_pending_pair = None
         vllm_hooks.install(self.kv_cache_manager, control)
         self._admission = control

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_admission.core.adaptive import AUTO, PolicyController, candidate_policies
+from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, PolicyController, candidate_policies
 from vllm_admission.core.cache import ATTENTION, STATE
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.eviction import eviction_class
@@ -148,7 +148,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
              capacity_bytes: int | None = None, num_blocks: int | None = None,
              block_size: int | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
              alpha: float | None = None, tune_multiplier: int = 5, outputs: str = "trace",
-             tune_grid: str = "coarse",
+             tune_grid: str = "coarse", auto_interval: int = DEFAULT_INTERVAL,
              retune_every: int | None = None, per_request: bool = False,
              requests: list[CacheRequest] | None = None,
              on_request: Callable[[int], None] | None = None) -> RunResult:
@@ -170,6 +170,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         alpha: fix ``flop``'s alpha; ``None`` tunes it online.
         tune_multiplier: bootstrap window multiplier (Marconi: 5).
         tune_grid: bootstrap alpha grid, a key of ``GRIDS`` ("coarse", "paper").
+        auto_interval: with ``auto``, requests between two policy decisions.
         retune_every: see :class:`AlphaTuner`.
         outputs: "trace" or "unique" (see :data:`OUTPUT_MODES`).
         per_request: keep every request's hit tokens in the result.
@@ -184,7 +185,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     Raises:
         UnknownPolicyError: a policy name is not registered.
         CapacityError: the capacity cannot hold a single block set.
-        ValueError: the model is not hybrid, or neither capacity nor blocks.
+        ValueError: the model is not hybrid, neither capacity nor blocks, or
+            ``auto`` with an ``auto_interval`` below 1.
     """
     adaptive = AUTO in (admission, eviction)
     admissions, evictions = candidate_policies(admission, eviction)  # validates names first
@@ -213,7 +215,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                            segment_flops=flops)
         cache = setup.build(switchable=True, track_values=any(
             eviction_class(e).needs_values for e in evictions))
-        controller = PolicyController(cache, setup, admissions, evictions, prefill_flops=flops)
+        controller = PolicyController(cache, setup, admissions, evictions, prefill_flops=flops,
+                                      min_window=auto_interval)
     else:
         setup = CacheSetup(layout=layout, admission=admission, eviction=eviction,
                            segment_flops=flops)

@@ -9,6 +9,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from vllm_admission.core.adaptive import DEFAULT_INTERVAL
 from vllm_admission.core.costs import ModelCosts, load_model
 from vllm_admission.core.geometry import block_geometry
 from vllm_admission.core.traces import Trace, load_trace
@@ -36,6 +37,7 @@ class SweepSpec:
     alpha: float | None = None
     outputs: str = "trace"
     tune_grid: str = "coarse"
+    auto_interval: int = DEFAULT_INTERVAL
     max_requests: int | None = None
     seed: int = 0
     mamba_ssm_cache_dtype: str = "auto"
@@ -82,6 +84,7 @@ def _run_one(spec: SweepSpec, admission: str, eviction: str, capacity: int) -> d
     result = simulate(trace, costs, admission=admission, eviction=eviction,
                       capacity_bytes=capacity, chunk_size=spec.chunk_size, alpha=spec.alpha,
                       outputs=spec.outputs, tune_grid=spec.tune_grid,
+                      auto_interval=spec.auto_interval,
                       requests=_requests(spec, geo.block_size))
     return result.to_record()
 
