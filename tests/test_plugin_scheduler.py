@@ -458,6 +458,7 @@ def test_auto_switches_like_the_simulator_request_for_request(vllm_config, monke
     reqs = random_workload(7, n=170)
     engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
     ctl = engine.scheduler._admission
+    assert not ctl.controller.in_process     # the shadows run in a child process
     hits = []
     for tokens, out_len in reqs:
         rid = engine.add(tokens, out_len)

@@ -28,6 +28,7 @@ It holds no tensors and copies none: vLLM's model runner writes the states.
 from __future__ import annotations
 
 import logging
+import pickle
 import queue
 import threading
 import time
@@ -49,6 +50,7 @@ from vllm_admission.core.eviction import EvictionPolicy, eviction_class, get_evi
 from vllm_admission.core.geometry import CacheLayout
 from vllm_admission.core.replay import CacheRequest, CacheSetup, replay_requests
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
+from vllm_admission.plugin.shadows import ShadowProcess, ShadowProcessError
 from vllm_admission.plugin.stats import AdmissionStats
 
 __all__ = ["AdmissionControl", "ControllerThread", "TunerThread"]
@@ -121,15 +123,21 @@ class _Worker:
         return True
 
     def stop(self) -> None:
-        """Ask the thread to finish after the queued items."""
+        """Ask the thread to finish after the queued items (then :meth:`_close`)."""
         if self._thread is not None:
             self._queue.put(None)
+        else:
+            self._close()
+
+    def _close(self) -> None:
+        """Release what the work holds; called once the last item is done."""
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             try:
                 if item is None:
+                    self._close()
                     return
                 if self.error is None:
                     self._observe(*item)
@@ -196,14 +204,30 @@ class ControllerThread(_Worker):
     Items are ``(index, request)``: every finished request goes through the
     controller's shadow caches. The pair it switches to is picked up by the
     scheduler with :meth:`take_pair`.
+
+    Args:
+        controller: the controller itself, or a
+            :class:`~vllm_admission.plugin.shadows.ShadowProcess` that runs it
+            in a child process (the default of :class:`AdmissionControl`:
+            the shadows then never hold the scheduler's GIL); both answer
+            ``observe(index, request)``.
     """
 
     what = "policy selection"
 
-    def __init__(self, controller: PolicyController) -> None:
+    def __init__(self, controller: PolicyController | ShadowProcess) -> None:
         super().__init__()
         self.controller = controller
         self.switches: list[dict[str, Any]] = []
+
+    @property
+    def in_process(self) -> bool:
+        """Whether the shadows run in this process (not in a child)."""
+        return not isinstance(self.controller, ShadowProcess)
+
+    def _close(self) -> None:
+        if isinstance(self.controller, ShadowProcess):
+            self.controller.close()
 
     def take_pair(self) -> Pair | None:
         """The pair decided since the last call, or ``None``."""
@@ -216,6 +240,19 @@ class ControllerThread(_Worker):
             logger.info("vllm_admission: auto: %s -> %s after request %d",
                         decision.before, decision.after, decision.at)
             self._offer(decision.after)
+
+
+def _policy_controller(kwargs: dict[str, Any], *, in_child: bool) -> PolicyController | ShadowProcess:
+    """``auto``'s controller: in a child process when ``in_child`` (falling back to
+    this process, with one warning, if the child cannot start), else here."""
+    if in_child:
+        try:
+            return ShadowProcess(**kwargs)
+        except (OSError, ShadowProcessError, pickle.PicklingError, TypeError) as exc:
+            logger.warning("vllm_admission: auto's shadow process did not start (%s: %s); "
+                           "its shadow caches run on a thread of the scheduler's process",
+                           type(exc).__name__, exc)
+    return PolicyController(None, **kwargs)
 
 
 class AdmissionControl:
@@ -242,7 +279,8 @@ class AdmissionControl:
         group_of: ``f(block) -> KV cache group index`` of a cached block
             (vLLM's ``get_group_id`` of its hash; the adapter binds it).
         tune_in_thread: run the tuner (or the controller) on a daemon thread
-            (default) or inline.
+            (default; ``auto``'s shadow caches then run in a child process,
+            :mod:`~vllm_admission.plugin.shadows`) or inline.
         adaptive: ``(admissions, evictions)`` to choose among online (``auto``,
             :class:`~vllm_admission.core.adaptive.PolicyController`), starting
             from ``policy`` + ``eviction``; needs ``prefill_flops``. The free
@@ -313,9 +351,11 @@ class AdmissionControl:
             admissions, evictions = adaptive
             setup = CacheSetup(layout=geometry, admission=policy, eviction=eviction,
                                segment_flops=prefill_flops)
-            self.controller = ControllerThread(PolicyController(
-                None, setup, admissions, evictions, prefill_flops=prefill_flops,
-                start=Pair(policy, eviction), min_window=auto_interval))
+            self.controller = ControllerThread(_policy_controller(
+                dict(setup=setup, admissions=tuple(admissions), evictions=tuple(evictions),
+                     prefill_flops=prefill_flops, start=Pair(policy, eviction),
+                     min_window=auto_interval),
+                in_child=tune_in_thread))
             tuned = False
         if not policy_cls.vllm_order or adaptive is not None:
             options = {"alpha": alpha if alpha is not None else 0.0} if policy_cls.tunable else {}

@@ -1,0 +1,64 @@
+"""auto's shadow caches in a child process: same decisions as in-process, clear errors."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from vllm_admission.core.adaptive import PolicyController
+from vllm_admission.core.costs import load_model
+from vllm_admission.core.geometry import CacheLayout
+from vllm_admission.core.replay import CacheRequest, CacheSetup
+from vllm_admission.plugin.shadows import ShadowProcess, ShadowProcessError
+
+B = 16
+#: A real model's prefill FLOPs (a bound method of ModelCosts: it pickles to the child).
+flops = load_model("qwen3-next-80b-a3b").prefill_flops
+
+
+def workload(n: int = 90, seed: int = 3) -> list[CacheRequest]:
+    rng = random.Random(seed)
+    docs = [[("d", k, i) for i in range(rng.randint(2, 12) * B)] for k in range(6)]
+    reqs = []
+    for r in range(n):
+        doc = rng.choice(docs)
+        tokens = doc[: rng.randint(1, len(doc))] + [("u", r)] * rng.randint(1, 2 * B)
+        keys, h = [], 0
+        for b in range(len(tokens) // B):
+            h = hash((h, tuple(tokens[b * B:(b + 1) * B])))
+            keys.append(h)
+        reqs.append(CacheRequest(keys, len(tokens), rng.randint(1, 8)))
+    return reqs
+
+
+def controller_kwargs(blocks: int = 40) -> dict:
+    layout = CacheLayout(num_blocks=blocks, block_size=B, group_kinds=("state", "attention"),
+                         bytes_per_block=1, chunk_size=8192)
+    setup = CacheSetup(layout=layout, admission="vllm", eviction="lru", segment_flops=flops)
+    return dict(setup=setup, admissions=("last", "vllm", "dense"), evictions=("lru", "lfu"),
+                prefill_flops=flops, min_window=10)
+
+
+def test_child_decides_exactly_as_in_process():
+    reqs = workload()
+    here = PolicyController(None, **controller_kwargs())
+    child = ShadowProcess(**controller_kwargs())
+    try:
+        for i, req in enumerate(reqs):
+            assert child.observe(i, req) == here.observe(i, req)
+    finally:
+        child.close()
+    assert here.switches, "the workload should make the controller switch"
+    assert child._proc.poll() is not None      # noqa: SLF001 - closed means exited
+
+
+def test_child_errors_come_back_as_one_exception():
+    with pytest.raises(ShadowProcessError, match="ValueError: the decision interval"):
+        ShadowProcess(**{**controller_kwargs(), "min_window": 0})
+    child = ShadowProcess(**controller_kwargs())
+    child._proc.kill()                          # noqa: SLF001 - the child dies
+    child._proc.wait()                          # noqa: SLF001
+    with pytest.raises(ShadowProcessError, match="is gone"):
+        child.observe(0, workload(1)[0])
+    child.close()

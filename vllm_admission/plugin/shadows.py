@@ -1,0 +1,143 @@
+"""``auto``'s shadow caches in a child process, so that they never hold the scheduler's GIL.
+
+The :class:`~vllm_admission.core.adaptive.PolicyController` serves every
+finished request on one simulated cache per candidate pair (8 by default).
+That is pure-Python work; on a thread of the engine core process it competes
+with vLLM's scheduler loop for the interpreter lock (``benchmarks/
+scheduler_overhead.py`` measured the thread at +19 % of ``schedule()`` +
+``update_from_output()`` on top of the plugin's free queue). :class:`ShadowProcess`
+runs the controller in a child interpreter instead, behind the same
+``observe(index, request) -> Decision | None`` call; the plugin's worker thread
+only pickles the request (its block-hash keys and two lengths) and waits on the
+pipe, which releases the lock.
+
+The child is a plain ``subprocess`` (``python -m vllm_admission.plugin.shadows``),
+not a ``multiprocessing`` process: vLLM runs its engine core as a daemonic
+``multiprocessing`` process, and those may not have children of their own. It
+imports :mod:`vllm_admission.core` only (no vLLM, no torch), reads pickled
+messages on stdin and answers each on stdout, and exits when stdin closes (the
+engine shut down or died). This module imports neither vLLM nor torch.
+
+Protocol (one pickled tuple per message, parent to child; one answer each):
+
+* ``("start", kwargs)``: build ``PolicyController(live=None, **kwargs)``;
+  answer ``("ok", None)``;
+* ``("observe", index, request)``: ``controller.observe(index, request)``;
+  answer ``("ok", decision_or_None)``.
+
+Any exception in the child is answered as ``("error", "Type: message")`` and
+raised in the parent as :class:`ShadowProcessError`.
+"""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from typing import Any, BinaryIO
+
+__all__ = ["ShadowProcess", "ShadowProcessError", "main"]
+
+
+class ShadowProcessError(RuntimeError):
+    """The child process failed (its exception's type and message), or is gone."""
+
+
+class ShadowProcess:
+    """A :class:`~vllm_admission.core.adaptive.PolicyController` in a child process.
+
+    Args:
+        **controller_kwargs: ``PolicyController``'s arguments except ``live``
+            (``setup``, ``admissions``, ``evictions``, ``prefill_flops``,
+            ``start``, ``min_window``, ...); they must pickle (``ModelCosts``'
+            bound ``prefill_flops`` does).
+
+    Raises:
+        ShadowProcessError: the child could not start or rejected the arguments.
+        OSError: the interpreter could not be launched.
+
+    Calls are not thread-safe: one thread (the plugin's worker) talks to it.
+    """
+
+    def __init__(self, **controller_kwargs: Any) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm_admission.plugin.shadows"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+        try:
+            self._call("start", controller_kwargs)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def observe(self, index: int, request: Any) -> Any:
+        """``PolicyController.observe`` in the child: the switching ``Decision`` or ``None``."""
+        return self._call("observe", index, request)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the child's stdin (it exits) and reap it; kill it after ``timeout`` s."""
+        proc = self._proc
+        if proc.poll() is None:
+            try:
+                proc.stdin.close()
+                proc.wait(timeout=timeout)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None and not stream.closed:
+                try:
+                    stream.close()
+                except OSError:          # unflushed bytes to a child that is gone
+                    pass
+
+    def _call(self, *message: Any) -> Any:
+        proc = self._proc
+        try:
+            pickle.dump(message, proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            proc.stdin.flush()
+            kind, value = pickle.load(proc.stdout)
+        except (OSError, EOFError, pickle.UnpicklingError) as exc:
+            raise ShadowProcessError(f"the shadow process (pid {proc.pid}) is gone: "
+                                     f"{type(exc).__name__}: {exc}") from None
+        if kind == "error":
+            raise ShadowProcessError(value)
+        return value
+
+
+def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
+    """The child's loop: answer messages from ``stdin`` on ``stdout`` until EOF."""
+    from vllm_admission.core.adaptive import PolicyController
+
+    controller = None
+    while True:
+        try:
+            message = pickle.load(stdin)
+        except EOFError:
+            return
+        try:
+            if message[0] == "start":
+                controller = PolicyController(None, **message[1])
+                answer: tuple[str, Any] = ("ok", None)
+            elif message[0] == "observe" and controller is not None:
+                answer = ("ok", controller.observe(message[1], message[2]))
+            else:
+                answer = ("error", f"ValueError: unexpected message {message[0]!r}")
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
+            answer = ("error", f"{type(exc).__name__}: {exc}")
+        pickle.dump(answer, stdout, protocol=pickle.HIGHEST_PROTOCOL)
+        stdout.flush()
+
+
+def main() -> None:
+    """Entry point of ``python -m vllm_admission.plugin.shadows`` (the child)."""
+    answers = sys.stdout.buffer
+    sys.stdout = sys.stderr          # a stray print must not corrupt the answers
+    serve(sys.stdin.buffer, answers)
+
+
+if __name__ == "__main__":
+    main()
