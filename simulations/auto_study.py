@@ -1,0 +1,121 @@
+"""``auto`` against stock vLLM, every fixed engine-runnable pair and Bélády (docs/results.md section 5).
+
+For each trace and model, one sweep runs ``auto`` + ``auto`` and every fixed
+pair an engine can run (admissions ``last``, ``vllm``, ``marconi``, ``dense`` x
+evictions ``lru``, ``lfu``, ``flop`` tuned online), plus ``vllm`` + ``belady``
+(the offline reference), at the trace's capacities. It writes
+``docs/results/auto/<trace>-<model>/results.json`` and ``hit_rate.png`` and
+prints one markdown table per sweep: stock (``vllm`` + ``lru``), the best fixed
+pair, ``auto`` with its prefill FLOPs saved, the ratio to stock, the distance
+to the best fixed pair, the pair it ended on, its switches, and the share of
+the stock-to-Bélády gap it closed.
+
+Usage: ``python simulations/auto_study.py [--traces mooncake,synthetic]
+[--models qwen3-next,nemotron-3-nano] [--jobs 2] [--tables]`` (``--tables``
+reprints the tables from the files already written). The Mooncake sweeps take
+about 20 minutes per model on 2 cores; the synthetic ones about 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from vllm_admission.core.adaptive import AUTO
+from vllm_admission.core.geometry import parse_bytes
+from vllm_admission.sim.report import write_results
+from vllm_admission.sim.sweep import SweepSpec, run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+MODELS = {
+    "qwen3-next": "qwen3-next-80b-a3b",
+    "nemotron-3-nano": str(SHARED / "model_configs" / "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json"),
+}
+TRACES = {
+    "mooncake": (str(SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"),
+                 ("32GiB", "64GiB", "128GiB", "256GiB", "512GiB", "1TiB", "4TiB")),
+    "synthetic": ("synthetic", ("2GiB", "4GiB", "8GiB", "16GiB", "64GiB")),
+}
+FIXED_ADMISSIONS = ("last", "vllm", "marconi", "dense")
+FIXED_EVICTIONS = ("lru", "lfu", "flop")
+STOCK = ("vllm", "lru")
+REFERENCE = ("vllm", "belady")
+
+
+def sweeps(trace: str, model: str) -> list[SweepSpec]:
+    """The sweeps of one trace and model: ``auto``, the fixed grid, the reference."""
+    path, caps = TRACES[trace]
+    common = dict(trace=path, model=MODELS[model], capacities=tuple(parse_bytes(c) for c in caps),
+                  chunk_size=8192)
+    return [SweepSpec(admissions=(AUTO,), evictions=(AUTO,), **common),
+            SweepSpec(admissions=FIXED_ADMISSIONS, evictions=FIXED_EVICTIONS, **common),
+            SweepSpec(admissions=(REFERENCE[0],), evictions=(REFERENCE[1],), **common)]
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 40):g} TiB" if n >= 1 << 40 else f"{n / (1 << 30):g} GiB"
+
+
+def table(doc: dict) -> str:
+    """The markdown table of one sweep document (runs of every pair, bound)."""
+    by = {}
+    for r in doc["runs"]:
+        by[(r["admission"], r["eviction"], r["capacity_bytes"])] = r
+    lines = ["| capacity | stock `vllm`+`lru` | best fixed pair | `auto`+`auto` | auto: FLOPs saved "
+             "| auto / stock | auto − best | final pair | switches | gap to Bélády closed |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for cap in sorted({r["capacity_bytes"] for r in doc["runs"]}):
+        stock = by[(*STOCK, cap)]["token_hit_rate"]
+        fixed = [r for (a, e, c), r in by.items() if c == cap and a != AUTO and e != "belady"]
+        best = max(fixed, key=lambda r: r["token_hit_rate"])
+        auto = by[(AUTO, AUTO, cap)]
+        ref = by.get((*REFERENCE, cap))
+        gap = ""
+        if ref is not None and ref["token_hit_rate"] > max(stock, best["token_hit_rate"]):
+            gap = f"{100 * (auto['token_hit_rate'] - stock) / (ref['token_hit_rate'] - stock):.0f} %"
+        ratio = auto["token_hit_rate"] / stock if stock else float("inf")
+        lines.append(
+            f"| {_gib(cap)} | {100 * stock:.2f} | {100 * best['token_hit_rate']:.2f} "
+            f"({best['admission']}+{best['eviction']}) | {100 * auto['token_hit_rate']:.2f} | "
+            f"{100 * auto['flops_saved_fraction']:.2f} | {ratio:.2f}x | "
+            f"{100 * (auto['token_hit_rate'] - best['token_hit_rate']):+.2f} | "
+            f"{auto['final_policy']} | {len(auto['policy_switches'])} | {gap or '–'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--traces", default=",".join(TRACES), help=f"comma list of {', '.join(TRACES)}")
+    ap.add_argument("--models", default=",".join(MODELS), help=f"comma list of {', '.join(MODELS)}")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "auto"))
+    ap.add_argument("--tables", action="store_true", help="reprint the tables from the files written")
+    args = ap.parse_args(argv)
+    for trace in args.traces.split(","):
+        for model in args.models.split(","):
+            if trace not in TRACES or model not in MODELS:
+                ap.error(f"unknown trace or model {trace!r}, {model!r}")
+            out = Path(args.out) / f"{trace}-{model}"
+            if args.tables:
+                doc = json.loads((out / "results.json").read_text())
+            else:
+                if not Path(TRACES[trace][0]).exists() and trace != "synthetic":
+                    print(f"{trace}: trace not found at {TRACES[trace][0]}", file=sys.stderr)
+                    return 2
+                docs = [run_sweep(s, jobs=args.jobs, progress=True) for s in sweeps(trace, model)]
+                doc = {**docs[0], "runs": [r for d in docs for r in d["runs"]]}
+                if trace == "mooncake":
+                    doc["trace"] = "mooncake/conversation_trace.jsonl"
+                res, png = write_results(doc, out)
+                print(f"wrote {res} and {png}")
+            print(f"\n### {trace}, {doc['model']}\n")
+            print(table(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
