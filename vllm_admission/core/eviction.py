@@ -643,9 +643,11 @@ class ReuseEviction(EvictionPolicy):
     ``p_again`` be the fractions of references of each kind that were followed
     by another reference of the same hash, and ``r = max(1, p_again / p_first)``.
     The victim is the oldest *again* block when its age (time since it was
-    freed) is at least ``r`` times the age of the oldest *first* block,
-    otherwise the oldest *first* block. With ``r = 1`` this is LRU; an empty
-    queue yields to the other.
+    freed) is more than ``r`` times the age of the oldest *first* block,
+    otherwise the oldest *first* block; at exactly ``r`` times (both freed at
+    the current time, say: a burst of requests shares one clock tick) the one
+    freed first goes, as in LRU. With ``r = 1`` this is LRU; an empty queue
+    yields to the other.
 
     History is keyed by block hash (:attr:`needs_keys`) and outlives eviction:
     a hash whose last block was evicted stays in a ghost list (the ``history``
@@ -685,8 +687,10 @@ class ReuseEviction(EvictionPolicy):
         self._reused = [1.0, 1.0]                 # references followed by another, by kind
         self._total = [1.0, 1.0]                  # references, by kind
         self._counted = 0                         # references since the last halving
-        self._first: OrderedDict[int, float] = OrderedDict()   # candidate -> free time
-        self._again: OrderedDict[int, float] = OrderedDict()
+        # candidate -> (free time, free sequence number), in free order
+        self._first: OrderedDict[int, tuple[float, int]] = OrderedDict()
+        self._again: OrderedDict[int, tuple[float, int]] = OrderedDict()
+        self._seq = itertools.count()
 
     # -- history ---------------------------------------------------------
     def _reference(self, key: object) -> None:
@@ -760,7 +764,7 @@ class ReuseEviction(EvictionPolicy):
             raise KeyError(f"block {block_id} is already a candidate")
         key = self._key.get(block_id)
         again = key is not None and self._refs.get(key, 1) > 1
-        (self._again if again else self._first)[block_id] = now
+        (self._again if again else self._first)[block_id] = (now, next(self._seq))
 
     def remove(self, block_id: int) -> None:
         if self._first.pop(block_id, None) is None:
@@ -776,9 +780,12 @@ class ReuseEviction(EvictionPolicy):
             queue = again
         else:
             self._age()
-            age_first = now - next(iter(first.values()))
-            age_again = now - next(iter(again.values()))
-            queue = again if age_again >= self.ratio * age_first else first
+            t_first, seq_first = next(iter(first.values()))
+            t_again, seq_again = next(iter(again.values()))
+            limit = self.ratio * (now - t_first)
+            age_again = now - t_again
+            older = age_again > limit or (age_again == limit and seq_again < seq_first)
+            queue = again if older else first
         block_id = queue.popitem(last=False)[0]
         self._drop(block_id, keep=True)
         return block_id
@@ -795,6 +802,9 @@ class ReuseEviction(EvictionPolicy):
         other._cap, other._counted = self._cap, self._counted
         other._reused, other._total = self._reused[:], self._total[:]
         other._first, other._again = self._first.copy(), self._again.copy()
+        start = next(self._seq)
+        self._seq = itertools.count(start + 1)
+        other._seq = itertools.count(start + 1)
         return other
 
     def __len__(self) -> int:
