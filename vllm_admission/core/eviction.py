@@ -25,7 +25,7 @@ policy's name:
 * ``needs_future``: next-use times (an oracle): simulator only;
 * ``needs_hits``: the hit hook;
 * ``needs_keys``: the caching hook :meth:`~EvictionPolicy.on_cache` (the block's
-  hash key), for history kept by hash; simulator only until the plugin calls it;
+  hash key), for history kept by hash;
 * ``tunable``: an ``alpha`` tuned online by :class:`~vllm_admission.core.tuning.AlphaTuner`
   when not fixed;
 * ``vllm_order``: orders exactly as vLLM's ``FreeKVCacheBlockQueue``, so the
@@ -144,10 +144,14 @@ class EvictionPolicy(ABC):
         Called only for policies that :attr:`needs_hits`."""
 
     def on_cache(self, block_id: int, key: object) -> None:
-        """Block ``block_id`` (in use) was given the hash ``key``: vLLM's
-        ``BlockHashWithGroupId`` (the simulator's ``(group, block_hash)``), equal
-        for equal hashes in one group. Called only for policies that
-        :attr:`needs_keys`, before the block is a candidate."""
+        """Block ``block_id`` (in use) was given a hash; ``key`` is hashable and
+        equal for equal hashes in one KV cache group: ``(group, block_hash)``
+        for a block of prompt tokens (the engine's ``block_hash`` is
+        ``vllm_admission.plugin.control.hash_key`` of vLLM's hash), a key never
+        seen again for a block holding generated tokens. Called only for
+        policies that :attr:`needs_keys`, before the block is a candidate; not
+        called for a state cached only as a ``marconi`` sequence end (see
+        :class:`ReuseEviction`). A block cached without a report has no key."""
 
     @abstractmethod
     def clone(self) -> "EvictionPolicy":
@@ -649,7 +653,22 @@ class ReuseEviction(EvictionPolicy):
     freed first goes, as in LRU. With ``r = 1`` this is LRU; an empty queue
     yields to the other.
 
-    History is keyed by block hash (:attr:`needs_keys`) and outlives eviction:
+    History is keyed by block hash (:attr:`needs_keys`): what :meth:`on_cache`
+    and :meth:`on_hit` report, identically in the simulator and in the engine
+    (the plugin's ``AdmissionBlockPool.cache_full_blocks``). Two kinds of
+    blocks are reported the way the simulator can know them, not by vLLM's
+    hash: a block holding generated tokens counts as new content (a key of
+    its own: vLLM's hash would tie a resent prompt's identical greedy output to
+    the first copy, which the simulator, not knowing the outputs, cannot); and
+    a state that ``marconi`` keeps only as the sequence end is cached without a
+    key (the engine, not knowing the length, caches every candidate tail
+    tentatively and drops all but the last; a key heard for the dropped ones
+    would count uses the simulator never sees). A block without a key is a
+    first-time block and leaves no ghost. With that, engine and simulator
+    order evictions identically, request by request
+    (``tests/test_plugin_scheduler.py``).
+
+    History outlives eviction:
     a hash whose last block was evicted stays in a ghost list (the ``history``
     x cache-size most recently evicted hashes), so a prefix recomputed after an
     eviction is recognised as reused. That is what LRU misses on the Mooncake
@@ -824,12 +843,10 @@ EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
                               BeladyEviction)
 }
 
-#: Policies a live engine can run: no future knowledge, and no block hashes at
-#: caching time (``needs_keys``: the plugin does not report them yet; a first
-#: attempt disagreed with the simulator on vLLM's own Mamba manager, which
-#: registers a prompt's tail state a second time).
+#: Policies a live engine can run: every one that needs no future knowledge
+#: (the plugin serves ``needs_values``, ``needs_hits`` and ``needs_keys``).
 ENGINE_EVICTION_POLICIES = tuple(n for n, c in EVICTION_POLICIES.items()
-                                 if not c.needs_future and not c.needs_keys)
+                                 if not c.needs_future)
 
 
 def eviction_class(name: str) -> type[EvictionPolicy]:
