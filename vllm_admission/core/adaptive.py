@@ -67,8 +67,8 @@ from vllm_admission.core.eviction import (
 )
 from vllm_admission.core.replay import CacheRequest, CacheSetup
 
-__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "AUTO_EXCLUDED_EVICTIONS", "Decision", "Pair", "PolicyController",
-           "candidate_policies"]
+__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "AUTO_EXCLUDED_EVICTIONS", "Decision",
+           "Pair", "PolicyController", "candidate_policies"]
 
 #: The name that asks for online selection, for admission and eviction alike.
 AUTO = "auto"
