@@ -21,7 +21,9 @@ up stays as it is):
   the prompt-end state the policy just decided about;
 * :class:`AdmissionBlockPool` (``BlockPool``, ``vllm/v1/core/block_pool.py``):
   ``cache_full_blocks`` records which states of the first state group got a
-  hash (checkpoint metrics, block values), ``get_new_blocks`` counts evictions
+  hash (checkpoint metrics, block values) and reports every block that got a
+  hash to an eviction policy that ``needs_keys``
+  (:meth:`AdmissionControl.on_cache`), ``get_new_blocks`` counts evictions
   per KV cache group, ``touch`` reports prefix hits to a policy that
   ``needs_hits``, ``reset_prefix_cache`` re-orders the policy's free queue.
 
