@@ -100,16 +100,42 @@ def test_marconi_keeps_the_sequence_end_not_the_prompt_end():
         seen = []
         orig = cache.pool.cache
 
-        def spy(block, key, seen=seen, orig=orig, cache=cache):
+        def spy(block, key, seen=seen, orig=orig, cache=cache, **kw):
             if key[0] == 0:  # the state group
                 seen.append(key[1])
-            orig(block, key)
+            orig(block, key, **kw)
 
         cache.pool.cache = spy
         cache.serve(hashes, 1000, 600, rid=0, now=0.0)
         positions = [(key[2] + 1) * B if isinstance(key, tuple) else (hashes.index(key) + 1) * B
                      for key in seen]
         assert positions == expect, policy
+
+
+@pytest.mark.parametrize("policy,state_keys", [
+    ("last", ["p2", ("out", 3), ("out", 4), ("out", 5)]),
+    ("marconi", []),   # its one state (1,536) is kept only as the sequence end
+    ("vllm", ["p2"]),
+])
+def test_a_keyed_policy_hears_prompt_hashes_and_new_keys_for_outputs(policy, state_keys):
+    """What ``on_cache`` reports (the plugin reports the same, tests/test_plugin_scheduler.py):
+    a prompt block's hash, a key of its own for a block holding generated tokens, and
+    nothing for a state a live engine could only cache tentatively (marconi's sequence
+    end). Prompt 1,000 tokens (3 full blocks), output 600: blocks 3..5 hold outputs."""
+    hashes = chained(["p"] * 1000)
+    cache = make_cache(policy, "reuse")
+    heard = []
+    orig = cache.eviction.on_cache
+    cache.eviction.on_cache = lambda block, key: (heard.append(key), orig(block, key))
+    cache.serve(hashes, 1000, 600, rid=0, now=0.0)
+    named = {h: f"p{i}" for i, h in enumerate(hashes)}
+
+    def show(key):
+        return named[key] if key in named else key[:1] + key[2:]
+
+    assert sorted(map(show, (k[1] for k in heard if k[0] == 1)), key=str) == \
+        sorted(["p0", "p1", "p2", ("out", 3), ("out", 4), ("out", 5)], key=str)
+    assert [show(k[1]) for k in heard if k[0] == 0] == state_keys
 
 
 def test_long_prompt_chunks_end_on_block_boundaries():

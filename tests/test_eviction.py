@@ -66,7 +66,7 @@ def test_capabilities_are_declared_for_every_policy():
     assert [n for n, c in EVICTION_POLICIES.items() if c.vllm_order] == ["lru"]
     assert [n for n, c in EVICTION_POLICIES.items() if c.tunable] == ["flop"]
     keyed = [n for n, c in EVICTION_POLICIES.items() if c.needs_keys]
-    assert keyed == ["reuse"] and not set(keyed) & set(ENGINE_EVICTION_POLICIES)
+    assert keyed == ["reuse"] and set(keyed) <= set(ENGINE_EVICTION_POLICIES)
 
 
 def test_lfu_without_hits_orders_like_lru():
@@ -312,3 +312,16 @@ def test_cache_reports_hash_keys_to_policies_that_need_them():
     assert (0, 14) in spy.seen  # the prompt-end state, keyed by its group
     out = cache.serve(hashes, prompt_len=65, output_len=1, rid=1, now=1.0)
     assert out.hit_tokens == 64
+
+
+@pytest.mark.parametrize("again_first", [True, False])
+def test_reuse_breaks_an_age_tie_in_free_order(again_first):
+    """Both heads freed at the current time (a burst shares one clock tick): the ratio
+    cannot tell them apart, so the block freed first goes, as in LRU."""
+    reuse = ReuseEviction()
+    reuse.on_cache(1, (1, "a"))
+    reuse.on_cache(2, (1, "b"))
+    reuse.on_hit(2, now=0.0)          # "b" used again: block 2 joins the again queue
+    for b in ((2, 1) if again_first else (1, 2)):
+        reuse.add(b, now=3.0)
+    assert reuse.pop(now=3.0) == (2 if again_first else 1)

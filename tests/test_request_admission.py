@@ -83,3 +83,15 @@ def test_checkpoints_and_values_follow_record_and_unrecord():
     assert asked == [0, 1]  # the cache was asked once
     adm.unrecord(4096)  # never recorded: ignored
     assert adm.admitted == [1024]
+
+
+@pytest.mark.parametrize("name", sorted(ADMISSION_POLICIES))
+def test_kept_as_sequence_end_is_what_a_live_engine_caches_tentatively(name):
+    """Among the states the simulator admits (length known), exactly those the engine
+    (length unknown) decides TENTATIVE are kept only as the sequence end."""
+    known = RequestAdmission(get_admission(name), PROBE, total_len=1040)
+    live = RequestAdmission(get_admission(name), PROBE, total_len=None)
+    for pos in range(B, 1024 + 1, B):
+        if known.decide(pos) == ADMIT:
+            assert known.kept_as_sequence_end(pos) == (live.decide(pos) == TENTATIVE), pos
+    assert known.kept_as_sequence_end(1024) == (name == "marconi")

@@ -404,6 +404,23 @@ class RequestAdmission:
             return TENTATIVE
         return SKIP
 
+    def kept_as_sequence_end(self, position: int) -> bool:
+        """Whether the state at ``position`` is admitted only as the sequence end
+        of a ``supersede_tail`` policy (``marconi``): a live engine, which does
+        not know the length, caches it tentatively (:data:`TENTATIVE`) and
+        learns only when the request finishes that it stays.
+
+        Meaningful for a position :meth:`decide` admits; False for every
+        position of a policy without ``supersede_tail``.
+        """
+        policy = self.policy
+        if not policy.supersede_tail:
+            return False
+        probe = self.probe
+        return not policy.admit(checkpoint_kinds(
+            position, prompt_len=probe.prompt_len, total_len=None,
+            block_size=probe.block_size, junction=self.junction))
+
     def checkpoints(self, is_cached_state: Callable[[int], bool]) -> list[int]:
         """Ascending cached-state positions along the request's sequence.
 

@@ -255,8 +255,13 @@ class BlockPool:
                             if eviction.needs_values or free.switchable else None,
                             [next_use[b] for b in cached] if eviction.needs_future else None)
 
-    def cache(self, block: int, key: tuple) -> None:
-        """Give an in-use block its hash (``cache_full_blocks``)."""
+    def cache(self, block: int, key: tuple, *, report: bool = True) -> None:
+        """Give an in-use block its hash (``cache_full_blocks``).
+
+        A policy that :attr:`~EvictionPolicy.needs_keys` hears
+        :meth:`~EvictionPolicy.on_cache` unless ``report`` is False (a state a
+        live engine caches only tentatively: see ``HybridPrefixCache._cache_full``).
+        """
         g, h = key
         self.key[block] = key
         idx = self.index[g]
@@ -265,7 +270,7 @@ class BlockPool:
         else:
             idx[h] = block
         self.insertions_by_group[g] += 1
-        if self.eviction.needs_keys:
+        if report and self.eviction.needs_keys:
             self.eviction.on_cache(block, key)
 
     def cache_many(self, group: int, blocks: Sequence[int], hashes: Sequence) -> None:
@@ -643,7 +648,15 @@ class HybridPrefixCache:
 
     def _cache_full(self, run: _Running, full: int) -> None:
         """``cache_blocks`` up to the first ``full`` blocks: every new attention
-        block, and a state block where the admission policy admits its position."""
+        block, and a state block where the admission policy admits its position.
+
+        Blocks holding generated tokens get keys of their own (``("out", rid,
+        i)``): output is new content. A policy that ``needs_keys`` is not told
+        the key of a state kept only as the sequence end
+        (:meth:`RequestAdmission.kept_as_sequence_end`): the engine caches such
+        a state tentatively, before it knows the request ends there, and
+        reports only keys the simulator reports at the same moment.
+        """
         nc, run.num_cached = run.num_cached, full
         hashes, pool = run.hashes, self.pool
         nh = len(hashes)
@@ -655,6 +668,7 @@ class HybridPrefixCache:
             for i in range(max(nc, nh), full):
                 pool.cache(blocks[i], (g, ("out", run.rid, i)))
         adm, B = run.adm, self.block_size
+        keyed = pool.eviction.needs_keys
         for i in run.live:
             if not nc <= i < full:
                 continue
@@ -665,8 +679,9 @@ class HybridPrefixCache:
             adm.record(pos)
             self.checkpoints += 1
             h = hashes[i] if i < nh else ("out", run.rid, i)
+            report = not (keyed and adm.kept_as_sequence_end(pos))
             for g in self.state_groups:
-                pool.cache(run.blocks[g][i], (g, h))
+                pool.cache(run.blocks[g][i], (g, h), report=report)
 
     def _finish(self, run: _Running, now: float) -> None:
         """Free every block: group after group in vLLM's order, each group's

@@ -25,7 +25,7 @@ policy's name:
 * ``needs_future``: next-use times (an oracle): simulator only;
 * ``needs_hits``: the hit hook;
 * ``needs_keys``: the caching hook :meth:`~EvictionPolicy.on_cache` (the block's
-  hash key), for history kept by hash; simulator only until the plugin calls it;
+  hash key), for history kept by hash;
 * ``tunable``: an ``alpha`` tuned online by :class:`~vllm_admission.core.tuning.AlphaTuner`
   when not fixed;
 * ``vllm_order``: orders exactly as vLLM's ``FreeKVCacheBlockQueue``, so the
@@ -144,10 +144,14 @@ class EvictionPolicy(ABC):
         Called only for policies that :attr:`needs_hits`."""
 
     def on_cache(self, block_id: int, key: object) -> None:
-        """Block ``block_id`` (in use) was given the hash ``key``: vLLM's
-        ``BlockHashWithGroupId`` (the simulator's ``(group, block_hash)``), equal
-        for equal hashes in one group. Called only for policies that
-        :attr:`needs_keys`, before the block is a candidate."""
+        """Block ``block_id`` (in use) was given a hash; ``key`` is hashable and
+        equal for equal hashes in one KV cache group: ``(group, block_hash)``
+        for a block of prompt tokens (the engine's ``block_hash`` is
+        ``vllm_admission.plugin.control.hash_key`` of vLLM's hash), a key never
+        seen again for a block holding generated tokens. Called only for
+        policies that :attr:`needs_keys`, before the block is a candidate; not
+        called for a state cached only as a ``marconi`` sequence end (see
+        :class:`ReuseEviction`). A block cached without a report has no key."""
 
     @abstractmethod
     def clone(self) -> "EvictionPolicy":
@@ -643,11 +647,28 @@ class ReuseEviction(EvictionPolicy):
     ``p_again`` be the fractions of references of each kind that were followed
     by another reference of the same hash, and ``r = max(1, p_again / p_first)``.
     The victim is the oldest *again* block when its age (time since it was
-    freed) is at least ``r`` times the age of the oldest *first* block,
-    otherwise the oldest *first* block. With ``r = 1`` this is LRU; an empty
-    queue yields to the other.
+    freed) is more than ``r`` times the age of the oldest *first* block,
+    otherwise the oldest *first* block; at exactly ``r`` times (both freed at
+    the current time, say: a burst of requests shares one clock tick) the one
+    freed first goes, as in LRU. With ``r = 1`` this is LRU; an empty queue
+    yields to the other.
 
-    History is keyed by block hash (:attr:`needs_keys`) and outlives eviction:
+    History is keyed by block hash (:attr:`needs_keys`): what :meth:`on_cache`
+    and :meth:`on_hit` report, identically in the simulator and in the engine
+    (the plugin's ``AdmissionBlockPool.cache_full_blocks``). Two kinds of
+    blocks are reported the way the simulator can know them, not by vLLM's
+    hash: a block holding generated tokens counts as new content (a key of
+    its own: vLLM's hash would tie a resent prompt's identical greedy output to
+    the first copy, which the simulator, not knowing the outputs, cannot); and
+    a state that ``marconi`` keeps only as the sequence end is cached without a
+    key (the engine, not knowing the length, caches every candidate tail
+    tentatively and drops all but the last; a key heard for the dropped ones
+    would count uses the simulator never sees). A block without a key is a
+    first-time block and leaves no ghost. With that, engine and simulator
+    order evictions identically, request by request
+    (``tests/test_plugin_scheduler.py``).
+
+    History outlives eviction:
     a hash whose last block was evicted stays in a ghost list (the ``history``
     x cache-size most recently evicted hashes), so a prefix recomputed after an
     eviction is recognised as reused. That is what LRU misses on the Mooncake
@@ -685,8 +706,10 @@ class ReuseEviction(EvictionPolicy):
         self._reused = [1.0, 1.0]                 # references followed by another, by kind
         self._total = [1.0, 1.0]                  # references, by kind
         self._counted = 0                         # references since the last halving
-        self._first: OrderedDict[int, float] = OrderedDict()   # candidate -> free time
-        self._again: OrderedDict[int, float] = OrderedDict()
+        # candidate -> (free time, free sequence number), in free order
+        self._first: OrderedDict[int, tuple[float, int]] = OrderedDict()
+        self._again: OrderedDict[int, tuple[float, int]] = OrderedDict()
+        self._seq = itertools.count()
 
     # -- history ---------------------------------------------------------
     def _reference(self, key: object) -> None:
@@ -760,7 +783,7 @@ class ReuseEviction(EvictionPolicy):
             raise KeyError(f"block {block_id} is already a candidate")
         key = self._key.get(block_id)
         again = key is not None and self._refs.get(key, 1) > 1
-        (self._again if again else self._first)[block_id] = now
+        (self._again if again else self._first)[block_id] = (now, next(self._seq))
 
     def remove(self, block_id: int) -> None:
         if self._first.pop(block_id, None) is None:
@@ -776,9 +799,12 @@ class ReuseEviction(EvictionPolicy):
             queue = again
         else:
             self._age()
-            age_first = now - next(iter(first.values()))
-            age_again = now - next(iter(again.values()))
-            queue = again if age_again >= self.ratio * age_first else first
+            t_first, seq_first = next(iter(first.values()))
+            t_again, seq_again = next(iter(again.values()))
+            limit = self.ratio * (now - t_first)
+            age_again = now - t_again
+            older = age_again > limit or (age_again == limit and seq_again < seq_first)
+            queue = again if older else first
         block_id = queue.popitem(last=False)[0]
         self._drop(block_id, keep=True)
         return block_id
@@ -795,6 +821,9 @@ class ReuseEviction(EvictionPolicy):
         other._cap, other._counted = self._cap, self._counted
         other._reused, other._total = self._reused[:], self._total[:]
         other._first, other._again = self._first.copy(), self._again.copy()
+        start = next(self._seq)
+        self._seq = itertools.count(start + 1)
+        other._seq = itertools.count(start + 1)
         return other
 
     def __len__(self) -> int:
@@ -814,12 +843,10 @@ EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
                               BeladyEviction)
 }
 
-#: Policies a live engine can run: no future knowledge, and no block hashes at
-#: caching time (``needs_keys``: the plugin does not report them yet; a first
-#: attempt disagreed with the simulator on vLLM's own Mamba manager, which
-#: registers a prompt's tail state a second time).
+#: Policies a live engine can run: every one that needs no future knowledge
+#: (the plugin serves ``needs_values``, ``needs_hits`` and ``needs_keys``).
 ENGINE_EVICTION_POLICIES = tuple(n for n, c in EVICTION_POLICIES.items()
-                                 if not c.needs_future and not c.needs_keys)
+                                 if not c.needs_future)
 
 
 def eviction_class(name: str) -> type[EvictionPolicy]:

@@ -17,6 +17,8 @@ terms and keeps the per-request facts the policies need:
   (``marconi``) the latest state at or after the prompt end is kept
   tentatively and replaces the previous tentative one (:meth:`supersede`);
   the states that really got a hash are recorded by :meth:`observe_cached`;
+* when a block gets its hash it tells an eviction policy that ``needs_keys``
+  the block's key, as the simulator's cache model does (:meth:`on_cache`);
 * when blocks are freed it values them with the same object's
   :meth:`~vllm_admission.core.admission.RequestAdmission.block_value` for
   eviction policies that ``needs_values`` (:meth:`scope`, :meth:`stage_values`);
@@ -27,6 +29,7 @@ It holds no tensors and copies none: vLLM's model runner writes the states.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import pickle
 import queue
@@ -53,13 +56,24 @@ from vllm_admission.core.tuning import GRIDS, AlphaTuner
 from vllm_admission.plugin.shadows import ShadowProcess, ShadowProcessError
 from vllm_admission.plugin.stats import AdmissionStats
 
-__all__ = ["AdmissionControl", "ControllerThread", "TunerThread"]
+__all__ = ["AdmissionControl", "ControllerThread", "TunerThread", "hash_key"]
 
 logger = logging.getLogger("vllm_admission")
 
 #: Requests the alpha tuner may remember before any eviction; past it the
 #: tuner restarts (bounds memory on a server whose cache never fills).
 MAX_BOOTSTRAP_HISTORY = 20_000
+
+
+def hash_key(block_hash: Any) -> int:
+    """The core's integer key of a vLLM block hash: its first 8 bytes, big-endian.
+
+    ``block_hash`` is a ``BlockHash`` or a ``BlockHashWithGroupId`` (the hash
+    bytes followed by the 4-byte group id, ``vllm/v1/core/kv_cache_utils.py``):
+    both start with the same bytes. The simulator's requests built from the
+    engine (:class:`~vllm_admission.core.replay.CacheRequest`) use these keys.
+    """
+    return int.from_bytes(bytes(block_hash)[:8], "big")
 
 
 @dataclass(slots=True)
@@ -329,6 +343,7 @@ class AdmissionControl:
         self.group_of = group_of
         self.tracks: dict[str, _Track] = {}
         self._pending: dict[str, HitProbe] = {}
+        self._output_keys = itertools.count()  # keys of blocks holding generated tokens
         # metrics
         self.requests = 0
         self.prompt_tokens = 0
@@ -587,6 +602,43 @@ class AdmissionControl:
             if not b.is_null and b.block_hash is not None:
                 policy.on_hit(b.block_id, now)
 
+    def wants_keys(self) -> bool:
+        """Whether the eviction policy keeps history by block hash (``needs_keys``)."""
+        policy = self.eviction_policy
+        return policy is not None and policy.needs_keys
+
+    def on_cache(self, request: Any, group: int, blocks: Sequence[Any]) -> None:
+        """``blocks`` of KV cache group ``group`` just got their hash
+        (``BlockPool.cache_full_blocks``); tell a policy that ``needs_keys``.
+
+        The keys are the simulator's (``HybridPrefixCache._cache_full``), so both
+        tell the policy the same thing at the same moment:
+
+        * a block of prompt tokens only (its hash covers at most
+          ``num_prompt_tokens``): ``(group, hash_key(block hash))``;
+        * a block holding generated tokens: a key of its own that never
+          recurs. The simulator cannot know output tokens and counts them as
+          new content; vLLM's hash would tie a resent prompt's identical
+          greedy output to the first one's;
+        * a state kept tentatively as the sequence end (``marconi``,
+          :data:`~vllm_admission.core.admission.TENTATIVE`): no key. The
+          simulator knows the length and caches only the last such state,
+          without telling the policy either.
+        """
+        policy = self.eviction_policy
+        tentative = self.policy.supersede_tail and group in self._state_set
+        decide = self.track(request).adm.decide if tentative else None
+        prompt_len = request.num_prompt_tokens
+        for b in blocks:
+            end = b.block_hash_num_tokens
+            if tentative and decide(end) == TENTATIVE:
+                continue
+            if end > prompt_len:
+                key: Any = ("out", next(self._output_keys))
+            else:
+                key = (group, hash_key(b.block_hash))
+            policy.on_cache(b.block_id, key)
+
     def on_hash_dropped(self, block: Any) -> None:
         """``block`` lost its hash without an eviction (a superseded state)."""
         policy = self.eviction_policy
@@ -609,7 +661,7 @@ class AdmissionControl:
         hashes = request.block_hashes
         stride = self._hash_stride
         n = min(P // self.B, len(hashes) // stride)
-        keys = [int.from_bytes(bytes(hashes[(i + 1) * stride - 1])[:8], "big") for i in range(n)]
+        keys = [hash_key(hashes[(i + 1) * stride - 1]) for i in range(n)]
         item = CacheRequest(keys, P, output_len)
         if self.controller is not None:
             index, self._finished = self._finished, self._finished + 1

@@ -21,7 +21,9 @@ up stays as it is):
   the prompt-end state the policy just decided about;
 * :class:`AdmissionBlockPool` (``BlockPool``, ``vllm/v1/core/block_pool.py``):
   ``cache_full_blocks`` records which states of the first state group got a
-  hash (checkpoint metrics, block values), ``get_new_blocks`` counts evictions
+  hash (checkpoint metrics, block values) and reports every block that got a
+  hash to an eviction policy that ``needs_keys``
+  (:meth:`AdmissionControl.on_cache`), ``get_new_blocks`` counts evictions
   per KV cache group, ``touch`` reports prefix hits to a policy that
   ``needs_hits``, ``reset_prefix_cache`` re-orders the policy's free queue.
 
@@ -98,11 +100,20 @@ class AdmissionBlockPool(BlockPool):
     def cache_full_blocks(self, request: Any, blocks: list[KVCacheBlock], num_cached_blocks: int,
                           num_full_blocks: int, block_size: int, kv_cache_group_id: int,
                           block_mask: list[bool] | None = None) -> None:
+        ctl = self._admission
+        keyed = ctl.wants_keys() and num_full_blocks > num_cached_blocks
+        if keyed:
+            before = [b.block_hash for b in blocks[num_cached_blocks:num_full_blocks]]
         super().cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, block_size,
                                   kv_cache_group_id, block_mask)
+        if keyed:
+            # Report the blocks that got a hash here (not null, not masked out).
+            new = [b for b, old in zip(blocks[num_cached_blocks:num_full_blocks], before)
+                   if b.block_hash is not None and b.block_hash != old]
+            if new:
+                ctl.on_cache(request, kv_cache_group_id, new)
         if kv_cache_group_id == self._admission_group and num_full_blocks > num_cached_blocks:
             # The first state group: record the states that just got a hash.
-            ctl = self._admission
             ctl.observe_cached(ctl.track(request), blocks, num_cached_blocks, num_full_blocks)
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:

@@ -41,7 +41,12 @@ from vllm.v1.kv_cache_interface import MambaSpec
 
 from vllm_admission.core.adaptive import AUTO, PolicyController, candidate_policies
 from vllm_admission.core.admission import get_admission
-from vllm_admission.core.eviction import EVICTION_POLICIES, eviction_class, get_eviction
+from vllm_admission.core.eviction import (
+    ENGINE_EVICTION_POLICIES,
+    EVICTION_POLICIES,
+    eviction_class,
+    get_eviction,
+)
 from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout
 from vllm_admission.plugin import vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
@@ -95,6 +100,8 @@ class AdmissionScheduler(Scheduler):
         start = PolicyController.default_start(admissions, evictions)
         for name in admissions:
             self._admission_check_supported(name)
+        for name in evictions:
+            self._admission_check_keys(name)
         prefill_flops = None
         if adaptive or any(not eviction_class(e).vllm_order for e in evictions):
             if self.connector is not None:
@@ -161,26 +168,48 @@ class AdmissionScheduler(Scheduler):
         if self.cache_config.mamba_cache_mode != "align":
             problems.append(f"mamba_cache_mode={self.cache_config.mamba_cache_mode!r} "
                             f"(needs 'align')")
-        if self.hash_block_size != self.block_size or any(
-                g.kv_cache_spec.block_size != self.block_size
-                for g in self.kv_cache_config.kv_cache_groups):
-            problems.append("hash or group block sizes differ from the scheduler block size")
-        if getattr(self.kv_cache_manager.coordinator, "enable_partial_hash_hits", False):
-            problems.append("partial hash hits")
+        problems += self._admission_key_problems()
         if self.use_eagle_block_drop or self.kv_cache_manager.coordinator.eagle_group_ids:
             problems.append("EAGLE/MTP speculative decoding")
-        for g in self.kv_cache_config.kv_cache_groups:
-            spec = g.kv_cache_spec
-            if isinstance(spec, MambaSpec) and (spec.num_prefill_checkpoint_blocks
-                                                or spec.num_speculative_blocks):
-                problems.append("Mamba prefill-checkpoint or speculative blocks")
-                break
         if self.connector is not None:
             problems.append("a KV connector")
         if problems:
             raise AdmissionConfigError(
                 f"VLLM_ADMISSION_POLICY={policy} cannot run with {'; '.join(problems)} "
                 f"(valid here: vllm)")
+
+    def _admission_key_problems(self) -> list[str]:
+        """Engine features under which a block's hash is not one full block's,
+        given once by ``BlockPool.cache_full_blocks`` (partial entries, re-keyed
+        Mamba checkpoint blocks): the core's cache model has one key per block."""
+        problems = []
+        if self.hash_block_size != self.block_size or any(
+                g.kv_cache_spec.block_size != self.block_size
+                for g in self.kv_cache_config.kv_cache_groups):
+            problems.append("hash or group block sizes differ from the scheduler block size")
+        if getattr(self.kv_cache_manager.coordinator, "enable_partial_hash_hits", False):
+            problems.append("partial hash hits")
+        for g in self.kv_cache_config.kv_cache_groups:
+            spec = g.kv_cache_spec
+            if isinstance(spec, MambaSpec) and (spec.num_prefill_checkpoint_blocks
+                                                or spec.num_speculative_blocks):
+                problems.append("Mamba prefill-checkpoint or speculative blocks")
+                break
+        return problems
+
+    def _admission_check_keys(self, eviction: str) -> None:
+        """An eviction policy that keeps history by block hash (``needs_keys``)
+        hears each block's key from ``cache_full_blocks``; say which feature
+        gives blocks hashes elsewhere."""
+        if not eviction_class(eviction).needs_keys:
+            return
+        problems = self._admission_key_problems()
+        if problems:
+            valid = ", ".join(n for n in ENGINE_EVICTION_POLICIES
+                              if not eviction_class(n).needs_keys)
+            raise AdmissionConfigError(
+                f"VLLM_ADMISSION_EVICTION={eviction} cannot run with {'; '.join(problems)} "
+                f"(valid here: {valid})")
 
     def _admission_costs(self, eviction: str) -> Any:
         from vllm_admission.core.costs import ModelConfigError, ModelCosts
