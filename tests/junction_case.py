@@ -13,6 +13,12 @@ tokens (S = 1,408 at B = 128, 1,280 at B = 256; the block after S holds the dist
 * none: no state is ever cached: 0.
 
 (tests/test_cache.py::EXPECTED_JUNCTION is the same derivation at B = 256.)
+
+Prefill steps (docs/engine-facts.md rule 6; the 4,096-token budget never binds): every prompt
+ends a chunk at its checkpoint C = floor(1800 / B) * B and computes [C, 1801) in one more
+step, whatever the policy (vLLM's own split stops at C). vllm / marconi add the junction stop
+S for prompt 2 (0 -> S -> C -> 1801: 3 steps); dense ends a chunk at every block boundary
+(prompt 1: C / B + 1 steps; prompts 2..10 resume at S: (C - S) / B + 1).
 """
 
 from __future__ import annotations
@@ -30,6 +36,21 @@ def expected_junction(block_size: int) -> dict[str, list[int]]:
         "vllm": [0, 0] + [shared] * 8,
         "marconi": [0, 0] + [shared] * 8,
         "dense": [0] + [shared] * 9,
+    }
+
+
+def expected_junction_prefill_steps(block_size: int) -> dict[str, list[int]]:
+    """Per policy, the ten prompts' prefill steps (engine steps with prompt tokens) at ``block_size``."""
+    shared = 1500 // block_size * block_size
+    checkpoint = 1800 // block_size * block_size
+    assert shared < checkpoint < 1801, "the junction and the checkpoint must be distinct stops"
+    dense_rest = (checkpoint - shared) // block_size + 1
+    return {
+        "none": [2] * 10,
+        "last": [2] * 10,
+        "vllm": [2, 3] + [2] * 8,
+        "marconi": [2, 3] + [2] * 8,
+        "dense": [checkpoint // block_size + 1] + [dense_rest] * 9,
     }
 
 

@@ -145,8 +145,10 @@ def test_long_prompt_chunks_end_on_block_boundaries():
     hashes = chained(["q"] * 2000)
     out = cache.serve(hashes, 2000, 1, rid=0, now=0.0)
     assert out.checkpoints == 4  # 512, 1024, 1536, 1792
+    assert out.prefill_steps == 5  # ... and the last chunk 1,792 -> 2,000
     again = cache.serve(hashes, 2000, 1, rid=1, now=1.0)
     assert again.hit_tokens == 1792
+    assert again.prefill_steps == 1
 
 
 # --- the pool against a literal reference of vLLM's free-block queue ----------------

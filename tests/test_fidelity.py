@@ -249,6 +249,15 @@ def test_engine_and_simulator_agree_on_every_request_under_eviction(tiny_model, 
         assert r["engine"]["evictions"] > 0          # the pool really was under pressure
         assert r["engine"]["evictions"] == r["simulator"]["evictions"]
         assert 0 < r["engine"]["hit_tokens"] < r["prompt_tokens"]
+        # Prefill steps: counted in the live scheduler, predicted by the core model.
+        assert pr["engine_prefill_steps"] == pr["simulator_prefill_steps"], r["admission"]
+        assert all(n >= 1 for n in pr["engine_prefill_steps"])
+        assert r["prefill_steps_differing"] == 0
+        assert r["engine"]["prefill_steps"] == r["simulator"]["prefill_steps"] == sum(
+            pr["engine_prefill_steps"])
+    # dense ends a chunk at every block boundary: more steps than stock on the same requests.
+    assert recs[1]["engine"]["prefill_steps"] > recs[0]["engine"]["prefill_steps"]
+    assert "steps eng/sim" in stdout
     assert rc == 0, err
     assert "fidelity bar missed" not in err
     assert recs[0]["engine"]["prefill_seconds_vs_stock"] == 1.0
@@ -269,6 +278,9 @@ def test_timed_mode_overlaps_requests(tiny_model, tmp_path, engine_env):
     assert all(h is not None for h in pr["engine"])
     # Every request was handed over before the first finished (its prefill alone takes longer).
     assert max(pr["submitted_s"]) < min(pr["prefill_seconds"])
+    # Counted per engine request id while the requests overlap.
+    assert all(n >= 1 for n in pr["engine_prefill_steps"])
+    assert rec["engine"]["prefill_steps"] == sum(pr["engine_prefill_steps"])
     assert meets_bar(rec)  # timed records are reported, never judged
 
 

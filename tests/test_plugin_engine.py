@@ -25,7 +25,7 @@ import random
 
 import pytest
 from conftest import engine_block_size, predicted_block_size
-from junction_case import expected_junction, junction_prompts
+from junction_case import expected_junction, expected_junction_prefill_steps, junction_prompts
 
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 
@@ -237,7 +237,7 @@ def test_plugin_variables_cause_no_vllm_warning(engines, reference, monkeypatch)
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_junction_case_outputs_and_metrics(engines, reference, policy):
-    from vllm_admission.engine.llm import prefix_cache_counters
+    from vllm_admission.engine.llm import PrefillStepCounter, prefix_cache_counters
     from vllm_admission.plugin.scheduler import admission_stats
 
     llm = engines.get("lru")
@@ -246,9 +246,13 @@ def test_junction_case_outputs_and_metrics(engines, reference, policy):
     sched.set_admission_policy(policy)
     before = admission_stats(llm)
     hits0, queries0 = prefix_cache_counters(llm)
-    results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
+    with PrefillStepCounter(llm) as steps:
+        results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
     hits = [h for h, _ in results]
     assert hits == expected_junction(engines.B)[policy]
+    # One request at a time: the counts are in submission order (docs/engine-facts.md rule 6).
+    assert list(steps.counts.values()) == expected_junction_prefill_steps(engines.B)[policy]
+    assert "schedule" not in vars(sched)  # the counter put the scheduler back
     assert [out for _, out in results] == reference["junction"]
     # vLLM's own counters stay right: hits = the sum of num_cached_tokens.
     hits1, queries1 = prefix_cache_counters(llm)
@@ -283,9 +287,11 @@ def test_junction_case_engine_equals_core_model(engines):
                                   group_kinds=("state", "attention"),
                                   admission=get_admission(policy), eviction=get_eviction("lru"),
                                   chunk_size=4096)
-        hits = [cache.serve(chained(p, B), len(p), 4, rid=r, now=float(r)).hit_tokens
+        outs = [cache.serve(chained(p, B), len(p), 4, rid=r, now=float(r))
                 for r, p in enumerate(JUNCTION_PROMPTS)]
-        assert hits == expected_junction(B)[policy], policy
+        assert [o.hit_tokens for o in outs] == expected_junction(B)[policy], policy
+        assert ([o.prefill_steps for o in outs]
+                == expected_junction_prefill_steps(B)[policy]), policy
 
 
 @pytest.mark.parametrize("policy", POLICIES)

@@ -76,6 +76,11 @@ def test_replay_writes_results(tmp_path_factory, capsys, engine_env):
     B = doc["geometry"]["block_size"]  # noqa: N806
     hit = 299 // B * B
     assert [r["cached_tokens"] for r in doc["requests"]] == [0, hit, 0, hit]
+    # Prefill steps (docs/engine-facts.md rule 6): a chunk ends at the checkpoint
+    # floor((P - 1) / B) * B when it lies inside the prompt; a resend resumes there.
+    b_steps = 2 if 199 // B * B > 0 else 1
+    assert [r["prefill_steps"] for r in doc["requests"]] == [2, 1, b_steps, 1]
+    assert doc["prefill_steps"] == 4 + b_steps
     assert [r["prompt_tokens"] for r in doc["requests"]] == [300, 300, 200, 300]
     assert doc["prompt_tokens"] == 1100 and doc["hit_tokens"] == 2 * hit > 0
     assert doc["token_hit_rate"] == pytest.approx(2 * hit / 1100)

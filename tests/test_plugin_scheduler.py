@@ -17,7 +17,7 @@ import logging
 import random
 
 import pytest
-from junction_case import expected_junction, junction_prompts
+from junction_case import expected_junction, expected_junction_prefill_steps, junction_prompts
 
 pytest.importorskip("vllm")
 
@@ -120,7 +120,8 @@ def chained(tokens):
     return out
 
 
-def simulate(policy, eviction, requests, *, blocks, costs, alpha=None):
+def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=None):
+    """The core model's hits; with ``steps`` (a list), its prefill steps are appended to it."""
     tunable = eviction_class(eviction).tunable
     ev = get_eviction(eviction, **({"alpha": alpha} if alpha is not None and tunable else {}))
     cache = HybridPrefixCache(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
@@ -128,7 +129,10 @@ def simulate(policy, eviction, requests, *, blocks, costs, alpha=None):
                               segment_flops=costs.prefill_flops, bytes_per_block=BYTES_PER_BLOCK)
     hits = []
     for r, (tokens, out_len) in enumerate(requests):
-        hits.append(cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r)).hit_tokens)
+        out = cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r))
+        hits.append(out.hit_tokens)
+        if steps is not None:
+            steps.append(out.prefill_steps)
     return hits, cache
 
 
@@ -165,11 +169,19 @@ def junction_requests():
 @pytest.mark.parametrize("eviction", ["lru", "flop"])
 @pytest.mark.parametrize("policy", POLICIES)
 def test_junction_case_exact_hits(vllm_config, monkeypatch, costs, policy, eviction):
+    from vllm_admission.engine.llm import PrefillStepCounter
+
     reqs = junction_requests()
     engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, alpha=0.5)
-    hits = run_engine(engine, reqs)
+    with PrefillStepCounter(engine.scheduler) as counter:
+        hits = run_engine(engine, reqs)
     assert hits == expected_junction(B)[policy]
-    assert simulate(policy, eviction, reqs, blocks=160, costs=costs, alpha=0.5)[0] == hits
+    sim_steps = []
+    assert simulate(policy, eviction, reqs, blocks=160, costs=costs, alpha=0.5,
+                    steps=sim_steps)[0] == hits
+    # Prefill steps (docs/engine-facts.md rule 6): the scheduler's and the core model's.
+    assert list(counter.counts.values()) == expected_junction_prefill_steps(B)[policy]
+    assert sim_steps == expected_junction_prefill_steps(B)[policy]
     stats = engine.scheduler.stats()
     assert stats.tokens_saved == sum(hits)
     assert stats.state_hits == sum(h > 0 for h in hits)

@@ -9,9 +9,10 @@ block structure matches the trace at the engine's block size.
 Writes ``<out>/results.json``:
 
 * ``requests``: per request ``request_id``, ``prompt_tokens``, ``output_len``,
-  ``cached_tokens`` (``RequestOutput.num_cached_tokens``; ``null`` if skipped)
-  and ``status``;
-* totals ``prompt_tokens``, ``hit_tokens``, ``token_hit_rate``,
+  ``cached_tokens`` (``RequestOutput.num_cached_tokens``; ``null`` if skipped),
+  ``prefill_steps`` (engine steps that scheduled its prompt tokens: its prefill
+  chunks; ``null`` if skipped) and ``status``;
+* totals ``prompt_tokens``, ``hit_tokens``, ``token_hit_rate``, ``prefill_steps``,
   ``wall_seconds``, ``skipped`` (reason -> count, the trace loader's filters
   included) and ``mode``;
 * the engine's ``geometry``, vLLM's prefix-cache counters over the replay and
@@ -136,12 +137,13 @@ def run_replay(args: argparse.Namespace) -> int:
         "alpha": args.alpha,
         "geometry": geometry,
         "requests": [{k: r[k] for k in ("request_id", "prompt_tokens", "output_len",
-                                         "cached_tokens", "status")}
+                                         "cached_tokens", "prefill_steps", "status")}
                      for r in result.requests],
         "requests_run": sum(1 for r in result.requests if r["status"] == "ok"),
         "prompt_tokens": result.prompt_tokens,
         "hit_tokens": result.hit_tokens,
         "token_hit_rate": result.token_hit_rate,
+        "prefill_steps": result.prefill_steps,
         "wall_seconds": result.wall_seconds,
         "skipped": skipped,
         "engine_prefix_cache_hits": result.engine_prefix_cache_hits,
@@ -157,6 +159,7 @@ def run_replay(args: argparse.Namespace) -> int:
     print(f"requests: {doc['requests_run']} run, {n_skipped} skipped"
           + (f" ({', '.join(f'{k}: {v}' for k, v in skipped.items())})" if skipped else ""))
     print(f"hit tokens: {result.hit_tokens} of {result.prompt_tokens} prompt tokens "
-          f"(token hit rate {result.token_hit_rate:.4f}); {result.wall_seconds:.1f} s")
+          f"(token hit rate {result.token_hit_rate:.4f}); prefill steps "
+          f"{result.prefill_steps}; {result.wall_seconds:.1f} s")
     print(f"wrote {path}")
     return 0

@@ -315,6 +315,11 @@ class RequestOutcome:
     """What one request got from the cache. Lengths in tokens.
 
     ``hit_tokens`` is what vLLM reports as ``num_cached_tokens``.
+    ``prefill_steps`` is the number of prefill chunks the request's prompt
+    took (engine steps with prompt tokens scheduled when it runs alone): the
+    chunks of ``[hit_tokens, prompt_tokens)`` after the token budget and every
+    chunk stop (block alignment, the prompt checkpoint, the junction, the
+    admission policy's stops).
     """
 
     prompt_tokens: int
@@ -323,6 +328,7 @@ class RequestOutcome:
     junction: int
     checkpoints: int
     evictions: int
+    prefill_steps: int = 0
 
 
 @dataclass(slots=True)
@@ -522,10 +528,12 @@ class HybridPrefixCache:
             self._touch_hit(run, hit_blocks, now)
 
         computed = probe.state_hit
+        steps = 0
         while computed < prompt_len:
             n = self._split(run, computed, min(prompt_len - computed, self.chunk_size))
             self._step(run, computed, n, prompt_len, now)
             computed += n
+            steps += 1
         # Decode: the step computing token t has t + 1 tokens in the request; only
         # steps next to a block boundary change the cache, so only those run.
         for t in self._decode_events(prompt_len, total - 2):
@@ -534,7 +542,8 @@ class HybridPrefixCache:
         return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=probe.state_hit,
                               kv_hit_tokens=probe.kv_hit, junction=probe.junction,
                               checkpoints=len(adm.admitted),
-                              evictions=self.pool.evictions - evictions_before)
+                              evictions=self.pool.evictions - evictions_before,
+                              prefill_steps=steps)
 
     def _decode_events(self, first: int, last: int) -> list[int]:
         if first > last:

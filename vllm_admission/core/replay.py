@@ -107,12 +107,15 @@ class ReplayTotals:
     hit_requests: int = 0
     flops_total: float = 0.0
     flops_saved: float = 0.0
+    #: Prefill chunks (engine steps with prompt tokens when run alone).
+    prefill_steps: int = 0
 
     def add(self, out: RequestOutcome, flops_total: float, flops_saved: float) -> None:
         self.requests += 1
         self.prompt_tokens += out.prompt_tokens
         self.hit_tokens += out.hit_tokens
         self.hit_requests += out.hit_tokens > 0
+        self.prefill_steps += out.prefill_steps
         self.flops_total += flops_total
         self.flops_saved += flops_saved
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "DEFAULT_ENV",
     "EngineSettings",
+    "PrefillStepCounter",
     "build_llm",
     "build_llm_fitting",
     "cached_block_positions",
@@ -83,6 +84,11 @@ class EngineSettings:
             platform's choice. vLLM still raises it when the recurrent-state
             page does not fit (``platforms/interface.py``
             ``_align_hybrid_block_size``).
+        enable_prefix_caching: vLLM's prefix cache. ``False`` also turns off
+            the hybrid models' ``align`` mode (``mamba_cache_mode`` stays
+            ``"none"``), so prefill chunks end only at the token budget;
+            meant for measuring what caching costs (``AdmissionScheduler``
+            then runs as the stock scheduler).
     """
 
     model: str
@@ -95,6 +101,7 @@ class EngineSettings:
     gpu_memory_utilization: float = 0.5
     mamba_ssm_cache_dtype: str | None = None
     block_size: int | None = None
+    enable_prefix_caching: bool = True
 
 
 # ---------------------------------------------------------------- engine build
@@ -138,7 +145,7 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
 
     Sets each :data:`DEFAULT_ENV` variable only if it is unset, then applies
     ``settings.env`` (these win), then builds ``vllm.LLM`` with
-    ``enable_prefix_caching=True``, ``dtype="bfloat16"``,
+    ``enable_prefix_caching`` as in ``settings`` (default on), ``dtype="bfloat16"``,
     ``skip_tokenizer_init=True``, ``enforce_eager=True`` and statistics
     logging on (so :func:`prefix_cache_counters` works). Takes about 6 s of
     engine construction plus ~20 s of first vLLM import on a 2-core CPU
@@ -172,7 +179,7 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
     kwargs: dict[str, Any] = dict(
         model=str(settings.model),
         dtype="bfloat16",
-        enable_prefix_caching=True,
+        enable_prefix_caching=bool(settings.enable_prefix_caching),
         skip_tokenizer_init=True,
         enforce_eager=True,
         gpu_memory_utilization=settings.gpu_memory_utilization,
@@ -253,6 +260,86 @@ def inprocess_scheduler(llm: vllm.LLM) -> Any:
             "VLLM_ENABLE_V1_MULTIPROCESSING=0 to inspect its scheduler"
         )
     return scheduler
+
+
+class PrefillStepCounter:
+    """Counts, per request, the engine steps that scheduled prompt tokens for it.
+
+    Observes the live scheduler of an in-process engine core: while the
+    counter is open, the scheduler's ``schedule`` is wrapped (an instance
+    attribute shadowing the class method, which ``EngineCore.step`` calls).
+    After each ``schedule()`` call, every request in the step's
+    ``SchedulerOutput.num_scheduled_tokens`` whose computed tokens *before*
+    the step were fewer than its prompt tokens counts one prefill step (vLLM
+    advances ``num_computed_tokens`` inside ``schedule()``, in
+    ``_update_after_schedule``). The step that finishes the prompt (and
+    samples the first token) counts; decode steps do not; a preempted request
+    that recomputes its prompt counts those steps again.
+
+    Keys are the engine's request ids (``LLMEngine.add_request`` returns
+    them; vLLM appends 8 random characters to the caller's id), in the order
+    of each request's first prefill step. Use as a context manager, or call
+    :meth:`close`.
+
+    Args:
+        target: a ``vllm.LLM`` whose engine core runs in this process, or a
+            vLLM 0.32 ``Scheduler`` itself (e.g. one driven without a model
+            by :class:`vllm_admission.plugin.testing.FakeEngine`).
+
+    Raises:
+        RuntimeError: the engine core runs in another process
+            (from :func:`inprocess_scheduler`), or the scheduler's
+            ``schedule`` is already wrapped by another counter.
+    """
+
+    def __init__(self, target: Any) -> None:
+        scheduler = inprocess_scheduler(target) if hasattr(target, "llm_engine") else target
+        if getattr(scheduler.__dict__.get("schedule"), "_prefill_step_counter", None) is not None:
+            raise RuntimeError("this scheduler already has a PrefillStepCounter open")
+        #: engine request id -> prefill steps seen so far.
+        self.counts: dict[str, int] = {}
+        self._scheduler = scheduler
+        self._had_own = "schedule" in scheduler.__dict__
+        self._original = scheduler.schedule
+        original, requests, counts = self._original, scheduler.requests, self.counts
+
+        def schedule(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            for rid, n in out.num_scheduled_tokens.items():
+                req = requests.get(rid)
+                if req is not None and n > 0 and req.num_computed_tokens - n < req.num_prompt_tokens:
+                    counts[rid] = counts.get(rid, 0) + 1
+            return out
+
+        schedule._prefill_step_counter = self  # type: ignore[attr-defined]
+        scheduler.schedule = schedule
+
+    def take(self, request_id: str) -> int:
+        """Prefill steps counted for engine request ``request_id`` (0 if none), forgotten after."""
+        return self.counts.pop(request_id, 0)
+
+    def take_all(self) -> dict[str, int]:
+        """Every count so far (engine request id -> steps); the counter starts from empty."""
+        out = dict(self.counts)
+        self.counts.clear()
+        return out
+
+    def close(self) -> None:
+        """Restore the scheduler's own ``schedule``. Idempotent."""
+        scheduler = self._scheduler
+        if scheduler is None:
+            return
+        if self._had_own:
+            scheduler.schedule = self._original
+        else:
+            scheduler.__dict__.pop("schedule", None)
+        self._scheduler = None
+
+    def __enter__(self) -> PrefillStepCounter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from vllm_admission.engine.llm import engine_geometry, prefix_cache_counters
+from vllm_admission.engine.llm import PrefillStepCounter, engine_geometry, prefix_cache_counters
 
 if TYPE_CHECKING:  # pragma: no cover
     import vllm
@@ -66,15 +66,22 @@ class ReplayResult:
             skipped), ``output_tokens`` (generated token ids; ``[]`` when
             skipped), ``prefill_seconds`` (engine-core time from the request's
             first scheduling to its first token, from vLLM's request metrics;
-            ``None`` when skipped or unavailable), ``submitted_s`` (seconds
-            after the replay start when it was handed to the engine) and
-            ``status`` (``"ok"`` or ``"skipped: <reason>"``).
+            ``None`` when skipped or unavailable), ``prefill_steps`` (engine
+            steps that scheduled prompt tokens for it: its prefill chunks, see
+            :class:`~vllm_admission.engine.llm.PrefillStepCounter`; ``None``
+            when skipped or when the engine core runs in another process),
+            ``submitted_s`` (seconds after the replay start when it was
+            handed to the engine), ``finished_s`` (seconds after the start
+            when its output came back) and ``status`` (``"ok"`` or
+            ``"skipped: <reason>"``).
         prompt_tokens: sum of prompt tokens over the requests that ran.
         hit_tokens: sum of ``cached_tokens`` over the requests that ran.
         token_hit_rate: ``hit_tokens / prompt_tokens`` (0.0 when nothing ran).
         skipped: reason -> number of requests skipped for it.
         wall_seconds: wall-clock seconds spent in the replay loop.
         prefill_seconds: sum of the requests' ``prefill_seconds``.
+        prefill_steps: sum of the requests' ``prefill_steps`` (``None`` when
+            the engine core runs in another process).
         mode: how requests were submitted, in words.
         engine_prefix_cache_hits: change of vLLM's ``vllm:prefix_cache_hits``
             counter over the replay, in tokens (``None`` if unavailable).
@@ -91,6 +98,7 @@ class ReplayResult:
     wall_seconds: float
     mode: str
     prefill_seconds: float = 0.0
+    prefill_steps: int | None = None
     engine_prefix_cache_hits: int | None = None
     engine_prefix_cache_queries: int | None = None
 
@@ -210,6 +218,7 @@ def replay(
             "cached_tokens": None,
             "output_tokens": [],
             "prefill_seconds": None,
+            "prefill_steps": None,
             "submitted_s": None,
             "finished_s": None,
         }
@@ -231,18 +240,26 @@ def replay(
     def params(output_len: int) -> SamplingParams:
         return SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True, detokenize=False)
 
+    counter = PrefillStepCounter(llm) if geometry.get("inprocess") else None
     t0 = time.perf_counter()
-    if mode == "sequential":
-        for i, (index, req, ids) in enumerate(runnable):
-            rows[index]["submitted_s"] = time.perf_counter() - t0
-            (out,) = llm.generate([TokensPrompt(prompt_token_ids=ids)], params(req.output_len),
-                                  use_tqdm=False)
-            _record(rows[index], out)
-            rows[index]["finished_s"] = time.perf_counter() - t0
-            if after_request is not None:
-                after_request(i)
-    else:
-        _run_timed(llm, runnable, rows, params, TokensPrompt, time_scale, t0)
+    try:
+        if mode == "sequential":
+            for i, (index, req, ids) in enumerate(runnable):
+                rows[index]["submitted_s"] = time.perf_counter() - t0
+                (out,) = llm.generate([TokensPrompt(prompt_token_ids=ids)],
+                                      params(req.output_len), use_tqdm=False)
+                _record(rows[index], out)
+                rows[index]["finished_s"] = time.perf_counter() - t0
+                if counter is not None:
+                    # One request in the engine: every step counted is its own.
+                    rows[index]["prefill_steps"] = sum(counter.take_all().values())
+                if after_request is not None:
+                    after_request(i)
+        else:
+            _run_timed(llm, runnable, rows, params, TokensPrompt, time_scale, t0, counter)
+    finally:
+        if counter is not None:
+            counter.close()
     wall = time.perf_counter() - t0
     ran = [r for r in rows if r["status"] == "ok"]
     prompt_tokens = sum(r["prompt_tokens"] for r in ran)
@@ -257,6 +274,7 @@ def replay(
         wall_seconds=wall,
         mode=_MODES[mode],
         prefill_seconds=sum(r["prefill_seconds"] or 0.0 for r in ran),
+        prefill_steps=None if counter is None else sum(r["prefill_steps"] for r in ran),
         engine_prefix_cache_hits=None if hits0 is None or hits1 is None else hits1 - hits0,
         engine_prefix_cache_queries=None if queries0 is None or queries1 is None else queries1 - queries0,
     )
@@ -273,12 +291,13 @@ def _record(row: dict[str, Any], out: Any) -> None:
 
 
 def _run_timed(llm: Any, runnable: list, rows: list, params: Callable, prompt_cls: Any,
-               time_scale: float, t0: float) -> None:
+               time_scale: float, t0: float, counter: PrefillStepCounter | None) -> None:
     """Add requests at their scaled arrival times while stepping the engine."""
     engine = llm.llm_engine
     start = min((req.arrival_s for _, req, _ in runnable), default=0.0)
     due = [(req.arrival_s - start) * time_scale for _, req, _ in runnable]
     by_id: dict[str, int] = {}
+    engine_ids: dict[int, str] = {}
     nxt = 0
     while nxt < len(runnable) or engine.has_unfinished_requests():
         now = time.perf_counter() - t0
@@ -288,14 +307,19 @@ def _run_timed(llm: Any, runnable: list, rows: list, params: Callable, prompt_cl
             by_id[rid] = index
             rows[index]["submitted_s"] = now
             # vLLM may suffix the id internally; outputs carry one or the other.
-            by_id[engine.add_request(rid, prompt_cls(prompt_token_ids=ids),
-                                     params(req.output_len))] = index
+            engine_id = engine.add_request(rid, prompt_cls(prompt_token_ids=ids),
+                                           params(req.output_len))
+            by_id[engine_id] = index
+            engine_ids[index] = engine_id
             nxt += 1
         if engine.has_unfinished_requests():
             for out in engine.step():
                 if out.finished:
-                    row = rows[by_id[out.request_id]]
+                    index = by_id[out.request_id]
+                    row = rows[index]
                     _record(row, out)
                     row["finished_s"] = time.perf_counter() - t0
+                    if counter is not None:
+                        row["prefill_steps"] = counter.take(engine_ids[index])
         elif nxt < len(runnable):
             time.sleep(max(0.0, min(due[nxt] - now, 0.05)))

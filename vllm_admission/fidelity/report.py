@@ -70,14 +70,19 @@ def write_fidelity(doc: dict[str, Any], out_dir: str | os.PathLike) -> tuple[Pat
 
 
 def format_fidelity(doc: dict[str, Any]) -> str:
-    """A plain-text table of the records, under a line naming the SSM state dtype when known."""
+    """A plain-text table of the records, under a line naming the SSM state dtype when known.
+
+    ``steps eng/sim`` is the total of prefill steps, engine / simulator (``-``
+    for a side that did not count them, e.g. a record written before they were).
+    """
     st = doc.get("settings", {})
     title = []
     if st.get("ssm_dtype") is not None:
         title = [f"SSM state {st['ssm_dtype']} (engine mamba_ssm_cache_dtype "
                  f"{st.get('mamba_ssm_cache_dtype')})"]
     head = (f"{'admission':<9} {'eviction':<8} {'blocks':>6} {'reqs':>5} {'differ':>6} "
-            f"{'diff %':>7} {'engine hit':>10} {'sim hit':>8} {'prefill s':>9} {'vs stock':>8}")
+            f"{'diff %':>7} {'engine hit':>10} {'sim hit':>8} {'steps eng/sim':>13} "
+            f"{'prefill s':>9} {'vs stock':>8}")
     lines = [*title, head, "-" * len(head)]
     for r in doc["records"]:
         e, s = r["engine"], r["simulator"]
@@ -86,5 +91,10 @@ def format_fidelity(doc: dict[str, Any]) -> str:
             f"{r['admission']:<9} {r['eviction']:<8} {r['num_blocks']:>6} {r['requests']:>5} "
             f"{r['requests_differing']:>6} {100 * r['abs_diff_fraction']:>7.3f} "
             f"{100 * e['token_hit_rate']:>9.2f}% {100 * s['token_hit_rate']:>7.2f}% "
+            f"{_steps(e.get('prefill_steps'), s.get('prefill_steps')):>13} "
             f"{e['prefill_seconds']:>9.1f} {'-' if ratio is None else f'{ratio:.3f}':>8}")
     return "\n".join(lines)
+
+
+def _steps(engine: int | None, simulator: int | None) -> str:
+    return f"{'-' if engine is None else engine}/{'-' if simulator is None else simulator}"

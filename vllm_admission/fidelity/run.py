@@ -101,6 +101,8 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
                                auto_interval=spec.auto_interval)
     rows = [result.requests[i] for i in ran]
     sim_hits = [None if h < 0 else h for h in sim.per_request_hits]
+    sim_steps = [None if n < 0 else n for n in sim.per_request_prefill_steps]
+    engine_steps = [r["prefill_steps"] for r in rows]
     prompts = [r["prompt_tokens"] for r in rows]
     engine_hits = [r["cached_tokens"] for r in rows]
     cmp = compare_hits(prompts, engine_hits, sim_hits)
@@ -118,6 +120,7 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
         "mode": spec.mode,
         **{k: cmp[k] for k in ("requests", "requests_differing", "abs_diff_tokens",
                                 "abs_diff_fraction", "first_difference")},
+        "prefill_steps_differing": sum(e != s for e, s in zip(engine_steps, sim_steps)),
         "prompt_tokens": prompt_total,
         "mean_concurrency": _mean_concurrency(rows),
         "skipped": dict(result.skipped),
@@ -126,6 +129,7 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
             "token_hit_rate": engine_hit / prompt_total if prompt_total else 0.0,
             "prefill_tokens_computed": prompt_total - engine_hit,
             "prefill_seconds": result.prefill_seconds,
+            "prefill_steps": result.prefill_steps,
             "wall_seconds": result.wall_seconds,
             "evictions": stats.get("evictions"),
             "junctions": stats.get("junctions"),
@@ -138,6 +142,7 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
             "hit_tokens": sim.hit_tokens,
             "token_hit_rate": sim.token_hit_rate,
             "prefill_tokens_computed": sim.prompt_tokens - sim.hit_tokens,
+            "prefill_steps": sim.prefill_steps,
             "evictions": sim.evictions,
             "junctions": sim.junctions,
             "checkpoints": sim.state_checkpoints,
@@ -151,6 +156,8 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
             "engine": engine_hits,
             "simulator": sim_hits,
             "prefill_seconds": [r["prefill_seconds"] for r in rows],
+            "engine_prefill_steps": engine_steps,
+            "simulator_prefill_steps": sim_steps,
             "submitted_s": [r["submitted_s"] for r in rows],
             "finished_s": [r["finished_s"] for r in rows],
         },
@@ -195,7 +202,11 @@ def run_fidelity(spec: FidelitySpec, *,
     ``admission``, ``eviction``, ``num_blocks``, ``block_size``,
     ``mamba_ssm_cache_dtype``, ``ssm_dtype``, ``requests``,
     ``requests_differing``, ``abs_diff_fraction`` (tokens over prompt tokens),
-    the engine's and the simulator's totals and the per-request lists.
+    ``prefill_steps_differing`` (requests whose prefill step counts differ),
+    the engine's and the simulator's totals (``prefill_steps`` included: the
+    engine's counted from its live scheduler, the simulator's its predicted
+    prefill chunks) and the per-request lists (``engine`` / ``simulator``
+    hits, ``engine_prefill_steps`` / ``simulator_prefill_steps``).
     ``engine.prefill_seconds_vs_stock`` is the pair's prefill wall time over
     that of ``vllm`` + ``lru`` at the same pool in the same run (``None`` if
     that pair is not in the run).

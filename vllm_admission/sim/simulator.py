@@ -59,7 +59,13 @@ class RunResult:
     (:meth:`Decision.as_dict <vllm_admission.core.adaptive.Decision.as_dict>`:
     request index ``at``, ``from``, ``to``, the window's scores),
     ``policy_decisions`` counts the windows decided and ``final_policy`` is
-    the pair serving at the end.
+    the pair serving at the end. ``prefill_steps`` is the number of prefill
+    chunks over the requests that ran (the engine steps that schedule prompt
+    tokens when requests run one at a time: the token budget ``chunk_size``
+    and every chunk stop the cache model implies, see
+    :class:`~vllm_admission.core.cache.RequestOutcome`). With
+    ``per_request``, ``per_request_hits`` and ``per_request_prefill_steps``
+    hold one entry per trace request (``-1`` for a skipped one).
     """
 
     trace: str
@@ -89,12 +95,15 @@ class RunResult:
     policy_switches: list[dict[str, Any]] = field(default_factory=list)
     policy_decisions: int = 0
     final_policy: str | None = None
+    prefill_steps: int = 0
     per_request_hits: list[int] | None = field(default=None, repr=False)
+    per_request_prefill_steps: list[int] | None = field(default=None, repr=False)
 
     def to_record(self) -> dict[str, Any]:
         rec = asdict(self)
-        if rec["per_request_hits"] is None:
-            del rec["per_request_hits"]
+        for key in ("per_request_hits", "per_request_prefill_steps"):
+            if rec[key] is None:
+                del rec[key]
         return rec
 
 
@@ -173,7 +182,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         auto_interval: with ``auto``, requests between two policy decisions.
         retune_every: see :class:`AlphaTuner`.
         outputs: "trace" or "unique" (see :data:`OUTPUT_MODES`).
-        per_request: keep every request's hit tokens in the result.
+        per_request: keep every request's hit tokens and prefill steps in the result.
         requests: pre-built cache requests at the right block size (sweeps
             share them); built from ``trace`` when ``None``.
         on_request: called with the request index after each request.
@@ -236,10 +245,12 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         tuner = AlphaTuner(replay=replay_window, snapshot=cache.clone, grid=GRIDS[tune_grid],
                            multiplier=tune_multiplier, retune_every=retune_every)
     hits: list[int] = []
+    steps: list[int] = []
 
     def on_outcome(r: int, out) -> None:
         if per_request:
             hits.append(-1 if out is None else out.hit_tokens)
+            steps.append(-1 if out is None else out.prefill_steps)
         if controller is not None and out is not None:
             controller.observe(r, requests[r])
         elif tuner is not None and out is not None:
@@ -274,7 +285,9 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         policy_switches=[d.as_dict() for d in controller.switches] if controller else [],
         policy_decisions=len(controller.decisions) if controller else 0,
         final_policy=str(controller.pair) if controller else None,
-        per_request_hits=hits if per_request else None)
+        prefill_steps=totals.prefill_steps,
+        per_request_hits=hits if per_request else None,
+        per_request_prefill_steps=steps if per_request else None)
 
 
 def _ratio(a: float, b: float) -> float:
