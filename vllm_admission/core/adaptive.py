@@ -67,7 +67,7 @@ from vllm_admission.core.eviction import (
 )
 from vllm_admission.core.replay import CacheRequest, CacheSetup
 
-__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "AUTO_EXCLUDED_EVICTIONS", "DEFAULT_INTERVAL",
+__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL",
            "Decision", "Pair", "PolicyController", "candidate_policies"]
 
 #: The name that asks for online selection, for admission and eviction alike.
@@ -81,17 +81,13 @@ DEFAULT_INTERVAL = 50
 #: checkpoints at all (``none`` keeps no state, so it never hits).
 AUTO_ADMISSIONS: tuple[str, ...] = tuple(n for n in ADMISSION_POLICIES if n != "none")
 
-#: Engine-capable eviction policies kept out of ``auto`` for now: ``reuse``
-#: until the study is re-run with it as a candidate (remove it here to offer it).
-AUTO_EXCLUDED_EVICTIONS: frozenset[str] = frozenset({"reuse"})
-
-#: Eviction policies ``auto`` chooses among: every one an engine can run, except
+#: Eviction policies ``auto`` chooses among: every one an engine can run except
 #: those with a tuned parameter (``flop``: it has its own alpha tuner, and at
-#: alpha 0, where that tuner ends on the Mooncake trace, it orders like ``lru``)
-#: and :data:`AUTO_EXCLUDED_EVICTIONS`.
+#: alpha 0, where that tuner ends on the Mooncake trace, it orders like ``lru``).
+#: A policy switched in mid-run starts without history: ``reuse`` knows only
+#: the hashes cached from the switch on (identically in simulator and engine).
 AUTO_EVICTIONS: tuple[str, ...] = tuple(n for n in ENGINE_EVICTION_POLICIES
-                                        if not eviction_class(n).tunable
-                                        and n not in AUTO_EXCLUDED_EVICTIONS)
+                                        if not eviction_class(n).tunable)
 
 
 @dataclass(frozen=True)

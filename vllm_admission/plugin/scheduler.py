@@ -100,6 +100,13 @@ class AdmissionScheduler(Scheduler):
         start = PolicyController.default_start(admissions, evictions)
         for name in admissions:
             self._admission_check_supported(name)
+        if config.eviction == AUTO and any(eviction_class(e).needs_keys for e in evictions):
+            problems = self._admission_key_problems()
+            if problems:
+                dropped = [e for e in evictions if eviction_class(e).needs_keys]
+                evictions = tuple(e for e in evictions if e not in dropped)
+                logger.warning("vllm_admission: auto eviction leaves out %s here (%s)",
+                               ", ".join(dropped), "; ".join(problems))
         for name in evictions:
             self._admission_check_keys(name)
         prefill_flops = None
