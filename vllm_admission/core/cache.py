@@ -35,6 +35,7 @@ these facts with their sources.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,7 +48,7 @@ from vllm_admission.core.admission import (
     SegmentCosts,
     block_value,
 )
-from vllm_admission.core.eviction import EvictionPolicy
+from vllm_admission.core.eviction import EvictionPolicy, _consume
 from vllm_admission.core.free_blocks import FreeBlocks
 from vllm_admission.core.geometry import ATTENTION, STATE, blocks_needed
 
@@ -55,6 +56,13 @@ __all__ = ["ATTENTION", "STATE", "BlockPool", "HybridPrefixCache", "PoolExhauste
            "RequestOutcome"]
 
 NULL = 0  # vLLM's null block id: a placeholder in a state group's block table
+
+# Endless fillers for bulk list writes (``_consume(map(lst.__setitem__, ids, _ONES))``).
+_ONES = itertools.repeat(1)
+_NONES = itertools.repeat(None)
+_ZEROS = itertools.repeat(0.0)
+_INFS = itertools.repeat(math.inf)
+_NULLS = itertools.repeat(NULL)
 
 
 class PoolExhausted(RuntimeError):
@@ -103,10 +111,9 @@ class BlockPool:
         self.next_use: list[float] = [math.inf] * num_blocks
         self.index: list[dict] = [{} for _ in range(num_groups)]
         self._dups: dict[tuple, list[int]] = {}
+        self._num_dups: list[int] = [0] * num_groups  # entries waiting in _dups, per group
         #: Blocks whose hash was dropped to make room (cumulative).
         self.evictions = 0
-        #: Evictions per KV cache group index.
-        self.evictions_by_group: list[int] = [0] * num_groups
         #: Cached entries inserted (cumulative), per KV cache group index.
         self.insertions_by_group: list[int] = [0] * num_groups
 
@@ -126,8 +133,8 @@ class BlockPool:
         other.next_use = self.next_use[:]
         other.index = [d.copy() for d in self.index]
         other._dups = {k: v[:] for k, v in self._dups.items()}
+        other._num_dups = self._num_dups[:]
         other.evictions = self.evictions
-        other.evictions_by_group = self.evictions_by_group[:]
         other.insertions_by_group = self.insertions_by_group[:]
         return other
 
@@ -171,33 +178,37 @@ class BlockPool:
         if n > num_uncached:
             # After the uncached stack come the policy's victims (then the tail).
             self._evict(out[num_uncached:num_uncached + min(n - num_uncached, num_cached)])
-        ref = self.ref
-        for b in out:
-            ref[b] = 1
+        _consume(map(self.ref.__setitem__, out, _ONES))
         return out
 
     def _evict(self, victims: Sequence[int]) -> None:
         """Drop the hashes of cached blocks the policy just gave up."""
-        keys, index, dups, by_group = self.key, self.index, self._dups, self.evictions_by_group
-        for b in victims:
-            key = keys[b]
-            g, h = key
-            if dups and key in dups:
-                self._drop_key(b, key)
-            else:
+        keys, index, dups = self.key, self.index, self._dups
+        if dups:
+            for b in victims:
+                key = keys[b]
+                if key in dups:
+                    self._drop_key(b, key)
+                else:
+                    del index[key[0]][key[1]]
+        else:
+            for g, h in map(keys.__getitem__, victims):
                 del index[g][h]
-            by_group[g] += 1
-            keys[b] = None
+        _consume(map(keys.__setitem__, victims, _NONES))
         self.evictions += len(victims)
-        eviction = self.free_blocks.eviction
-        if eviction.needs_values or self.free_blocks.switchable:
-            values = self.value
-            for b in victims:
-                values[b] = 0.0
+        free = self.free_blocks
+        eviction = free.eviction
+        if eviction.needs_values or free.switchable:
+            _consume(map(self.value.__setitem__, victims, _ZEROS))
         if eviction.needs_future:
-            next_use = self.next_use
-            for b in victims:
-                next_use[b] = math.inf
+            _consume(map(self.next_use.__setitem__, victims, _INFS))
+
+    @property
+    def evictions_by_group(self) -> list[int]:
+        """Evictions per KV cache group index (a hash leaves the pool only by
+        eviction: the entries inserted less those still cached)."""
+        return [inserted - len(idx) - dups for inserted, idx, dups
+                in zip(self.insertions_by_group, self.index, self._num_dups)]
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
         """A prefix hit takes references on cached blocks (``BlockPool.touch``);
@@ -267,11 +278,14 @@ class BlockPool:
         idx = self.index[g]
         if h in idx:
             self._dups.setdefault(key, []).append(block)
+            self._num_dups[g] += 1
         else:
             idx[h] = block
         self.insertions_by_group[g] += 1
-        if report and self.eviction.needs_keys:
-            self.eviction.on_cache(block, key)
+        if report:
+            eviction = self.free_blocks.eviction
+            if eviction.needs_keys:
+                eviction.on_cache(block, key)
 
     def cache_many(self, group: int, blocks: Sequence[int], hashes: Sequence) -> None:
         """:meth:`cache` of ``blocks[i]`` under ``(group, hashes[i])``, in order.
@@ -280,16 +294,17 @@ class BlockPool:
         in one bulk insert; otherwise block by block.
         """
         idx = self.index[group]
+        if self.free_blocks.eviction.needs_keys:
+            for b, h in zip(blocks, hashes):
+                self.cache(b, (group, h))
+            return
         new = dict(zip(hashes, blocks))
-        if (len(new) != len(blocks) or not idx.keys().isdisjoint(new)
-                or self.eviction.needs_keys):
+        if len(new) != len(blocks) or not idx.keys().isdisjoint(new):
             for b, h in zip(blocks, hashes):
                 self.cache(b, (group, h))
             return
         idx.update(new)
-        keys = self.key
-        for b, h in zip(blocks, hashes):
-            keys[b] = (group, h)
+        _consume(map(self.key.__setitem__, blocks, zip(itertools.repeat(group), hashes)))
         self.insertions_by_group[group] += len(new)
 
     def _drop_key(self, block: int, key: tuple) -> None:
@@ -299,6 +314,7 @@ class BlockPool:
             dups = self._dups.get(key)
             if dups:
                 idx[h] = dups.pop(0)
+                self._num_dups[g] -= 1
                 if not dups:
                     del self._dups[key]
             else:
@@ -306,6 +322,7 @@ class BlockPool:
         else:
             dups = self._dups[key]
             dups.remove(block)
+            self._num_dups[g] -= 1
             if not dups:
                 del self._dups[key]
 
@@ -597,63 +614,57 @@ class HybridPrefixCache:
 
     def _step(self, run: _Running, start: int, n: int, num_tokens: int, now: float) -> None:
         """One scheduler step computing tokens ``[start, start + n)`` while the
-        request has ``num_tokens`` tokens (step 4 of the module docstring)."""
+        request has ``num_tokens`` tokens (step 4 of the module docstring).
+
+        Three parts, written out in one method (it runs for every step of every
+        request): ``MambaManager.remove_skipped_blocks`` (a state group keeps only
+        the block that holds the state of the last computed token: its blocks
+        before that are freed, the latest first); ``allocate_new_blocks`` (every
+        attention group grows to the blocks the tokens need, every state group
+        gets one new block at the last index, if it has none there yet: one pool
+        call for all groups, since which group gets which popped block changes
+        neither hits nor the eviction order); ``cache_blocks`` of the now-full
+        blocks. Attention groups all hold the same number of blocks, and state
+        groups hold theirs at the same indexes (:class:`_Running`).
+        """
         B = self.block_size
-        if start > 0:
-            self._retire_states(run, (start - 1) // B, now)
-        self._allocate(run, -(-(start + n) // B), now)
+        tables = run.blocks
+        live = run.live
+        state_groups = self.state_groups
+        if start > 0 and live and live[0] < (start - 1) // B:
+            k = bisect.bisect_left(live, (start - 1) // B)
+            retired = live[k - 1::-1]
+            del live[:k]
+            self.pool.free_each([self._freed(run, g, retired) for g in state_groups], now)
+            for g in state_groups:
+                _consume(map(tables[g].__setitem__, retired, _NULLS))
+        need = -(-(start + n) // B)
+        attn_groups = self.attn_groups
+        grow = need - len(tables[attn_groups[0]])
+        if grow < 0:
+            grow = 0
+        state_len = len(tables[state_groups[0]])
+        grow_state = need > state_len
+        total = grow * len(attn_groups) + (len(state_groups) if grow_state else 0)
+        if total:
+            new = self.pool.allocate(total, now)
+            k = 0
+            if grow:
+                for g in attn_groups:
+                    tables[g] += new[k:k + grow]
+                    k += grow
+            if grow_state:
+                pad = need - 1 - state_len
+                for g in state_groups:
+                    table = tables[g]
+                    if pad > 0:
+                        table += [NULL] * pad
+                    table.append(new[k])
+                    k += 1
+                live.append(need - 1)
         full = min(start + n, num_tokens) // B
         if full > run.num_cached:
             self._cache_full(run, full)
-
-    def _retire_states(self, run: _Running, skipped: int, now: float) -> None:
-        """``MambaManager.remove_skipped_blocks``: a state group keeps only the block
-        that holds the state of the last computed token; its blocks before index
-        ``skipped`` are freed, the latest first."""
-        live = run.live
-        if not live or live[0] >= skipped:
-            return
-        k = bisect.bisect_left(live, skipped)
-        retired = live[k - 1::-1]
-        del live[:k]
-        self.pool.free_each([self._freed(run, g, retired) for g in self.state_groups], now)
-        for g in self.state_groups:
-            blocks = run.blocks[g]
-            for i in retired:
-                blocks[i] = NULL
-
-    def _allocate(self, run: _Running, need: int, now: float) -> None:
-        """``allocate_new_blocks``: every attention group grows to ``need`` blocks,
-        every state group gets one new block at index ``need - 1`` (if it has
-        none there yet). One pool call for all groups: which group gets which
-        popped block changes neither hits nor the eviction order."""
-        blocks_by_group = run.blocks
-        total = 0
-        for g in self.attn_groups:
-            have = len(blocks_by_group[g])
-            if need > have:
-                total += need - have
-        grow_state = need > len(blocks_by_group[self.state_groups[0]])
-        if grow_state:
-            total += len(self.state_groups)
-        if not total:
-            return
-        new = self.pool.allocate(total, now)
-        k = 0
-        for g in self.attn_groups:
-            blocks = blocks_by_group[g]
-            have = len(blocks)
-            if need > have:
-                blocks.extend(new[k:k + need - have])
-                k += need - have
-        if grow_state:
-            for g in self.state_groups:
-                blocks = blocks_by_group[g]
-                if need - 1 > len(blocks):
-                    blocks.extend([NULL] * (need - 1 - len(blocks)))
-                blocks.append(new[k])
-                k += 1
-            run.live.append(need - 1)
 
     def _cache_full(self, run: _Running, full: int) -> None:
         """``cache_blocks`` up to the first ``full`` blocks: every new attention

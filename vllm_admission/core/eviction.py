@@ -543,6 +543,48 @@ class LFUEviction(EvictionPolicy):
         self._hits.pop(block_id, None)
         return block_id
 
+    def pop_n(self, n: int, now: float) -> list[int]:
+        """Pop ``n`` victims: the lowest level's first candidates, level after level
+        (the order of ``n`` pops)."""
+        level_of = self._level_of
+        if n > len(level_of):
+            raise IndexError(f"pop {n} from an eviction queue of {len(level_of)}")
+        out: list[int] = []
+        levels, counts, hits = self._levels, self._counts, self._hits
+        while len(out) < n:
+            k = counts[0]
+            level = levels[k]
+            victims = list(itertools.islice(level, n - len(out)))
+            _consume(map(level.__delitem__, victims))
+            if not level:
+                del levels[k]
+                counts.remove(k)
+            _consume(map(level_of.__delitem__, victims))
+            if hits:
+                _consume(map(hits.pop, victims, _NONES))
+            out += victims
+        return out
+
+    def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
+                 next_uses: Sequence[float]) -> None:
+        """:meth:`add` of each block in order; blocks never hit go to level 0 in bulk."""
+        level_of, hits = self._level_of, self._hits
+        if hits and not hits.keys().isdisjoint(block_ids):
+            for b in block_ids:
+                self.add(b, now)
+            return
+        if not level_of.keys().isdisjoint(block_ids):
+            raise KeyError(f"a block of {list(block_ids)} is already a candidate")
+        level = self._levels.get(0)
+        if level is None:
+            level = self._levels[0] = OrderedDict()
+            self._counts.add(0)
+        n = len(level)
+        level.update(dict.fromkeys(block_ids))
+        if len(level) != n + len(block_ids):
+            raise KeyError(f"a block of {list(block_ids)} is listed twice")
+        level_of.update(dict.fromkeys(block_ids, 0))
+
     def on_hit(self, block_id: int, now: float) -> None:
         self._hits[block_id] = self._hits.get(block_id, 0) + 1
 
@@ -810,9 +852,54 @@ class ReuseEviction(EvictionPolicy):
         return block_id
 
     def pop_n(self, n: int, now: float) -> list[int]:
+        """The order of ``n`` :meth:`pop` calls. Within one call the ratio cannot
+        change (pops add no references, so only the first aging can do
+        anything) and a queue found empty stays empty, so the heads are compared
+        with one ``r`` while both queues last, and the rest is taken in bulk."""
         if n > len(self):
             raise IndexError(f"pop {n} from an eviction queue of {len(self)}")
-        return [self.pop(now) for _ in range(n)]
+        first, again = self._first, self._again
+        out: list[int] = []
+        if first and again and n:
+            self._age()
+            r = self.ratio
+            heads_first, heads_again = iter(first.values()), iter(again.values())
+            t_first, seq_first = next(heads_first)
+            t_again, seq_again = next(heads_again)
+            while len(out) < n:
+                limit = r * (now - t_first)
+                age_again = now - t_again
+                if age_again > limit or (age_again == limit and seq_again < seq_first):
+                    out.append(again.popitem(last=False)[0])
+                    if not again:
+                        break
+                    heads_again = iter(again.values())
+                    t_again, seq_again = next(heads_again)
+                else:
+                    out.append(first.popitem(last=False)[0])
+                    if not first:
+                        break
+                    heads_first = iter(first.values())
+                    t_first, seq_first = next(heads_first)
+        if len(out) < n:
+            queue = first or again
+            rest = list(itertools.islice(queue, n - len(out)))
+            _consume(map(queue.__delitem__, rest))
+            out += rest
+        drop = self._drop
+        for b in out:
+            drop(b, True)
+        return out
+
+    def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
+                 next_uses: Sequence[float]) -> None:
+        """:meth:`add` of each block in order."""
+        first, again, keys, refs, seq = self._first, self._again, self._key, self._refs, self._seq
+        for b in block_ids:
+            if b in first or b in again:
+                raise KeyError(f"block {b} is already a candidate")
+            key = keys.get(b)
+            (again if key is not None and refs.get(key, 1) > 1 else first)[b] = (now, next(seq))
 
     def clone(self) -> "ReuseEviction":
         other = ReuseEviction(self.history)
@@ -831,6 +918,9 @@ class ReuseEviction(EvictionPolicy):
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self._first or block_id in self._again
+_NONES = itertools.repeat(None)
+
+
 def _consume(iterator) -> None:
     """Run ``iterator`` to its end without a Python-level loop (a ``map`` of a
     container's mutating method applies it item by item at C speed)."""
