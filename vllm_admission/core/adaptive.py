@@ -244,13 +244,15 @@ class PolicyController:
         if not self.shadows:
             return None
         flops = self.prefill_flops
-        full = flops(request.prompt_len, 0)
-        scores = self._scores
-        for pair, shadow in self.shadows.items():
-            if shadow.fits(request.prompt_len, request.output_len):
-                out = shadow.serve(request.hashes, request.prompt_len, request.output_len,
-                                   index, float(index))
-                scores[pair] += full - flops(request.prompt_len, out.hit_tokens)
+        prompt_len, output_len, hashes = request.prompt_len, request.output_len, request.hashes
+        # The shadows share one layout: a request fits all of them or none.
+        if next(iter(self.shadows.values())).fits(prompt_len, output_len):
+            full = flops(prompt_len, 0)
+            scores = self._scores
+            now = float(index)
+            for pair, shadow in self.shadows.items():
+                hit = shadow.serve(hashes, prompt_len, output_len, index, now).hit_tokens
+                scores[pair] += full - flops(prompt_len, hit)
         self._count += 1
         self._since += 1
         if self.window_len is None:

@@ -35,7 +35,7 @@ these facts with their sources.
 from __future__ import annotations
 
 import bisect
-import itertools
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,7 +48,7 @@ from vllm_admission.core.admission import (
     SegmentCosts,
     block_value,
 )
-from vllm_admission.core.eviction import EvictionPolicy, _consume
+from vllm_admission.core.eviction import EvictionPolicy
 from vllm_admission.core.free_blocks import FreeBlocks
 from vllm_admission.core.geometry import ATTENTION, STATE, blocks_needed
 
@@ -56,13 +56,6 @@ __all__ = ["ATTENTION", "STATE", "BlockPool", "HybridPrefixCache", "PoolExhauste
            "RequestOutcome"]
 
 NULL = 0  # vLLM's null block id: a placeholder in a state group's block table
-
-# Endless fillers for bulk list writes (``_consume(map(lst.__setitem__, ids, _ONES))``).
-_ONES = itertools.repeat(1)
-_NONES = itertools.repeat(None)
-_ZEROS = itertools.repeat(0.0)
-_INFS = itertools.repeat(math.inf)
-_NULLS = itertools.repeat(NULL)
 
 
 class PoolExhausted(RuntimeError):
@@ -171,14 +164,16 @@ class BlockPool:
             PoolExhausted: fewer than ``n`` blocks are free.
         """
         free = self.free_blocks
-        if n > len(free):
-            raise PoolExhausted(f"need {n} blocks, {len(free)} free of {self.num_blocks - 1}")
         num_uncached, num_cached = len(free.uncached), free.num_cached
+        if n > num_uncached + num_cached + len(free.tail):
+            raise PoolExhausted(f"need {n} blocks, {len(free)} free of {self.num_blocks - 1}")
         out = free.take(n, now)
         if n > num_uncached:
             # After the uncached stack come the policy's victims (then the tail).
             self._evict(out[num_uncached:num_uncached + min(n - num_uncached, num_cached)])
-        _consume(map(self.ref.__setitem__, out, _ONES))
+        ref = self.ref
+        for b in out:
+            ref[b] = 1
         return out
 
     def _evict(self, victims: Sequence[int]) -> None:
@@ -194,14 +189,19 @@ class BlockPool:
         else:
             for g, h in map(keys.__getitem__, victims):
                 del index[g][h]
-        _consume(map(keys.__setitem__, victims, _NONES))
+        for b in victims:
+            keys[b] = None
         self.evictions += len(victims)
         free = self.free_blocks
         eviction = free.eviction
         if eviction.needs_values or free.switchable:
-            _consume(map(self.value.__setitem__, victims, _ZEROS))
+            values = self.value
+            for b in victims:
+                values[b] = 0.0
         if eviction.needs_future:
-            _consume(map(self.next_use.__setitem__, victims, _INFS))
+            next_use = self.next_use
+            for b in victims:
+                next_use[b] = math.inf
 
     @property
     def evictions_by_group(self) -> list[int]:
@@ -295,8 +295,9 @@ class BlockPool:
         """
         idx = self.index[group]
         if self.free_blocks.eviction.needs_keys:
+            cache = self.cache
             for b, h in zip(blocks, hashes):
-                self.cache(b, (group, h))
+                cache(b, (group, h))
             return
         new = dict(zip(hashes, blocks))
         if len(new) != len(blocks) or not idx.keys().isdisjoint(new):
@@ -304,7 +305,9 @@ class BlockPool:
                 self.cache(b, (group, h))
             return
         idx.update(new)
-        _consume(map(self.key.__setitem__, blocks, zip(itertools.repeat(group), hashes)))
+        keys = self.key
+        for b, h in zip(blocks, hashes):
+            keys[b] = (group, h)
         self.insertions_by_group[group] += len(new)
 
     def _drop_key(self, block: int, key: tuple) -> None:
@@ -325,6 +328,24 @@ class BlockPool:
             self._num_dups[g] -= 1
             if not dups:
                 del self._dups[key]
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _decode_events(first: int, last: int, block_size: int) -> tuple[int, ...]:
+    """The decode steps that change the cache: computing token ``first`` (the
+    first output token), then the tokens next to each block boundary up to
+    ``last`` (memoised: requests of equal lengths share them, as do shadow caches)."""
+    if first > last:
+        return ()
+    B = block_size
+    events = [first]
+    m = first // B + 1
+    while m * B - 1 <= last:
+        for t in (m * B - 1, m * B, m * B + 1):
+            if first < t <= last:
+                events.append(t)
+        m += 1
+    return tuple(events)
 
 
 @dataclass(frozen=True, slots=True)
@@ -544,36 +565,45 @@ class HybridPrefixCache:
         if hit_blocks:
             self._touch_hit(run, hit_blocks, now)
 
+        # Prefill in chunks (``Scheduler._mamba_block_aligned_split`` for a fresh
+        # request, no EAGLE: block-aligned chunk ends, a stop at the prompt's last
+        # reusable block boundary and at the admission policy's stops).
+        step = self._step
+        chunk_size = self.chunk_size
+        last_cache_position = (prompt_len - 1) // B * B
+        stops = adm.stops
         computed = probe.state_hit
         steps = 0
         while computed < prompt_len:
-            n = self._split(run, computed, min(prompt_len - computed, self.chunk_size))
-            self._step(run, computed, n, prompt_len, now)
+            end = computed + min(prompt_len - computed, chunk_size)
+            if end < prompt_len:
+                aligned = end // B * B
+                if aligned > computed or B <= chunk_size:
+                    end = aligned
+            if computed < last_cache_position < end:
+                end = last_cache_position
+            if computed % B:
+                nb = (computed // B + 1) * B
+                if computed < nb < end:
+                    end = nb
+            if stops:
+                k = bisect.bisect_right(stops, computed)
+                if k < len(stops) and stops[k] < end:
+                    end = stops[k]
+            n = max(end - computed, 0)
+            step(run, computed, n, prompt_len, now)
             computed += n
             steps += 1
         # Decode: the step computing token t has t + 1 tokens in the request; only
         # steps next to a block boundary change the cache, so only those run.
-        for t in self._decode_events(prompt_len, total - 2):
-            self._step(run, t, 1, t + 1, now)
+        for t in _decode_events(prompt_len, total - 2, B):
+            step(run, t, 1, t + 1, now)
         self._finish(run, now)
         return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=probe.state_hit,
                               kv_hit_tokens=probe.kv_hit, junction=probe.junction,
                               checkpoints=len(adm.admitted),
                               evictions=self.pool.evictions - evictions_before,
                               prefill_steps=steps)
-
-    def _decode_events(self, first: int, last: int) -> list[int]:
-        if first > last:
-            return []
-        B = self.block_size
-        events = [first]
-        m = first // B + 1
-        while m * B - 1 <= last:
-            for t in (m * B - 1, m * B, m * B + 1):
-                if first < t <= last:
-                    events.append(t)
-            m += 1
-        return events
 
     def _touch_hit(self, run: _Running, hit_blocks: int, now: float) -> None:
         index = self.pool.index
@@ -589,28 +619,6 @@ class HybridPrefixCache:
                 self.pool.touch((b,), now)
                 run.blocks[g] = [NULL] * (hit_blocks - 1) + [b]
         run.live.append(hit_blocks - 1)
-
-    def _split(self, run: _Running, start: int, n: int) -> int:
-        """``Scheduler._mamba_block_aligned_split`` for a fresh request (no EAGLE)."""
-        B, P = self.block_size, run.prompt_len
-        end = start + n
-        if end < P:
-            aligned = end // B * B
-            if aligned > start or B <= self.chunk_size:
-                end = aligned
-        stop = end
-        last_cache_position = (P - 1) // B * B
-        if start < last_cache_position < stop:
-            stop = last_cache_position
-        if start % B:
-            nb = (start // B + 1) * B
-            if start < nb < stop:
-                stop = nb
-        stops = run.adm.stops
-        k = bisect.bisect_right(stops, start)
-        if k < len(stops) and stops[k] < stop:
-            stop = stops[k]
-        return max(stop - start, 0)
 
     def _step(self, run: _Running, start: int, n: int, num_tokens: int, now: float) -> None:
         """One scheduler step computing tokens ``[start, start + n)`` while the
@@ -637,7 +645,9 @@ class HybridPrefixCache:
             del live[:k]
             self.pool.free_each([self._freed(run, g, retired) for g in state_groups], now)
             for g in state_groups:
-                _consume(map(tables[g].__setitem__, retired, _NULLS))
+                table = tables[g]
+                for i in retired:
+                    table[i] = NULL
         need = -(-(start + n) // B)
         attn_groups = self.attn_groups
         grow = need - len(tables[attn_groups[0]])
@@ -718,7 +728,8 @@ class HybridPrefixCache:
     def _freed(self, run: _Running, g: int, indexes: Sequence[int]) -> list[int]:
         """Group ``g``'s blocks at ``indexes``, in that order, with their eviction
         metadata attached: the list to free."""
-        freed = list(map(run.blocks[g].__getitem__, indexes))
+        table = run.blocks[g]
+        freed = [table[i] for i in indexes]
         if self._needs_meta:
             self._set_values(run, indexes, freed, g)
         return freed

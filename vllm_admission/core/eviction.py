@@ -53,7 +53,7 @@ import itertools
 import math
 import operator
 from abc import ABC, abstractmethod
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
@@ -189,7 +189,9 @@ class LRUEviction(EvictionPolicy):
 
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
                  next_uses: Sequence[float]) -> None:
-        _consume(map(self._order.__setitem__, block_ids, itertools.repeat(None)))
+        order = self._order
+        for b in block_ids:
+            order[b] = None
 
     def clone(self) -> "LRUEviction":
         other = LRUEviction()
@@ -200,7 +202,9 @@ class LRUEviction(EvictionPolicy):
         if n > len(self._order):
             raise IndexError(f"pop {n} from an eviction queue of {len(self._order)}")
         victims = list(itertools.islice(self._order, n))
-        _consume(map(self._order.__delitem__, victims))
+        order = self._order
+        for b in victims:
+            del order[b]
         return victims
 
     def __len__(self) -> int:
@@ -555,13 +559,16 @@ class LFUEviction(EvictionPolicy):
             k = counts[0]
             level = levels[k]
             victims = list(itertools.islice(level, n - len(out)))
-            _consume(map(level.__delitem__, victims))
+            for b in victims:
+                del level[b]
             if not level:
                 del levels[k]
                 counts.remove(k)
-            _consume(map(level_of.__delitem__, victims))
+            for b in victims:
+                del level_of[b]
             if hits:
-                _consume(map(hits.pop, victims, _NONES))
+                for b in victims:
+                    hits.pop(b, None)
             out += victims
         return out
 
@@ -884,7 +891,8 @@ class ReuseEviction(EvictionPolicy):
         if len(out) < n:
             queue = first or again
             rest = list(itertools.islice(queue, n - len(out)))
-            _consume(map(queue.__delitem__, rest))
+            for b in rest:
+                del queue[b]
             out += rest
         drop = self._drop
         for b in out:
@@ -918,15 +926,6 @@ class ReuseEviction(EvictionPolicy):
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self._first or block_id in self._again
-_NONES = itertools.repeat(None)
-
-
-def _consume(iterator) -> None:
-    """Run ``iterator`` to its end without a Python-level loop (a ``map`` of a
-    container's mutating method applies it item by item at C speed)."""
-    deque(iterator, maxlen=0)
-
-
 #: Registry: name -> policy class.
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
     cls.name: cls for cls in (LRUEviction, FlopEviction, LFUEviction, ReuseEviction,
