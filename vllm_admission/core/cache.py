@@ -97,6 +97,7 @@ class BlockPool:
             raise ValueError(f"num_groups must be >= 1, got {num_groups}")
         self.num_blocks = num_blocks
         self.free_blocks = FreeBlocks(eviction, switchable=switchable)
+        self._switchable = switchable
         self.free_blocks.push_uncached(range(1, num_blocks))
         self.key: list[tuple | None] = [None] * num_blocks
         self.ref: list[int] = [0] * num_blocks
@@ -120,6 +121,7 @@ class BlockPool:
         other = BlockPool.__new__(BlockPool)
         other.num_blocks = self.num_blocks
         other.free_blocks = self.free_blocks.clone(eviction)
+        other._switchable = self._switchable
         other.key = self.key[:]
         other.ref = self.ref[:]
         other.value = self.value[:]
@@ -170,7 +172,8 @@ class BlockPool:
         out = free.take(n, now)
         if n > num_uncached:
             # After the uncached stack come the policy's victims (then the tail).
-            self._evict(out[num_uncached:num_uncached + min(n - num_uncached, num_cached)])
+            self._evict(out[num_uncached:n if n - num_uncached < num_cached
+                            else num_uncached + num_cached])
         ref = self.ref
         for b in out:
             ref[b] = 1
@@ -194,7 +197,7 @@ class BlockPool:
         self.evictions += len(victims)
         free = self.free_blocks
         eviction = free.eviction
-        if eviction.needs_values or free.switchable:
+        if eviction.needs_values or self._switchable:
             values = self.value
             for b in victims:
                 values[b] = 0.0
@@ -263,7 +266,7 @@ class BlockPool:
             value, next_use = self.value, self.next_use
             free.add_cached(cached, now,
                             [value[b] for b in cached]
-                            if eviction.needs_values or free.switchable else None,
+                            if eviction.needs_values or self._switchable else None,
                             [next_use[b] for b in cached] if eviction.needs_future else None)
 
     def cache(self, block: int, key: tuple, *, report: bool = True) -> None:
@@ -286,6 +289,25 @@ class BlockPool:
             eviction = self.free_blocks.eviction
             if eviction.needs_keys:
                 eviction.on_cache(block, key)
+
+    def cache_position(self, blocks: Sequence[tuple[int, int]], block_hash, *,
+                       report: bool = True) -> None:
+        """:meth:`cache` of each ``(group, block)`` of ``blocks`` under
+        ``(group, block_hash)``, in order (one state position, every state group)."""
+        keys, index, inserted = self.key, self.index, self.insertions_by_group
+        eviction = self.free_blocks.eviction
+        report = report and eviction.needs_keys
+        for g, b in blocks:
+            key = keys[b] = (g, block_hash)
+            idx = index[g]
+            if block_hash in idx:
+                self._dups.setdefault(key, []).append(b)
+                self._num_dups[g] += 1
+            else:
+                idx[block_hash] = b
+            inserted[g] += 1
+            if report:
+                eviction.on_cache(b, key)
 
     def cache_many(self, group: int, blocks: Sequence[int], hashes: Sequence) -> None:
         """:meth:`cache` of ``blocks[i]`` under ``(group, hashes[i])``, in order.
@@ -575,7 +597,7 @@ class HybridPrefixCache:
         computed = probe.state_hit
         steps = 0
         while computed < prompt_len:
-            end = computed + min(prompt_len - computed, chunk_size)
+            end = prompt_len if prompt_len - computed < chunk_size else computed + chunk_size
             if end < prompt_len:
                 aligned = end // B * B
                 if aligned > computed or B <= chunk_size:
@@ -643,7 +665,14 @@ class HybridPrefixCache:
             k = bisect.bisect_left(live, (start - 1) // B)
             retired = live[k - 1::-1]
             del live[:k]
-            self.pool.free_each([self._freed(run, g, retired) for g in state_groups], now)
+            if self._needs_meta:
+                lists = [self._freed(run, g, retired) for g in state_groups]
+            elif k == 1:
+                i = retired[0]
+                lists = [[tables[g][i]] for g in state_groups]
+            else:
+                lists = [[tables[g][i] for i in retired] for g in state_groups]
+            self.pool.free_each(lists, now)
             for g in state_groups:
                 table = tables[g]
                 for i in retired:
@@ -672,7 +701,7 @@ class HybridPrefixCache:
                     table.append(new[k])
                     k += 1
                 live.append(need - 1)
-        full = min(start + n, num_tokens) // B
+        full = (start + n if start + n < num_tokens else num_tokens) // B
         if full > run.num_cached:
             self._cache_full(run, full)
 
@@ -690,7 +719,7 @@ class HybridPrefixCache:
         nc, run.num_cached = run.num_cached, full
         hashes, pool = run.hashes, self.pool
         nh = len(hashes)
-        prompt_end = min(full, nh)  # blocks past the hashes are output blocks
+        prompt_end = full if full < nh else nh  # blocks past the hashes are output blocks
         for g in self.attn_groups:
             blocks = run.blocks[g]
             if nc < prompt_end:
@@ -710,8 +739,8 @@ class HybridPrefixCache:
             self.checkpoints += 1
             h = hashes[i] if i < nh else ("out", run.rid, i)
             report = not (keyed and adm.kept_as_sequence_end(pos))
-            for g in self.state_groups:
-                pool.cache(run.blocks[g][i], (g, h), report=report)
+            pool.cache_position([(g, run.blocks[g][i]) for g in self.state_groups], h,
+                                report=report)
 
     def _finish(self, run: _Running, now: float) -> None:
         """Free every block: group after group in vLLM's order, each group's

@@ -166,10 +166,10 @@ class FreeBlocks:
         if n > len(uncached) + self.num_cached + len(self.tail):
             raise ValueError(f"cannot take {n} blocks, {len(self)} are free")
         pop = uncached.popitem
-        out = [pop()[0] for _ in range(min(n, len(uncached)))]
+        out = [pop()[0] for _ in range(n if n < len(uncached) else len(uncached))]
         need = n - len(out)
         if need:
-            k = min(need, self.num_cached)
+            k = need if need < self.num_cached else self.num_cached
             if k:
                 victims = self.eviction.pop_n(k, now)
                 out.extend(victims)
