@@ -46,7 +46,6 @@ from vllm_admission.core.admission import (
     HitProbe,
     RequestAdmission,
     SegmentCosts,
-    block_value,
 )
 from vllm_admission.core.eviction import EvictionPolicy
 from vllm_admission.core.free_blocks import FreeBlocks
@@ -66,8 +65,10 @@ class BlockPool:
     """The shared block pool (``vllm/v1/core/block_pool.py``), for hit purposes.
 
     Blocks are integer ids ``1 .. num_blocks - 1`` (id 0 is vLLM's null block).
-    Per block it keeps the reference count and, while cached, the
-    ``(group, block_hash)`` key. ``index[g]`` maps a hash to the first cached
+    Per block it keeps the reference count and, while cached, its hash
+    (``key``, ``None`` while uncached) and group (``group``): the block's
+    ``(group, block_hash)`` key, kept as two lists so that no tuple is built
+    per cached block. ``index[g]`` maps a hash to the first cached
     block of group ``g`` with that hash (``BlockHashToBlockMap.get_one_block``);
     later duplicates wait in ``_dups`` in insertion order.
 
@@ -76,7 +77,11 @@ class BlockPool:
     the eviction policy. ``value`` and ``next_use`` are what the policy is told
     when a cached block becomes a candidate; they are kept (set by the caller
     before :meth:`free`, reset at eviction) only for a policy that reads them
-    (:attr:`~EvictionPolicy.needs_values`, :attr:`~EvictionPolicy.needs_future`).
+    (:attr:`~EvictionPolicy.needs_values`, :attr:`~EvictionPolicy.needs_future`);
+    ``value`` exists only where a policy may read it (a values policy or a
+    switchable pool; :class:`HybridPrefixCache` adds it with ``track_values``),
+    ``next_use`` only for a policy that needs the future (else both are ``None``).
+    Block ids are the same ``int`` objects in every pool of the process.
 
     Args:
         num_blocks: blocks in the pool, as vLLM reports ``num_gpu_blocks``.
@@ -98,11 +103,14 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.free_blocks = FreeBlocks(eviction, switchable=switchable)
         self._switchable = switchable
-        self.free_blocks.push_uncached(range(1, num_blocks))
-        self.key: list[tuple | None] = [None] * num_blocks
+        self.free_blocks.push_uncached(_block_ids(num_blocks))
+        self.key: list = [None] * num_blocks
+        self.group: list[int] = [0] * num_blocks
         self.ref: list[int] = [0] * num_blocks
-        self.value: list[float] = [0.0] * num_blocks
-        self.next_use: list[float] = [math.inf] * num_blocks
+        self.value: list[float] | None = (
+            [0.0] * num_blocks if eviction.needs_values or switchable else None)
+        self.next_use: list[float] | None = (
+            [math.inf] * num_blocks if eviction.needs_future else None)
         self.index: list[dict] = [{} for _ in range(num_groups)]
         self._dups: dict[tuple, list[int]] = {}
         self._num_dups: list[int] = [0] * num_groups  # entries waiting in _dups, per group
@@ -123,9 +131,10 @@ class BlockPool:
         other.free_blocks = self.free_blocks.clone(eviction)
         other._switchable = self._switchable
         other.key = self.key[:]
+        other.group = self.group[:]
         other.ref = self.ref[:]
-        other.value = self.value[:]
-        other.next_use = self.next_use[:]
+        other.value = self.value[:] if self.value is not None else None
+        other.next_use = self.next_use[:] if self.next_use is not None else None
         other.index = [d.copy() for d in self.index]
         other._dups = {k: v[:] for k, v in self._dups.items()}
         other._num_dups = self._num_dups[:]
@@ -181,17 +190,17 @@ class BlockPool:
 
     def _evict(self, victims: Sequence[int]) -> None:
         """Drop the hashes of cached blocks the policy just gave up."""
-        keys, index, dups = self.key, self.index, self._dups
+        keys, groups, index, dups = self.key, self.group, self.index, self._dups
         if dups:
             for b in victims:
-                key = keys[b]
+                key = (groups[b], keys[b])
                 if key in dups:
                     self._drop_key(b, key)
                 else:
                     del index[key[0]][key[1]]
         else:
-            for g, h in map(keys.__getitem__, victims):
-                del index[g][h]
+            for b in victims:
+                del index[groups[b]][keys[b]]
         for b in victims:
             keys[b] = None
         self.evictions += len(victims)
@@ -277,7 +286,8 @@ class BlockPool:
         live engine caches only tentatively: see ``HybridPrefixCache._cache_full``).
         """
         g, h = key
-        self.key[block] = key
+        self.key[block] = h
+        self.group[block] = g
         idx = self.index[g]
         if h in idx:
             self._dups.setdefault(key, []).append(block)
@@ -294,20 +304,21 @@ class BlockPool:
                        report: bool = True) -> None:
         """:meth:`cache` of each ``(group, block)`` of ``blocks`` under
         ``(group, block_hash)``, in order (one state position, every state group)."""
-        keys, index, inserted = self.key, self.index, self.insertions_by_group
+        keys, groups, index, inserted = self.key, self.group, self.index, self.insertions_by_group
         eviction = self.free_blocks.eviction
         report = report and eviction.needs_keys
         for g, b in blocks:
-            key = keys[b] = (g, block_hash)
+            keys[b] = block_hash
+            groups[b] = g
             idx = index[g]
             if block_hash in idx:
-                self._dups.setdefault(key, []).append(b)
+                self._dups.setdefault((g, block_hash), []).append(b)
                 self._num_dups[g] += 1
             else:
                 idx[block_hash] = b
             inserted[g] += 1
             if report:
-                eviction.on_cache(b, key)
+                eviction.on_cache(b, (g, block_hash))
 
     def cache_many(self, group: int, blocks: Sequence[int], hashes: Sequence) -> None:
         """:meth:`cache` of ``blocks[i]`` under ``(group, hashes[i])``, in order.
@@ -327,9 +338,10 @@ class BlockPool:
                 self.cache(b, (group, h))
             return
         idx.update(new)
-        keys = self.key
+        keys, groups = self.key, self.group
         for b, h in zip(blocks, hashes):
-            keys[b] = (group, h)
+            keys[b] = h
+            groups[b] = group
         self.insertions_by_group[group] += len(new)
 
     def _drop_key(self, block: int, key: tuple) -> None:
@@ -350,6 +362,13 @@ class BlockPool:
             self._num_dups[g] -= 1
             if not dups:
                 del self._dups[key]
+
+
+@functools.lru_cache(maxsize=8)
+def _block_ids(num_blocks: int) -> tuple[int, ...]:
+    """``1 .. num_blocks - 1``, built once per size: the pools of one process
+    (the shadow caches of ``auto``) share the ``int`` objects."""
+    return tuple(range(1, num_blocks))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -465,8 +484,10 @@ class HybridPrefixCache:
         self.next_use = next_use
         if eviction.needs_future:
             keys = self.pool.key
-            eviction.bind_future(lambda b, now: next_use(keys[b][1], now))
+            eviction.bind_future(lambda b, now: next_use(keys[b], now))
         self._needs_values = eviction.needs_values or track_values
+        if self._needs_values and self.pool.value is None:
+            self.pool.value = [0.0] * num_blocks
         self._needs_meta = self._needs_values or eviction.needs_future
         self._segment_costs = SegmentCosts(
             block_size=block_size, num_attention_groups=len(self.attn_groups),
@@ -492,7 +513,7 @@ class HybridPrefixCache:
         if other.eviction.needs_future:
             keys = other.pool.key
             next_use = self.next_use
-            other.eviction.bind_future(lambda b, now: next_use(keys[b][1], now))
+            other.eviction.bind_future(lambda b, now: next_use(keys[b], now))
         return other
 
     def switch(self, *, admission: AdmissionPolicy | None = None,
@@ -773,9 +794,9 @@ class HybridPrefixCache:
         if self.eviction.needs_future:
             keys, next_use = self.pool.key, self.pool.next_use
             for b in blocks:
-                key = keys[b]
-                if key is not None:
-                    next_use[b] = self.next_use(key[1], run.rid)
+                block_hash = keys[b]
+                if block_hash is not None:
+                    next_use[b] = self.next_use(block_hash, run.rid)
 
     def _set_flop_values(self, run: _Running, indexes: Sequence[int], blocks: Sequence[int],
                          g: int) -> None:
@@ -788,7 +809,15 @@ class HybridPrefixCache:
 
         ckpts, values = run.adm.segment_table(self._segment_costs, is_cached_state)
         keys, out = self.pool.key, self.pool.value
-        is_state = self.group_kinds[g] == STATE
-        for i, b in zip(indexes, blocks):
-            if keys[b] is not None:
-                out[b] = block_value(values, ckpts, (i + 1) * B, is_state)
+        # block_value, written out for the two kinds of group.
+        if self.group_kinds[g] == STATE:
+            get = values.get
+            for i, b in zip(indexes, blocks):
+                if keys[b] is not None:
+                    out[b] = get((i + 1) * B, 0.0)
+        else:
+            bisect_left, num = bisect.bisect_left, len(ckpts)
+            for i, b in zip(indexes, blocks):
+                if keys[b] is not None:
+                    k = bisect_left(ckpts, (i + 1) * B)
+                    out[b] = values[ckpts[k]] if k < num else 0.0
