@@ -789,14 +789,22 @@ class ReuseEviction(EvictionPolicy):
         return max(1.0, p_again / p_first)
 
     def on_cache(self, block_id: int, key: object) -> None:
-        self._key[block_id] = key
-        if len(self._key) > self._cap:
-            self._cap = len(self._key)
+        keys = self._key
+        keys[block_id] = key
+        if len(keys) > self._cap:
+            self._cap = len(keys)
         live = self._live.get(key, 0)
         self._live[key] = live + 1
         if not live:   # a duplicate of a cached block is not a new use
             self._ghost.pop(key, None)
-            self._reference(key)
+            # _reference(key), written out (once per cached block)
+            refs = self._refs
+            r = refs.get(key, 0)
+            if r:
+                self._reused[r - 1] += 1.0
+            self._total[1 if r else 0] += 1.0
+            refs[key] = 2 if r else 1
+            self._counted += 1
 
     def on_hit(self, block_id: int, now: float) -> None:
         key = self._key.get(block_id)
