@@ -476,6 +476,7 @@ class HybridPrefixCache:
         self.group_kinds = kinds
         self.attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
         self.state_groups = tuple(g for g, k in enumerate(kinds) if k == STATE)
+        self._num_attn, self._num_state = len(self.attn_groups), len(self.state_groups)
         self.admission = admission
         self.eviction = eviction
         self.pool = BlockPool(num_blocks, eviction, len(kinds), switchable=switchable)
@@ -705,7 +706,7 @@ class HybridPrefixCache:
             grow = 0
         state_len = len(tables[state_groups[0]])
         grow_state = need > state_len
-        total = grow * len(attn_groups) + (len(state_groups) if grow_state else 0)
+        total = grow * self._num_attn + (self._num_state if grow_state else 0)
         if total:
             new = self.pool.allocate(total, now)
             k = 0

@@ -902,9 +902,22 @@ class ReuseEviction(EvictionPolicy):
             for b in rest:
                 del queue[b]
             out += rest
-        drop = self._drop
+        # _drop(b, keep=True) of each victim, written out (the ghost limit is fixed
+        # here: only on_cache moves _cap).
+        keys, live_counts, refs, ghost = self._key, self._live, self._refs, self._ghost
+        limit = self.history * self._cap
         for b in out:
-            drop(b, True)
+            key = keys.pop(b, None)
+            if key is None:
+                continue
+            live = live_counts[key] - 1
+            if live:
+                live_counts[key] = live
+                continue
+            del live_counts[key]
+            ghost[key] = None
+            while len(ghost) > limit:
+                del refs[ghost.popitem(last=False)[0]]
         return out
 
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],

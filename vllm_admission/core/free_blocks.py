@@ -165,8 +165,12 @@ class FreeBlocks:
         uncached = self.uncached
         if n > len(uncached) + self.num_cached + len(self.tail):
             raise ValueError(f"cannot take {n} blocks, {len(self)} are free")
-        pop = uncached.popitem
-        out = [pop()[0] for _ in range(n if n < len(uncached) else len(uncached))]
+        k = n if n < len(uncached) else len(uncached)
+        if k:
+            pop = uncached.popitem
+            out = [pop()[0] for _ in range(k)]
+        else:
+            out = []
         need = n - len(out)
         if need:
             k = need if need < self.num_cached else self.num_cached
