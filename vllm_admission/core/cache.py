@@ -618,6 +618,12 @@ class HybridPrefixCache:
         stops = adm.stops
         computed = probe.state_hit
         steps = 0
+        if self.admission.every_block and B <= chunk_size:
+            # Every chunk up to the prompt checkpoint is one whole block.
+            first, last = computed // B, last_cache_position // B
+            if last > first:
+                self._prefill_blockwise(run, first, last, now)
+                computed, steps = last * B, last - first
         while computed < prompt_len:
             end = prompt_len if prompt_len - computed < chunk_size else computed + chunk_size
             if end < prompt_len:
@@ -726,6 +732,55 @@ class HybridPrefixCache:
         full = (start + n if start + n < num_tokens else num_tokens) // B
         if full > run.num_cached:
             self._cache_full(run, full)
+
+    def _prefill_blockwise(self, run: _Running, first: int, last: int, now: float) -> None:
+        """The prefill steps of a policy that stops at every block boundary
+        (``dense``) before the prompt checkpoint: step ``i`` computes block ``i``
+        alone, for ``first <= i < last``. :meth:`_step` and :meth:`_cache_full`
+        written out for that case (the pool is called the same way, in the same
+        order): retire the state before block ``i - 1``, allocate block ``i`` in
+        every group, cache the attention blocks and, where admitted, the state."""
+        B = self.block_size
+        pool = self.pool
+        tables, live, hashes, adm = run.blocks, run.live, run.hashes, run.adm
+        attn_groups, state_groups = self.attn_groups, self.state_groups
+        total = self._num_attn + self._num_state
+        keyed = pool.free_blocks.eviction.needs_keys
+        needs_meta = self._needs_meta
+        for i in range(first, last):
+            if live and live[0] < i - 1:
+                k = bisect.bisect_left(live, i - 1)
+                retired = live[k - 1::-1]
+                del live[:k]
+                if needs_meta:
+                    lists = [self._freed(run, g, retired) for g in state_groups]
+                else:
+                    lists = [[tables[g][j] for j in retired] for g in state_groups]
+                pool.free_each(lists, now)
+                for g in state_groups:
+                    table = tables[g]
+                    for j in retired:
+                        table[j] = NULL
+            new = pool.allocate(total, now)
+            k = 0
+            for g in attn_groups:
+                tables[g].append(new[k])
+                k += 1
+            for g in state_groups:
+                tables[g].append(new[k])
+                k += 1
+            live.append(i)
+            run.num_cached = i + 1
+            h = hashes[i]
+            for g in attn_groups:
+                pool.cache(tables[g][i], (g, h))
+            pos = (i + 1) * B
+            if adm.decide(pos) != ADMIT:
+                continue
+            adm.record(pos)
+            self.checkpoints += 1
+            report = not (keyed and adm.kept_as_sequence_end(pos))
+            pool.cache_position([(g, tables[g][i]) for g in state_groups], h, report=report)
 
     def _cache_full(self, run: _Running, full: int) -> None:
         """``cache_blocks`` up to the first ``full`` blocks: every new attention
