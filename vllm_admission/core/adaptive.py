@@ -46,7 +46,7 @@ The controller starts from vLLM's own pair (``vllm`` + ``lru``), so it begins
 exactly as stock vLLM does. Every decision is kept as a :class:`Decision`
 (request index, window, scores, the pair before and after).
 
-Cost: one cache-model run per candidate pair beside the live one (8 with the
+Cost: one cache-model run per candidate pair beside the live one (12 with the
 default candidates); the memory of as many block pools (tens of MiB each).
 """
 
