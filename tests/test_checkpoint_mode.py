@@ -1,7 +1,9 @@
 """The simulator's checkpoint modes: ``split`` (vLLM 0.32 ends a prefill chunk at every
 checkpoint) against ``inpass`` (states captured inside the forward pass), on the junction
-case and on random traces; the CLI's refusal of an unknown mode."""
+case and on random traces; the mode through simulate, the sweep and the CLIs (an unknown mode
+refused), and the fidelity run's refusal of inpass (the engine has no such mode yet)."""
 
+import json
 import random
 
 import pytest
@@ -14,9 +16,14 @@ from junction_case import (
     junction_prompts,
 )
 
+from vllm_admission.cli import main
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES, HybridPrefixCache, check_checkpoint_mode
+from vllm_admission.core.costs import load_model
 from vllm_admission.core.eviction import get_eviction
+from vllm_admission.core.traces import load_trace
+from vllm_admission.fidelity.spec import FidelityError, FidelitySpec
+from vllm_admission.sim.simulator import simulate
 
 GROUPS = ("state", "attention")
 #: Admission policies whose kept states do not depend on where chunks end.
@@ -141,3 +148,52 @@ def test_unknown_checkpoint_mode_is_refused():
         check_checkpoint_mode("fused")
     with pytest.raises(ValueError, match="valid: split, inpass"):
         make_cache("vllm", "fused", block_size=16)
+
+
+# --- threading: simulate, the sweep, the CLIs, fidelity ---------------------------------
+def test_simulate_records_the_mode_and_inpass_takes_fewer_steps():
+    costs = load_model("qwen3-next-80b-a3b")
+    trace = load_trace("synthetic", max_requests=60)
+    runs = {m: simulate(trace, costs, admission="vllm", eviction="lru", capacity_bytes=8 << 30,
+                        checkpoint=m, per_request=True) for m in CHECKPOINT_MODES}
+    assert runs["split"].checkpoint == "split" and runs["inpass"].to_record()["checkpoint"] == "inpass"
+    assert runs["inpass"].prefill_steps < runs["split"].prefill_steps
+    assert runs["inpass"].per_request_hits == runs["split"].per_request_hits
+    with pytest.raises(ValueError, match="valid: split, inpass"):
+        simulate(trace, costs, admission="vllm", eviction="lru", capacity_bytes=8 << 30,
+                 checkpoint="fused")
+
+
+def test_cli_simulate_inpass_writes_the_mode(tmp_path):
+    rc = main(["simulate", "--trace", "synthetic", "--max-requests", "30", "--capacity", "2GiB",
+               "--admission", "vllm", "--eviction", "lru", "--checkpoint", "inpass",
+               "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["checkpoint"] == "inpass"
+    assert [r["checkpoint"] for r in doc["runs"]] == ["inpass"]
+
+
+def test_cli_simulate_refuses_an_unknown_mode(tmp_path, capsys):
+    rc = main(["simulate", "--trace", "synthetic", "--capacity", "2GiB", "--checkpoint", "fused",
+               "--out", str(tmp_path), "--no-progress"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert errors == ["vllm-admission: error: unknown checkpoint mode 'fused'; valid: split, inpass"]
+    assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("mode,message", [
+    ("inpass", "checkpoint mode 'inpass' is not built in the engine in this version"),
+    ("fused", "unknown checkpoint mode 'fused'; valid: split, inpass"),
+])
+def test_fidelity_refuses_inpass_before_any_engine(tmp_path, capsys, mode, message):
+    with pytest.raises(FidelityError if mode == "inpass" else ValueError, match=message):
+        FidelitySpec(model=str(tmp_path), checkpoint=mode).check()
+    rc = main(["fidelity", "--model", str(tmp_path), "--checkpoint", mode,
+               "--out", str(tmp_path / "o")])
+    assert rc == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and message in errors[0]
+    assert not (tmp_path / "o").exists()
