@@ -164,7 +164,7 @@ def test_simulate_records_the_mode_and_inpass_takes_fewer_steps():
                  checkpoint="fused")
 
 
-def test_cli_simulate_inpass_writes_the_mode(tmp_path):
+def test_cli_simulate_inpass_writes_the_mode(tmp_path, capsys):
     rc = main(["simulate", "--trace", "synthetic", "--max-requests", "30", "--capacity", "2GiB",
                "--admission", "vllm", "--eviction", "lru", "--checkpoint", "inpass",
                "--out", str(tmp_path), "--no-progress"])
@@ -172,6 +172,7 @@ def test_cli_simulate_inpass_writes_the_mode(tmp_path):
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["checkpoint"] == "inpass"
     assert [r["checkpoint"] for r in doc["runs"]] == ["inpass"]
+    assert "checkpoint mode inpass" in capsys.readouterr().out
 
 
 def test_cli_simulate_refuses_an_unknown_mode(tmp_path, capsys):
