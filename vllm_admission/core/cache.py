@@ -69,8 +69,11 @@ NULL = 0  # vLLM's null block id: a placeholder in a state group's block table
 #: * ``"inpass"``: the model runner captures the state at the admitted
 #:   block-aligned positions inside one forward pass, so chunks end only at the
 #:   token budget and at the prompt end (as with prefix caching off: no block
-#:   alignment); the same positions are kept, in fewer prefill steps. A state at
-#:   a chunk end is still written where the chunk end is block-aligned.
+#:   alignment). The positions a policy admits explicitly (prompt checkpoint,
+#:   junction, stops) are kept as in ``split``, in fewer prefill steps; a state
+#:   at a chunk end is still written where the chunk end is block-aligned, so
+#:   ``last`` (which keeps chunk ends) keeps fewer states where the budget ends
+#:   mid-block.
 CHECKPOINT_MODES = ("split", "inpass")
 
 
