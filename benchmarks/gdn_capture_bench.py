@@ -96,11 +96,16 @@ def main(argv: list[str] | None = None) -> int:
               "threads": torch.get_num_threads(), "offsets": {k: variants[k][0][0] for k in variants},
               "median_s": {k: statistics.median(v) for k, v in times.items()},
               "ratio_to_single": {k: statistics.median(v) / base for k, v in times.items()},
+              # Each repeat runs every variant back to back: the median of those ratios
+              # is steadier than the ratio of medians on a shared machine.
+              "paired_ratio": {k: statistics.median(x / y for x, y in zip(v, times[0]))
+                               for k, v in times.items()},
               "all_s": times}
     print(f"{n} sequences x {L} tokens, {args.repeats} repeats, {torch.get_num_threads()} threads")
     for k in variants:
         print(f"  {k} checkpoints/seq (offsets {variants[k][0][0]}): median "
-              f"{result['median_s'][k] * 1e3:8.1f} ms  x{result['ratio_to_single'][k]:.3f}  "
+              f"{result['median_s'][k] * 1e3:8.1f} ms  x{result['ratio_to_single'][k]:.3f} "
+              f"(paired x{result['paired_ratio'][k]:.3f})  "
               f"(min {min(times[k]) * 1e3:.1f}, max {max(times[k]) * 1e3:.1f})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
