@@ -39,8 +39,13 @@ def ops():
         pytest.skip("vLLM's CPU GDN kernels are not available")
     from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
-    return SimpleNamespace(nonspec=gdn_attention._cpu_gdn_attention_nonspec,
-                           rearrange=QwenGatedDeltaNetAttention.rearrange_mixed_qkv)
+    # One thread: on a small shared CPU the kernels' OpenMP threads spin against each other
+    # (a call measured 0.5 to 45 s with 2 threads, ~0.15 s with 1).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield SimpleNamespace(nonspec=gdn_attention._cpu_gdn_attention_nonspec,
+                          rearrange=QwenGatedDeltaNetAttention.rearrange_mixed_qkv)
+    torch.set_num_threads(threads)
 
 
 class Case:
