@@ -271,7 +271,7 @@ def gdn_prefill_with_capture(
         ssm_state: vLLM's SSM cache ``[blocks, num_v_heads, head_v_dim, head_k_dim]``
             (bfloat16 or float32), read as vLLM's CPU path reads it.
         query_start_loc, state_indices, checkpoint_offsets, checkpoint_rows: as in
-            :func:`plan_rounds` (``query_start_loc[-1] == T``).
+            :func:`plan_rounds` (``query_start_loc`` runs from 0 to ``T``).
         has_initial_state: ``[N]`` bool: the working row holds the state before the
             chunk (else conv and SSM start from zeros, and the SSM row is zeroed first,
             as vLLM does).
