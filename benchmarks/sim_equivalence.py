@@ -14,7 +14,8 @@ admission (vllm, last, marconi, dense) with every eviction (lru, flop tuned, lfu
 reuse, belady), flop at alpha 0.5 and with the paper grid, auto+auto; the synthetic
 trace at 1, 4 and 16 GiB (every pair, auto+auto, vllm+auto, auto+lru); Nemotron-3-Nano
 on both traces. ``--only A,B`` / ``--skip A,B`` keep the cases whose name contains one
-of the words. Needs ``../shared`` (the trace and model configs) beside the checkout.
+of the words; ``--checkpoint inpass`` runs every case in that checkpoint mode (the
+default, ``split``, passes no option, so a tree from before the mode runs too). Needs ``../shared`` (the trace and model configs) beside the checkout.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("outdir")
     ap.add_argument("--only", default="", help="comma list: keep names containing one of these")
     ap.add_argument("--skip", default="", help="comma list: drop names containing one of these")
+    ap.add_argument("--checkpoint", default="split", help="checkpoint mode (split, inpass)")
     args = ap.parse_args(argv)
     outdir = Path(args.outdir)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -82,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             traces[trace] = load_trace(trace)
         if model not in models:
             models[model] = load_model(model)
+        if args.checkpoint != "split":
+            extra = {**extra, "checkpoint": args.checkpoint}
         r = simulate(traces[trace], models[model], admission=adm, eviction=ev,
                      capacity_bytes=parse_bytes(cap), per_request=True, **extra)
         rec = r.to_record()

@@ -2,7 +2,7 @@
 
 For each trace and model, one sweep runs ``auto`` + ``auto`` and every fixed
 pair an engine can run (admissions ``last``, ``vllm``, ``marconi``, ``dense`` x
-evictions ``lru``, ``lfu``, ``flop`` tuned online), plus ``vllm`` + ``belady``
+every engine eviction policy: ``lru``, ``flop`` tuned online, ``lfu``, ``reuse``), plus ``vllm`` + ``belady``
 (the offline reference), at the trace's capacities. It writes
 ``docs/results/auto/<trace>-<model>/results.json`` and ``hit_rate.png`` and
 prints one markdown table per sweep: stock (``vllm`` + ``lru``), the best fixed
@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from vllm_admission.core.adaptive import AUTO
+from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.geometry import parse_bytes
 from vllm_admission.sim.report import write_results
 from vllm_admission.sim.sweep import SweepSpec, run_sweep
@@ -41,7 +42,7 @@ TRACES = {
     "synthetic": ("synthetic", ("2GiB", "4GiB", "8GiB", "16GiB", "64GiB")),
 }
 FIXED_ADMISSIONS = ("last", "vllm", "marconi", "dense")
-FIXED_EVICTIONS = ("lru", "lfu", "flop")
+FIXED_EVICTIONS = ENGINE_EVICTION_POLICIES
 STOCK = ("vllm", "lru")
 REFERENCE = ("vllm", "belady")
 

@@ -29,8 +29,11 @@ MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.
 STUDY_PAIRS = (("vllm", "lru"), ("marconi", "flop"), ("last", "lru"), ("dense", "lru"))
 #: ``auto`` beside stock, in one run (prefill seconds are compared as a ratio).
 AUTO_PAIRS = (("vllm", "lru"), ("auto", "auto"))
+#: Each eviction policy beyond ``lru`` with stock admission (issue 9: each runs in the
+#: engine exactly as in the simulator).
+EVICTION_PAIRS = (("vllm", "lru"), ("vllm", "lfu"), ("vllm", "reuse"))
 #: Every pair the tables and the plot show.
-SHOWN_PAIRS = (*STUDY_PAIRS, ("auto", "auto"))
+SHOWN_PAIRS = (*STUDY_PAIRS, ("vllm", "lfu"), ("vllm", "reuse"), ("auto", "auto"))
 ALL_PAIRS = tuple((a, e) for e in ("lru", "flop")
                   for a in ("none", "last", "vllm", "marconi", "dense"))
 
@@ -58,6 +61,9 @@ def workloads(model: str) -> dict[str, FidelitySpec]:
         # auto (decisions every 50 requests) against stock on the tight pools.
         "auto-synthetic": FidelitySpec(**synthetic, pairs=AUTO_PAIRS, num_gpu_blocks=(64,)),
         "auto-mooncake": FidelitySpec(**mooncake, pairs=AUTO_PAIRS, num_gpu_blocks=(300,)),
+        # The eviction policies beyond lru, with vllm admission, on the same tight pools.
+        "evictions-synthetic": FidelitySpec(**synthetic, pairs=EVICTION_PAIRS, num_gpu_blocks=(64,)),
+        "evictions-mooncake": FidelitySpec(**mooncake, pairs=EVICTION_PAIRS, num_gpu_blocks=(300,)),
         # Requests overlapping in the engine: how far the sequential prediction drifts.
         "synthetic-timed": FidelitySpec(**synthetic, pairs=(("vllm", "lru"), ("marconi", "flop")),
                                         num_gpu_blocks=(64,), mode="timed", time_scale=0.25),

@@ -24,8 +24,8 @@ nothing, so no request can hit and both engines compute the same tokens; only th
 steps differs (caching on still ends a chunk at each prompt's checkpoint, whose state it
 keeps). ``unique`` isolates the cost of the splits; the others add the hits' savings.
 
-Configurations alternate (their order rotates from one repeat to the next) within one process; every replay starts
-a new engine and first runs one short unrelated warm-up request. Each workload's table row
+Configurations alternate (their order rotates from one repeat to the next) within one
+process; every replay starts a new engine and first runs one short unrelated warm-up request. Each workload's table row
 gives medians over the repeats.
 
 Usage: ``python simulations/split_cost.py [NAME ...] [--repeats N] [--model DIR] [--out DIR]``.

@@ -19,6 +19,10 @@ ends a chunk at its checkpoint C = floor(1800 / B) * B and computes [C, 1801) in
 step, whatever the policy (vLLM's own split stops at C). vllm / marconi add the junction stop
 S for prompt 2 (0 -> S -> C -> 1801: 3 steps); dense ends a chunk at every block boundary
 (prompt 1: C / B + 1 steps; prompts 2..10 resume at S: (C - S) / B + 1).
+
+In the simulator's ``inpass`` checkpoint mode the same states are captured inside the forward
+pass and no chunk ends at a checkpoint: with the budget not binding, every prompt of every
+policy is one step (``expected_junction_inpass_prefill_steps``), and the hits are those above.
 """
 
 from __future__ import annotations
@@ -52,6 +56,14 @@ def expected_junction_prefill_steps(block_size: int) -> dict[str, list[int]]:
         "marconi": [2, 3] + [2] * 8,
         "dense": [checkpoint // block_size + 1] + [dense_rest] * 9,
     }
+
+
+def expected_junction_inpass_prefill_steps(block_size: int) -> dict[str, list[int]]:
+    """Per policy, the ten prompts' prefill steps in ``inpass`` checkpoint mode: one each
+    (the 4,096-token budget never binds on a 1,801-token prompt; ``block_size`` only checks
+    the case)."""
+    expected_junction(block_size)
+    return {policy: [1] * 10 for policy in ("none", "last", "vllm", "marconi", "dense")}
 
 
 def junction_prompts(toks: Callable[[int, int], list[int]]) -> list[list[int]]:

@@ -485,3 +485,37 @@ def test_auto_switches_like_the_simulator_request_for_request(vllm_config, monke
     assert (stats.admission, stats.eviction) == (sim.pair.admission, sim.pair.eviction)
     assert stats.adaptive and "auto" in stats.summary()
     assert free_equals_usable(engine)
+
+
+def test_auto_leaves_reuse_out_where_blocks_get_hashes_elsewhere(vllm_config, monkeypatch, caplog):
+    """``reuse`` needs one key per full block; where the engine hashes blocks otherwise,
+    a fixed ``reuse`` is refused in one line and ``auto`` runs without it, saying so."""
+    import vllm_admission.plugin.scheduler as plugin_scheduler
+    from vllm_admission.plugin.config import AdmissionConfigError
+
+    seen = []
+    real = plugin_scheduler.AdmissionControl
+
+    def spy(**kwargs):
+        seen.append(kwargs["adaptive"])
+        return real(**kwargs)
+
+    monkeypatch.setattr(plugin_scheduler, "AdmissionControl", spy)
+    engine = build(vllm_config, monkeypatch, policy="vllm", eviction="auto")
+    assert "reuse" in seen[-1][1]
+    engine.scheduler.shutdown()
+    monkeypatch.setattr(plugin_scheduler.AdmissionScheduler, "_admission_key_problems",
+                        lambda self: ["partial hash hits"])
+    with pytest.raises(AdmissionConfigError, match="partial hash hits"):
+        build(vllm_config, monkeypatch, policy="vllm", eviction="reuse")
+    caplog.set_level(logging.WARNING, logger="vllm_admission")
+    logger = logging.getLogger("vllm_admission")
+    logger.addHandler(caplog.handler)
+    try:
+        engine = build(vllm_config, monkeypatch, policy="vllm", eviction="auto")
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert "reuse" not in seen[-1][1] and set(seen[-1][1]) == {"lru", "lfu"}
+    assert any("leaves out reuse" in r.getMessage() and "partial hash hits" in r.getMessage()
+               for r in caplog.records)
+    engine.scheduler.shutdown()

@@ -55,6 +55,9 @@ def add_fidelity_parser(sub) -> None:
                    help=f"with auto: requests between two policy decisions, in both "
                         f"(default {DEFAULT_INTERVAL})")
     p.add_argument("--seed", type=int, default=0, help="synthetic workload and engine seed")
+    p.add_argument("--checkpoint", default="split", metavar="split|inpass",
+                   help="checkpoint mode (default split, vLLM's); 'inpass' is refused: the engine "
+                        "does not have it in this version (the simulator's --checkpoint does)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless every sequential record meets the fidelity bar: exact per "
                         "request for lru with none/last/vllm/dense, within 1%% of prompt tokens "
@@ -109,7 +112,8 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         max_prompt_tokens=args.max_prompt_tokens, max_output_len=args.max_output_len,
         mooncake_block_tokens=args.mooncake_block_tokens,
         synthetic=_synthetic_params(args.synthetic), mode=args.mode, time_scale=args.time_scale,
-        alpha=args.alpha, auto_interval=args.auto_interval, seed=args.seed)
+        alpha=args.alpha, auto_interval=args.auto_interval, seed=args.seed,
+        checkpoint=args.checkpoint)
 
     def progress(rec: dict) -> None:
         print(f"{rec['admission']}+{rec['eviction']} at {rec['num_blocks']} blocks: "

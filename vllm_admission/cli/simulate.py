@@ -6,6 +6,7 @@ import argparse
 
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
+from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
 from vllm_admission.core.eviction import EVICTION_POLICIES
 from vllm_admission.core.geometry import parse_bytes
 
@@ -43,6 +44,11 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                         "the state page and so raises the block size")
     p.add_argument("--chunk-size", type=int, default=None,
                    help="prefill tokens per step, vLLM's max_num_batched_tokens (default 8192)")
+    p.add_argument("--checkpoint", default="split", metavar="|".join(CHECKPOINT_MODES),
+                   help="how prefill writes recurrent-state checkpoints: 'split' (default, vLLM "
+                        "0.32: a prefill chunk ends at every checkpoint) or 'inpass' (the states "
+                        "are captured inside the forward pass: chunks end at the token budget "
+                        "only; the engine does not have this mode yet)")
     p.add_argument("--alpha", type=float, default=None,
                    help="fix flop eviction's alpha instead of tuning it online")
     p.add_argument("--tune-grid", choices=("coarse", "paper"), default="coarse",
@@ -79,6 +85,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     if args.auto_interval < 1:
         raise ValueError(f"--auto-interval must be >= 1 request, got {args.auto_interval}")
+    check_checkpoint_mode(args.checkpoint)
     spec = SweepSpec(
         trace=args.trace, model=args.model, capacities=capacities,
         admissions=parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, AUTO]),
@@ -86,7 +93,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
         max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
         tune_grid=args.tune_grid, auto_interval=args.auto_interval,
-        mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype)
+        mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint)
     costs = spec.load_costs()
     if not costs.is_hybrid:
         print(f"vllm-admission: {costs.name} has no recurrent layers; prefix caching already "

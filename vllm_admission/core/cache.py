@@ -14,9 +14,13 @@ and recurrent-state (Mamba / GDN) groups:
    run of cached attention blocks, capped at ``prompt_len - 1`` tokens, then the
    longest prefix within it whose state is cached in every state group;
 2. touch the hit blocks (``add_local_computed_blocks``);
-3. prefill in chunks of at most ``chunk_size`` tokens, each clipped by
+3. prefill in chunks of at most ``chunk_size`` tokens. In ``split`` checkpoint
+   mode (vLLM 0.32) each chunk is clipped by
    ``Scheduler._mamba_block_aligned_split`` (block-aligned chunk ends, a stop
-   at the prompt's last reusable block boundary, the admission policy's stops);
+   at the prompt's last reusable block boundary, the admission policy's
+   stops); in ``inpass`` mode (see :data:`CHECKPOINT_MODES`) only the token
+   budget and the prompt end end a chunk, and the states at those checkpoint
+   positions are captured inside the chunk's forward pass;
 4. per step: free retired state blocks (``MambaManager.remove_skipped_blocks``),
    allocate (``allocate_new_blocks``: one new state block per group per step,
    attention blocks for every new token), cache the now-full blocks
@@ -51,10 +55,37 @@ from vllm_admission.core.eviction import EvictionPolicy
 from vllm_admission.core.free_blocks import FreeBlocks
 from vllm_admission.core.geometry import ATTENTION, STATE, blocks_needed
 
-__all__ = ["ATTENTION", "STATE", "BlockPool", "HybridPrefixCache", "PoolExhausted",
-           "RequestOutcome"]
+__all__ = ["ATTENTION", "CHECKPOINT_MODES", "STATE", "BlockPool", "HybridPrefixCache",
+           "PoolExhausted", "RequestOutcome", "check_checkpoint_mode"]
 
 NULL = 0  # vLLM's null block id: a placeholder in a state group's block table
+
+#: How recurrent-state checkpoints are written during prefill:
+#:
+#: * ``"split"`` (default): vLLM 0.32. A state is written only where a forward
+#:   pass ends, so a prefill chunk ends at every checkpoint position (the prompt
+#:   checkpoint, the junction, the admission policy's stops) and every chunk end
+#:   is block-aligned (``Scheduler._mamba_block_aligned_split``).
+#: * ``"inpass"``: the model runner captures the state at the admitted
+#:   block-aligned positions inside one forward pass, so chunks end only at the
+#:   token budget and at the prompt end (as with prefix caching off: no block
+#:   alignment). The positions a policy admits explicitly (prompt checkpoint,
+#:   junction, stops) are kept as in ``split``, in fewer prefill steps; a state
+#:   at a chunk end is still written where the chunk end is block-aligned, so
+#:   ``last`` (which keeps chunk ends) keeps fewer states where the budget ends
+#:   mid-block.
+CHECKPOINT_MODES = ("split", "inpass")
+
+
+def check_checkpoint_mode(mode: str) -> str:
+    """Return ``mode`` if it is one of :data:`CHECKPOINT_MODES`.
+
+    Raises:
+        ValueError: an unknown mode; the message lists the valid ones.
+    """
+    if mode not in CHECKPOINT_MODES:
+        raise ValueError(f"unknown checkpoint mode {mode!r}; valid: {', '.join(CHECKPOINT_MODES)}")
+    return mode
 
 
 class PoolExhausted(RuntimeError):
@@ -396,9 +427,10 @@ class RequestOutcome:
     ``hit_tokens`` is what vLLM reports as ``num_cached_tokens``.
     ``prefill_steps`` is the number of prefill chunks the request's prompt
     took (engine steps with prompt tokens scheduled when it runs alone): the
-    chunks of ``[hit_tokens, prompt_tokens)`` after the token budget and every
-    chunk stop (block alignment, the prompt checkpoint, the junction, the
-    admission policy's stops).
+    chunks of ``[hit_tokens, prompt_tokens)`` after the token budget and, in
+    ``split`` checkpoint mode, every chunk stop (block alignment, the prompt
+    checkpoint, the junction, the admission policy's stops); in ``inpass``
+    mode the budget alone.
     """
 
     prompt_tokens: int
@@ -429,6 +461,11 @@ class _Running:
     num_cached: int
     #: Ascending indexes where the state groups hold a block (not NULL).
     live: list[int]
+    #: ``inpass`` mode: indexes ``i`` whose state block was written with the
+    #: state at ``(i + 1) * B`` (a capture or a block-aligned step end); only
+    #: those may be cached. ``None`` in ``split`` mode, where every step end is
+    #: block-aligned (or followed by a stop at the next boundary).
+    written: set[int] | None = None
 
 
 class HybridPrefixCache:
@@ -451,9 +488,12 @@ class HybridPrefixCache:
         switchable: allow :meth:`switch` (the adaptive controller).
         track_values: compute block values whatever the eviction policy, so
             that a policy that ``needs_values`` can be switched to later.
+        checkpoint: how prefill writes states, one of :data:`CHECKPOINT_MODES`
+            (``"split"``: vLLM 0.32; ``"inpass"``: captured inside the pass).
 
     Raises:
-        ValueError: bad geometry or a missing callback for the chosen eviction.
+        ValueError: bad geometry, a missing callback for the chosen eviction,
+            or an unknown checkpoint mode.
     """
 
     def __init__(self, *, num_blocks: int, block_size: int, group_kinds: Sequence[str],
@@ -461,7 +501,9 @@ class HybridPrefixCache:
                  segment_flops: Callable[[int, int], float] | None = None,
                  bytes_per_block: int = 1,
                  next_use: Callable[[int, float], float] | None = None,
-                 switchable: bool = False, track_values: bool = False) -> None:
+                 switchable: bool = False, track_values: bool = False,
+                 checkpoint: str = "split") -> None:
+        check_checkpoint_mode(checkpoint)
         if block_size < 1 or chunk_size < 1:
             raise ValueError(f"block_size and chunk_size must be >= 1, got {block_size}, {chunk_size}")
         kinds = tuple(group_kinds)
@@ -473,6 +515,9 @@ class HybridPrefixCache:
             raise ValueError(f"eviction {eviction.name!r} needs next_use")
         self.block_size = block_size
         self.chunk_size = chunk_size
+        #: The checkpoint mode (:data:`CHECKPOINT_MODES`).
+        self.checkpoint = checkpoint
+        self._inpass = checkpoint == "inpass"
         self.group_kinds = kinds
         self.attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
         self.state_groups = tuple(g for g, k in enumerate(kinds) if k == STATE)
@@ -547,10 +592,21 @@ class HybridPrefixCache:
 
     # -- sizing ----------------------------------------------------------
     def blocks_needed(self, prompt_len: int, output_len: int) -> int:
-        """Most blocks a request holds at once (:func:`~vllm_admission.core.geometry.blocks_needed`)."""
-        return blocks_needed(prompt_len, output_len, block_size=self.block_size,
+        """Most blocks a request holds at once (:func:`~vllm_admission.core.geometry.blocks_needed`).
+
+        In ``inpass`` mode a prefill step also holds one state block per group for
+        each state captured inside it: at most the junction and the prompt
+        checkpoint, or one per block boundary of a chunk for an ``every_block``
+        policy (``dense``); that many are added, per state group.
+        """
+        need = blocks_needed(prompt_len, output_len, block_size=self.block_size,
                              num_attention_groups=len(self.attn_groups),
                              num_state_groups=len(self.state_groups))
+        if self._inpass:
+            captures = (min(self.chunk_size, prompt_len) // self.block_size + 1
+                        if self.admission.every_block else 2)
+            need += captures * len(self.state_groups)
+        return need
 
     def fits(self, prompt_len: int, output_len: int) -> bool:
         """Whether the request can ever run alone in this pool."""
@@ -609,39 +665,35 @@ class HybridPrefixCache:
         if hit_blocks:
             self._touch_hit(run, hit_blocks, now)
 
-        # Prefill in chunks (``Scheduler._mamba_block_aligned_split`` for a fresh
-        # request, no EAGLE: block-aligned chunk ends, a stop at the prompt's last
-        # reusable block boundary and at the admission policy's stops).
-        step = self._step
+        # Checkpoint positions (ascending): the policy's stops, then the prompt
+        # checkpoint (every stop is a block boundary below the prompt end).
+        ends = adm.stops
+        if not ends or ends[-1] != adm.prompt_end:
+            ends = (*ends, adm.prompt_end)
+        inpass = self._inpass
+        if inpass:
+            # Captured inside the pass where admitted; no chunk ends there.
+            captures = [p for p in ends if adm.decide(p) == ADMIT]
+            ends = ()
+            run.written = set()
+        split = self._split
+        step = self._step_inpass if inpass else self._step
         chunk_size = self.chunk_size
-        last_cache_position = (prompt_len - 1) // B * B
-        stops = adm.stops
         computed = probe.state_hit
         steps = 0
-        if self.admission.every_block and B <= chunk_size:
-            # Every chunk up to the prompt checkpoint is one whole block.
-            first, last = computed // B, last_cache_position // B
+        if not inpass and self.admission.every_block and B <= chunk_size:
+            # split mode: every chunk up to the prompt checkpoint is one whole block.
+            first, last = computed // B, adm.prompt_end // B
             if last > first:
                 self._prefill_blockwise(run, first, last, now)
                 computed, steps = last * B, last - first
         while computed < prompt_len:
-            end = prompt_len if prompt_len - computed < chunk_size else computed + chunk_size
-            if end < prompt_len:
-                aligned = end // B * B
-                if aligned > computed or B <= chunk_size:
-                    end = aligned
-            if computed < last_cache_position < end:
-                end = last_cache_position
-            if computed % B:
-                nb = (computed // B + 1) * B
-                if computed < nb < end:
-                    end = nb
-            if stops:
-                k = bisect.bisect_right(stops, computed)
-                if k < len(stops) and stops[k] < end:
-                    end = stops[k]
-            n = max(end - computed, 0)
-            step(run, computed, n, prompt_len, now)
+            n = split(run, computed, min(prompt_len - computed, chunk_size), ends)
+            if inpass:
+                step(run, computed, n, prompt_len, now,
+                     [p for p in captures if computed < p < computed + n])
+            else:
+                step(run, computed, n, prompt_len, now)
             computed += n
             steps += 1
         # Decode: the step computing token t has t + 1 tokens in the request; only
@@ -670,9 +722,37 @@ class HybridPrefixCache:
                 run.blocks[g] = [NULL] * (hit_blocks - 1) + [b]
         run.live.append(hit_blocks - 1)
 
+    def _split(self, run: _Running, start: int, n: int, ends: Sequence[int]) -> int:
+        """Tokens of the prefill chunk that starts at ``start``, at most ``n``.
+
+        ``ends``: ascending positions where a chunk must end (``split`` mode:
+        the checkpoint positions; ``inpass`` mode: none). In ``split`` mode
+        this is ``Scheduler._mamba_block_aligned_split`` for a fresh request
+        (no EAGLE): chunk ends are also block-aligned before the prompt end,
+        and a chunk starting mid-block stops at the next boundary. In
+        ``inpass`` mode only the budget ``n`` (and the prompt end) bounds the
+        chunk, as without align mode.
+        """
+        B, P = self.block_size, run.prompt_len
+        stop = start + n
+        if not self._inpass:
+            if stop < P:
+                aligned = stop // B * B
+                if aligned > start or B <= self.chunk_size:
+                    stop = aligned
+            if start % B:
+                nb = (start // B + 1) * B
+                if start < nb < stop:
+                    stop = nb
+        k = bisect.bisect_right(ends, start)
+        if k < len(ends) and ends[k] < stop:
+            stop = ends[k]
+        return max(stop - start, 0)
+
     def _step(self, run: _Running, start: int, n: int, num_tokens: int, now: float) -> None:
         """One scheduler step computing tokens ``[start, start + n)`` while the
-        request has ``num_tokens`` tokens (step 4 of the module docstring).
+        request has ``num_tokens`` tokens in ``split`` mode (step 4 of the module
+        docstring; :meth:`_step_inpass` is the ``inpass`` mode's).
 
         Three parts, written out in one method (it runs for every step of every
         request): ``MambaManager.remove_skipped_blocks`` (a state group keeps only
@@ -782,6 +862,86 @@ class HybridPrefixCache:
             report = not (keyed and adm.kept_as_sequence_end(pos))
             pool.cache_position([(g, tables[g][i]) for g in state_groups], h, report=report)
 
+    def _step_inpass(self, run: _Running, start: int, n: int, num_tokens: int, now: float,
+                     captures: Sequence[int] = ()) -> None:
+        """One scheduler step computing tokens ``[start, start + n)`` while the
+        request has ``num_tokens`` tokens in ``inpass`` mode (:meth:`_step` is
+        the ``split`` mode's, written out in one method).
+
+        ``captures``: ascending block-aligned positions inside
+        ``(start, start + n)`` whose states the pass copies into state blocks
+        of their own."""
+        B = self.block_size
+        if start > 0:
+            self._retire_states(run, (start - 1) // B, now)
+        end = start + n
+        self._allocate(run, -(-end // B), now, [p // B - 1 for p in captures])
+        written = run.written
+        if written is not None:
+            written.update(p // B - 1 for p in captures)
+            if end % B == 0:
+                written.add(end // B - 1)
+        full = min(start + n, num_tokens) // B
+        if full > run.num_cached:
+            self._cache_full(run, full)
+
+    def _retire_states(self, run: _Running, skipped: int, now: float) -> None:
+        """``MambaManager.remove_skipped_blocks``: a state group keeps only the block
+        that holds the state of the last computed token; its blocks before index
+        ``skipped`` are freed, the latest first."""
+        live = run.live
+        if not live or live[0] >= skipped:
+            return
+        k = bisect.bisect_left(live, skipped)
+        retired = live[k - 1::-1]
+        del live[:k]
+        self.pool.free_each([self._freed(run, g, retired) for g in self.state_groups], now)
+        for g in self.state_groups:
+            blocks = run.blocks[g]
+            for i in retired:
+                blocks[i] = NULL
+
+    def _allocate(self, run: _Running, need: int, now: float,
+                  extra: Sequence[int] = ()) -> None:
+        """``allocate_new_blocks``: every attention group grows to ``need`` blocks,
+        every state group gets one new block at index ``need - 1`` (if it has
+        none there yet) and, in ``inpass`` mode, one at each ascending index in
+        ``extra`` it has none at (the in-pass captures). One pool call for all
+        groups: which group gets which popped block changes neither hits nor the
+        eviction order."""
+        blocks_by_group = run.blocks
+        total = 0
+        for g in self.attn_groups:
+            have = len(blocks_by_group[g])
+            if need > have:
+                total += need - have
+        have_state = len(blocks_by_group[self.state_groups[0]])
+        if extra:
+            grow = [i for i in extra if i >= have_state]
+            if need - 1 >= have_state and (not grow or grow[-1] != need - 1):
+                grow.append(need - 1)
+        else:
+            grow = [need - 1] if need > have_state else []
+        total += len(grow) * len(self.state_groups)
+        if not total:
+            return
+        new = self.pool.allocate(total, now)
+        k = 0
+        for g in self.attn_groups:
+            blocks = blocks_by_group[g]
+            have = len(blocks)
+            if need > have:
+                blocks.extend(new[k:k + need - have])
+                k += need - have
+        for g in self.state_groups:
+            blocks = blocks_by_group[g]
+            for i in grow:
+                if i > len(blocks):
+                    blocks.extend([NULL] * (i - len(blocks)))
+                blocks.append(new[k])
+                k += 1
+        run.live.extend(grow)
+
     def _cache_full(self, run: _Running, full: int) -> None:
         """``cache_blocks`` up to the first ``full`` blocks: every new attention
         block, and a state block where the admission policy admits its position.
@@ -805,9 +965,12 @@ class HybridPrefixCache:
                 pool.cache(blocks[i], (g, ("out", run.rid, i)))
         adm, B = run.adm, self.block_size
         keyed = pool.eviction.needs_keys
+        written = run.written
         for i in run.live:
             if not nc <= i < full:
                 continue
+            if written is not None and i not in written:
+                continue  # inpass: this block holds a mid-block state, not (i + 1) * B
             pos = (i + 1) * B
             # The length is known here, so a decision is never tentative.
             if adm.decide(pos) != ADMIT:

@@ -110,6 +110,10 @@ class CacheLayout:
         chunk_size: prefill token budget per step (``max_num_batched_tokens``).
         hash_block_size: tokens per vLLM block hash (``block_size`` or a
             divisor); ``None`` means ``block_size``.
+        checkpoint: how prefill writes recurrent states, one of
+            :data:`vllm_admission.core.cache.CHECKPOINT_MODES` (``"split"``:
+            vLLM 0.32, a chunk ends at every checkpoint; ``"inpass"``: states
+            captured inside the forward pass). Checked where a cache is built.
     """
 
     num_blocks: int
@@ -118,6 +122,7 @@ class CacheLayout:
     bytes_per_block: int
     chunk_size: int
     hash_block_size: int | None = None
+    checkpoint: str = "split"
 
     @property
     def state_groups(self) -> tuple[int, ...]:

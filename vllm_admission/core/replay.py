@@ -59,7 +59,8 @@ class CacheSetup:
             group_kinds=lay.group_kinds, admission=get_admission(self.admission),
             eviction=get_eviction(self.eviction, **options), chunk_size=lay.chunk_size,
             segment_flops=self.segment_flops, bytes_per_block=lay.bytes_per_block,
-            next_use=next_use, switchable=switchable, track_values=track_values)
+            next_use=next_use, switchable=switchable, track_values=track_values,
+            checkpoint=lay.checkpoint)
 
 
 class NextUseOracle:

@@ -8,13 +8,19 @@ from typing import Any
 
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
+from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
 
-__all__ = ["FidelityError", "FidelitySpec", "MODES"]
+__all__ = ["ENGINE_CHECKPOINT_MODES", "FidelityError", "FidelitySpec", "MODES"]
 
 
 MODES = ("sequential", "timed")
+
+#: The checkpoint modes (:data:`vllm_admission.core.cache.CHECKPOINT_MODES`) the
+#: engine runs in this version: vLLM's own ``split``. ``inpass`` exists only in
+#: the simulator.
+ENGINE_CHECKPOINT_MODES = ("split",)
 
 
 class FidelityError(ValueError):
@@ -44,6 +50,8 @@ class FidelitySpec:
         alpha: fix ``flop``'s alpha in both (``None``: tuned online in both).
         auto_interval: ``auto``'s requests between decisions, in both.
         seed: synthetic workload and engine seed.
+        checkpoint: the checkpoint mode both sides run; only the engine's
+            :data:`ENGINE_CHECKPOINT_MODES` (``"split"``) can run.
     """
 
     model: str
@@ -62,6 +70,7 @@ class FidelitySpec:
     alpha: float | None = None
     auto_interval: int = DEFAULT_INTERVAL
     seed: int = 0
+    checkpoint: str = "split"
 
     def policy_pairs(self) -> list[tuple[str, str]]:
         """The ``(admission, eviction)`` pairs to run, in order."""
@@ -74,8 +83,15 @@ class FidelitySpec:
 
         Raises:
             UnknownPolicyError: an unknown policy, or an eviction the engine cannot run.
-            ValueError: a bad number, mode or model directory.
+            FidelityError: a checkpoint mode the engine does not have (``inpass``).
+            ValueError: a bad number, mode, checkpoint mode or model directory.
         """
+        check_checkpoint_mode(self.checkpoint)
+        if self.checkpoint not in ENGINE_CHECKPOINT_MODES:
+            raise FidelityError(
+                f"checkpoint mode {self.checkpoint!r} is not built in the engine in this version "
+                f"(only the simulator models it: vllm-admission simulate --checkpoint "
+                f"{self.checkpoint}); the engine runs: {', '.join(ENGINE_CHECKPOINT_MODES)}")
         if not self.policy_pairs():
             raise UnknownPolicyError("give at least one admission and one eviction policy")
         for a, _ in self.policy_pairs():

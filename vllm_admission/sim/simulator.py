@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, PolicyController, candidate_policies
-from vllm_admission.core.cache import ATTENTION, STATE
+from vllm_admission.core.cache import ATTENTION, STATE, check_checkpoint_mode
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.eviction import eviction_class
 from vllm_admission.core.geometry import (
@@ -59,7 +59,8 @@ class RunResult:
     (:meth:`Decision.as_dict <vllm_admission.core.adaptive.Decision.as_dict>`:
     request index ``at``, ``from``, ``to``, the window's scores),
     ``policy_decisions`` counts the windows decided and ``final_policy`` is
-    the pair serving at the end. ``prefill_steps`` is the number of prefill
+    the pair serving at the end. ``checkpoint`` is the checkpoint mode
+    (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`). ``prefill_steps`` is the number of prefill
     chunks over the requests that ran (the engine steps that schedule prompt
     tokens when requests run one at a time: the token budget ``chunk_size``
     and every chunk stop the cache model implies, see
@@ -96,6 +97,7 @@ class RunResult:
     policy_decisions: int = 0
     final_policy: str | None = None
     prefill_steps: int = 0
+    checkpoint: str = "split"
     per_request_hits: list[int] | None = field(default=None, repr=False)
     per_request_prefill_steps: list[int] | None = field(default=None, repr=False)
 
@@ -159,7 +161,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
              alpha: float | None = None, tune_multiplier: int = 5, outputs: str = "trace",
              tune_grid: str = "coarse", auto_interval: int = DEFAULT_INTERVAL,
              retune_every: int | None = None, per_request: bool = False,
-             requests: list[CacheRequest] | None = None,
+             checkpoint: str = "split", requests: list[CacheRequest] | None = None,
              on_request: Callable[[int], None] | None = None) -> RunResult:
     """Replay ``trace`` through the cache for one policy pair and one capacity.
 
@@ -183,6 +185,10 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         retune_every: see :class:`AlphaTuner`.
         outputs: "trace" or "unique" (see :data:`OUTPUT_MODES`).
         per_request: keep every request's hit tokens and prefill steps in the result.
+        checkpoint: how prefill writes states, one of
+            :data:`~vllm_admission.core.cache.CHECKPOINT_MODES` (``"split"``,
+            vLLM 0.32: a chunk ends at every checkpoint; ``"inpass"``: captured
+            inside the pass, chunks end at the budget only).
         requests: pre-built cache requests at the right block size (sweeps
             share them); built from ``trace`` when ``None``.
         on_request: called with the request index after each request.
@@ -194,9 +200,11 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     Raises:
         UnknownPolicyError: a policy name is not registered.
         CapacityError: the capacity cannot hold a single block set.
-        ValueError: the model is not hybrid, neither capacity nor blocks, or
-            ``auto`` with an ``auto_interval`` below 1.
+        ValueError: the model is not hybrid, neither capacity nor blocks,
+            ``auto`` with an ``auto_interval`` below 1, or an unknown
+            checkpoint mode.
     """
+    check_checkpoint_mode(checkpoint)
     adaptive = AUTO in (admission, eviction)
     admissions, evictions = candidate_policies(admission, eviction)  # validates names first
     if tune_grid not in GRIDS:
@@ -215,7 +223,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     flops = functools.lru_cache(maxsize=1 << 20)(costs.prefill_flops)
     layout = CacheLayout(num_blocks=geo.num_blocks, block_size=geo.block_size,
                          group_kinds=group_kinds(costs, geo), bytes_per_block=geo.bytes_per_block,
-                         chunk_size=chunk_size)
+                         chunk_size=chunk_size, checkpoint=checkpoint)
     controller = None
     tunable = False  # a fixed eviction policy with an alpha
     if adaptive:
@@ -285,7 +293,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         policy_switches=[d.as_dict() for d in controller.switches] if controller else [],
         policy_decisions=len(controller.decisions) if controller else 0,
         final_policy=str(controller.pair) if controller else None,
-        prefill_steps=totals.prefill_steps,
+        prefill_steps=totals.prefill_steps, checkpoint=checkpoint,
         per_request_hits=hits if per_request else None,
         per_request_prefill_steps=steps if per_request else None)
 

@@ -10,6 +10,7 @@ from typing import Any
 from tqdm import tqdm
 
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL
+from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.costs import ModelCosts, load_model
 from vllm_admission.core.geometry import block_geometry
 from vllm_admission.core.traces import Trace, load_trace
@@ -25,7 +26,8 @@ class SweepSpec:
     ``mamba_ssm_cache_dtype`` is vLLM's flag of that name (``"auto"``,
     ``"float32"``, ``"bfloat16"``, ``"float16"``): the SSM state dtype of the
     model every run uses, ``"auto"`` resolved as vLLM does on a GPU (see
-    :meth:`ModelCosts.from_config`).
+    :meth:`ModelCosts.from_config`). ``checkpoint`` is the checkpoint mode of
+    every run (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`).
     """
 
     trace: str
@@ -41,6 +43,7 @@ class SweepSpec:
     max_requests: int | None = None
     seed: int = 0
     mamba_ssm_cache_dtype: str = "auto"
+    checkpoint: str = "split"
 
     def load_costs(self) -> ModelCosts:
         """The cost model of ``model`` with this spec's SSM state dtype.
@@ -84,7 +87,7 @@ def _run_one(spec: SweepSpec, admission: str, eviction: str, capacity: int) -> d
     result = simulate(trace, costs, admission=admission, eviction=eviction,
                       capacity_bytes=capacity, chunk_size=spec.chunk_size, alpha=spec.alpha,
                       outputs=spec.outputs, tune_grid=spec.tune_grid,
-                      auto_interval=spec.auto_interval,
+                      auto_interval=spec.auto_interval, checkpoint=spec.checkpoint,
                       requests=_requests(spec, geo.block_size))
     return result.to_record()
 
@@ -97,11 +100,15 @@ def run_sweep(spec: SweepSpec, *, jobs: int = 1, progress: bool = True) -> dict[
 
     Returns:
         ``{"trace": ..., "model": ..., "mamba_ssm_cache_dtype": ...,
-        "ssm_dtype": ..., "bound": {...}, "runs": [...]}`` with runs in
+        "ssm_dtype": ..., "checkpoint": ..., "bound": {...}, "runs": [...]}`` with runs in
         (admission, eviction, capacity) order; ``mamba_ssm_cache_dtype`` is
         the requested SSM state dtype and ``ssm_dtype`` the resolved one (every
-        run record repeats both).
+        run record repeats both, and the checkpoint mode).
+
+    Raises:
+        ValueError: an unknown checkpoint mode (before any run).
     """
+    check_checkpoint_mode(spec.checkpoint)
     trace, costs = _load(spec)
     for cap in spec.capacities:
         block_geometry(costs, cap)  # raises CapacityError early
@@ -128,6 +135,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int = 1, progress: bool = True) -> dict[
         "mamba_ssm_cache_dtype": spec.mamba_ssm_cache_dtype,
         "ssm_dtype": costs.ssm_dtype,
         "chunk_size": spec.chunk_size,
+        "checkpoint": spec.checkpoint,
         "outputs": spec.outputs,
         "bound": [trace_bound(_requests(spec, b), b) for b in block_sizes],
         "runs": [results[r] for r in runs],

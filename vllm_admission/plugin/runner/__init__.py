@@ -1,0 +1,9 @@
+"""Runner-side building blocks for ``inpass`` checkpoints (issue 10).
+
+* :mod:`~vllm_admission.plugin.runner.gdn_capture`: the prefill of a Gated DeltaNet
+  layer's recurrent core run in segments split at checkpoint offsets, each segment's
+  end state (conv and SSM) copied into its checkpoint block. Imports vLLM's CPU GDN
+  kernels lazily, on first use.
+
+No engine wiring here yet: see ``docs/checkpoints.md``.
+"""
