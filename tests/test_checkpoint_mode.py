@@ -75,13 +75,13 @@ def test_last_follows_the_new_chunk_ends():
     split: vLLM floors each budget end to a block, so chunks end at every block boundary
     (256, 512, ..., 1,792, then 1,801: 8 steps) and `last` keeps every block: prompts 2..10
     hit the whole shared 1,280 and compute 1,280 -> 1,536 -> 1,792 -> 1,801 (3 steps).
-    inpass: chunks end at the budget only (384, 768, 1,152, 1,536, then 1,801: 5 steps); of
-    those, 768 and 1,536 are block-aligned and kept, plus the captured prompt checkpoint
-    1,792. The shared 1,280 then has a state at 768 only: prompts 2..10 hit 768 and compute
-    768 -> 1,152 -> 1,536 -> 1,801 (3 steps).
+    inpass: the engine mode keeps vLLM's flooring of budget ends, so chunks still end at
+    256, 512, ..., 1,536, but not at the prompt checkpoint 1,792 (captured): 1,536 -> 1,801
+    is one step (7 in all). `last` keeps the same states, so prompts 2..10 hit 1,280 and
+    compute 1,280 -> 1,536 -> 1,801 (2 steps).
     """
     assert run_junction("last", "split", 256, chunk=384) == ([0] + [1280] * 9, [8] + [3] * 9)
-    assert run_junction("last", "inpass", 256, chunk=384) == ([0] + [768] * 9, [5] + [3] * 9)
+    assert run_junction("last", "inpass", 256, chunk=384) == ([0] + [1280] * 9, [7] + [2] * 9)
     # the policies with explicit positions keep their hits
     for policy in POSITION_POLICIES:
         assert (run_junction(policy, "inpass", 256, chunk=384)[0]

@@ -186,10 +186,10 @@ def step_checkpoints(managers: Sequence[Any], requests: dict[str, Any],
     return out
 
 
-def inpass_problems(vllm_config: Any, kv_cache_config: Any) -> list[str]:
-    """Why ``inpass`` cannot run with this engine (empty: it can)."""
+def inpass_problems(vllm_config: Any) -> list[str]:
+    """Why ``inpass`` cannot run with this engine (empty: it can); the scheduler
+    adds its own key problems (partial hashes, Mamba checkpoint blocks)."""
     from vllm.platforms import current_platform
-    from vllm.v1.kv_cache_interface import MambaSpec
 
     problems = []
     if not current_platform.is_cpu():
@@ -205,11 +205,6 @@ def inpass_problems(vllm_config: Any, kv_cache_config: Any) -> list[str]:
     layer_types = getattr(hf, "layer_types", None) or []
     if "linear_attention" not in layer_types:
         problems.append(f"model type {getattr(hf, 'model_type', '?')!r} (needs Gated DeltaNet layers)")
-    for g in kv_cache_config.kv_cache_groups:
-        spec = g.kv_cache_spec
-        if isinstance(spec, MambaSpec) and (spec.num_speculative_blocks or spec.num_prefill_checkpoint_blocks):
-            problems.append("Mamba prefill-checkpoint or speculative blocks")
-            break
     try:
         from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner

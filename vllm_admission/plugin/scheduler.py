@@ -41,6 +41,7 @@ from vllm.v1.kv_cache_interface import MambaSpec
 
 from vllm_admission.core.adaptive import AUTO, PolicyController, candidate_policies
 from vllm_admission.core.admission import get_admission
+from vllm_admission.core.cache import CHECKPOINT_MODES
 from vllm_admission.core.eviction import (
     ENGINE_EVICTION_POLICIES,
     EVICTION_POLICIES,
@@ -48,7 +49,6 @@ from vllm_admission.core.eviction import (
     get_eviction,
 )
 from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout
-from vllm_admission.core.cache import CHECKPOINT_MODES
 from vllm_admission.plugin import inpass, vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import AdmissionControl
@@ -180,7 +180,7 @@ class AdmissionScheduler(Scheduler):
             AdmissionConfigError: one line naming what is in the way and the
                 valid values.
         """
-        problems = inpass.inpass_problems(self.vllm_config, self.kv_cache_config)
+        problems = inpass.inpass_problems(self.vllm_config)
         problems += self._admission_key_problems()
         if problems:
             raise AdmissionConfigError(
