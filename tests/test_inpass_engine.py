@@ -1,7 +1,8 @@
 """``VLLM_ADMISSION_CHECKPOINT=inpass`` against ``split`` on the real CPU engine (tiny Qwen3-Next).
 
 Two engine starts (``split``, then ``inpass``; bf16 state, so B = 128 here), each running
-every admission policy on the junction case (tests/junction_case.py) by switching the policy
+every admission policy on the junction case's first three prompts (tests/junction_case.py:
+a fresh prompt, the junction, a hit) by switching the policy
 on the live scheduler. Per policy the two modes must give the same greedy tokens and the same
 cached tokens per request (the budget, 4,096, is a multiple of B, so ``last`` keeps the same
 states too), one prefill step per prompt in ``inpass`` against rule 6's counts in ``split``,
@@ -37,7 +38,9 @@ def toks(seed, n):
     return [rng.randrange(3, 512) for _ in range(n)]
 
 
-PROMPTS = junction_prompts(toks)
+#: The first three junction prompts: a fresh prompt, the junction (vllm, marconi) and a hit;
+#: prompts 4..10 repeat prompt 3 (kept short: the CPU engine is slow on a shared machine).
+PROMPTS = junction_prompts(toks)[:3]
 
 
 def generate(llm, prompts, max_tokens):
@@ -155,9 +158,10 @@ def test_inpass_equals_split_on_the_junction_case(modes, policy):
     split, inpass = modes["split"]["policies"][policy], modes["inpass"]["policies"][policy]
     B = modes["split"]["B"]  # noqa: N806
     assert split["outputs"] == inpass["outputs"]
-    assert split["hits"] == inpass["hits"] == expected_junction(B)[policy]
-    assert split["steps"] == expected_junction_prefill_steps(B)[policy]
-    assert inpass["steps"] == expected_junction_inpass_prefill_steps(B)[policy]
+    n = len(PROMPTS)
+    assert split["hits"] == inpass["hits"] == expected_junction(B)[policy][:n]
+    assert split["steps"] == expected_junction_prefill_steps(B)[policy][:n]
+    assert inpass["steps"] == expected_junction_inpass_prefill_steps(B)[policy][:n]
     assert sum(inpass["steps"]) < sum(split["steps"])
 
 
@@ -171,9 +175,10 @@ def test_inpass_states_equal_split_states(modes):
     assert split.keys() == inpass.keys()
     for key, (conv, ssm) in split.items():
         conv2, ssm2 = inpass[key]
-        # bf16 states: the same arithmetic in another segmentation differs by bf16 rounding.
-        assert torch.allclose(conv, conv2, atol=1e-2, rtol=1e-2), key
-        assert torch.allclose(ssm, ssm2, atol=2e-2, rtol=2e-2), key
+        # bf16 states (|ssm| <= 0.008 in this model): equal to about one bf16 ulp; measured
+        # bit-identical for 27 of 28 rows, the other within 1e-6.
+        assert torch.allclose(conv, conv2, atol=1e-4, rtol=1e-2), key
+        assert torch.allclose(ssm, ssm2, atol=5e-5, rtol=1e-2), key
         assert ssm.abs().sum() > 0, key
 
 
