@@ -129,7 +129,12 @@ def faults(llm, sched):
     engine = llm.llm_engine
     engine.add_request("victim", TokensPrompt(prompt_token_ids=toks(77, 2600)),
                        SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, detokenize=False))
-    engine.step()
+    # inpass would prefill 2,600 tokens in one step of 4,096: a smaller budget for this step
+    budget, sched.max_num_scheduled_tokens = sched.max_num_scheduled_tokens, 1024
+    try:
+        engine.step()
+    finally:
+        sched.max_num_scheduled_tokens = budget
     (victim,) = sched.requests.values()
     computed = victim.num_computed_tokens
     engine.abort_request(["victim"])
