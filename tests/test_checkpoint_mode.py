@@ -1,7 +1,7 @@
 """The simulator's checkpoint modes: ``split`` (vLLM 0.32 ends a prefill chunk at every
 checkpoint) against ``inpass`` (states captured inside the forward pass), on the junction
 case and on random traces; the mode through simulate, the sweep and the CLIs (an unknown mode
-refused), and the fidelity run's refusal of inpass (the engine has no such mode yet)."""
+refused, in the fidelity run too)."""
 
 import json
 import random
@@ -22,7 +22,7 @@ from vllm_admission.core.cache import CHECKPOINT_MODES, HybridPrefixCache, check
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.eviction import get_eviction
 from vllm_admission.core.traces import load_trace
-from vllm_admission.fidelity.spec import FidelityError, FidelitySpec
+from vllm_admission.fidelity.spec import FidelitySpec
 from vllm_admission.sim.simulator import simulate
 
 GROUPS = ("state", "attention")
@@ -75,13 +75,13 @@ def test_last_follows_the_new_chunk_ends():
     split: vLLM floors each budget end to a block, so chunks end at every block boundary
     (256, 512, ..., 1,792, then 1,801: 8 steps) and `last` keeps every block: prompts 2..10
     hit the whole shared 1,280 and compute 1,280 -> 1,536 -> 1,792 -> 1,801 (3 steps).
-    inpass: chunks end at the budget only (384, 768, 1,152, 1,536, then 1,801: 5 steps); of
-    those, 768 and 1,536 are block-aligned and kept, plus the captured prompt checkpoint
-    1,792. The shared 1,280 then has a state at 768 only: prompts 2..10 hit 768 and compute
-    768 -> 1,152 -> 1,536 -> 1,801 (3 steps).
+    inpass: the engine mode keeps vLLM's flooring of budget ends, so chunks still end at
+    256, 512, ..., 1,536, but not at the prompt checkpoint 1,792 (captured): 1,536 -> 1,801
+    is one step (7 in all). `last` keeps the same states, so prompts 2..10 hit 1,280 and
+    compute 1,280 -> 1,536 -> 1,801 (2 steps).
     """
     assert run_junction("last", "split", 256, chunk=384) == ([0] + [1280] * 9, [8] + [3] * 9)
-    assert run_junction("last", "inpass", 256, chunk=384) == ([0] + [768] * 9, [5] + [3] * 9)
+    assert run_junction("last", "inpass", 256, chunk=384) == ([0] + [1280] * 9, [7] + [2] * 9)
     # the policies with explicit positions keep their hits
     for policy in POSITION_POLICIES:
         assert (run_junction(policy, "inpass", 256, chunk=384)[0]
@@ -185,16 +185,18 @@ def test_cli_simulate_refuses_an_unknown_mode(tmp_path, capsys):
     assert not (tmp_path / "results.json").exists()
 
 
-@pytest.mark.parametrize("mode,message", [
-    ("inpass", "checkpoint mode 'inpass' is not built in the engine in this version"),
-    ("fused", "unknown checkpoint mode 'fused'; valid: split, inpass"),
-])
-def test_fidelity_refuses_inpass_before_any_engine(tmp_path, capsys, mode, message):
-    with pytest.raises(FidelityError if mode == "inpass" else ValueError, match=message):
-        FidelitySpec(model=str(tmp_path), checkpoint=mode).check()
-    rc = main(["fidelity", "--model", str(tmp_path), "--checkpoint", mode,
+def test_fidelity_refuses_an_unknown_mode_before_any_engine(tmp_path, capsys):
+    message = "unknown checkpoint mode 'fused'; valid: split, inpass"
+    with pytest.raises(ValueError, match=message):
+        FidelitySpec(model=str(tmp_path), checkpoint="fused").check()
+    rc = main(["fidelity", "--model", str(tmp_path), "--checkpoint", "fused",
                "--out", str(tmp_path / "o")])
     assert rc == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and message in errors[0]
     assert not (tmp_path / "o").exists()
+
+
+def test_fidelity_accepts_inpass(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    FidelitySpec(model=str(tmp_path), checkpoint="inpass").check()

@@ -37,6 +37,10 @@ def test_every_valid_value():
                                      "VLLM_ADMISSION_AUTO_INTERVAL": "8"})
     assert auto.auto_interval == 8
     assert auto.describe() == "admission=auto eviction=lru decisions every 8 requests"
+    inpass = AdmissionConfig.from_env({"VLLM_ADMISSION_CHECKPOINT": "inpass"})
+    assert inpass.checkpoint == "inpass" and inpass.wants_changes()
+    assert inpass.describe() == "admission=vllm eviction=lru checkpoint=inpass"
+    assert AdmissionConfig.from_env({"VLLM_ADMISSION_CHECKPOINT": "split"}) == AdmissionConfig()
 
 
 def test_empty_values_mean_unset():
@@ -54,6 +58,7 @@ def test_empty_values_mean_unset():
     ("VLLM_ADMISSION_TUNE_GRID", "fine", "valid: coarse, paper"),
     ("VLLM_ADMISSION_AUTO_INTERVAL", "0", "an integer >= 1"),
     ("VLLM_ADMISSION_AUTO_INTERVAL", "every 10", "an integer >= 1"),
+    ("VLLM_ADMISSION_CHECKPOINT", "fused", "valid: split, inpass"),
 ])
 def test_invalid_values_give_one_line(name, value, valid):
     with pytest.raises(AdmissionConfigError) as info:

@@ -56,8 +56,8 @@ def add_fidelity_parser(sub) -> None:
                         f"(default {DEFAULT_INTERVAL})")
     p.add_argument("--seed", type=int, default=0, help="synthetic workload and engine seed")
     p.add_argument("--checkpoint", default="split", metavar="split|inpass",
-                   help="checkpoint mode (default split, vLLM's); 'inpass' is refused: the engine "
-                        "does not have it in this version (the simulator's --checkpoint does)")
+                   help="checkpoint mode of both sides (default split, vLLM's; inpass: states written "
+                        "inside the forward pass, VLLM_ADMISSION_CHECKPOINT=inpass)")
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless every sequential record meets the fidelity bar: exact per "
                         "request for lru with none/last/vllm/dense, within 1%% of prompt tokens "

@@ -67,13 +67,11 @@ NULL = 0  # vLLM's null block id: a placeholder in a state group's block table
 #:   checkpoint, the junction, the admission policy's stops) and every chunk end
 #:   is block-aligned (``Scheduler._mamba_block_aligned_split``).
 #: * ``"inpass"``: the model runner captures the state at the admitted
-#:   block-aligned positions inside one forward pass, so chunks end only at the
-#:   token budget and at the prompt end (as with prefix caching off: no block
-#:   alignment). The positions a policy admits explicitly (prompt checkpoint,
-#:   junction, stops) are kept as in ``split``, in fewer prefill steps; a state
-#:   at a chunk end is still written where the chunk end is block-aligned, so
-#:   ``last`` (which keeps chunk ends) keeps fewer states where the budget ends
-#:   mid-block.
+#:   block-aligned positions inside one forward pass (the plugin's
+#:   ``VLLM_ADMISSION_CHECKPOINT=inpass``), so chunks end only at the token
+#:   budget (floored to a block, as vLLM's align mode does) and at the prompt
+#:   end. Every state ``split`` keeps is kept, in fewer prefill steps; ``last``
+#:   keeps the same states too, since its chunk ends are the floored budget ends.
 CHECKPOINT_MODES = ("split", "inpass")
 
 
@@ -730,20 +728,19 @@ class HybridPrefixCache:
         this is ``Scheduler._mamba_block_aligned_split`` for a fresh request
         (no EAGLE): chunk ends are also block-aligned before the prompt end,
         and a chunk starting mid-block stops at the next boundary. In
-        ``inpass`` mode only the budget ``n`` (and the prompt end) bounds the
-        chunk, as without align mode.
+        ``inpass`` mode the same block alignment applies (the plugin's engine
+        mode keeps vLLM's flooring), without the stops.
         """
         B, P = self.block_size, run.prompt_len
         stop = start + n
-        if not self._inpass:
-            if stop < P:
-                aligned = stop // B * B
-                if aligned > start or B <= self.chunk_size:
-                    stop = aligned
-            if start % B:
-                nb = (start // B + 1) * B
-                if start < nb < stop:
-                    stop = nb
+        if stop < P:
+            aligned = stop // B * B
+            if aligned > start or B <= self.chunk_size:
+                stop = aligned
+        if start % B:
+            nb = (start // B + 1) * B
+            if start < nb < stop:
+                stop = nb
         k = bisect.bisect_right(ends, start)
         if k < len(ends) and ends[k] < stop:
             stop = ends[k]

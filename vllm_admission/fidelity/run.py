@@ -42,6 +42,7 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
     settings = plugin_settings(spec.model, admission=admission, eviction=eviction,
                                alpha=spec.alpha, auto_interval=spec.auto_interval,
                                num_gpu_blocks=num_gpu_blocks, seed=spec.seed)
+    settings.env["VLLM_ADMISSION_CHECKPOINT"] = spec.checkpoint
     # The comparison reads the live scheduler: the engine core must run in this process.
     settings.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     llm, note = build_llm_fitting(settings)
@@ -98,7 +99,7 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
     ran = [i for i, r in enumerate(result.requests) if r["status"] == "ok"]
     sim = simulate_like_engine(_subset(trace, ran), costs, geometry, admission=admission,
                                eviction=eviction, alpha=spec.alpha,
-                               auto_interval=spec.auto_interval)
+                               auto_interval=spec.auto_interval, checkpoint=spec.checkpoint)
     rows = [result.requests[i] for i in ran]
     sim_hits = [None if h < 0 else h for h in sim.per_request_hits]
     sim_steps = [None if n < 0 else n for n in sim.per_request_prefill_steps]

@@ -61,8 +61,10 @@ def _check_ssm_dtype(costs: ModelCosts, geometry: dict[str, Any]) -> None:
 def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, Any], *,
                          admission: str, eviction: str, alpha: float | None,
                          tune_multiplier: int = 5, tune_grid: str = "coarse",
-                         auto_interval: int = DEFAULT_INTERVAL) -> Any:
+                         auto_interval: int = DEFAULT_INTERVAL, checkpoint: str = "split") -> Any:
     """Run the simulator with the engine's geometry; returns its ``RunResult``.
+
+    ``checkpoint``: the engine's checkpoint mode (``VLLM_ADMISSION_CHECKPOINT``).
 
     ``geometry`` is :func:`vllm_admission.engine.replay.engine_geometry` of the
     engine (in-process); ``costs`` should come from :func:`costs_like_engine`
@@ -96,4 +98,4 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
                     block_size=bs, chunk_size=int(geometry["max_num_batched_tokens"]),
                     alpha=alpha, outputs="unique", retune_every=0, per_request=True,
                     tune_multiplier=tune_multiplier, tune_grid=tune_grid,
-                    auto_interval=auto_interval)
+                    auto_interval=auto_interval, checkpoint=checkpoint)

@@ -18,9 +18,9 @@ __all__ = ["ENGINE_CHECKPOINT_MODES", "FidelityError", "FidelitySpec", "MODES"]
 MODES = ("sequential", "timed")
 
 #: The checkpoint modes (:data:`vllm_admission.core.cache.CHECKPOINT_MODES`) the
-#: engine runs in this version: vLLM's own ``split``. ``inpass`` exists only in
-#: the simulator.
-ENGINE_CHECKPOINT_MODES = ("split",)
+#: engine runs: vLLM's own ``split`` and the plugin's ``inpass``
+#: (``VLLM_ADMISSION_CHECKPOINT``; Gated DeltaNet models on CPU).
+ENGINE_CHECKPOINT_MODES = ("split", "inpass")
 
 
 class FidelityError(ValueError):
@@ -50,8 +50,8 @@ class FidelitySpec:
         alpha: fix ``flop``'s alpha in both (``None``: tuned online in both).
         auto_interval: ``auto``'s requests between decisions, in both.
         seed: synthetic workload and engine seed.
-        checkpoint: the checkpoint mode both sides run; only the engine's
-            :data:`ENGINE_CHECKPOINT_MODES` (``"split"``) can run.
+        checkpoint: the checkpoint mode both sides run (one of
+            :data:`ENGINE_CHECKPOINT_MODES`).
     """
 
     model: str
@@ -83,7 +83,7 @@ class FidelitySpec:
 
         Raises:
             UnknownPolicyError: an unknown policy, or an eviction the engine cannot run.
-            FidelityError: a checkpoint mode the engine does not have (``inpass``).
+            FidelityError: a checkpoint mode the engine does not have.
             ValueError: a bad number, mode, checkpoint mode or model directory.
         """
         check_checkpoint_mode(self.checkpoint)

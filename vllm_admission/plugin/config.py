@@ -21,6 +21,9 @@ variable                       default      valid values
                                             tries at bootstrap
 ``VLLM_ADMISSION_AUTO_INTERVAL`` ``50``     integer >= 1: with ``auto``, finished requests
                                             between two policy decisions
+``VLLM_ADMISSION_CHECKPOINT``  ``split``    ``split`` (a chunk ends at every kept state, as
+                                            vLLM) or ``inpass`` (states written inside the
+                                            forward pass; Gated DeltaNet on CPU only)
 =============================  ===========  ==============================================
 
 An empty value counts as unset. A bad value raises :class:`AdmissionConfigError`
@@ -36,12 +39,14 @@ from dataclasses import dataclass
 
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
+from vllm_admission.core.cache import CHECKPOINT_MODES
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, eviction_class
 from vllm_admission.core.tuning import GRIDS
 
 __all__ = [
     "ENV_ALPHA",
     "ENV_AUTO_INTERVAL",
+    "ENV_CHECKPOINT",
     "ENV_EVICTION",
     "ENV_LOG_INTERVAL",
     "ENV_POLICY",
@@ -59,6 +64,7 @@ ENV_LOG_INTERVAL = "VLLM_ADMISSION_LOG_INTERVAL"
 ENV_TUNE_MULTIPLIER = "VLLM_ADMISSION_TUNE_MULTIPLIER"
 ENV_TUNE_GRID = "VLLM_ADMISSION_TUNE_GRID"
 ENV_AUTO_INTERVAL = "VLLM_ADMISSION_AUTO_INTERVAL"
+ENV_CHECKPOINT = "VLLM_ADMISSION_CHECKPOINT"
 #: Not a user setting: where the engine core publishes the plugin's metrics
 #: (vllm_admission.plugin.metrics, which imports vLLM; hence defined here too).
 ENV_METRICS_DIR = "VLLM_ADMISSION_METRICS_DIR"
@@ -68,6 +74,7 @@ DEFAULT_EVICTION = "lru"
 DEFAULT_LOG_INTERVAL = 10.0
 DEFAULT_TUNE_MULTIPLIER = 5
 DEFAULT_TUNE_GRID = "coarse"
+DEFAULT_CHECKPOINT = "split"
 
 #: Every variable the plugin reads: name -> one-line description (for the
 #: docs and for registering the names with vLLM's environment validation).
@@ -83,6 +90,8 @@ ENV_VARS: dict[str, str] = {
     ENV_TUNE_GRID: f"alpha tuner bootstrap grid, one of {', '.join(GRIDS)} (default {DEFAULT_TUNE_GRID})",
     ENV_AUTO_INTERVAL: (f"auto: finished requests between two policy decisions, integer >= 1 "
                         f"(default {DEFAULT_INTERVAL})"),
+    ENV_CHECKPOINT: (f"where recurrent states are written, one of {', '.join(CHECKPOINT_MODES)} "
+                     f"(default {DEFAULT_CHECKPOINT})"),
     ENV_METRICS_DIR: ("directory where the scheduler publishes its counters for the server's "
                       "/metrics (set by the plugin in the process that starts vLLM)"),
 }
@@ -107,6 +116,9 @@ class AdmissionConfig:
         tune_multiplier: bootstrap window multiplier of the alpha tuner.
         tune_grid: name of the tuner's bootstrap grid (a key of ``GRIDS``).
         auto_interval: with ``auto``, finished requests between two decisions.
+        checkpoint: ``split`` (a prefill chunk ends at every state kept) or
+            ``inpass`` (states at block boundaries inside a chunk are written
+            during its forward pass).
     """
 
     policy: str = DEFAULT_POLICY
@@ -116,6 +128,7 @@ class AdmissionConfig:
     tune_multiplier: int = DEFAULT_TUNE_MULTIPLIER
     tune_grid: str = DEFAULT_TUNE_GRID
     auto_interval: int = DEFAULT_INTERVAL
+    checkpoint: str = DEFAULT_CHECKPOINT
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AdmissionConfig:
@@ -161,12 +174,18 @@ class AdmissionConfig:
         if grid not in GRIDS:
             raise _invalid(ENV_TUNE_GRID, grid, ", ".join(GRIDS))
         interval = _positive_int(ENV_AUTO_INTERVAL, raw(ENV_AUTO_INTERVAL), DEFAULT_INTERVAL)
+        checkpoint = raw(ENV_CHECKPOINT) or DEFAULT_CHECKPOINT
+        if checkpoint not in CHECKPOINT_MODES:
+            raise _invalid(ENV_CHECKPOINT, checkpoint, ", ".join(CHECKPOINT_MODES))
         return cls(policy=policy, eviction=eviction, alpha=alpha, log_interval=log_interval,
-                   tune_multiplier=multiplier, tune_grid=grid, auto_interval=interval)
+                   tune_multiplier=multiplier, tune_grid=grid, auto_interval=interval,
+                   checkpoint=checkpoint)
 
     def wants_changes(self) -> bool:
         """Whether these settings ask for anything but vLLM's own behaviour."""
         if AUTO in (self.policy, self.eviction):
+            return True
+        if self.checkpoint != DEFAULT_CHECKPOINT:
             return True
         return not (get_admission(self.policy).vllm_native
                     and eviction_class(self.eviction).vllm_order)
@@ -178,6 +197,8 @@ class AdmissionConfig:
             text += f" decisions every {self.auto_interval} requests"
         if self.eviction != AUTO and eviction_class(self.eviction).tunable:
             text += f" alpha={'tuned online' if self.alpha is None else f'{self.alpha:g}'}"
+        if self.checkpoint != DEFAULT_CHECKPOINT:
+            text += f" checkpoint={self.checkpoint}"
         return text
 
 

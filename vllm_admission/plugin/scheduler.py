@@ -41,6 +41,7 @@ from vllm.v1.kv_cache_interface import MambaSpec
 
 from vllm_admission.core.adaptive import AUTO, PolicyController, candidate_policies
 from vllm_admission.core.admission import get_admission
+from vllm_admission.core.cache import CHECKPOINT_MODES
 from vllm_admission.core.eviction import (
     ENGINE_EVICTION_POLICIES,
     EVICTION_POLICIES,
@@ -48,7 +49,7 @@ from vllm_admission.core.eviction import (
     get_eviction,
 )
 from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout
-from vllm_admission.plugin import vllm_hooks
+from vllm_admission.plugin import inpass, vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.kv_cache import group_kinds
@@ -126,8 +127,13 @@ class AdmissionScheduler(Scheduler):
                                    adaptive=(admissions, evictions) if adaptive else None,
                                    auto_interval=config.auto_interval)
         self._admission_pending_pair = None
+        self._admission_inpass: dict[str, tuple[int, list[int]]] | None = None
+        if config.checkpoint == "inpass":
+            self._admission_setup_inpass()
         vllm_hooks.install(self.kv_cache_manager, control)
         self._admission = control
+        if self._admission_inpass is not None:
+            inpass.bind_inpass_managers(self._admission_state_managers(), self._admission_inpass)
         self._admission_bind_split()
         self._admission_last_log = time.monotonic()
         logger.info("vllm_admission: AdmissionScheduler active: %s; block_size=%d, groups=%s, "
@@ -166,6 +172,28 @@ class AdmissionScheduler(Scheduler):
                            num_blocks=self.kv_cache_config.num_blocks, group_kinds=kinds,
                            bytes_per_block=int(bytes_per_block),
                            chunk_size=int(self.scheduler_config.max_num_batched_tokens))
+
+    def _admission_setup_inpass(self) -> None:
+        """Check that ``inpass`` can run here and install its runner hooks.
+
+        Raises:
+            AdmissionConfigError: one line naming what is in the way and the
+                valid values.
+        """
+        problems = inpass.inpass_problems(self.vllm_config)
+        problems += self._admission_key_problems()
+        if problems:
+            raise AdmissionConfigError(
+                f"VLLM_ADMISSION_CHECKPOINT=inpass cannot run with {'; '.join(problems)} "
+                f"(valid here: split; valid values: {', '.join(CHECKPOINT_MODES)})")
+        inpass.install_runner_hooks()
+        self._admission_inpass = {}
+
+    def _admission_state_managers(self) -> list[Any]:
+        from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+        return [m for m in self.kv_cache_manager.coordinator.single_type_managers
+                if isinstance(m, MambaManager)]
 
     def _admission_check_supported(self, policy: str) -> None:
         """Non-stock admission needs plain align mode; say which feature is in the way."""
@@ -293,13 +321,35 @@ class AdmissionScheduler(Scheduler):
             return n
         return self._admission.clip_chunk(request, start, n)
 
+    def _admission_inpass_split(self, request: Any, num_new_tokens: int,
+                                num_new_local_computed_tokens: int = 0,
+                                num_external_computed_tokens: int = 0) -> int:
+        """In ``inpass`` mode: the chunk ends at the budget and the prompt end
+        only; split mode's stops inside it become checkpoints (see
+        :func:`vllm_admission.plugin.inpass.inpass_split`)."""
+        ctl = self._admission
+        if ctl is not None and ctl.has_stops:
+            split = self._admission_split
+        else:
+            split = Scheduler._mamba_block_aligned_split.__get__(self)
+        return inpass.inpass_split(self, split, self._admission_inpass, request, num_new_tokens,
+                                   num_new_local_computed_tokens, num_external_computed_tokens)
+
     def _admission_bind_split(self) -> None:
         ctl = self._admission
+        if getattr(self, "_admission_inpass", None) is not None:
+            vllm_hooks.bind_chunk_split(self, self._admission_inpass_split)
+            return
         vllm_hooks.bind_chunk_split(
             self, self._admission_split if ctl is not None and ctl.has_stops else None)
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         ctl = self._admission
+        plan = getattr(self, "_admission_inpass", None)
+        if plan is not None:
+            setattr(scheduler_output, inpass.INPASS_ATTR, inpass.step_checkpoints(
+                self._admission_state_managers(), self.requests,
+                scheduler_output.num_scheduled_tokens, plan))
         if ctl is not None:
             ctl.on_scheduled(scheduler_output.num_scheduled_tokens)
             interval = self.admission_config.log_interval

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BACKENDS", "StateRowCopier", "copy_state_rows", "rows_are_dense"]
+__all__ = ["BACKENDS", "StateRowCopier", "as_int_list", "copy_state_rows", "rows_are_dense"]
 
 #: Valid ``backend`` values of :func:`copy_state_rows`.
 BACKENDS = ("auto", "torch", "triton")
@@ -52,7 +52,9 @@ def rows_are_dense(tensor: torch.Tensor) -> bool:
     return True
 
 
-def _index_list(name: str, rows: Sequence[int] | torch.Tensor) -> list[int]:
+def as_int_list(name: str, rows: Sequence[int] | torch.Tensor) -> list[int]:
+    """``rows`` (integers or a 1-D integer tensor) as a list; ``ValueError`` naming
+    ``name`` otherwise."""
     if isinstance(rows, torch.Tensor):
         if rows.dim() != 1 or rows.dtype.is_floating_point or rows.dtype == torch.bool:
             raise ValueError(f"{name} must be a 1-D integer tensor, got {rows.dtype} {tuple(rows.shape)}")
@@ -121,8 +123,8 @@ class StateRowCopier:
     def copy(self, src: Sequence[int] | torch.Tensor, dst: Sequence[int] | torch.Tensor) -> None:
         """Copy row ``src[i]`` to row ``dst[i]`` of every bound tensor (see
         :func:`copy_state_rows` for the rules and errors)."""
-        src_rows = _index_list("src", src)
-        dst_rows = _index_list("dst", dst)
+        src_rows = as_int_list("src", src)
+        dst_rows = as_int_list("dst", dst)
         _check_rows(src_rows, dst_rows, self.num_rows)
         if not src_rows or not self.tensors:
             return

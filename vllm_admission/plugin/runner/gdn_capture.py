@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from vllm_admission.plugin.state_copy import StateRowCopier
+from vllm_admission.plugin.state_copy import StateRowCopier, as_int_list
 
 __all__ = ["GDNCoreParams", "SegmentRound", "gdn_ops_available", "gdn_prefill_with_capture", "plan_rounds"]
 
@@ -59,20 +59,6 @@ class SegmentRound:
     @property
     def num_tokens(self) -> int:
         return sum(e - s for s, e in zip(self.starts, self.ends))
-
-
-def _int_list(name: str, values: Any) -> list[int]:
-    if isinstance(values, torch.Tensor):
-        if values.dim() != 1 or values.dtype.is_floating_point or values.dtype == torch.bool:
-            raise ValueError(f"{name} must be a 1-D integer tensor, got {values.dtype} "
-                             f"{tuple(values.shape)}")
-        return [int(v) for v in values.tolist()]
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ValueError(f"{name} must hold integers, got {v!r}")
-        out.append(v)
-    return out
 
 
 def plan_rounds(query_start_loc: Sequence[int] | torch.Tensor, state_indices: Sequence[int] | torch.Tensor,
@@ -102,8 +88,8 @@ def plan_rounds(query_start_loc: Sequence[int] | torch.Tensor, state_indices: Se
             state the pass writes anyway), offsets not strictly increasing, a repeated
             working or destination row, or a destination that is a working row.
     """
-    qsl = _int_list("query_start_loc", query_start_loc)
-    rows = _int_list("state_indices", state_indices)
+    qsl = as_int_list("query_start_loc", query_start_loc)
+    rows = as_int_list("state_indices", state_indices)
     n = len(qsl) - 1
     if n < 0:
         raise ValueError("query_start_loc needs at least one entry")
@@ -121,8 +107,8 @@ def plan_rounds(query_start_loc: Sequence[int] | torch.Tensor, state_indices: Se
         if end < start:
             raise ValueError(f"query_start_loc decreases at sequence {i} ({start} -> {end})")
         length = end - start
-        offs = _int_list(f"checkpoint_offsets[{i}]", checkpoint_offsets[i])
-        dst = _int_list(f"checkpoint_rows[{i}]", checkpoint_rows[i])
+        offs = as_int_list(f"checkpoint_offsets[{i}]", checkpoint_offsets[i])
+        dst = as_int_list(f"checkpoint_rows[{i}]", checkpoint_rows[i])
         if len(dst) != len(offs):
             raise ValueError(f"sequence {i}: {len(offs)} checkpoint offsets but {len(dst)} rows")
         for p in offs:
@@ -295,8 +281,8 @@ def gdn_prefill_with_capture(
     rounds = plan_rounds(query_start_loc, state_indices, checkpoint_offsets, checkpoint_rows)
     v = _vllm_ops()
     num_tokens = mixed_qkv.size(0)
-    qsl = _int_list("query_start_loc", query_start_loc)
-    rows = _int_list("state_indices", state_indices)
+    qsl = as_int_list("query_start_loc", query_start_loc)
+    rows = as_int_list("state_indices", state_indices)
     _check_inputs(params, mixed_qkv, a, b, qsl)
     initial = [bool(x) for x in (has_initial_state.tolist() if isinstance(has_initial_state, torch.Tensor)
                                  else has_initial_state)]

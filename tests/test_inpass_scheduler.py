@@ -1,0 +1,178 @@
+"""``VLLM_ADMISSION_CHECKPOINT=inpass`` in vLLM's scheduler driven without a model (FakeEngine).
+
+The junction case (tests/junction_case.py, B = 128) for every admission policy: the same
+hits as ``split`` and as the core model in ``inpass`` mode, one prefill step per prompt, the
+checkpoint list each step hands the runner (``SchedulerOutput.admission_inpass``); the fault
+case of ``test_plugin_scheduler.py`` (abort mid-prefill, preemptions) leaks no block; the
+chunk arithmetic of :func:`vllm_admission.plugin.inpass.inpass_split` on made-up requests.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+from junction_case import expected_junction, expected_junction_inpass_prefill_steps, junction_prompts
+
+pytest.importorskip("vllm")
+
+from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission  # noqa: E402
+from vllm_admission.core.cache import HybridPrefixCache  # noqa: E402
+from vllm_admission.core.eviction import get_eviction  # noqa: E402
+from vllm_admission.plugin.inpass import INPASS_ATTR, inpass_split, split_stops  # noqa: E402
+
+B = 128
+CHUNK = 4096
+POLICIES = list(ADMISSION_POLICIES)
+
+
+@pytest.fixture(scope="module")
+def vllm_config(tmp_path_factory):
+    from vllm_admission.plugin.testing import make_vllm_config, write_config_only_model
+
+    model_dir = write_config_only_model(tmp_path_factory.mktemp("tiny_config"))
+    cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192, max_num_batched_tokens=CHUNK)
+    # No runner here; inpass checks that a real one would share the scheduler's process.
+    cfg.parallel_config.distributed_executor_backend = "uni"
+    return cfg
+
+
+def build(vllm_config, monkeypatch, policy, *, blocks=160, checkpoint="inpass"):
+    from vllm_admission.plugin.scheduler import AdmissionScheduler
+    from vllm_admission.plugin.testing import FakeEngine, make_kv_cache_config, make_scheduler
+
+    monkeypatch.setenv("VLLM_ADMISSION_POLICY", policy)
+    monkeypatch.setenv("VLLM_ADMISSION_EVICTION", "lru")
+    monkeypatch.setenv("VLLM_ADMISSION_CHECKPOINT", checkpoint)
+    monkeypatch.setenv("VLLM_ADMISSION_LOG_INTERVAL", "0")
+    sched = make_scheduler(AdmissionScheduler, vllm_config,
+                           make_kv_cache_config(vllm_config, blocks, kinds=("state", "attention")))
+    return FakeEngine(sched)
+
+
+def toks(seed, n):
+    rng = random.Random(seed)
+    return [rng.randrange(8, 512) for _ in range(n)]
+
+
+def chained(tokens):
+    out, h = [], 0
+    for i in range(len(tokens) // B):
+        h = hash((h, tuple(tokens[i * B:(i + 1) * B])))
+        out.append(h)
+    return out
+
+
+def free_equals_usable(engine):
+    pool = engine.scheduler.kv_cache_manager.block_pool
+    return pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_inpass_junction_case(vllm_config, monkeypatch, policy):
+    from vllm_admission.engine.llm import PrefillStepCounter
+
+    engine = build(vllm_config, monkeypatch, policy)
+    sched = engine.scheduler
+    lists = []
+    original = sched.schedule
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        lists.append(dict(getattr(out, INPASS_ATTR)))
+        return out
+
+    sched.schedule = spy
+    hits = []
+    prompts = junction_prompts(toks)
+    with PrefillStepCounter(sched) as counter:
+        for p in prompts:
+            rid = engine.add(p, 4)
+            engine.run()
+            hits.append(engine.cached_tokens[rid])
+    assert hits == expected_junction(B)[policy]
+    assert list(counter.counts.values()) == expected_junction_inpass_prefill_steps(B)[policy]
+    assert free_equals_usable(engine)
+    # The core model's inpass prediction, request by request.
+    cache = HybridPrefixCache(num_blocks=160, block_size=B, group_kinds=("state", "attention"),
+                              admission=get_admission(policy), eviction=get_eviction("lru"),
+                              chunk_size=CHUNK, checkpoint="inpass")
+    outs = [cache.serve(chained(p), len(p), 4, rid=r, now=float(r)) for r, p in enumerate(prompts)]
+    assert [o.hit_tokens for o in outs] == hits
+    assert [o.prefill_steps for o in outs] == list(counter.counts.values())
+    # Prompt 1's single prefill step: the checkpoint list names split mode's stops.
+    offsets = sorted(off for pairs in lists[0].values() for off, _ in pairs)
+    expected = {"none": [1792], "last": [1792], "vllm": [1792], "marconi": [1792],
+                "dense": [B * i for i in range(1, 15)]}[policy]
+    assert offsets == expected  # one state group in this layout
+    (pairs,) = lists[0].values()
+    assert len({blk for _, blk in pairs}) == len(pairs)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_inpass_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy):
+    engine = build(vllm_config, monkeypatch, policy, blocks=64)
+    sched = engine.scheduler
+    victim = engine.add(toks(77, 2600), 10)
+    # inpass would prefill 2,600 tokens in one step of 4,096: a smaller budget for this step
+    budget, sched.max_num_scheduled_tokens = sched.max_num_scheduled_tokens, 1024
+    engine.step()
+    sched.max_num_scheduled_tokens = budget
+    assert 0 < sched.requests[victim].num_computed_tokens < 2600
+    engine.abort(victim)
+    base = toks(9, 300)
+    rids = [engine.add(base + toks(50 + i, 400), 500) for i in range(8)]
+    reqs = [sched.requests[r] for r in rids]
+    engine.run()
+    assert sum(r.num_preemptions for r in reqs) > 0
+    assert all(len(r.output_token_ids) == 500 for r in reqs)
+    assert free_equals_usable(engine)
+    assert not sched._admission.tracks  # noqa: SLF001
+    rid = engine.add(base + toks(99, 300), 5)
+    engine.run()
+    assert engine.cached_tokens[rid] >= (256 if policy == "dense" else 0)
+    assert free_equals_usable(engine)
+
+
+# ---------------------------------------------------------------- chunk arithmetic
+def fake(num_computed, prompt, *, budget=4096):
+    request = SimpleNamespace(request_id="r", num_computed_tokens=num_computed, num_prompt_tokens=prompt,
+                              num_tokens=prompt)
+    scheduler = SimpleNamespace(cache_config=SimpleNamespace(block_size=B), max_num_scheduled_tokens=budget,
+                                scheduler_config=SimpleNamespace(long_prefill_token_threshold=0))
+    return scheduler, request
+
+
+def stops_at(*positions):
+    """A split function that ends chunks at ``positions`` (absolute tokens)."""
+    def split(request, n, local=0, external=0):
+        start = request.num_computed_tokens + local + external
+        return min([p for p in positions if start < p < start + n], default=start + n) - start
+    return split
+
+
+def test_inpass_split_keeps_the_budget_and_lists_the_stops():
+    sched, req = fake(0, 1801)
+    plan = {}
+    assert inpass_split(sched, stops_at(1408, 1792), plan, req, 1801) == 1801
+    assert plan == {"r": (0, [1408, 1792])}
+    # the budget end is floored to a block before the prompt end; stops past it are not listed
+    plan.clear()
+    assert inpass_split(sched, stops_at(640, 1792), plan, req, 1000) == 896
+    assert plan == {"r": (0, [640])}
+    # a stop that is not block-aligned still ends the chunk
+    plan.clear()
+    assert inpass_split(sched, stops_at(256, 700, 1792), plan, req, 1801) == 700
+    assert plan == {"r": (0, [256])}
+    # nothing inside: no plan entry; a chunk resuming past the prompt is left alone
+    plan.clear()
+    assert inpass_split(sched, stops_at(), plan, req, 1801) == 1801 and plan == {}
+    sched, req = fake(1801, 1801)
+    assert inpass_split(sched, stops_at(), plan, req, 1) == 1 and plan == {}
+
+
+def test_split_stops_walks_the_chunk():
+    _, req = fake(128, 1801)
+    assert split_stops(stops_at(256, 1408, 1792), req, 128, 1801) == [256, 1408, 1792]
+    assert split_stops(stops_at(256, 1408, 1792), req, 256, 1408) == []

@@ -1,0 +1,326 @@
+"""In-pass recurrent-state checkpoints (``VLLM_ADMISSION_CHECKPOINT=inpass``).
+
+In vLLM 0.32's align mode a Gated DeltaNet / Mamba state is written only where
+a forward pass ends, so the scheduler ends a prefill chunk at every position
+whose state is kept. In ``inpass`` mode the chunk runs on, and the states at
+those positions are written during the same forward pass:
+
+* **scheduler** (:func:`inpass_split`, :func:`bind_inpass_managers`,
+  :func:`step_checkpoints`): the chunk ends only at the token budget (floored to
+  a block, as vLLM does) and the prompt end. The positions where split mode
+  would have ended it become checkpoints: each gets a real state block in every
+  state group (in place of the null block align mode leaves there), cached by
+  the stock ``cache_blocks`` path exactly as in split mode, and the step's list
+  ``{running state block: ((offset in chunk, checkpoint block), ...)}`` rides on
+  ``SchedulerOutput`` as :data:`INPASS_ATTR`.
+* **runner** (:func:`install_runner_hooks`): ``GPUModelRunner.execute_model``
+  (CPUModelRunner inherits it) is wrapped to publish that list for the step, and
+  ``vllm.model_executor.layers.mamba.ops.cpu.gdn_attention._cpu_gdn_attention_nonspec``
+  (the CPU GDN recurrent core, non-speculative) is wrapped so that, when a
+  prefill sequence has checkpoints, its recurrent core (causal conv1d + chunked
+  delta rule) runs in segments cut at the checkpoint offsets, each later segment
+  starting from the state the earlier one left in the running slot; after each
+  segment the conv and SSM state rows are copied into the checkpoint blocks with
+  :func:`~vllm_admission.plugin.state_copy.copy_state_rows`. Projections,
+  attention and MLP run once over the whole chunk.
+
+Limits: CPU platform, Gated DeltaNet layers, align mode, no speculative
+decoding, the model runner in the scheduler's process (``uni`` executor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["INPASS_ATTR", "bind_inpass_managers", "inpass_problems", "inpass_split",
+           "install_runner_hooks", "split_stops", "step_checkpoints"]
+
+#: Attribute of ``SchedulerOutput`` carrying the step's checkpoint list:
+#: ``{running state block id: ((token offset in the chunk, checkpoint block id), ...)}``.
+INPASS_ATTR = "admission_inpass"
+
+
+# ------------------------------------------------------------------ scheduler side
+def split_stops(split: Callable[..., int], request: Any, start: int, end: int) -> list[int]:
+    """The positions strictly inside ``[start, end)`` where split mode would end
+    a chunk, found by calling ``split`` (a ``_mamba_block_aligned_split``-shaped
+    function) from each stop in turn. Ascending token positions."""
+    stops = []
+    p = start
+    base = request.num_computed_tokens
+    while p < end:
+        n = split(request, end - p, p - base, 0)
+        if n <= 0:
+            break
+        p += n
+        if p < end:
+            stops.append(p)
+    return stops
+
+
+def inpass_split(scheduler: Any, split: Callable[..., int], plan: dict[str, tuple[int, list[int]]],
+                 request: Any, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
+                 num_external_computed_tokens: int = 0) -> int:
+    """The in-pass replacement of ``Scheduler._mamba_block_aligned_split``.
+
+    Ends the chunk where vLLM's align mode must (the token budget floored to a
+    block before the prompt end, a block boundary when the chunk starts
+    mid-block) but not at the positions ``split`` would stop at; those that are
+    block-aligned are recorded in ``plan[request_id] = (start, positions)``.
+    A stop that is not block-aligned still ends the chunk.
+
+    Returns:
+        The number of tokens to schedule (``<= num_new_tokens``).
+    """
+    rid = request.request_id
+    plan.pop(rid, None)
+    start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
+    prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+    if num_new_tokens <= 0 or start >= prefill_end:
+        return num_new_tokens
+    B = scheduler.cache_config.block_size
+    end = start + num_new_tokens
+    if end < prefill_end:
+        limit = scheduler.max_num_scheduled_tokens
+        threshold = scheduler.scheduler_config.long_prefill_token_threshold
+        if threshold > 0:
+            limit = min(limit, threshold)
+        aligned = end // B * B
+        if aligned > start or B <= limit:
+            end = aligned
+    if start % B:
+        end = min(end, (start // B + 1) * B)
+    if end <= start:
+        return max(end - start, 0)
+    positions = []
+    for s in split_stops(split, request, start, end):
+        if s % B:
+            end = s
+            break
+        positions.append(s)
+    if positions:
+        plan[rid] = (start, positions)
+    return end - start
+
+
+def bind_inpass_managers(managers: Sequence[Any], plan: dict[str, tuple[int, list[int]]]) -> None:
+    """Shadow ``get_num_blocks_to_allocate`` and ``allocate_new_blocks`` on each
+    state-group manager so that every planned checkpoint gets a real block
+    (counted before allocation, placed where align mode would put a null)."""
+    for manager in managers:
+        _bind_manager(manager, plan)
+
+
+def _checkpoint_indices(manager: Any, plan: dict, request_id: str, num_tokens: int) -> list[int]:
+    entry = plan.get(request_id)
+    if entry is None:
+        return []
+    B = manager.block_size
+    return [c // B - 1 for c in entry[1] if c < num_tokens]
+
+
+def _bind_manager(manager: Any, plan: dict) -> None:
+    def get_num_blocks_to_allocate(request_id: str, num_tokens: int, new_computed_blocks: Any,
+                                   total_computed_tokens: int, num_local_computed_tokens: int,
+                                   num_tokens_main_model: int, apply_admission_cap: bool = False,
+                                   prefill_end: int = 0) -> int:
+        n = type(manager).get_num_blocks_to_allocate(
+            manager, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+            num_local_computed_tokens, num_tokens_main_model,
+            apply_admission_cap=apply_admission_cap, prefill_end=prefill_end)
+        held = len(manager.req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
+        blocks = manager.req_to_blocks.get(request_id, [])
+        extra = sum(1 for i in _checkpoint_indices(manager, plan, request_id, num_tokens_main_model)
+                    if i >= held or (i < len(blocks) and blocks[i].is_null))
+        return n + extra
+
+    def allocate_new_blocks(request_id: str, num_tokens: int, num_tokens_main_model: int) -> list:
+        blocks = manager.req_to_blocks[request_id]
+        prev = len(blocks)
+        new = type(manager).allocate_new_blocks(manager, request_id, num_tokens, num_tokens_main_model)
+        wanted = [i for i in _checkpoint_indices(manager, plan, request_id, num_tokens_main_model)
+                  if prev <= i < len(blocks) and blocks[i].is_null]
+        if not wanted or [b.block_id for b in new] != [b.block_id for b in blocks[prev:]]:
+            return new
+        for i, block in zip(wanted, manager.block_pool.get_new_blocks(len(wanted))):
+            blocks[i] = block
+        return blocks[prev:]
+
+    manager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
+    manager.allocate_new_blocks = allocate_new_blocks
+
+
+def step_checkpoints(managers: Sequence[Any], requests: dict[str, Any],
+                     num_scheduled_tokens: dict[str, int],
+                     plan: dict[str, tuple[int, list[int]]]) -> dict[int, tuple[tuple[int, int], ...]]:
+    """The step's checkpoint list for the runner, taken (and cleared) from ``plan``.
+
+    Call after allocation and before ``num_computed_tokens`` advances.
+
+    Returns:
+        ``{running state block id: ((offset, checkpoint block id), ...)}`` over
+        every state group: ``offset`` is the number of tokens of the chunk whose
+        state goes to the checkpoint block (ascending). Block ids are unique
+        across groups (one pool), so the runner needs no group id.
+    """
+    out: dict[int, tuple[tuple[int, int], ...]] = {}
+    for rid, (start, positions) in list(plan.items()):
+        n = num_scheduled_tokens.get(rid)
+        request = requests.get(rid)
+        if not n or request is None or request.num_computed_tokens != start:
+            continue
+        end = start + n
+        for manager in managers:
+            blocks = manager.req_to_blocks.get(rid, [])
+            B = manager.block_size
+            run_idx = (end - 1) // B
+            if run_idx >= len(blocks) or blocks[run_idx].is_null:
+                continue
+            pairs = tuple((c - start, blocks[c // B - 1].block_id) for c in positions
+                          if c < end and not blocks[c // B - 1].is_null)
+            if pairs:
+                out[blocks[run_idx].block_id] = pairs
+    plan.clear()
+    return out
+
+
+def inpass_problems(vllm_config: Any) -> list[str]:
+    """Why ``inpass`` cannot run with this engine (empty: it can); the scheduler
+    adds its own key problems (partial hashes, Mamba checkpoint blocks)."""
+    from vllm.platforms import current_platform
+
+    problems = []
+    if not current_platform.is_cpu():
+        problems.append(f"platform {current_platform.device_type!r} (the in-pass runner hook is CPU only)")
+    if vllm_config.cache_config.mamba_cache_mode != "align":
+        problems.append(f"mamba_cache_mode={vllm_config.cache_config.mamba_cache_mode!r} (needs 'align')")
+    if vllm_config.speculative_config is not None:
+        problems.append("speculative decoding")
+    backend = vllm_config.parallel_config.distributed_executor_backend
+    if backend not in (None, "uni"):
+        problems.append(f"executor {backend!r} (the runner must share the scheduler's process)")
+    hf = vllm_config.model_config.hf_config
+    layer_types = getattr(hf, "layer_types", None) or []
+    if "linear_attention" not in layer_types:
+        problems.append(f"model type {getattr(hf, 'model_type', '?')!r} (needs Gated DeltaNet layers)")
+    try:
+        from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    except ImportError as exc:  # pragma: no cover - other vLLM builds
+        problems.append(f"vLLM lacks the CPU GDN op ({exc})")
+    else:
+        if not hasattr(gdn_attention, "_cpu_gdn_attention_nonspec") or not hasattr(
+                GPUModelRunner, "execute_model"):
+            problems.append("this vLLM lacks _cpu_gdn_attention_nonspec or GPUModelRunner.execute_model")
+    return problems
+
+
+# --------------------------------------------------------------------- runner side
+#: The checkpoint list of the step being executed (set by the wrapped execute_model).
+_STEP: dict[str, Any] = {"plan": None}
+
+
+def install_runner_hooks() -> None:
+    """Wrap ``GPUModelRunner.execute_model`` and the CPU GDN core
+    ``gdn_attention._cpu_gdn_attention_nonspec`` (idempotent, process-wide).
+    Without a checkpoint list for the step both behave exactly as before."""
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if not getattr(GPUModelRunner.execute_model, "_admission_inpass", False):
+        original_execute = GPUModelRunner.execute_model
+
+        def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            _STEP["plan"] = getattr(scheduler_output, INPASS_ATTR, None) or None
+            return original_execute(self, scheduler_output, *args, **kwargs)
+
+        execute_model._admission_inpass = True  # type: ignore[attr-defined]
+        GPUModelRunner.execute_model = execute_model
+    if not getattr(gdn_attention._cpu_gdn_attention_nonspec, "_admission_inpass", False):
+        original_core = gdn_attention._cpu_gdn_attention_nonspec
+
+        def core(layer: Any, md: Any, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any) -> None:
+            plan = _STEP["plan"]
+            if not plan or not md.num_prefills:
+                original_core(layer, md, mixed_qkv, b, a, core_attn_out)
+                return
+            segmented_core(original_core, plan, layer, md, mixed_qkv, b, a, core_attn_out)
+
+        core._admission_inpass = True  # type: ignore[attr-defined]
+        core._admission_original = original_core  # type: ignore[attr-defined]
+        gdn_attention._cpu_gdn_attention_nonspec = core
+
+
+def segmented_core(core: Callable[..., None], plan: dict[int, Sequence[tuple[int, int]]], layer: Any,
+                   md: Any, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any) -> None:
+    """Run ``core`` (the GDN recurrent core of one layer) with each prefill
+    sequence cut at its checkpoint offsets.
+
+    Round ``r`` runs segment ``r`` of every sequence that has one (round 0 also
+    the decodes) through ``core`` with a narrowed copy of the metadata
+    (``has_initial_state`` true after round 0: the running slot holds the state
+    the previous segment left); after it, the conv and SSM state rows of the
+    sequences whose segment ended at a checkpoint are copied from the running
+    slot into the checkpoint blocks. ``mixed_qkv``, ``b``, ``a``: ``[tokens, ...]``
+    inputs; ``core_attn_out``: ``[tokens, ...]`` output, written in place.
+    """
+    import torch
+
+    from vllm_admission.plugin.state_copy import copy_state_rows
+
+    nd, ndt, npf = md.num_decodes, md.num_decode_tokens, md.num_prefills
+    slots = md.non_spec_state_indices_tensor[:nd + npf].tolist()
+    qsl = md.non_spec_query_start_loc[:nd + npf + 1].tolist()
+    init = md.has_initial_state[:nd + npf]
+    # per prefill sequence: [(token_start, token_end, checkpoint block or None), ...]
+    segments: list[list[tuple[int, int, int | None]]] = []
+    for j in range(nd, nd + npf):
+        lo, hi = qsl[j], qsl[j + 1]
+        segs = []
+        p = lo
+        for offset, block in plan.get(slots[j], ()):
+            if 0 < offset < hi - lo:
+                segs.append((p, lo + offset, block))
+                p = lo + offset
+        segs.append((p, hi, None))
+        segments.append(segs)
+    rounds = max(len(s) for s in segments)
+    if rounds == 1:
+        core(layer, md, mixed_qkv, b, a, core_attn_out)
+        return
+    device = md.non_spec_query_start_loc.device
+    state_tensors = [layer.kv_cache[0], layer.kv_cache[1]]
+    for r in range(rounds):
+        ranges = [(qsl[j], qsl[j + 1]) for j in range(nd)] if r == 0 else []
+        seq_slots = slots[:nd] if r == 0 else []
+        seq_init = init[:nd].tolist() if r == 0 else []
+        copies_src, copies_dst = [], []
+        for k, segs in enumerate(segments):
+            if r >= len(segs):
+                continue
+            lo, hi, block = segs[r]
+            ranges.append((lo, hi))
+            seq_slots.append(slots[nd + k])
+            seq_init.append(bool(init[nd + k]) if r == 0 else True)
+            if block is not None:
+                copies_src.append(slots[nd + k])
+                copies_dst.append(block)
+        tok = torch.cat([torch.arange(lo, hi, device=device) for lo, hi in ranges])
+        lens = torch.tensor([0] + [hi - lo for lo, hi in ranges], dtype=md.non_spec_query_start_loc.dtype)
+        n_dec = nd if r == 0 else 0
+        n_dec_tok = ndt if r == 0 else 0
+        sub = dataclasses.replace(
+            md, num_decodes=n_dec, num_decode_tokens=n_dec_tok,
+            num_prefills=len(ranges) - n_dec, num_prefill_tokens=int(tok.numel()) - n_dec_tok,
+            num_actual_tokens=int(tok.numel()),
+            non_spec_query_start_loc=torch.cumsum(lens, 0).to(device=device, dtype=lens.dtype),
+            non_spec_state_indices_tensor=torch.tensor(
+                seq_slots, dtype=md.non_spec_state_indices_tensor.dtype, device=device),
+            has_initial_state=torch.tensor(seq_init, dtype=torch.bool, device=device))
+        out = core_attn_out.new_empty((tok.numel(), *core_attn_out.shape[1:]))
+        core(layer, sub, mixed_qkv[tok], b[tok], a[tok], out)
+        core_attn_out[tok] = out
+        if copies_src:
+            copy_state_rows(state_tensors, copies_src, copies_dst)
