@@ -98,14 +98,14 @@ def test_marconi_keeps_the_sequence_end_not_the_prompt_end():
     for policy, expect in (("marconi", [1536]), ("vllm", [768]), ("last", [768, 1024, 1280, 1536])):
         cache = make_cache(policy)
         seen = []
-        orig = cache.pool.cache
+        orig = cache.pool.cache_position  # how the cache model caches a state position
 
-        def spy(block, key, seen=seen, orig=orig, cache=cache, **kw):
-            if key[0] == 0:  # the state group
-                seen.append(key[1])
-            orig(block, key, **kw)
+        def spy(blocks, block_hash, seen=seen, orig=orig, **kw):
+            if any(g == 0 for g, _ in blocks):  # the state group
+                seen.append(block_hash)
+            orig(blocks, block_hash, **kw)
 
-        cache.pool.cache = spy
+        cache.pool.cache_position = spy
         cache.serve(hashes, 1000, 600, rid=0, now=0.0)
         positions = [(key[2] + 1) * B if isinstance(key, tuple) else (hashes.index(key) + 1) * B
                      for key in seen]

@@ -39,6 +39,7 @@ these facts with their sources.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,7 +50,6 @@ from vllm_admission.core.admission import (
     HitProbe,
     RequestAdmission,
     SegmentCosts,
-    block_value,
 )
 from vllm_admission.core.eviction import EvictionPolicy
 from vllm_admission.core.free_blocks import FreeBlocks
@@ -94,8 +94,10 @@ class BlockPool:
     """The shared block pool (``vllm/v1/core/block_pool.py``), for hit purposes.
 
     Blocks are integer ids ``1 .. num_blocks - 1`` (id 0 is vLLM's null block).
-    Per block it keeps the reference count and, while cached, the
-    ``(group, block_hash)`` key. ``index[g]`` maps a hash to the first cached
+    Per block it keeps the reference count and, while cached, its hash
+    (``key``, ``None`` while uncached) and group (``group``): the block's
+    ``(group, block_hash)`` key, kept as two lists so that no tuple is built
+    per cached block. ``index[g]`` maps a hash to the first cached
     block of group ``g`` with that hash (``BlockHashToBlockMap.get_one_block``);
     later duplicates wait in ``_dups`` in insertion order.
 
@@ -104,7 +106,11 @@ class BlockPool:
     the eviction policy. ``value`` and ``next_use`` are what the policy is told
     when a cached block becomes a candidate; they are kept (set by the caller
     before :meth:`free`, reset at eviction) only for a policy that reads them
-    (:attr:`~EvictionPolicy.needs_values`, :attr:`~EvictionPolicy.needs_future`).
+    (:attr:`~EvictionPolicy.needs_values`, :attr:`~EvictionPolicy.needs_future`);
+    ``value`` exists only where a policy may read it (a values policy or a
+    switchable pool; :class:`HybridPrefixCache` adds it with ``track_values``),
+    ``next_use`` only for a policy that needs the future (else both are ``None``).
+    Block ids are the same ``int`` objects in every pool of the process.
 
     Args:
         num_blocks: blocks in the pool, as vLLM reports ``num_gpu_blocks``.
@@ -125,17 +131,20 @@ class BlockPool:
             raise ValueError(f"num_groups must be >= 1, got {num_groups}")
         self.num_blocks = num_blocks
         self.free_blocks = FreeBlocks(eviction, switchable=switchable)
-        self.free_blocks.push_uncached(range(1, num_blocks))
-        self.key: list[tuple | None] = [None] * num_blocks
+        self._switchable = switchable
+        self.free_blocks.push_uncached(_block_ids(num_blocks))
+        self.key: list = [None] * num_blocks
+        self.group: list[int] = [0] * num_blocks
         self.ref: list[int] = [0] * num_blocks
-        self.value: list[float] = [0.0] * num_blocks
-        self.next_use: list[float] = [math.inf] * num_blocks
+        self.value: list[float] | None = (
+            [0.0] * num_blocks if eviction.needs_values or switchable else None)
+        self.next_use: list[float] | None = (
+            [math.inf] * num_blocks if eviction.needs_future else None)
         self.index: list[dict] = [{} for _ in range(num_groups)]
         self._dups: dict[tuple, list[int]] = {}
+        self._num_dups: list[int] = [0] * num_groups  # entries waiting in _dups, per group
         #: Blocks whose hash was dropped to make room (cumulative).
         self.evictions = 0
-        #: Evictions per KV cache group index.
-        self.evictions_by_group: list[int] = [0] * num_groups
         #: Cached entries inserted (cumulative), per KV cache group index.
         self.insertions_by_group: list[int] = [0] * num_groups
 
@@ -149,14 +158,16 @@ class BlockPool:
         other = BlockPool.__new__(BlockPool)
         other.num_blocks = self.num_blocks
         other.free_blocks = self.free_blocks.clone(eviction)
+        other._switchable = self._switchable
         other.key = self.key[:]
+        other.group = self.group[:]
         other.ref = self.ref[:]
-        other.value = self.value[:]
-        other.next_use = self.next_use[:]
+        other.value = self.value[:] if self.value is not None else None
+        other.next_use = self.next_use[:] if self.next_use is not None else None
         other.index = [d.copy() for d in self.index]
         other._dups = {k: v[:] for k, v in self._dups.items()}
+        other._num_dups = self._num_dups[:]
         other.evictions = self.evictions
-        other.evictions_by_group = self.evictions_by_group[:]
         other.insertions_by_group = self.insertions_by_group[:]
         return other
 
@@ -193,13 +204,14 @@ class BlockPool:
             PoolExhausted: fewer than ``n`` blocks are free.
         """
         free = self.free_blocks
-        if n > len(free):
-            raise PoolExhausted(f"need {n} blocks, {len(free)} free of {self.num_blocks - 1}")
         num_uncached, num_cached = len(free.uncached), free.num_cached
+        if n > num_uncached + num_cached + len(free.tail):
+            raise PoolExhausted(f"need {n} blocks, {len(free)} free of {self.num_blocks - 1}")
         out = free.take(n, now)
         if n > num_uncached:
             # After the uncached stack come the policy's victims (then the tail).
-            self._evict(out[num_uncached:num_uncached + min(n - num_uncached, num_cached)])
+            self._evict(out[num_uncached:n if n - num_uncached < num_cached
+                            else num_uncached + num_cached])
         ref = self.ref
         for b in out:
             ref[b] = 1
@@ -207,19 +219,23 @@ class BlockPool:
 
     def _evict(self, victims: Sequence[int]) -> None:
         """Drop the hashes of cached blocks the policy just gave up."""
-        keys, index, dups, by_group = self.key, self.index, self._dups, self.evictions_by_group
+        keys, groups, index, dups = self.key, self.group, self.index, self._dups
+        if dups:
+            for b in victims:
+                key = (groups[b], keys[b])
+                if key in dups:
+                    self._drop_key(b, key)
+                else:
+                    del index[key[0]][key[1]]
+        else:
+            for b in victims:
+                del index[groups[b]][keys[b]]
         for b in victims:
-            key = keys[b]
-            g, h = key
-            if dups and key in dups:
-                self._drop_key(b, key)
-            else:
-                del index[g][h]
-            by_group[g] += 1
             keys[b] = None
         self.evictions += len(victims)
-        eviction = self.free_blocks.eviction
-        if eviction.needs_values or self.free_blocks.switchable:
+        free = self.free_blocks
+        eviction = free.eviction
+        if eviction.needs_values or self._switchable:
             values = self.value
             for b in victims:
                 values[b] = 0.0
@@ -227,6 +243,13 @@ class BlockPool:
             next_use = self.next_use
             for b in victims:
                 next_use[b] = math.inf
+
+    @property
+    def evictions_by_group(self) -> list[int]:
+        """Evictions per KV cache group index (a hash leaves the pool only by
+        eviction: the entries inserted less those still cached)."""
+        return [inserted - len(idx) - dups for inserted, idx, dups
+                in zip(self.insertions_by_group, self.index, self._num_dups)]
 
     def touch(self, blocks: Sequence[int], now: float) -> None:
         """A prefix hit takes references on cached blocks (``BlockPool.touch``);
@@ -281,7 +304,7 @@ class BlockPool:
             value, next_use = self.value, self.next_use
             free.add_cached(cached, now,
                             [value[b] for b in cached]
-                            if eviction.needs_values or free.switchable else None,
+                            if eviction.needs_values or self._switchable else None,
                             [next_use[b] for b in cached] if eviction.needs_future else None)
 
     def cache(self, block: int, key: tuple, *, report: bool = True) -> None:
@@ -292,15 +315,39 @@ class BlockPool:
         live engine caches only tentatively: see ``HybridPrefixCache._cache_full``).
         """
         g, h = key
-        self.key[block] = key
+        self.key[block] = h
+        self.group[block] = g
         idx = self.index[g]
         if h in idx:
             self._dups.setdefault(key, []).append(block)
+            self._num_dups[g] += 1
         else:
             idx[h] = block
         self.insertions_by_group[g] += 1
-        if report and self.eviction.needs_keys:
-            self.eviction.on_cache(block, key)
+        if report:
+            eviction = self.free_blocks.eviction
+            if eviction.needs_keys:
+                eviction.on_cache(block, key)
+
+    def cache_position(self, blocks: Sequence[tuple[int, int]], block_hash, *,
+                       report: bool = True) -> None:
+        """:meth:`cache` of each ``(group, block)`` of ``blocks`` under
+        ``(group, block_hash)``, in order (one state position, every state group)."""
+        keys, groups, index, inserted = self.key, self.group, self.index, self.insertions_by_group
+        eviction = self.free_blocks.eviction
+        report = report and eviction.needs_keys
+        for g, b in blocks:
+            keys[b] = block_hash
+            groups[b] = g
+            idx = index[g]
+            if block_hash in idx:
+                self._dups.setdefault((g, block_hash), []).append(b)
+                self._num_dups[g] += 1
+            else:
+                idx[block_hash] = b
+            inserted[g] += 1
+            if report:
+                eviction.on_cache(b, (g, block_hash))
 
     def cache_many(self, group: int, blocks: Sequence[int], hashes: Sequence) -> None:
         """:meth:`cache` of ``blocks[i]`` under ``(group, hashes[i])``, in order.
@@ -309,16 +356,21 @@ class BlockPool:
         in one bulk insert; otherwise block by block.
         """
         idx = self.index[group]
+        if self.free_blocks.eviction.needs_keys:
+            cache = self.cache
+            for b, h in zip(blocks, hashes):
+                cache(b, (group, h))
+            return
         new = dict(zip(hashes, blocks))
-        if (len(new) != len(blocks) or not idx.keys().isdisjoint(new)
-                or self.eviction.needs_keys):
+        if len(new) != len(blocks) or not idx.keys().isdisjoint(new):
             for b, h in zip(blocks, hashes):
                 self.cache(b, (group, h))
             return
         idx.update(new)
-        keys = self.key
+        keys, groups = self.key, self.group
         for b, h in zip(blocks, hashes):
-            keys[b] = (group, h)
+            keys[b] = h
+            groups[b] = group
         self.insertions_by_group[group] += len(new)
 
     def _drop_key(self, block: int, key: tuple) -> None:
@@ -328,6 +380,7 @@ class BlockPool:
             dups = self._dups.get(key)
             if dups:
                 idx[h] = dups.pop(0)
+                self._num_dups[g] -= 1
                 if not dups:
                     del self._dups[key]
             else:
@@ -335,8 +388,34 @@ class BlockPool:
         else:
             dups = self._dups[key]
             dups.remove(block)
+            self._num_dups[g] -= 1
             if not dups:
                 del self._dups[key]
+
+
+@functools.lru_cache(maxsize=8)
+def _block_ids(num_blocks: int) -> tuple[int, ...]:
+    """``1 .. num_blocks - 1``, built once per size: the pools of one process
+    (the shadow caches of ``auto``) share the ``int`` objects."""
+    return tuple(range(1, num_blocks))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _decode_events(first: int, last: int, block_size: int) -> tuple[int, ...]:
+    """The decode steps that change the cache: computing token ``first`` (the
+    first output token), then the tokens next to each block boundary up to
+    ``last`` (memoised: requests of equal lengths share them, as do shadow caches)."""
+    if first > last:
+        return ()
+    B = block_size
+    events = [first]
+    m = first // B + 1
+    while m * B - 1 <= last:
+        for t in (m * B - 1, m * B, m * B + 1):
+            if first < t <= last:
+                events.append(t)
+        m += 1
+    return tuple(events)
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,6 +519,7 @@ class HybridPrefixCache:
         self.group_kinds = kinds
         self.attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
         self.state_groups = tuple(g for g, k in enumerate(kinds) if k == STATE)
+        self._num_attn, self._num_state = len(self.attn_groups), len(self.state_groups)
         self.admission = admission
         self.eviction = eviction
         self.pool = BlockPool(num_blocks, eviction, len(kinds), switchable=switchable)
@@ -448,8 +528,10 @@ class HybridPrefixCache:
         self.next_use = next_use
         if eviction.needs_future:
             keys = self.pool.key
-            eviction.bind_future(lambda b, now: next_use(keys[b][1], now))
+            eviction.bind_future(lambda b, now: next_use(keys[b], now))
         self._needs_values = eviction.needs_values or track_values
+        if self._needs_values and self.pool.value is None:
+            self.pool.value = [0.0] * num_blocks
         self._needs_meta = self._needs_values or eviction.needs_future
         self._segment_costs = SegmentCosts(
             block_size=block_size, num_attention_groups=len(self.attn_groups),
@@ -475,7 +557,7 @@ class HybridPrefixCache:
         if other.eviction.needs_future:
             keys = other.pool.key
             next_use = self.next_use
-            other.eviction.bind_future(lambda b, now: next_use(keys[b][1], now))
+            other.eviction.bind_future(lambda b, now: next_use(keys[b], now))
         return other
 
     def switch(self, *, admission: AdmissionPolicy | None = None,
@@ -586,44 +668,42 @@ class HybridPrefixCache:
         ends = adm.stops
         if not ends or ends[-1] != adm.prompt_end:
             ends = (*ends, adm.prompt_end)
-        if self._inpass:
+        inpass = self._inpass
+        if inpass:
             # Captured inside the pass where admitted; no chunk ends there.
             captures = [p for p in ends if adm.decide(p) == ADMIT]
             ends = ()
             run.written = set()
-        else:
-            captures = []
+        split = self._split
+        step = self._step_inpass if inpass else self._step
+        chunk_size = self.chunk_size
         computed = probe.state_hit
         steps = 0
+        if not inpass and self.admission.every_block and B <= chunk_size:
+            # split mode: every chunk up to the prompt checkpoint is one whole block.
+            first, last = computed // B, adm.prompt_end // B
+            if last > first:
+                self._prefill_blockwise(run, first, last, now)
+                computed, steps = last * B, last - first
         while computed < prompt_len:
-            n = self._split(run, computed, min(prompt_len - computed, self.chunk_size), ends)
-            inside = [p for p in captures if computed < p < computed + n] if captures else ()
-            self._step(run, computed, n, prompt_len, now, inside)
+            n = split(run, computed, min(prompt_len - computed, chunk_size), ends)
+            if inpass:
+                step(run, computed, n, prompt_len, now,
+                     [p for p in captures if computed < p < computed + n])
+            else:
+                step(run, computed, n, prompt_len, now)
             computed += n
             steps += 1
         # Decode: the step computing token t has t + 1 tokens in the request; only
         # steps next to a block boundary change the cache, so only those run.
-        for t in self._decode_events(prompt_len, total - 2):
-            self._step(run, t, 1, t + 1, now)
+        for t in _decode_events(prompt_len, total - 2, B):
+            step(run, t, 1, t + 1, now)
         self._finish(run, now)
         return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=probe.state_hit,
                               kv_hit_tokens=probe.kv_hit, junction=probe.junction,
                               checkpoints=len(adm.admitted),
                               evictions=self.pool.evictions - evictions_before,
                               prefill_steps=steps)
-
-    def _decode_events(self, first: int, last: int) -> list[int]:
-        if first > last:
-            return []
-        B = self.block_size
-        events = [first]
-        m = first // B + 1
-        while m * B - 1 <= last:
-            for t in (m * B - 1, m * B, m * B + 1):
-                if first < t <= last:
-                    events.append(t)
-            m += 1
-        return events
 
     def _touch_hit(self, run: _Running, hit_blocks: int, now: float) -> None:
         index = self.pool.index
@@ -666,12 +746,126 @@ class HybridPrefixCache:
             stop = ends[k]
         return max(stop - start, 0)
 
-    def _step(self, run: _Running, start: int, n: int, num_tokens: int, now: float,
-              captures: Sequence[int] = ()) -> None:
+    def _step(self, run: _Running, start: int, n: int, num_tokens: int, now: float) -> None:
         """One scheduler step computing tokens ``[start, start + n)`` while the
-        request has ``num_tokens`` tokens (step 4 of the module docstring).
+        request has ``num_tokens`` tokens in ``split`` mode (step 4 of the module
+        docstring; :meth:`_step_inpass` is the ``inpass`` mode's).
 
-        ``captures``: ``inpass`` mode, ascending block-aligned positions inside
+        Three parts, written out in one method (it runs for every step of every
+        request): ``MambaManager.remove_skipped_blocks`` (a state group keeps only
+        the block that holds the state of the last computed token: its blocks
+        before that are freed, the latest first); ``allocate_new_blocks`` (every
+        attention group grows to the blocks the tokens need, every state group
+        gets one new block at the last index, if it has none there yet: one pool
+        call for all groups, since which group gets which popped block changes
+        neither hits nor the eviction order); ``cache_blocks`` of the now-full
+        blocks. Attention groups all hold the same number of blocks, and state
+        groups hold theirs at the same indexes (:class:`_Running`).
+        """
+        B = self.block_size
+        tables = run.blocks
+        live = run.live
+        state_groups = self.state_groups
+        if start > 0 and live and live[0] < (start - 1) // B:
+            k = bisect.bisect_left(live, (start - 1) // B)
+            retired = live[k - 1::-1]
+            del live[:k]
+            if self._needs_meta:
+                lists = [self._freed(run, g, retired) for g in state_groups]
+            elif k == 1:
+                i = retired[0]
+                lists = [[tables[g][i]] for g in state_groups]
+            else:
+                lists = [[tables[g][i] for i in retired] for g in state_groups]
+            self.pool.free_each(lists, now)
+            for g in state_groups:
+                table = tables[g]
+                for i in retired:
+                    table[i] = NULL
+        need = -(-(start + n) // B)
+        attn_groups = self.attn_groups
+        grow = need - len(tables[attn_groups[0]])
+        if grow < 0:
+            grow = 0
+        state_len = len(tables[state_groups[0]])
+        grow_state = need > state_len
+        total = grow * self._num_attn + (self._num_state if grow_state else 0)
+        if total:
+            new = self.pool.allocate(total, now)
+            k = 0
+            if grow:
+                for g in attn_groups:
+                    tables[g] += new[k:k + grow]
+                    k += grow
+            if grow_state:
+                pad = need - 1 - state_len
+                for g in state_groups:
+                    table = tables[g]
+                    if pad > 0:
+                        table += [NULL] * pad
+                    table.append(new[k])
+                    k += 1
+                live.append(need - 1)
+        full = (start + n if start + n < num_tokens else num_tokens) // B
+        if full > run.num_cached:
+            self._cache_full(run, full)
+
+    def _prefill_blockwise(self, run: _Running, first: int, last: int, now: float) -> None:
+        """The prefill steps of a policy that stops at every block boundary
+        (``dense``) before the prompt checkpoint: step ``i`` computes block ``i``
+        alone, for ``first <= i < last``. :meth:`_step` and :meth:`_cache_full`
+        written out for that case (the pool is called the same way, in the same
+        order): retire the state before block ``i - 1``, allocate block ``i`` in
+        every group, cache the attention blocks and, where admitted, the state."""
+        B = self.block_size
+        pool = self.pool
+        tables, live, hashes, adm = run.blocks, run.live, run.hashes, run.adm
+        attn_groups, state_groups = self.attn_groups, self.state_groups
+        total = self._num_attn + self._num_state
+        keyed = pool.free_blocks.eviction.needs_keys
+        needs_meta = self._needs_meta
+        for i in range(first, last):
+            if live and live[0] < i - 1:
+                k = bisect.bisect_left(live, i - 1)
+                retired = live[k - 1::-1]
+                del live[:k]
+                if needs_meta:
+                    lists = [self._freed(run, g, retired) for g in state_groups]
+                else:
+                    lists = [[tables[g][j] for j in retired] for g in state_groups]
+                pool.free_each(lists, now)
+                for g in state_groups:
+                    table = tables[g]
+                    for j in retired:
+                        table[j] = NULL
+            new = pool.allocate(total, now)
+            k = 0
+            for g in attn_groups:
+                tables[g].append(new[k])
+                k += 1
+            for g in state_groups:
+                tables[g].append(new[k])
+                k += 1
+            live.append(i)
+            run.num_cached = i + 1
+            h = hashes[i]
+            for g in attn_groups:
+                pool.cache(tables[g][i], (g, h))
+            pos = (i + 1) * B
+            if adm.decide(pos) != ADMIT:
+                continue
+            adm.record(pos)
+            self.checkpoints += 1
+            report = not (keyed and adm.kept_as_sequence_end(pos))
+            pool.cache_position([(g, tables[g][i]) for g in state_groups], h, report=report)
+
+    def _step_inpass(self, run: _Running, start: int, n: int, num_tokens: int, now: float,
+                     captures: Sequence[int] = ()) -> None:
+        """One scheduler step computing tokens ``[start, start + n)`` while the
+        request has ``num_tokens`` tokens in ``inpass`` mode (:meth:`_step` is
+        the ``split`` mode's, written out in one method).
+
+        ``captures``: ascending block-aligned positions inside
         ``(start, start + n)`` whose states the pass copies into state blocks
         of their own."""
         B = self.block_size
@@ -759,7 +953,7 @@ class HybridPrefixCache:
         nc, run.num_cached = run.num_cached, full
         hashes, pool = run.hashes, self.pool
         nh = len(hashes)
-        prompt_end = min(full, nh)  # blocks past the hashes are output blocks
+        prompt_end = full if full < nh else nh  # blocks past the hashes are output blocks
         for g in self.attn_groups:
             blocks = run.blocks[g]
             if nc < prompt_end:
@@ -782,8 +976,8 @@ class HybridPrefixCache:
             self.checkpoints += 1
             h = hashes[i] if i < nh else ("out", run.rid, i)
             report = not (keyed and adm.kept_as_sequence_end(pos))
-            for g in self.state_groups:
-                pool.cache(run.blocks[g][i], (g, h), report=report)
+            pool.cache_position([(g, run.blocks[g][i]) for g in self.state_groups], h,
+                                report=report)
 
     def _finish(self, run: _Running, now: float) -> None:
         """Free every block: group after group in vLLM's order, each group's
@@ -800,7 +994,8 @@ class HybridPrefixCache:
     def _freed(self, run: _Running, g: int, indexes: Sequence[int]) -> list[int]:
         """Group ``g``'s blocks at ``indexes``, in that order, with their eviction
         metadata attached: the list to free."""
-        freed = list(map(run.blocks[g].__getitem__, indexes))
+        table = run.blocks[g]
+        freed = [table[i] for i in indexes]
         if self._needs_meta:
             self._set_values(run, indexes, freed, g)
         return freed
@@ -815,9 +1010,9 @@ class HybridPrefixCache:
         if self.eviction.needs_future:
             keys, next_use = self.pool.key, self.pool.next_use
             for b in blocks:
-                key = keys[b]
-                if key is not None:
-                    next_use[b] = self.next_use(key[1], run.rid)
+                block_hash = keys[b]
+                if block_hash is not None:
+                    next_use[b] = self.next_use(block_hash, run.rid)
 
     def _set_flop_values(self, run: _Running, indexes: Sequence[int], blocks: Sequence[int],
                          g: int) -> None:
@@ -830,7 +1025,15 @@ class HybridPrefixCache:
 
         ckpts, values = run.adm.segment_table(self._segment_costs, is_cached_state)
         keys, out = self.pool.key, self.pool.value
-        is_state = self.group_kinds[g] == STATE
-        for i, b in zip(indexes, blocks):
-            if keys[b] is not None:
-                out[b] = block_value(values, ckpts, (i + 1) * B, is_state)
+        # block_value, written out for the two kinds of group.
+        if self.group_kinds[g] == STATE:
+            get = values.get
+            for i, b in zip(indexes, blocks):
+                if keys[b] is not None:
+                    out[b] = get((i + 1) * B, 0.0)
+        else:
+            bisect_left, num = bisect.bisect_left, len(ckpts)
+            for i, b in zip(indexes, blocks):
+                if keys[b] is not None:
+                    k = bisect_left(ckpts, (i + 1) * B)
+                    out[b] = values[ckpts[k]] if k < num else 0.0

@@ -53,7 +53,7 @@ import itertools
 import math
 import operator
 from abc import ABC, abstractmethod
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
@@ -189,7 +189,9 @@ class LRUEviction(EvictionPolicy):
 
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
                  next_uses: Sequence[float]) -> None:
-        _consume(map(self._order.__setitem__, block_ids, itertools.repeat(None)))
+        order = self._order
+        for b in block_ids:
+            order[b] = None
 
     def clone(self) -> "LRUEviction":
         other = LRUEviction()
@@ -200,7 +202,9 @@ class LRUEviction(EvictionPolicy):
         if n > len(self._order):
             raise IndexError(f"pop {n} from an eviction queue of {len(self._order)}")
         victims = list(itertools.islice(self._order, n))
-        _consume(map(self._order.__delitem__, victims))
+        order = self._order
+        for b in victims:
+            del order[b]
         return victims
 
     def __len__(self) -> int:
@@ -543,6 +547,51 @@ class LFUEviction(EvictionPolicy):
         self._hits.pop(block_id, None)
         return block_id
 
+    def pop_n(self, n: int, now: float) -> list[int]:
+        """Pop ``n`` victims: the lowest level's first candidates, level after level
+        (the order of ``n`` pops)."""
+        level_of = self._level_of
+        if n > len(level_of):
+            raise IndexError(f"pop {n} from an eviction queue of {len(level_of)}")
+        out: list[int] = []
+        levels, counts, hits = self._levels, self._counts, self._hits
+        while len(out) < n:
+            k = counts[0]
+            level = levels[k]
+            victims = list(itertools.islice(level, n - len(out)))
+            for b in victims:
+                del level[b]
+            if not level:
+                del levels[k]
+                counts.remove(k)
+            for b in victims:
+                del level_of[b]
+            if hits:
+                for b in victims:
+                    hits.pop(b, None)
+            out += victims
+        return out
+
+    def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
+                 next_uses: Sequence[float]) -> None:
+        """:meth:`add` of each block in order; blocks never hit go to level 0 in bulk."""
+        level_of, hits = self._level_of, self._hits
+        if hits and not hits.keys().isdisjoint(block_ids):
+            for b in block_ids:
+                self.add(b, now)
+            return
+        if not level_of.keys().isdisjoint(block_ids):
+            raise KeyError(f"a block of {list(block_ids)} is already a candidate")
+        level = self._levels.get(0)
+        if level is None:
+            level = self._levels[0] = OrderedDict()
+            self._counts.add(0)
+        n = len(level)
+        level.update(dict.fromkeys(block_ids))
+        if len(level) != n + len(block_ids):
+            raise KeyError(f"a block of {list(block_ids)} is listed twice")
+        level_of.update(dict.fromkeys(block_ids, 0))
+
     def on_hit(self, block_id: int, now: float) -> None:
         self._hits[block_id] = self._hits.get(block_id, 0) + 1
 
@@ -740,14 +789,22 @@ class ReuseEviction(EvictionPolicy):
         return max(1.0, p_again / p_first)
 
     def on_cache(self, block_id: int, key: object) -> None:
-        self._key[block_id] = key
-        if len(self._key) > self._cap:
-            self._cap = len(self._key)
+        keys = self._key
+        keys[block_id] = key
+        if len(keys) > self._cap:
+            self._cap = len(keys)
         live = self._live.get(key, 0)
         self._live[key] = live + 1
         if not live:   # a duplicate of a cached block is not a new use
             self._ghost.pop(key, None)
-            self._reference(key)
+            # _reference(key), written out (once per cached block)
+            refs = self._refs
+            r = refs.get(key, 0)
+            if r:
+                self._reused[r - 1] += 1.0
+            self._total[1 if r else 0] += 1.0
+            refs[key] = 2 if r else 1
+            self._counted += 1
 
     def on_hit(self, block_id: int, now: float) -> None:
         key = self._key.get(block_id)
@@ -810,9 +867,68 @@ class ReuseEviction(EvictionPolicy):
         return block_id
 
     def pop_n(self, n: int, now: float) -> list[int]:
+        """The order of ``n`` :meth:`pop` calls. Within one call the ratio cannot
+        change (pops add no references, so only the first aging can do
+        anything) and a queue found empty stays empty, so the heads are compared
+        with one ``r`` while both queues last, and the rest is taken in bulk."""
         if n > len(self):
             raise IndexError(f"pop {n} from an eviction queue of {len(self)}")
-        return [self.pop(now) for _ in range(n)]
+        first, again = self._first, self._again
+        out: list[int] = []
+        if first and again and n:
+            self._age()
+            r = self.ratio
+            heads_first, heads_again = iter(first.values()), iter(again.values())
+            t_first, seq_first = next(heads_first)
+            t_again, seq_again = next(heads_again)
+            while len(out) < n:
+                limit = r * (now - t_first)
+                age_again = now - t_again
+                if age_again > limit or (age_again == limit and seq_again < seq_first):
+                    out.append(again.popitem(last=False)[0])
+                    if not again:
+                        break
+                    heads_again = iter(again.values())
+                    t_again, seq_again = next(heads_again)
+                else:
+                    out.append(first.popitem(last=False)[0])
+                    if not first:
+                        break
+                    heads_first = iter(first.values())
+                    t_first, seq_first = next(heads_first)
+        if len(out) < n:
+            queue = first or again
+            rest = list(itertools.islice(queue, n - len(out)))
+            for b in rest:
+                del queue[b]
+            out += rest
+        # _drop(b, keep=True) of each victim, written out (the ghost limit is fixed
+        # here: only on_cache moves _cap).
+        keys, live_counts, refs, ghost = self._key, self._live, self._refs, self._ghost
+        limit = self.history * self._cap
+        for b in out:
+            key = keys.pop(b, None)
+            if key is None:
+                continue
+            live = live_counts[key] - 1
+            if live:
+                live_counts[key] = live
+                continue
+            del live_counts[key]
+            ghost[key] = None
+            while len(ghost) > limit:
+                del refs[ghost.popitem(last=False)[0]]
+        return out
+
+    def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
+                 next_uses: Sequence[float]) -> None:
+        """:meth:`add` of each block in order."""
+        first, again, keys, refs, seq = self._first, self._again, self._key, self._refs, self._seq
+        for b in block_ids:
+            if b in first or b in again:
+                raise KeyError(f"block {b} is already a candidate")
+            key = keys.get(b)
+            (again if key is not None and refs.get(key, 1) > 1 else first)[b] = (now, next(seq))
 
     def clone(self) -> "ReuseEviction":
         other = ReuseEviction(self.history)
@@ -831,12 +947,6 @@ class ReuseEviction(EvictionPolicy):
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self._first or block_id in self._again
-def _consume(iterator) -> None:
-    """Run ``iterator`` to its end without a Python-level loop (a ``map`` of a
-    container's mutating method applies it item by item at C speed)."""
-    deque(iterator, maxlen=0)
-
-
 #: Registry: name -> policy class.
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
     cls.name: cls for cls in (LRUEviction, FlopEviction, LFUEviction, ReuseEviction,

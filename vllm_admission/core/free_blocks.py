@@ -162,15 +162,18 @@ class FreeBlocks:
         Raises:
             ValueError: fewer than ``n`` blocks are free.
         """
-        if n > len(self):
-            raise ValueError(f"cannot take {n} blocks, {len(self)} are free")
         uncached = self.uncached
-        out: list[int] = []
-        for _ in range(min(n, len(uncached))):
-            out.append(uncached.popitem()[0])
+        if n > len(uncached) + self.num_cached + len(self.tail):
+            raise ValueError(f"cannot take {n} blocks, {len(self)} are free")
+        k = n if n < len(uncached) else len(uncached)
+        if k:
+            pop = uncached.popitem
+            out = [pop()[0] for _ in range(k)]
+        else:
+            out = []
         need = n - len(out)
         if need:
-            k = min(need, self.num_cached)
+            k = need if need < self.num_cached else self.num_cached
             if k:
                 victims = self.eviction.pop_n(k, now)
                 out.extend(victims)
