@@ -78,8 +78,13 @@ class Case:
         # vLLM's default "SD" conv layout: [blocks, width - 1, conv_dim] in memory.
         self.conv = rnd(num_blocks, width - 1, conv_dim)
         self.ssm = rnd(num_blocks, hv, dv, dk, scale=0.1, dtype=ssm_dtype)
+        # vLLM's reference takes the conv weight as loaded: packed where its CPU path uses the
+        # C++ conv (CPUs with AVX-512 BF16 or Arm BF16), else as is. The segmented run gets
+        # the plain weight and prepares it itself.
+        prepared = self.params.for_vllm_conv()
         self.layer = SimpleNamespace(
-            conv1d=SimpleNamespace(weight=self.params.conv_weight, bias=self.params.conv_bias),
+            conv1d=SimpleNamespace(weight=prepared.conv_weight if prepared.conv_weight_packed
+                                   else self.params.conv_weight, bias=self.params.conv_bias),
             activation="silu", A_log=self.params.A_log, dt_bias=self.params.dt_bias,
             key_dim=hk * dk, value_dim=hv * dv, tp_size=1, head_k_dim=dk, head_v_dim=dv)
         self.layer.rearrange_mixed_qkv = lambda x: ops.rearrange(self.layer, x)

@@ -59,6 +59,8 @@ def vllm_config(model_dir):
                            max_num_batched_tokens=CHUNK)
     assert cfg.cache_config.block_size == B
     assert cfg.cache_config.mamba_cache_mode == "align"
+    # No runner here; the inpass mode checks that a real one would share the scheduler's process.
+    cfg.parallel_config.distributed_executor_backend = "uni"
     return cfg
 
 
@@ -86,7 +88,7 @@ def _finish_tuners():
 
 
 def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None, blocks=160,
-          kinds=GROUPS, cls=None):
+          kinds=GROUPS, cls=None, checkpoint="split"):
     from vllm_admission.plugin.scheduler import AdmissionScheduler
     from vllm_admission.plugin.testing import (
         FakeEngine,
@@ -96,6 +98,7 @@ def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None
 
     monkeypatch.setenv("VLLM_ADMISSION_POLICY", policy)
     monkeypatch.setenv("VLLM_ADMISSION_EVICTION", eviction)
+    monkeypatch.setenv("VLLM_ADMISSION_CHECKPOINT", checkpoint)
     if alpha is None:
         monkeypatch.delenv("VLLM_ADMISSION_ALPHA", raising=False)
     else:
@@ -309,18 +312,23 @@ def test_stock_policy_leaves_vllm_untouched(vllm_config, monkeypatch):
 
 
 # ---------------------------------------------------------------- faults
+@pytest.mark.parametrize("checkpoint", ["split", "inpass"])
 @pytest.mark.parametrize("eviction", ENGINE_EVICTION_POLICIES)
 @pytest.mark.parametrize("policy", POLICIES)
-def test_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy, eviction):
-    """A 2,600-token request is aborted after its first prefill chunk; then eight
-    concurrent requests (700 prompt tokens sharing 300, 500 output tokens each) overflow
-    a 64-block pool while decoding, so vLLM preempts some of them. Every request but the
-    aborted one finishes with all its tokens, every block comes back, and the scheduler
-    keeps serving."""
-    engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, blocks=64)
+def test_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy, eviction, checkpoint):
+    """A 2,600-token request is aborted after its first prefill chunk (1,024-token budget
+    for that step, so that ``inpass`` too stops mid-prefill); then eight concurrent
+    requests (700 prompt tokens sharing 300, 500 output tokens each) overflow a 64-block
+    pool while decoding, so vLLM preempts some of them. Every request but the aborted one
+    finishes with all its tokens, every block comes back (the in-pass checkpoint blocks
+    included), and the scheduler keeps serving."""
+    engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, blocks=64,
+                   checkpoint=checkpoint)
     sched = engine.scheduler
     victim = engine.add(toks(77, 2600), 10)
+    budget, sched.max_num_scheduled_tokens = sched.max_num_scheduled_tokens, 1024
     engine.step()
+    sched.max_num_scheduled_tokens = budget
     assert 0 < sched.requests[victim].num_computed_tokens < 2600  # mid-prefill
     engine.abort(victim)
     base = toks(9, 300)

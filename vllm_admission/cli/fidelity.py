@@ -7,6 +7,7 @@ import sys
 
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
+from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 
 __all__ = ["add_fidelity_parser", "run_fidelity_cli"]
 
@@ -58,6 +59,10 @@ def add_fidelity_parser(sub) -> None:
     p.add_argument("--checkpoint", default="split", metavar="split|inpass",
                    help="checkpoint mode of both sides (default split, vLLM's; inpass: states written "
                         "inside the forward pass, VLLM_ADMISSION_CHECKPOINT=inpass)")
+    p.add_argument("--mamba-ssm-cache-dtype", choices=MAMBA_SSM_CACHE_DTYPES, default=None,
+                   help="the engine's mamba_ssm_cache_dtype (default: vLLM's, which its CPU platform "
+                        "turns into float32 on CPUs with AVX-512 BF16, doubling the tiny model's "
+                        "block size); pin it for the same run on every CPU")
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless every sequential record meets the fidelity bar: exact per "
                         "request for lru with none/last/vllm/dense, within 1%% of prompt tokens "
@@ -113,7 +118,7 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         mooncake_block_tokens=args.mooncake_block_tokens,
         synthetic=_synthetic_params(args.synthetic), mode=args.mode, time_scale=args.time_scale,
         alpha=args.alpha, auto_interval=args.auto_interval, seed=args.seed,
-        checkpoint=args.checkpoint)
+        checkpoint=args.checkpoint, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype)
 
     def progress(rec: dict) -> None:
         print(f"{rec['admission']}+{rec['eviction']} at {rec['num_blocks']} blocks: "

@@ -7,6 +7,7 @@ import argparse
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
+from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.eviction import EVICTION_POLICIES
 from vllm_admission.core.geometry import parse_bytes
 
@@ -18,8 +19,6 @@ DEMO_CAPACITIES = "2GiB,4GiB,8GiB,16GiB"
 DEMO_ADMISSIONS = "last,vllm,marconi,dense"
 DEMO_EVICTIONS = "lru,flop"
 
-#: Values of ``--mamba-ssm-cache-dtype`` (vLLM 0.32 ``MambaDType``, vllm/config/cache.py).
-MAMBA_SSM_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:

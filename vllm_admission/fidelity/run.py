@@ -43,6 +43,7 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
                                alpha=spec.alpha, auto_interval=spec.auto_interval,
                                num_gpu_blocks=num_gpu_blocks, seed=spec.seed)
     settings.env["VLLM_ADMISSION_CHECKPOINT"] = spec.checkpoint
+    settings.mamba_ssm_cache_dtype = spec.mamba_ssm_cache_dtype
     # The comparison reads the live scheduler: the engine core must run in this process.
     settings.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     llm, note = build_llm_fitting(settings)

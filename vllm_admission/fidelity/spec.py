@@ -9,6 +9,7 @@ from typing import Any
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
 from vllm_admission.core.cache import check_checkpoint_mode
+from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
 
@@ -52,6 +53,11 @@ class FidelitySpec:
         seed: synthetic workload and engine seed.
         checkpoint: the checkpoint mode both sides run (one of
             :data:`ENGINE_CHECKPOINT_MODES`).
+        mamba_ssm_cache_dtype: vLLM's ``mamba_ssm_cache_dtype`` for the engine
+            (``"auto"``, ``"float32"``, ``"bfloat16"``, ``"float16"``; ``None``:
+            vLLM's default, which the CPU platform resolves per instruction set).
+            The simulator always takes the geometry the live engine reports, so
+            pinning it matters only for getting the same run on every CPU.
     """
 
     model: str
@@ -71,6 +77,7 @@ class FidelitySpec:
     auto_interval: int = DEFAULT_INTERVAL
     seed: int = 0
     checkpoint: str = "split"
+    mamba_ssm_cache_dtype: str | None = None
 
     def policy_pairs(self) -> list[tuple[str, str]]:
         """The ``(admission, eviction)`` pairs to run, in order."""
@@ -101,6 +108,9 @@ class FidelitySpec:
             if e not in ENGINE_EVICTION_POLICIES and e != AUTO:
                 raise UnknownPolicyError(f"eviction policy {e!r} cannot run in an engine; "
                                          f"valid: {', '.join([*ENGINE_EVICTION_POLICIES, AUTO])}")
+        if self.mamba_ssm_cache_dtype not in (None, *MAMBA_SSM_CACHE_DTYPES):
+            raise ValueError(f"unknown mamba_ssm_cache_dtype {self.mamba_ssm_cache_dtype!r}; "
+                             f"valid: {', '.join(MAMBA_SSM_CACHE_DTYPES)}")
         if self.mode not in MODES:
             raise ValueError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
         if not self.time_scale >= 0:

@@ -17,12 +17,14 @@ those positions are written during the same forward pass:
   (CPUModelRunner inherits it) is wrapped to publish that list for the step, and
   ``vllm.model_executor.layers.mamba.ops.cpu.gdn_attention._cpu_gdn_attention_nonspec``
   (the CPU GDN recurrent core, non-speculative) is wrapped so that, when a
-  prefill sequence has checkpoints, its recurrent core (causal conv1d + chunked
-  delta rule) runs in segments cut at the checkpoint offsets, each later segment
-  starting from the state the earlier one left in the running slot; after each
-  segment the conv and SSM state rows are copied into the checkpoint blocks with
-  :func:`~vllm_admission.plugin.state_copy.copy_state_rows`. Projections,
-  attention and MLP run once over the whole chunk.
+  prefill sequence has checkpoints, the prefills go through
+  :func:`~vllm_admission.plugin.runner.gdn_capture.gdn_prefill_with_capture`:
+  the recurrent core (causal conv1d + chunked delta rule) runs in rounds cut at
+  the checkpoint offsets, each later round starting from the state the earlier
+  one left in the running slot, and after each round one
+  :class:`~vllm_admission.plugin.state_copy.StateRowCopier` call copies the conv
+  and SSM state rows into the checkpoint blocks. Decodes, projections,
+  attention and MLP run once, as in vLLM.
 
 Limits: CPU platform, Gated DeltaNet layers, align mode, no speculative
 decoding, the model runner in the scheduler's process (``uni`` executor).
@@ -243,10 +245,9 @@ def install_runner_hooks() -> None:
 
         def core(layer: Any, md: Any, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any) -> None:
             plan = _STEP["plan"]
-            if not plan or not md.num_prefills:
+            if not plan or not md.num_prefills or not segmented_core(
+                    original_core, plan, layer, md, mixed_qkv, b, a, core_attn_out):
                 original_core(layer, md, mixed_qkv, b, a, core_attn_out)
-                return
-            segmented_core(original_core, plan, layer, md, mixed_qkv, b, a, core_attn_out)
 
         core._admission_inpass = True  # type: ignore[attr-defined]
         core._admission_original = original_core  # type: ignore[attr-defined]
@@ -254,73 +255,59 @@ def install_runner_hooks() -> None:
 
 
 def segmented_core(core: Callable[..., None], plan: dict[int, Sequence[tuple[int, int]]], layer: Any,
-                   md: Any, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any) -> None:
-    """Run ``core`` (the GDN recurrent core of one layer) with each prefill
-    sequence cut at its checkpoint offsets.
+                   md: Any, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any) -> bool:
+    """Run one GDN layer's recurrent core with each prefill sequence cut at its
+    checkpoint offsets; return False (having done nothing) when no prefill
+    sequence of this step has one.
 
-    Round ``r`` runs segment ``r`` of every sequence that has one (round 0 also
-    the decodes) through ``core`` with a narrowed copy of the metadata
-    (``has_initial_state`` true after round 0: the running slot holds the state
-    the previous segment left); after it, the conv and SSM state rows of the
-    sequences whose segment ended at a checkpoint are copied from the running
-    slot into the checkpoint blocks. ``mixed_qkv``, ``b``, ``a``: ``[tokens, ...]``
-    inputs; ``core_attn_out``: ``[tokens, ...]`` output, written in place.
+    The decodes (vLLM puts them first) go through ``core`` (vLLM's
+    ``_cpu_gdn_attention_nonspec``) with the metadata narrowed to them; the
+    prefills through
+    :func:`~vllm_admission.plugin.runner.gdn_capture.gdn_prefill_with_capture`,
+    which runs the same kernels in rounds cut at the offsets and copies the
+    conv and SSM rows into the checkpoint blocks after each round.
+
+    Args:
+        core: vLLM's original ``_cpu_gdn_attention_nonspec``.
+        plan: the step's list, ``{running state block: ((offset in chunk,
+            checkpoint block), ...)}``.
+        layer, md: the GDN layer and its ``GDNAttentionMetadata``.
+        mixed_qkv, b, a: ``[tokens, ...]`` inputs, decodes first.
+        core_attn_out: ``[tokens, num_v_heads, head_v_dim]`` output, written in place.
     """
-    import torch
+    from vllm_admission.plugin.runner.gdn_capture import GDNCoreParams, gdn_prefill_with_capture
 
-    from vllm_admission.plugin.state_copy import copy_state_rows
+    nd, ndt = md.num_decodes, md.num_decode_tokens
+    npf, npt = md.num_prefills, md.num_prefill_tokens
+    slots = md.non_spec_state_indices_tensor[nd:nd + npf].tolist()
+    qsl = [q - ndt for q in md.non_spec_query_start_loc[nd:nd + npf + 1].tolist()]
+    offsets: list[list[int]] = []
+    rows: list[list[int]] = []
+    for j, slot in enumerate(slots):
+        pairs = [(off, blk) for off, blk in plan.get(slot, ()) if 0 < off < qsl[j + 1] - qsl[j]]
+        offsets.append([off for off, _ in pairs])
+        rows.append([blk for _, blk in pairs])
+    if not any(offsets):
+        return False
+    if nd:
+        decodes = dataclasses.replace(md, num_prefills=0, num_prefill_tokens=0, num_actual_tokens=ndt)
+        core(layer, decodes, mixed_qkv[:ndt], b[:ndt], a[:ndt], core_attn_out[:ndt])
+    conv_state, ssm_state = layer.kv_cache[0], layer.kv_cache[1]
+    gdn_prefill_with_capture(
+        GDNCoreParams.from_layer(layer), mixed_qkv[ndt:ndt + npt], a[ndt:ndt + npt], b[ndt:ndt + npt],
+        conv_state=conv_state, ssm_state=ssm_state, query_start_loc=qsl, state_indices=slots,
+        has_initial_state=md.has_initial_state[nd:nd + npf], checkpoint_offsets=offsets,
+        checkpoint_rows=rows, copier=_copier(layer, conv_state, ssm_state),
+        out=core_attn_out[ndt:ndt + npt])
+    return True
 
-    nd, ndt, npf = md.num_decodes, md.num_decode_tokens, md.num_prefills
-    slots = md.non_spec_state_indices_tensor[:nd + npf].tolist()
-    qsl = md.non_spec_query_start_loc[:nd + npf + 1].tolist()
-    init = md.has_initial_state[:nd + npf]
-    # per prefill sequence: [(token_start, token_end, checkpoint block or None), ...]
-    segments: list[list[tuple[int, int, int | None]]] = []
-    for j in range(nd, nd + npf):
-        lo, hi = qsl[j], qsl[j + 1]
-        segs = []
-        p = lo
-        for offset, block in plan.get(slots[j], ()):
-            if 0 < offset < hi - lo:
-                segs.append((p, lo + offset, block))
-                p = lo + offset
-        segs.append((p, hi, None))
-        segments.append(segs)
-    rounds = max(len(s) for s in segments)
-    if rounds == 1:
-        core(layer, md, mixed_qkv, b, a, core_attn_out)
-        return
-    device = md.non_spec_query_start_loc.device
-    state_tensors = [layer.kv_cache[0], layer.kv_cache[1]]
-    for r in range(rounds):
-        ranges = [(qsl[j], qsl[j + 1]) for j in range(nd)] if r == 0 else []
-        seq_slots = slots[:nd] if r == 0 else []
-        seq_init = init[:nd].tolist() if r == 0 else []
-        copies_src, copies_dst = [], []
-        for k, segs in enumerate(segments):
-            if r >= len(segs):
-                continue
-            lo, hi, block = segs[r]
-            ranges.append((lo, hi))
-            seq_slots.append(slots[nd + k])
-            seq_init.append(bool(init[nd + k]) if r == 0 else True)
-            if block is not None:
-                copies_src.append(slots[nd + k])
-                copies_dst.append(block)
-        tok = torch.cat([torch.arange(lo, hi, device=device) for lo, hi in ranges])
-        lens = torch.tensor([0] + [hi - lo for lo, hi in ranges], dtype=md.non_spec_query_start_loc.dtype)
-        n_dec = nd if r == 0 else 0
-        n_dec_tok = ndt if r == 0 else 0
-        sub = dataclasses.replace(
-            md, num_decodes=n_dec, num_decode_tokens=n_dec_tok,
-            num_prefills=len(ranges) - n_dec, num_prefill_tokens=int(tok.numel()) - n_dec_tok,
-            num_actual_tokens=int(tok.numel()),
-            non_spec_query_start_loc=torch.cumsum(lens, 0).to(device=device, dtype=lens.dtype),
-            non_spec_state_indices_tensor=torch.tensor(
-                seq_slots, dtype=md.non_spec_state_indices_tensor.dtype, device=device),
-            has_initial_state=torch.tensor(seq_init, dtype=torch.bool, device=device))
-        out = core_attn_out.new_empty((tok.numel(), *core_attn_out.shape[1:]))
-        core(layer, sub, mixed_qkv[tok], b[tok], a[tok], out)
-        core_attn_out[tok] = out
-        if copies_src:
-            copy_state_rows(state_tensors, copies_src, copies_dst)
+
+def _copier(layer: Any, conv_state: Any, ssm_state: Any) -> Any:
+    """The layer's :class:`StateRowCopier`, bound once to its state tensors."""
+    from vllm_admission.plugin.state_copy import StateRowCopier
+
+    copier = getattr(layer, "_admission_copier", None)
+    if copier is None or copier.tensors[0] is not conv_state or copier.tensors[1] is not ssm_state:
+        copier = StateRowCopier([conv_state, ssm_state])
+        layer._admission_copier = copier
+    return copier

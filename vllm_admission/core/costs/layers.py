@@ -41,6 +41,9 @@ _DTYPE_BYTES = {
 }
 _CANONICAL_DTYPE = {"float": "float32", "half": "float16"}
 
+#: Values of vLLM 0.32's ``mamba_ssm_cache_dtype`` (``MambaDType``, vllm/config/cache.py).
+MAMBA_SSM_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
 
 # --------------------------------------------------------------------------- #
 # Per-layer record

@@ -26,6 +26,7 @@ Only the prefill part is covered (no decode tokens, no speculative decoding, no
 from __future__ import annotations
 
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from types import SimpleNamespace
@@ -208,6 +209,32 @@ class GDNCoreParams:
     def conv_dim(self) -> int:
         return 2 * self.key_dim + self.value_dim
 
+    def for_vllm_conv(self) -> GDNCoreParams:
+        """These parameters with the conv weight in the form vLLM's CPU path calls the
+        conv with: packed (``causal_conv1d_weight_pack`` on the ``[conv_dim, width]``
+        weight, as ``model_executor/layers/utils.py`` does at load time) where vLLM uses
+        its C++ conv, ``[conv_dim, width]`` otherwise.
+
+        Raises:
+            ValueError: a packed weight where vLLM does not use the C++ conv, or a
+                weight the C++ conv cannot pack (it takes bf16 weights of width 4 only).
+            ImportError: vLLM's CPU GDN kernels are not available.
+        """
+        v = _vllm_ops()
+        w = self.conv_weight
+        if self.conv_weight_packed:
+            if not v.use_cpp_conv:
+                raise ValueError("a packed conv weight needs vLLM's C++ conv, which this CPU does not use")
+            return self
+        flat = w.view(w.size(0), w.size(-1)) if w.dim() == 3 else w
+        if not v.use_cpp_conv:
+            return dataclasses.replace(self, conv_weight=flat)
+        if flat.size(1) != 4 or flat.dtype != torch.bfloat16:
+            raise ValueError(f"vLLM's C++ conv takes bf16 conv weights of width 4, got width "
+                             f"{flat.size(1)} in {flat.dtype}")
+        packed = v.ops.causal_conv1d_weight_pack(flat.contiguous().clone())
+        return dataclasses.replace(self, conv_weight=packed, conv_weight_packed=True)
+
     @classmethod
     def from_layer(cls, layer: Any) -> GDNCoreParams:
         """Read the parameters of a loaded ``QwenGatedDeltaNetAttention`` (its TP shard).
@@ -274,8 +301,9 @@ def gdn_prefill_with_capture(
 
     Raises:
         ValueError: the errors of :func:`plan_rounds`, shapes or dtypes that do not
-            match ``params``, a packed conv weight where the C++ conv is not used, or a
-            layout that differs from vLLM's where the C++ conv is used.
+            match ``params``, the errors of :meth:`GDNCoreParams.for_vllm_conv` (an
+            unpacked weight is packed here, once per call, where vLLM uses its C++
+            conv), or a layout that differs from vLLM's where the C++ conv is used.
         ImportError: vLLM's CPU GDN kernels are not available.
     """
     rounds = plan_rounds(query_start_loc, state_indices, checkpoint_offsets, checkpoint_rows)
@@ -294,13 +322,10 @@ def gdn_prefill_with_capture(
     if use_cpp and dim_first != v.dim_first():
         raise ValueError("the C++ conv path follows vLLM's conv-state layout; "
                          "conv_state_dim_first must match it")
-    if params.conv_weight_packed and not use_cpp:
-        raise ValueError("a packed conv weight needs vLLM's C++ conv, which this CPU does not use")
+    params = params.for_vllm_conv()
     # Both conv paths take the cache as [blocks, dim, width - 1] (a view for "SD").
     conv_view = conv_state if dim_first else conv_state.transpose(1, 2)
     weight = params.conv_weight
-    if not use_cpp and weight.dim() == 3:
-        weight = weight.view(weight.size(0), weight.size(2))
     blocks, heads, head_v, head_k = ssm_state.shape
     ssm_view = ssm_state.view(blocks, heads, head_k, head_v)     # what vLLM's CPU path hands the kernel
     if copier is None:
