@@ -32,6 +32,8 @@ AUTO_PAIRS = (("vllm", "lru"), ("auto", "auto"))
 #: Each eviction policy beyond ``lru`` with stock admission (issue 9: each runs in the
 #: engine exactly as in the simulator).
 EVICTION_PAIRS = (("vllm", "lru"), ("vllm", "lfu"), ("vllm", "reuse"))
+#: The in-pass checkpoint mode: every admission policy with lru.
+INPASS_PAIRS = tuple((a, "lru") for a in ("none", "last", "vllm", "marconi", "dense"))
 #: Every pair the tables and the plot show.
 SHOWN_PAIRS = (*STUDY_PAIRS, ("vllm", "lfu"), ("vllm", "reuse"), ("auto", "auto"))
 ALL_PAIRS = tuple((a, e) for e in ("lru", "flop")
@@ -50,9 +52,11 @@ SHARED_PROMPTS = dict(
 
 def workloads(model: str) -> dict[str, FidelitySpec]:
     """The study's runs by name."""
-    mooncake = dict(model=model, trace=str(MOONCAKE), max_requests=100,
-                    mooncake_block_tokens=128, max_output_len=16)
-    synthetic = dict(model=model, trace="synthetic", synthetic=SHARED_PROMPTS, max_output_len=16)
+    # The bf16 state pinned through vLLM's own argument: the same geometry (B = 128) on every
+    # CPU (vLLM's CPU platform turns "auto" into float32 on CPUs with AVX-512 BF16).
+    pinned = dict(model=model, max_output_len=16, mamba_ssm_cache_dtype="bfloat16")
+    mooncake = dict(**pinned, trace=str(MOONCAKE), max_requests=100, mooncake_block_tokens=128)
+    synthetic = dict(**pinned, trace="synthetic", synthetic=SHARED_PROMPTS)
     return {
         # Policy study (the four pairs), ample and tight pools.
         "mooncake": FidelitySpec(**mooncake, pairs=STUDY_PAIRS, num_gpu_blocks=(None, 300)),
@@ -64,6 +68,11 @@ def workloads(model: str) -> dict[str, FidelitySpec]:
         # The eviction policies beyond lru, with vllm admission, on the same tight pools.
         "evictions-synthetic": FidelitySpec(**synthetic, pairs=EVICTION_PAIRS, num_gpu_blocks=(64,)),
         "evictions-mooncake": FidelitySpec(**mooncake, pairs=EVICTION_PAIRS, num_gpu_blocks=(300,)),
+        # VLLM_ADMISSION_CHECKPOINT=inpass (issue 10): every admission policy, tight pools.
+        "inpass-synthetic": FidelitySpec(**synthetic, pairs=INPASS_PAIRS, num_gpu_blocks=(64,),
+                                         checkpoint="inpass"),
+        "inpass-mooncake": FidelitySpec(**mooncake, pairs=INPASS_PAIRS, num_gpu_blocks=(300,),
+                                        checkpoint="inpass"),
         # Requests overlapping in the engine: how far the sequential prediction drifts.
         "synthetic-timed": FidelitySpec(**synthetic, pairs=(("vllm", "lru"), ("marconi", "flop")),
                                         num_gpu_blocks=(64,), mode="timed", time_scale=0.25),

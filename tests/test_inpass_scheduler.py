@@ -111,6 +111,51 @@ def test_inpass_junction_case(vllm_config, monkeypatch, policy):
     assert len({blk for _, blk in pairs}) == len(pairs)
 
 
+def test_inpass_captures_stay_within_what_the_pool_holds(vllm_config, monkeypatch):
+    """dense on a 3,000-token prompt in a 40-block pool: capturing every block boundary of the
+    4,096-token chunk (23 states) would need more blocks than the pool has, and the request
+    would never be scheduled. The step captures at most ``inpass_capture_limit`` states and
+    ends at the next boundary, as the core model predicts; then a hit on the prefix."""
+    from vllm_admission.core.geometry import inpass_capture_limit
+    from vllm_admission.engine.llm import PrefillStepCounter
+
+    blocks, out_len = 40, 4
+    prompt = toks(5, 3000)
+    limit = inpass_capture_limit(len(prompt), out_len, num_blocks=blocks, block_size=B,
+                                 num_attention_groups=1, num_state_groups=1)
+    assert 0 < limit < 3000 // B   # the case needs the limit to bind
+    engine = build(vllm_config, monkeypatch, "dense", blocks=blocks)
+    sched = engine.scheduler
+    lists = []
+    original = sched.schedule
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        lists.append(dict(getattr(out, INPASS_ATTR)))
+        return out
+
+    sched.schedule = spy
+    second = prompt[:2000] + toks(6, 500)
+    with PrefillStepCounter(sched) as counter:
+        rids = []
+        for p in (prompt, second):
+            rids.append(engine.add(p, out_len))
+            engine.run(max_steps=200)
+    hits = [engine.cached_tokens[r] for r in rids]
+    assert all(len(pairs) <= limit for step in lists for pairs in step.values())
+    assert max(len(pairs) for step in lists for pairs in step.values()) == limit
+    cache = HybridPrefixCache(num_blocks=blocks, block_size=B, group_kinds=("state", "attention"),
+                              admission=get_admission("dense"), eviction=get_eviction("lru"),
+                              chunk_size=CHUNK, checkpoint="inpass")
+    assert cache.inpass_capture_limit(len(prompt), out_len) == limit
+    outs = [cache.serve(chained(p), len(p), out_len, rid=r, now=float(r))
+            for r, p in enumerate((prompt, second))]
+    assert [o.prefill_steps for o in outs] == list(counter.counts.values())
+    assert counter.counts[rids[0]] == 2        # one chunk end at the limit, then the rest
+    assert [o.hit_tokens for o in outs] == hits and hits[1] == 2000 // B * B
+    assert free_equals_usable(engine)
+
+
 # ---------------------------------------------------------------- chunk arithmetic
 def fake(num_computed, prompt, *, budget=4096):
     request = SimpleNamespace(request_id="r", num_computed_tokens=num_computed, num_prompt_tokens=prompt,

@@ -53,7 +53,7 @@ from vllm_admission.core.admission import (
 )
 from vllm_admission.core.eviction import EvictionPolicy
 from vllm_admission.core.free_blocks import FreeBlocks
-from vllm_admission.core.geometry import ATTENTION, STATE, blocks_needed
+from vllm_admission.core.geometry import ATTENTION, STATE, blocks_needed, inpass_capture_limit
 
 __all__ = ["ATTENTION", "CHECKPOINT_MODES", "STATE", "BlockPool", "HybridPrefixCache",
            "PoolExhausted", "RequestOutcome", "check_checkpoint_mode"]
@@ -592,19 +592,24 @@ class HybridPrefixCache:
     def blocks_needed(self, prompt_len: int, output_len: int) -> int:
         """Most blocks a request holds at once (:func:`~vllm_admission.core.geometry.blocks_needed`).
 
-        In ``inpass`` mode a prefill step also holds one state block per group for
-        each state captured inside it: at most the junction and the prompt
-        checkpoint, or one per block boundary of a chunk for an ``every_block``
-        policy (``dense``); that many are added, per state group.
+        The same in both checkpoint modes: in ``inpass`` mode the states captured
+        inside a step hold blocks of their own, but never more than
+        :meth:`inpass_capture_limit` allows, which is what the pool has left.
         """
-        need = blocks_needed(prompt_len, output_len, block_size=self.block_size,
+        return blocks_needed(prompt_len, output_len, block_size=self.block_size,
                              num_attention_groups=len(self.attn_groups),
                              num_state_groups=len(self.state_groups))
-        if self._inpass:
-            captures = (min(self.chunk_size, prompt_len) // self.block_size + 1
-                        if self.admission.every_block else 2)
-            need += captures * len(self.state_groups)
-        return need
+
+    def inpass_capture_limit(self, prompt_len: int, output_len: int) -> int:
+        """``inpass`` mode: most states one prefill step of this request captures
+        inside the pass (:func:`~vllm_admission.core.geometry.inpass_capture_limit`:
+        what the pool holds beyond the request's own need). A chunk with more
+        admitted positions ends at the first one past the limit, as in ``split``
+        mode."""
+        return inpass_capture_limit(prompt_len, output_len, num_blocks=self.pool.num_blocks,
+                                    block_size=self.block_size,
+                                    num_attention_groups=len(self.attn_groups),
+                                    num_state_groups=len(self.state_groups))
 
     def fits(self, prompt_len: int, output_len: int) -> bool:
         """Whether the request can ever run alone in this pool."""
@@ -685,11 +690,15 @@ class HybridPrefixCache:
             if last > first:
                 self._prefill_blockwise(run, first, last, now)
                 computed, steps = last * B, last - first
+        limit = self.inpass_capture_limit(prompt_len, output_len) if inpass else 0
         while computed < prompt_len:
             n = split(run, computed, min(prompt_len - computed, chunk_size), ends)
             if inpass:
-                step(run, computed, n, prompt_len, now,
-                     [p for p in captures if computed < p < computed + n])
+                inner = [p for p in captures if computed < p < computed + n]
+                if len(inner) > limit:  # the pool cannot hold them all: end the chunk there
+                    n = inner[limit] - computed
+                    inner = inner[:limit]
+                step(run, computed, n, prompt_len, now, inner)
             else:
                 step(run, computed, n, prompt_len, now)
             computed += n

@@ -69,6 +69,7 @@ __all__ = [
     "block_geometry",
     "blocks_needed",
     "geometry_from_blocks",
+    "inpass_capture_limit",
     "minimum_capacity_bytes",
     "parse_bytes",
 ]
@@ -520,6 +521,27 @@ def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_atte
     _check_positive(block_size, "block_size")
     return (num_attention_groups * _cdiv(prompt_len + output_len - 1, block_size)
             + num_state_groups * _states_per_request(mamba_cache_mode))
+
+
+def inpass_capture_limit(prompt_len: int, output_len: int, *, num_blocks: int, block_size: int,
+                         num_attention_groups: int, num_state_groups: int) -> int:
+    """``inpass`` checkpoint mode: most states one prefill step of a request may
+    capture inside the pass.
+
+    Each capture holds one block per state group for the step, beyond what the
+    request holds in ``split`` mode (:func:`blocks_needed`, align mode); the
+    limit is what the pool (``num_blocks``, vLLM's null block included) has
+    left: ``(num_blocks - 1 - blocks_needed) // num_state_groups``, at least 0.
+    A request that fits alone therefore always gets its step. Both the
+    simulator (``core/cache.py``) and the plugin (``plugin/inpass.py``) end a
+    chunk at the first admitted position past the limit, as ``split`` mode would.
+
+    Raises:
+        ValueError: as :func:`blocks_needed`.
+    """
+    need = blocks_needed(prompt_len, output_len, block_size=block_size,
+                         num_attention_groups=num_attention_groups, num_state_groups=num_state_groups)
+    return max(0, (num_blocks - 1 - need) // max(1, num_state_groups))
 
 
 def _attention_blocks_needed(geometry: CacheGeometry, num_tokens: int) -> int:

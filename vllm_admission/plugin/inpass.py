@@ -64,14 +64,17 @@ def split_stops(split: Callable[..., int], request: Any, start: int, end: int) -
 
 def inpass_split(scheduler: Any, split: Callable[..., int], plan: dict[str, tuple[int, list[int]]],
                  request: Any, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
-                 num_external_computed_tokens: int = 0) -> int:
+                 num_external_computed_tokens: int = 0, max_captures: int | None = None) -> int:
     """The in-pass replacement of ``Scheduler._mamba_block_aligned_split``.
 
     Ends the chunk where vLLM's align mode must (the token budget floored to a
     block before the prompt end, a block boundary when the chunk starts
     mid-block) but not at the positions ``split`` would stop at; those that are
     block-aligned are recorded in ``plan[request_id] = (start, positions)``.
-    A stop that is not block-aligned still ends the chunk.
+    A stop that is not block-aligned still ends the chunk, and so does the stop
+    after the first ``max_captures`` (``None``: no limit): each capture holds a
+    state block per group for the step, and the pool must hold them
+    (:meth:`vllm_admission.core.cache.HybridPrefixCache.inpass_capture_limit`).
 
     Returns:
         The number of tokens to schedule (``<= num_new_tokens``).
@@ -98,7 +101,7 @@ def inpass_split(scheduler: Any, split: Callable[..., int], plan: dict[str, tupl
         return max(end - start, 0)
     positions = []
     for s in split_stops(split, request, start, end):
-        if s % B:
+        if s % B or (max_captures is not None and len(positions) >= max_captures):
             end = s
             break
         positions.append(s)

@@ -48,7 +48,7 @@ from vllm_admission.core.eviction import (
     eviction_class,
     get_eviction,
 )
-from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout
+from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout, inpass_capture_limit
 from vllm_admission.plugin import inpass, vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import AdmissionControl
@@ -332,8 +332,17 @@ class AdmissionScheduler(Scheduler):
             split = self._admission_split
         else:
             split = Scheduler._mamba_block_aligned_split.__get__(self)
+        limit = None
+        if ctl is not None:
+            layout = ctl.geometry
+            states = sum(k == STATE for k in layout.group_kinds)
+            limit = inpass_capture_limit(request.num_prompt_tokens, max(1, request.max_tokens),
+                                         num_blocks=layout.num_blocks, block_size=layout.block_size,
+                                         num_attention_groups=len(layout.group_kinds) - states,
+                                         num_state_groups=states)
         return inpass.inpass_split(self, split, self._admission_inpass, request, num_new_tokens,
-                                   num_new_local_computed_tokens, num_external_computed_tokens)
+                                   num_new_local_computed_tokens, num_external_computed_tokens,
+                                   max_captures=limit)
 
     def _admission_bind_split(self) -> None:
         ctl = self._admission

@@ -1,0 +1,162 @@
+"""``inpass`` against ``split`` on the CPU engine: time to first token, interleaved.
+
+The junction case (``tests/junction_case.py``: one 1,500-token prefix, ten 1,801-token
+prompts that differ in one token after it, one request at a time, one output token) runs
+under each admission policy in both checkpoint modes (``VLLM_ADMISSION_CHECKPOINT``). Each
+repeat starts one engine per mode, each in a fresh subprocess, the modes in alternating
+order (``split`` first in even repeats, ``inpass`` first in odd ones), so that a slow
+stretch of a shared machine hits both modes alike. Inside an engine, a warm-up prompt runs
+first; then, per policy, the prefix cache is reset and the ten prompts are timed one by one
+(``LLM.generate`` with ``max_tokens=1``: the time to first token of a lone request).
+
+The bf16 SSM state is pinned (``mamba_ssm_cache_dtype``), so the geometry (B = 128 for the
+tiny model) is the same on every CPU. Reported per policy and mode: the prefill steps per
+prompt, the cached tokens per prompt and the greedy first token (both must match between
+modes), the median TTFT per repeat, and the ratio ``inpass / split`` as the median of the
+per-repeat ratios of summed TTFT (each repeat's two runs are adjacent in time).
+
+Usage: ``python benchmarks/inpass_engine_bench.py [--model DIR] [--repeats N]
+[--policies vllm,marconi,dense,last] [--out benchmarks/results/inpass_engine_cpu.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ("split", "inpass")
+POLICIES = ("vllm", "marconi", "dense", "last")
+
+
+def junction_prompts() -> list[list[int]]:
+    """The junction case's ten prompts (the seeds of ``tests/junction_case.py``)."""
+    def toks(seed: int, n: int) -> list[int]:
+        rng = random.Random(seed)
+        return [rng.randrange(3, 512) for _ in range(n)]
+
+    prefix, suffix = toks(2, 1500), toks(3, 300)
+    return [prefix + [3 + i] + suffix for i in range(10)]
+
+
+def worker(model: str, mode: str, policies: list[str]) -> dict:
+    """One engine in ``mode``: every policy's ten prompts, timed one by one."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from vllm_admission.engine.llm import (
+        EngineSettings,
+        PrefillStepCounter,
+        build_llm,
+        inprocess_scheduler,
+        shutdown_llm,
+    )
+
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ADMISSION_LOG_INTERVAL": "0",
+           "VLLM_ADMISSION_POLICY": policies[0], "VLLM_ADMISSION_EVICTION": "lru",
+           "VLLM_ADMISSION_CHECKPOINT": mode}
+    settings = EngineSettings(model=model, env=env, max_model_len=4096, num_gpu_blocks=160,
+                              mamba_ssm_cache_dtype="bfloat16",
+                              scheduler_cls="vllm_admission.AdmissionScheduler")
+    llm = build_llm(settings)
+    try:
+        sched = inprocess_scheduler(llm)
+        block_size = int(llm.llm_engine.vllm_config.cache_config.block_size)
+        sp = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False)
+
+        def one(prompt: list[int]) -> tuple[float, int, int]:
+            t0 = time.perf_counter()
+            (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)
+            return time.perf_counter() - t0, int(out.num_cached_tokens), int(out.outputs[0].token_ids[0])
+
+        one([7] * 1801)                       # warm-up: first-call costs out of the timings
+        result = {"block_size": block_size, "policies": {}}
+        for policy in policies:
+            assert llm.reset_prefix_cache()
+            sched.set_admission_policy(policy)
+            with PrefillStepCounter(llm) as counter:
+                runs = [one(p) for p in junction_prompts()]
+            result["policies"][policy] = {"ttft_s": [r[0] for r in runs], "cached": [r[1] for r in runs],
+                                          "first_token": [r[2] for r in runs],
+                                          "steps": list(counter.counts.values())}
+        return result
+    finally:
+        shutdown_llm(llm)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=str(ROOT / "out" / "tiny-model"), help="model directory "
+                   "(the tiny model is made there if missing)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "inpass_engine_cpu.json"))
+    p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    policies = [s.strip() for s in args.policies.split(",") if s.strip()]
+    if args.worker:
+        print("RESULT " + json.dumps(worker(args.model, args.worker, policies)), flush=True)
+        return 0
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
+    if not (Path(args.model) / "config.json").exists():
+        from vllm_admission.engine.tiny_model import make_tiny_model
+
+        make_tiny_model(args.model)
+
+    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    for r in range(args.repeats):
+        for mode in (MODES if r % 2 == 0 else MODES[::-1]):
+            proc = subprocess.run([sys.executable, __file__, "--worker", mode, "--model", args.model,
+                                   "--policies", ",".join(policies)], capture_output=True, text=True)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if proc.returncode or not lines:
+                sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
+                raise SystemExit(f"the {mode} engine failed in repeat {r}")
+            runs[mode].append(json.loads(lines[-1][len("RESULT "):]))
+            print(f"repeat {r + 1}/{args.repeats} {mode}: " + ", ".join(
+                f"{pol} {sum(v['ttft_s']):.2f} s" for pol, v in runs[mode][-1]["policies"].items()),
+                flush=True)
+
+    summary = {}
+    for policy in policies:
+        per = {m: [run["policies"][policy] for run in runs[m]] for m in MODES}
+        same = all(a["cached"] == b["cached"] and a["first_token"] == b["first_token"]
+                   for a, b in zip(per["split"], per["inpass"]))
+        ratios = [sum(b["ttft_s"]) / sum(a["ttft_s"]) for a, b in zip(per["split"], per["inpass"])]
+        summary[policy] = {
+            "steps": {m: per[m][0]["steps"] for m in MODES},
+            "cached": per["split"][0]["cached"],
+            "same_cached_and_tokens": same,
+            "median_ttft_s": {m: statistics.median(statistics.median(x["ttft_s"]) for x in per[m])
+                              for m in MODES},
+            "total_ttft_s": {m: [sum(x["ttft_s"]) for x in per[m]] for m in MODES},
+            "inpass_over_split": statistics.median(ratios),
+            "ratios": ratios,
+        }
+    doc = {"model": args.model, "repeats": args.repeats, "block_size": runs["split"][0]["block_size"],
+           "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
+           "summary": summary, "runs": runs}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    print(f"\n| policy | steps per prompt split / inpass | median TTFT split | median TTFT inpass "
+          f"| inpass / split (median of {args.repeats} paired) | same hits and tokens |")
+    print("|---|---|---|---|---|---|")
+    for policy, s in summary.items():
+        st = s["steps"]
+        print(f"| {policy} | {sum(st['split']) / len(st['split']):.1f} / {sum(st['inpass']) / len(st['inpass']):.1f} "
+              f"| {1000 * s['median_ttft_s']['split']:.0f} ms | {1000 * s['median_ttft_s']['inpass']:.0f} ms "
+              f"| {s['inpass_over_split']:.3f} | {'yes' if s['same_cached_and_tokens'] else 'NO'} |")
+    print(f"wrote {args.out}")
+    return 0 if all(s["same_cached_and_tokens"] for s in summary.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
