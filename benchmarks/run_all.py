@@ -1,8 +1,11 @@
 """``make bench``: every benchmark, one after the other.
 
 * ``simulator_bench.py``: simulator speed and memory on the full Mooncake trace;
-* ``scheduler_overhead.py``: the plugin's scheduler overhead against stock vLLM
-  (needs vLLM; skipped with a message when it is not importable).
+* ``scheduler_overhead.py``: the plugin's scheduler overhead against stock vLLM;
+* ``inpass_engine_bench.py``: time to first token, ``inpass`` against ``split``
+  checkpoints, on the CPU engine (about 5 minutes).
+
+The last two need vLLM (skipped with a message when it is not importable).
 
 Results land in ``benchmarks/results/``; ``docs/benchmarks.md`` records them.
 """
@@ -26,6 +29,7 @@ def main() -> int:
         print("vLLM is not installed; skipping the plugin scheduler-overhead benchmark")
     else:
         rc = subprocess.call([sys.executable, str(overhead)]) or rc
+        rc = subprocess.call([sys.executable, str(HERE / "inpass_engine_bench.py")]) or rc
     return rc
 
 
