@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import statistics
@@ -44,6 +45,16 @@ def junction_prompts() -> list[list[int]]:
 
     prefix, suffix = toks(2, 1500), toks(3, 300)
     return [prefix + [3 + i] + suffix for i in range(10)]
+
+
+def machine() -> dict:
+    """The CPU's model name and whether it has AVX-512 BF16 (vLLM then uses its C++ GDN conv
+    and, unless pinned, a float32 state)."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")),
+                platform.processor() or platform.machine())
+    return {"cpu": name, "avx512_bf16": "avx512_bf16" in info, "cores": os.cpu_count(),
+            "python": platform.python_version()}
 
 
 def worker(model: str, mode: str, policies: list[str]) -> dict:
@@ -142,16 +153,15 @@ def main(argv: list[str] | None = None) -> int:
             "ratios": ratios,
         }
     doc = {"model": args.model, "repeats": args.repeats, "block_size": runs["split"][0]["block_size"],
-           "machine": {"cpu": platform.processor() or platform.machine(), "python": platform.python_version()},
-           "summary": summary, "runs": runs}
+           "machine": machine(), "summary": summary, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))
     print(f"\n| policy | steps per prompt split / inpass | median TTFT split | median TTFT inpass "
           f"| inpass / split (median of {args.repeats} paired) | same hits and tokens |")
     print("|---|---|---|---|---|---|")
     for policy, s in summary.items():
-        st = s["steps"]
-        print(f"| {policy} | {sum(st['split']) / len(st['split']):.1f} / {sum(st['inpass']) / len(st['inpass']):.1f} "
+        steps = {m: sum(v) / len(v) for m, v in s["steps"].items()}
+        print(f"| {policy} | {steps['split']:.1f} / {steps['inpass']:.1f} "
               f"| {1000 * s['median_ttft_s']['split']:.0f} ms | {1000 * s['median_ttft_s']['inpass']:.0f} ms "
               f"| {s['inpass_over_split']:.3f} | {'yes' if s['same_cached_and_tokens'] else 'NO'} |")
     print(f"wrote {args.out}")

@@ -70,12 +70,9 @@ def free_equals_usable(engine):
     return pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
 
 
-@pytest.mark.parametrize("policy", POLICIES)
-def test_inpass_junction_case(vllm_config, monkeypatch, policy):
-    from vllm_admission.engine.llm import PrefillStepCounter
-
-    engine = build(vllm_config, monkeypatch, policy)
-    sched = engine.scheduler
+def checkpoint_lists(sched):
+    """Record the checkpoint list of every step the scheduler hands the runner (a list that
+    grows as the scheduler steps)."""
     lists = []
     original = sched.schedule
 
@@ -85,6 +82,16 @@ def test_inpass_junction_case(vllm_config, monkeypatch, policy):
         return out
 
     sched.schedule = spy
+    return lists
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_inpass_junction_case(vllm_config, monkeypatch, policy):
+    from vllm_admission.engine.llm import PrefillStepCounter
+
+    engine = build(vllm_config, monkeypatch, policy)
+    sched = engine.scheduler
+    lists = checkpoint_lists(sched)
     hits = []
     prompts = junction_prompts(toks)
     with PrefillStepCounter(sched) as counter:
@@ -126,15 +133,7 @@ def test_inpass_captures_stay_within_what_the_pool_holds(vllm_config, monkeypatc
     assert 0 < limit < 3000 // B   # the case needs the limit to bind
     engine = build(vllm_config, monkeypatch, "dense", blocks=blocks)
     sched = engine.scheduler
-    lists = []
-    original = sched.schedule
-
-    def spy(*args, **kwargs):
-        out = original(*args, **kwargs)
-        lists.append(dict(getattr(out, INPASS_ATTR)))
-        return out
-
-    sched.schedule = spy
+    lists = checkpoint_lists(sched)
     second = prompt[:2000] + toks(6, 500)
     with PrefillStepCounter(sched) as counter:
         rids = []

@@ -25,8 +25,8 @@ Only the prefill part is covered (no decode tokens, no speculative decoding, no
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from types import SimpleNamespace
@@ -150,7 +150,9 @@ def _vllm_ops() -> SimpleNamespace:
     import vllm._custom_ops as custom_ops
     from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
-    from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_fn_cpu
+    from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import (
+        causal_conv1d_fn_cpu,
+    )
 
     for name in ("chunk_gated_delta_rule_cpu", "fused_gdn_gating_cpu"):
         if not hasattr(torch.ops._C, name):
