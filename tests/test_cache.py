@@ -4,6 +4,7 @@ free-queue order against a literal reference, and properties on random traces.""
 import random
 
 import pytest
+from conftest import chained_hashes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,13 +31,8 @@ def make_cache(admission="vllm", eviction="lru", num_blocks=10_000, groups=GROUP
                              **extra)
 
 
-def chained(parts):
-    """Block hashes for a prompt given as a list of per-token content labels."""
-    out, h = [], 0
-    for i in range(len(parts) // B):
-        h = hash((h, tuple(parts[i * B:(i + 1) * B])))
-        out.append(h)
-    return out
+def chained(tokens):
+    return chained_hashes(tokens, B)
 
 
 def sibling(r, shared=1500, suffix=300):

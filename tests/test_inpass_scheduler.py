@@ -14,7 +14,12 @@ import random
 from types import SimpleNamespace
 
 import pytest
-from junction_case import expected_junction, expected_junction_inpass_prefill_steps, junction_prompts
+from conftest import chained_hashes
+from junction_case import (
+    expected_junction,
+    expected_junction_inpass_prefill_steps,
+    junction_prompts,
+)
 
 pytest.importorskip("vllm")
 
@@ -41,7 +46,11 @@ def vllm_config(tmp_path_factory):
 
 def build(vllm_config, monkeypatch, policy, *, blocks=160, checkpoint="inpass"):
     from vllm_admission.plugin.scheduler import AdmissionScheduler
-    from vllm_admission.plugin.testing import FakeEngine, make_kv_cache_config, make_scheduler
+    from vllm_admission.plugin.testing import (
+        FakeEngine,
+        make_kv_cache_config,
+        make_scheduler,
+    )
 
     monkeypatch.setenv("VLLM_ADMISSION_POLICY", policy)
     monkeypatch.setenv("VLLM_ADMISSION_EVICTION", "lru")
@@ -58,11 +67,7 @@ def toks(seed, n):
 
 
 def chained(tokens):
-    out, h = [], 0
-    for i in range(len(tokens) // B):
-        h = hash((h, tuple(tokens[i * B:(i + 1) * B])))
-        out.append(h)
-    return out
+    return chained_hashes(tokens, B)
 
 
 def free_equals_usable(engine):

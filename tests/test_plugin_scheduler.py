@@ -17,7 +17,12 @@ import logging
 import random
 
 import pytest
-from junction_case import expected_junction, expected_junction_prefill_steps, junction_prompts
+from conftest import chained_hashes
+from junction_case import (
+    expected_junction,
+    expected_junction_prefill_steps,
+    junction_prompts,
+)
 
 pytest.importorskip("vllm")
 
@@ -116,11 +121,7 @@ def toks(seed, n):
 
 
 def chained(tokens):
-    out, h = [], 0
-    for i in range(len(tokens) // B):
-        h = hash((h, tuple(tokens[i * B:(i + 1) * B])))
-        out.append(h)
-    return out
+    return chained_hashes(tokens, B)
 
 
 def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=None):
