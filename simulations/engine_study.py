@@ -73,6 +73,9 @@ def workloads(model: str) -> dict[str, FidelitySpec]:
                                          checkpoint="inpass"),
         "inpass-mooncake": FidelitySpec(**mooncake, pairs=INPASS_PAIRS, num_gpu_blocks=(300,),
                                         checkpoint="inpass"),
+        # auto against stock with in-pass checkpoints (dense's chunk splits gone).
+        "auto-inpass-synthetic": FidelitySpec(**synthetic, pairs=AUTO_PAIRS, num_gpu_blocks=(64,),
+                                              checkpoint="inpass"),
         # Requests overlapping in the engine: how far the sequential prediction drifts.
         "synthetic-timed": FidelitySpec(**synthetic, pairs=(("vllm", "lru"), ("marconi", "flop")),
                                         num_gpu_blocks=(64,), mode="timed", time_scale=0.25),
