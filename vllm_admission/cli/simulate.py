@@ -20,7 +20,6 @@ DEMO_ADMISSIONS = "last,vllm,marconi,dense"
 DEMO_EVICTIONS = "lru,flop"
 
 
-
 def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     """The options of ``simulate`` (``demo``: the demo's defaults)."""
     p.add_argument("--trace", default="synthetic",

@@ -74,7 +74,8 @@ def inpass_split(scheduler: Any, split: Callable[..., int], plan: dict[str, tupl
     A stop that is not block-aligned still ends the chunk, and so does the stop
     after the first ``max_captures`` (``None``: no limit): each capture holds a
     state block per group for the step, and the pool must hold them
-    (:meth:`vllm_admission.core.cache.HybridPrefixCache.inpass_capture_limit`).
+    (:func:`vllm_admission.core.geometry.inpass_capture_limit`, which the
+    simulator applies too).
 
     Returns:
         The number of tokens to schedule (``<= num_new_tokens``).

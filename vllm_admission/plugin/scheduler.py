@@ -335,11 +335,10 @@ class AdmissionScheduler(Scheduler):
         limit = None
         if ctl is not None:
             layout = ctl.geometry
-            states = sum(k == STATE for k in layout.group_kinds)
             limit = inpass_capture_limit(request.num_prompt_tokens, max(1, request.max_tokens),
                                          num_blocks=layout.num_blocks, block_size=layout.block_size,
-                                         num_attention_groups=len(layout.group_kinds) - states,
-                                         num_state_groups=states)
+                                         num_attention_groups=len(layout.attention_groups),
+                                         num_state_groups=len(layout.state_groups))
         return inpass.inpass_split(self, split, self._admission_inpass, request, num_new_tokens,
                                    num_new_local_computed_tokens, num_external_computed_tokens,
                                    max_captures=limit)

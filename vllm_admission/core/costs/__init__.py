@@ -43,10 +43,10 @@ terms of each layer family), :mod:`~.config` (reading configs, vLLM's dtype rule
 
 from vllm_admission.core.costs.architectures import SUPPORTED_ARCHITECTURES
 from vllm_admission.core.costs.layers import (
-    MAMBA_SSM_CACHE_DTYPES,
     ATTENTION_KINDS,
     FFN_ONLY_KINDS,
     LAYER_KINDS,
+    MAMBA_SSM_CACHE_DTYPES,
     RECURRENT_KINDS,
     LayerCost,
     ModelConfigError,

@@ -150,9 +150,7 @@ def _vllm_ops() -> SimpleNamespace:
     import vllm._custom_ops as custom_ops
     from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
-    from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import (
-        causal_conv1d_fn_cpu,
-    )
+    from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_fn_cpu
 
     for name in ("chunk_gated_delta_rule_cpu", "fused_gdn_gating_cpu"):
         if not hasattr(torch.ops._C, name):
