@@ -13,12 +13,13 @@ from vllm_admission.core.adaptive import (
     AUTO,
     AUTO_ADMISSIONS,
     AUTO_EVICTIONS,
+    LiveEvictions,
     Pair,
     PolicyController,
     candidate_policies,
 )
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
-from vllm_admission.core.eviction import get_eviction
+from vllm_admission.core.eviction import HistoryKeeper, ReuseEviction, ReuseHistory, get_eviction
 from vllm_admission.core.geometry import CacheLayout
 from vllm_admission.core.replay import CacheRequest, CacheSetup
 
@@ -65,18 +66,23 @@ def test_switching_to_a_fresh_copy_of_the_same_policy_changes_nothing(seed, at, 
 @given(seed=st.integers(0, 10_000), blocks=st.integers(14, 60),
        switches=st.lists(st.tuples(st.integers(0, 29), st.sampled_from(sorted(AUTO_ADMISSIONS)),
                                    st.sampled_from(["lru", "flop", "lfu", "reuse"])),
-                         max_size=5))
-def test_any_switch_sequence_leaks_no_block(seed, blocks, switches):
+                         max_size=5),
+       shared=st.booleans())
+def test_any_switch_sequence_leaks_no_block(seed, blocks, switches, shared):
     reqs = random_trace(random.Random(seed))
     cache = make_cache("vllm", "lru", num_blocks=blocks, switchable=True, track_values=True,
                        segment_flops=flops, bytes_per_block=1)
+    make = get_eviction
+    if shared:   # as auto serves its live cache: every policy shares one hash history
+        make = LiveEvictions(("lru", "flop", "lfu", "reuse")).make
+        cache.switch(eviction=make("lru"))
     plan = {}
     for at, adm, ev in switches:
         plan.setdefault(at, (adm, ev))
     for r, (hashes, n, out) in enumerate(reqs):
         if r in plan:
             adm, ev = plan[r]
-            cache.switch(admission=get_admission(adm), eviction=get_eviction(ev))
+            cache.switch(admission=get_admission(adm), eviction=make(ev))
             assert cache.eviction.name == ev
         if cache.fits(n, out):
             cache.serve(hashes, n, out, rid=r, now=float(r))
@@ -85,6 +91,66 @@ def test_any_switch_sequence_leaks_no_block(seed, blocks, switches):
         free = pool.free_blocks
         assert len(free) == blocks - 1
         assert free.num_cached == len(cache.eviction)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), blocks=st.integers(14, 60), inner=st.sampled_from(["lru", "lfu"]))
+def test_a_history_keeper_orders_as_its_policy_and_tracks_every_cached_block(seed, blocks, inner):
+    """Wrapped, a policy evicts exactly as alone; the history it keeps holds the key of
+    every block the pool has cached, and a ghost for every other key it still counts."""
+    reqs = random_trace(random.Random(seed))
+    plain = make_cache("vllm", inner, num_blocks=blocks)
+    history = ReuseHistory()
+    kept = make_cache("vllm", inner, num_blocks=blocks, switchable=True)
+    kept.switch(eviction=HistoryKeeper(get_eviction(inner), history))
+    assert serve_all(kept, reqs) == serve_all(plain, reqs)
+    assert kept.pool.evictions == plain.pool.evictions
+    pool = kept.pool
+    cached = {b: (pool.group[b], pool.key[b]) for b in range(1, blocks) if pool.key[b] is not None}
+    assert history.keys == cached
+    assert set(history.refs) == set(history.live) | set(history.ghost)
+    assert not set(history.live) & set(history.ghost)
+
+
+def test_reuse_switched_in_starts_from_the_shared_history():
+    """Under auto, reuse switched in mid-run knows which cached hashes were used again
+    (a fresh one would take every block for a first-time one)."""
+    reqs = shared_prefix_workload(n=80)
+
+    def switch_to_reuse(make):
+        cache = setup_for(60).build(switchable=True)
+        cache.switch(eviction=make("lru"))
+        for r, req in enumerate(reqs):
+            cache.serve(req.hashes, req.prompt_len, req.output_len, rid=r, now=float(r))
+        cache.switch(eviction=make("reuse"))
+        assert isinstance(cache.eviction, ReuseEviction)
+        return cache.eviction
+
+    live = LiveEvictions(("lru", "reuse"))
+    warm = switch_to_reuse(live.make)
+    assert warm.hist is live.history
+    assert len(warm._again) > 0 and warm.ratio > 1.0  # noqa: SLF001 - the hand-over is the point
+    cold = switch_to_reuse(get_eviction)
+    assert len(cold._again) == 0 and cold.ratio == 1.0  # noqa: SLF001
+
+
+def test_live_evictions_share_a_history_only_with_a_history_keeping_candidate():
+    assert LiveEvictions(("lru", "lfu")).history is None
+    assert type(LiveEvictions(("lru", "lfu")).make("lfu")).__name__ == "LFUEviction"
+    live = LiveEvictions(("lru", "reuse"))
+    lru = live.make("lru")
+    assert isinstance(lru, HistoryKeeper) and lru.name == "lru" and lru.hist is live.history
+    assert live.make("reuse").hist is live.history
+    with pytest.raises(ValueError, match="own history"):
+        HistoryKeeper(get_eviction("reuse"), live.history)
+
+
+def test_the_controller_serves_its_live_cache_with_the_shared_history():
+    setup = setup_for(4000)
+    cache = setup.build(switchable=True)
+    ctl = PolicyController(cache, setup, ("vllm",), ("lru", "reuse"), prefill_flops=flops)
+    assert isinstance(cache.eviction, HistoryKeeper)
+    assert cache.eviction.hist is ctl.live_evictions.history
 
 
 def test_switch_needs_a_switchable_cache_and_refuses_what_it_cannot_serve():

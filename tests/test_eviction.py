@@ -281,8 +281,8 @@ def test_reuse_ghosts_are_bounded():
         _cached(pol, float(b), (b, ("k", b)))
         assert pol.pop(now=float(b)) == b
     # The cache never held more than one block: one ghost is kept, the newest.
-    assert list(pol._ghost) == [("k", 3)]  # noqa: SLF001 - the bound is the point
-    assert set(pol._refs) == {("k", 3)}  # noqa: SLF001
+    assert list(pol.hist.ghost) == [("k", 3)]  # the bound is the point
+    assert set(pol.hist.refs) == {("k", 3)}
 
 
 def test_reuse_rejects_bad_history():

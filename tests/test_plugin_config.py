@@ -7,7 +7,6 @@ import logging
 import pytest
 
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
-
 from vllm_admission.plugin.config import (
     ENV_VARS,
     AdmissionConfig,

@@ -26,7 +26,13 @@ from junction_case import (
 
 pytest.importorskip("vllm")
 
-from vllm_admission.core.adaptive import AUTO, PolicyController, candidate_policies  # noqa: E402
+from vllm_admission.core.adaptive import (  # noqa: E402
+    AUTO,
+    DEFAULT_INTERVAL,
+    LiveEvictions,
+    PolicyController,
+    candidate_policies,
+)
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission  # noqa: E402
 from vllm_admission.core.cache import HybridPrefixCache  # noqa: E402
 from vllm_admission.core.costs import ModelCosts  # noqa: E402
@@ -454,16 +460,17 @@ def test_alpha_is_tuned_online_after_the_first_evictions(vllm_config, monkeypatc
 
 
 # ---------------------------------------------------------------- auto: engine against core
-def simulate_auto(requests, *, blocks, costs):
+def simulate_auto(requests, *, blocks, costs, admission=AUTO, interval=DEFAULT_INTERVAL):
     """The simulator's auto run (sim/simulator.py does the same on a trace)."""
     layout = CacheLayout(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
                          bytes_per_block=BYTES_PER_BLOCK, chunk_size=CHUNK)
-    admissions, evictions = candidate_policies(AUTO, AUTO)
+    admissions, evictions = candidate_policies(admission, AUTO)
     start = PolicyController.default_start(admissions, evictions)
     setup = CacheSetup(layout=layout, admission=start.admission, eviction=start.eviction,
                        segment_flops=costs.prefill_flops)
     cache = setup.build(switchable=True)
-    ctl = PolicyController(cache, setup, admissions, evictions, prefill_flops=costs.prefill_flops)
+    ctl = PolicyController(cache, setup, admissions, evictions, prefill_flops=costs.prefill_flops,
+                           min_window=interval)
     hits = []
     for r, (tokens, out_len) in enumerate(requests):
         out = cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r))
@@ -493,6 +500,33 @@ def test_auto_switches_like_the_simulator_request_for_request(vllm_config, monke
     assert hits == sim_hits
     assert (stats.admission, stats.eviction) == (sim.pair.admission, sim.pair.eviction)
     assert stats.adaptive and "auto" in stats.summary()
+    assert free_equals_usable(engine)
+
+
+def test_auto_hands_reuse_the_history_the_engine_heard(vllm_config, monkeypatch, costs):
+    """``vllm`` + ``auto``: the engine's block pool keeps the hash history under ``lru`` and
+    ``lfu`` as the simulator's live cache does, so ``reuse`` switched in mid-run orders the
+    free blocks as in the simulator, request for request. A cold hand-over (a fresh
+    history) would give other hits on this workload: the test tells the two apart."""
+    reqs = random_workload(2, n=170)
+    monkeypatch.setenv("VLLM_ADMISSION_AUTO_INTERVAL", "25")
+    engine = build(vllm_config, monkeypatch, policy="vllm", eviction=AUTO, blocks=60)
+    ctl = engine.scheduler._admission  # noqa: SLF001
+    hits = []
+    for tokens, out_len in reqs:
+        rid = engine.add(tokens, out_len)
+        engine.run()
+        hits.append(engine.cached_tokens[rid])
+        assert ctl.drain(timeout=60)
+    sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs, admission="vllm", interval=25)
+    into_reuse = [d for d in sim.switches if d.after.eviction == "reuse" and d.before.eviction != "reuse"]
+    assert into_reuse, "the workload should switch into reuse after another policy ran"
+    assert [d.as_dict() for d in sim.switches] == engine.scheduler.stats().policy_switches
+    assert hits == sim_hits
+    with monkeypatch.context() as m:
+        m.setattr(LiveEvictions, "make", lambda self, name, **o: get_eviction(name, **o))
+        cold_hits, _ = simulate_auto(reqs, blocks=60, costs=costs, admission="vllm", interval=25)
+    assert cold_hits != sim_hits
     assert free_equals_usable(engine)
 
 

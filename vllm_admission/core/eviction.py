@@ -66,9 +66,11 @@ __all__ = [
     "BeladyEviction",
     "EvictionPolicy",
     "FlopEviction",
+    "HistoryKeeper",
     "LFUEviction",
     "LRUEviction",
     "ReuseEviction",
+    "ReuseHistory",
     "eviction_class",
     "get_eviction",
 ]
@@ -685,6 +687,134 @@ class BeladyEviction(EvictionPolicy):
         return block_id in self._entries
 
 
+class ReuseHistory:
+    """What :class:`ReuseEviction` learns, by block hash: which hashes were used
+    again, and how much likelier a reused hash is to come back.
+
+    Fed the cache's events: :meth:`cached` (a block got its hash key),
+    :meth:`hit` (a prefix hit referenced it), :meth:`evicted` (victims gave up
+    their hashes; the keys stay as ghosts) and :meth:`dropped` (a hash lost
+    without an eviction). A key is *again* once a second request used it (a
+    hit, or a request cached it once more after every copy was evicted).
+
+    Statistics: ``reused[k] / total[k]``, the fraction of references of kind
+    ``k`` (0: a first use, 1: a use of a key already used) that were followed
+    by another reference of the same key; both halve every time as many
+    references were counted as the cache ever held blocks (:meth:`age`), so
+    they follow the workload.
+
+    Args:
+        history: ghost keys kept, as a multiple of the most blocks ever cached.
+
+    Raises:
+        ValueError: ``history`` is negative or not finite.
+    """
+
+    __slots__ = ("history", "keys", "live", "refs", "ghost", "cap", "reused", "total", "counted")
+
+    def __init__(self, history: float = 4.0) -> None:
+        if not (history >= 0 and math.isfinite(history)):
+            raise ValueError(f"history must be a finite number >= 0, got {history!r}")
+        self.history = history
+        self.keys: dict[int, object] = {}         # cached block -> its hash key
+        self.live: dict[object, int] = {}         # key -> cached blocks holding it
+        self.refs: dict[object, int] = {}         # key -> requests that used it (1 or 2 = "again")
+        self.ghost: OrderedDict[object, None] = OrderedDict()   # evicted keys, oldest first
+        self.cap = 1                              # most blocks ever cached at once
+        self.reused = [1.0, 1.0]                  # references followed by another, by kind
+        self.total = [1.0, 1.0]                   # references, by kind
+        self.counted = 0                          # references since the last halving
+
+    def copy(self) -> "ReuseHistory":
+        other = ReuseHistory(self.history)
+        other.keys, other.live, other.refs = dict(self.keys), dict(self.live), dict(self.refs)
+        other.ghost = self.ghost.copy()
+        other.cap, other.counted = self.cap, self.counted
+        other.reused, other.total = self.reused[:], self.total[:]
+        return other
+
+    def reference(self, key: object) -> None:
+        """A request used ``key`` (cached it or hit it)."""
+        refs = self.refs
+        r = refs.get(key, 0)
+        if r:
+            self.reused[r - 1] += 1.0
+        self.total[1 if r else 0] += 1.0
+        refs[key] = 2 if r else 1
+        self.counted += 1
+
+    def cached(self, block_id: int, key: object) -> None:
+        """``block_id`` was given hash ``key``; a first cached copy is a use."""
+        keys = self.keys
+        keys[block_id] = key
+        if len(keys) > self.cap:
+            self.cap = len(keys)
+        live = self.live.get(key, 0)
+        self.live[key] = live + 1
+        if not live:   # a duplicate of a cached block is not a new use
+            self.ghost.pop(key, None)
+            self.reference(key)
+
+    def hit(self, block_id: int) -> None:
+        """A prefix hit referenced ``block_id``."""
+        key = self.keys.get(block_id)
+        if key is not None:
+            self.reference(key)
+
+    def again(self, block_id: int) -> bool:
+        """Whether ``block_id``'s hash was used by more than one request."""
+        key = self.keys.get(block_id)
+        return key is not None and self.refs.get(key, 1) > 1
+
+    def dropped(self, block_id: int) -> None:
+        """``block_id`` lost its hash without an eviction: no ghost is kept."""
+        key = self.keys.pop(block_id, None)
+        if key is None:
+            return
+        live = self.live[key] - 1
+        if live:
+            self.live[key] = live
+            return
+        del self.live[key]
+        del self.refs[key]
+
+    def evicted(self, victims: Sequence[int]) -> None:
+        """``victims`` gave up their hashes; a key with no cached copy left is
+        remembered as a ghost (the ``history`` x ``cap`` newest are kept)."""
+        keys, live_counts, refs, ghost = self.keys, self.live, self.refs, self.ghost
+        limit = self.history * self.cap
+        for b in victims:
+            key = keys.pop(b, None)
+            if key is None:
+                continue
+            live = live_counts[key] - 1
+            if live:
+                live_counts[key] = live
+                continue
+            del live_counts[key]
+            ghost[key] = None
+            while len(ghost) > limit:
+                del refs[ghost.popitem(last=False)[0]]
+
+    def age(self) -> None:
+        """Halve the statistics once per ``cap`` references counted. Called when
+        a victim is chosen, not per reference, so that the order in which one
+        step's blocks are cached (group by group) does not matter."""
+        while self.counted >= self.cap:
+            self.counted -= self.cap
+            for i in (0, 1):
+                self.reused[i] *= 0.5
+                self.total[i] *= 0.5
+
+    @property
+    def ratio(self) -> float:
+        """``r = max(1, p_again / p_first)``: how much likelier a reused hash is
+        to be used again than a first-time one."""
+        p_first = self.reused[0] / self.total[0]
+        p_again = self.reused[1] / self.total[1]
+        return max(1.0, p_again / p_first)
+
+
 class ReuseEviction(EvictionPolicy):
     """Reuse-aware LRU: a block whose hash came back may grow ``r`` times older
     than the oldest first-time block, with ``r`` learned online by hash.
@@ -734,8 +864,14 @@ class ReuseEviction(EvictionPolicy):
     and Shasha, VLDB 1994; Megiddo and Modha, FAST 2003), adapted to hash-keyed
     prefix-cache blocks; the lifetime ratio replaces MQ's fixed ``lifeTime``.
 
+    The history is a :class:`ReuseHistory`; ``auto`` gives every policy it
+    switches among one shared history (:class:`HistoryKeeper`), so that
+    ``reuse`` switched in mid-run starts from everything the cache heard.
+
     Args:
         history: ghost hashes kept, as a multiple of the most blocks ever cached.
+        shared: a history to use (and keep up to date) instead of a new one;
+            ``history`` is then ignored.
     """
 
     name = "reuse"
@@ -743,131 +879,45 @@ class ReuseEviction(EvictionPolicy):
     needs_hits = True
     needs_keys = True
 
-    def __init__(self, history: float = 4.0) -> None:
-        if not (history >= 0 and math.isfinite(history)):
-            raise ValueError(f"history must be a finite number >= 0, got {history!r}")
-        self.history = history
-        self._key: dict[int, object] = {}         # cached block -> its hash key
-        self._live: dict[object, int] = {}        # key -> cached blocks holding it
-        self._refs: dict[object, int] = {}        # key -> requests that used it (1 or 2 = "again")
-        self._ghost: OrderedDict[object, None] = OrderedDict()   # evicted keys, oldest first
-        self._cap = 1                             # most blocks ever cached at once
-        self._reused = [1.0, 1.0]                 # references followed by another, by kind
-        self._total = [1.0, 1.0]                  # references, by kind
-        self._counted = 0                         # references since the last halving
+    def __init__(self, history: float = 4.0, *, shared: ReuseHistory | None = None) -> None:
+        self.hist = shared if shared is not None else ReuseHistory(history)
+        self.history = self.hist.history
         # candidate -> (free time, free sequence number), in free order
         self._first: OrderedDict[int, tuple[float, int]] = OrderedDict()
         self._again: OrderedDict[int, tuple[float, int]] = OrderedDict()
         self._seq = itertools.count()
 
-    # -- history ---------------------------------------------------------
-    def _reference(self, key: object) -> None:
-        """A request used ``key`` (cached it or hit it)."""
-        r = self._refs.get(key, 0)
-        if r:
-            self._reused[r - 1] += 1.0
-        self._total[min(r, 1)] += 1.0
-        self._refs[key] = min(r + 1, 2)
-        self._counted += 1
-
-    def _age(self) -> None:
-        """Halve the statistics once per ``_cap`` references counted. Done when a
-        victim is chosen, not per reference, so that the order in which one
-        step's blocks are cached (group by group) does not matter."""
-        while self._counted >= self._cap:
-            self._counted -= self._cap
-            for i in (0, 1):
-                self._reused[i] *= 0.5
-                self._total[i] *= 0.5
-
     @property
     def ratio(self) -> float:
         """``r``: how many times older than the oldest first-time block a
         reused block may grow before it is evicted (>= 1)."""
-        p_first = self._reused[0] / self._total[0]
-        p_again = self._reused[1] / self._total[1]
-        return max(1.0, p_again / p_first)
+        return self.hist.ratio
 
     def on_cache(self, block_id: int, key: object) -> None:
-        keys = self._key
-        keys[block_id] = key
-        if len(keys) > self._cap:
-            self._cap = len(keys)
-        live = self._live.get(key, 0)
-        self._live[key] = live + 1
-        if not live:   # a duplicate of a cached block is not a new use
-            self._ghost.pop(key, None)
-            # _reference(key), written out (once per cached block)
-            refs = self._refs
-            r = refs.get(key, 0)
-            if r:
-                self._reused[r - 1] += 1.0
-            self._total[1 if r else 0] += 1.0
-            refs[key] = 2 if r else 1
-            self._counted += 1
+        self.hist.cached(block_id, key)
 
     def on_hit(self, block_id: int, now: float) -> None:
-        key = self._key.get(block_id)
-        if key is not None:
-            self._reference(key)
-
-    def _drop(self, block_id: int, keep: bool) -> None:
-        """``block_id`` lost its hash; keep the key's history as a ghost if asked."""
-        key = self._key.pop(block_id, None)
-        if key is None:
-            return
-        live = self._live[key] - 1
-        if live:
-            self._live[key] = live
-            return
-        del self._live[key]
-        if not keep:
-            del self._refs[key]
-            return
-        ghost = self._ghost
-        ghost[key] = None
-        limit = self.history * self._cap
-        while len(ghost) > limit:
-            del self._refs[ghost.popitem(last=False)[0]]
+        self.hist.hit(block_id)
 
     def forget(self, block_id: int) -> None:
-        self._drop(block_id, keep=False)
+        self.hist.dropped(block_id)
 
     # -- candidates ------------------------------------------------------
     def add(self, block_id: int, now: float, value: float = 0.0,
             next_use: float = math.inf) -> None:
         if block_id in self._first or block_id in self._again:
             raise KeyError(f"block {block_id} is already a candidate")
-        key = self._key.get(block_id)
-        again = key is not None and self._refs.get(key, 1) > 1
-        (self._again if again else self._first)[block_id] = (now, next(self._seq))
+        (self._again if self.hist.again(block_id) else self._first)[block_id] = (now, next(self._seq))
 
     def remove(self, block_id: int) -> None:
         if self._first.pop(block_id, None) is None:
             del self._again[block_id]
 
     def pop(self, now: float) -> int:
-        first, again = self._first, self._again
-        if not again:
-            if not first:
-                raise IndexError("pop from an empty eviction queue")
-            queue = first
-        elif not first:
-            queue = again
-        else:
-            self._age()
-            t_first, seq_first = next(iter(first.values()))
-            t_again, seq_again = next(iter(again.values()))
-            limit = self.ratio * (now - t_first)
-            age_again = now - t_again
-            older = age_again > limit or (age_again == limit and seq_again < seq_first)
-            queue = again if older else first
-        block_id = queue.popitem(last=False)[0]
-        self._drop(block_id, keep=True)
-        return block_id
+        return self.pop_n(1, now)[0]
 
     def pop_n(self, n: int, now: float) -> list[int]:
-        """The order of ``n`` :meth:`pop` calls. Within one call the ratio cannot
+        """The order of ``n`` single pops. Within one call the ratio cannot
         change (pops add no references, so only the first aging can do
         anything) and a queue found empty stays empty, so the heads are compared
         with one ``r`` while both queues last, and the rest is taken in bulk."""
@@ -876,8 +926,8 @@ class ReuseEviction(EvictionPolicy):
         first, again = self._first, self._again
         out: list[int] = []
         if first and again and n:
-            self._age()
-            r = self.ratio
+            self.hist.age()
+            r = self.hist.ratio
             heads_first, heads_again = iter(first.values()), iter(again.values())
             t_first, seq_first = next(heads_first)
             t_again, seq_again = next(heads_again)
@@ -902,28 +952,13 @@ class ReuseEviction(EvictionPolicy):
             for b in rest:
                 del queue[b]
             out += rest
-        # _drop(b, keep=True) of each victim, written out (the ghost limit is fixed
-        # here: only on_cache moves _cap).
-        keys, live_counts, refs, ghost = self._key, self._live, self._refs, self._ghost
-        limit = self.history * self._cap
-        for b in out:
-            key = keys.pop(b, None)
-            if key is None:
-                continue
-            live = live_counts[key] - 1
-            if live:
-                live_counts[key] = live
-                continue
-            del live_counts[key]
-            ghost[key] = None
-            while len(ghost) > limit:
-                del refs[ghost.popitem(last=False)[0]]
+        self.hist.evicted(out)
         return out
 
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
                  next_uses: Sequence[float]) -> None:
         """:meth:`add` of each block in order."""
-        first, again, keys, refs, seq = self._first, self._again, self._key, self._refs, self._seq
+        first, again, keys, refs, seq = self._first, self._again, self.hist.keys, self.hist.refs, self._seq
         for b in block_ids:
             if b in first or b in again:
                 raise KeyError(f"block {b} is already a candidate")
@@ -931,11 +966,7 @@ class ReuseEviction(EvictionPolicy):
             (again if key is not None and refs.get(key, 1) > 1 else first)[b] = (now, next(seq))
 
     def clone(self) -> "ReuseEviction":
-        other = ReuseEviction(self.history)
-        other._key, other._live, other._refs = dict(self._key), dict(self._live), dict(self._refs)
-        other._ghost = self._ghost.copy()
-        other._cap, other._counted = self._cap, self._counted
-        other._reused, other._total = self._reused[:], self._total[:]
+        other = ReuseEviction(shared=self.hist.copy())
         other._first, other._again = self._first.copy(), self._again.copy()
         start = next(self._seq)
         self._seq = itertools.count(start + 1)
@@ -947,6 +978,91 @@ class ReuseEviction(EvictionPolicy):
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self._first or block_id in self._again
+
+
+class HistoryKeeper(EvictionPolicy):
+    """Orders like ``inner`` and keeps a :class:`ReuseHistory` up to date.
+
+    ``auto`` serves its live cache with one of these around every policy
+    other than ``reuse`` (which keeps the history itself), all sharing one
+    history, so that a switch to ``reuse`` finds the use counts and ghosts of
+    everything the cache cached, hit and evicted so far, not an empty history
+    (``core/adaptive.py``). It hears hash keys and hits whatever ``inner``
+    needs, and passes them on only where ``inner`` asks for them.
+
+    Args:
+        inner: the policy that orders the candidates (not ``reuse``, and not
+            one that needs the future).
+        history: the history to keep up to date.
+
+    Raises:
+        ValueError: ``inner`` is a :class:`ReuseEviction` or needs the future.
+    """
+
+    needs_hits = True
+    needs_keys = True
+
+    def __init__(self, inner: EvictionPolicy, history: ReuseHistory) -> None:
+        if isinstance(inner, ReuseEviction) or inner.needs_future:
+            raise ValueError(f"{inner.name!r} cannot be wrapped: it keeps its own history "
+                             f"or needs the future")
+        self.inner = inner
+        self.hist = history
+        self.name = inner.name
+        self.summary = inner.summary
+        self.needs_values = inner.needs_values
+        self.tunable = inner.tunable
+        self._pass_keys = inner.needs_keys
+        self._pass_hits = inner.needs_hits
+
+    def add(self, block_id: int, now: float, value: float = 0.0,
+            next_use: float = math.inf) -> None:
+        self.inner.add(block_id, now, value, next_use)
+
+    def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
+                 next_uses: Sequence[float]) -> None:
+        self.inner.add_many(block_ids, now, values, next_uses)
+
+    def remove(self, block_id: int) -> None:
+        self.inner.remove(block_id)
+
+    def pop(self, now: float) -> int:
+        return self.pop_n(1, now)[0]
+
+    def pop_n(self, n: int, now: float) -> list[int]:
+        out = self.inner.pop_n(n, now)
+        self.hist.age()   # on the same occasions as ReuseEviction
+        self.hist.evicted(out)
+        return out
+
+    def on_cache(self, block_id: int, key: object) -> None:
+        self.hist.cached(block_id, key)
+        if self._pass_keys:
+            self.inner.on_cache(block_id, key)
+
+    def on_hit(self, block_id: int, now: float) -> None:
+        self.hist.hit(block_id)
+        if self._pass_hits:
+            self.inner.on_hit(block_id, now)
+
+    def forget(self, block_id: int) -> None:
+        self.hist.dropped(block_id)
+        if self._pass_hits:
+            self.inner.forget(block_id)
+
+    def clone(self) -> "HistoryKeeper":
+        return HistoryKeeper(self.inner.clone(), self.hist.copy())
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self.inner
+
+    def __repr__(self) -> str:
+        return f"HistoryKeeper({self.inner!r})"
+
+
 #: Registry: name -> policy class.
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {
     cls.name: cls for cls in (LRUEviction, FlopEviction, LFUEviction, ReuseEviction,

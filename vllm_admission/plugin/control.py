@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_admission.core.adaptive import DEFAULT_INTERVAL, Pair, PolicyController
+from vllm_admission.core.adaptive import DEFAULT_INTERVAL, LiveEvictions, Pair, PolicyController
 from vllm_admission.core.admission import (
     ADMIT,
     TENTATIVE,
@@ -372,9 +372,16 @@ class AdmissionControl:
                      min_window=auto_interval),
                 in_child=tune_in_thread))
             tuned = False
+        #: ``auto``: builds the eviction policies it switches among, all sharing
+        #: one hash history (:class:`~vllm_admission.core.adaptive.LiveEvictions`).
+        self.live_evictions: LiveEvictions | None = None
         if not policy_cls.vllm_order or adaptive is not None:
             options = {"alpha": alpha if alpha is not None else 0.0} if policy_cls.tunable else {}
-            self.eviction_policy = get_eviction(eviction, **options)
+            if adaptive is not None:
+                self.live_evictions = LiveEvictions(adaptive[1])
+                self.eviction_policy = self.live_evictions.make(eviction, **options)
+            else:
+                self.eviction_policy = get_eviction(eviction, **options)
             if tuned:
                 self.tuner = TunerThread(self._make_tuner)
 

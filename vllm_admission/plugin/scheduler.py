@@ -46,7 +46,6 @@ from vllm_admission.core.eviction import (
     ENGINE_EVICTION_POLICIES,
     EVICTION_POLICIES,
     eviction_class,
-    get_eviction,
 )
 from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout, inpass_capture_limit
 from vllm_admission.plugin import inpass, vllm_hooks
@@ -285,7 +284,7 @@ class AdmissionScheduler(Scheduler):
         if pending is None:
             return
         if pending.eviction != ctl.eviction:
-            policy = get_eviction(pending.eviction)
+            policy = ctl.live_evictions.make(pending.eviction)
             self.kv_cache_manager.block_pool.free_block_queue.switch(policy)
             ctl.set_eviction(policy)
         if pending.admission != ctl.policy.name:
