@@ -11,8 +11,9 @@ to the best fixed pair, the pair it ended on, its switches, and the share of
 the stock-to-Bélády gap it closed.
 
 Usage: ``python simulations/auto_study.py [--traces mooncake,synthetic]
-[--models qwen3-next,nemotron-3-nano] [--jobs 2] [--tables]`` (``--tables``
-reprints the tables from the files already written). The Mooncake sweeps take
+[--models qwen3-next,nemotron-3-nano] [--jobs 2] [--tables] [--auto-only]``
+(``--tables`` reprints the tables from the files already written; ``--auto-only``
+runs ``auto`` again and keeps the fixed pairs of the file already written). The Mooncake sweeps take
 about 20 minutes per model on 2 cores; the synthetic ones about 2.
 """
 
@@ -95,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "auto"))
     ap.add_argument("--tables", action="store_true", help="reprint the tables from the files written")
+    ap.add_argument("--auto-only", action="store_true",
+                    help="run only auto + auto and replace its runs in the results.json already written "
+                         "(the fixed pairs and the reference are kept)")
     args = ap.parse_args(argv)
     for trace in args.traces.split(","):
         for model in args.models.split(","):
@@ -107,8 +111,16 @@ def main(argv: list[str] | None = None) -> int:
                 if not Path(TRACES[trace][0]).exists() and trace != "synthetic":
                     print(f"{trace}: trace not found at {TRACES[trace][0]}", file=sys.stderr)
                     return 2
-                docs = [run_sweep(s, jobs=args.jobs, progress=True) for s in sweeps(trace, model)]
-                doc = {**docs[0], "runs": [r for d in docs for r in d["runs"]]}
+                if args.auto_only:
+                    if not (out / "results.json").exists():
+                        ap.error(f"--auto-only needs {out / 'results.json'}: run the full study first")
+                    doc = json.loads((out / "results.json").read_text())
+                    fresh = run_sweep(sweeps(trace, model)[0], jobs=args.jobs, progress=True)
+                    doc["runs"] = [r for r in doc["runs"] if AUTO not in (r["admission"], r["eviction"])]
+                    doc["runs"] += fresh["runs"]
+                else:
+                    docs = [run_sweep(s, jobs=args.jobs, progress=True) for s in sweeps(trace, model)]
+                    doc = {**docs[0], "runs": [r for d in docs for r in d["runs"]]}
                 if trace == "mooncake":
                     doc["trace"] = "mooncake/conversation_trace.jsonl"
                 res, png = write_results(doc, out)

@@ -40,7 +40,8 @@ future and no constant fitted to a trace:
   receives the free cached blocks with the times and values they were freed
   with (:meth:`HybridPrefixCache.switch
   <vllm_admission.core.cache.HybridPrefixCache.switch>`); no block changes
-  hands.
+  hands. A policy that learns by block hash (``reuse``) finds the history the
+  live cache kept all along (:class:`LiveEvictions`).
 
 The controller starts from vLLM's own pair (``vllm`` + ``lru``), so it begins
 exactly as stock vLLM does. Every decision is kept as a :class:`Decision`
@@ -165,7 +166,8 @@ class LiveEvictions:
     come back from what the cache caches, hits and evicts; switched in mid-run
     with a fresh history it would take every cached block for a first-time
     one, and lose what a cache that ran it all along knows (on the Mooncake
-    trace, Qwen3-Next, this cost ``auto`` 0.3-0.4 points at 32-256 GiB). So when
+    trace, Qwen3-Next, this cost ``auto`` 0.2-0.4 points from 32 to 512 GiB,
+    ``docs/simulator.md``). So when
     ``reuse`` is a candidate, every policy built here shares one
     :class:`~vllm_admission.core.eviction.ReuseHistory`, kept up to date from
     the first request on: ``reuse`` itself, and every other policy wrapped in a
