@@ -231,6 +231,7 @@ def test_candidate_policies():
     assert candidate_policies(AUTO, AUTO) == (AUTO_ADMISSIONS, AUTO_EVICTIONS)
     assert candidate_policies("last", AUTO) == (("last",), AUTO_EVICTIONS)
     assert "none" not in AUTO_ADMISSIONS and "belady" not in AUTO_EVICTIONS
+    assert AUTO_EVICTIONS == ("lru", "reuse")   # flop is tuned, lfu a baseline
     with pytest.raises(UnknownPolicyError):
         candidate_policies("nope", AUTO)
     with pytest.raises(ValueError, match="future knowledge"):

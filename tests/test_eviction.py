@@ -67,6 +67,7 @@ def test_capabilities_are_declared_for_every_policy():
     assert [n for n, c in EVICTION_POLICIES.items() if c.tunable] == ["flop"]
     keyed = [n for n, c in EVICTION_POLICIES.items() if c.needs_keys]
     assert keyed == ["reuse"] and set(keyed) <= set(ENGINE_EVICTION_POLICIES)
+    assert [n for n, c in EVICTION_POLICIES.items() if c.baseline] == ["lfu"]
 
 
 def test_lfu_without_hits_orders_like_lru():

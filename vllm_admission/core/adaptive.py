@@ -90,11 +90,14 @@ AUTO_ADMISSIONS: tuple[str, ...] = tuple(n for n in ADMISSION_POLICIES if n != "
 
 #: Eviction policies ``auto`` chooses among: every one an engine can run except
 #: those with a tuned parameter (``flop``: it has its own alpha tuner, and at
-#: alpha 0, where that tuner ends on the Mooncake trace, it orders like ``lru``).
-#: A policy switched in mid-run starts without history: ``reuse`` knows only
-#: the hashes cached from the switch on (identically in simulator and engine).
+#: alpha 0, where that tuner ends on the Mooncake trace, it orders like ``lru``)
+#: and baselines (``lfu``: with it among the candidates, ``auto`` switched into
+#: it on its transient leads and lost 0.1-0.3 points at most capacities of the
+#: Mooncake study, docs/results.md section 5). With ``reuse`` among them, every
+#: live policy keeps ``reuse``'s hash history (:class:`LiveEvictions`).
 AUTO_EVICTIONS: tuple[str, ...] = tuple(n for n in ENGINE_EVICTION_POLICIES
-                                        if not eviction_class(n).tunable)
+                                        if not eviction_class(n).tunable
+                                        and not eviction_class(n).baseline)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ policy's name:
 * ``tunable``: an ``alpha`` tuned online by :class:`~vllm_admission.core.tuning.AlphaTuner`
   when not fixed;
 * ``vllm_order``: orders exactly as vLLM's ``FreeKVCacheBlockQueue``, so the
-  engine keeps vLLM's own queue.
+  engine keeps vLLM's own queue;
+* ``baseline``: a reference point, not a recommendation (``auto`` leaves it out).
 
 Policies:
 
@@ -102,6 +103,9 @@ class EvictionPolicy(ABC):
     #: Whether the order is exactly vLLM's free-block queue order (the engine
     #: then keeps vLLM's own queue and calls no policy code).
     vllm_order: ClassVar[bool] = False
+    #: Whether the policy is kept as a baseline only, not recommended: runs
+    #: everywhere, but ``auto`` does not choose it.
+    baseline: ClassVar[bool] = False
 
     @abstractmethod
     def add(self, block_id: int, now: float, value: float = 0.0,
@@ -503,12 +507,16 @@ class LFUEviction(EvictionPolicy):
     (:meth:`forget`). Among candidates with equal counts the least recently
     freed goes first (vLLM's order), so with no hits at all this is ``lru``.
     A classic frequency baseline (no aging); see docs/results.md for how it
-    does on the Mooncake trace.
+    does on the Mooncake trace. It is a :attr:`~EvictionPolicy.baseline`:
+    without aging, early hit counts outlive the traffic that made them; it
+    loses to ``lru`` over both studied workloads, yet its transient leads drew
+    ``auto`` into it (docs/results.md section 5).
     """
 
     name = "lfu"
     summary = "fewest prefix hits since cached first, least recently freed among equals"
     needs_hits = True
+    baseline = True
 
     def __init__(self) -> None:
         self._hits: dict[int, int] = {}
