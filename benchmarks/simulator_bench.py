@@ -32,7 +32,7 @@ CASES = {
     "marconi+lru": ("marconi", "lru", {}),
     "dense+lru": ("dense", "lru", {}),
     "vllm+belady": ("vllm", "belady", {}),
-    "auto+auto (12 shadow caches)": ("auto", "auto", {}),
+    "auto+auto (8 shadow caches)": ("auto", "auto", {}),
 }
 
 

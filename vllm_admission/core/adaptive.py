@@ -47,8 +47,8 @@ The controller starts from vLLM's own pair (``vllm`` + ``lru``), so it begins
 exactly as stock vLLM does. Every decision is kept as a :class:`Decision`
 (request index, window, scores, the pair before and after).
 
-Cost: one cache-model run per candidate pair beside the live one (12 with the
-default candidates: 4 admissions x 3 evictions); the memory of as many block
+Cost: one cache-model run per candidate pair beside the live one (8 with the
+default candidates: 4 admissions x 2 evictions); the memory of as many block
 pools (tens of MiB each; 130-260 MiB for a ``reuse`` pool of 4 TiB, whose
 ghost history grows with the pool).
 """
@@ -91,9 +91,9 @@ AUTO_ADMISSIONS: tuple[str, ...] = tuple(n for n in ADMISSION_POLICIES if n != "
 #: Eviction policies ``auto`` chooses among: every one an engine can run except
 #: those with a tuned parameter (``flop``: it has its own alpha tuner, and at
 #: alpha 0, where that tuner ends on the Mooncake trace, it orders like ``lru``)
-#: and baselines (``lfu``: with it among the candidates, ``auto`` switched into
-#: it on its transient leads and lost 0.1-0.3 points at most capacities of the
-#: Mooncake study, docs/results.md section 5). With ``reuse`` among them, every
+#: and baselines (``lfu``: among the candidates it drew ``auto`` into it on
+#: transient leads; without it ``auto`` gained up to 0.28 points in the Mooncake
+#: study and lost at most 0.07, docs/simulator.md). With ``reuse`` among them, every
 #: live policy keeps ``reuse``'s hash history (:class:`LiveEvictions`).
 AUTO_EVICTIONS: tuple[str, ...] = tuple(n for n in ENGINE_EVICTION_POLICIES
                                         if not eviction_class(n).tunable

@@ -1,7 +1,7 @@
 """``auto``'s shadow caches in a child process, so that they never hold the scheduler's GIL.
 
 The :class:`~vllm_admission.core.adaptive.PolicyController` serves every
-finished request on one simulated cache per candidate pair (12 by default).
+finished request on one simulated cache per candidate pair (8 by default).
 That is pure-Python work; on a thread of the engine core process it competes
 with vLLM's scheduler loop for the interpreter lock (``benchmarks/
 scheduler_overhead.py`` measured the thread at +19 % of ``schedule()`` +
