@@ -170,9 +170,8 @@ class LiveEvictions:
     with a fresh history it would take every cached block for a first-time
     one, and lose what a cache that ran it all along knows (on the Mooncake
     trace, Qwen3-Next, this cost ``auto`` 0.2-0.4 points from 32 to 512 GiB,
-    ``docs/simulator.md``). So when
-    ``reuse`` is a candidate, every policy built here shares one
-    :class:`~vllm_admission.core.eviction.ReuseHistory`, kept up to date from
+    ``docs/simulator.md``). So when ``reuse`` is a candidate, every policy
+    built here shares one :class:`~vllm_admission.core.eviction.ReuseHistory`, kept up to date from
     the first request on: ``reuse`` itself, and every other policy wrapped in a
     :class:`~vllm_admission.core.eviction.HistoryKeeper` that orders as the
     policy does. The simulator's live cache and the plugin's block pool both
