@@ -889,7 +889,6 @@ class ReuseEviction(EvictionPolicy):
 
     def __init__(self, history: float = 4.0, *, shared: ReuseHistory | None = None) -> None:
         self.hist = shared if shared is not None else ReuseHistory(history)
-        self.history = self.hist.history
         # candidate -> (free time, free sequence number), in free order
         self._first: OrderedDict[int, tuple[float, int]] = OrderedDict()
         self._again: OrderedDict[int, tuple[float, int]] = OrderedDict()
@@ -966,12 +965,11 @@ class ReuseEviction(EvictionPolicy):
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
                  next_uses: Sequence[float]) -> None:
         """:meth:`add` of each block in order."""
-        first, again, keys, refs, seq = self._first, self._again, self.hist.keys, self.hist.refs, self._seq
+        first, again, is_again, seq = self._first, self._again, self.hist.again, self._seq
         for b in block_ids:
             if b in first or b in again:
                 raise KeyError(f"block {b} is already a candidate")
-            key = keys.get(b)
-            (again if key is not None and refs.get(key, 1) > 1 else first)[b] = (now, next(seq))
+            (again if is_again(b) else first)[b] = (now, next(seq))
 
     def clone(self) -> "ReuseEviction":
         other = ReuseEviction(shared=self.hist.copy())
@@ -1039,7 +1037,7 @@ class HistoryKeeper(EvictionPolicy):
 
     def pop_n(self, n: int, now: float) -> list[int]:
         out = self.inner.pop_n(n, now)
-        self.hist.age()   # on the same occasions as ReuseEviction
+        self.hist.age()   # statistics halve when victims are chosen, as in ReuseEviction
         self.hist.evicted(out)
         return out
 
