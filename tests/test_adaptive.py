@@ -2,6 +2,7 @@
 moves to the pair a shadow replay shows to be better."""
 
 import dataclasses
+import math
 import random
 
 import pytest
@@ -151,6 +152,42 @@ def test_the_controller_serves_its_live_cache_with_the_shared_history():
     ctl = PolicyController(cache, setup, ("vllm",), ("lru", "reuse"), prefill_flops=flops)
     assert isinstance(cache.eviction, HistoryKeeper)
     assert cache.eviction.hist is ctl.live_evictions.history
+
+
+def test_scores_start_again_when_a_shadow_first_evicts():
+    """Savings made before any shadow had to evict measure unbounded memory: the first
+    decision after that moment compares only what each pair saved since."""
+    reqs = shared_prefix_workload(n=40)
+    blocks = 60
+    setup = setup_for(blocks)
+    pairs = [Pair(a, "lru") for a in ("vllm", "dense")]
+    alone = {p: dataclasses.replace(setup, admission=p.admission, eviction=p.eviction).build()
+             for p in pairs}
+    saved = {p: [] for p in pairs}
+    first_eviction = None
+    for r, req in enumerate(reqs):
+        for p, cache in alone.items():
+            hit = cache.serve(req.hashes, req.prompt_len, req.output_len, rid=r, now=float(r)).hit_tokens
+            saved[p].append(flops(req.prompt_len, 0) - flops(req.prompt_len, hit))
+        if first_eviction is None and any(c.pool.evictions for c in alone.values()):
+            first_eviction = r
+    assert first_eviction is not None and 0 < first_eviction < 29, "the pool should fill early"
+    cache = setup.build(switchable=True)
+    ctl = PolicyController(cache, setup, ("vllm", "dense"), ("lru",), prefill_flops=flops,
+                           min_window=30, half_life=math.inf)
+    for r, req in enumerate(reqs):
+        cache.serve(req.hashes, req.prompt_len, req.output_len, rid=r, now=float(r))
+        ctl.observe(r, req)
+    assert ctl.pressure_at == first_eviction
+    first = ctl.decisions[0]
+    assert first.at == 29
+    for p in pairs:
+        assert first.scores[str(p)] == pytest.approx(sum(saved[p][first_eviction + 1:30]))
+
+
+def test_a_pool_that_never_fills_keeps_every_saving():
+    ctl, _ = run_controller(("vllm", "dense"), ("lru",), shared_prefix_workload(n=60))
+    assert ctl.pressure_at is None and ctl.pair == Pair("dense", "lru")
 
 
 def test_switch_needs_a_switchable_cache_and_refuses_what_it_cannot_serve():

@@ -23,7 +23,11 @@ future and no constant fitted to a trace:
   fades with a half-life of ``half_life`` (4) *pool turnovers*, a turnover
   being the requests whose prompt and output tokens first fill the pool's
   blocks (between 50 and 1,000 requests): a long memory where the cache
-  keeps blocks long, a short one where it turns over fast;
+  keeps blocks long, a short one where it turns over fast. When a shadow
+  first evicts (:attr:`PolicyController.pressure_at`) the scores start from
+  zero: what caches that never had to evict saved says which pair hits most
+  in unbounded memory (the one saving the most states, ``dense``), not which
+  does under this pool's pressure; a pool that never fills keeps them all;
 * **score**: prefill FLOPs saved, the quantity time to first token pays for
   and the one Marconi's alpha tuner maximises (Marconi section 4.2); token
   hits would weigh a hit on a 100-token prefix like one on a 100-token tail
@@ -282,6 +286,8 @@ class PolicyController:
         # Savings so far, each request's weighed down by half every
         # ``half_life`` pool turnovers.
         self._history = dict.fromkeys(self.shadows, 0.0)
+        #: Index of the request after which a shadow first evicted (``None``: not yet).
+        self.pressure_at: int | None = None
 
     @staticmethod
     def default_start(admissions: Sequence[str], evictions: Sequence[str]) -> Pair:
@@ -317,12 +323,18 @@ class PolicyController:
             if n >= self.max_window or (n >= self.min_window
                                         and self._tokens_seen >= self._pool_tokens):
                 self.window_len = n
-        if self._since < self.min_window:
-            return None
-        decision = self._decide(index)
-        self._since = 0
-        self._scores = dict.fromkeys(self.shadows, 0.0)
-        return decision if decision.switched else None
+        decision = None
+        if self._since >= self.min_window:
+            decision = self._decide(index)
+            self._since = 0
+            self._scores = dict.fromkeys(self.shadows, 0.0)
+        if self.pressure_at is None and any(s.pool.evictions for s in self.shadows.values()):
+            # Savings so far were made by caches that never had to evict: they say
+            # which pair hits most in unbounded memory, not under this pool's pressure.
+            self.pressure_at = index
+            self._scores = dict.fromkeys(self.shadows, 0.0)
+            self._history = dict.fromkeys(self.shadows, 0.0)
+        return decision if decision is not None and decision.switched else None
 
     def _decide(self, index: int) -> Decision:
         live = self.pair
