@@ -480,6 +480,19 @@ def simulate_auto(requests, *, blocks, costs, admission=AUTO, interval=DEFAULT_I
     return hits, ctl
 
 
+def serve_deciding(engine, requests):
+    """Run ``requests`` one at a time, letting auto's decision land before the next
+    (as the simulator does); returns each request's cached tokens."""
+    ctl = engine.scheduler._admission  # noqa: SLF001
+    hits = []
+    for tokens, out_len in requests:
+        rid = engine.add(tokens, out_len)
+        engine.run()
+        hits.append(engine.cached_tokens[rid])
+        assert ctl.drain(timeout=60)
+    return hits
+
+
 def test_auto_switches_like_the_simulator_request_for_request(vllm_config, monkeypatch, costs):
     """VLLM_ADMISSION_POLICY=auto and VLLM_ADMISSION_EVICTION=auto: the plugin's controller
     (shadow caches fed the finished requests) switches after the same requests as the
@@ -488,12 +501,7 @@ def test_auto_switches_like_the_simulator_request_for_request(vllm_config, monke
     engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
     ctl = engine.scheduler._admission
     assert not ctl.controller.in_process     # the shadows run in a child process
-    hits = []
-    for tokens, out_len in reqs:
-        rid = engine.add(tokens, out_len)
-        engine.run()
-        hits.append(engine.cached_tokens[rid])
-        assert ctl.drain(timeout=60)     # the decision lands before the next request
+    hits = serve_deciding(engine, reqs)
     sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs)
     stats = engine.scheduler.stats()
     assert [d.as_dict() for d in sim.switches] == stats.policy_switches
@@ -512,13 +520,7 @@ def test_auto_hands_reuse_the_history_the_engine_heard(vllm_config, monkeypatch,
     reqs = random_workload(2, n=170)
     monkeypatch.setenv("VLLM_ADMISSION_AUTO_INTERVAL", "25")
     engine = build(vllm_config, monkeypatch, policy="vllm", eviction=AUTO, blocks=60)
-    ctl = engine.scheduler._admission  # noqa: SLF001
-    hits = []
-    for tokens, out_len in reqs:
-        rid = engine.add(tokens, out_len)
-        engine.run()
-        hits.append(engine.cached_tokens[rid])
-        assert ctl.drain(timeout=60)
+    hits = serve_deciding(engine, reqs)
     sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs, admission="vllm", interval=25)
     into_reuse = [d for d in sim.switches if d.after.eviction == "reuse" and d.before.eviction != "reuse"]
     assert into_reuse, "the workload should switch into reuse after another policy ran"
