@@ -144,6 +144,10 @@ def test_live_evictions_share_a_history_only_with_a_history_keeping_candidate():
     assert live.make("reuse").hist is live.history
     with pytest.raises(ValueError, match="own history"):
         HistoryKeeper(get_eviction("reuse"), live.history)
+    flop = HistoryKeeper(get_eviction("flop", alpha=0.3), live.history)
+    assert flop.tunable and flop.alpha == 0.3
+    flop.alpha = 0.7    # as the plugin sets a tuned alpha: it must reach the wrapped policy
+    assert flop.inner.alpha == 0.7
 
 
 def test_the_controller_serves_its_live_cache_with_the_shared_history():

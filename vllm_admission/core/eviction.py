@@ -1065,6 +1065,16 @@ class HistoryKeeper(EvictionPolicy):
     def __contains__(self, block_id: int) -> bool:
         return block_id in self.inner
 
+    @property
+    def alpha(self) -> float:
+        """The wrapped policy's ``alpha`` (a :attr:`~EvictionPolicy.tunable` one):
+        a tuner or the plugin setting it here sets it there."""
+        return self.inner.alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        self.inner.alpha = value
+
     def __repr__(self) -> str:
         return f"HistoryKeeper({self.inner!r})"
 
