@@ -108,9 +108,11 @@ def test_a_history_keeper_orders_as_its_policy_and_tracks_every_cached_block(see
     assert kept.pool.evictions == plain.pool.evictions
     pool = kept.pool
     cached = {b: (pool.group[b], pool.key[b]) for b in range(1, blocks) if pool.key[b] is not None}
-    assert history.keys == cached
-    assert set(history.refs) == set(history.live) | set(history.ghost)
-    assert not set(history.live) & set(history.ghost)
+    assert history.cached_keys() == cached
+    counted = {k for k in history.refs if history.uses(k)}
+    assert counted == set(history.live) | set(history.ghosts)
+    assert not set(history.live) & set(history.ghosts)
+    assert len(history.ghosts) == history.num_ghosts
 
 
 def test_reuse_switched_in_starts_from_the_shared_history():

@@ -1,6 +1,8 @@
 """Eviction policies: a contract every policy passes, plus each policy's own order."""
 
 import math
+import random
+from collections import OrderedDict
 
 import pytest
 from hypothesis import given, settings
@@ -15,6 +17,7 @@ from vllm_admission.core.eviction import (
     LFUEviction,
     LRUEviction,
     ReuseEviction,
+    ReuseHistory,
     get_eviction,
 )
 
@@ -282,8 +285,73 @@ def test_reuse_ghosts_are_bounded():
         _cached(pol, float(b), (b, ("k", b)))
         assert pol.pop(now=float(b)) == b
     # The cache never held more than one block: one ghost is kept, the newest.
-    assert list(pol.hist.ghost) == [("k", 3)]  # the bound is the point
-    assert set(pol.hist.refs) == {("k", 3)}
+    assert pol.hist.ghosts == [("k", 3)]  # the bound is the point
+    assert set(pol.hist.refs) == {("k", 3)}   # older ghosts' use counts are gone too
+
+
+class _OrderedGhosts:
+    """Reference model of ReuseHistory's ghosts: an ordered set, moved on every
+    eviction, trimmed from the oldest (what the lazy queue must reproduce)."""
+
+    def __init__(self, history):
+        self.history, self.cap = history, 1
+        self.keys, self.live, self.used, self.ghost = {}, {}, {}, OrderedDict()
+
+    def cached(self, b, key):
+        self.keys[b] = key
+        self.cap = max(self.cap, len(self.keys))
+        self.live[key] = self.live.get(key, 0) + 1
+        if self.live[key] == 1:
+            self.ghost.pop(key, None)
+            self.used[key] = 2 if key in self.used else 1
+
+    def hit(self, b):
+        if b in self.keys:
+            self.used[self.keys[b]] = 2
+
+    def lose(self, b, evicted):
+        key = self.keys.pop(b, None)
+        if key is None:
+            return
+        self.live[key] -= 1
+        if self.live[key]:
+            return
+        del self.live[key]
+        if not evicted:
+            del self.used[key]
+            return
+        self.ghost[key] = None
+        while len(self.ghost) > self.history * self.cap:
+            del self.used[self.ghost.popitem(last=False)[0]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(history=st.sampled_from([0.0, 0.5, 1.0, 2.0]), seed=st.integers(0, 10_000))
+def test_reuse_history_ghosts_match_an_ordered_set(history, seed):
+    """Caching, hits, evictions and drops in any order (a random walk over 3
+    blocks and 3 keys, so that keys come back while still queued): the lazily
+    cleaned ghost queue keeps the same ghosts, in the same order, and the same
+    use counts as an ordered set."""
+    rng = random.Random(seed)
+    hist, ref = ReuseHistory(history), _OrderedGhosts(history)
+    for _ in range(300):
+        op, b, key = rng.choice(["cache", "hit", "evict", "drop"]), rng.randrange(3), rng.randrange(3)
+        if op == "cache" and b not in ref.keys:
+            hist.cached(b, key)
+            ref.cached(b, key)
+        elif op == "hit":
+            hist.hit(b)
+            ref.hit(b)
+        elif op == "evict":
+            hist.evicted([b])
+            ref.lose(b, evicted=True)
+        elif op == "drop":
+            hist.dropped(b)
+            ref.lose(b, evicted=False)
+        assert hist.ghosts == list(ref.ghost)
+        assert hist.num_ghosts == len(ref.ghost)
+        assert hist.cached_keys() == ref.keys
+        assert {key: hist.uses(key) for key in hist.refs if hist.uses(key)} == ref.used
 
 
 def test_reuse_rejects_bad_history():

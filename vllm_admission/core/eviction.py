@@ -49,12 +49,14 @@ Policies:
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 import math
 import operator
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from array import array
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
@@ -167,6 +169,147 @@ class EvictionPolicy(ABC):
         return f"{type(self).__name__}(candidates={len(self)})"
 
 
+_ABSENT = -2   # _BlockFifo: not queued
+_END = -1      # _BlockFifo: no neighbour
+
+
+class _BlockFifo:
+    """First-in first-out queue of distinct block ids (non-negative ints) with
+    O(1) removal anywhere: a doubly linked list kept in two lists indexed by
+    block id, which grow to the largest id queued.
+
+    16 bytes per block id instead of the ~80 bytes per entry of an
+    ``OrderedDict`` (``docs/benchmarks.md``: eviction queues were most of a
+    large shadow pool's memory), and no slower to append and pop.
+
+    Raises (methods): KeyError for an id queued twice or not queued, IndexError
+    for a pop past the end, ValueError for a negative id.
+    """
+
+    __slots__ = ("nxt", "prv", "head", "tail", "size")
+
+    def __init__(self) -> None:
+        self.nxt: list[int] = []
+        self.prv: list[int] = []    # _ABSENT for ids not queued
+        self.head = _END
+        self.tail = _END
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __contains__(self, b: int) -> bool:
+        return 0 <= b < len(self.prv) and self.prv[b] != _ABSENT
+
+    def __iter__(self):
+        nxt, b = self.nxt, self.head
+        while b != _END:
+            yield b
+            b = nxt[b]
+
+    def _grow(self, top: int, bottom: int) -> None:
+        if bottom < 0:
+            raise ValueError(f"block ids must be >= 0, got {bottom}")
+        more = top + 1 - len(self.prv)
+        if more > 0:
+            more = max(more, len(self.prv) >> 1)
+            self.prv.extend([_ABSENT] * more)
+            self.nxt.extend([_END] * more)
+
+    def append_many(self, ids: Sequence[int]) -> None:
+        """Queue ``ids`` at the tail, in order."""
+        if not ids:
+            return
+        self._grow(max(ids), min(ids))
+        prv, nxt = self.prv, self.nxt
+        t = self.tail
+        for b in ids:
+            if prv[b] != _ABSENT:
+                break
+            prv[b] = t
+            if t == _END:
+                self.head = b
+            else:
+                nxt[t] = b
+            t = b
+        else:
+            nxt[t] = _END
+            self.tail = t
+            self.size += len(ids)
+            return
+        # A duplicate: keep what was queued before it (the queue stays sound), then refuse.
+        if t != _END:
+            nxt[t] = _END
+        c = self.head if self.tail == _END else nxt[self.tail]
+        queued = 0
+        while c != _END:
+            queued += 1
+            c = nxt[c]
+        self.tail = t
+        self.size += queued
+        raise KeyError(f"block {b} is already a candidate")
+
+    def remove(self, b: int) -> None:
+        """Take ``b`` out of the queue."""
+        if b not in self:
+            raise KeyError(f"block {b} is not a candidate")
+        prv, nxt = self.prv, self.nxt
+        p, q = prv[b], nxt[b]
+        if p == _END:
+            self.head = q
+        else:
+            nxt[p] = q
+        if q == _END:
+            self.tail = p
+        else:
+            prv[q] = p
+        prv[b] = _ABSENT
+        self.size -= 1
+
+    def first(self) -> int:
+        """The id at the head (next out)."""
+        if self.head == _END:
+            raise IndexError("empty queue")
+        return self.head
+
+    def popleft(self) -> int:
+        """Remove and return the id at the head."""
+        b = self.first()
+        self.head = q = self.nxt[b]
+        self.prv[b] = _ABSENT
+        if q == _END:
+            self.tail = _END
+        else:
+            self.prv[q] = _END
+        self.size -= 1
+        return b
+
+    def popleft_n(self, n: int) -> list[int]:
+        """Remove and return the first ``n`` ids, in order."""
+        if n > self.size:
+            raise IndexError(f"pop {n} from an eviction queue of {self.size}")
+        prv, nxt = self.prv, self.nxt
+        out = []
+        b = self.head
+        for _ in range(n):
+            out.append(b)
+            prv[b] = _ABSENT
+            b = nxt[b]
+        self.head = b
+        if b == _END:
+            self.tail = _END
+        else:
+            prv[b] = _END
+        self.size -= n
+        return out
+
+    def copy(self) -> "_BlockFifo":
+        other = _BlockFifo()
+        other.nxt, other.prv = self.nxt[:], self.prv[:]
+        other.head, other.tail, other.size = self.head, self.tail, self.size
+        return other
+
+
 class LRUEviction(EvictionPolicy):
     """vLLM's order: first freed, first evicted (FIFO over free events).
 
@@ -179,25 +322,23 @@ class LRUEviction(EvictionPolicy):
     vllm_order = True
 
     def __init__(self) -> None:
-        self._order: OrderedDict[int, None] = OrderedDict()
+        self._order = _BlockFifo()
 
     def add(self, block_id: int, now: float, value: float = 0.0,
             next_use: float = math.inf) -> None:
-        self._order[block_id] = None
+        self._order.append_many((block_id,))
 
     def remove(self, block_id: int) -> None:
-        del self._order[block_id]
+        self._order.remove(block_id)
 
     def pop(self, now: float) -> int:
         if not self._order:
             raise IndexError("pop from an empty eviction queue")
-        return self._order.popitem(last=False)[0]
+        return self._order.popleft()
 
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
                  next_uses: Sequence[float]) -> None:
-        order = self._order
-        for b in block_ids:
-            order[b] = None
+        self._order.append_many(block_ids)
 
     def clone(self) -> "LRUEviction":
         other = LRUEviction()
@@ -205,13 +346,7 @@ class LRUEviction(EvictionPolicy):
         return other
 
     def pop_n(self, n: int, now: float) -> list[int]:
-        if n > len(self._order):
-            raise IndexError(f"pop {n} from an eviction queue of {len(self._order)}")
-        victims = list(itertools.islice(self._order, n))
-        order = self._order
-        for b in victims:
-            del order[b]
-        return victims
+        return self._order.popleft_n(n)
 
     def __len__(self) -> int:
         return len(self._order)
@@ -711,6 +846,14 @@ class ReuseHistory:
     references were counted as the cache ever held blocks (:meth:`age`), so
     they follow the workload.
 
+    Ghosts (keys with no cached copy left, the ``history`` x ``cap`` most
+    recently evicted) are kept in eviction order in a queue that is cleaned
+    lazily: a key cached again stays in the queue until the queue's head
+    reaches it. Each key's entry in ``refs`` packs its use count (the low two
+    bits: 0 no use, 1 one request, 2 more) with how many times it is queued
+    (the rest), so that only its newest queue entry counts. This holds the
+    same ghosts in the same order as an ordered set at a tenth of the memory.
+
     Args:
         history: ghost keys kept, as a multiple of the most blocks ever cached.
 
@@ -718,16 +861,19 @@ class ReuseHistory:
         ValueError: ``history`` is negative or not finite.
     """
 
-    __slots__ = ("history", "keys", "live", "refs", "ghost", "cap", "reused", "total", "counted")
+    __slots__ = ("history", "key_of", "num_keys", "live", "refs", "queue", "num_ghosts", "cap",
+                 "reused", "total", "counted")
 
     def __init__(self, history: float = 4.0) -> None:
         if not (history >= 0 and math.isfinite(history)):
             raise ValueError(f"history must be a finite number >= 0, got {history!r}")
         self.history = history
-        self.keys: dict[int, object] = {}         # cached block -> its hash key
+        self.key_of: list = []                    # block id -> its hash key (None: none)
+        self.num_keys = 0                         # blocks with a key
         self.live: dict[object, int] = {}         # key -> cached blocks holding it
-        self.refs: dict[object, int] = {}         # key -> requests that used it (1 or 2 = "again")
-        self.ghost: OrderedDict[object, None] = OrderedDict()   # evicted keys, oldest first
+        self.refs: dict[object, int] = {}         # key -> uses (1 or 2 = "again") + 4 x times queued
+        self.queue: deque[object] = deque()       # ghost evictions, oldest first (some stale)
+        self.num_ghosts = 0                       # keys with no cached copy, still counted
         self.cap = 1                              # most blocks ever cached at once
         self.reused = [1.0, 1.0]                  # references followed by another, by kind
         self.total = [1.0, 1.0]                   # references, by kind
@@ -735,74 +881,124 @@ class ReuseHistory:
 
     def copy(self) -> "ReuseHistory":
         other = ReuseHistory(self.history)
-        other.keys, other.live, other.refs = dict(self.keys), dict(self.live), dict(self.refs)
-        other.ghost = self.ghost.copy()
+        other.key_of, other.num_keys = self.key_of[:], self.num_keys
+        other.live, other.refs = dict(self.live), dict(self.refs)
+        other.queue, other.num_ghosts = self.queue.copy(), self.num_ghosts
         other.cap, other.counted = self.cap, self.counted
         other.reused, other.total = self.reused[:], self.total[:]
         return other
 
+    @property
+    def ghosts(self) -> list:
+        """The ghost keys, oldest eviction first (for inspection; O(queue))."""
+        newest = {key: i for i, key in enumerate(self.queue)}
+        live, refs = self.live, self.refs
+        return [key for i, key in enumerate(self.queue)
+                if newest[key] == i and key not in live and refs[key] & 3]
+
+    def cached_keys(self) -> dict[int, object]:
+        """Every block that has a key, with its key (for inspection; O(blocks))."""
+        return {b: key for b, key in enumerate(self.key_of) if key is not None}
+
+    def uses(self, key: object) -> int:
+        """How many requests used ``key``, counted up to 2 (0: unknown or forgotten)."""
+        return self.refs.get(key, 0) & 3
+
     def reference(self, key: object) -> None:
         """A request used ``key`` (cached it or hit it)."""
         refs = self.refs
-        r = refs.get(key, 0)
+        v = refs.get(key, 0)
+        r = v & 3
         if r:
             self.reused[r - 1] += 1.0
-        self.total[1 if r else 0] += 1.0
-        refs[key] = 2 if r else 1
+            self.total[1] += 1.0
+            refs[key] = v - r + 2
+        else:
+            self.total[0] += 1.0
+            refs[key] = v + 1
         self.counted += 1
 
     def cached(self, block_id: int, key: object) -> None:
         """``block_id`` was given hash ``key``; a first cached copy is a use."""
-        keys = self.keys
-        keys[block_id] = key
-        if len(keys) > self.cap:
-            self.cap = len(keys)
+        key_of = self.key_of
+        if not 0 <= block_id < len(key_of):
+            if block_id < 0:
+                raise ValueError(f"block ids must be >= 0, got {block_id}")
+            key_of.extend([None] * max(block_id + 1 - len(key_of), len(key_of) >> 1))
+        if key_of[block_id] is None:
+            self.num_keys += 1
+            if self.num_keys > self.cap:
+                self.cap = self.num_keys
+        key_of[block_id] = key
         live = self.live.get(key, 0)
         self.live[key] = live + 1
         if not live:   # a duplicate of a cached block is not a new use
-            self.ghost.pop(key, None)
+            if self.refs.get(key, 0) & 3:
+                self.num_ghosts -= 1   # a ghost comes back; its queue entry goes stale
             self.reference(key)
 
     def hit(self, block_id: int) -> None:
         """A prefix hit referenced ``block_id``."""
-        key = self.keys.get(block_id)
+        key_of = self.key_of
+        key = key_of[block_id] if 0 <= block_id < len(key_of) else None
         if key is not None:
             self.reference(key)
 
     def again(self, block_id: int) -> bool:
         """Whether ``block_id``'s hash was used by more than one request."""
-        key = self.keys.get(block_id)
-        return key is not None and self.refs.get(key, 1) > 1
+        key_of = self.key_of
+        key = key_of[block_id] if 0 <= block_id < len(key_of) else None
+        return key is not None and self.refs.get(key, 1) & 3 > 1
 
     def dropped(self, block_id: int) -> None:
         """``block_id`` lost its hash without an eviction: no ghost is kept."""
-        key = self.keys.pop(block_id, None)
+        key_of = self.key_of
+        key = key_of[block_id] if 0 <= block_id < len(key_of) else None
         if key is None:
             return
+        key_of[block_id] = None
+        self.num_keys -= 1
         live = self.live[key] - 1
         if live:
             self.live[key] = live
             return
         del self.live[key]
-        del self.refs[key]
+        queued = self.refs[key] & ~3
+        if queued:
+            self.refs[key] = queued   # unused, until its stale queue entries are passed
+        else:
+            del self.refs[key]
 
     def evicted(self, victims: Sequence[int]) -> None:
         """``victims`` gave up their hashes; a key with no cached copy left is
         remembered as a ghost (the ``history`` x ``cap`` newest are kept)."""
-        keys, live_counts, refs, ghost = self.keys, self.live, self.refs, self.ghost
+        key_of, live_counts, refs, queue = self.key_of, self.live, self.refs, self.queue
         limit = self.history * self.cap
+        n = len(key_of)
         for b in victims:
-            key = keys.pop(b, None)
+            key = key_of[b] if 0 <= b < n else None
             if key is None:
                 continue
+            key_of[b] = None
+            self.num_keys -= 1
             live = live_counts[key] - 1
             if live:
                 live_counts[key] = live
                 continue
             del live_counts[key]
-            ghost[key] = None
-            while len(ghost) > limit:
-                del refs[ghost.popitem(last=False)[0]]
+            queue.append(key)
+            refs[key] += 4
+            self.num_ghosts += 1
+            while self.num_ghosts > limit:
+                old = queue.popleft()
+                v = refs[old] - 4
+                if v > 3 or old in live_counts:
+                    refs[old] = v          # queued again later, or cached again: stale
+                elif v:
+                    del refs[old]          # the oldest ghost is forgotten
+                    self.num_ghosts -= 1
+                else:
+                    del refs[old]          # dropped since: no ghost to forget
 
     def age(self) -> None:
         """Halve the statistics once per ``cap`` references counted. Called when
@@ -889,10 +1085,40 @@ class ReuseEviction(EvictionPolicy):
 
     def __init__(self, history: float = 4.0, *, shared: ReuseHistory | None = None) -> None:
         self.hist = shared if shared is not None else ReuseHistory(history)
-        # candidate -> (free time, free sequence number), in free order
-        self._first: OrderedDict[int, tuple[float, int]] = OrderedDict()
-        self._again: OrderedDict[int, tuple[float, int]] = OrderedDict()
-        self._seq = itertools.count()
+        # The candidates, in free order, and each one's free sequence number
+        # (indexed by block id). The free time of a sequence number is looked up
+        # in the clock below: one entry per time blocks were freed at a new
+        # ``now``, not a time per block.
+        self._first = _BlockFifo()
+        self._again = _BlockFifo()
+        self._seqs = array("q")
+        self._next = 0
+        self._tick_seq: list[int] = []     # first sequence number freed at each time ...
+        self._tick_time: list[float] = []  # ... and that time (both increasing)
+
+    def _stamp(self, now: float) -> None:
+        """Start a clock tick at the next sequence number if ``now`` is new."""
+        times = self._tick_time
+        if not times or times[-1] != now:
+            self._tick_seq.append(self._next)
+            times.append(now)
+
+    def _time_of(self, seq: int) -> float:
+        """The free time of sequence number ``seq``."""
+        return self._tick_time[bisect.bisect_right(self._tick_seq, seq) - 1]
+
+    def _prune_clock(self) -> None:
+        """Drop the clock ticks before the older head (queues are in sequence
+        order, so no candidate can need them again); amortised O(1)."""
+        heads = [self._seqs[q.head] for q in (self._first, self._again) if q.size]
+        if not heads:
+            self._tick_seq.clear()
+            self._tick_time.clear()
+            return
+        k = bisect.bisect_right(self._tick_seq, min(heads)) - 1
+        if k > 64 and 2 * k > len(self._tick_seq):
+            del self._tick_seq[:k]
+            del self._tick_time[:k]
 
     @property
     def ratio(self) -> float:
@@ -912,13 +1138,13 @@ class ReuseEviction(EvictionPolicy):
     # -- candidates ------------------------------------------------------
     def add(self, block_id: int, now: float, value: float = 0.0,
             next_use: float = math.inf) -> None:
-        if block_id in self._first or block_id in self._again:
-            raise KeyError(f"block {block_id} is already a candidate")
-        (self._again if self.hist.again(block_id) else self._first)[block_id] = (now, next(self._seq))
+        self.add_many((block_id,), now, (), ())
 
     def remove(self, block_id: int) -> None:
-        if self._first.pop(block_id, None) is None:
-            del self._again[block_id]
+        if block_id in self._first:
+            self._first.remove(block_id)
+        else:
+            self._again.remove(block_id)
 
     def pop(self, now: float) -> int:
         return self.pop_n(1, now)[0]
@@ -930,57 +1156,71 @@ class ReuseEviction(EvictionPolicy):
         with one ``r`` while both queues last, and the rest is taken in bulk."""
         if n > len(self):
             raise IndexError(f"pop {n} from an eviction queue of {len(self)}")
-        first, again = self._first, self._again
+        first, again, seqs = self._first, self._again, self._seqs
+        time_of = self._time_of
         out: list[int] = []
-        if first and again and n:
+        if first.size and again.size and n:
             self.hist.age()
             r = self.hist.ratio
-            heads_first, heads_again = iter(first.values()), iter(again.values())
-            t_first, seq_first = next(heads_first)
-            t_again, seq_again = next(heads_again)
+            seq_first, seq_again = seqs[first.head], seqs[again.head]
+            t_first, t_again = time_of(seq_first), time_of(seq_again)
             while len(out) < n:
                 limit = r * (now - t_first)
                 age_again = now - t_again
                 if age_again > limit or (age_again == limit and seq_again < seq_first):
-                    out.append(again.popitem(last=False)[0])
-                    if not again:
+                    out.append(again.popleft())
+                    if not again.size:
                         break
-                    heads_again = iter(again.values())
-                    t_again, seq_again = next(heads_again)
+                    seq_again = seqs[again.head]
+                    t_again = time_of(seq_again)
                 else:
-                    out.append(first.popitem(last=False)[0])
-                    if not first:
+                    out.append(first.popleft())
+                    if not first.size:
                         break
-                    heads_first = iter(first.values())
-                    t_first, seq_first = next(heads_first)
+                    seq_first = seqs[first.head]
+                    t_first = time_of(seq_first)
         if len(out) < n:
-            queue = first or again
-            rest = list(itertools.islice(queue, n - len(out)))
-            for b in rest:
-                del queue[b]
-            out += rest
+            out += (first if first.size else again).popleft_n(n - len(out))
+        self._prune_clock()
         self.hist.evicted(out)
         return out
 
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
                  next_uses: Sequence[float]) -> None:
         """:meth:`add` of each block in order."""
-        first, again, is_again, seq = self._first, self._again, self.hist.again, self._seq
+        if not block_ids:
+            return
+        first, again, seqs = self._first, self._again, self._seqs
+        top = max(block_ids)
+        first._grow(top, min(block_ids))
+        again._grow(top, 0)
+        if top >= len(seqs):
+            seqs.frombytes(bytes(seqs.itemsize * (len(first.prv) - len(seqs))))
+        self._stamp(now)
+        fprv, aprv, is_again = first.prv, again.prv, self.hist.again
+        s = self._next
+        to_first: list[int] = []
+        to_again: list[int] = []
         for b in block_ids:
-            if b in first or b in again:
+            if fprv[b] != _ABSENT or aprv[b] != _ABSENT:
                 raise KeyError(f"block {b} is already a candidate")
-            (again if is_again(b) else first)[b] = (now, next(seq))
+            seqs[b] = s
+            s += 1
+            (to_again if is_again(b) else to_first).append(b)
+        self._next = s
+        first.append_many(to_first)
+        again.append_many(to_again)
 
     def clone(self) -> "ReuseEviction":
         other = ReuseEviction(shared=self.hist.copy())
         other._first, other._again = self._first.copy(), self._again.copy()
-        start = next(self._seq)
-        self._seq = itertools.count(start + 1)
-        other._seq = itertools.count(start + 1)
+        other._seqs = array("q", self._seqs)
+        other._next = self._next
+        other._tick_seq, other._tick_time = self._tick_seq[:], self._tick_time[:]
         return other
 
     def __len__(self) -> int:
-        return len(self._first) + len(self._again)
+        return self._first.size + self._again.size
 
     def __contains__(self, block_id: int) -> bool:
         return block_id in self._first or block_id in self._again
