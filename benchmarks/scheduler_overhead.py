@@ -9,6 +9,11 @@ the synthetic workload when the trace file is absent). Requests are kept
 ``--concurrency`` at a time in flight, in trace order, each generating its
 trace output length; the pool is small enough that cached blocks get evicted.
 
+As vLLM's ``EngineCore`` does once its scheduler is built, the start-up heap
+is frozen for the garbage collector before the timed loop
+(``vllm.utils.gc_utils.freeze_gc_heap``), so that collections triggered while
+serving do not walk vLLM's and torch's import-time objects.
+
 Only ``schedule()`` + ``update_from_output()`` are timed, in wall-clock and
 process CPU seconds (CPU time is the steadier figure on a shared machine; it
 includes the alpha tuner's thread). Variants run in the same process,
@@ -73,6 +78,7 @@ def load_workload(n: int, trace: str) -> tuple[str, list[tuple[list[int], int]]]
 
 def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_blocks: int,
              concurrency: int) -> dict:
+    from vllm.utils.gc_utils import freeze_gc_heap
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from vllm_admission.plugin.scheduler import AdmissionScheduler
@@ -87,14 +93,19 @@ def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_block
     engine = FakeEngine(sched)
     pending = list(workload)
     pending.reverse()
-    gc.collect()
+    # As vLLM's EngineCore does once its scheduler is built (vllm/v1/engine/core.py):
+    # the start-up heap is frozen, so that collections do not walk it while serving.
+    freeze_gc_heap()
     in_flight = 0
-    while pending or sched.has_requests():
-        while pending and in_flight < concurrency:
-            prompt, out_len = pending.pop()
-            engine.add(prompt, out_len)
-            in_flight += 1
-        in_flight -= len(engine.step())
+    try:
+        while pending or sched.has_requests():
+            while pending and in_flight < concurrency:
+                prompt, out_len = pending.pop()
+                engine.add(prompt, out_len)
+                in_flight += 1
+            in_flight -= len(engine.step())
+    finally:
+        gc.unfreeze()
     hits = sum(engine.cached_tokens.values())
     prompt_tokens = sum(len(p) for p, _ in workload)
     result = {"seconds": engine.seconds, "cpu_seconds": engine.cpu_seconds,

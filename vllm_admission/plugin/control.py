@@ -372,6 +372,12 @@ class AdmissionControl:
                      min_window=auto_interval),
                 in_child=tune_in_thread))
             tuned = False
+        #: Whether an eviction policy this control may run (``auto``: any it may
+        #: switch to) reads FLOP values. Only then must each freeing call open a
+        #: scope to value its blocks (``AdmissionCoordinator``); without values a
+        #: block freed outside a scope gets the same time, the request clock.
+        self.reads_values = any(eviction_class(e).needs_values
+                                for e in (eviction, *(adaptive[1] if adaptive else ())))
         #: ``auto``: builds the eviction policies it switches among, all sharing
         #: one hash history (:class:`~vllm_admission.core.adaptive.LiveEvictions`).
         self.live_evictions: LiveEvictions | None = None

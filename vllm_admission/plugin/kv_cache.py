@@ -8,10 +8,10 @@ objects into the subclasses below (by re-typing them, so every field vLLM set
 up stays as it is):
 
 * :class:`AdmissionCoordinator` (``HybridKVCacheCoordinator``,
-  ``vllm/v1/core/kv_cache_coordinator.py``), with any eviction policy not in
-  vLLM's own order: ``free``, ``remove_skipped_blocks`` and
-  ``pop_blocks_for_free`` give the blocks a request returns to the pool one
-  time stamp and, for policies that ``needs_values``, their FLOP efficiency;
+  ``vllm/v1/core/kv_cache_coordinator.py``), with an eviction policy that
+  ``needs_values`` (or an ``auto`` that may switch to one): ``free``,
+  ``remove_skipped_blocks`` and ``pop_blocks_for_free`` give the blocks a
+  request returns to the pool one time stamp and their FLOP efficiency;
 * :class:`PolicyMambaManager` (``MambaManager``,
   ``vllm/v1/core/single_type_kv_cache_manager.py``), every policy but
   ``vllm`` (which keeps vLLM's own manager): ``cache_blocks`` gives a recurrent state a block hash only where the admission policy admits

@@ -191,11 +191,12 @@ def install(kv_cache_manager: Any, control: Any) -> Any:
     """Attach ``control`` to a freshly built ``KVCacheManager`` (no request seen yet).
 
     Re-types the block pool and the Mamba managers into the subclasses of
-    :mod:`vllm_admission.plugin.kv_cache` and, for an eviction policy not in
-    vLLM's order, the hybrid coordinator too, swapping the pool's free queue
-    for a :class:`~vllm_admission.plugin.free_queue.PolicyFreeBlockQueue`
-    holding the same blocks in the same order. With ``lru`` the coordinator
-    stays vLLM's own: nothing in it changes.
+    :mod:`vllm_admission.plugin.kv_cache`. For an eviction policy not in
+    vLLM's order it swaps the pool's free queue for a
+    :class:`~vllm_admission.plugin.free_queue.PolicyFreeBlockQueue` holding the
+    same blocks in the same order, and, where a policy reads FLOP values
+    (``AdmissionControl.reads_values``), re-types the hybrid coordinator too.
+    With ``lru`` (or ``reuse``) the coordinator stays vLLM's own.
 
     Returns:
         The coordinator.
@@ -226,14 +227,17 @@ def install(kv_cache_manager: Any, control: Any) -> Any:
     pool._init_admission(len(managers), control, control.first_state)
     use_policy_managers(coordinator, control)
     if control.eviction_policy is not None:
-        _retype(coordinator, HybridKVCacheCoordinator, AdmissionCoordinator)
-        coordinator._admission = control
         queue = PolicyFreeBlockQueue(pool.free_block_queue.get_all_free_blocks(),
                                      control.eviction_policy, clock=control.clock,
                                      switchable=control.controller is not None)
-        queue.scope_maker = control.scope
         pool.free_block_queue = queue
-        coordinator._admission_queue = queue
+        if control.reads_values:
+            # Values are made per request as it frees its blocks; a policy without
+            # values keeps vLLM's coordinator (the scopes would cost every step).
+            _retype(coordinator, HybridKVCacheCoordinator, AdmissionCoordinator)
+            coordinator._admission = control
+            queue.scope_maker = control.scope
+            coordinator._admission_queue = queue
 
     def is_cached_state(block_hash: Any, group: int) -> bool:
         return pool.cached_block_hash_to_block.get_one_block(
