@@ -420,6 +420,31 @@ def test_an_unsupported_vllm_refuses_changes_and_runs_stock_otherwise(vllm_confi
     assert free_equals_usable(engine)
 
 
+@pytest.mark.parametrize("eviction, scoped", [("reuse", False), ("lfu", False), ("flop", True)])
+def test_only_a_policy_that_reads_values_replaces_vllms_coordinator(vllm_config, monkeypatch,
+                                                                     eviction, scoped):
+    """Free scopes value a request's blocks; a policy without values keeps vLLM's
+    coordinator (its blocks get the same time from the request clock), and both
+    kinds free every block."""
+    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+
+    from vllm_admission.plugin.free_queue import PolicyFreeBlockQueue
+    from vllm_admission.plugin.kv_cache import AdmissionCoordinator
+
+    engine = build(vllm_config, monkeypatch, policy="marconi", eviction=eviction,
+                   alpha=0.5 if eviction == "flop" else None)
+    sched = engine.scheduler
+    assert sched._admission.reads_values is scoped   # noqa: SLF001
+    assert type(sched.kv_cache_manager.coordinator) is (
+        AdmissionCoordinator if scoped else HybridKVCacheCoordinator)
+    assert type(sched.kv_cache_manager.block_pool.free_block_queue) is PolicyFreeBlockQueue
+    for i in range(4):
+        engine.add(toks(1, 400 + 100 * i), 3)
+    engine.run()
+    assert free_equals_usable(engine)
+    assert sched.kv_cache_manager.block_pool.free_block_queue.num_cached_candidates > 0
+
+
 def test_every_private_vllm_member_the_plugin_relies_on_exists():
     from vllm_admission.plugin import vllm_hooks
 
