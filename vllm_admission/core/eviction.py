@@ -220,7 +220,9 @@ class _BlockFifo:
         """Queue ``ids`` at the tail, in order."""
         if not ids:
             return
-        self._grow(max(ids), min(ids))
+        top = max(ids)
+        if top >= len(self.prv) or min(ids) < 0:
+            self._grow(top, min(ids))
         prv, nxt = self.prv, self.nxt
         t = self.tail
         for b in ids:
@@ -930,12 +932,24 @@ class ReuseHistory:
             if self.num_keys > self.cap:
                 self.cap = self.num_keys
         key_of[block_id] = key
-        live = self.live.get(key, 0)
-        self.live[key] = live + 1
-        if not live:   # a duplicate of a cached block is not a new use
-            if self.refs.get(key, 0) & 3:
-                self.num_ghosts -= 1   # a ghost comes back; its queue entry goes stale
-            self.reference(key)
+        live_counts = self.live
+        live = live_counts.get(key, 0)
+        live_counts[key] = live + 1
+        if live:
+            return   # a duplicate of a cached block is not a new use
+        # A use: :meth:`reference` written out (this runs for every block cached).
+        refs = self.refs
+        v = refs.get(key, 0)
+        r = v & 3
+        if r:
+            self.num_ghosts -= 1   # a ghost comes back; its queue entry goes stale
+            self.reused[r - 1] += 1.0
+            self.total[1] += 1.0
+            refs[key] = v - r + 2
+        else:
+            self.total[0] += 1.0
+            refs[key] = v + 1
+        self.counted += 1
 
     def hit(self, block_id: int) -> None:
         """A prefix hit referenced ``block_id``."""
@@ -975,12 +989,14 @@ class ReuseHistory:
         key_of, live_counts, refs, queue = self.key_of, self.live, self.refs, self.queue
         limit = self.history * self.cap
         n = len(key_of)
+        ghosts = self.num_ghosts
+        lost = 0
         for b in victims:
             key = key_of[b] if 0 <= b < n else None
             if key is None:
                 continue
             key_of[b] = None
-            self.num_keys -= 1
+            lost += 1
             live = live_counts[key] - 1
             if live:
                 live_counts[key] = live
@@ -988,17 +1004,19 @@ class ReuseHistory:
             del live_counts[key]
             queue.append(key)
             refs[key] += 4
-            self.num_ghosts += 1
-            while self.num_ghosts > limit:
+            ghosts += 1
+            while ghosts > limit:
                 old = queue.popleft()
                 v = refs[old] - 4
                 if v > 3 or old in live_counts:
                     refs[old] = v          # queued again later, or cached again: stale
                 elif v:
                     del refs[old]          # the oldest ghost is forgotten
-                    self.num_ghosts -= 1
+                    ghosts -= 1
                 else:
                     del refs[old]          # dropped since: no ghost to forget
+        self.num_ghosts = ghosts
+        self.num_keys -= lost
 
     def age(self) -> None:
         """Halve the statistics once per ``cap`` references counted. Called when
@@ -1095,6 +1113,7 @@ class ReuseEviction(EvictionPolicy):
         self._next = 0
         self._tick_seq: list[int] = []     # first sequence number freed at each time ...
         self._tick_time: list[float] = []  # ... and that time (both increasing)
+        self._prune_at = 256               # prune the clock when it grows past this
 
     def _stamp(self, now: float) -> None:
         """Start a clock tick at the next sequence number if ``now`` is new."""
@@ -1103,22 +1122,26 @@ class ReuseEviction(EvictionPolicy):
             self._tick_seq.append(self._next)
             times.append(now)
 
-    def _time_of(self, seq: int) -> float:
-        """The free time of sequence number ``seq``."""
-        return self._tick_time[bisect.bisect_right(self._tick_seq, seq) - 1]
+    def _tick_of(self, seq: int) -> tuple[float, float]:
+        """The free time of sequence number ``seq``, and the first sequence
+        number of the next tick (every number below it has the same time)."""
+        ticks = self._tick_seq
+        i = bisect.bisect_right(ticks, seq)
+        return self._tick_time[i - 1], (ticks[i] if i < len(ticks) else math.inf)
 
     def _prune_clock(self) -> None:
         """Drop the clock ticks before the older head (queues are in sequence
-        order, so no candidate can need them again); amortised O(1)."""
+        order, so no candidate can need them again). Called when the clock has
+        doubled since the last pruning: amortised O(1) per tick."""
         heads = [self._seqs[q.head] for q in (self._first, self._again) if q.size]
-        if not heads:
-            self._tick_seq.clear()
-            self._tick_time.clear()
-            return
-        k = bisect.bisect_right(self._tick_seq, min(heads)) - 1
-        if k > 64 and 2 * k > len(self._tick_seq):
+        if heads:
+            k = bisect.bisect_right(self._tick_seq, min(heads)) - 1
             del self._tick_seq[:k]
             del self._tick_time[:k]
+        else:
+            self._tick_seq.clear()
+            self._tick_time.clear()
+        self._prune_at = max(256, 2 * len(self._tick_seq))
 
     @property
     def ratio(self) -> float:
@@ -1157,31 +1180,54 @@ class ReuseEviction(EvictionPolicy):
         if n > len(self):
             raise IndexError(f"pop {n} from an eviction queue of {len(self)}")
         first, again, seqs = self._first, self._again, self._seqs
-        time_of = self._time_of
         out: list[int] = []
         if first.size and again.size and n:
             self.hist.age()
             r = self.hist.ratio
-            seq_first, seq_again = seqs[first.head], seqs[again.head]
-            t_first, t_again = time_of(seq_first), time_of(seq_again)
-            while len(out) < n:
-                limit = r * (now - t_first)
-                age_again = now - t_again
-                if age_again > limit or (age_again == limit and seq_again < seq_first):
-                    out.append(again.popleft())
-                    if not again.size:
+            tick_of = self._tick_of
+            # The two heads walk their queues here (``_BlockFifo.popleft`` written
+            # out); a head's time is looked up again only when it crosses a tick.
+            f_next, f_prev, a_next, a_prev = first.nxt, first.prv, again.nxt, again.prv
+            head_f, head_a = first.head, again.head
+            seq_f, seq_a = seqs[head_f], seqs[head_a]
+            t_f, end_f = tick_of(seq_f)
+            t_a, end_a = tick_of(seq_a)
+            taken_f = taken_a = 0
+            while taken_f + taken_a < n:
+                limit = r * (now - t_f)
+                age_a = now - t_a
+                if age_a > limit or (age_a == limit and seq_a < seq_f):
+                    out.append(head_a)
+                    a_prev[head_a] = _ABSENT
+                    head_a = a_next[head_a]
+                    taken_a += 1
+                    if head_a == _END:
                         break
-                    seq_again = seqs[again.head]
-                    t_again = time_of(seq_again)
+                    seq_a = seqs[head_a]
+                    if seq_a >= end_a:
+                        t_a, end_a = tick_of(seq_a)
                 else:
-                    out.append(first.popleft())
-                    if not first.size:
+                    out.append(head_f)
+                    f_prev[head_f] = _ABSENT
+                    head_f = f_next[head_f]
+                    taken_f += 1
+                    if head_f == _END:
                         break
-                    seq_first = seqs[first.head]
-                    t_first = time_of(seq_first)
+                    seq_f = seqs[head_f]
+                    if seq_f >= end_f:
+                        t_f, end_f = tick_of(seq_f)
+            for q, head, taken in ((first, head_f, taken_f), (again, head_a, taken_a)):
+                if taken:
+                    q.head = head
+                    q.size -= taken
+                    if head == _END:
+                        q.tail = _END
+                    else:
+                        q.prv[head] = _END
         if len(out) < n:
             out += (first if first.size else again).popleft_n(n - len(out))
-        self._prune_clock()
+        if len(self._tick_seq) > self._prune_at:
+            self._prune_clock()
         self.hist.evicted(out)
         return out
 
@@ -1192,10 +1238,12 @@ class ReuseEviction(EvictionPolicy):
             return
         first, again, seqs = self._first, self._again, self._seqs
         top = max(block_ids)
-        first._grow(top, min(block_ids))
-        again._grow(top, 0)
         if top >= len(seqs):
+            first._grow(top, 0)
+            again._grow(top, 0)
             seqs.frombytes(bytes(seqs.itemsize * (len(first.prv) - len(seqs))))
+        if min(block_ids) < 0:
+            raise ValueError(f"block ids must be >= 0, got {min(block_ids)}")
         self._stamp(now)
         fprv, aprv, is_again = first.prv, again.prv, self.hist.again
         s = self._next
@@ -1216,6 +1264,7 @@ class ReuseEviction(EvictionPolicy):
         other._first, other._again = self._first.copy(), self._again.copy()
         other._seqs = array("q", self._seqs)
         other._next = self._next
+        other._prune_at = self._prune_at
         other._tick_seq, other._tick_time = self._tick_seq[:], self._tick_time[:]
         return other
 
