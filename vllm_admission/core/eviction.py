@@ -937,19 +937,9 @@ class ReuseHistory:
         live_counts[key] = live + 1
         if live:
             return   # a duplicate of a cached block is not a new use
-        # A use: :meth:`reference` written out (this runs for every block cached).
-        refs = self.refs
-        v = refs.get(key, 0)
-        r = v & 3
-        if r:
+        if self.refs.get(key, 0) & 3:
             self.num_ghosts -= 1   # a ghost comes back; its queue entry goes stale
-            self.reused[r - 1] += 1.0
-            self.total[1] += 1.0
-            refs[key] = v - r + 2
-        else:
-            self.total[0] += 1.0
-            refs[key] = v + 1
-        self.counted += 1
+        self.reference(key)
 
     def hit(self, block_id: int) -> None:
         """A prefix hit referenced ``block_id``."""
