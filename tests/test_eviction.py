@@ -354,6 +354,70 @@ def test_reuse_history_ghosts_match_an_ordered_set(history, seed):
         assert {key: hist.uses(key) for key in hist.refs if hist.uses(key)} == ref.used
 
 
+@pytest.mark.parametrize("name", ["lru", "reuse"])
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_lru_and_reuse_queues_match_a_list_model(name, seed):
+    """Random frees, hits and evictions over a few block ids: ``lru`` pops in
+    free order and ``reuse`` by its rule (the oldest *again* block when it is
+    more than ``r`` times older than the oldest first-time one, the earlier freed
+    on a tie), as a plain list of ``(block, free time, order, again)`` says."""
+    rng = random.Random(seed)
+    pol = get_eviction(name)
+    keyed = pol.needs_keys
+    model: list[tuple[int, float, int, bool]] = []   # candidates in free order
+    cached: set[int] = set()                         # blocks holding a key
+    order = 0
+    now = 0.0
+    for _ in range(200):
+        op, b = rng.choice(["free", "free", "hit", "evict"]), rng.randrange(12)
+        now += rng.choice([0.0, 0.0, 1.0])
+        free = [c[0] for c in model]
+        if op == "free" and b not in free:
+            if keyed and b not in cached:
+                pol.on_cache(b, ("k", rng.randrange(6)))
+                cached.add(b)
+            model.append((b, now, order, keyed and pol.hist.again(b)))
+            pol.add(b, now)
+            order += 1
+        elif op == "hit" and b in free:
+            pol.remove(b)
+            if keyed:
+                pol.on_hit(b, now)
+            model = [c for c in model if c[0] != b]
+        elif op == "evict" and model:
+            n = rng.randint(1, len(model))
+            if keyed:
+                pol.hist.age()   # what pop_n does first; ageing twice in a row is a no-op
+            r = pol.ratio if keyed else 1.0
+            expected = []
+            for _ in range(n):
+                firsts = [c for c in model if not c[3]]
+                agains = [c for c in model if c[3]]
+                pick = (firsts or agains)[0]
+                if firsts and agains:
+                    f, a = firsts[0], agains[0]
+                    limit, age = r * (now - f[1]), now - a[1]
+                    pick = a if age > limit or (age == limit and a[2] < f[2]) else f
+                expected.append(pick[0])
+                model.remove(pick)
+            assert pol.pop_n(n, now) == expected
+            cached -= set(expected)
+        assert len(pol) == len(model)
+        assert all(c[0] in pol for c in model)
+
+
+def test_lru_refuses_a_block_queued_twice_and_a_negative_id():
+    pol = LRUEviction()
+    pol.add_many([3, 1], 0.0, [0.0, 0.0], [math.inf] * 2)
+    with pytest.raises(KeyError):
+        pol.add_many([7, 1, 9], 1.0, [0.0] * 3, [math.inf] * 3)
+    assert pol.pop_n(3, now=2.0) == [3, 1, 7]   # what came before the duplicate stays queued
+    with pytest.raises(ValueError, match=">= 0"):
+        pol.add(-1, now=3.0)
+    assert len(pol) == 0
+
+
 def test_reuse_rejects_bad_history():
     with pytest.raises(ValueError, match="history"):
         ReuseEviction(history=-1.0)
