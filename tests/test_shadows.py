@@ -62,3 +62,55 @@ def test_child_errors_come_back_as_one_exception():
     with pytest.raises(ShadowProcessError, match="is gone"):
         child.observe(0, workload(1)[0])
     child.close()
+
+
+def test_a_batch_in_one_round_trip_decides_as_request_by_request():
+    reqs = workload()
+    here = PolicyController(None, **controller_kwargs())
+    child = ShadowProcess(**controller_kwargs())
+    try:
+        answers = child.observe_many(list(enumerate(reqs[:45]))) + \
+            child.observe_many(list(enumerate(reqs[45:], start=45)))
+    finally:
+        child.close()
+    assert answers == [here.observe(i, req) for i, req in enumerate(reqs)]
+    assert any(a is not None for a in answers)
+
+
+def test_the_worker_hands_over_what_waits_in_order_and_survives_an_error():
+    """The plugin's worker thread takes every item queued while it worked (one
+    round trip to the shadow child per batch); order is kept, ``drain`` waits
+    for all, and a failing batch stops the work without losing the thread."""
+    import threading
+
+    from vllm_admission.plugin.control import _Worker
+
+    gate = threading.Event()
+
+    class Recorder(_Worker):
+        def __init__(self):
+            super().__init__()
+            self.batches = []
+
+        def _observe_batch(self, items):
+            gate.wait(5)            # the first batch waits: the rest queue up meanwhile
+            self.batches.append([i for (i,) in items])
+            if 99 in self.batches[-1]:
+                raise RuntimeError("boom")
+
+    w = Recorder()
+    for i in range(40):
+        w.submit(i)
+    gate.set()
+    assert w.drain(timeout=10)
+    assert [i for b in w.batches for i in b] == list(range(40))
+    assert len(w.batches) < 40 and max(map(len, w.batches)) > 1
+    w.submit(99)
+    assert w.drain(timeout=10)
+    assert w.error == "RuntimeError: boom"
+    w.submit(100)
+    assert w.drain(timeout=10)
+    assert 100 not in [i for b in w.batches for i in b]   # stopped after the error
+    w.stop()
+    w._thread.join(5)                                     # noqa: SLF001
+    assert not w._thread.is_alive()                       # noqa: SLF001
