@@ -89,18 +89,13 @@ class _Track:
 class _Worker:
     """A daemon thread that digests finished requests off the scheduler thread.
 
-    The scheduler hands items to :meth:`submit` (cheap); the thread takes
-    every item waiting (up to :attr:`max_batch`) and passes them, in order, to
-    :meth:`_observe_batch` (by default :meth:`_observe` on each): when the
-    work is slower than the arrivals, one wake-up of the thread serves many
-    requests instead of one each. An exception stops the work (logged once,
-    kept in :attr:`error`) and never reaches the engine.
+    The scheduler hands items to :meth:`submit` (cheap); the thread calls
+    :meth:`_observe` on each, in order. An exception stops the work (logged
+    once, kept in :attr:`error`) and never reaches the engine.
     """
 
     #: What the thread does, for its name and its one warning line.
     what = "work"
-    #: The most items handed to one :meth:`_observe_batch` call.
-    max_batch = 256
 
     def __init__(self) -> None:
         self._queue: queue.Queue = queue.Queue()
@@ -153,38 +148,19 @@ class _Worker:
 
     def _run(self) -> None:
         while True:
-            items = [self._queue.get()]
-            while items[-1] is not None and len(items) < self.max_batch:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = items[-1] is None
-            batch = items[:-1] if stop else items
+            item = self._queue.get()
             try:
-                if batch and self.error is None:
-                    self._guarded(self._observe_batch, batch)
-                if stop:
-                    self._guarded(self._close)
+                if item is None:
+                    self._close()
+                    return
+                if self.error is None:
+                    self._observe(*item)
+            except Exception as exc:  # noqa: BLE001 - never take the engine down
+                if self.error is None:
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    logger.warning("vllm_admission: %s stopped: %s", self.what, self.error)
             finally:
-                for _ in items:
-                    self._queue.task_done()
-            if stop:
-                return
-
-    def _guarded(self, work: Callable[..., None], *args: Any) -> None:
-        """Run ``work``; its first exception stops the work, logged once."""
-        try:
-            work(*args)
-        except Exception as exc:  # noqa: BLE001 - never take the engine down
-            if self.error is None:
-                self.error = f"{type(exc).__name__}: {exc}"
-                logger.warning("vllm_admission: %s stopped: %s", self.what, self.error)
-
-    def _observe_batch(self, items: list[tuple]) -> None:
-        """Digest submitted items, in order (:meth:`_observe` on each)."""
-        for item in items:
-            self._observe(*item)
+                self._queue.task_done()
 
     def _observe(self, *item: Any) -> None:
         raise NotImplementedError
@@ -272,18 +248,7 @@ class ControllerThread(_Worker):
         return self._take()
 
     def _observe(self, index: int, request: CacheRequest) -> None:
-        self._record(self.controller.observe(index, request))
-
-    def _observe_batch(self, items: list[tuple]) -> None:
-        """Serve the requests on the shadows; a child process gets them in one
-        message (one round trip for the batch instead of one per request)."""
-        if isinstance(self.controller, ShadowProcess):
-            for decision in self.controller.observe_many(items):
-                self._record(decision)
-        else:
-            super()._observe_batch(items)
-
-    def _record(self, decision: Any) -> None:
+        decision = self.controller.observe(index, request)
         if decision is not None:
             self.switches.append(decision.as_dict())
             logger.info("vllm_admission: auto: %s -> %s after request %d",

@@ -23,11 +23,7 @@ Protocol (one pickled tuple per message, parent to child; one answer each):
 * ``("start", kwargs)``: build ``PolicyController(live=None, **kwargs)``;
   answer ``("ok", None)``;
 * ``("observe", index, request)``: ``controller.observe(index, request)``;
-  answer ``("ok", decision_or_None)``;
-* ``("observe_many", [(index, request), ...])``: the same for each, in order;
-  answer ``("ok", [decision_or_None, ...])`` (the plugin's worker sends every
-  request waiting at once, so that a slow child costs one round trip per
-  batch, not per request).
+  answer ``("ok", decision_or_None)``.
 
 Any exception in the child is answered as ``("error", "Type: message")`` and
 raised in the parent as :class:`ShadowProcessError`.
@@ -38,7 +34,6 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
-from collections.abc import Sequence
 from typing import Any, BinaryIO
 
 __all__ = ["ShadowProcess", "ShadowProcessError", "main"]
@@ -81,11 +76,6 @@ class ShadowProcess:
     def observe(self, index: int, request: Any) -> Any:
         """``PolicyController.observe`` in the child: the switching ``Decision`` or ``None``."""
         return self._call("observe", index, request)
-
-    def observe_many(self, items: Sequence[tuple[int, Any]]) -> list[Any]:
-        """:meth:`observe` of each ``(index, request)``, in order, in one round
-        trip: the answers (a ``Decision`` or ``None`` each)."""
-        return self._call("observe_many", list(items))
 
     def close(self, timeout: float = 5.0) -> None:
         """Close the child's stdin (it exits) and reap it; kill it after ``timeout`` s."""
@@ -134,8 +124,6 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
                 answer: tuple[str, Any] = ("ok", None)
             elif message[0] == "observe" and controller is not None:
                 answer = ("ok", controller.observe(message[1], message[2]))
-            elif message[0] == "observe_many" and controller is not None:
-                answer = ("ok", [controller.observe(i, r) for i, r in message[1]])
             else:
                 answer = ("error", f"ValueError: unexpected message {message[0]!r}")
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides
