@@ -173,6 +173,18 @@ _ABSENT = -2   # _BlockFifo: not queued
 _END = -1      # _BlockFifo: no neighbour
 
 
+def _room(size: int, block_id: int) -> int:
+    """Entries to add to a table indexed by block id, now ``size`` long, so that
+    it holds ``block_id``: at least half again its size (amortised O(1) growth).
+
+    Raises:
+        ValueError: ``block_id`` is negative.
+    """
+    if block_id < 0:
+        raise ValueError(f"block ids must be >= 0, got {block_id}")
+    return max(block_id + 1 - size, size >> 1) if block_id >= size else 0
+
+
 class _BlockFifo:
     """First-in first-out queue of distinct block ids (non-negative ints) with
     O(1) removal anywhere: a doubly linked list kept in two lists indexed by
@@ -208,11 +220,10 @@ class _BlockFifo:
             b = nxt[b]
 
     def _grow(self, top: int, bottom: int) -> None:
-        if bottom < 0:
-            raise ValueError(f"block ids must be >= 0, got {bottom}")
-        more = top + 1 - len(self.prv)
-        if more > 0:
-            more = max(more, len(self.prv) >> 1)
+        """Make room for ids up to ``top`` (ValueError if ``bottom`` < 0)."""
+        _room(0, bottom)
+        more = _room(len(self.prv), top)
+        if more:
             self.prv.extend([_ABSENT] * more)
             self.nxt.extend([_END] * more)
 
@@ -924,9 +935,7 @@ class ReuseHistory:
         """``block_id`` was given hash ``key``; a first cached copy is a use."""
         key_of = self.key_of
         if not 0 <= block_id < len(key_of):
-            if block_id < 0:
-                raise ValueError(f"block ids must be >= 0, got {block_id}")
-            key_of.extend([None] * max(block_id + 1 - len(key_of), len(key_of) >> 1))
+            key_of.extend([None] * _room(len(key_of), block_id))
         if key_of[block_id] is None:
             self.num_keys += 1
             if self.num_keys > self.cap:
@@ -1175,45 +1184,27 @@ class ReuseEviction(EvictionPolicy):
             self.hist.age()
             r = self.hist.ratio
             tick_of = self._tick_of
-            # The two heads walk their queues here (``_BlockFifo.popleft`` written
-            # out); a head's time is looked up again only when it crosses a tick.
-            f_next, f_prev, a_next, a_prev = first.nxt, first.prv, again.nxt, again.prv
-            head_f, head_a = first.head, again.head
-            seq_f, seq_a = seqs[head_f], seqs[head_a]
+            # A head's free time is looked up again only when it crosses a tick.
+            seq_f, seq_a = seqs[first.head], seqs[again.head]
             t_f, end_f = tick_of(seq_f)
             t_a, end_a = tick_of(seq_a)
-            taken_f = taken_a = 0
-            while taken_f + taken_a < n:
+            while len(out) < n:
                 limit = r * (now - t_f)
                 age_a = now - t_a
                 if age_a > limit or (age_a == limit and seq_a < seq_f):
-                    out.append(head_a)
-                    a_prev[head_a] = _ABSENT
-                    head_a = a_next[head_a]
-                    taken_a += 1
-                    if head_a == _END:
+                    out.append(again.popleft())
+                    if not again.size:
                         break
-                    seq_a = seqs[head_a]
+                    seq_a = seqs[again.head]
                     if seq_a >= end_a:
                         t_a, end_a = tick_of(seq_a)
                 else:
-                    out.append(head_f)
-                    f_prev[head_f] = _ABSENT
-                    head_f = f_next[head_f]
-                    taken_f += 1
-                    if head_f == _END:
+                    out.append(first.popleft())
+                    if not first.size:
                         break
-                    seq_f = seqs[head_f]
+                    seq_f = seqs[first.head]
                     if seq_f >= end_f:
                         t_f, end_f = tick_of(seq_f)
-            for q, head, taken in ((first, head_f, taken_f), (again, head_a, taken_a)):
-                if taken:
-                    q.head = head
-                    q.size -= taken
-                    if head == _END:
-                        q.tail = _END
-                    else:
-                        q.prv[head] = _END
         if len(out) < n:
             out += (first if first.size else again).popleft_n(n - len(out))
         if len(self._tick_seq) > self._prune_at:
