@@ -55,13 +55,11 @@ class FreeBlocks:
         latest: the largest ``now`` any cached block was added at (``-inf`` before any).
     """
 
-    __slots__ = ("eviction", "uncached", "tail", "num_cached", "latest", "_stamps",
-                 "_uncached_room")
+    __slots__ = ("eviction", "uncached", "tail", "num_cached", "latest", "_stamps")
 
     def __init__(self, eviction: EvictionPolicy, *, switchable: bool = False) -> None:
         self.eviction = eviction
         self.uncached: dict[int, None] = {}
-        self._uncached_room = 0    # the most uncached blocks since the last rebuild
         self.tail: dict[int, None] = {}
         self.num_cached = 0
         self.latest = -math.inf
@@ -76,8 +74,7 @@ class FreeBlocks:
     def clone(self, eviction: EvictionPolicy) -> FreeBlocks:
         """An independent copy whose cached tier is ``eviction`` (a clone of ours)."""
         other = FreeBlocks(eviction)
-        other.uncached = dict.fromkeys(self.uncached)
-        other._uncached_room = len(other.uncached)
+        other.uncached = self.uncached.copy()
         other.tail = self.tail.copy()
         other.num_cached = self.num_cached
         other.latest = self.latest
@@ -123,10 +120,7 @@ class FreeBlocks:
     def push_uncached(self, block_ids: Sequence[int]) -> None:
         """Put blocks without a hash at the head, ``block_ids[0]`` handed out first
         (``FreeKVCacheBlockQueue.prepend_n``)."""
-        uncached = self.uncached
-        uncached.update(dict.fromkeys(reversed(block_ids)))
-        if len(uncached) > self._uncached_room:
-            self._uncached_room = len(uncached)
+        self.uncached.update(dict.fromkeys(reversed(block_ids)))
 
     def add_cached(self, block_ids: Sequence[int], now: float,
                    values: Sequence[float] | None = None,
@@ -175,11 +169,6 @@ class FreeBlocks:
         if k:
             pop = uncached.popitem
             out = [pop()[0] for _ in range(k)]
-            if len(uncached) < self._uncached_room >> 3:
-                # A dict keeps the table of its largest size; a pool starts with
-                # every block uncached, so rebuild it once most have been taken.
-                self.uncached = dict.fromkeys(uncached)
-                self._uncached_room = len(uncached)
         else:
             out = []
         need = n - len(out)
