@@ -213,12 +213,6 @@ class _BlockFifo:
     def __contains__(self, b: int) -> bool:
         return 0 <= b < len(self.prv) and self.prv[b] != _ABSENT
 
-    def __iter__(self):
-        nxt, b = self.nxt, self.head
-        while b != _END:
-            yield b
-            b = nxt[b]
-
     def _grow(self, top: int, bottom: int) -> None:
         """Make room for ids up to ``top`` (ValueError if ``bottom`` < 0)."""
         _room(0, bottom)
@@ -279,15 +273,11 @@ class _BlockFifo:
         prv[b] = _ABSENT
         self.size -= 1
 
-    def first(self) -> int:
-        """The id at the head (next out)."""
-        if self.head == _END:
-            raise IndexError("empty queue")
-        return self.head
-
     def popleft(self) -> int:
         """Remove and return the id at the head."""
-        b = self.first()
+        b = self.head
+        if b == _END:
+            raise IndexError("pop from an empty eviction queue")
         self.head = q = self.nxt[b]
         self.prv[b] = _ABSENT
         if q == _END:
@@ -345,8 +335,6 @@ class LRUEviction(EvictionPolicy):
         self._order.remove(block_id)
 
     def pop(self, now: float) -> int:
-        if not self._order:
-            raise IndexError("pop from an empty eviction queue")
         return self._order.popleft()
 
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
@@ -1218,13 +1206,11 @@ class ReuseEviction(EvictionPolicy):
         if not block_ids:
             return
         first, again, seqs = self._first, self._again, self._seqs
-        top = max(block_ids)
-        if top >= len(seqs):
-            first._grow(top, 0)
-            again._grow(top, 0)
+        top, low = max(block_ids), min(block_ids)
+        if top >= len(seqs) or low < 0:
+            first._grow(top, low)
+            again._grow(top, low)
             seqs.frombytes(bytes(seqs.itemsize * (len(first.prv) - len(seqs))))
-        if min(block_ids) < 0:
-            raise ValueError(f"block ids must be >= 0, got {min(block_ids)}")
         self._stamp(now)
         fprv, aprv, is_again = first.prv, again.prv, self.hist.again
         s = self._next
