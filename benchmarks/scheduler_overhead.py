@@ -93,9 +93,7 @@ def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_block
     engine = FakeEngine(sched)
     pending = list(workload)
     pending.reverse()
-    # As vLLM's EngineCore does once its scheduler is built (vllm/v1/engine/core.py):
-    # the start-up heap is frozen, so that collections do not walk it while serving.
-    freeze_gc_heap()
+    freeze_gc_heap()   # as EngineCore does (see the module docstring)
     in_flight = 0
     try:
         while pending or sched.has_requests():
