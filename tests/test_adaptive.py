@@ -227,11 +227,11 @@ def setup_for(blocks):
     return CacheSetup(layout=layout, admission="vllm", eviction="lru", segment_flops=flops)
 
 
-def run_controller(admissions, evictions, reqs, blocks=4000):
+def run_controller(admissions, evictions, reqs, blocks=4000, start=None):
     setup = setup_for(blocks)
     cache = setup.build(switchable=True)
     ctl = PolicyController(cache, setup, admissions, evictions, prefill_flops=flops,
-                           min_window=20, max_window=40)
+                           min_window=20, max_window=40, start=start)
     hits = 0
     for r, req in enumerate(reqs):
         out = cache.serve(req.hashes, req.prompt_len, req.output_len, rid=r, now=float(r))
@@ -242,7 +242,7 @@ def run_controller(admissions, evictions, reqs, blocks=4000):
 
 def test_controller_moves_to_the_admission_that_saves_more():
     reqs = shared_prefix_workload()
-    ctl, hits = run_controller(("vllm", "dense"), ("lru",), reqs)
+    ctl, hits = run_controller(("vllm", "dense"), ("lru",), reqs, start=Pair("vllm", "lru"))
     assert ctl.pair == Pair("dense", "lru")
     first = ctl.switches[0]
     assert first.before == Pair("vllm", "lru") and first.after == Pair("dense", "lru")
@@ -250,6 +250,68 @@ def test_controller_moves_to_the_admission_that_saves_more():
     assert first.window == 20 and (first.at + 1) % 20 == 0   # decisions every min_window
     _, stock_hits = run_controller(("vllm",), ("lru",), reqs)
     assert hits > stock_hits
+
+
+def test_the_default_start_keeps_a_state_at_every_block_when_it_may():
+    assert PolicyController.default_start(AUTO_ADMISSIONS, AUTO_EVICTIONS) == Pair("dense", "lru")
+    assert PolicyController.default_start(("last", "vllm"), ("reuse", "lru")) == Pair("vllm", "lru")
+    assert PolicyController.default_start(("last", "marconi"), ("reuse",)) == Pair("last", "reuse")
+    # The live cache serves as the start pair whatever it was built with.
+    ctl, _ = run_controller(("vllm", "dense"), ("lru",), shared_prefix_workload(n=1))
+    assert ctl.pair == Pair("dense", "lru") and ctl.live.admission.name == "dense"
+
+
+def test_a_switch_puts_first_what_the_new_pairs_shadow_does_not_hold():
+    """At each switch the live cache's free cached blocks whose hash the new pair's
+    shadow does not hold (and blocks of generated tokens) lead the eviction order."""
+    setup = setup_for(400)
+    live = setup.build(switchable=True)
+    ctl = PolicyController(live, setup, ("vllm", "last", "dense"), ("lru",), prefill_flops=flops,
+                           min_window=20, max_window=40, start=Pair("vllm", "lru"))
+    demoted_seen = kept_seen = 0
+    for r, req in enumerate(shared_prefix_workload(n=400, num_docs=30)):
+        live.serve(req.hashes, req.prompt_len, req.output_len, rid=r, now=float(r))
+        decision = ctl.observe(r, req)
+        if decision is None:
+            continue
+        held = ctl.shadows[decision.after].held_keys()
+        assert decision.held == held
+        assert all(not isinstance(h, tuple) for group in held for h in group)  # no output keys
+        pool = live.pool
+        order = [b for b in pool.free_blocks.order(float(r)) if pool.key[b] is not None]
+        kept = [pool.key[b] in held[pool.group[b]] for b in order]
+        # Every demoted block comes before every kept one (lru keeps the hand-over order).
+        assert kept == sorted(kept)
+        demoted_seen += kept.count(False)
+        kept_seen += kept.count(True)
+    assert ctl.switches and kept_seen
+
+
+def test_switching_with_held_keys_demotes_the_rest_and_leaks_nothing():
+    reqs = shared_prefix_workload(n=150, num_docs=30)
+    setup = setup_for(150)
+    live = setup.build(switchable=True)                     # vllm + lru
+    other = dataclasses.replace(setup, admission="dense").build()
+    for r, req in enumerate(reqs):
+        for cache in (live, other):
+            cache.serve(req.hashes, req.prompt_len, req.output_len, rid=r, now=float(r))
+    assert live.pool.evictions and other.pool.evictions
+    held = other.held_keys()
+    pool = live.pool
+    before = [b for b in pool.free_blocks.order(150.0) if pool.key[b] is not None]
+    live.switch(admission=get_admission("dense"), eviction=get_eviction("lru"), held=held)
+    after = [b for b in pool.free_blocks.order(150.0) if pool.key[b] is not None]
+    assert sorted(after) == sorted(before)                  # the same candidates
+    kept = [pool.key[b] in held[pool.group[b]] for b in after]
+    assert 0 < kept.count(False) and 0 < kept.count(True) and kept == sorted(kept)
+    # Within each part the free order is kept.
+    assert [b for b, k in zip(after, kept) if not k] == [b for b in before if b in set(after[:kept.count(False)])]
+    assert [b for b, k in zip(after, kept) if k] == [b for b in before if b in set(after[kept.count(False):])]
+    with pytest.raises(ValueError, match="eviction"):
+        live.switch(held=held)
+    for r, req in enumerate(reqs, start=len(reqs)):         # serves on, nothing leaked
+        live.serve(req.hashes, req.prompt_len, req.output_len, rid=r, now=float(r))
+    assert live.pool.num_free == live.pool.num_blocks - 1
 
 
 def test_a_single_pair_runs_no_shadow():

@@ -110,3 +110,24 @@ def test_uncache_all_keeps_the_hand_out_order():
     assert free.uncache_all(now=3.0) == [1, 2, 5, 6, 9]
     assert free.num_cached == 0 and len(free.eviction) == 0
     assert free.take(5, now=4.0) == [1, 2, 5, 6, 9]
+
+
+def test_switch_hands_demoted_candidates_over_first_as_the_oldest():
+    free = FreeBlocks(LRUEviction(), switchable=True)
+    free.add_cached([1, 2, 3], now=1.0, values=[0.1, 0.2, 0.3])
+    free.add_cached([4, 5], now=2.0, values=[0.4, 0.5])
+    free.add_cached([6], now=3.0, values=[0.6])
+    demoted = {5, 2}
+    free.switch(LRUEviction(), demote=demoted.__contains__)
+    # Demoted first (in free order), then the rest in free order.
+    assert free.order(now=4.0) == [2, 5, 1, 3, 4, 6]
+    # They now count as freed at the earliest time, values kept: a flop policy
+    # switched in next sees them that way (alpha 0 orders by time, ties by arrival).
+    flop = FlopEviction(alpha=0.0)
+    free.switch(flop)
+    assert free.order(now=4.0) == [2, 5, 1, 3, 4, 6]
+    assert flop.utility(5, now=4.0) == flop.utility(1, now=4.0) < flop.utility(4, now=4.0)
+    # Nothing to demote: the order is untouched.
+    free.switch(LRUEviction(), demote=lambda b: False)
+    assert free.order(now=4.0) == [2, 5, 1, 3, 4, 6]
+    assert len(free) == 6 and free.num_cached == 6

@@ -47,9 +47,30 @@ future and no constant fitted to a trace:
   hands. A policy that learns by block hash (``reuse``) finds the history the
   live cache kept all along (:class:`LiveEvictions`).
 
-The controller starts from vLLM's own pair (``vllm`` + ``lru``), so it begins
-exactly as stock vLLM does. Every decision is kept as a :class:`Decision`
-(request index, window, scores, the pair before and after).
+**Start**: the controller serves first with the candidate admission that
+keeps a state at every block (``dense``), with ``lru``: until the pool fills, a
+state takes memory nothing else would use, and where the pool never fills
+those states are the hits ``dense`` wins (on the Mooncake trace starting as
+stock, ``vllm`` + ``lru``, lost 0.36 points at 4 TiB to the first 200 requests'
+missing states). Where the pool fills, the first decisions under pressure
+move to another pair, and the switch puts the extra states first in the
+eviction order (below). Without ``dense`` among the candidates it starts as
+stock vLLM, ``vllm`` + ``lru``.
+
+**What a switch carries over.** Serving a new pair from now on is not the same
+as having served it all along: the live cache still holds what the old pair
+kept and lacks what the new one would have kept. In a simulator, replacing the
+live cache by the new pair's shadow at each switch puts the same decisions
+within 0.17 points of the best fixed pair on the Mooncake trace
+(``docs/simulator.md``); an engine cannot take over blocks it never computed,
+but it can give up what the new pair would not hold: at a switch, free cached
+blocks whose hash the new pair's shadow does not hold go to the new eviction
+policy first (:meth:`HybridPrefixCache.held_keys
+<vllm_admission.core.cache.HybridPrefixCache.held_keys>`, carried by the
+:class:`Decision` to the plugin's block pool).
+
+Every decision is kept as a :class:`Decision` (request index, window, scores,
+the pair before and after).
 
 Cost: one cache-model run per candidate pair beside the live one (8 with the
 default candidates: 4 admissions x 2 evictions); the memory of as many block
@@ -135,6 +156,11 @@ class Decision:
     before: Pair
     after: Pair
     scores: dict[str, float]
+    #: For a switch: per KV cache group, the prompt block hashes the new pair's
+    #: shadow holds (:meth:`HybridPrefixCache.held_keys
+    #: <vllm_admission.core.cache.HybridPrefixCache.held_keys>`); the live
+    #: cache hands its other free cached blocks to the new eviction policy first.
+    held: tuple[frozenset, ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def switched(self) -> bool:
@@ -221,8 +247,7 @@ class PolicyController:
         admissions, evictions: the names it chooses among (at least one each).
         prefill_flops: ``f(end, start) -> FLOPs`` of prefilling ``[start, end)``
             (the score's unit).
-        start: the pair served first (default ``vllm`` + ``lru`` when both are
-            candidates, else the first name of each).
+        start: the pair served first (default :meth:`default_start`).
         min_window: requests between two decisions (the *decision interval*),
             and the shortest pool turnover assumed.
         max_window: the longest pool turnover assumed, in requests (raised
@@ -269,8 +294,11 @@ class PolicyController:
             self.start = self.default_start(self.admissions, self.evictions)
         self.pair = self.start
         self.live_evictions = LiveEvictions(self.evictions)
-        if self.live is not None and self.live_evictions.history is not None:
-            self.live.switch(eviction=self.live_evictions.make(self.pair.eviction))
+        if self.live is not None:
+            # Serve as the start pair whatever the live cache was built with.
+            self.live.switch(admission=get_admission(self.pair.admission))
+            if self.live_evictions.history is not None or self.live.eviction.name != self.pair.eviction:
+                self.live.switch(eviction=self.live_evictions.make(self.pair.eviction))
         pairs = [Pair(a, e) for a in self.admissions for e in self.evictions]
         # Nothing to choose with one pair: no shadows at all.
         self.shadows: dict[Pair, HybridPrefixCache] = {} if len(pairs) == 1 else {
@@ -292,9 +320,12 @@ class PolicyController:
 
     @staticmethod
     def default_start(admissions: Sequence[str], evictions: Sequence[str]) -> Pair:
-        """``vllm`` + ``lru`` (stock vLLM) where they are candidates, else the first names."""
-        return Pair("vllm" if "vllm" in admissions else admissions[0],
-                    "lru" if "lru" in evictions else evictions[0])
+        """The pair served first: the candidate admission that keeps a state at
+        every block (``dense``; see the module docstring), else ``vllm``, else the
+        first name; ``lru`` where it is a candidate, else the first name."""
+        dense = [a for a in admissions if get_admission(a).every_block]
+        admission = dense[0] if dense else "vllm" if "vllm" in admissions else admissions[0]
+        return Pair(admission, "lru" if "lru" in evictions else evictions[0])
 
     @property
     def switches(self) -> list[Decision]:
@@ -354,15 +385,17 @@ class PolicyController:
         best = max(scores, key=lambda p: (scores[p], p == live))
         gain = (scores[best] - live_score) / live_score if live_score > 0 else math.inf
         after = best if scores[best] > live_score and gain > self.min_gain else live
+        held = self.shadows[after].held_keys() if after != live else None
         decision = Decision(at=index, window=self._since, before=live, after=after,
-                            scores={str(p): v for p, v in scores.items()})
+                            scores={str(p): v for p, v in scores.items()}, held=held)
         self.decisions.append(decision)
         if after != live:
             if self.live is not None:
+                # A fresh eviction policy even when only the admission changes:
+                # the candidates are handed over again, what ``after`` does not hold first.
                 self.live.switch(
                     admission=get_admission(after.admission)
                     if after.admission != live.admission else None,
-                    eviction=self.live_evictions.make(after.eviction)
-                    if after.eviction != live.eviction else None)
+                    eviction=self.live_evictions.make(after.eviction), held=held)
             self.pair = after
         return decision

@@ -41,7 +41,7 @@ from __future__ import annotations
 import bisect
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 from vllm_admission.core.admission import (
@@ -59,6 +59,13 @@ __all__ = ["ATTENTION", "CHECKPOINT_MODES", "STATE", "BlockPool", "HybridPrefixC
            "PoolExhausted", "RequestOutcome", "check_checkpoint_mode"]
 
 NULL = 0  # vLLM's null block id: a placeholder in a state group's block table
+
+
+def _is_output_key(block_hash: object) -> bool:
+    """Whether a cached block's key names generated tokens: ``("out", rid, index)``
+    (:meth:`HybridPrefixCache._cache_full`); a prompt block's key is its hash."""
+    return type(block_hash) is tuple
+
 
 #: How recurrent-state checkpoints are written during prefill:
 #:
@@ -561,7 +568,8 @@ class HybridPrefixCache:
         return other
 
     def switch(self, *, admission: AdmissionPolicy | None = None,
-               eviction: EvictionPolicy | None = None) -> None:
+               eviction: EvictionPolicy | None = None,
+               held: Sequence[Container] | None = None) -> None:
         """Use another admission and/or eviction policy from the next request on.
 
         An admission policy decides per request, so it simply takes over. A new
@@ -570,13 +578,24 @@ class HybridPrefixCache:
         (:meth:`FreeBlocks.switch <vllm_admission.core.free_blocks.FreeBlocks.switch>`);
         no block changes hands, so nothing can leak.
 
+        Args:
+            admission, eviction: the new policies (``None``: keep the current one).
+            held: per KV cache group, the prompt block hashes a cache that had
+                run the new pair all along holds (:meth:`held_keys` of
+                ``auto``'s shadow); free cached blocks whose hash is not among
+                them, and blocks of generated tokens, go to the new eviction
+                policy first (``FreeBlocks.switch``'s ``demote``). Needs ``eviction``.
+
         Raises:
             RuntimeError: the cache was not built ``switchable``.
             ValueError: ``eviction`` needs future knowledge, or values the cache
-                does not compute (build it with ``track_values``).
+                does not compute (build it with ``track_values``); ``held``
+                without ``eviction``.
         """
         if not self.pool.free_blocks.switchable:
             raise RuntimeError("this cache was not built switchable")
+        if held is not None and eviction is None:
+            raise ValueError("held keys need a new eviction policy to hand the candidates to")
         if admission is not None:
             self.admission = admission
         if eviction is not None:
@@ -585,8 +604,20 @@ class HybridPrefixCache:
             if eviction.needs_values and not self._needs_values:
                 raise ValueError(f"cannot switch to {eviction.name!r}: this cache does not "
                                  f"compute block values (build it with track_values)")
-            self.pool.free_blocks.switch(eviction)
+            demote = None
+            if held is not None:
+                keys, groups = self.pool.key, self.pool.group
+
+                def demote(b: int) -> bool:
+                    return keys[b] not in held[groups[b]]
+            self.pool.free_blocks.switch(eviction, demote)
             self.eviction = eviction
+
+    def held_keys(self) -> tuple[frozenset, ...]:
+        """Per KV cache group, the hashes of the prompt blocks this cache holds
+        (free or in use; blocks of generated tokens, keyed by request, left
+        out): what :meth:`switch` keeps in place when switching to this cache's pair."""
+        return tuple(frozenset(h for h in idx if not _is_output_key(h)) for idx in self.pool.index)
 
     # -- sizing ----------------------------------------------------------
     def blocks_needed(self, prompt_len: int, output_len: int) -> int:

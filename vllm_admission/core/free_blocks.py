@@ -33,7 +33,7 @@ one structure; blocks are integer ids.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from vllm_admission.core.eviction import EvictionPolicy
 
@@ -81,13 +81,23 @@ class FreeBlocks:
         other._stamps = self._stamps.copy() if self._stamps is not None else None
         return other
 
-    def switch(self, eviction: EvictionPolicy) -> None:
+    def switch(self, eviction: EvictionPolicy,
+               demote: Callable[[int], bool] | None = None) -> None:
         """Order the cached tier by ``eviction`` (empty, not yet used) from now on.
 
         The candidates move to it in the order they were freed, each with the
         time and value it was freed with, so the new policy sees the same
         history as if it had run all along (apart from hits heard before the
         switch, which a policy that ``needs_hits`` does not get).
+
+        Args:
+            eviction: the new policy.
+            demote: ``f(block_id) -> bool``: candidates to hand over first, as
+                if freed (keeping their values) at the earliest time any
+                candidate was freed; the others follow in their own order
+                with their own times. The new policy then orders them by its
+                rule (``lru`` evicts them first; ``reuse`` may keep a reused
+                one longer than a younger first-time one).
 
         Raises:
             RuntimeError: the structure was not built ``switchable``.
@@ -97,6 +107,15 @@ class FreeBlocks:
             raise RuntimeError("this free list was not built switchable")
         if len(eviction):
             raise ValueError(f"the new eviction policy already holds {len(eviction)} candidates")
+        if demote is not None and self._stamps:
+            stamps = self._stamps
+            first = {b: None for b in stamps if demote(b)}
+            if first:
+                # Stamps are in free order, so times never decrease: the first is the earliest.
+                t0 = next(iter(stamps.values()))[0]
+                ordered = {b: (t0, *stamps[b][1:]) for b in first}
+                ordered.update((b, s) for b, s in stamps.items() if b not in first)
+                self._stamps = ordered
         run: list[int] = []
         values: list[float] = []
         next_uses: list[float] = []
