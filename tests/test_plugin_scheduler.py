@@ -558,6 +558,28 @@ def test_auto_hands_reuse_the_history_the_engine_heard(vllm_config, monkeypatch,
     assert free_equals_usable(engine)
 
 
+def test_auto_switch_demotes_in_the_engine_what_the_simulator_demotes(vllm_config, monkeypatch, costs):
+    """At a switch the engine's free queue hands over first the cached blocks whose hash
+    the new pair's shadow (in the child process) does not hold, as the simulator's live
+    cache does: request for request the same hits. Without the demotion the simulator
+    gives other hits on this workload, so the test tells the two apart."""
+    reqs = random_workload(9, n=170)
+    engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
+    hits = serve_deciding(engine, reqs)
+    sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs)
+    assert sim.switches and all(d.held is not None for d in sim.switches)
+    assert [d.as_dict() for d in sim.switches] == engine.scheduler.stats().policy_switches
+    assert hits == sim_hits
+    switch = HybridPrefixCache.switch
+    with monkeypatch.context() as m:
+        m.setattr(HybridPrefixCache, "switch",
+                  lambda self, admission=None, eviction=None, held=None:
+                  switch(self, admission=admission, eviction=eviction))
+        kept_hits, _ = simulate_auto(reqs, blocks=60, costs=costs)
+    assert kept_hits != sim_hits
+    assert free_equals_usable(engine)
+
+
 def test_auto_leaves_reuse_out_where_blocks_get_hashes_elsewhere(vllm_config, monkeypatch, caplog):
     """``reuse`` needs one key per full block; where the engine hashes blocks otherwise,
     a fixed ``reuse`` is refused in one line and ``auto`` runs without it, saying so."""

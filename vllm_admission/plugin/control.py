@@ -35,11 +35,11 @@ import pickle
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_admission.core.adaptive import DEFAULT_INTERVAL, LiveEvictions, Pair, PolicyController
+from vllm_admission.core.adaptive import DEFAULT_INTERVAL, Decision, LiveEvictions, Pair, PolicyController
 from vllm_admission.core.admission import (
     ADMIT,
     TENTATIVE,
@@ -216,8 +216,10 @@ class ControllerThread(_Worker):
     off the scheduler thread.
 
     Items are ``(index, request)``: every finished request goes through the
-    controller's shadow caches. The pair it switches to is picked up by the
-    scheduler with :meth:`take_pair`.
+    controller's shadow caches. The switch it decides (a
+    :class:`~vllm_admission.core.adaptive.Decision`: the new pair, and the
+    prompt block hashes the new pair's shadow holds) is picked up by the
+    scheduler with :meth:`take_switch`.
 
     Args:
         controller: the controller itself, or a
@@ -243,8 +245,8 @@ class ControllerThread(_Worker):
         if isinstance(self.controller, ShadowProcess):
             self.controller.close()
 
-    def take_pair(self) -> Pair | None:
-        """The pair decided since the last call, or ``None``."""
+    def take_switch(self) -> Decision | None:
+        """The latest switch decided since the last call, or ``None``."""
         return self._take()
 
     def _observe(self, index: int, request: CacheRequest) -> None:
@@ -253,7 +255,7 @@ class ControllerThread(_Worker):
             self.switches.append(decision.as_dict())
             logger.info("vllm_admission: auto: %s -> %s after request %d",
                         decision.before, decision.after, decision.at)
-            self._offer(decision.after)
+            self._offer(decision)
 
 
 def _policy_controller(kwargs: dict[str, Any], *, in_child: bool) -> PolicyController | ShadowProcess:
@@ -711,9 +713,27 @@ class AdmissionControl:
             if worker is not None:
                 worker.stop()
 
-    def take_pair(self) -> Pair | None:
-        """The pair ``auto`` switched to since the last call, or ``None``."""
-        return self.controller.take_pair() if self.controller is not None else None
+    def take_switch(self) -> Decision | None:
+        """The latest switch ``auto`` decided since the last call (its ``after``
+        pair and ``held`` keys), or ``None``."""
+        return self.controller.take_switch() if self.controller is not None else None
+
+    def demoter(self, held: Sequence[Container] | None) -> Callable[[Any], bool] | None:
+        """``f(block) -> bool`` for the free queue's switch: whether a free cached
+        block goes first, because the new pair's shadow does not hold its hash
+        (``held``: per KV cache group, the shadow's prompt block hashes,
+        :meth:`HybridPrefixCache.held_keys
+        <vllm_admission.core.cache.HybridPrefixCache.held_keys>`; ``None``: nothing
+        goes first). The key is the one the shadows were fed (:func:`hash_key`
+        of the block's hash, which for a block of several hash blocks is its
+        last one's, as ``on_finished`` takes it)."""
+        if held is None:
+            return None
+        group_of = self.group_of
+
+        def demote(block: Any) -> bool:
+            return hash_key(block.block_hash) not in held[group_of(block)]
+        return demote
 
     def set_eviction(self, policy: EvictionPolicy) -> None:
         """Order free blocks by ``policy`` (fresh) from now on (``auto``); the free

@@ -102,15 +102,18 @@ class PolicyFreeBlockQueue:
         """The policy that orders the cached free blocks."""
         return self._free.eviction
 
-    def switch(self, eviction: EvictionPolicy) -> None:
+    def switch(self, eviction: EvictionPolicy,
+               demote: Callable[[Block], bool] | None = None) -> None:
         """Order the cached blocks by ``eviction`` (a fresh policy) from now on;
-        the candidates move over with their free times and values
+        the candidates move over with their free times and values, those for
+        which ``demote(block)`` is true first, as the oldest
         (:meth:`FreeBlocks.switch <vllm_admission.core.free_blocks.FreeBlocks.switch>`).
 
         Raises:
             RuntimeError: the queue was not built ``switchable``.
         """
-        self._free.switch(eviction)
+        blocks = self._blocks
+        self._free.switch(eviction, None if demote is None else lambda b: demote(blocks[b]))
 
     # -- values ----------------------------------------------------------
     def stage_value(self, block: Block, value: float) -> None:

@@ -272,21 +272,23 @@ class AdmissionScheduler(Scheduler):
         return super().schedule(*args, **kwargs)
 
     def _admission_apply_auto(self) -> None:
-        """Apply the pair ``auto`` switched to: the eviction policy at once (the
-        free queue hands its candidates over), the admission policy at the first
-        moment no request is in the scheduler (a live request's checkpoints were
+        """Apply a switch ``auto`` decided: the eviction side at once (a fresh
+        policy of the new pair gets the free cached blocks, those the new pair's
+        shadow does not hold first, as in the simulator's
+        ``HybridPrefixCache.switch``), the admission policy at the first moment
+        no request is in the scheduler (a live request's checkpoints were
         planned under the old one)."""
         ctl = self._admission
-        pair = ctl.take_pair()
-        if pair is not None:
-            self._admission_pending_pair = pair
+        switch = ctl.take_switch()
+        if switch is not None:
+            policy = ctl.live_evictions.make(switch.after.eviction)
+            self.kv_cache_manager.block_pool.free_block_queue.switch(
+                policy, ctl.demoter(switch.held))
+            ctl.set_eviction(policy)
+            self._admission_pending_pair = switch.after
         pending = self._admission_pending_pair
         if pending is None:
             return
-        if pending.eviction != ctl.eviction:
-            policy = ctl.live_evictions.make(pending.eviction)
-            self.kv_cache_manager.block_pool.free_block_queue.switch(policy)
-            ctl.set_eviction(policy)
         if pending.admission != ctl.policy.name:
             if self.requests:
                 return
