@@ -27,6 +27,7 @@ import pytest
 from conftest import engine_block_size, predicted_block_size
 from junction_case import expected_junction, expected_junction_prefill_steps, junction_prompts
 
+from vllm_admission.core.adaptive import AUTO_ADMISSIONS, AUTO_EVICTIONS, Pair, PolicyController
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 
 pytestmark = pytest.mark.engine
@@ -420,14 +421,17 @@ def test_every_engine_eviction_policy_starts_and_gives_stock_outputs(engines, re
 
 def test_auto_starts_and_gives_stock_outputs(engines, reference):
     """VLLM_ADMISSION_POLICY=auto and VLLM_ADMISSION_EVICTION=auto (the other names the
-    variables accept) start an engine that begins as stock vLLM's pair, serves the junction
-    case with evictions through the plugin's free queue, and gives stock's greedy tokens."""
+    variables accept) start an engine that begins as auto's start pair (``dense`` + ``lru``:
+    a state at every block while the pool has room), serves the junction case with
+    evictions through the plugin's free queue, and gives stock's greedy tokens."""
     llm = engines.get("auto")
     sched = scheduler(llm)
     results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
     assert [out for _, out in results] == reference["junction"]
     stats = sched.stats()
-    assert stats.adaptive and (stats.admission, stats.eviction) == ("vllm", "lru")
+    start = PolicyController.default_start(AUTO_ADMISSIONS, AUTO_EVICTIONS)
+    assert start == Pair("dense", "lru") and not stats.policy_switches   # 4 requests: no decision
+    assert stats.adaptive and (stats.admission, stats.eviction) == (start.admission, start.eviction)
     assert stats.evictions > 0
     queue = type(sched.kv_cache_manager.block_pool.free_block_queue).__name__
     assert queue == "PolicyFreeBlockQueue"

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from vllm_admission.cli import build_parser, main
+from vllm_admission.core.adaptive import AUTO_ADMISSIONS, AUTO_EVICTIONS, PolicyController
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.eviction import EVICTION_POLICIES
@@ -199,7 +200,7 @@ def test_cli_auto_records_its_decisions(tmp_path):
     assert (run["admission"], run["eviction"]) == ("auto", "auto")
     assert run["policy_decisions"] == 120 // 15
     assert run["policy_switches"]                      # this workload rewards leaving stock
-    pair = "vllm+lru"                                  # auto starts as stock vLLM
+    pair = str(PolicyController.default_start(AUTO_ADMISSIONS, AUTO_EVICTIONS))  # dense+lru
     for s in run["policy_switches"]:
         assert (s["at"] + 1) % 15 == 0 and s["from"] == pair and s["to"] != pair
         assert s["scores"][s["to"]] > s["scores"][s["from"]]
