@@ -252,13 +252,22 @@ def test_controller_moves_to_the_admission_that_saves_more():
     assert hits > stock_hits
 
 
-def test_the_default_start_keeps_a_state_at_every_block_when_it_may():
-    assert PolicyController.default_start(AUTO_ADMISSIONS, AUTO_EVICTIONS) == Pair("dense", "lru")
-    assert PolicyController.default_start(("last", "vllm"), ("reuse", "lru")) == Pair("vllm", "lru")
-    assert PolicyController.default_start(("last", "marconi"), ("reuse",)) == Pair("last", "reuse")
-    # The live cache serves as the start pair whatever it was built with.
-    ctl, _ = run_controller(("vllm", "dense"), ("lru",), shared_prefix_workload(n=1))
-    assert ctl.pair == Pair("dense", "lru") and ctl.live.admission.name == "dense"
+def test_the_default_start_keeps_a_state_at_every_block_where_a_state_ends_no_chunk():
+    start = PolicyController.default_start
+    # split mode (vLLM 0.32): every checkpoint ends a prefill chunk, so start as stock.
+    assert start(AUTO_ADMISSIONS, AUTO_EVICTIONS) == Pair("vllm", "lru")
+    assert start(AUTO_ADMISSIONS, AUTO_EVICTIONS, "split") == Pair("vllm", "lru")
+    # inpass: a checkpoint costs only its block while the pool has room.
+    assert start(AUTO_ADMISSIONS, AUTO_EVICTIONS, "inpass") == Pair("dense", "lru")
+    assert start(("last", "vllm"), ("reuse", "lru"), "inpass") == Pair("vllm", "lru")
+    assert start(("last", "marconi"), ("reuse",)) == Pair("last", "reuse")
+    # The controller takes the mode from its layout, and the live cache serves as
+    # the start pair whatever it was built with.
+    setup = setup_for(4000)
+    setup = dataclasses.replace(setup, layout=dataclasses.replace(setup.layout, checkpoint="inpass"))
+    live = setup.build(switchable=True)
+    ctl = PolicyController(live, setup, ("vllm", "dense"), ("lru",), prefill_flops=flops)
+    assert ctl.pair == Pair("dense", "lru") and live.admission.name == "dense"
 
 
 def test_a_switch_puts_first_what_the_new_pairs_shadow_does_not_hold():

@@ -421,16 +421,16 @@ def test_every_engine_eviction_policy_starts_and_gives_stock_outputs(engines, re
 
 def test_auto_starts_and_gives_stock_outputs(engines, reference):
     """VLLM_ADMISSION_POLICY=auto and VLLM_ADMISSION_EVICTION=auto (the other names the
-    variables accept) start an engine that begins as auto's start pair (``dense`` + ``lru``:
-    a state at every block while the pool has room), serves the junction case with
-    evictions through the plugin's free queue, and gives stock's greedy tokens."""
+    variables accept) start an engine that begins as auto's start pair (in ``split`` mode
+    stock's, ``vllm`` + ``lru``), serves the junction case with evictions through the
+    plugin's free queue, and gives stock's greedy tokens."""
     llm = engines.get("auto")
     sched = scheduler(llm)
     results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
     assert [out for _, out in results] == reference["junction"]
     stats = sched.stats()
-    start = PolicyController.default_start(AUTO_ADMISSIONS, AUTO_EVICTIONS)
-    assert start == Pair("dense", "lru") and not stats.policy_switches   # 4 requests: no decision
+    start = PolicyController.default_start(AUTO_ADMISSIONS, AUTO_EVICTIONS, "split")
+    assert start == Pair("vllm", "lru") and not stats.policy_switches   # 4 requests: no decision
     assert stats.adaptive and (stats.admission, stats.eviction) == (start.admission, start.eviction)
     assert stats.evictions > 0
     queue = type(sched.kv_cache_manager.block_pool.free_block_queue).__name__

@@ -563,7 +563,7 @@ def test_auto_switch_demotes_in_the_engine_what_the_simulator_demotes(vllm_confi
     the new pair's shadow (in the child process) does not hold, as the simulator's live
     cache does: request for request the same hits. Without the demotion the simulator
     gives other hits on this workload, so the test tells the two apart."""
-    reqs = random_workload(9, n=170)
+    reqs = random_workload(3, n=170)
     engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
     hits = serve_deciding(engine, reqs)
     sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs)

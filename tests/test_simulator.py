@@ -200,7 +200,7 @@ def test_cli_auto_records_its_decisions(tmp_path):
     assert (run["admission"], run["eviction"]) == ("auto", "auto")
     assert run["policy_decisions"] == 120 // 15
     assert run["policy_switches"]                      # this workload rewards leaving stock
-    pair = str(PolicyController.default_start(AUTO_ADMISSIONS, AUTO_EVICTIONS))  # dense+lru
+    pair = str(PolicyController.default_start(AUTO_ADMISSIONS, AUTO_EVICTIONS, "split"))  # stock
     for s in run["policy_switches"]:
         assert (s["at"] + 1) % 15 == 0 and s["from"] == pair and s["to"] != pair
         assert s["scores"][s["to"]] > s["scores"][s["from"]]

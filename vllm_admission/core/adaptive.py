@@ -47,15 +47,18 @@ future and no constant fitted to a trace:
   hands. A policy that learns by block hash (``reuse``) finds the history the
   live cache kept all along (:class:`LiveEvictions`).
 
-**Start**: the controller serves first with the candidate admission that
-keeps a state at every block (``dense``), with ``lru``: until the pool fills, a
-state takes memory nothing else would use, and where the pool never fills
-those states are the hits ``dense`` wins (on the Mooncake trace starting as
-stock, ``vllm`` + ``lru``, lost 0.36 points at 4 TiB to the first 200 requests'
-missing states). Where the pool fills, the first decisions under pressure
-move to another pair, and the switch puts the extra states first in the
-eviction order (below). Without ``dense`` among the candidates it starts as
-stock vLLM, ``vllm`` + ``lru``.
+**Start**: as stock vLLM, ``vllm`` + ``lru``, where states are written in
+``split`` mode (vLLM 0.32), in which every checkpoint ends a prefill chunk.
+Where they are captured inside the pass (``inpass``), a checkpoint costs only
+its block, so the controller starts with the candidate admission that keeps a
+state at every block (``dense``), with ``lru``: until the pool fills, a state
+takes memory nothing else would use, and where the pool never fills those
+states are the hits ``dense`` wins (on the Mooncake trace starting as stock
+lost 0.36 points at 4 TiB to the first 200 requests' missing states). Where
+the pool fills, the first decisions under pressure move to another pair, and
+the switch puts the extra states first in the eviction order (below). In
+``split`` mode the same start would cost a chunk per block until then (9x the
+prefill steps of ``dense`` in ``inpass`` mode over the Mooncake trace).
 
 **What a switch carries over.** Serving a new pair from now on is not the same
 as having served it all along: the live cache still holds what the old pair
@@ -291,7 +294,8 @@ class PolicyController:
         self.admissions = tuple(self.admissions)
         self.evictions = tuple(self.evictions)
         if self.start is None:
-            self.start = self.default_start(self.admissions, self.evictions)
+            self.start = self.default_start(self.admissions, self.evictions,
+                                            self.setup.layout.checkpoint)
         self.pair = self.start
         self.live_evictions = LiveEvictions(self.evictions)
         if self.live is not None:
@@ -319,12 +323,25 @@ class PolicyController:
         self.pressure_at: int | None = None
 
     @staticmethod
-    def default_start(admissions: Sequence[str], evictions: Sequence[str]) -> Pair:
-        """The pair served first: the candidate admission that keeps a state at
-        every block (``dense``; see the module docstring), else ``vllm``, else the
-        first name; ``lru`` where it is a candidate, else the first name."""
+    def default_start(admissions: Sequence[str], evictions: Sequence[str],
+                      checkpoint: str = "split") -> Pair:
+        """The pair served first (see the module docstring).
+
+        Args:
+            admissions, evictions: the candidate names.
+            checkpoint: the cache's checkpoint mode
+                (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`).
+
+        Returns:
+            With ``checkpoint="inpass"`` the candidate admission that keeps a
+            state at every block (``dense``) if there is one; otherwise ``vllm``,
+            else the first name. ``lru`` where it is a candidate, else the first name.
+        """
         dense = [a for a in admissions if get_admission(a).every_block]
-        admission = dense[0] if dense else "vllm" if "vllm" in admissions else admissions[0]
+        if checkpoint == "inpass" and dense:
+            admission = dense[0]
+        else:
+            admission = "vllm" if "vllm" in admissions else admissions[0]
         return Pair(admission, "lru" if "lru" in evictions else evictions[0])
 
     @property

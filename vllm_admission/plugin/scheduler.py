@@ -97,7 +97,7 @@ class AdmissionScheduler(Scheduler):
         geometry = self._admission_geometry(config)
         adaptive = AUTO in (config.policy, config.eviction)
         admissions, evictions = candidate_policies(config.policy, config.eviction)
-        start = PolicyController.default_start(admissions, evictions)
+        start = PolicyController.default_start(admissions, evictions, geometry.checkpoint)
         for name in admissions:
             self._admission_check_supported(name)
         if config.eviction == AUTO and any(eviction_class(e).needs_keys for e in evictions):
@@ -170,7 +170,8 @@ class AdmissionScheduler(Scheduler):
         return CacheLayout(block_size=self.block_size, hash_block_size=self.hash_block_size,
                            num_blocks=self.kv_cache_config.num_blocks, group_kinds=kinds,
                            bytes_per_block=int(bytes_per_block),
-                           chunk_size=int(self.scheduler_config.max_num_batched_tokens))
+                           chunk_size=int(self.scheduler_config.max_num_batched_tokens),
+                           checkpoint=config.checkpoint)
 
     def _admission_setup_inpass(self) -> None:
         """Check that ``inpass`` can run here and install its runner hooks.

@@ -227,7 +227,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     controller = None
     tunable = False  # a fixed eviction policy with an alpha
     if adaptive:
-        start = PolicyController.default_start(admissions, evictions)
+        start = PolicyController.default_start(admissions, evictions, checkpoint)
         setup = CacheSetup(layout=layout, admission=start.admission, eviction=start.eviction,
                            segment_flops=flops)
         cache = setup.build(switchable=True, track_values=any(
