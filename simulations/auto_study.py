@@ -15,6 +15,11 @@ Usage: ``python simulations/auto_study.py [--traces mooncake,synthetic]
 (``--tables`` reprints the tables from the files already written; ``--auto-only``
 runs ``auto`` again and keeps the fixed pairs of the file already written). The Mooncake sweeps take
 about 20 minutes per model on 2 cores; the synthetic ones about 2.
+
+``--checkpoint inpass`` runs ``auto`` with states captured inside the pass (where it starts
+as ``dense``, ``core/adaptive.py``) into ``<trace>-<model>-inpass/``, beside the fixed pairs and
+the reference of the ``split`` study already written: a fixed pair admits the same states
+in both modes, only the chunking differs (docs/results.md section 5.3 gives the check).
 """
 
 from __future__ import annotations
@@ -48,11 +53,11 @@ STOCK = ("vllm", "lru")
 REFERENCE = ("vllm", "belady")
 
 
-def sweeps(trace: str, model: str) -> list[SweepSpec]:
+def sweeps(trace: str, model: str, checkpoint: str = "split") -> list[SweepSpec]:
     """The sweeps of one trace and model: ``auto``, the fixed grid, the reference."""
     path, caps = TRACES[trace]
     common = dict(trace=path, model=MODELS[model], capacities=tuple(parse_bytes(c) for c in caps),
-                  chunk_size=8192)
+                  chunk_size=8192, checkpoint=checkpoint)
     return [SweepSpec(admissions=(AUTO,), evictions=(AUTO,), **common),
             SweepSpec(admissions=FIXED_ADMISSIONS, evictions=FIXED_EVICTIONS, **common),
             SweepSpec(admissions=(REFERENCE[0],), evictions=(REFERENCE[1],), **common)]
@@ -99,12 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--auto-only", action="store_true",
                     help="run only auto + auto and replace its runs in the results.json already written "
                          "(the fixed pairs and the reference are kept)")
+    ap.add_argument("--checkpoint", choices=("split", "inpass"), default="split",
+                    help="checkpoint mode of the auto runs; inpass writes <trace>-<model>-inpass/ "
+                         "beside the split study's fixed pairs (implies --auto-only)")
     args = ap.parse_args(argv)
+    if args.checkpoint != "split":
+        args.auto_only = True
     for trace in args.traces.split(","):
         for model in args.models.split(","):
             if trace not in TRACES or model not in MODELS:
                 ap.error(f"unknown trace or model {trace!r}, {model!r}")
-            out = Path(args.out) / f"{trace}-{model}"
+            base = out = Path(args.out) / f"{trace}-{model}"
+            if args.checkpoint != "split":
+                out = Path(args.out) / f"{trace}-{model}-{args.checkpoint}"
             if args.tables:
                 doc = json.loads((out / "results.json").read_text())
             else:
@@ -112,12 +124,16 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{trace}: trace not found at {TRACES[trace][0]}", file=sys.stderr)
                     return 2
                 if args.auto_only:
-                    if not (out / "results.json").exists():
-                        ap.error(f"--auto-only needs {out / 'results.json'}: run the full study first")
-                    doc = json.loads((out / "results.json").read_text())
-                    fresh = run_sweep(sweeps(trace, model)[0], jobs=args.jobs, progress=True)
+                    if not (base / "results.json").exists():
+                        ap.error(f"--auto-only needs {base / 'results.json'}: run the full study first")
+                    doc = json.loads((base / "results.json").read_text())
+                    fresh = run_sweep(sweeps(trace, model, args.checkpoint)[0], jobs=args.jobs,
+                                      progress=True)
                     doc["runs"] = [r for r in doc["runs"] if AUTO not in (r["admission"], r["eviction"])]
                     doc["runs"] += fresh["runs"]
+                    if args.checkpoint != "split":
+                        # Each run record keeps its own mode; the plot's title names auto's.
+                        doc["checkpoint"] = args.checkpoint
                 else:
                     docs = [run_sweep(s, jobs=args.jobs, progress=True) for s in sweeps(trace, model)]
                     doc = {**docs[0], "runs": [r for d in docs for r in d["runs"]]}
