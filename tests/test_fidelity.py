@@ -285,23 +285,27 @@ def test_timed_mode_overlaps_requests(tiny_model, tmp_path, engine_env):
 
 
 @pytest.mark.engine
-def test_auto_switches_in_the_engine_as_in_the_simulator(tiny_model, engine_env):
+@pytest.mark.parametrize("checkpoint,start", [("split", "vllm+lru"), ("inpass", "dense+lru")])
+def test_auto_switches_in_the_engine_as_in_the_simulator(tiny_model, engine_env, checkpoint, start):
     """auto+auto deciding every 6 requests: the engine switches at the same requests to the
-    same pairs as the simulator, and every request's cached tokens are equal. The SSM dtype is
-    pinned through vLLM's own argument: the case is sized for the bf16 geometry (B = 128),
-    which vLLM's CPU platform would otherwise double on CPUs with AVX-512 BF16."""
+    same pairs as the simulator (from the start pair of its checkpoint mode: stock in
+    ``split`` mode, ``dense`` in-pass), and every request's cached tokens are equal. The SSM
+    dtype is pinned through vLLM's own argument: the case is sized for the bf16 geometry
+    (B = 128), which vLLM's CPU platform would otherwise double on CPUs with AVX-512 BF16."""
     from vllm_admission.fidelity import FidelitySpec, run_fidelity
 
     synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
     spec = FidelitySpec(model=str(tiny_model), trace="synthetic", pairs=(("auto", "auto"),),
                         num_gpu_blocks=(40,), max_output_len=8, auto_interval=6,
-                        synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16")
+                        synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
+                        checkpoint=checkpoint)
     (rec,) = run_fidelity(spec)["records"]
     pr = rec["per_request"]
     assert rec["requests"] == len(pr["engine"]) >= 20
     engine_switches = rec["engine"]["policy_switches"]
     sim_switches = rec["simulator"]["policy_switches"]
     assert engine_switches, "no switch: the case no longer exercises switching"
+    assert engine_switches[0]["from"] == start
     assert [(s["at"], s["from"], s["to"]) for s in engine_switches] == \
         [(s["at"], s["from"], s["to"]) for s in sim_switches]
     assert all((s["at"] + 1) % 6 == 0 for s in engine_switches)
