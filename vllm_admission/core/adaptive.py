@@ -152,6 +152,8 @@ class Decision:
         scores: per candidate pair, the prefill FLOPs its shadow saved so far,
             each request's saving weighed down by half every ``half_life`` pool
             turnovers (what the decision compared).
+        held: for a switch, per KV cache group, the prompt block hashes the new
+            pair's shadow holds (``None`` otherwise; not in :meth:`as_dict`).
     """
 
     at: int
@@ -159,10 +161,8 @@ class Decision:
     before: Pair
     after: Pair
     scores: dict[str, float]
-    #: For a switch: per KV cache group, the prompt block hashes the new pair's
-    #: shadow holds (:meth:`HybridPrefixCache.held_keys
-    #: <vllm_admission.core.cache.HybridPrefixCache.held_keys>`); the live
-    #: cache hands its other free cached blocks to the new eviction policy first.
+    # From HybridPrefixCache.held_keys: the live cache hands its other free
+    # cached blocks to the new eviction policy first.
     held: tuple[frozenset, ...] | None = field(default=None, compare=False, repr=False)
 
     @property
