@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from vllm_admission.core.adaptive import AUTO
+from vllm_admission.core.cache import CHECKPOINT_MODES
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.geometry import parse_bytes
 from vllm_admission.sim.report import write_results
@@ -104,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--auto-only", action="store_true",
                     help="run only auto + auto and replace its runs in the results.json already written "
                          "(the fixed pairs and the reference are kept)")
-    ap.add_argument("--checkpoint", choices=("split", "inpass"), default="split",
+    ap.add_argument("--checkpoint", choices=CHECKPOINT_MODES, default="split",
                     help="checkpoint mode of the auto runs; inpass writes <trace>-<model>-inpass/ "
                          "beside the split study's fixed pairs (implies --auto-only)")
     args = ap.parse_args(argv)

@@ -300,9 +300,10 @@ class PolicyController:
         self.live_evictions = LiveEvictions(self.evictions)
         if self.live is not None:
             # Serve as the start pair whatever the live cache was built with.
-            self.live.switch(admission=get_admission(self.pair.admission))
-            if self.live_evictions.history is not None or self.live.eviction.name != self.pair.eviction:
-                self.live.switch(eviction=self.live_evictions.make(self.pair.eviction))
+            fresh = (self.live_evictions.history is not None
+                     or self.live.eviction.name != self.pair.eviction)
+            self.live.switch(admission=get_admission(self.pair.admission),
+                             eviction=self.live_evictions.make(self.pair.eviction) if fresh else None)
         pairs = [Pair(a, e) for a in self.admissions for e in self.evictions]
         # Nothing to choose with one pair: no shadows at all.
         self.shadows: dict[Pair, HybridPrefixCache] = {} if len(pairs) == 1 else {
