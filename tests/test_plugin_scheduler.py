@@ -14,10 +14,8 @@ requests, one at a time, must get the same hits in both.
 from __future__ import annotations
 
 import logging
-import random
 
 import pytest
-from conftest import chained_hashes
 from junction_case import (
     expected_junction,
     expected_junction_prefill_steps,
@@ -26,149 +24,29 @@ from junction_case import (
 
 pytest.importorskip("vllm")
 
-from vllm_admission.core.adaptive import (  # noqa: E402
+from scheduler_harness import (  # noqa: E402,F401 - fixtures are used by name
     AUTO,
-    AUTO_EVICTIONS,
-    DEFAULT_INTERVAL,
-    LiveEvictions,
-    PolicyController,
-    candidate_policies,
+    B,
+    POLICIES,
+    EVICTION_CASES,
+    _finish_tuners,
+    build,
+    costs,
+    free_equals_usable,
+    mamba_positions,
+    model_dir,
+    random_workload,
+    run_engine,
+    serve_deciding,
+    simulate,
+    simulate_auto,
+    toks,
+    vllm_config,
 )
-from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission  # noqa: E402
+
+from vllm_admission.core.adaptive import AUTO_EVICTIONS, LiveEvictions  # noqa: E402
 from vllm_admission.core.cache import HybridPrefixCache  # noqa: E402
-from vllm_admission.core.costs import ModelCosts  # noqa: E402
-from vllm_admission.core.eviction import (  # noqa: E402
-    ENGINE_EVICTION_POLICIES,
-    eviction_class,
-    get_eviction,
-)
-from vllm_admission.core.geometry import CacheLayout  # noqa: E402
-from vllm_admission.core.replay import CacheRequest, CacheSetup  # noqa: E402
-
-B = 128  # pinned through vLLM's block_size (and bf16 state) below: the same on every CPU
-GROUPS = ("state", "attention")
-BYTES_PER_BLOCK = 2 * 65536  # 2 layers x 64 KiB pages (docs/engine-facts.md)
-CHUNK = 4096
-POLICIES = list(ADMISSION_POLICIES)
-#: Every eviction policy the engine accepts (a new registry entry is covered automatically),
-#: a tunable one at two fixed alphas.
-EVICTION_CASES = [(name, alpha) for name in ENGINE_EVICTION_POLICIES
-                  for alpha in ((0.0, 0.7) if eviction_class(name).tunable else (None,))]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    from vllm_admission.plugin.testing import write_config_only_model
-
-    return write_config_only_model(tmp_path_factory.mktemp("tiny_config"))
-
-
-@pytest.fixture(scope="module")
-def vllm_config(model_dir):
-    from vllm_admission.plugin.testing import make_vllm_config
-
-    cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192,
-                           max_num_batched_tokens=CHUNK)
-    assert cfg.cache_config.block_size == B
-    assert cfg.cache_config.mamba_cache_mode == "align"
-    # No runner here; the inpass mode checks that a real one would share the scheduler's process.
-    cfg.parallel_config.distributed_executor_backend = "uni"
-    return cfg
-
-
-@pytest.fixture(scope="module")
-def costs(model_dir):
-    return ModelCosts.from_config(model_dir / "config.json")
-
-
-_BUILT: list = []
-
-
-@pytest.fixture(autouse=True)
-def _finish_tuners():
-    """After each test, let its schedulers' alpha tuners finish and stop.
-
-    A tuner thread left running logs its decision whenever it gets there, which can
-    fall inside a later test's log capture.
-    """
-    yield
-    while _BUILT:
-        ctl = getattr(_BUILT.pop().scheduler, "_admission", None)
-        if ctl is not None:
-            ctl.drain(timeout=60)
-            ctl.stop()
-
-
-def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None, blocks=160,
-          kinds=GROUPS, cls=None, checkpoint="split"):
-    from vllm_admission.plugin.scheduler import AdmissionScheduler
-    from vllm_admission.plugin.testing import (
-        FakeEngine,
-        make_kv_cache_config,
-        make_scheduler,
-    )
-
-    monkeypatch.setenv("VLLM_ADMISSION_POLICY", policy)
-    monkeypatch.setenv("VLLM_ADMISSION_EVICTION", eviction)
-    monkeypatch.setenv("VLLM_ADMISSION_CHECKPOINT", checkpoint)
-    if alpha is None:
-        monkeypatch.delenv("VLLM_ADMISSION_ALPHA", raising=False)
-    else:
-        monkeypatch.setenv("VLLM_ADMISSION_ALPHA", str(alpha))
-    sched = make_scheduler(cls or AdmissionScheduler, vllm_config,
-                           make_kv_cache_config(vllm_config, blocks, kinds=kinds))
-    engine = FakeEngine(sched)
-    _BUILT.append(engine)
-    return engine
-
-
-def toks(seed, n):
-    rng = random.Random(seed)
-    return [rng.randrange(8, 512) for _ in range(n)]  # 7 is the fake engine's output token
-
-
-def chained(tokens):
-    return chained_hashes(tokens, B)
-
-
-def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=None):
-    """The core model's hits; with ``steps`` (a list), its prefill steps are appended to it."""
-    tunable = eviction_class(eviction).tunable
-    ev = get_eviction(eviction, **({"alpha": alpha} if alpha is not None and tunable else {}))
-    cache = HybridPrefixCache(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
-                              admission=get_admission(policy), eviction=ev, chunk_size=CHUNK,
-                              segment_flops=costs.prefill_flops, bytes_per_block=BYTES_PER_BLOCK)
-    hits = []
-    for r, (tokens, out_len) in enumerate(requests):
-        out = cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r))
-        hits.append(out.hit_tokens)
-        if steps is not None:
-            steps.append(out.prefill_steps)
-    return hits, cache
-
-
-def run_engine(engine, requests):
-    hits = []
-    for tokens, out_len in requests:
-        rid = engine.add(tokens, out_len)
-        engine.run()
-        hits.append(engine.cached_tokens[rid])
-    return hits
-
-
-def free_equals_usable(engine):
-    pool = engine.scheduler.kv_cache_manager.block_pool
-    return pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
-
-
-def mamba_positions(engine):
-    from vllm.v1.core.kv_cache_utils import get_group_id
-
-    from vllm_admission.plugin.vllm_hooks import cached_blocks
-
-    pool = engine.scheduler.kv_cache_manager.block_pool
-    return sorted(b.block_hash_num_tokens for key, b in cached_blocks(pool)
-                  if get_group_id(key) == 0)
+from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, get_eviction  # noqa: E402
 
 
 # ---------------------------------------------------------------- the junction case
@@ -249,25 +127,6 @@ def _outputs(engine, out):
 
 
 # ---------------------------------------------------------------- random workloads vs the core
-def random_workload(seed, n=36):
-    rng = random.Random(seed)
-    prefixes = [toks(seed * 100 + k, rng.randrange(300, 1500)) for k in range(3)]
-    reqs = []
-    history = []
-    for i in range(n):
-        roll = rng.random()
-        if history and roll < 0.2:
-            tokens = list(rng.choice(history))                      # resend
-        elif history and roll < 0.35:
-            tokens = list(rng.choice(history)) + toks(seed * 1000 + i, rng.randrange(1, 400))
-        else:
-            tokens = rng.choice(prefixes) + toks(seed * 1000 + i, rng.randrange(1, 1200))
-        tokens = tokens[:2700]
-        history.append(tokens)
-        reqs.append((tokens, rng.randrange(1, 300)))
-    return reqs
-
-
 @pytest.mark.parametrize("eviction,alpha", EVICTION_CASES)
 @pytest.mark.parametrize("policy", POLICIES)
 def test_random_workload_matches_core_model(vllm_config, monkeypatch, costs, policy, eviction,
@@ -395,26 +254,27 @@ def test_model_without_recurrent_layers_runs_stock(vllm_config, monkeypatch, cap
     assert engine.cached_tokens[rid] == 0 and engine.cached_tokens[rid2] == 384
 
 
-def test_an_unsupported_vllm_refuses_changes_and_runs_stock_otherwise(vllm_config, monkeypatch):
-    """vllm_hooks' version gate: another release line than 0.32 gets one line and no patching."""
-    from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
-    from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue
+def test_an_unsupported_vllm_refuses_changes_and_runs_truly_stock_otherwise(vllm_config,
+                                                                           monkeypatch, caplog):
+    """vllm_hooks' version gate: a release line outside 0.32/0.33 gets one line, and with
+    vLLM's own settings the scheduler built is vLLM's own class, so no override of the
+    plugin's runs (0.33's new ``_get_local_prefix_cache_hit`` argument broke exactly that)."""
+    from vllm.v1.core.sched.scheduler import Scheduler
 
     from vllm_admission.plugin import vllm_hooks
-    from vllm_admission.plugin.scheduler import AdmissionScheduler
 
-    monkeypatch.setattr(vllm_hooks, "installed_version", lambda: "0.33.0")
+    monkeypatch.setattr(vllm_hooks, "installed_version", lambda: "0.34.0")
     with pytest.raises(vllm_hooks.UnsupportedVllmError) as info:
         build(vllm_config, monkeypatch, policy="marconi", eviction="lru")
     assert str(info.value) == (
-        "vllm_admission supports vLLM 0.32.x, found 0.33.0; the AdmissionScheduler refuses to "
-        "change vLLM's caching on it (valid here: VLLM_ADMISSION_POLICY=vllm with "
+        "vllm_admission supports vLLM 0.32.x and 0.33.x, found 0.34.0; the AdmissionScheduler "
+        "refuses to change vLLM's caching on it (valid here: VLLM_ADMISSION_POLICY=vllm with "
         "VLLM_ADMISSION_EVICTION=lru)")
-    engine = build(vllm_config, monkeypatch, policy="vllm", eviction="lru")
+    with caplog.at_level(logging.INFO, logger="vllm_admission"):
+        engine = build(vllm_config, monkeypatch, policy="vllm", eviction="lru")
     sched = engine.scheduler
-    assert isinstance(sched, AdmissionScheduler) and not sched.stats().active
-    assert type(sched.kv_cache_manager.coordinator) is HybridKVCacheCoordinator
-    assert type(sched.kv_cache_manager.block_pool.free_block_queue) is FreeKVCacheBlockQueue
+    assert type(sched) is Scheduler
+    assert "found 0.34.0; AdmissionScheduler builds vLLM's own Scheduler instead" in caplog.text
     engine.add(toks(2, 500), 3)
     engine.run()
     assert free_equals_usable(engine)
@@ -448,8 +308,9 @@ def test_only_a_policy_that_reads_values_replaces_vllms_coordinator(vllm_config,
 def test_every_private_vllm_member_the_plugin_relies_on_exists():
     from vllm_admission.plugin import vllm_hooks
 
-    assert vllm_hooks.check_version()  # the suite runs against the supported release
-    assert vllm_hooks.check_version("0.32.3+cpu") and not vllm_hooks.check_version("0.33.0")
+    assert vllm_hooks.check_version()  # the suite runs against a supported release
+    assert vllm_hooks.check_version("0.32.3+cpu") and vllm_hooks.check_version("0.33.0")
+    assert not vllm_hooks.check_version("0.34.0") and not vllm_hooks.check_version("0.31.9")
     assert vllm_hooks.missing_members() == []
 
 
@@ -486,38 +347,6 @@ def test_alpha_is_tuned_online_after_the_first_evictions(vllm_config, monkeypatc
 
 
 # ---------------------------------------------------------------- auto: engine against core
-def simulate_auto(requests, *, blocks, costs, admission=AUTO, interval=DEFAULT_INTERVAL):
-    """The simulator's auto run (sim/simulator.py does the same on a trace)."""
-    layout = CacheLayout(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
-                         bytes_per_block=BYTES_PER_BLOCK, chunk_size=CHUNK)
-    admissions, evictions = candidate_policies(admission, AUTO)
-    start = PolicyController.default_start(admissions, evictions)
-    setup = CacheSetup(layout=layout, admission=start.admission, eviction=start.eviction,
-                       segment_flops=costs.prefill_flops)
-    cache = setup.build(switchable=True)
-    ctl = PolicyController(cache, setup, admissions, evictions, prefill_flops=costs.prefill_flops,
-                           min_window=interval)
-    hits = []
-    for r, (tokens, out_len) in enumerate(requests):
-        out = cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r))
-        hits.append(out.hit_tokens)
-        ctl.observe(r, CacheRequest(chained(tokens), len(tokens), out_len))
-    return hits, ctl
-
-
-def serve_deciding(engine, requests):
-    """Run ``requests`` one at a time, letting auto's decision land before the next
-    (as the simulator does); returns each request's cached tokens."""
-    ctl = engine.scheduler._admission  # noqa: SLF001
-    hits = []
-    for tokens, out_len in requests:
-        rid = engine.add(tokens, out_len)
-        engine.run()
-        hits.append(engine.cached_tokens[rid])
-        assert ctl.drain(timeout=60)
-    return hits
-
-
 def test_auto_switches_like_the_simulator_request_for_request(vllm_config, monkeypatch, costs):
     """VLLM_ADMISSION_POLICY=auto and VLLM_ADMISSION_EVICTION=auto: the plugin's controller
     (shadow caches fed the finished requests) switches after the same requests as the

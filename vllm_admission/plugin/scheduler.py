@@ -32,10 +32,12 @@ layers, the scheduler logs one INFO line and behaves exactly as vLLM's.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import MambaSpec
 
@@ -56,7 +58,7 @@ from vllm_admission.plugin.logs import ensure_log_output
 from vllm_admission.plugin.metrics import StatsPublisher
 from vllm_admission.plugin.stats import AdmissionStats
 
-__all__ = ["AdmissionScheduler", "admission_stats"]
+__all__ = ["AdmissionScheduler", "AsyncAdmissionScheduler", "admission_stats"]
 
 logger = logging.getLogger("vllm_admission")
 
@@ -75,6 +77,40 @@ class AdmissionScheduler(Scheduler):
             unsupported feature).
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """Pick the class the engine's configuration needs.
+
+        * vLLM's async scheduling on (``scheduler_config.async_scheduling``, the
+          GPU default, ``vllm/config/vllm.py``): an
+          :class:`AsyncAdmissionScheduler`, so the engine's two batches in
+          flight (``EngineCore.step_with_batch_queue``) get vLLM's output
+          placeholders, as with vLLM's own ``AsyncScheduler``;
+        * an unsupported vLLM release (:func:`vllm_hooks.check_version`): vLLM's
+          own ``Scheduler`` or ``AsyncScheduler``, built and returned as is, so
+          no override of this class is active; or one line refusing a setting
+          that asks for anything but vLLM's behaviour.
+
+        Raises:
+            UnsupportedVllmError: an unsupported release with a setting other
+                than ``vllm`` + ``lru`` (one line).
+            AdmissionConfigError: an invalid setting on an unsupported release.
+        """
+        vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+        scheduler_config = getattr(vllm_config, "scheduler_config", None)
+        is_async = bool(getattr(scheduler_config, "async_scheduling", False))
+        if not vllm_hooks.check_version():
+            config = AdmissionConfig.from_env()
+            reason = vllm_hooks.unsupported_reason(vllm_hooks.installed_version(),
+                                                   config.wants_changes())
+            ensure_log_output()
+            stock = AsyncScheduler if is_async else Scheduler
+            logger.info("vllm_admission: %s; AdmissionScheduler builds vLLM's own %s instead "
+                        "(nothing of the plugin is active)", reason, stock.__name__)
+            return stock(*args, **kwargs)
+        if is_async and not issubclass(cls, AsyncScheduler):
+            cls = AsyncAdmissionScheduler
+        return super().__new__(cls)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         config = AdmissionConfig.from_env()
         super().__init__(*args, **kwargs)
@@ -86,9 +122,6 @@ class AdmissionScheduler(Scheduler):
         self._admission_publisher = StatsPublisher.from_env(
             engine_index=self.vllm_config.parallel_config.data_parallel_rank)
         reason = self._admission_inert_reason()
-        if reason is None and not vllm_hooks.check_version():
-            wants = config.wants_changes()
-            reason = vllm_hooks.unsupported_reason(vllm_hooks.installed_version(), wants)
         if reason is not None:
             logger.info("vllm_admission: %s; AdmissionScheduler runs as vLLM's stock scheduler "
                         "(nothing for the plugin to do)", reason)
@@ -296,8 +329,10 @@ class AdmissionScheduler(Scheduler):
             self._admission_use_admission(pending.admission)
         self._admission_pending_pair = None
 
-    def _get_local_prefix_cache_hit(self, request: Any) -> Any:
-        blocks, num_local, boundary, diverged = super()._get_local_prefix_cache_hit(request)
+    def _get_local_prefix_cache_hit(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        # vLLM 0.32 passes the request; 0.33 also ``max_cache_hit_length``.
+        blocks, num_local, boundary, diverged = super()._get_local_prefix_cache_hit(
+            request, *args, **kwargs)
         ctl = self._admission
         if ctl is not None:
             boundary = ctl.on_lookup(request, num_local, boundary)
@@ -434,11 +469,7 @@ class AdmissionScheduler(Scheduler):
                 f"VLLM_ADMISSION_POLICY={name} cannot run with KV cache groups "
                 f"{', '.join(sorted(set(odd)))} (valid here: vllm)")
         self._admission_use_admission(name)
-        self.admission_config = AdmissionConfig(
-            policy=name, eviction=self.admission_config.eviction,
-            alpha=self.admission_config.alpha, log_interval=self.admission_config.log_interval,
-            tune_multiplier=self.admission_config.tune_multiplier,
-            tune_grid=self.admission_config.tune_grid)
+        self.admission_config = dataclasses.replace(self.admission_config, policy=name)
 
 
     def _admission_use_admission(self, name: str) -> None:
@@ -446,6 +477,23 @@ class AdmissionScheduler(Scheduler):
         ctl.set_policy(name)
         vllm_hooks.use_policy_managers(self.kv_cache_manager.coordinator, ctl)
         self._admission_bind_split()
+
+
+class AsyncAdmissionScheduler(AdmissionScheduler, AsyncScheduler):
+    """:class:`AdmissionScheduler` on vLLM's ``AsyncScheduler``
+    (``vllm/v1/core/sched/async_scheduler.py``).
+
+    Built by ``AdmissionScheduler(...)`` itself whenever the engine runs with
+    async scheduling (the user still names ``vllm_admission.AdmissionScheduler``).
+    Method resolution puts the plugin's overrides first and vLLM's async ones
+    under them: a scheduled decode step adds an output placeholder
+    (``_update_after_schedule``), a request with a step in flight stays
+    schedulable, and the blocks a step fills get their hashes when its output
+    arrives, minus the placeholders still in flight
+    (``_update_request_with_output`` calls ``cache_blocks``), which the
+    plugin's ``PolicyMambaManager.cache_blocks`` decides on exactly as in the
+    synchronous scheduler.
+    """
 
 
 def admission_stats(llm: Any) -> AdmissionStats:

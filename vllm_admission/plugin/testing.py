@@ -11,7 +11,9 @@ Mamba/GDN state groups, vLLM's align mode):
 * :func:`make_kv_cache_config`: a pool of ``num_blocks`` blocks shared by the
   given groups;
 * :class:`FakeEngine`: adds requests and runs ``schedule()`` /
-  ``update_from_output()`` steps, sampling a fixed token, until they finish.
+  ``update_from_output()`` steps, sampling a fixed token, until they finish;
+  with async scheduling on it keeps a queue of two batches in flight, as
+  vLLM's ``EngineCore.step_with_batch_queue`` does (``vllm/v1/engine/core.py``).
 
 The scheduler sees exactly what it sees in a real engine step, except that no
 forward pass runs. Timings of ``schedule()`` and ``update_from_output()`` are
@@ -22,6 +24,7 @@ accumulated in :attr:`FakeEngine.seconds` (wall clock) and
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,12 +49,20 @@ def write_config_only_model(out_dir: str | Path, *, max_position_embeddings: int
 
 def make_vllm_config(model_dir: str | Path, *, block_size: int | None = None,
                      max_num_batched_tokens: int = 4096, max_model_len: int = 131072,
-                     enable_prefix_caching: bool = True, max_num_seqs: int = 256) -> Any:
+                     enable_prefix_caching: bool = True, max_num_seqs: int = 256,
+                     async_scheduling: bool = False) -> Any:
     """The ``VllmConfig`` vLLM builds for ``model_dir`` (bf16, no tokenizer, eager).
 
     The SSM state dtype is pinned to bf16 (the dtype of :func:`make_kv_cache_config`'s
     state spec), so vLLM's CPU platform does not switch it to float32 on CPUs with
     AVX-512 BF16 (``vllm/platforms/cpu.py``).
+
+    Args:
+        async_scheduling: the configuration a GPU engine gets by default
+            (``scheduler_config.async_scheduling``, two batches in flight).
+            vLLM's CPU platform turns it off while building the configuration
+            (``vllm/platforms/cpu.py``), so it is set on the finished object, as
+            the GPU platform leaves it; nothing here runs a model.
     """
     from vllm.engine.arg_utils import EngineArgs
 
@@ -60,7 +71,10 @@ def make_vllm_config(model_dir: str | Path, *, block_size: int | None = None,
                       enable_prefix_caching=enable_prefix_caching, enforce_eager=True,
                       max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
                       max_num_seqs=max_num_seqs, block_size=block_size)
-    return args.create_engine_config()
+    config = args.create_engine_config()
+    if async_scheduling:
+        config.scheduler_config.async_scheduling = True
+    return config
 
 
 def make_kv_cache_config(vllm_config: Any, num_blocks: int, *,
@@ -125,12 +139,23 @@ def make_scheduler(cls: type, vllm_config: Any, kv_cache_config: Any, *,
 class FakeEngine:
     """Runs a scheduler with made-up model outputs (every step samples ``token``).
 
+    With ``batch_queue`` 1 each step is ``schedule()`` then ``update_from_output()``
+    of that step (``EngineCore.step``). With 2, as ``EngineCore`` runs vLLM's
+    async scheduling (``step_with_batch_queue``, ``vllm/v1/engine/core.py``): a
+    step schedules the next batch first and, while the queue is not full, returns
+    without waiting; otherwise it takes the output of the oldest batch in flight.
+    The fake forward pass never finishes early, so the queue is as deep as vLLM
+    lets it get.
+
     Args:
         scheduler: a built scheduler.
         token: the token id every decode step "samples".
+        batch_queue: batches in flight; default: 2 when the scheduler's
+            configuration has async scheduling on, else 1 (vLLM's
+            ``max_concurrent_batches`` for one pipeline stage).
     """
 
-    def __init__(self, scheduler: Any, token: int = 7) -> None:
+    def __init__(self, scheduler: Any, token: int = 7, batch_queue: int | None = None) -> None:
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 
@@ -150,6 +175,15 @@ class FakeEngine:
         self.outputs: dict[str, Any] = {}
         #: Prompt tokens each request found cached (``num_cached_tokens``).
         self.cached_tokens: dict[str, int] = {}
+        #: Steps that scheduled at least one token (forward passes a real engine runs).
+        self.forward_passes = 0
+        if batch_queue is None:
+            batch_queue = 2 if scheduler.scheduler_config.async_scheduling else 1
+        if batch_queue < 1:
+            raise ValueError(f"batch_queue must be >= 1, got {batch_queue}")
+        self.batch_queue = batch_queue
+        # (scheduler output, ids of the requests that sample a token in it), newest first.
+        self._in_flight: deque[tuple[Any, set[str]]] = deque()
         self._n = 0
 
     def add(self, prompt: Sequence[int], max_tokens: int, request_id: str | None = None) -> str:
@@ -166,31 +200,40 @@ class FakeEngine:
         return rid
 
     def step(self) -> list[Any]:
-        """One ``schedule()`` + ``update_from_output()``; returns finished outputs."""
+        """One engine step (see the class); returns the requests it finished."""
         from vllm.v1.outputs import ModelRunnerOutput
 
         sched = self.scheduler
-        c0 = time.process_time()
-        t0 = time.perf_counter()
-        out = sched.schedule()
-        t1 = time.perf_counter()
-        c1 = time.process_time()
+        if sched.has_requests():
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            out = sched.schedule()
+            self.seconds += time.perf_counter() - t0
+            self.cpu_seconds += time.process_time() - c0
+            # A request samples in this step when the step reaches the end of
+            # what it has to compute (vLLM's ``is_prefill_chunk`` is then false).
+            sampling = {rid for rid in out.num_scheduled_tokens
+                        if not sched.requests[rid].is_prefill_chunk}
+            self._in_flight.appendleft((out, sampling))
+            self.last_output = out
+            self.steps += 1
+            executed = out.total_num_scheduled_tokens > 0
+            self.forward_passes += executed
+            if len(self._in_flight) < self.batch_queue and (executed or sched.has_requests()):
+                return []
+        elif not self._in_flight:
+            return []
+        out, sampling = self._in_flight.pop()
         req_ids = list(out.num_scheduled_tokens)
-        sampled = []
-        for rid in req_ids:
-            req = sched.requests[rid]
-            done = req.num_computed_tokens >= req.num_tokens
-            sampled.append([self.token] if done else [])
         runner = ModelRunnerOutput(req_ids=req_ids,
                                    req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                   sampled_token_ids=sampled)
+                                   sampled_token_ids=[[self.token] if r in sampling else []
+                                                      for r in req_ids])
         c2 = time.process_time()
         t2 = time.perf_counter()
         eco = sched.update_from_output(out, runner)
-        self.seconds += (t1 - t0) + (time.perf_counter() - t2)
-        self.cpu_seconds += (c1 - c0) + (time.process_time() - c2)
-        self.last_output = out
-        self.steps += 1
+        self.seconds += time.perf_counter() - t2
+        self.cpu_seconds += time.process_time() - c2
         finished = []
         for client_outputs in eco.values():
             for o in client_outputs.outputs:
@@ -201,11 +244,15 @@ class FakeEngine:
                     self.outputs[o.request_id] = o
         return finished
 
+    def busy(self) -> bool:
+        """Whether a request is in the scheduler or a batch is in flight."""
+        return bool(self._in_flight) or self.scheduler.has_requests()
+
     def run(self, max_steps: int = 1_000_000) -> list[Any]:
         """Step until no request is left; returns the finished outputs in order."""
         done: list[Any] = []
         for _ in range(max_steps):
-            if not self.scheduler.has_requests():
+            if not self.busy():
                 return done
             done.extend(self.step())
         raise RuntimeError(f"requests still unfinished after {max_steps} steps")

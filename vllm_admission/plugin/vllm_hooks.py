@@ -7,10 +7,11 @@ vLLM's ``Scheduler``) and the ``vllm.general_plugins`` /
 objects it changes and the private members it overrides or reads, is done
 here, behind a version check:
 
-* :func:`check_version`, :func:`unsupported_reason`: vLLM 0.32.x is
-  supported. Another version gets one line: the AdmissionScheduler refuses to
-  start when a setting asks for anything but vLLM's own behaviour, and
-  otherwise runs as vLLM's stock scheduler (nothing is patched);
+* :func:`check_version`, :func:`unsupported_reason`: vLLM 0.32.x and 0.33.x
+  are supported. Another version gets one line: the AdmissionScheduler refuses
+  to start when a setting asks for anything but vLLM's own behaviour, and
+  otherwise builds vLLM's own scheduler class instead of itself (no override
+  of the plugin's is active);
 * :func:`install`: re-types the freshly built block pool, Mamba managers and
   hybrid coordinator into the subclasses of
   :mod:`vllm_admission.plugin.kv_cache` (their fields stay vLLM's) and swaps
@@ -44,19 +45,23 @@ __all__ = [
     "check_version",
     "install",
     "missing_members",
+    "supported_text",
     "register_env_vars",
     "unsupported_reason",
     "use_policy_managers",
 ]
 
-#: The vLLM release line the plugin is written against (``major.minor``).
-SUPPORTED_VLLM = "0.32"
+#: The vLLM release lines the plugin supports (``major.minor``).
+SUPPORTED_VLLM: tuple[str, ...] = ("0.32", "0.33")
 
 #: ``(file under vllm/, qualified member, how the plugin uses it)`` for every
 #: private (or undocumented) member of vLLM the plugin overrides, calls or reads.
 PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
     ("v1/core/sched/scheduler.py", "Scheduler._get_local_prefix_cache_hit",
-     "overridden: reports the probe, returns the policy's junction"),
+     "overridden: reports the probe, returns the policy's junction (0.32 passes the request, "
+     "0.33 also max_cache_hit_length)"),
+    ("v1/core/sched/async_scheduler.py", "AsyncScheduler._update_after_schedule",
+     "inherited: the plugin's async variant runs vLLM's output placeholders"),
     ("v1/core/sched/scheduler.py", "Scheduler._mamba_block_aligned_split",
      "called, and shadowed on the instance for policies with extra chunk stops"),
     ("v1/core/sched/scheduler.py", "Scheduler._update_after_schedule",
@@ -118,11 +123,17 @@ def check_version(version: str | None = None) -> bool:
     """Whether ``version`` (default: the installed vLLM's) is a supported release.
 
     Returns:
-        ``True`` for 0.32.x; ``False`` otherwise.
+        ``True`` for a release line in :data:`SUPPORTED_VLLM`; ``False`` otherwise.
     """
     version = installed_version() if version is None else version
     parts = version.split("+")[0].split(".")
-    return ".".join(parts[:2]) == SUPPORTED_VLLM
+    return ".".join(parts[:2]) in SUPPORTED_VLLM
+
+
+def supported_text() -> str:
+    """The supported release lines in words, e.g. ``"0.32.x and 0.33.x"``."""
+    lines = [f"{v}.x" for v in SUPPORTED_VLLM]
+    return ", ".join(lines[:-1]) + f" and {lines[-1]}" if len(lines) > 1 else lines[0]
 
 
 def unsupported_reason(version: str, wants_changes: bool) -> str:
@@ -132,7 +143,7 @@ def unsupported_reason(version: str, wants_changes: bool) -> str:
         UnsupportedVllmError: ``wants_changes`` (a setting other than vLLM's own
             behaviour); the message is one line.
     """
-    text = f"vllm_admission supports vLLM {SUPPORTED_VLLM}.x, found {version}"
+    text = f"vllm_admission supports vLLM {supported_text()}, found {version}"
     if wants_changes:
         raise UnsupportedVllmError(
             f"{text}; the AdmissionScheduler refuses to change vLLM's caching on it "
@@ -145,9 +156,11 @@ def missing_members() -> list[str]:
     instance attributes are checked by the tests on a live engine)."""
     from vllm.v1.core import block_pool, kv_cache_coordinator, kv_cache_utils
     from vllm.v1.core import single_type_kv_cache_manager as stkm
-    from vllm.v1.core.sched import scheduler
+    from vllm.v1.core.sched import async_scheduler, scheduler
 
-    modules = {"v1/core/sched/scheduler.py": scheduler, "v1/core/block_pool.py": block_pool,
+    modules = {"v1/core/sched/scheduler.py": scheduler,
+               "v1/core/sched/async_scheduler.py": async_scheduler,
+               "v1/core/block_pool.py": block_pool,
                "v1/core/kv_cache_coordinator.py": kv_cache_coordinator,
                "v1/core/single_type_kv_cache_manager.py": stkm,
                "v1/core/kv_cache_utils.py": kv_cache_utils}
