@@ -529,24 +529,54 @@ class AdmissionControl:
         dropped from the cache with ``drop(block)``.
         """
         B = self.B
-        first = group == self.first_state
         for pos in tentative:
             block = blocks[pos // B - 1]
             key = block.block_hash
-            if key is None:
-                continue
-            old = track.tails.get(group)
-            track.tails[group] = (pos, block, key)
-            if old is None or old[0] >= pos:
-                continue
-            old_pos, old_block, old_key = old
-            if old_block.block_hash != old_key:
-                continue  # evicted (and maybe reused) meanwhile: nothing to drop
-            drop(old_block)
-            if first:
-                self.checkpoints -= 1
-                self.superseded += 1
-                track.adm.unrecord(old_pos)  # (absent after a preemption: a new track)
+            if key is not None:
+                self._replace_tail(track, group, pos, block, key, drop)
+
+    def supersede_ahead(self, track: _Track, group: int, known: int, reach: int,
+                        blocks: Sequence[Any], drop: Callable[[Any], None]) -> None:
+        """Async scheduling: a step in flight computes the state at the last block
+        boundary ``p <= reach`` whose tokens are not all known yet (``p > known``).
+
+        vLLM gives that state its hash only when the step's output arrives
+        (``AsyncScheduler._update_request_with_output``), one step after the
+        synchronous scheduler, which hashes it when the step is scheduled. If
+        ``p`` is a tentative position, the previous tentative state is dropped
+        now, where the synchronous scheduler drops it, so that its block is back
+        at the head of the free queue before the next step allocates; ``p``
+        itself replaces it when its hash arrives.
+
+        Args:
+            known: tokens of the request known now (``request.num_tokens``).
+            reach: tokens computed once the steps in flight finish
+                (``request.num_computed_tokens`` after scheduling).
+        """
+        pos = reach // self.B * self.B
+        if pos <= known or track.adm.decide(pos) != TENTATIVE:
+            return
+        block = blocks[pos // self.B - 1]
+        if not block.is_null:
+            self._replace_tail(track, group, pos, block, None, drop)
+
+    def _replace_tail(self, track: _Track, group: int, pos: int, block: Any, key: Any,
+                      drop: Callable[[Any], None]) -> None:
+        """Make the state at ``pos`` (hash ``key``; ``None`` while a step computes it)
+        the request's tentative tail in ``group``; drop the previous tail if it is
+        earlier and still holds the hash it was cached with."""
+        old = track.tails.get(group)
+        track.tails[group] = (pos, block, key)
+        if old is None or old[0] >= pos:
+            return
+        old_pos, old_block, old_key = old
+        if old_key is None or old_block.block_hash != old_key:
+            return  # never hashed, or evicted (and maybe reused) meanwhile: nothing to drop
+        drop(old_block)
+        if group == self.first_state:
+            self.checkpoints -= 1
+            self.superseded += 1
+            track.adm.unrecord(old_pos)  # (absent after a preemption: a new track)
 
     def observe_cached(self, track: _Track, blocks: Sequence[Any], first: int, last: int) -> None:
         """States of the first state group that just got a block hash (any policy)."""
@@ -685,7 +715,9 @@ class AdmissionControl:
             else:
                 self.controller._observe(index, item)  # noqa: SLF001
             return
-        hit = track.adm.probe.state_hit
+        # A request resumed after a preemption looks up its outputs too; the
+        # tuner's replay knows the prompt only.
+        hit = min(track.adm.probe.state_hit, P)
         saved = self.prefill_flops(P, 0) - self.prefill_flops(P, hit)
         if self.tune_in_thread:
             self.tuner.submit(item, evicted_so_far, saved)

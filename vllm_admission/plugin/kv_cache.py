@@ -175,6 +175,15 @@ class PolicyMambaManager(MambaManager):
             ctl.supersede(track, self.kv_cache_group_id, tentative, blocks,
                           self.block_pool.drop_hash)
 
+    def supersede_ahead(self, request: Any) -> None:
+        """Async scheduling: drop the request's previous tentative state when a step
+        in flight computes the next one (see :meth:`AdmissionControl.supersede_ahead`)."""
+        blocks = self.req_to_blocks.get(request.request_id)
+        if blocks:
+            self._admission.supersede_ahead(
+                self._admission.track(request), self.kv_cache_group_id, request.num_tokens,
+                request.num_computed_tokens, blocks, self.block_pool.drop_hash)
+
     def _cache_partial_tail_block(self, request: Any, num_tokens: int,
                                   retention_interval: int | None) -> Any:
         # With one hash per block (checked at start-up) this stock hook could only

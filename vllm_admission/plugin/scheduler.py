@@ -53,7 +53,7 @@ from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout, inpass_c
 from vllm_admission.plugin import inpass, vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import AdmissionControl
-from vllm_admission.plugin.kv_cache import group_kinds
+from vllm_admission.plugin.kv_cache import PolicyMambaManager, group_kinds
 from vllm_admission.plugin.logs import ensure_log_output
 from vllm_admission.plugin.metrics import StatsPublisher
 from vllm_admission.plugin.stats import AdmissionStats
@@ -493,7 +493,28 @@ class AsyncAdmissionScheduler(AdmissionScheduler, AsyncScheduler):
     (``_update_request_with_output`` calls ``cache_blocks``), which the
     plugin's ``PolicyMambaManager.cache_blocks`` decides on exactly as in the
     synchronous scheduler.
+
+    One thing moves with that later hash: a policy that keeps tentative
+    sequence-end states (``supersede_tail``, ``marconi``) would drop the
+    previous one a step late, after the next step's allocations. After each
+    schedule this class drops it where the synchronous scheduler does
+    (:meth:`PolicyMambaManager.supersede_ahead`), so that requests served one
+    after another get the same blocks, evictions and hits in both.
     """
+
+    def _update_after_schedule(self, scheduler_output: Any) -> None:
+        super()._update_after_schedule(scheduler_output)
+        ctl = self._admission
+        if ctl is None or not ctl.policy.supersede_tail:
+            return
+        managers = [m for m in self._admission_state_managers()
+                    if isinstance(m, PolicyMambaManager)]
+        requests = self.requests
+        for rid in scheduler_output.num_scheduled_tokens:
+            request = requests[rid]
+            if request.num_computed_tokens > request.num_tokens:
+                for manager in managers:
+                    manager.supersede_ahead(request)
 
 
 def admission_stats(llm: Any) -> AdmissionStats:
