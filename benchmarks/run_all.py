@@ -29,6 +29,7 @@ def main() -> int:
         print("vLLM is not installed; skipping the plugin scheduler-overhead benchmark")
     else:
         rc = subprocess.call([sys.executable, str(overhead)]) or rc
+        rc = subprocess.call([sys.executable, str(overhead), "--async-scheduling"]) or rc
         rc = subprocess.call([sys.executable, str(HERE / "inpass_engine_bench.py")]) or rc
     return rc
 

@@ -29,11 +29,19 @@ thread is reported for information), ``auto``+``auto`` <= 1.10: its shadow
 caches run on a background thread, so what it costs the scheduler loop is the
 thread's share of the GIL and CPU during the timed calls (both ratios count it).
 
+With ``--async-scheduling`` the engine configuration is a GPU engine's default
+(``scheduler_config.async_scheduling`` on) and ``FakeEngine`` keeps two batches in
+flight as ``EngineCore.step_with_batch_queue`` does; stock is then vLLM's
+``AsyncScheduler`` (the plugin builds its async variant itself), and one more row,
+vLLM's plain ``Scheduler`` under the same queue, shows what a scheduler without output
+placeholders costs in engine steps (the plugin before it had an async variant).
+
 Usage::
 
-    .venv/bin/python benchmarks/scheduler_overhead.py [--requests 60] [--reps 5]
+    .venv/bin/python benchmarks/scheduler_overhead.py [--requests 60] [--reps 5] [--async-scheduling]
 
-Writes ``benchmarks/results/scheduler_overhead.json``.
+Writes ``benchmarks/results/scheduler_overhead.json`` (``scheduler_overhead_async.json``
+with ``--async-scheduling``).
 """
 
 from __future__ import annotations
@@ -79,6 +87,7 @@ def load_workload(n: int, trace: str) -> tuple[str, list[tuple[list[int], int]]]
 def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_blocks: int,
              concurrency: int) -> dict:
     from vllm.utils.gc_utils import freeze_gc_heap
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from vllm_admission.plugin.scheduler import AdmissionScheduler
@@ -88,15 +97,17 @@ def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_block
         os.environ.pop(name, None)
     os.environ.update(env)
     os.environ["VLLM_ADMISSION_LOG_INTERVAL"] = "0"
-    cls = Scheduler if kind == "stock" else AdmissionScheduler
+    is_async = vllm_config.scheduler_config.async_scheduling
+    cls = {"stock": AsyncScheduler if is_async else Scheduler, "plain": Scheduler,
+           "plugin": AdmissionScheduler}[kind]
     sched = make_scheduler(cls, vllm_config, make_kv_cache_config(vllm_config, num_blocks))
-    engine = FakeEngine(sched)
+    engine = FakeEngine(sched, batch_queue=2 if is_async else 1)
     pending = list(workload)
     pending.reverse()
     freeze_gc_heap()   # as EngineCore does (see the module docstring)
     in_flight = 0
     try:
-        while pending or sched.has_requests():
+        while pending or engine.busy():
             while pending and in_flight < concurrency:
                 prompt, out_len = pending.pop()
                 engine.add(prompt, out_len)
@@ -107,7 +118,8 @@ def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_block
     hits = sum(engine.cached_tokens.values())
     prompt_tokens = sum(len(p) for p, _ in workload)
     result = {"seconds": engine.seconds, "cpu_seconds": engine.cpu_seconds,
-              "steps": engine.steps, "hit_tokens": hits,
+              "steps": engine.steps, "forward_passes": engine.forward_passes,
+              "hit_tokens": hits,
               "token_hit_rate": hits / prompt_tokens}
     if kind == "plugin":
         ctl = sched._admission  # noqa: SLF001
@@ -129,8 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks", type=int, default=1200, help="KV pool blocks (default 1200)")
     p.add_argument("--block-size", type=int, default=256, help="tokens per block (default 256)")
     p.add_argument("--trace", default="auto", help="trace file, 'synthetic', or 'auto'")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scheduler_overhead.json"))
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="vLLM's async scheduling on, two batches in flight")
+    p.add_argument("--out", default=None, help="results file (default: benchmarks/results/"
+                                               "scheduler_overhead[_async].json)")
     args = p.parse_args(argv)
+    if args.out is None:
+        suffix = "_async" if args.async_scheduling else ""
+        args.out = str(ROOT / "benchmarks" / "results" / f"scheduler_overhead{suffix}.json")
+    variants = VARIANTS + ([("Scheduler (no placeholders)", "plain", {})]
+                           if args.async_scheduling else [])
 
     import logging
 
@@ -141,15 +161,16 @@ def main(argv: list[str] | None = None) -> int:
     trace_name, workload = load_workload(args.requests, args.trace)
     model_dir = write_config_only_model(tempfile.mkdtemp(prefix="tiny_config_"))
     vllm_config = make_vllm_config(model_dir, block_size=args.block_size,
-                                   max_num_batched_tokens=8192, max_model_len=131072)
+                                   max_num_batched_tokens=8192, max_model_len=131072,
+                                   async_scheduling=args.async_scheduling)
     block_size = vllm_config.cache_config.block_size
-    runs: dict[str, list[dict]] = {name: [] for name, _, _ in VARIANTS}
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
     # One untimed warm-up of each variant (imports, allocator, caches).
-    for name, kind, env in VARIANTS:
+    for name, kind, env in variants:
         run_once(kind, env, workload[: max(4, len(workload) // 6)], vllm_config=vllm_config,
                  num_blocks=args.blocks, concurrency=args.concurrency)
     for rep in range(args.reps):
-        order = VARIANTS if rep % 2 == 0 else VARIANTS[::-1]
+        order = variants if rep % 2 == 0 else variants[::-1]
         for name, kind, env in order:
             r = run_once(kind, env, workload, vllm_config=vllm_config, num_blocks=args.blocks,
                          concurrency=args.concurrency)
@@ -160,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     base = {k: statistics.median(r[k] for r in runs["stock"]) for k in ("seconds", "cpu_seconds")}
     base_min = {k: min(r[k] for r in runs["stock"]) for k in ("seconds", "cpu_seconds")}
     rows = []
-    for name, _, _ in VARIANTS:
+    for name, _, _ in variants:
         secs = [r["seconds"] for r in runs[name]]
         cpu = [r["cpu_seconds"] for r in runs[name]]
         med, cmed = statistics.median(secs), statistics.median(cpu)
@@ -178,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             "paired_wall_ratio_vs_stock": statistics.median(paired_wall),
             "best_of_ratio_vs_stock": min(secs) / base_min["seconds"],
             "target": TARGETS.get(name),
-            "steps": runs[name][0]["steps"], "token_hit_rate": runs[name][0]["token_hit_rate"],
+            "steps": runs[name][0]["steps"], "forward_passes": runs[name][0]["forward_passes"],
+            "steps_ratio_vs_stock": runs[name][0]["steps"] / runs["stock"][0]["steps"],
+            "token_hit_rate": runs[name][0]["token_hit_rate"],
             "evictions": runs[name][0].get("evictions"), "alpha": runs[name][-1].get("alpha"),
             "tuning_events": runs[name][-1].get("tuning_events"),
             "policy_switches": runs[name][-1].get("policy_switches"),
@@ -186,7 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         })
     print()
     print(f"{'variant':34s} {'wall s':>7s} {'us/step':>8s} {'ratio':>6s} {'cpu ratio':>9s} "
-          f"{'paired':>6s} {'p. wall':>7s} {'best-of':>7s} {'target':>7s} {'hit rate':>8s} {'evictions':>9s}")
+          f"{'paired':>6s} {'p. wall':>7s} {'best-of':>7s} {'target':>7s} {'hit rate':>8s} "
+          f"{'evictions':>9s} {'steps':>6s} {'passes':>6s}")
     for row in rows:
         target = f"<={row['target']:.2f}" if row["target"] else ""
         ev = "" if row["evictions"] is None else str(row["evictions"])
@@ -194,12 +218,14 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['ratio_vs_stock']:6.3f} {row['cpu_ratio_vs_stock']:9.3f} "
               f"{row['paired_cpu_ratio_vs_stock']:6.3f} {row['paired_wall_ratio_vs_stock']:7.3f} "
               f"{row['best_of_ratio_vs_stock']:7.3f} "
-              f"{target:>7s} {row['token_hit_rate']:8.3f} {ev:>9s}")
+              f"{target:>7s} {row['token_hit_rate']:8.3f} {ev:>9s} {row['steps']:6d} "
+              f"{row['forward_passes']:6d}")
     doc = {
         "what": "schedule() + update_from_output() seconds over one workload, median of "
                 "interleaved repetitions; no model runs (FakeEngine)",
         "trace": trace_name, "requests": len(workload), "concurrency": args.concurrency,
         "num_blocks": args.blocks, "block_size": block_size, "reps": args.reps,
+        "async_scheduling": args.async_scheduling,
         "groups": ["state", "attention"], "max_num_batched_tokens": 8192,
         "python": platform.python_version(), "machine": platform.machine(),
         "cpu_count": os.cpu_count(), "rows": rows,
