@@ -21,6 +21,7 @@ from conftest import chained_hashes
 from junction_case import (
     expected_junction,
     expected_junction_prefill_steps,
+    expected_junction_state_miss,
     junction_prompts,
 )
 
@@ -131,8 +132,9 @@ def chained(tokens):
     return chained_hashes(tokens, B)
 
 
-def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=None):
-    """The core model's hits; with ``steps`` (a list), its prefill steps are appended to it."""
+def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=None, misses=None):
+    """The core model's hits; with ``steps`` / ``misses`` (lists), each request's prefill steps /
+    state-miss tokens (attention-KV hit minus hybrid hit) are appended to them."""
     tunable = eviction_class(eviction).tunable
     ev = get_eviction(eviction, **({"alpha": alpha} if alpha is not None and tunable else {}))
     cache = HybridPrefixCache(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
@@ -144,15 +146,22 @@ def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=Non
         hits.append(out.hit_tokens)
         if steps is not None:
             steps.append(out.prefill_steps)
+        if misses is not None:
+            misses.append(out.state_miss_tokens)
     return hits, cache
 
 
-def run_engine(engine, requests):
+def run_engine(engine, requests, misses=None):
+    """Each request's hit, one request at a time; with ``misses`` (a list), each request's
+    state-miss tokens (the step of the plugin's counter) are appended to it."""
     hits = []
     for tokens, out_len in requests:
+        before = engine.scheduler.stats().state_miss_tokens
         rid = engine.add(tokens, out_len)
         engine.run()
         hits.append(engine.cached_tokens[rid])
+        if misses is not None:
+            misses.append(engine.scheduler.stats().state_miss_tokens - before)
     return hits
 
 
@@ -184,12 +193,15 @@ def test_junction_case_exact_hits(vllm_config, monkeypatch, costs, policy, evict
 
     reqs = junction_requests()
     engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, alpha=0.5)
+    misses, sim_misses = [], []
     with PrefillStepCounter(engine.scheduler) as counter:
-        hits = run_engine(engine, reqs)
+        hits = run_engine(engine, reqs, misses)
     assert hits == expected_junction(B)[policy]
     sim_steps = []
     assert simulate(policy, eviction, reqs, blocks=160, costs=costs, alpha=0.5,
-                    steps=sim_steps)[0] == hits
+                    steps=sim_steps, misses=sim_misses)[0] == hits
+    # State misses (attention-KV hit minus hybrid hit), request by request.
+    assert misses == sim_misses == expected_junction_state_miss(B)[policy]
     # Prefill steps (docs/engine-facts.md rule 6): the scheduler's and the core model's.
     assert list(counter.counts.values()) == expected_junction_prefill_steps(B)[policy]
     assert sim_steps == expected_junction_prefill_steps(B)[policy]
@@ -197,6 +209,7 @@ def test_junction_case_exact_hits(vllm_config, monkeypatch, costs, policy, evict
     assert stats.tokens_saved == sum(hits)
     assert stats.state_hits == sum(h > 0 for h in hits)
     assert stats.requests == 10
+    assert stats.state_miss_tokens == sum(misses)
     assert free_equals_usable(engine)
 
 
@@ -281,9 +294,13 @@ def test_random_workload_matches_core_model(vllm_config, monkeypatch, costs, pol
     reqs = random_workload(11)
     engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, alpha=alpha,
                    blocks=60)
-    hits = run_engine(engine, reqs)
-    sim_hits, cache = simulate(policy, eviction, reqs, blocks=60, costs=costs, alpha=alpha)
+    misses, sim_misses = [], []
+    hits = run_engine(engine, reqs, misses)
+    sim_hits, cache = simulate(policy, eviction, reqs, blocks=60, costs=costs, alpha=alpha,
+                               misses=sim_misses)
     assert hits == sim_hits
+    assert misses == sim_misses
+    assert sum(misses) > 0 or policy == "dense"
     stats = engine.scheduler.stats()
     assert stats.evictions_by_group == {"state0": cache.pool.evictions_by_group[0],
                                         "attention1": cache.pool.evictions_by_group[1]}
@@ -344,6 +361,13 @@ def test_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy, evi
     reqs = [sched.requests[r] for r in rids]
     engine.run()
     assert sum(r.num_preemptions for r in reqs) > 0
+    # The plugin's counters count first admissions only, as vLLM's prefix-cache counters do.
+    vllm_counts = engine.prefix_cache
+    assert vllm_counts["preempted_requests"] > 0
+    stats = sched.stats()
+    assert (stats.requests, stats.prompt_tokens, stats.tokens_saved) == (
+        vllm_counts["requests"], vllm_counts["queries"], vllm_counts["hits"]) == (
+        9, 2600 + 8 * 700, sum(engine.cached_tokens.values()))
     assert all(len(r.output_token_ids) == 500 for r in reqs)
     assert victim not in engine.outputs or engine.outputs[victim].finish_reason is not None
     assert free_equals_usable(engine)

@@ -30,12 +30,15 @@ metric                                      type     meaning (``AdmissionStats``
 ``vllm:hybrid_prefix_cache_policy_info``    info     labels ``admission``, ``eviction`` (the live
                                                      pair), ``active``, ``auto``
 ``vllm:hybrid_prefix_cache_requests``       counter  requests admitted after a prefix lookup
+                                                     (first admissions, as vLLM's counters)
 ``vllm:hybrid_prefix_cache_prompt_tokens``  counter  their prompt tokens
 ``vllm:hybrid_prefix_cache_junctions``      counter  requests whose KV hit ran past the state hit
 ``vllm:hybrid_prefix_cache_checkpoints``    counter  recurrent states admitted (given a block hash)
 ``vllm:hybrid_prefix_cache_superseded``     counter  tentative sequence-end states replaced
 ``vllm:hybrid_prefix_cache_state_hits``     counter  requests with a hybrid hit > 0
 ``vllm:hybrid_prefix_cache_tokens_saved``   counter  prompt tokens served from the cache
+``vllm:hybrid_prefix_cache_state_miss_tokens`` counter attention-KV hit tokens recomputed
+                                                     for want of a state at their end
 ``vllm:hybrid_prefix_cache_policy_switches`` counter switches made by ``auto``
 ``vllm:hybrid_prefix_cache_evictions``      counter  cached blocks evicted, labels ``kind``, ``group``
 ``vllm:hybrid_prefix_cache_alpha``          gauge    ``flop``'s alpha (absent with ``lru``)
@@ -79,14 +82,19 @@ PUBLISH_INTERVAL_S = 1.0
 
 #: ``AdmissionStats`` fields exported as counters, with their help text.
 COUNTERS: dict[str, str] = {
-    "requests": "Requests admitted into the running batch after a prefix lookup.",
-    "prompt_tokens": "Prompt tokens of the admitted requests.",
+    "requests": "Requests admitted into the running batch after a prefix lookup (first "
+                "admissions only: a request admitted again after a preemption is left out, "
+                "as in vllm:prefix_cache_queries).",
+    "prompt_tokens": "Prompt tokens of the admitted requests (first admissions only).",
     "junctions": "Admitted requests whose attention-KV hit ran past their hybrid hit "
                  "(a shared prefix without a saved recurrent state).",
     "checkpoints": "Recurrent-state checkpoints admitted into the prefix cache (given a block hash).",
     "superseded": "Tentative sequence-end states replaced by a later state of the same request.",
     "state_hits": "Admitted requests with a hybrid prefix hit > 0.",
     "tokens_saved": "Prompt tokens served from the hybrid prefix cache.",
+    "state_miss_tokens": "Prompt tokens whose attention KV was cached past the hybrid hit but "
+                         "recomputed because no recurrent state was kept at their end "
+                         "(attention-KV hit minus hybrid hit, whole blocks).",
     "policy_switches": "Switches of the admission/eviction pair made by auto (the length of "
                        "AdmissionStats.policy_switches).",
 }
