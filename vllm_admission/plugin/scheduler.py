@@ -117,7 +117,9 @@ class AdmissionScheduler(Scheduler):
                                ", ".join(dropped), "; ".join(problems))
         for name in evictions:
             self._admission_check_keys(name)
-        if adaptive and len(admissions) * len(evictions) == 1:
+        if adaptive and self.connector is not None and len(admissions) * len(evictions) == 1:
+            # auto switches eviction through the plugin's free queue, which a
+            # connector cannot walk; with one pair left there is nothing to switch.
             logger.warning("vllm_admission: auto has one runnable pair here, %s+%s; it runs as a "
                            "fixed pair", admissions[0], evictions[0])
             adaptive = False
