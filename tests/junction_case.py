@@ -43,6 +43,24 @@ def expected_junction(block_size: int) -> dict[str, list[int]]:
     }
 
 
+def expected_junction_state_miss(block_size: int) -> dict[str, list[int]]:
+    """Per policy, the ten prompts' state-miss tokens (attention-KV hit minus hybrid hit).
+
+    Prompts 2..10 all find the prefix's S tokens of attention KV (prompt 1 computed them;
+    the distinct token ends the shared chain); what of it has no state is recomputed:
+    S for prompt 2 under vllm / marconi (the junction), S for every later prompt under
+    last / none (no state is ever kept there), nothing under dense.
+    """
+    shared = 1500 // block_size * block_size
+    return {
+        "none": [0] + [shared] * 9,
+        "last": [0] + [shared] * 9,
+        "vllm": [0, shared] + [0] * 8,
+        "marconi": [0, shared] + [0] * 8,
+        "dense": [0] * 10,
+    }
+
+
 def expected_junction_prefill_steps(block_size: int) -> dict[str, list[int]]:
     """Per policy, the ten prompts' prefill steps (engine steps with prompt tokens) at ``block_size``."""
     shared = 1500 // block_size * block_size

@@ -132,8 +132,9 @@ def chained(tokens):
     return chained_hashes(tokens, B)
 
 
-def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=None):
-    """The core model's hits; with ``steps`` (a list), its prefill steps are appended to it."""
+def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=None, misses=None):
+    """The core model's hits; with ``steps`` / ``misses`` (lists), each request's prefill steps /
+    state-miss tokens (attention-KV hit minus hybrid hit) are appended to them."""
     tunable = eviction_class(eviction).tunable
     ev = get_eviction(eviction, **({"alpha": alpha} if alpha is not None and tunable else {}))
     cache = HybridPrefixCache(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
@@ -145,15 +146,22 @@ def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=Non
         hits.append(out.hit_tokens)
         if steps is not None:
             steps.append(out.prefill_steps)
+        if misses is not None:
+            misses.append(out.state_miss_tokens)
     return hits, cache
 
 
-def run_engine(engine, requests):
+def run_engine(engine, requests, misses=None):
+    """Each request's hit, one request at a time; with ``misses`` (a list), each request's
+    state-miss tokens (the step of the plugin's counter) are appended to it."""
     hits = []
     for tokens, out_len in requests:
+        before = engine.scheduler.stats().state_miss_tokens
         rid = engine.add(tokens, out_len)
         engine.run()
         hits.append(engine.cached_tokens[rid])
+        if misses is not None:
+            misses.append(engine.scheduler.stats().state_miss_tokens - before)
     return hits
 
 

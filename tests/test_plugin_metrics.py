@@ -145,3 +145,79 @@ def test_register_sets_the_metrics_dir_and_refuses_bad_settings_for_the_server(m
     # Not the server's command line: a warning only (the scheduler refuses later).
     monkeypatch.setattr(reg.sys, "argv", ["script.py"])
     reg.register()
+
+
+# ---------------------------------------------------------------- nothing left behind (issue 21)
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_snapshot_dirs_of_dead_processes_are_removed(tmp_path):
+    import os
+
+    from vllm_admission.plugin.metrics import remove_stale_snapshot_dirs
+
+    dead = _dead_pid()
+    stale = tmp_path / f"vllm_admission-{dead}"
+    StatsPublisher(stale, engine_index=0).publish(stats())
+    (stale / f".engine-1.json.{dead}.tmp").write_text("{")  # a write the kill cut short
+    live = tmp_path / f"vllm_admission-{os.getppid()}"   # a running process's directory
+    StatsPublisher(live, engine_index=0).publish(stats())
+    mine = tmp_path / f"vllm_admission-{os.getpid()}"
+    StatsPublisher(mine, engine_index=0).publish(stats())
+    foreign = tmp_path / f"vllm_admission-{_dead_pid()}"  # holds a file the plugin never writes
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep me")
+    other = tmp_path / "vllm_admission-x"
+    other.mkdir()
+
+    assert remove_stale_snapshot_dirs(tmp_path) == [str(stale)]
+    assert not stale.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for p in (live, mine, foreign, other))
+    assert (foreign / "notes.txt").read_text() == "keep me"
+    assert remove_stale_snapshot_dirs(tmp_path / "absent") == []
+
+
+_OWNER = """
+import os, signal, sys, time
+from vllm_admission.plugin.register import register
+from vllm_admission.plugin.metrics import StatsPublisher
+from vllm_admission.plugin.stats import AdmissionStats
+register()
+StatsPublisher.from_env().publish(AdmissionStats(active=True, admission="vllm", eviction="lru"))
+print(os.environ["VLLM_ADMISSION_METRICS_DIR"], sorted(os.listdir(os.environ["VLLM_ADMISSION_METRICS_DIR"])),
+      flush=True)
+if sys.argv[1] == "sigint":
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: KeyboardInterrupt, then the exit handlers
+    time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "sigint"])
+def test_the_process_that_names_the_metrics_dir_removes_it_when_it_ends(tmp_path, how):
+    """The process whose general plugin named the directory (the API server of ``vllm serve``)
+    removes it when it ends, also after Ctrl-C; the engine core that wrote the snapshot may
+    have been killed without cleaning up (``tests/test_server.py`` stops a real server)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ADMISSION_METRICS_DIR"}
+    env.update(TMPDIR=str(tmp_path), VLLM_ADMISSION_POLICY="vllm")
+    proc = subprocess.run([sys.executable, "-c", _OWNER, how], env=env, capture_output=True,
+                          text=True, timeout=120)
+    # An uncaught KeyboardInterrupt ends Python by SIGINT again, after the exit handlers.
+    assert proc.returncode == (0 if how == "exit" else -signal.SIGINT), proc.stderr[-2000:]
+    directory = proc.stdout.split()[0]
+    assert os.path.dirname(directory) == str(tmp_path)
+    assert os.path.basename(directory).removeprefix("vllm_admission-").isdigit()
+    assert "['engine-0.json']" in proc.stdout  # it was there while the process ran
+    assert not os.path.exists(directory)
+    assert list(tmp_path.iterdir()) == []

@@ -19,6 +19,7 @@ import pytest
 from junction_case import (
     expected_junction,
     expected_junction_prefill_steps,
+    expected_junction_state_miss,
     junction_prompts,
 )
 
@@ -27,6 +28,7 @@ pytest.importorskip("vllm")
 from scheduler_harness import (  # noqa: E402,F401 - fixtures are used by name
     AUTO,
     B,
+    CHUNK,
     POLICIES,
     EVICTION_CASES,
     _finish_tuners,
@@ -62,12 +64,15 @@ def test_junction_case_exact_hits(vllm_config, monkeypatch, costs, policy, evict
 
     reqs = junction_requests()
     engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, alpha=0.5)
+    misses, sim_misses = [], []
     with PrefillStepCounter(engine.scheduler) as counter:
-        hits = run_engine(engine, reqs)
+        hits = run_engine(engine, reqs, misses)
     assert hits == expected_junction(B)[policy]
     sim_steps = []
     assert simulate(policy, eviction, reqs, blocks=160, costs=costs, alpha=0.5,
-                    steps=sim_steps)[0] == hits
+                    steps=sim_steps, misses=sim_misses)[0] == hits
+    # State misses (attention-KV hit minus hybrid hit), request by request.
+    assert misses == sim_misses == expected_junction_state_miss(B)[policy]
     # Prefill steps (docs/engine-facts.md rule 6): the scheduler's and the core model's.
     assert list(counter.counts.values()) == expected_junction_prefill_steps(B)[policy]
     assert sim_steps == expected_junction_prefill_steps(B)[policy]
@@ -75,6 +80,7 @@ def test_junction_case_exact_hits(vllm_config, monkeypatch, costs, policy, evict
     assert stats.tokens_saved == sum(hits)
     assert stats.state_hits == sum(h > 0 for h in hits)
     assert stats.requests == 10
+    assert stats.state_miss_tokens == sum(misses)
     assert free_equals_usable(engine)
 
 
@@ -140,9 +146,13 @@ def test_random_workload_matches_core_model(vllm_config, monkeypatch, costs, pol
     reqs = random_workload(11)
     engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, alpha=alpha,
                    blocks=60)
-    hits = run_engine(engine, reqs)
-    sim_hits, cache = simulate(policy, eviction, reqs, blocks=60, costs=costs, alpha=alpha)
+    misses, sim_misses = [], []
+    hits = run_engine(engine, reqs, misses)
+    sim_hits, cache = simulate(policy, eviction, reqs, blocks=60, costs=costs, alpha=alpha,
+                               misses=sim_misses)
     assert hits == sim_hits
+    assert misses == sim_misses
+    assert sum(misses) > 0 or policy == "dense"
     stats = engine.scheduler.stats()
     assert stats.evictions_by_group == {"state0": cache.pool.evictions_by_group[0],
                                         "attention1": cache.pool.evictions_by_group[1]}
@@ -203,6 +213,13 @@ def test_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy, evi
     reqs = [sched.requests[r] for r in rids]
     engine.run()
     assert sum(r.num_preemptions for r in reqs) > 0
+    # The plugin's counters count first admissions only, as vLLM's prefix-cache counters do.
+    vllm_counts = engine.prefix_cache
+    assert vllm_counts["preempted_requests"] > 0
+    stats = sched.stats()
+    assert (stats.requests, stats.prompt_tokens, stats.tokens_saved) == (
+        vllm_counts["requests"], vllm_counts["queries"], vllm_counts["hits"]) == (
+        9, 2600 + 8 * 700, sum(engine.cached_tokens.values()))
     assert all(len(r.output_token_ids) == 500 for r in reqs)
     assert victim not in engine.outputs or engine.outputs[victim].finish_reason is not None
     assert free_equals_usable(engine)
@@ -441,3 +458,97 @@ def test_auto_leaves_reuse_out_where_blocks_get_hashes_elsewhere(vllm_config, mo
     assert any("leaves out reuse" in r.getMessage() and "partial hash hits" in r.getMessage()
                for r in caplog.records)
     engine.scheduler.shutdown()
+
+
+# ---------------------------------------------------------------- what users trip over (issue 21)
+def _plugin_lines(caplog, build_it):
+    """``(level, message)`` of the vllm_admission records logged while ``build_it()`` runs."""
+    caplog.set_level(logging.INFO, logger="vllm_admission")
+    logger = logging.getLogger("vllm_admission")
+    logger.addHandler(caplog.handler)
+    try:
+        result = build_it()
+    finally:
+        logger.removeHandler(caplog.handler)
+    records = {id(r): r for r in caplog.records if r.name == "vllm_admission"}
+    return result, [(r.levelno, r.getMessage()) for r in records.values()]
+
+
+def test_start_up_names_the_smallest_cacheable_prefix(vllm_config, monkeypatch, caplog):
+    """The start-up line gives the shortest prefix that can hit, per KV cache group, and it is
+    the truth: a prompt one token longer than it hits it when sent again, a prompt as long as
+    it never hits (vLLM recomputes the last prompt token, so the state at the block boundary
+    is never reached by a prompt of exactly one block)."""
+    engine, lines = _plugin_lines(caplog, lambda: build(vllm_config, monkeypatch))
+    block = vllm_config.cache_config.block_size
+    assert (logging.INFO,
+            f"vllm_admission: smallest cacheable prefix: {block} tokens (per KV cache group: "
+            f"state0={block} attention1={block}; a hit ends where every group can reuse a "
+            f"block), so only prompts of {block + 1} tokens or more can hit (vLLM recomputes "
+            f"at least the last prompt token)") in lines
+    assert not [m for level, m in lines if level >= logging.WARNING]  # 4 * 129 < 8192
+    hits = run_engine(engine, [(toks(3, block), 2), (toks(3, block), 2),
+                               (toks(4, block + 1), 2), (toks(4, block + 1), 2)])
+    assert hits == [0, 0, 0, block]
+
+
+def test_start_up_warns_when_short_prompts_can_never_hit(model_dir, monkeypatch, caplog):
+    from vllm_admission.plugin.testing import make_vllm_config
+
+    cfg = make_vllm_config(model_dir, block_size=B, max_model_len=4 * B,
+                           max_num_batched_tokens=CHUNK)
+    _, lines = _plugin_lines(caplog, lambda: build(cfg, monkeypatch))
+    assert (logging.WARNING,
+            f"vllm_admission: prompts shorter than {B + 1} tokens never hit the prefix cache, "
+            f"more than a quarter of max_model_len={4 * B}") in lines
+
+
+@pytest.fixture(scope="module")
+def connector_config(model_dir, tmp_path_factory):
+    """The module's engine configuration plus a KV connector that supports hybrid models
+    (vLLM's ``DecodeBenchConnector``; any connector makes the scheduler build one)."""
+    from vllm.config import KVTransferConfig
+
+    from vllm_admission.plugin.testing import make_vllm_config
+
+    cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192,
+                           max_num_batched_tokens=CHUNK)
+    cfg.kv_transfer_config = KVTransferConfig(kv_connector="DecodeBenchConnector",
+                                              kv_role="kv_both")
+    return cfg
+
+
+def test_auto_under_a_kv_connector_runs_the_pair_that_can(connector_config, monkeypatch, caplog):
+    """``auto`` keeps the candidates a KV connector allows (vLLM's own admission and free-queue
+    order: one pair) and says which it left out; it does not refuse naming a policy the user
+    never set."""
+    engine, lines = _plugin_lines(caplog, lambda: build(connector_config, monkeypatch,
+                                                        policy="auto", eviction="auto"))
+    sched = engine.scheduler
+    assert sched.connector is not None
+    stats = sched.stats()
+    assert (stats.active, stats.admission, stats.eviction, stats.adaptive) == (
+        True, "vllm", "lru", False)
+    warnings = [m for level, m in lines if level == logging.WARNING]
+    assert ("vllm_admission: auto admission leaves out last, marconi, dense here "
+            "(a KV connector)") in warnings
+    assert any(m.startswith("vllm_admission: auto eviction leaves out reuse here (a KV connector)")
+               for m in warnings)
+    assert ("vllm_admission: auto has one runnable pair here, vllm+lru; it runs as a fixed pair"
+            in warnings)
+    assert type(sched.kv_cache_manager.block_pool.free_block_queue).__name__ == \
+        "FreeKVCacheBlockQueue"  # vLLM's own queue, which the connector walks
+
+
+@pytest.mark.parametrize("policy, eviction, named", [
+    ("marconi", "auto", "VLLM_ADMISSION_POLICY=marconi"),
+    ("auto", "flop", "VLLM_ADMISSION_EVICTION=flop"),
+])
+def test_a_kv_connector_refusal_names_the_setting_the_user_chose(connector_config, monkeypatch,
+                                                                  policy, eviction, named):
+    from vllm_admission.plugin.config import AdmissionConfigError
+
+    with pytest.raises(AdmissionConfigError) as info:
+        build(connector_config, monkeypatch, policy=policy, eviction=eviction)
+    msg = str(info.value)
+    assert msg.startswith(f"{named} cannot run with ") and "KV connector" in msg

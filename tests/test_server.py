@@ -14,12 +14,19 @@ Three text completions share a long prefix and differ after it (vLLM's stock adm
 * C hits S (``usage.prompt_tokens_details.cached_tokens``) and keeps its prompt end.
 
 So on ``/metrics``: 3 requests, 1 junction, 4 checkpoints, 1 state hit, S tokens saved,
-no evictions, and vLLM's own ``vllm:prefix_cache_hits`` = S.
+S state-miss tokens (B's attention-KV hit of S with no state at its end), no evictions, and
+vLLM's own ``vllm:prefix_cache_hits`` = S.
+
+At start the engine core logs the smallest cacheable prefix: B tokens in each KV cache group,
+so prompts of B + 1 tokens or more can hit (no warning: 4 (B + 1) <= max_model_len 4096).
+Stopped with Ctrl-C (SIGINT), the server leaves no metrics folder behind.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -82,9 +89,10 @@ def server(tiny_model_dir, tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail("vllm serve did not become healthy:\n" + log_path.read_text()[-4000:])
             time.sleep(1)
-        yield base, predicted_block_size(tiny_model_dir, "bfloat16"), log_path
+        yield base, predicted_block_size(tiny_model_dir, "bfloat16"), log_path, proc
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -129,7 +137,7 @@ def test_shared_prefix_is_cached_and_counted(server, tiny_model_dir):
     from openai import OpenAI
     from transformers import AutoTokenizer
 
-    base, B, log_path = server  # noqa: N806
+    base, B, log_path, _ = server  # noqa: N806
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     prefix = words(1, 300)
     prompts = [f"{prefix}\n{tag}: {words(seed, 150)}" for tag, seed in
@@ -166,7 +174,8 @@ def test_shared_prefix_is_cached_and_counted(server, tiny_model_dir):
         return value(after, name, **labels) - value(before, name, **labels)
 
     expected = {"requests": 3, "prompt_tokens": sum(len(x) for x in ids), "junctions": 1,
-                "checkpoints": 4, "state_hits": 1, "tokens_saved": S, "superseded": 0}
+                "checkpoints": 4, "state_hits": 1, "tokens_saved": S, "superseded": 0,
+                "state_miss_tokens": S}
     got = {k: moved(f"vllm:hybrid_prefix_cache_{k}_total", engine="0") for k in expected}
     assert got == expected
     for kind, group in (("state", "0"), ("attention", "1")):
@@ -175,7 +184,31 @@ def test_shared_prefix_is_cached_and_counted(server, tiny_model_dir):
     assert moved("vllm:prefix_cache_hits_total", engine="0") == S
     usable = value(after, "vllm:hybrid_prefix_cache_usable_blocks", engine="0")
     assert value(after, "vllm:hybrid_prefix_cache_free_blocks", engine="0") == usable > 0
-    assert "AdmissionScheduler active: admission=vllm eviction=lru" in log_path.read_text()
+    log = log_path.read_text()
+    active = re.search(r"AdmissionScheduler active: admission=vllm eviction=lru; "
+                       r"block_size=(\d+), groups=([a-z,]+),", log)
+    assert active and int(active[1]) == B
+    groups = " ".join(f"{kind}{g}={B}" for g, kind in enumerate(active[2].split(",")))
+    assert groups == f"state0={B} attention1={B}"  # the tiny Qwen3-Next's two groups
+    assert (f"vllm_admission: smallest cacheable prefix: {B} tokens (per KV cache group: "
+            f"{groups}; a hit ends where every group can reuse a block), so only prompts of "
+            f"{B + 1} tokens or more can hit (vLLM recomputes at least the last prompt token)"
+            in log)
+    assert "never hit the prefix cache" not in log
+
+
+def test_ctrl_c_leaves_no_metrics_folder_behind(server):
+    """vLLM force-kills the engine core at Ctrl-C (``--shutdown-timeout 0``), before the
+    scheduler can delete its snapshot; the API server, whose general plugin named the
+    folder, removes it on its way out. (Runs after the test above: it stops the server.)"""
+    from vllm_admission.plugin.metrics import default_metrics_dir
+
+    _, _, log_path, proc = server
+    folder = default_metrics_dir(proc.pid)
+    assert os.listdir(folder) == ["engine-0.json"]  # the engine core published there
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    assert not os.path.exists(folder), log_path.read_text()[-3000:]
 
 
 def test_invalid_policy_stops_the_server_with_one_line(tiny_model_dir):

@@ -18,7 +18,7 @@ MOONCAKE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/
 REQUIRED = {"trace", "model", "admission", "eviction", "capacity_bytes", "block_size", "num_blocks",
             "requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "request_hit_rate",
             "flops_saved_fraction", "state_checkpoints", "evictions", "wall_seconds",
-            "mamba_ssm_cache_dtype", "ssm_dtype"}
+            "mamba_ssm_cache_dtype", "ssm_dtype", "state_miss_tokens"}
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +81,24 @@ def test_dense_with_ample_capacity_reaches_the_bound(costs, small_trace):
                  capacity_bytes=parse_bytes("1TiB"), requests=reqs)
     assert r.evictions == 0
     assert r.hit_tokens == trace_bound(reqs, geo.block_size)["hit_tokens"]
+    assert r.state_miss_tokens == 0  # a state at every block: no KV hit is thrown away
+
+
+def test_state_miss_tokens_are_the_kv_hits_no_state_serves(costs, small_trace):
+    """Without any saved state (``none``) and nothing evicted, every request finds the bound's
+    attention-KV hit and recomputes all of it: the state misses are the whole bound. With
+    ``vllm`` they are what its hit falls short of that, block for block."""
+    geo = block_geometry(costs, parse_bytes("1TiB"))
+    reqs = cache_requests(small_trace, geo.block_size)
+    bound = trace_bound(reqs, geo.block_size)["hit_tokens"]
+    none = simulate(small_trace, costs, admission="none", eviction="lru",
+                    capacity_bytes=parse_bytes("1TiB"), requests=reqs)
+    assert (none.evictions, none.hit_tokens, none.state_miss_tokens) == (0, 0, bound)
+    stock = simulate(small_trace, costs, admission="vllm", eviction="lru",
+                     capacity_bytes=parse_bytes("1TiB"), requests=reqs)
+    assert stock.evictions == 0
+    assert stock.hit_tokens + stock.state_miss_tokens == bound
+    assert stock.state_miss_tokens > 0 and stock.state_miss_tokens % geo.block_size == 0
 
 
 def test_belady_is_a_reference_above_lru_under_pressure(costs, small_trace):
@@ -148,6 +166,8 @@ def test_demo_takes_the_ssm_cache_dtype_too():
     (["--capacity", "1KiB"], "too small"),
     (["--capacity", "12 parsecs"], "unknown unit 'parsecs'"),
     (["--model", "/nonexistent/config.json"], "nonexistent"),
+    (["--pairs", "auto"], "--pairs wants ADMISSION+EVICTION, got 'auto'"),
+    (["--pairs", "auto+arc"], "unknown eviction policy 'arc'"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, capsys, argv, message):
     rc = main(["simulate", "--trace", "synthetic", "--max-requests", "20", "--out", str(tmp_path),
@@ -206,6 +226,28 @@ def test_cli_auto_records_its_decisions(tmp_path):
         assert s["scores"][s["to"]] > s["scores"][s["from"]]
         pair = s["to"]
     assert run["final_policy"] == pair
+
+
+def test_demo_runs_auto_beside_stock(tmp_path, capsys):
+    """``--pairs`` adds pairs to the grid (the demo's default adds ``auto+auto``), and the
+    table closes with a line putting each ``auto`` run beside stock ``vllm+lru``."""
+    parser = build_parser()
+    assert parser.parse_args(["demo"]).pairs == "auto+auto"
+    assert parser.parse_args(["simulate", "--out", "x"]).pairs == ""
+    rc = main(["simulate", "--trace", "synthetic", "--max-requests", "120", "--capacity", "2GiB",
+               "--admission", "vllm", "--eviction", "lru", "--pairs", "auto+auto,vllm+lru",
+               "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    runs = json.loads((tmp_path / "results.json").read_text())["runs"]
+    assert [(r["admission"], r["eviction"]) for r in runs] == [("vllm", "lru"), ("auto", "auto")]
+    stock, auto = runs
+    out = capsys.readouterr().out
+    assert (f"auto+auto against stock vllm+lru: 2GiB {auto['token_hit_rate']:.2%} vs "
+            f"{stock['token_hit_rate']:.2%} "
+            f"({auto['token_hit_rate'] / stock['token_hit_rate']:.2f}x), "
+            f"ends as {auto['final_policy']}") in out.splitlines()
+    miss = f"{stock['state_miss_tokens'] / stock['prompt_tokens']:.2%}"
+    assert any(line.startswith("vllm ") and f" {miss} " in line for line in out.splitlines())
 
 
 def test_cli_refuses_an_auto_interval_below_one(tmp_path, capsys):

@@ -18,6 +18,9 @@ DEMO_MODEL = "qwen3-next-80b-a3b"
 DEMO_CAPACITIES = "2GiB,4GiB,8GiB,16GiB"
 DEMO_ADMISSIONS = "last,vllm,marconi,dense"
 DEMO_EVICTIONS = "lru,flop"
+#: Pairs the demo runs besides the admission x eviction grid: the online chooser the
+#: README leads with, shown beside stock ``vllm`` + ``lru``.
+DEMO_PAIRS = f"{AUTO}+{AUTO}"
 
 
 def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
@@ -35,6 +38,10 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--eviction", default=DEMO_EVICTIONS,
                    help=f"comma list of: {', '.join(EVICTION_POLICIES)}, {AUTO} "
                         f"(default {DEMO_EVICTIONS}); '{AUTO}' chooses online by shadow replay")
+    p.add_argument("--pairs", default=DEMO_PAIRS if demo else "",
+                   help="comma list of ADMISSION+EVICTION pairs to run besides the "
+                        "--admission x --eviction grid, e.g. auto+auto "
+                        f"(default {DEMO_PAIRS if demo else 'none'})")
     p.add_argument("--mamba-ssm-cache-dtype", choices=MAMBA_SSM_CACHE_DTYPES, default="auto",
                    help="dtype of the recurrent (SSM / GDN) state, as vLLM's flag of that name: "
                         "'auto' (default) resolves per model as vLLM does on a GPU; vLLM's CPU "
@@ -88,6 +95,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         trace=args.trace, model=args.model, capacities=capacities,
         admissions=parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, AUTO]),
         evictions=parse_list(args.eviction, "eviction policy", [*EVICTION_POLICIES, AUTO]),
+        pairs=parse_pairs(args.pairs),
         chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
         max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
         tune_grid=args.tune_grid, auto_interval=args.auto_interval,
@@ -104,3 +112,24 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+
+
+def parse_pairs(text: str) -> tuple[tuple[str, str], ...]:
+    """``"auto+auto,last+reuse"`` -> ``(("auto", "auto"), ("last", "reuse"))``.
+
+    Raises:
+        UnknownPolicyError: a pair without ``+`` or with an unknown name (one line).
+    """
+    from vllm_admission.cli.options import parse_list
+    from vllm_admission.core.admission import UnknownPolicyError
+
+    pairs = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        admission, plus, eviction = item.partition("+")
+        if not plus:
+            raise UnknownPolicyError(f"--pairs wants ADMISSION+EVICTION, got {item!r}")
+        pairs.append((parse_list(admission, "admission policy", [*ADMISSION_POLICIES, AUTO])[0],
+                      parse_list(eviction, "eviction policy", [*EVICTION_POLICIES, AUTO])[0]))
+    return tuple(pairs)

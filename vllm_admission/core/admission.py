@@ -110,6 +110,19 @@ class HitProbe:
         """
         return self.kv_hit if self.kv_hit > self.state_hit else 0
 
+    @property
+    def state_miss(self) -> int:
+        """Tokens of attention-KV hit thrown away for want of a recurrent state.
+
+        ``kv_hit - state_hit``: the prompt tokens past the hybrid hit whose
+        attention KV blocks were all cached, but which are recomputed because
+        no state was kept at their end. Both lengths are whole blocks (vLLM's
+        ``find_longest_cache_hit`` returns block-aligned lengths and caps the
+        attention hit at ``prompt_len - 1``), so this is a multiple of
+        ``block_size``; it is nonzero exactly when :attr:`junction` is.
+        """
+        return self.kv_hit - self.state_hit
+
 
 def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
                      block_size: int, junction: int) -> frozenset[CheckpointKind]:

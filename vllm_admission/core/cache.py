@@ -446,6 +446,13 @@ class RequestOutcome:
     evictions: int
     prefill_steps: int = 0
 
+    @property
+    def state_miss_tokens(self) -> int:
+        """Attention-KV hit tokens recomputed because no state was kept at
+        their end (:attr:`HitProbe.state_miss
+        <vllm_admission.core.admission.HitProbe.state_miss>`)."""
+        return self.kv_hit_tokens - self.hit_tokens
+
 
 @dataclass(slots=True)
 class _Running:

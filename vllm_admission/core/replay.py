@@ -106,6 +106,9 @@ class ReplayTotals:
     prompt_tokens: int = 0
     hit_tokens: int = 0
     hit_requests: int = 0
+    #: Attention-KV hit tokens recomputed for want of a state
+    #: (:attr:`RequestOutcome.state_miss_tokens`).
+    state_miss_tokens: int = 0
     flops_total: float = 0.0
     flops_saved: float = 0.0
     #: Prefill chunks (engine steps with prompt tokens when run alone).
@@ -116,6 +119,7 @@ class ReplayTotals:
         self.prompt_tokens += out.prompt_tokens
         self.hit_tokens += out.hit_tokens
         self.hit_requests += out.hit_tokens > 0
+        self.state_miss_tokens += out.state_miss_tokens
         self.prefill_steps += out.prefill_steps
         self.flops_total += flops_total
         self.flops_saved += flops_saved

@@ -56,7 +56,8 @@ from vllm_admission.core.tuning import GRIDS, AlphaTuner
 from vllm_admission.plugin.shadows import ShadowProcess, ShadowProcessError
 from vllm_admission.plugin.stats import AdmissionStats
 
-__all__ = ["AdmissionControl", "ControllerThread", "TunerThread", "hash_key"]
+__all__ = ["AdmissionControl", "ControllerThread", "TunerThread", "counts_in_prefix_cache_stats",
+           "hash_key"]
 
 logger = logging.getLogger("vllm_admission")
 
@@ -74,6 +75,22 @@ def hash_key(block_hash: Any) -> int:
     engine (:class:`~vllm_admission.core.replay.CacheRequest`) use these keys.
     """
     return int.from_bytes(bytes(block_hash)[:8], "big")
+
+
+def counts_in_prefix_cache_stats(request: Any) -> bool:
+    """Whether a request's admission counts in the plugin's request and token counters.
+
+    As in vLLM's prefix-cache counters (``vllm:prefix_cache_queries`` /
+    ``_hits``: ``KVCacheManager.record_prefix_cache_stats`` in
+    ``vllm/v1/core/kv_cache_manager.py``, ``PrefixCacheStats.record`` in
+    ``vllm/v1/metrics/stats.py``), only a request's first admission counts: one
+    admitted again after a preemption (``request.num_preemptions > 0``) is left
+    out, and so is one that skips the prefix-cache lookup
+    (``request.skip_reading_prefix_cache``). vLLM's ``num_cached_tokens`` is
+    also set at the first admission only.
+    """
+    return (not getattr(request, "num_preemptions", 0)
+            and not getattr(request, "skip_reading_prefix_cache", False))
 
 
 @dataclass(slots=True)
@@ -354,6 +371,7 @@ class AdmissionControl:
         self.superseded = 0
         self.state_hits = 0
         self.tokens_saved = 0
+        self.state_miss_tokens = 0
         self._set_policy(get_admission(policy))
         # eviction: None keeps vLLM's own free-block queue (a policy in vLLM's order).
         self.eviction_policy: EvictionPolicy | None = None
@@ -443,7 +461,8 @@ class AdmissionControl:
         kv_hit = shared_prefix_boundary if shared_prefix_boundary > num_local else num_local
         probe = HitProbe(request.num_prompt_tokens, self.B, kv_hit, num_local)
         rid = request.request_id
-        self._pending[rid] = probe
+        if counts_in_prefix_cache_stats(request):
+            self._pending[rid] = probe
         adm = RequestAdmission(self.policy, probe, total_len=None,
                                junction=shared_prefix_boundary if self.stock else None)
         stops = () if self.stock else tuple(s for s in adm.stops if s != adm.junction)
@@ -468,7 +487,8 @@ class AdmissionControl:
         return num_new_tokens
 
     def on_scheduled(self, num_scheduled_tokens: dict[str, int]) -> None:
-        """Count the requests admitted this step (those looked up and scheduled)."""
+        """Count the requests admitted this step (those looked up and scheduled),
+        first admissions only (:func:`counts_in_prefix_cache_stats`)."""
         pending = self._pending
         if not pending:
             return
@@ -481,6 +501,7 @@ class AdmissionControl:
             if probe.state_hit:
                 self.state_hits += 1
                 self.tokens_saved += probe.state_hit
+            self.state_miss_tokens += probe.state_miss
 
     # -- caching ------------------------------------------------------------
     def track(self, request: Any) -> _Track:
@@ -801,6 +822,7 @@ class AdmissionControl:
             requests=self.requests, prompt_tokens=self.prompt_tokens, junctions=self.junctions,
             checkpoints=self.checkpoints, superseded=self.superseded,
             state_hits=self.state_hits, tokens_saved=self.tokens_saved,
+            state_miss_tokens=self.state_miss_tokens,
             evictions=sum(by_group.values()), evictions_by_group=by_group,
             free_blocks=free_blocks, usable_blocks=self.geometry.num_blocks - 1,
             tuning=list(self.tuner.events) if self.tuner is not None else [],

@@ -36,6 +36,7 @@ policy; with ``lru`` vLLM's ``FreeKVCacheBlockQueue`` stays.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -48,7 +49,8 @@ from vllm_admission.core.geometry import ATTENTION, STATE
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.free_queue import PolicyFreeBlockQueue
 
-__all__ = ["AdmissionBlockPool", "AdmissionCoordinator", "PolicyMambaManager", "group_kinds"]
+__all__ = ["AdmissionBlockPool", "AdmissionCoordinator", "PolicyMambaManager", "group_kinds",
+           "smallest_cacheable_prefix"]
 
 
 def group_kinds(managers: Sequence[Any]) -> tuple[str, ...]:
@@ -77,6 +79,47 @@ def group_kinds(managers: Sequence[Any]) -> tuple[str, ...]:
         else:
             kinds.append(cls.__name__)
     return tuple(kinds)
+
+
+def smallest_cacheable_prefix(managers: Sequence[Any], *, scheduler_block_size: int,
+                              hash_block_size: int, partial_hash_hits: bool = False,
+                              ) -> tuple[int, tuple[int, ...]]:
+    """The shortest prefix a prompt can hit, in tokens, overall and per KV cache group.
+
+    A group reports a hit in whole units of its own: a full-attention group in
+    whole KV blocks (its manager's ``block_size``), a Mamba/GDN group in align
+    mode only where a state was written, which is at its block boundaries. With partial hash hits on, a manager that supports
+    fine-grained lookup reports in hash blocks (``hash_block_size``) instead
+    (``vllm/v1/core/single_type_kv_cache_manager.py``, each manager's
+    ``find_longest_cache_hit``). The hybrid hit is one length that every group
+    hits and that is a multiple of the coordinator's alignment (the scheduler
+    block size, or the hash block size with partial hash hits:
+    ``HybridKVCacheCoordinator._cache_hit_alignment_tokens``,
+    ``vllm/v1/core/kv_cache_coordinator.py``), so its shortest value is the
+    least common multiple of all of them.
+
+    vLLM never hits a whole prompt: ``KVCacheManager.get_computed_blocks``
+    caps the hit at ``num_tokens - 1`` so that the last token is recomputed for
+    its logits. A prompt therefore needs at least one token more than the
+    returned prefix to get a nonzero hit.
+
+    Args:
+        managers: ``coordinator.single_type_managers``, in group order.
+        scheduler_block_size: the scheduler's ``block_size`` (tokens).
+        hash_block_size: the pool's ``hash_block_size`` (tokens).
+        partial_hash_hits: the coordinator's ``enable_partial_hash_hits``.
+
+    Returns:
+        ``(hybrid, per_group)``: the shortest nonzero hybrid hit, and each
+        group's shortest nonzero hit of its own (tokens).
+    """
+    alignment = hash_block_size if partial_hash_hits else scheduler_block_size
+    per_group = []
+    for m in managers:
+        fine = partial_hash_hits and getattr(m, "supports_fine_grained_hash_lookup", False)
+        # The manager's block_size is its spec's times the decode-context-parallel ranks.
+        per_group.append(int(hash_block_size if fine else m.block_size))
+    return math.lcm(alignment, *per_group), tuple(per_group)
 
 
 class AdmissionBlockPool(BlockPool):

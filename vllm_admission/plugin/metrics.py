@@ -30,12 +30,15 @@ metric                                      type     meaning (``AdmissionStats``
 ``vllm:hybrid_prefix_cache_policy_info``    info     labels ``admission``, ``eviction`` (the live
                                                      pair), ``active``, ``auto``
 ``vllm:hybrid_prefix_cache_requests``       counter  requests admitted after a prefix lookup
+                                                     (first admissions, as vLLM's counters)
 ``vllm:hybrid_prefix_cache_prompt_tokens``  counter  their prompt tokens
 ``vllm:hybrid_prefix_cache_junctions``      counter  requests whose KV hit ran past the state hit
 ``vllm:hybrid_prefix_cache_checkpoints``    counter  recurrent states admitted (given a block hash)
 ``vllm:hybrid_prefix_cache_superseded``     counter  tentative sequence-end states replaced
 ``vllm:hybrid_prefix_cache_state_hits``     counter  requests with a hybrid hit > 0
 ``vllm:hybrid_prefix_cache_tokens_saved``   counter  prompt tokens served from the cache
+``vllm:hybrid_prefix_cache_state_miss_tokens`` counter attention-KV hit tokens recomputed
+                                                     for want of a state at their end
 ``vllm:hybrid_prefix_cache_policy_switches`` counter switches made by ``auto``
 ``vllm:hybrid_prefix_cache_evictions``      counter  cached blocks evicted, labels ``kind``, ``group``
 ``vllm:hybrid_prefix_cache_alpha``          gauge    ``flop``'s alpha (absent with ``lru``)
@@ -69,6 +72,8 @@ __all__ = [
     "AdmissionStatLogger",
     "StatsPublisher",
     "default_metrics_dir",
+    "remove_snapshot_dir",
+    "remove_stale_snapshot_dirs",
 ]
 
 logger = logging.getLogger("vllm_admission")
@@ -79,14 +84,19 @@ PUBLISH_INTERVAL_S = 1.0
 
 #: ``AdmissionStats`` fields exported as counters, with their help text.
 COUNTERS: dict[str, str] = {
-    "requests": "Requests admitted into the running batch after a prefix lookup.",
-    "prompt_tokens": "Prompt tokens of the admitted requests.",
+    "requests": "Requests admitted into the running batch after a prefix lookup (first "
+                "admissions only: a request admitted again after a preemption is left out, "
+                "as in vllm:prefix_cache_queries).",
+    "prompt_tokens": "Prompt tokens of the admitted requests (first admissions only).",
     "junctions": "Admitted requests whose attention-KV hit ran past their hybrid hit "
                  "(a shared prefix without a saved recurrent state).",
     "checkpoints": "Recurrent-state checkpoints admitted into the prefix cache (given a block hash).",
     "superseded": "Tentative sequence-end states replaced by a later state of the same request.",
     "state_hits": "Admitted requests with a hybrid prefix hit > 0.",
     "tokens_saved": "Prompt tokens served from the hybrid prefix cache.",
+    "state_miss_tokens": "Prompt tokens whose attention KV was cached past the hybrid hit but "
+                         "recomputed because no recurrent state was kept at their end "
+                         "(attention-KV hit minus hybrid hit, whole blocks).",
     "policy_switches": "Switches of the admission/eviction pair made by auto (the length of "
                        "AdmissionStats.policy_switches).",
 }
@@ -98,9 +108,95 @@ _GAUGES: dict[str, str] = {
 _GROUP_KEY = re.compile(r"^(?P<kind>.*?)(?P<index>\d+)$")
 
 
-def default_metrics_dir() -> str:
-    """The snapshot directory for this process tree: ``<tmp>/vllm_admission-<pid>``."""
-    return os.path.join(tempfile.gettempdir(), f"vllm_admission-{os.getpid()}")
+#: Name of a snapshot directory the plugin makes for a process (``<tmp>/vllm_admission-<pid>``).
+_DIR_NAME = re.compile(r"vllm_admission-(?P<pid>\d+)")
+#: Files a :class:`StatsPublisher` writes: snapshots and their temporary files.
+_SNAPSHOT_FILE = re.compile(r"engine-\d+\.json|\.engine-\d+\.json\.\d+\.tmp")
+
+
+def default_metrics_dir(pid: int | None = None) -> str:
+    """The snapshot directory for a process tree: ``<tmp>/vllm_admission-<pid>``
+    (``pid``: this process by default)."""
+    return os.path.join(tempfile.gettempdir(),
+                        f"vllm_admission-{os.getpid() if pid is None else int(pid)}")
+
+
+def remove_snapshot_dir(directory: str | os.PathLike) -> bool:
+    """Delete a snapshot directory if it holds nothing but the publishers' files.
+
+    Those files (``engine-<i>.json`` and their temporary files) are removed,
+    then the directory. A directory holding anything else is left as it is.
+    Errors (``OSError``) are swallowed: this runs at exit and at start-up.
+
+    Returns:
+        Whether the directory is gone (also when it never existed).
+    """
+    root = Path(directory)
+    try:
+        names = [entry.name for entry in os.scandir(root)]
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    if not all(_SNAPSHOT_FILE.fullmatch(name) for name in names):
+        return False
+    try:
+        for name in names:
+            (root / name).unlink(missing_ok=True)
+        root.rmdir()
+    except OSError:
+        return False
+    return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists, under another user
+        return True
+    return True
+
+
+def remove_stale_snapshot_dirs(parent: str | os.PathLike | None = None) -> list[str]:
+    """Delete the snapshot directories left in ``parent`` (default: the temporary
+    directory) by processes that no longer run.
+
+    A directory counts as left behind when its name is ``vllm_admission-<pid>``,
+    it belongs to this user, ``<pid>`` is not this process and no process has
+    that pid (``os.kill(pid, 0)``), and it holds only the publishers' files
+    (:func:`remove_snapshot_dir`). A pid reused by another process keeps its
+    directory (it is never deleted under a live process). One ``scandir`` of
+    ``parent``; errors are swallowed.
+
+    Returns:
+        The directories removed.
+    """
+    parent = tempfile.gettempdir() if parent is None else os.fspath(parent)
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    for entry in entries:
+        m = _DIR_NAME.fullmatch(entry.name)
+        if m is None:
+            continue
+        pid = int(m["pid"])
+        try:
+            if not entry.is_dir(follow_symlinks=False):
+                continue
+            if uid is not None and entry.stat(follow_symlinks=False).st_uid != uid:
+                continue
+        except OSError:
+            continue
+        if pid == os.getpid() or _pid_alive(pid):
+            continue
+        if remove_snapshot_dir(entry.path):
+            removed.append(entry.path)
+    return removed
 
 
 class StatsPublisher:

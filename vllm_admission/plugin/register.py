@@ -19,7 +19,13 @@ In the process that starts vLLM (``MainProcess``), :func:`register` also
 * sets ``VLLM_ADMISSION_METRICS_DIR`` (unless set) to a per-process temporary
   path, inherited by the engine-core processes, where the scheduler publishes
   its counters for the API server's ``/metrics``
-  (:mod:`vllm_admission.plugin.metrics`);
+  (:mod:`vllm_admission.plugin.metrics`). That process owns the directory: it
+  removes it when it exits (``atexit``: ``vllm serve`` stopped with Ctrl-C or
+  SIGTERM exits normally, but force-kills its engine core first, with
+  ``--shutdown-timeout 0`` by default, so the scheduler's own clean-up in
+  ``shutdown()`` does not run), and at start it removes the directories left
+  by processes that are gone (killed with SIGKILL, say); a directory the user
+  named in ``VLLM_ADMISSION_METRICS_DIR`` is never removed;
 * checks the ``VLLM_ADMISSION_*`` settings: when the command line names the
   AdmissionScheduler (``vllm serve ... --scheduler-cls
   vllm_admission.AdmissionScheduler``), an invalid value ends the process at
@@ -33,6 +39,7 @@ The scheduler itself is not installed here: it is chosen with
 
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing
 import os
@@ -40,7 +47,12 @@ import sys
 from collections.abc import Sequence
 
 from vllm_admission.plugin.config import ENV_VARS, AdmissionConfig, AdmissionConfigError
-from vllm_admission.plugin.metrics import ENV_METRICS_DIR, default_metrics_dir
+from vllm_admission.plugin.metrics import (
+    ENV_METRICS_DIR,
+    default_metrics_dir,
+    remove_snapshot_dir,
+    remove_stale_snapshot_dirs,
+)
 
 __all__ = ["register"]
 
@@ -64,6 +76,26 @@ def names_admission_scheduler(argv: Sequence[str]) -> bool:
     return False
 
 
+#: The snapshot directory this process named and removes at exit (once per process).
+_OWNED: dict[int, str] = {}
+
+
+def _own_metrics_dir() -> str:
+    """This process's snapshot directory; the first call also removes stale ones
+    and arranges the removal of this one at exit."""
+    pid = os.getpid()
+    if pid not in _OWNED:
+        directory = _OWNED[pid] = default_metrics_dir()
+        remove_stale_snapshot_dirs(os.path.dirname(directory))
+        atexit.register(_remove_at_exit, pid, directory)
+    return _OWNED[pid]
+
+
+def _remove_at_exit(pid: int, directory: str) -> None:
+    if os.getpid() == pid:  # not in a forked child that inherited the handler
+        remove_snapshot_dir(directory)
+
+
 def register() -> None:
     """Make vLLM's environment validation accept the plugin's variables.
 
@@ -80,7 +112,8 @@ def register() -> None:
     register_env_vars(ENV_VARS, _unset)
     if multiprocessing.current_process().name != "MainProcess":
         return
-    os.environ.setdefault(ENV_METRICS_DIR, default_metrics_dir())
+    if not os.environ.get(ENV_METRICS_DIR):
+        os.environ[ENV_METRICS_DIR] = _own_metrics_dir()
     try:
         AdmissionConfig.from_env()
     except AdmissionConfigError as exc:

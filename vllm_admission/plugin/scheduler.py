@@ -53,7 +53,11 @@ from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout, inpass_c
 from vllm_admission.plugin import inpass, vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import AdmissionControl
-from vllm_admission.plugin.kv_cache import PolicyMambaManager, group_kinds
+from vllm_admission.plugin.kv_cache import (
+    PolicyMambaManager,
+    group_kinds,
+    smallest_cacheable_prefix,
+)
 from vllm_admission.plugin.logs import ensure_log_output
 from vllm_admission.plugin.metrics import StatsPublisher
 from vllm_admission.plugin.stats import AdmissionStats
@@ -130,9 +134,17 @@ class AdmissionScheduler(Scheduler):
         geometry = self._admission_geometry(config)
         adaptive = AUTO in (config.policy, config.eviction)
         admissions, evictions = candidate_policies(config.policy, config.eviction)
-        start = PolicyController.default_start(admissions, evictions, geometry.checkpoint)
+        if config.policy == AUTO:
+            admissions = self._admission_runnable_admissions(admissions)
         for name in admissions:
             self._admission_check_supported(name)
+        if config.eviction == AUTO and self.connector is not None:
+            # KV connectors (offloading) walk vLLM's free queue every step.
+            kept = tuple(e for e in evictions if eviction_class(e).vllm_order)
+            if kept != evictions:
+                logger.warning("vllm_admission: auto eviction leaves out %s here (a KV connector)",
+                               ", ".join(e for e in evictions if e not in kept))
+            evictions = kept
         if config.eviction == AUTO and any(eviction_class(e).needs_keys for e in evictions):
             problems = self._admission_key_problems()
             if problems:
@@ -142,12 +154,22 @@ class AdmissionScheduler(Scheduler):
                                ", ".join(dropped), "; ".join(problems))
         for name in evictions:
             self._admission_check_keys(name)
+        if adaptive and self.connector is not None and len(admissions) * len(evictions) == 1:
+            # auto switches eviction through the plugin's free queue, which a
+            # connector cannot walk; with one pair left there is nothing to switch.
+            logger.warning("vllm_admission: auto has one runnable pair here, %s+%s; it runs as a "
+                           "fixed pair", admissions[0], evictions[0])
+            adaptive = False
+        start = PolicyController.default_start(admissions, evictions, geometry.checkpoint)
         prefill_flops = None
         if adaptive or any(not eviction_class(e).vllm_order for e in evictions):
             if self.connector is not None:
-                # KV connectors (offloading) walk vLLM's free queue every step.
+                # KV connectors (offloading) walk vLLM's free queue every step;
+                # auto's free queue is the plugin's even while it serves lru.
+                setting = (f"VLLM_ADMISSION_POLICY={AUTO}" if adaptive and config.policy == AUTO
+                           else f"VLLM_ADMISSION_EVICTION={config.eviction}")
                 raise AdmissionConfigError(
-                    f"VLLM_ADMISSION_EVICTION={config.eviction} cannot run with a KV connector "
+                    f"{setting} cannot run with a KV connector "
                     f"(valid here: {', '.join(n for n, c in EVICTION_POLICIES.items() if c.vllm_order)})")
         eviction = eviction_class(start.eviction)
         if adaptive or eviction.needs_values or (eviction.tunable and config.alpha is None):
@@ -171,6 +193,7 @@ class AdmissionScheduler(Scheduler):
         logger.info("vllm_admission: AdmissionScheduler active: %s; block_size=%d, groups=%s, "
                     "pool=%d blocks", config.describe(), geometry.block_size,
                     ",".join(geometry.group_kinds), geometry.num_blocks)
+        self._admission_log_smallest_prefix(geometry)
         self._admission_publish(idle=True)
 
     def _admission_publish(self, *, idle: bool) -> None:
@@ -228,10 +251,50 @@ class AdmissionScheduler(Scheduler):
         return [m for m in self.kv_cache_manager.coordinator.single_type_managers
                 if isinstance(m, MambaManager)]
 
+    def _admission_log_smallest_prefix(self, geometry: CacheLayout) -> None:
+        """Log the shortest prefix that can hit, per KV cache group; warn when a
+        prompt must be longer than a quarter of ``max_model_len`` to hit at all."""
+        coordinator = self.kv_cache_manager.coordinator
+        prefix, per_group = smallest_cacheable_prefix(
+            coordinator.single_type_managers, scheduler_block_size=self.block_size,
+            hash_block_size=self.hash_block_size,
+            partial_hash_hits=bool(getattr(coordinator, "enable_partial_hash_hits", False)))
+        groups = " ".join(f"{k}{g}={n}" for g, (k, n) in enumerate(zip(geometry.group_kinds,
+                                                                        per_group)))
+        logger.info("vllm_admission: smallest cacheable prefix: %d tokens (per KV cache group: "
+                    "%s; a hit ends where every group can reuse a block), so only prompts of "
+                    "%d tokens or more can hit (vLLM recomputes at least the last prompt token)",
+                    prefix, groups, prefix + 1)
+        max_model_len = int(self.vllm_config.model_config.max_model_len)
+        if 4 * (prefix + 1) > max_model_len:
+            logger.warning("vllm_admission: prompts shorter than %d tokens never hit the prefix "
+                           "cache, more than a quarter of max_model_len=%d", prefix + 1,
+                           max_model_len)
+
+    def _admission_runnable_admissions(self, admissions: tuple[str, ...]) -> tuple[str, ...]:
+        """``auto``'s admission candidates this engine can run; one warning names
+        those left out and why (as ``auto`` eviction does for ``reuse``)."""
+        problems = {name: self._admission_support_problems(name) for name in admissions}
+        kept = tuple(name for name in admissions if not problems[name])
+        dropped = [name for name in admissions if problems[name]]
+        if dropped:
+            reasons = sorted({p for name in dropped for p in problems[name]})
+            logger.warning("vllm_admission: auto admission leaves out %s here (%s)",
+                           ", ".join(dropped), "; ".join(reasons))
+        return kept
+
     def _admission_check_supported(self, policy: str) -> None:
         """Non-stock admission needs plain align mode; say which feature is in the way."""
+        problems = self._admission_support_problems(policy)
+        if problems:
+            raise AdmissionConfigError(
+                f"VLLM_ADMISSION_POLICY={policy} cannot run with {'; '.join(problems)} "
+                f"(valid here: vllm)")
+
+    def _admission_support_problems(self, policy: str) -> list[str]:
+        """The engine features in the way of a non-stock admission policy (none for ``vllm``)."""
         if get_admission(policy).vllm_native:
-            return
+            return []
         problems = []
         if self.cache_config.mamba_cache_mode != "align":
             problems.append(f"mamba_cache_mode={self.cache_config.mamba_cache_mode!r} "
@@ -241,10 +304,7 @@ class AdmissionScheduler(Scheduler):
             problems.append("EAGLE/MTP speculative decoding")
         if self.connector is not None:
             problems.append("a KV connector")
-        if problems:
-            raise AdmissionConfigError(
-                f"VLLM_ADMISSION_POLICY={policy} cannot run with {'; '.join(problems)} "
-                f"(valid here: vllm)")
+        return problems
 
     def _admission_key_problems(self) -> list[str]:
         """Engine features under which a block's hash is not one full block's,

@@ -12,8 +12,13 @@ __all__ = ["AdmissionStats"]
 class AdmissionStats:
     """Cumulative metrics of one engine's :class:`AdmissionScheduler` since it started.
 
-    Counts are events; lengths are tokens. A request admitted again after a
-    preemption is counted again, as vLLM's own prefix-cache counters do.
+    Counts are events; lengths are tokens. The request and token counters
+    count a request's first admission only, as vLLM's prefix-cache counters
+    (``vllm:prefix_cache_queries`` / ``_hits``) do: a request admitted again
+    after a preemption, or one that skips the prefix-cache lookup, is left out
+    (:func:`~vllm_admission.plugin.control.counts_in_prefix_cache_stats`), so
+    ``tokens_saved / prompt_tokens`` and vLLM's hit rate have the same
+    denominator.
 
     Attributes:
         active: ``False`` when the scheduler runs stock (prefix caching off,
@@ -34,6 +39,13 @@ class AdmissionStats:
         state_hits: admitted requests with a hybrid hit > 0.
         tokens_saved: sum of the hybrid hits of admitted requests (prompt
             tokens served from the cache; vLLM's ``num_cached_tokens``).
+        state_miss_tokens: sum over admitted requests of their attention-KV
+            hit minus their hybrid hit: prompt tokens whose attention KV blocks
+            were all cached but which were recomputed because no recurrent
+            state was kept at their end (whole blocks;
+            :attr:`HitProbe.state_miss
+            <vllm_admission.core.admission.HitProbe.state_miss>`; the
+            simulator's ``state_miss_tokens``).
         evictions: cached blocks whose hash was dropped to reuse the block.
         evictions_by_group: ``evictions`` per KV cache group, keyed
             ``"<kind><group index>"`` (``"state0"``, ``"attention1"``).
@@ -58,6 +70,7 @@ class AdmissionStats:
     superseded: int = 0
     state_hits: int = 0
     tokens_saved: int = 0
+    state_miss_tokens: int = 0
     evictions: int = 0
     evictions_by_group: dict[str, int] = field(default_factory=dict)
     free_blocks: int = 0
@@ -79,5 +92,6 @@ class AdmissionStats:
                 f"requests={self.requests} junctions={self.junctions} "
                 f"checkpoints={self.checkpoints} state_hits={self.state_hits} "
                 f"tokens_saved={self.tokens_saved}/{self.prompt_tokens} "
+                f"state_miss_tokens={self.state_miss_tokens} "
                 f"evictions={self.evictions} ({groups}) "
                 f"free_blocks={self.free_blocks}/{self.usable_blocks}")

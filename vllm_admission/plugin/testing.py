@@ -184,6 +184,15 @@ class FakeEngine:
         self.batch_queue = batch_queue
         # (scheduler output, ids of the requests that sample a token in it), newest first.
         self._in_flight: deque[tuple[Any, set[str]]] = deque()
+        #: vLLM's own prefix-cache counters summed over the steps (what
+        #: ``vllm:prefix_cache_*`` export): ``requests``, ``queries``, ``hits``
+        #: for first admissions, ``preempted_requests``, ``preempted_queries``,
+        #: ``preempted_hits`` for admissions after a preemption
+        #: (``PrefixCacheStats``, ``vllm/v1/metrics/stats.py``); all 0 unless
+        #: the scheduler was built with ``log_stats=True``.
+        self.prefix_cache: dict[str, int] = dict.fromkeys(
+            ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
+             "preempted_hits"), 0)
         self._n = 0
 
     def add(self, prompt: Sequence[int], max_tokens: int, request_id: str | None = None) -> str:
@@ -236,6 +245,10 @@ class FakeEngine:
         self.cpu_seconds += time.process_time() - c2
         finished = []
         for client_outputs in eco.values():
+            stats = client_outputs.scheduler_stats
+            if stats is not None and stats.prefix_cache_stats is not None:
+                for key in self.prefix_cache:
+                    self.prefix_cache[key] += getattr(stats.prefix_cache_stats, key)
             for o in client_outputs.outputs:
                 if o.prefill_stats is not None and o.request_id not in self.cached_tokens:
                     self.cached_tokens[o.request_id] = o.prefill_stats.num_cached_tokens

@@ -22,15 +22,19 @@ def format_table(doc: dict[str, Any]) -> str:
     if doc.get("checkpoint", "split") != "split":
         title += f"; checkpoint mode {doc['checkpoint']} (prefill chunks end at the budget only)"
     head = f"{'admission':<9} {'eviction':<8} {'capacity':>10} {'blocks':>7} {'hit rate':>8} " \
-           f"{'req hit':>7} {'FLOPs saved':>11} {'ckpts':>7} {'evictions':>9} {'alpha':>5} {'sec':>6}"
+           f"{'req hit':>7} {'st.miss':>7} {'FLOPs saved':>11} {'ckpts':>7} {'evictions':>9} {'alpha':>5} {'sec':>6}"
     lines = [title, head, "-" * len(head)]
     for r in doc["runs"]:
         alpha = "" if r["alpha"] is None else f"{r['alpha']:.1f}"
+        # Records written before the field existed have no state_miss_tokens.
+        miss = r.get("state_miss_tokens")
+        miss = "" if miss is None else f"{miss / r['prompt_tokens'] if r['prompt_tokens'] else 0:.2%}"
         lines.append(
             f"{r['admission']:<9} {r['eviction']:<8} {_fmt_bytes(r['capacity_bytes']):>10} "
             f"{r['num_blocks']:>7} {r['token_hit_rate']:>8.2%} {r['request_hit_rate']:>7.1%} "
-            f"{r['flops_saved_fraction']:>11.2%} {r['state_checkpoints']:>7} {r['evictions']:>9} "
+            f"{miss:>7} {r['flops_saved_fraction']:>11.2%} {r['state_checkpoints']:>7} {r['evictions']:>9} "
             f"{alpha:>5} {r['wall_seconds']:>6.2f}")
+    lines.extend(_against_stock(doc["runs"]))
     for b in doc["bound"]:
         lines.append(f"infinite-capacity bound (block size {b['block_size']}): "
                      f"{b['token_hit_rate']:.2%} token hit rate")
@@ -38,6 +42,27 @@ def format_table(doc: dict[str, Any]) -> str:
     if skipped != {0}:
         lines.append(f"requests skipped because they never fit the pool: {sorted(skipped)}")
     return "\n".join(lines)
+
+
+def _against_stock(runs: list[dict[str, Any]]) -> list[str]:
+    """One line per pair chosen online (``auto``): its token hit rate beside stock
+    ``vllm`` + ``lru`` at each capacity both ran, and the pair it ended with."""
+    stock = {r["capacity_bytes"]: r for r in runs
+             if (r["admission"], r["eviction"]) == ("vllm", "lru")}
+    pairs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        if "auto" in (r["admission"], r["eviction"]) and r["capacity_bytes"] in stock:
+            pairs.setdefault((r["admission"], r["eviction"]), []).append(r)
+    lines = []
+    for (adm, ev), rs in pairs.items():
+        cells = []
+        for r in rs:
+            base = stock[r["capacity_bytes"]]["token_hit_rate"]
+            ratio = f" ({r['token_hit_rate'] / base:.2f}x)" if base else ""
+            cells.append(f"{_fmt_bytes(r['capacity_bytes'])} {r['token_hit_rate']:.2%} vs "
+                         f"{base:.2%}{ratio}, ends as {r.get('final_policy') or '-'}")
+        lines.append(f"{adm}+{ev} against stock vllm+lru: " + "; ".join(cells))
+    return lines
 
 
 def _fmt_bytes(n: int | None) -> str:

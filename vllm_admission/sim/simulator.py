@@ -67,6 +67,12 @@ class RunResult:
     :class:`~vllm_admission.core.cache.RequestOutcome`). With
     ``per_request``, ``per_request_hits`` and ``per_request_prefill_steps``
     hold one entry per trace request (``-1`` for a skipped one).
+    ``state_miss_tokens`` sums, over the requests that ran, the prompt tokens
+    whose attention KV was cached past the hybrid hit but recomputed because no
+    recurrent state was kept at their end (attention-KV hit minus hybrid hit,
+    whole blocks: :attr:`HitProbe.state_miss
+    <vllm_admission.core.admission.HitProbe.state_miss>`, the plugin's
+    ``state_miss_tokens`` metric).
     """
 
     trace: str
@@ -98,6 +104,7 @@ class RunResult:
     final_policy: str | None = None
     prefill_steps: int = 0
     checkpoint: str = "split"
+    state_miss_tokens: int = 0
     per_request_hits: list[int] | None = field(default=None, repr=False)
     per_request_prefill_steps: list[int] | None = field(default=None, repr=False)
 
@@ -294,6 +301,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         policy_decisions=len(controller.decisions) if controller else 0,
         final_policy=str(controller.pair) if controller else None,
         prefill_steps=totals.prefill_steps, checkpoint=checkpoint,
+        state_miss_tokens=totals.state_miss_tokens,
         per_request_hits=hits if per_request else None,
         per_request_prefill_steps=steps if per_request else None)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from vllm_admission.core.adaptive import DEFAULT_INTERVAL
+from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.costs import ModelCosts, load_model
 from vllm_admission.core.geometry import block_geometry
@@ -27,7 +27,9 @@ class SweepSpec:
     ``"float32"``, ``"bfloat16"``, ``"float16"``): the SSM state dtype of the
     model every run uses, ``"auto"`` resolved as vLLM does on a GPU (see
     :meth:`ModelCosts.from_config`). ``checkpoint`` is the checkpoint mode of
-    every run (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`).
+    every run (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`). ``pairs``
+    are (admission, eviction) pairs run at every capacity besides the
+    ``admissions`` x ``evictions`` grid (the demo's ``auto`` + ``auto``).
     """
 
     trace: str
@@ -44,6 +46,7 @@ class SweepSpec:
     seed: int = 0
     mamba_ssm_cache_dtype: str = "auto"
     checkpoint: str = "split"
+    pairs: tuple[tuple[str, str], ...] = ()
 
     def load_costs(self) -> ModelCosts:
         """The cost model of ``model`` with this spec's SSM state dtype.
@@ -55,7 +58,11 @@ class SweepSpec:
         return load_model(self.model, mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype)
 
     def runs(self) -> list[tuple[str, str, int]]:
-        return list(itertools.product(self.admissions, self.evictions, self.capacities))
+        """``(admission, eviction, capacity)`` of every run: the grid, then the extra pairs."""
+        grid = list(itertools.product(self.admissions, self.evictions, self.capacities))
+        extra = [(a, e, c) for a, e in dict.fromkeys(self.pairs) for c in self.capacities
+                 if (a, e, c) not in grid]
+        return grid + extra
 
 
 # Worker state, loaded once per process.
@@ -121,7 +128,9 @@ def run_sweep(spec: SweepSpec, *, jobs: int = 1, progress: bool = True) -> dict[
             bar.update()
     else:
         with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(_run_one, spec, *run): run for run in runs}
+            # An auto run costs several fixed runs: start those first.
+            order = sorted(runs, key=lambda run: AUTO not in run[:2])
+            futures = {pool.submit(_run_one, spec, *run): run for run in order}
             for fut in as_completed(futures):
                 results[futures[fut]] = fut.result()
                 bar.update()
