@@ -403,12 +403,12 @@ def test_an_unsupported_vllm_refuses_changes_and_runs_stock_otherwise(vllm_confi
     from vllm_admission.plugin import vllm_hooks
     from vllm_admission.plugin.scheduler import AdmissionScheduler
 
-    monkeypatch.setattr(vllm_hooks, "installed_version", lambda: "0.33.0")
+    monkeypatch.setattr(vllm_hooks, "installed_version", lambda: "0.34.0")
     with pytest.raises(vllm_hooks.UnsupportedVllmError) as info:
         build(vllm_config, monkeypatch, policy="marconi", eviction="lru")
     assert str(info.value) == (
-        "vllm_admission supports vLLM 0.32.x, found 0.33.0; the AdmissionScheduler refuses to "
-        "change vLLM's caching on it (valid here: VLLM_ADMISSION_POLICY=vllm with "
+        "vllm_admission supports vLLM 0.32.x and 0.33.x, found 0.34.0; the AdmissionScheduler "
+        "refuses to change vLLM's caching on it (valid here: VLLM_ADMISSION_POLICY=vllm with "
         "VLLM_ADMISSION_EVICTION=lru)")
     engine = build(vllm_config, monkeypatch, policy="vllm", eviction="lru")
     sched = engine.scheduler
@@ -449,7 +449,8 @@ def test_every_private_vllm_member_the_plugin_relies_on_exists():
     from vllm_admission.plugin import vllm_hooks
 
     assert vllm_hooks.check_version()  # the suite runs against the supported release
-    assert vllm_hooks.check_version("0.32.3+cpu") and not vllm_hooks.check_version("0.33.0")
+    assert vllm_hooks.check_version("0.32.3+cpu") and vllm_hooks.check_version("0.33.0")
+    assert not vllm_hooks.check_version("0.34.0") and not vllm_hooks.check_version("0.31.2")
     assert vllm_hooks.missing_members() == []
 
 

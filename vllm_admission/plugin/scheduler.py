@@ -296,8 +296,10 @@ class AdmissionScheduler(Scheduler):
             self._admission_use_admission(pending.admission)
         self._admission_pending_pair = None
 
-    def _get_local_prefix_cache_hit(self, request: Any) -> Any:
-        blocks, num_local, boundary, diverged = super()._get_local_prefix_cache_hit(request)
+    def _get_local_prefix_cache_hit(self, request: Any, *args: Any, **kwargs: Any) -> Any:
+        # COMPAT-HACK (lead replaces at merge): 0.33 also passes max_cache_hit_length.
+        blocks, num_local, boundary, diverged = super()._get_local_prefix_cache_hit(
+            request, *args, **kwargs)
         ctl = self._admission
         if ctl is not None:
             boundary = ctl.on_lookup(request, num_local, boundary)

@@ -7,8 +7,8 @@ vLLM's ``Scheduler``) and the ``vllm.general_plugins`` /
 objects it changes and the private members it overrides or reads, is done
 here, behind a version check:
 
-* :func:`check_version`, :func:`unsupported_reason`: vLLM 0.32.x is
-  supported. Another version gets one line: the AdmissionScheduler refuses to
+* :func:`check_version`, :func:`unsupported_reason`: vLLM 0.32.x and
+  0.33.x are supported. Another version gets one line: the AdmissionScheduler refuses to
   start when a setting asks for anything but vLLM's own behaviour, and
   otherwise runs as vLLM's stock scheduler (nothing is patched);
 * :func:`install`: re-types the freshly built block pool, Mamba managers and
@@ -49,8 +49,8 @@ __all__ = [
     "use_policy_managers",
 ]
 
-#: The vLLM release line the plugin is written against (``major.minor``).
-SUPPORTED_VLLM = "0.32"
+#: The vLLM release lines the plugin is written and tested against (``major.minor``).
+SUPPORTED_VLLM: tuple[str, ...] = ("0.32", "0.33")
 
 #: ``(file under vllm/, qualified member, how the plugin uses it)`` for every
 #: private (or undocumented) member of vLLM the plugin overrides, calls or reads.
@@ -118,11 +118,12 @@ def check_version(version: str | None = None) -> bool:
     """Whether ``version`` (default: the installed vLLM's) is a supported release.
 
     Returns:
-        ``True`` for 0.32.x; ``False`` otherwise.
+        ``True`` for a release of a line in :data:`SUPPORTED_VLLM` (0.32.x,
+        0.33.x, any local suffix such as ``+cpu``); ``False`` otherwise.
     """
     version = installed_version() if version is None else version
     parts = version.split("+")[0].split(".")
-    return ".".join(parts[:2]) == SUPPORTED_VLLM
+    return ".".join(parts[:2]) in SUPPORTED_VLLM
 
 
 def unsupported_reason(version: str, wants_changes: bool) -> str:
@@ -132,7 +133,8 @@ def unsupported_reason(version: str, wants_changes: bool) -> str:
         UnsupportedVllmError: ``wants_changes`` (a setting other than vLLM's own
             behaviour); the message is one line.
     """
-    text = f"vllm_admission supports vLLM {SUPPORTED_VLLM}.x, found {version}"
+    lines = " and ".join(f"{line}.x" for line in SUPPORTED_VLLM)
+    text = f"vllm_admission supports vLLM {lines}, found {version}"
     if wants_changes:
         raise UnsupportedVllmError(
             f"{text}; the AdmissionScheduler refuses to change vLLM's caching on it "
