@@ -13,7 +13,7 @@ CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
 # (see packaging/vllm-cpu-dist/pyproject.toml).
 VLLM_CPU_DIST := packaging/vllm-cpu-dist
 
-.PHONY: install demo test test-fast bench study engine-study clean
+.PHONY: install demo test test-fast compat bench study engine-study clean
 
 install: $(STAMP)
 
@@ -31,6 +31,12 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not engine"
+
+# The scheduler-level tests and vLLM's own async-scheduler tests against vLLM 0.33 without
+# a GPU: 0.33's Python files layered over the 0.32 CPU install (downloads about 390 MB
+# from PyPI once, into $(OUT)/compat; docs/plugin.md "Supported vLLM releases").
+compat: install
+	$(BIN)/python scripts/compat.py --out $(OUT)/compat
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py
