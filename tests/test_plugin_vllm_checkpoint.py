@@ -31,7 +31,6 @@ from test_plugin_scheduler import (
     mamba_positions,
     random_workload,
     run_engine,
-    simulate,
     toks,
 )
 
@@ -86,6 +85,31 @@ def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None
     engine = FakeEngine(sched)
     _BUILT.append(engine)
     return engine
+
+
+def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=None,
+             export=True):
+    """The core model's hits (test_plugin_scheduler.simulate) with vLLM's export modelled
+    (``prompt_end_export``); with ``steps`` (a list), its prefill steps are appended."""
+    from test_plugin_scheduler import BYTES_PER_BLOCK, GROUPS, chained
+
+    from vllm_admission.core.admission import get_admission
+    from vllm_admission.core.cache import HybridPrefixCache
+    from vllm_admission.core.eviction import eviction_class, get_eviction
+
+    tunable = eviction_class(eviction).tunable
+    ev = get_eviction(eviction, **({"alpha": alpha} if alpha is not None and tunable else {}))
+    cache = HybridPrefixCache(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
+                              admission=get_admission(policy), eviction=ev, chunk_size=CHUNK,
+                              segment_flops=costs.prefill_flops, bytes_per_block=BYTES_PER_BLOCK,
+                              prompt_end_export=export)
+    hits = []
+    for r, (tokens, out_len) in enumerate(requests):
+        out = cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r))
+        hits.append(out.hit_tokens)
+        if steps is not None:
+            steps.append(out.prefill_steps)
+    return hits, cache
 
 
 def chunk_sizes(engine, tokens, out_len):
@@ -168,12 +192,27 @@ def test_random_workload_matches_core_model_with_the_export(vllm_config, monkeyp
     """test_plugin_scheduler's random workload on the export spec: the same hits, evictions
     per group, checkpoints and junctions as the core model (which knows nothing of the
     export), for every admission and eviction policy, ``reuse`` (keys) included."""
+    from vllm_admission.engine.llm import PrefillStepCounter
+
     reqs = random_workload(11)
     engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, alpha=alpha,
                    blocks=60)
-    hits = run_engine(engine, reqs)
-    sim_hits, cache = simulate(policy, eviction, reqs, blocks=60, costs=costs, alpha=alpha)
+    assert engine.scheduler._admission.geometry.prompt_end_export  # noqa: SLF001
+    with PrefillStepCounter(engine.scheduler) as counter:
+        hits = run_engine(engine, reqs)
+    sim_steps = []
+    sim_hits, cache = simulate(policy, eviction, reqs, blocks=60, costs=costs, alpha=alpha,
+                               steps=sim_steps)
     assert hits == sim_hits
+    # The export's effect, request by request: the scheduler's prefill steps are the
+    # core model's with the export, and fewer than without it (dense aside: its stops
+    # leave no chunk that could export).
+    assert list(counter.counts.values()) == sim_steps
+    plain_steps = []
+    simulate(policy, eviction, reqs, blocks=60, costs=costs, alpha=alpha, steps=plain_steps,
+             export=False)
+    assert (sum(sim_steps) == sum(plain_steps)) if policy == "dense" else (
+        sum(sim_steps) < sum(plain_steps))
     stats = engine.scheduler.stats()
     assert stats.evictions_by_group == {"state0": cache.pool.evictions_by_group[0],
                                         "attention1": cache.pool.evictions_by_group[1]}

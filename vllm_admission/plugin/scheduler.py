@@ -171,7 +171,8 @@ class AdmissionScheduler(Scheduler):
                            num_blocks=self.kv_cache_config.num_blocks, group_kinds=kinds,
                            bytes_per_block=int(bytes_per_block),
                            chunk_size=int(self.scheduler_config.max_num_batched_tokens),
-                           checkpoint=config.checkpoint)
+                           checkpoint=config.checkpoint,
+                           prompt_end_export=self._admission_vllm_exports_checkpoint())
 
     def _admission_setup_inpass(self) -> None:
         """Check that ``inpass`` can run here and install its runner hooks.
