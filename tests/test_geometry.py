@@ -65,7 +65,14 @@ def _vllm_kv_cache_planning():
         from vllm.v1.core import kv_cache_planning as mod
     except ImportError:
         from vllm.v1.core import kv_cache_utils as mod
-    return mod.get_kv_cache_configs, mod.get_kv_cache_groups
+        return mod.get_kv_cache_configs, mod.get_kv_cache_groups
+
+    def get_kv_cache_configs(vllm_config, specs, memory):
+        # 0.33 takes the whole model's groups, as EngineCore computes them (v1/engine/core.py).
+        groups = mod.get_global_kv_cache_groups(vllm_config, specs)
+        return mod.get_kv_cache_configs(vllm_config, specs, memory, groups)
+
+    return get_kv_cache_configs, mod.get_kv_cache_groups
 
 
 def test_qwen3_next_geometry_by_hand():
