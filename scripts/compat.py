@@ -69,7 +69,8 @@ REPO_SUITES: dict[str, list[str]] = {
     # scheduling, metrics, and the GDN FlashInfer one-checkpoint spec.
     "scheduler": ["tests/test_plugin_scheduler.py", "tests/test_plugin_config.py",
                   "tests/test_plugin_free_queue.py", "tests/test_inpass_scheduler.py",
-                  "tests/test_plugin_metrics.py", "tests/test_async_scheduler.py"],
+                  "tests/test_plugin_metrics.py", "tests/test_async_scheduler.py",
+                  "tests/test_plugin_vllm_checkpoint.py"],
     # The core's geometry and cost model cross-checked against vLLM's own code
     # (block-size alignment, KV cache grouping, the model registry).
     "geometry": ["tests/test_geometry.py", "tests/test_costs.py"],
@@ -89,22 +90,6 @@ import logging
 import pytest
 
 
-def _plugin_classes():
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
-    from vllm_admission.plugin import scheduler as plugin
-
-    sync_cls = plugin.AdmissionScheduler
-    async_cls = next((obj for obj in vars(plugin).values()
-                      if isinstance(obj, type) and issubclass(obj, sync_cls)
-                      and issubclass(obj, AsyncScheduler)), None)
-    if async_cls is None:
-        # The plugin has no async variant yet: the sync class's overrides on top
-        # of vLLM's AsyncScheduler, built here for the test run only.
-        async_cls = type("CompatAsyncAdmissionScheduler", (sync_cls, AsyncScheduler), {})
-    return sync_cls, async_cls
-
-
 @pytest.fixture(autouse=True)
 def _swap_in_the_plugin(monkeypatch, request):
     import sys
@@ -113,15 +98,17 @@ def _swap_in_the_plugin(monkeypatch, request):
 
     from tests.v1.core import utils
 
-    sync_cls, async_cls = _plugin_classes()
+    from vllm_admission.plugin.scheduler import AdmissionScheduler
+
     original = utils.create_scheduler
 
     def create_scheduler(*args, **kwargs):
+        # The class a user names; it builds its async variant by itself when the
+        # config has async scheduling on.
         if kwargs.get("scheduler_cls") is None:
-            kwargs["scheduler_cls"] = (async_cls if kwargs.get("async_scheduling")
-                                       else sync_cls)
+            kwargs["scheduler_cls"] = AdmissionScheduler
         scheduler = original(*args, **kwargs)
-        assert isinstance(scheduler, sync_cls), type(scheduler)
+        assert isinstance(scheduler, AdmissionScheduler), type(scheduler)
         if kwargs.get("async_scheduling"):
             assert isinstance(scheduler, AsyncScheduler), type(scheduler)
         return scheduler

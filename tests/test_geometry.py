@@ -57,6 +57,24 @@ QWEN3_NEXT = load_model("qwen3-next-80b-a3b")
 # --------------------------------------------------------------------------- #
 
 
+
+def _vllm_kv_cache_planning():
+    """vLLM's ``(get_kv_cache_configs, get_kv_cache_groups)``: in
+    ``v1/core/kv_cache_utils.py`` in 0.32, moved to ``v1/core/kv_cache_planning.py`` in 0.33."""
+    try:
+        from vllm.v1.core import kv_cache_planning as mod
+    except ImportError:
+        from vllm.v1.core import kv_cache_utils as mod
+        return mod.get_kv_cache_configs, mod.get_kv_cache_groups
+
+    def get_kv_cache_configs(vllm_config, specs, memory):
+        # 0.33 takes the whole model's groups, as EngineCore computes them (v1/engine/core.py).
+        groups = mod.get_global_kv_cache_groups(vllm_config, specs)
+        return mod.get_kv_cache_configs(vllm_config, specs, memory, groups)
+
+    return get_kv_cache_configs, mod.get_kv_cache_groups
+
+
 def test_qwen3_next_geometry_by_hand():
     # Attention page per token and layer: 2 (K, V) * 2 kv heads * 256 * 2 bytes = 2048.
     # State page: 1097728 bytes (see test_costs). CUDA: block 16, kernel multiple of 16:
@@ -389,7 +407,7 @@ def _vllm_reference(model_dir: Path, raw: dict, *, start_block: int, cuda: bool,
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP, Qwen3_5ForConditionalGenerationConfig
     from vllm.platforms import current_platform
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs, get_kv_cache_groups
+    get_kv_cache_configs, get_kv_cache_groups = _vllm_kv_cache_planning()
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
     is_qwen3_5 = raw["architectures"][0].startswith("Qwen3_5")
@@ -545,7 +563,7 @@ def test_grouping_matches_vllm(num_attention, num_state, vllm_model_dirs):
     """vLLM's get_kv_cache_groups on synthetic layer mixes vs our rule."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, VllmConfig
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+    _, get_kv_cache_groups = _vllm_kv_cache_planning()
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
     vllm_config = VllmConfig(

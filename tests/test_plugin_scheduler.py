@@ -329,6 +329,32 @@ def test_every_private_vllm_member_the_plugin_relies_on_exists():
     assert vllm_hooks.check_version("0.32.3+cpu") and vllm_hooks.check_version("0.33.0")
     assert not vllm_hooks.check_version("0.34.0") and not vllm_hooks.check_version("0.31.9")
     assert vllm_hooks.missing_members() == []
+    # Every override takes what the installed release passes (make compat: 0.33's).
+    assert vllm_hooks.override_mismatches() == []
+
+
+def test_an_override_that_cannot_take_vllms_arguments_is_reported(monkeypatch):
+    """The 0.33 failure of issue 21: an override taking only ``request`` where vLLM passes
+    ``(request, max_cache_hit_length)``; and one requiring what vLLM never passes."""
+    from vllm_admission.plugin import vllm_hooks
+
+    class Theirs:
+        def hit(self, request, max_cache_hit_length=None): ...
+
+    class Narrow:
+        def hit(self, request): ...
+
+    class Greedy:
+        def hit(self, request, max_cache_hit_length=None, *, extra): ...
+
+    class Open:
+        def hit(self, request, *args, **kwargs): ...
+
+    assert vllm_hooks._accepts(Theirs.hit, Narrow.hit) == [  # noqa: SLF001
+        "positional 'max_cache_hit_length' (argument 2)"]
+    assert vllm_hooks._accepts(Theirs.hit, Greedy.hit) == [  # noqa: SLF001
+        "requires 'extra', which vLLM does not pass"]
+    assert vllm_hooks._accepts(Theirs.hit, Open.hit) == []  # noqa: SLF001
 
 
 def test_switching_policy_needs_an_idle_scheduler(vllm_config, monkeypatch):

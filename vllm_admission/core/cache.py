@@ -502,6 +502,17 @@ class HybridPrefixCache:
             that a policy that ``needs_values`` can be switched to later.
         checkpoint: how prefill writes states, one of :data:`CHECKPOINT_MODES`
             (``"split"``: vLLM 0.32; ``"inpass"``: captured inside the pass).
+        prompt_end_export: ``split`` mode with vLLM's one-checkpoint export
+            (a ``MambaSpec`` with ``num_prefill_checkpoint_blocks=1``: vLLM
+            0.33's Qwen GDN layers on FlashInfer, Mamba2 layers): when the
+            prompt's last chunk can start at least one block below the prompt
+            checkpoint and reach the prompt end in one step, no chunk ends at
+            the checkpoint; that step allocates a state block at the
+            checkpoint's index besides the running one and the kernel writes the
+            checkpoint state into it (``v1/core/sched/scheduler.py``
+            ``_mamba_block_aligned_split``, ``v1/core/single_type_kv_cache_manager.py``
+            ``MambaManager._needs_internal_checkpoint``). Which states are kept
+            does not change; when blocks are allocated does.
 
     Raises:
         ValueError: bad geometry, a missing callback for the chosen eviction,
@@ -514,8 +525,10 @@ class HybridPrefixCache:
                  bytes_per_block: int = 1,
                  next_use: Callable[[int, float], float] | None = None,
                  switchable: bool = False, track_values: bool = False,
-                 checkpoint: str = "split") -> None:
+                 checkpoint: str = "split", prompt_end_export: bool = False) -> None:
         check_checkpoint_mode(checkpoint)
+        if prompt_end_export and checkpoint != "split":
+            raise ValueError(f"prompt_end_export needs checkpoint='split', got {checkpoint!r}")
         if block_size < 1 or chunk_size < 1:
             raise ValueError(f"block_size and chunk_size must be >= 1, got {block_size}, {chunk_size}")
         kinds = tuple(group_kinds)
@@ -530,6 +543,8 @@ class HybridPrefixCache:
         #: The checkpoint mode (:data:`CHECKPOINT_MODES`).
         self.checkpoint = checkpoint
         self._inpass = checkpoint == "inpass"
+        #: vLLM exports the prompt-end state from inside the last chunk (``split`` mode).
+        self.prompt_end_export = prompt_end_export
         self.group_kinds = kinds
         self.attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
         self.state_groups = tuple(g for g, k in enumerate(kinds) if k == STATE)
@@ -729,8 +744,22 @@ class HybridPrefixCache:
                 self._prefill_blockwise(run, first, last, now)
                 computed, steps = last * B, last - first
         limit = self.inpass_capture_limit(prompt_len, output_len) if inpass else 0
+        pe = adm.prompt_end
+        # A policy stop at the prompt checkpoint (a junction there) still ends a chunk.
+        export = self.prompt_end_export and 0 < pe < prompt_len and pe not in adm.stops
+        if export:
+            ends_export = tuple(p for p in ends if p != pe)
         while computed < prompt_len:
             n = split(run, computed, min(prompt_len - computed, chunk_size), ends)
+            if export and computed % B == 0 and computed + B <= pe and computed + n == pe:
+                # vLLM's export: the last chunk runs on to the prompt end if the
+                # budget allows, and the pass writes the checkpoint's state.
+                m = split(run, computed, min(prompt_len - computed, chunk_size), ends_export)
+                if computed + m == prompt_len:
+                    self._step_inpass(run, computed, m, prompt_len, now, (pe,))
+                    computed += m
+                    steps += 1
+                    continue
             if inpass:
                 inner = [p for p in captures if computed < p < computed + n]
                 if len(inner) > limit:  # the pool cannot hold them all: end the chunk there

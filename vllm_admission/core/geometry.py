@@ -115,6 +115,12 @@ class CacheLayout:
             :data:`vllm_admission.core.cache.CHECKPOINT_MODES` (``"split"``:
             vLLM 0.32, a chunk ends at every checkpoint; ``"inpass"``: states
             captured inside the forward pass). Checked where a cache is built.
+        prompt_end_export: in ``split`` mode, the engine's kernel writes the
+            prompt-end state from inside the prompt's last chunk (vLLM's
+            ``num_prefill_checkpoint_blocks=1`` specs: Qwen GDN on FlashInfer
+            in vLLM 0.33, Mamba2), so no chunk ends there when the last chunk
+            starts at least one block below it; see
+            :class:`~vllm_admission.core.cache.HybridPrefixCache`.
     """
 
     num_blocks: int
@@ -124,6 +130,7 @@ class CacheLayout:
     chunk_size: int
     hash_block_size: int | None = None
     checkpoint: str = "split"
+    prompt_end_export: bool = False
 
     @property
     def state_groups(self) -> tuple[int, ...]:

@@ -60,7 +60,7 @@ class CacheSetup:
             eviction=get_eviction(self.eviction, **options), chunk_size=lay.chunk_size,
             segment_flops=self.segment_flops, bytes_per_block=lay.bytes_per_block,
             next_use=next_use, switchable=switchable, track_values=track_values,
-            checkpoint=lay.checkpoint)
+            checkpoint=lay.checkpoint, prompt_end_export=lay.prompt_end_export)
 
 
 class NextUseOracle:

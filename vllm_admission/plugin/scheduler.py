@@ -227,7 +227,8 @@ class AdmissionScheduler(Scheduler):
                            num_blocks=self.kv_cache_config.num_blocks, group_kinds=kinds,
                            bytes_per_block=int(bytes_per_block),
                            chunk_size=int(self.scheduler_config.max_num_batched_tokens),
-                           checkpoint=config.checkpoint)
+                           checkpoint=config.checkpoint,
+                           prompt_end_export=self._admission_vllm_exports_checkpoint())
 
     def _admission_setup_inpass(self) -> None:
         """Check that ``inpass`` can run here and install its runner hooks.
@@ -238,6 +239,10 @@ class AdmissionScheduler(Scheduler):
         """
         problems = inpass.inpass_problems(self.vllm_config)
         problems += self._admission_key_problems()
+        if self._admission_vllm_exports_checkpoint():
+            # Both would write states into the checkpoint columns of one step.
+            problems.append("vLLM's own prefill checkpoint export "
+                            "(num_prefill_checkpoint_blocks)")
         if problems:
             raise AdmissionConfigError(
                 f"VLLM_ADMISSION_CHECKPOINT=inpass cannot run with {'; '.join(problems)} "
@@ -308,8 +313,16 @@ class AdmissionScheduler(Scheduler):
 
     def _admission_key_problems(self) -> list[str]:
         """Engine features under which a block's hash is not one full block's,
-        given once by ``BlockPool.cache_full_blocks`` (partial entries, re-keyed
-        Mamba checkpoint blocks): the core's cache model has one key per block."""
+        given once by ``BlockPool.cache_full_blocks`` (partial entries, Mamba
+        speculative blocks): the core's cache model has one key per block.
+
+        vLLM's own one-checkpoint-per-prefill export
+        (:meth:`_admission_vllm_exports_checkpoint`) is not among them: with
+        hash and group block sizes equal to the scheduler's (checked here) the
+        exported state sits at a block boundary, in the block of that position,
+        and gets that block's full-block hash in ``cache_full_blocks`` like any
+        other state (the policy's mask decides whether it does).
+        """
         problems = []
         if self.hash_block_size != self.block_size or any(
                 g.kv_cache_spec.block_size != self.block_size
@@ -319,11 +332,28 @@ class AdmissionScheduler(Scheduler):
             problems.append("partial hash hits")
         for g in self.kv_cache_config.kv_cache_groups:
             spec = g.kv_cache_spec
-            if isinstance(spec, MambaSpec) and (spec.num_prefill_checkpoint_blocks
-                                                or spec.num_speculative_blocks):
-                problems.append("Mamba prefill-checkpoint or speculative blocks")
+            if isinstance(spec, MambaSpec) and spec.num_speculative_blocks:
+                problems.append("Mamba speculative blocks")
                 break
         return problems
+
+    def _admission_vllm_exports_checkpoint(self) -> bool:
+        """Whether vLLM writes the prompt-end state from inside the last prefill
+        chunk (``num_prefill_checkpoint_blocks`` on every Mamba group, as vLLM
+        requires: ``v1/core/sched/scheduler.py``
+        ``mamba_has_prefill_checkpoint_blocks``), instead of ending a chunk there.
+
+        vLLM 0.33 builds such specs for Qwen GDN layers on the FlashInfer
+        prefill backend (``qwen_gdn_linear_attn.py``), vLLM 0.32 and 0.33 for
+        Mamba2 layers (``mamba_mixer2.py``). The plugin takes the exported state
+        as the prompt-end (``last``) checkpoint: the admission policy decides
+        whether its block keeps a hash, exactly as for a state written at a
+        chunk end; the policy's other checkpoints still end chunks.
+        """
+        specs = [g.kv_cache_spec for g in self.kv_cache_config.kv_cache_groups
+                 if isinstance(g.kv_cache_spec, MambaSpec)]
+        return (bool(specs) and self.cache_config.mamba_cache_mode == "align"
+                and all(s.num_prefill_checkpoint_blocks > 0 for s in specs))
 
     def _admission_check_keys(self, eviction: str) -> None:
         """An eviction policy that keeps history by block hash (``needs_keys``)

@@ -79,14 +79,34 @@ def make_vllm_config(model_dir: str | Path, *, block_size: int | None = None,
 
 def make_kv_cache_config(vllm_config: Any, num_blocks: int, *,
                          kinds: Sequence[str] = ("state", "attention"),
-                         layers_per_group: int = 2, page_size: int = 65536) -> Any:
+                         layers_per_group: int = 2, page_size: int = 65536,
+                         prefill_checkpoint_alignment: int | None = None) -> Any:
     """A ``KVCacheConfig`` of ``num_blocks`` blocks for groups of the given kinds.
 
     ``"state"`` groups get a ``MambaSpec`` (GDN shapes of the tiny model,
     padded to ``page_size``), ``"attention"`` groups a ``FullAttentionSpec``
     whose page is ``page_size`` bytes. Retention follows the engine config
     (vLLM's default keeps only reachable Mamba states).
+
+    Args:
+        prefill_checkpoint_alignment: ``None`` (default): the state spec vLLM
+            builds for a layer that cannot export a state from inside a
+            prefill (0.32's and 0.33's CPU GDN, 0.33's Triton GDN). A positive
+            number of tokens: the spec of a layer that exports one checkpoint
+            per prefill (``num_prefill_checkpoint_blocks=1``,
+            ``prefill_checkpoint_alignment`` this value), as vLLM 0.33 builds
+            for Qwen GDN layers on the FlashInfer prefill backend
+            (``model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py``
+            ``get_kv_cache_spec``: the alignment is the prefix-cache grid, the
+            Mamba block size when no ``prefix_match_unit`` is set) and 0.32
+            already builds for Mamba2 layers (``mamba_mixer2.py``, alignment 1).
+
+    Raises:
+        ValueError: an unknown kind, or a non-positive alignment.
     """
+    if prefill_checkpoint_alignment is not None and prefill_checkpoint_alignment <= 0:
+        raise ValueError(f"prefill_checkpoint_alignment must be a positive number of tokens, "
+                         f"got {prefill_checkpoint_alignment}")
     import torch
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
@@ -105,9 +125,12 @@ def make_kv_cache_config(vllm_config: Any, num_blocks: int, *,
                  for i in range(layers_per_group)]
         layer += layers_per_group
         if kind == "state":
+            export = {} if prefill_checkpoint_alignment is None else {
+                "num_prefill_checkpoint_blocks": 1,
+                "prefill_checkpoint_alignment": prefill_checkpoint_alignment}
             spec = MambaSpec(block_size=block_size, shapes=((3, 512), (4, 64, 64)),
                              dtypes=(torch.bfloat16, torch.bfloat16), page_size_padded=page_size,
-                             mamba_cache_mode=cache.mamba_cache_mode)
+                             mamba_cache_mode=cache.mamba_cache_mode, **export)
         elif kind == "attention":
             head = 64
             heads = max(1, page_size // (2 * block_size * head * 2))

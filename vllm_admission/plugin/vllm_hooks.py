@@ -45,6 +45,7 @@ __all__ = [
     "check_version",
     "install",
     "missing_members",
+    "override_mismatches",
     "supported_text",
     "register_env_vars",
     "unsupported_reason",
@@ -175,6 +176,95 @@ def missing_members() -> list[str]:
                 missing.append(f"{path}: {member}")
                 break
     return missing
+
+
+#: ``(vLLM class member of PRIVATE_MEMBERS, the plugin's "module:Class.method")`` for every
+#: method the plugin overrides or shadows: vLLM calls the plugin's with its own arguments.
+OVERRIDES: tuple[tuple[str, str], ...] = (
+    ("Scheduler._get_local_prefix_cache_hit",
+     "vllm_admission.plugin.scheduler:AdmissionScheduler._get_local_prefix_cache_hit"),
+    ("Scheduler._update_after_schedule",
+     "vllm_admission.plugin.scheduler:AdmissionScheduler._update_after_schedule"),
+    ("Scheduler._free_blocks", "vllm_admission.plugin.scheduler:AdmissionScheduler._free_blocks"),
+    ("Scheduler._mamba_block_aligned_split",
+     "vllm_admission.plugin.scheduler:AdmissionScheduler._admission_split"),
+    ("Scheduler._mamba_block_aligned_split",
+     "vllm_admission.plugin.scheduler:AdmissionScheduler._admission_inpass_split"),
+    ("HybridKVCacheCoordinator.free", "vllm_admission.plugin.kv_cache:AdmissionCoordinator.free"),
+    ("HybridKVCacheCoordinator.remove_skipped_blocks",
+     "vllm_admission.plugin.kv_cache:AdmissionCoordinator.remove_skipped_blocks"),
+    ("HybridKVCacheCoordinator.pop_blocks_for_free",
+     "vllm_admission.plugin.kv_cache:AdmissionCoordinator.pop_blocks_for_free"),
+    ("MambaManager.cache_blocks", "vllm_admission.plugin.kv_cache:PolicyMambaManager.cache_blocks"),
+    ("MambaManager._cache_partial_tail_block",
+     "vllm_admission.plugin.kv_cache:PolicyMambaManager._cache_partial_tail_block"),
+    ("BlockPool.cache_full_blocks", "vllm_admission.plugin.kv_cache:AdmissionBlockPool.cache_full_blocks"),
+    ("BlockPool.get_new_blocks", "vllm_admission.plugin.kv_cache:AdmissionBlockPool.get_new_blocks"),
+    ("BlockPool._maybe_evict_cached_block",
+     "vllm_admission.plugin.kv_cache:AdmissionBlockPool._maybe_evict_cached_block"),
+    ("BlockPool.touch", "vllm_admission.plugin.kv_cache:AdmissionBlockPool.touch"),
+    ("BlockPool.reset_prefix_cache",
+     "vllm_admission.plugin.kv_cache:AdmissionBlockPool.reset_prefix_cache"),
+)
+
+
+def _accepts(theirs: Any, ours: Any) -> list[str]:
+    """What a call made with ``theirs``'s parameters would break in ``ours``."""
+    import inspect
+
+    kinds = inspect.Parameter
+    ours_params = list(inspect.signature(ours).parameters.values())[1:]
+    theirs_params = list(inspect.signature(theirs).parameters.values())[1:]
+    by_name = {p.name: p for p in ours_params}
+    var_pos = any(p.kind is kinds.VAR_POSITIONAL for p in ours_params)
+    var_kw = any(p.kind is kinds.VAR_KEYWORD for p in ours_params)
+    positional = [p for p in ours_params
+                  if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+    problems = []
+    for i, p in enumerate(theirs_params):
+        if p.kind in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD):
+            continue
+        mine = by_name.get(p.name)
+        if p.kind is kinds.KEYWORD_ONLY:
+            if not (mine is not None and mine.kind is not kinds.POSITIONAL_ONLY) and not var_kw:
+                problems.append(f"keyword {p.name!r}")
+        elif i >= len(positional) and not var_pos:
+            problems.append(f"positional {p.name!r} (argument {i + 1})")
+    for p in ours_params:
+        if p.default is p.empty and p.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD) \
+                and p.name not in {q.name for q in theirs_params}:
+            problems.append(f"requires {p.name!r}, which vLLM does not pass")
+    return problems
+
+
+def override_mismatches() -> list[str]:
+    """For each entry of :data:`OVERRIDES`: the arguments the installed vLLM's
+    method takes that the plugin's override could not take (``[]``: every
+    override accepts what vLLM passes). Catches, for example, vLLM 0.33's
+    ``Scheduler._get_local_prefix_cache_hit(request, max_cache_hit_length)``
+    against an override taking only ``request``."""
+    import importlib
+
+    from vllm.v1.core import block_pool, kv_cache_coordinator
+    from vllm.v1.core import single_type_kv_cache_manager as stkm
+    from vllm.v1.core.sched import scheduler
+
+    owners = {"Scheduler": scheduler.Scheduler, "BlockPool": block_pool.BlockPool,
+              "HybridKVCacheCoordinator": kv_cache_coordinator.HybridKVCacheCoordinator,
+              "MambaManager": stkm.MambaManager}
+    out = []
+    for member, target in OVERRIDES:
+        cls_name, meth = member.split(".")
+        theirs = getattr(owners[cls_name], meth, None)
+        if theirs is None:
+            out.append(f"{member}: missing in vLLM")
+            continue
+        module, qual = target.split(":")
+        ours: Any = importlib.import_module(module)
+        for part in qual.split("."):
+            ours = getattr(ours, part)
+        out += [f"{qual} vs vLLM's {member}: {p}" for p in _accepts(theirs, ours)]
+    return out
 
 
 # ---------------------------------------------------------------- live objects
