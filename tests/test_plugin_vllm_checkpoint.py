@@ -20,21 +20,26 @@ as without the export; only the prompt-end chunk stop disappears.
 from __future__ import annotations
 
 import pytest
-from test_plugin_scheduler import (
+
+pytest.importorskip("vllm")
+
+from scheduler_harness import (  # noqa: E402
+    _BUILT,
     B,
+    BYTES_PER_BLOCK,
     CHUNK,
     EVICTION_CASES,
-    EXPECTED_STATES,
+    GROUPS,
     POLICIES,
     _finish_tuners,  # noqa: F401  (autouse fixture: stops the tuners this module starts)
+    chained,
     free_equals_usable,
     mamba_positions,
     random_workload,
     run_engine,
     toks,
 )
-
-pytest.importorskip("vllm")
+from test_plugin_scheduler import EXPECTED_STATES, _outputs  # noqa: E402
 
 #: The alignment vLLM 0.33 gives the Qwen GDN FlashInfer spec here: the Mamba block size.
 EXPORT = B
@@ -67,7 +72,6 @@ def costs(model_dir):
 
 def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None, blocks=160,
           export=EXPORT, checkpoint="split", cls=None):
-    from test_plugin_scheduler import _BUILT
 
     from vllm_admission.plugin.scheduler import AdmissionScheduler
     from vllm_admission.plugin.testing import FakeEngine, make_kv_cache_config, make_scheduler
@@ -91,7 +95,6 @@ def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=Non
              export=True):
     """The core model's hits (test_plugin_scheduler.simulate) with vLLM's export modelled
     (``prompt_end_export``); with ``steps`` (a list), its prefill steps are appended."""
-    from test_plugin_scheduler import BYTES_PER_BLOCK, GROUPS, chained
 
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
@@ -114,7 +117,6 @@ def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=Non
 
 def chunk_sizes(engine, tokens, out_len):
     """Tokens scheduled per step while ``tokens`` is served alone."""
-    from test_plugin_scheduler import _outputs
 
     engine.add(tokens, out_len)
     sizes = []
