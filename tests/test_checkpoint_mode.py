@@ -197,6 +197,25 @@ def test_fidelity_refuses_an_unknown_mode_before_any_engine(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_fidelity_accepts_inpass(tmp_path):
+def test_fidelity_accepts_inpass_and_passes_it_to_the_run(tmp_path, monkeypatch):
+    """``fidelity --checkpoint inpass`` gets past the checks and reaches the run with the
+    mode intact (the run then sets ``VLLM_ADMISSION_CHECKPOINT`` and the simulator twin's
+    ``checkpoint``; the engine tests cover that part)."""
+    import vllm_admission.fidelity as fidelity
+
     (tmp_path / "config.json").write_text("{}")
-    FidelitySpec(model=str(tmp_path), checkpoint="inpass").check()
+    seen = []
+
+    class Reached(Exception):
+        pass
+
+    def run_fidelity(spec, on_record=None):
+        spec.check()  # what the real run does first: must not raise for inpass
+        seen.append(spec)
+        raise Reached
+
+    monkeypatch.setattr(fidelity, "run_fidelity", run_fidelity)
+    with pytest.raises(Reached):
+        main(["fidelity", "--model", str(tmp_path), "--checkpoint", "inpass",
+              "--out", str(tmp_path / "o")])
+    assert [spec.checkpoint for spec in seen] == ["inpass"]

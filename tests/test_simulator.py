@@ -101,11 +101,34 @@ def test_state_miss_tokens_are_the_kv_hits_no_state_serves(costs, small_trace):
     assert stock.state_miss_tokens > 0 and stock.state_miss_tokens % geo.block_size == 0
 
 
-def test_belady_is_a_reference_above_lru_under_pressure(costs, small_trace):
-    rates = {ev: simulate(small_trace, costs, admission="vllm", eviction=ev,
-                          capacity_bytes=parse_bytes("2GiB")).token_hit_rate
-             for ev in ("lru", "belady")}
-    assert rates["belady"] > rates["lru"]
+def test_belady_gets_true_next_uses_and_evicts_the_farthest(costs, small_trace, monkeypatch):
+    """What the simulator owes Bélády: each victim is the candidate whose next use
+    (as the simulator supplied and refreshed it) is farthest ahead, and never one
+    in the past. Bélády is no proven optimum for a hybrid cache (a state block is
+    only useful where a hit ends on it; ``BeladyEviction``'s docstring), so no
+    ordering against ``lru`` is asserted; without pressure both evict nothing and
+    agree exactly."""
+    from vllm_admission.core.eviction import BeladyEviction
+
+    victims = []
+    pop = BeladyEviction.pop
+
+    def checked_pop(self, now):
+        self._refresh_stale(now)  # noqa: SLF001 - what pop does first; idempotent
+        next_use = {block: nu for block, (nu, _) in self._entries.items()}  # noqa: SLF001
+        block = pop(self, now)
+        assert next_use[block] > now and next_use[block] == max(next_use.values())
+        victims.append(block)
+        return block
+
+    monkeypatch.setattr(BeladyEviction, "pop", checked_pop)
+    run = simulate(small_trace, costs, admission="vllm", eviction="belady",
+                   capacity_bytes=parse_bytes("2GiB"))
+    assert run.evictions > 0 and len(victims) > 0
+    roomy = {ev: simulate(small_trace, costs, admission="vllm", eviction=ev,
+                          capacity_bytes=parse_bytes("1TiB")) for ev in ("lru", "belady")}
+    assert roomy["lru"].evictions == roomy["belady"].evictions == 0
+    assert roomy["lru"].hit_tokens == roomy["belady"].hit_tokens
 
 
 @pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Mooncake trace not present")

@@ -25,7 +25,7 @@ def costs_like_engine(config: str | os.PathLike | dict[str, Any],
 
     Args:
         config: the model's ``config.json`` (path) or its parsed dict.
-        geometry: :func:`vllm_admission.engine.replay.engine_geometry` of the
+        geometry: :func:`vllm_admission.engine.llm.engine_geometry` of the
             engine, optionally with ``dtype`` (model dtype, e.g.
             ``"bfloat16"``), ``kv_cache_dtype`` and ``mamba_cache_dtype``
             added (``_run_engine`` adds them). Its ``mamba_ssm_cache_dtype``
@@ -66,7 +66,7 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
 
     ``checkpoint``: the engine's checkpoint mode (``VLLM_ADMISSION_CHECKPOINT``).
 
-    ``geometry`` is :func:`vllm_admission.engine.replay.engine_geometry` of the
+    ``geometry`` is :func:`vllm_admission.engine.llm.engine_geometry` of the
     engine (in-process); ``costs`` should come from :func:`costs_like_engine`
     so that its SSM state dtype is the engine's. Output blocks are unique
     (the engine generates them); ``flop`` tunes alpha once, as the plugin does.

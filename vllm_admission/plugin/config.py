@@ -110,7 +110,8 @@ class AdmissionConfig:
 
     Attributes:
         policy: admission policy name (a key of ``ADMISSION_POLICIES``).
-        eviction: eviction policy name (``lru`` or ``flop``).
+        eviction: eviction policy name (a key of ``EVICTION_POLICIES`` that the
+            engine offers, or ``auto``).
         alpha: fixed ``flop`` weight, or ``None`` to tune it online.
         log_interval: seconds between metric log lines; 0 disables them.
         tune_multiplier: bootstrap window multiplier of the alpha tuner.

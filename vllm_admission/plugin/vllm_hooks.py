@@ -25,8 +25,9 @@ here, behind a version check:
 * :func:`cached_blocks`: iterates vLLM's block-hash map (no public iterator).
 
 :data:`PRIVATE_MEMBERS` lists each private member relied on, with the vLLM
-file it comes from; ``tests/test_vllm_hooks.py`` checks that the installed
-vLLM still has every one.
+file it comes from; ``tests/test_plugin_scheduler.py``
+(``test_every_private_vllm_member_the_plugin_relies_on_exists``) checks that
+the installed vLLM still has every one.
 """
 
 from __future__ import annotations
