@@ -98,15 +98,17 @@ def _swap_in_the_plugin(monkeypatch, request):
 
     from tests.v1.core import utils
 
-    from vllm_admission.plugin.scheduler import AdmissionScheduler
+    from vllm_admission.plugin.scheduler import AdmissionScheduler, AsyncAdmissionScheduler
 
     original = utils.create_scheduler
 
     def create_scheduler(*args, **kwargs):
-        # The class a user names; it builds its async variant by itself when the
-        # config has async scheduling on.
+        # vLLM's CPU platform turns async scheduling off in every config it builds
+        # (vllm/platforms/cpu.py), so vLLM's tests pick the async class by name, and
+        # so does this: the plugin's async variant for async_scheduling=True.
         if kwargs.get("scheduler_cls") is None:
-            kwargs["scheduler_cls"] = AdmissionScheduler
+            kwargs["scheduler_cls"] = (AsyncAdmissionScheduler if kwargs.get("async_scheduling")
+                                       else AdmissionScheduler)
         scheduler = original(*args, **kwargs)
         assert isinstance(scheduler, AdmissionScheduler), type(scheduler)
         if kwargs.get("async_scheduling"):
