@@ -154,7 +154,7 @@ def _run(args: list[str], repo: Path, timeout: float) -> subprocess.CompletedPro
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])}
     return subprocess.run([sys.executable, *args], cwd=repo, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          text=True, timeout=timeout, check=False)
 
 
 def test_a_new_policy_is_one_class_and_one_registry_entry(tmp_path):
