@@ -18,9 +18,20 @@ from vllm_admission.core.adaptive import (
     Pair,
     PolicyController,
     candidate_policies,
+    stock_pair,
 )
-from vllm_admission.core.admission import UnknownPolicyError, get_admission
-from vllm_admission.core.eviction import HistoryKeeper, ReuseEviction, ReuseHistory, get_eviction
+from vllm_admission.core.admission import (
+    ADMISSION_POLICIES,
+    UnknownPolicyError,
+    get_admission,
+)
+from vllm_admission.core.eviction import (
+    EVICTION_POLICIES,
+    HistoryKeeper,
+    ReuseEviction,
+    ReuseHistory,
+    get_eviction,
+)
 from vllm_admission.core.geometry import CacheLayout
 from vllm_admission.core.replay import CacheRequest, CacheSetup
 
@@ -252,6 +263,11 @@ def test_controller_moves_to_the_admission_that_saves_more():
     assert hits > stock_hits
 
 
+def test_stock_pair_is_the_pair_that_declares_itself_vllms_own():
+    assert stock_pair() == Pair("vllm", "lru")
+    assert get_admission(stock_pair().admission).vllm_native
+
+
 def test_the_default_start_keeps_a_state_at_every_block_where_a_state_ends_no_chunk():
     start = PolicyController.default_start
     # split mode (vLLM 0.32): every checkpoint ends a prefill chunk, so start as stock.
@@ -346,7 +362,12 @@ def test_candidate_policies():
     assert candidate_policies(AUTO, AUTO) == (AUTO_ADMISSIONS, AUTO_EVICTIONS)
     assert candidate_policies("last", AUTO) == (("last",), AUTO_EVICTIONS)
     assert "none" not in AUTO_ADMISSIONS and "belady" not in AUTO_EVICTIONS
-    assert AUTO_EVICTIONS == ("lru", "reuse")   # flop is tuned, lfu a baseline
+    # auto's candidates are the policies that declare themselves so, in registry order;
+    # a policy that does not (flop: tuned; lfu: a baseline) never joins by being registered.
+    assert AUTO_ADMISSIONS == tuple(n for n, c in ADMISSION_POLICIES.items() if c.auto_candidate)
+    assert AUTO_EVICTIONS == tuple(n for n, c in EVICTION_POLICIES.items()
+                                   if c.auto_candidate and not c.needs_future)
+    assert not {"flop", "lfu"} & set(AUTO_EVICTIONS)
     with pytest.raises(UnknownPolicyError):
         candidate_policies("nope", AUTO)
     with pytest.raises(ValueError, match="future knowledge"):

@@ -7,6 +7,7 @@ import pytest
 from conftest import chained_hashes
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from junction_case import WRITTEN_OUT_B256, expected_junction
 
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import BlockPool, HybridPrefixCache, PoolExhausted
@@ -50,13 +51,12 @@ def sibling(r, shared=1500, suffix=300):
 #             1,280, a chunk stops there and the state is cached; prompts 3..10 hit 1,280.
 #  * dense:   prompt 1 caches a state at every block -> prompts 2..10 hit 1,280.
 #  * none:    no state ever -> 0.
-EXPECTED_JUNCTION = {
-    "none": [0] * 10,
-    "last": [0] * 10,
-    "vllm": [0, 0] + [1280] * 8,
-    "marconi": [0, 0] + [1280] * 8,
-    "dense": [0] + [1280] * 9,
-}
+# tests/junction_case.py derives this for every registered policy from its own answers.
+EXPECTED_JUNCTION = expected_junction(B)
+
+
+def test_the_derived_junction_case_is_the_written_out_one():
+    assert {n: EXPECTED_JUNCTION[n] for n in WRITTEN_OUT_B256} == WRITTEN_OUT_B256
 
 
 @pytest.mark.parametrize("policy", sorted(ADMISSION_POLICIES))

@@ -26,8 +26,10 @@ from vllm_admission.fidelity.spec import FidelitySpec
 from vllm_admission.sim.simulator import simulate
 
 GROUPS = ("state", "attention")
-#: Admission policies whose kept states do not depend on where chunks end.
-POSITION_POLICIES = ("none", "vllm", "marconi", "dense")
+#: Admission policies whose kept states do not depend on where chunks end: those that keep
+#: no plain chunk end, or end a chunk at every block anyway (none, vllm, marconi, dense).
+POSITION_POLICIES = tuple(n for n in ADMISSION_POLICIES
+                          if not get_admission(n).plain_decisions[0] or get_admission(n).every_block)
 
 
 def make_cache(policy, checkpoint, *, block_size, chunk=4096, num_blocks=100_000):

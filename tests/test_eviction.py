@@ -14,44 +14,87 @@ from vllm_admission.core.eviction import (
     EVICTION_POLICIES,
     BeladyEviction,
     FlopEviction,
+    HistoryKeeper,
     LFUEviction,
     LRUEviction,
     ReuseEviction,
     ReuseHistory,
+    eviction_class,
     get_eviction,
+    register_eviction,
+    stock_eviction,
 )
 
 ALL = sorted(EVICTION_POLICIES)
+#: Policies ``auto`` may wrap in a HistoryKeeper (they keep no hash history, need no future).
+WRAPPABLE = [n for n in ENGINE_EVICTION_POLICIES if not eviction_class(n).keeps_history]
 
 
-@pytest.mark.parametrize("name", ALL)
-class TestContract:
-    def test_pop_returns_each_added_block_once(self, name):
-        pol = get_eviction(name)
+class EvictionPolicyContract:
+    """What every eviction policy does, whatever its order (cachetools' style: a
+    test class mixes this in and gives the fixture ``make``, a fresh empty policy)."""
+
+    def test_pop_returns_each_added_block_once(self, make):
+        pol = make()
         for i in range(10):
             pol.add(i, now=float(i), value=float(i % 3), next_use=float(20 - i))
+        assert len(pol) == 10 and all(i in pol for i in range(10))
         popped = [pol.pop(now=10.0) for _ in range(10)]
         assert sorted(popped) == list(range(10))
-        assert len(pol) == 0
+        assert len(pol) == 0 and 3 not in pol
 
-    def test_removed_block_is_never_popped(self, name):
-        pol = get_eviction(name)
+    def test_removed_block_is_never_popped(self, make):
+        pol = make()
         for i in range(6):
             pol.add(i, now=float(i), value=1.0, next_use=5.0)
         pol.remove(2)
         assert 2 not in pol and len(pol) == 5
         assert 2 not in [pol.pop(now=6.0) for _ in range(5)]
 
-    def test_empty_pop_raises_index_error(self, name):
+    def test_empty_pop_raises_index_error(self, make):
         with pytest.raises(IndexError):
-            get_eviction(name).pop(now=0.0)
+            make().pop(now=0.0)
+        pol = make()
+        pol.add(1, now=0.0)
+        with pytest.raises(IndexError):
+            pol.pop_n(2, now=0.0)
 
-    def test_remove_unknown_raises_key_error(self, name):
+    def test_remove_unknown_raises_key_error(self, make):
         with pytest.raises(KeyError):
-            get_eviction(name).remove(42)
+            make().remove(42)
 
-    def test_clone_pops_the_same_order_independently(self, name):
-        pol = get_eviction(name)
+    def test_add_twice_raises_key_error(self, make):
+        pol = make()
+        pol.add(3, now=0.0)
+        with pytest.raises(KeyError):
+            pol.add(3, now=0.0)
+
+    def test_bulk_calls_equal_single_ones(self, make):
+        """``add_many`` is ``add`` in order and ``pop_n`` is ``n`` pops, for every
+        policy that replaces the base class's loops by faster equivalents."""
+        rng = random.Random(5)
+        one, bulk = make(), make()
+        for pol in (one, bulk):
+            if pol.needs_keys:
+                for b in range(40):
+                    pol.on_cache(b, ("k", b % 7))
+        free, t = list(range(40)), 0.0
+        rng.shuffle(free)
+        while free:
+            n = rng.randrange(1, 6)
+            ids, free = free[:n], free[n:]
+            values = [float(rng.randrange(3)) for _ in ids]
+            next_uses = [float(t + rng.randrange(1, 9)) for _ in ids]
+            for b, v, nu in zip(ids, values, next_uses):
+                one.add(b, t, v, nu)
+            bulk.add_many(ids, t, values, next_uses)
+            t += 1.0
+        k = len(one) // 2
+        assert [one.pop(t) for _ in range(k)] == bulk.pop_n(k, t)
+        assert [one.pop(t) for _ in range(len(one))] == bulk.pop_n(len(bulk), t)
+
+    def test_clone_pops_the_same_order_independently(self, make):
+        pol = make()
         for i in range(8):
             pol.add(i, now=float(i // 3), value=float(i % 3), next_use=float(20 - i))
             if pol.needs_hits and i % 2:
@@ -61,16 +104,104 @@ class TestContract:
         copy = pol.clone()
         assert copy.pop_n(8, now=5.0) == pol.pop_n(8, now=5.0)
 
+    def test_hooks_it_does_not_override_are_harmless(self, make):
+        """The cache may call every hook; a policy that does not listen is unchanged."""
+        pol, ref = make(), make()
+        for p in (pol, ref):
+            for b in range(5):
+                p.add(b, now=0.0)
+        if not pol.needs_future:
+            pol.bind_future(lambda b, now: math.inf)
+        if not pol.needs_hits:
+            pol.on_hit(9, now=1.0)
+            pol.forget(9)
+        if not pol.needs_keys:
+            pol.on_cache(9, ("k", 9))
+        assert pol.pop_n(5, now=2.0) == ref.pop_n(5, now=2.0)
 
-def test_capabilities_are_declared_for_every_policy():
-    """What the simulator and the plugin read instead of policy names."""
-    engine = {n for n, c in EVICTION_POLICIES.items() if not c.needs_future}
-    assert {"lru", "flop", "lfu"} <= engine and "belady" not in engine
-    assert [n for n, c in EVICTION_POLICIES.items() if c.vllm_order] == ["lru"]
-    assert [n for n, c in EVICTION_POLICIES.items() if c.tunable] == ["flop"]
-    keyed = [n for n, c in EVICTION_POLICIES.items() if c.needs_keys]
-    assert keyed == ["reuse"] and set(keyed) <= set(ENGINE_EVICTION_POLICIES)
-    assert [n for n, c in EVICTION_POLICIES.items() if c.baseline] == ["lfu"]
+    def test_the_tuning_hook_answers_tunable(self, make):
+        pol = make()
+        if pol.tunable:
+            pol.alpha = 0.5
+            assert pol.alpha == 0.5
+            with pytest.raises(ValueError):
+                pol.alpha = -1.0
+        else:
+            with pytest.raises(AttributeError):
+                pol.alpha  # noqa: B018 - the read is the test
+            with pytest.raises(AttributeError):
+                pol.alpha = 0.5
+
+
+@pytest.mark.parametrize("name", ALL)
+class TestRegisteredPolicy(EvictionPolicyContract):
+    """Every registered policy (a new registry entry is covered without an edit)."""
+
+    @pytest.fixture
+    def make(self, name):
+        return lambda: get_eviction(name)
+
+    def test_registered_under_its_name(self, name):
+        cls = eviction_class(name)
+        assert cls.name == name and isinstance(cls.summary, str) and cls.summary
+        assert not (cls.auto_candidate and cls.needs_future)
+
+    def test_a_policy_that_keeps_history_shares_it(self, name):
+        cls = eviction_class(name)
+        hist = ReuseHistory()
+        if cls.keeps_history:
+            pol = cls.with_history(hist)
+            pol.on_cache(1, "k")
+            assert hist.cached_keys() == {1: "k"}
+        else:
+            with pytest.raises(TypeError):
+                cls.with_history(hist)
+
+
+@pytest.mark.parametrize("name", WRAPPABLE)
+class TestHistoryKeeper(EvictionPolicyContract):
+    """``auto``'s wrapper around every policy that keeps no hash history: the same contract."""
+
+    @pytest.fixture
+    def make(self, name):
+        return lambda: HistoryKeeper(get_eviction(name), ReuseHistory())
+
+    def test_it_answers_for_the_policy_it_wraps(self, name):
+        pol, inner = HistoryKeeper(get_eviction(name), ReuseHistory()), eviction_class(name)
+        assert pol.needs_hits and pol.needs_keys and not pol.keeps_history
+        assert (pol.needs_values, pol.tunable, pol.name) == (inner.needs_values, inner.tunable, name)
+
+
+def test_derived_attributes_follow_the_hooks_a_class_overrides():
+    """What the simulator and the plugin read instead of policy names: derived once,
+    when the class is created, from the hooks it overrides; declared where a fact."""
+    assert LRUEviction.vllm_order and LRUEviction.auto_candidate and stock_eviction() == "lru"
+    assert FlopEviction.tunable and FlopEviction.needs_values and not FlopEviction.auto_candidate
+    assert LFUEviction.needs_hits and not LFUEviction.needs_keys and not LFUEviction.auto_candidate
+    assert ReuseEviction.needs_hits and ReuseEviction.needs_keys and ReuseEviction.keeps_history
+    assert BeladyEviction.needs_future and not BeladyEviction.needs_hits
+    assert ENGINE_EVICTION_POLICIES == tuple(n for n, c in EVICTION_POLICIES.items()
+                                             if not c.needs_future)
+
+    class Listener(LRUEviction):
+        name, summary = "listener", "lru that counts hits"
+
+        def on_hit(self, block_id, now):
+            pass
+
+    assert Listener.needs_hits and not Listener.needs_keys and not Listener.tunable
+    assert Listener.vllm_order  # declarations are inherited (a subclass may undeclare them)
+    with pytest.raises(TypeError, match="derived"):
+        class Declared(LRUEviction):  # the class statement is the test
+            name, summary = "declared", "declares a derived attribute"
+            needs_hits = True
+
+
+def test_register_eviction_refuses_a_bad_entry():
+    with pytest.raises(ValueError, match="already registered"):
+        register_eviction(LRUEviction)
+    with pytest.raises(TypeError):
+        register_eviction(int)
 
 
 def test_lfu_without_hits_orders_like_lru():

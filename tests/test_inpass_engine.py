@@ -27,9 +27,12 @@ from junction_case import (
     junction_prompts,
 )
 
+from vllm_admission.core.admission import ADMISSION_POLICIES
+
 pytestmark = pytest.mark.engine
 
-POLICIES = ["vllm", "last", "marconi", "dense", "none"]
+#: Every registered admission policy (switched on one live engine).
+POLICIES = list(ADMISSION_POLICIES)
 POOL_TOKENS = 160 * 128
 
 

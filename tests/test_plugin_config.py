@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.plugin.config import (
     ENV_VARS,
@@ -22,7 +23,7 @@ def test_defaults():
 
 
 def test_every_valid_value():
-    for policy in ("none", "last", "vllm", "marconi", "dense"):
+    for policy in ADMISSION_POLICIES:
         assert AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": policy}).policy == policy
     cfg = AdmissionConfig.from_env({
         "VLLM_ADMISSION_POLICY": " marconi ", "VLLM_ADMISSION_EVICTION": "flop",
@@ -47,7 +48,7 @@ def test_empty_values_mean_unset():
 
 
 @pytest.mark.parametrize("name,value,valid", [
-    ("VLLM_ADMISSION_POLICY", "Marconi", "valid: none, last, vllm, marconi, dense"),
+    ("VLLM_ADMISSION_POLICY", "Marconi", f"valid: {', '.join(ADMISSION_POLICIES)}"),
     ("VLLM_ADMISSION_EVICTION", "belady", f"valid: {', '.join(ENGINE_EVICTION_POLICIES)}"),
     ("VLLM_ADMISSION_ALPHA", "nan", "finite number >= 0"),
     ("VLLM_ADMISSION_ALPHA", "-0.1", "finite number >= 0"),

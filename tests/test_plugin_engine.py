@@ -26,13 +26,16 @@ import random
 import pytest
 from conftest import engine_block_size, predicted_block_size
 from junction_case import expected_junction, expected_junction_prefill_steps, junction_prompts
+from sequence_case import expected_states as expected_states_of
 
 from vllm_admission.core.adaptive import AUTO_ADMISSIONS, AUTO_EVICTIONS, Pair, PolicyController
+from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 
 pytestmark = pytest.mark.engine
 
-POLICIES = ["vllm", "last", "marconi", "dense", "none"]
+#: Every registered admission policy (the engine tests switch among them on one engine).
+POLICIES = list(ADMISSION_POLICIES)
 LRU_POOL_TOKENS = 160 * 128
 FLOP_POOL_TOKENS = 48 * 128
 MAX_MODEL_LEN = 4096
@@ -61,13 +64,17 @@ def expected_states(B: int) -> dict[str, list[int]]:  # noqa: N803
     c = 999 // B * B
     decode = [k * B for k in range(1000 // B + 1, 1039 // B + 1)]
     assert decode, "the output must cross a block boundary"
-    return {
+    written_out = {
         "none": [],
         "vllm": [c],
         "marconi": [1039 // B * B],
         "last": [c] + decode,
         "dense": [B * i for i in range(1, c // B + 1)] + decode,
     }
+    # Every registered policy, from its own answers (tests/sequence_case.py).
+    derived = {name: expected_states_of(name, 1000, 40, B) for name in POLICIES}
+    assert all(derived[n] == states for n, states in written_out.items())
+    return derived
 
 
 # Faults: eight 700-token prompts sharing 300 tokens, 80 output tokens each, all at once in

@@ -45,8 +45,10 @@ from scheduler_harness import (  # noqa: E402,F401 - fixtures are used by name
     toks,
     vllm_config,
 )
+from sequence_case import expected_states, expected_superseded  # noqa: E402
 
 from vllm_admission.core.adaptive import AUTO_EVICTIONS, LiveEvictions  # noqa: E402
+from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission  # noqa: E402
 from vllm_admission.core.cache import HybridPrefixCache  # noqa: E402
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, get_eviction  # noqa: E402
 
@@ -87,7 +89,8 @@ def test_junction_case_exact_hits(vllm_config, monkeypatch, costs, policy, evict
 # ---------------------------------------------------------------- sequence-end states
 # P = 1000, O = 300: prompt end floor(999 / 128) * 128 = 896; the sequence reaches token
 # 1,299, so its last block boundary is floor(1299 / 128) * 128 = 1,280 (a decode boundary).
-EXPECTED_STATES = {
+# tests/sequence_case.py derives the states for every registered policy; written out:
+WRITTEN_OUT_STATES = {
     "none": [],
     "vllm": [896],
     "marconi": [1280],                       # the sequence end only
@@ -98,14 +101,16 @@ EXPECTED_STATES = {
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_cached_states_per_policy(vllm_config, monkeypatch, costs, policy):
+    states = expected_states(policy, 1000, 300, B)
+    assert states == WRITTEN_OUT_STATES.get(policy, states)
     engine = build(vllm_config, monkeypatch, policy=policy)
     run_engine(engine, [(toks(4, 1000), 300)])
-    assert mamba_positions(engine) == EXPECTED_STATES[policy]
+    assert mamba_positions(engine) == states
     _, cache = simulate(policy, "lru", [(toks(4, 1000), 300)], blocks=160, costs=costs)
-    assert cache.checkpoints == len(EXPECTED_STATES[policy])
-    assert engine.scheduler.stats().checkpoints == len(EXPECTED_STATES[policy])
-    if policy == "marconi":  # 896, 1024 and 1152 were kept tentatively, then replaced
-        assert engine.scheduler.stats().superseded == 3
+    assert cache.checkpoints == len(states)
+    assert engine.scheduler.stats().checkpoints == len(states)
+    # marconi: 896, 1024 and 1152 were kept tentatively, then replaced
+    assert engine.scheduler.stats().superseded == expected_superseded(policy, 1000, 300, B)
     assert free_equals_usable(engine)
 
 
@@ -152,7 +157,7 @@ def test_random_workload_matches_core_model(vllm_config, monkeypatch, costs, pol
                                misses=sim_misses)
     assert hits == sim_hits
     assert misses == sim_misses
-    assert sum(misses) > 0 or policy == "dense"
+    assert sum(misses) > 0 or get_admission(policy).every_block  # dense keeps every block
     stats = engine.scheduler.stats()
     assert stats.evictions_by_group == {"state0": cache.pool.evictions_by_group[0],
                                         "attention1": cache.pool.evictions_by_group[1]}
@@ -226,7 +231,7 @@ def test_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy, evi
     assert not sched._admission.tracks  # noqa: SLF001 - nothing left behind
     rid = engine.add(base + toks(99, 300), 5)
     engine.run()
-    assert engine.cached_tokens[rid] >= (256 if policy in ("dense",) else 0)
+    assert engine.cached_tokens[rid] >= (256 if get_admission(policy).every_block else 0)
     assert free_equals_usable(engine)
 
 
@@ -234,7 +239,7 @@ def test_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy, evi
 def test_bad_environment_values_give_one_line(vllm_config, monkeypatch):
     from vllm_admission.plugin.config import AdmissionConfigError
 
-    for var, value, valid in [("VLLM_ADMISSION_POLICY", "bogus", "none, last, vllm, marconi, dense"),
+    for var, value, valid in [("VLLM_ADMISSION_POLICY", "bogus", ", ".join(ADMISSION_POLICIES)),
                               ("VLLM_ADMISSION_EVICTION", "belady", ", ".join(ENGINE_EVICTION_POLICIES)),
                               ("VLLM_ADMISSION_ALPHA", "-1", ">= 0")]:
         monkeypatch.setenv(var, value)

@@ -9,11 +9,15 @@ from vllm_admission.core.admission import (
     ADMIT,
     SKIP,
     TENTATIVE,
+    AdmissionPolicy,
     HitProbe,
     RequestAdmission,
     SegmentCosts,
+    checkpoint_kinds,
     get_admission,
+    register_admission,
     segment_values,
+    stock_admission,
 )
 
 B = 128
@@ -28,17 +32,22 @@ def decisions(name: str, total_len: int | None) -> dict[int, int]:
 
 def test_known_length_never_tentative_and_matches_the_kinds():
     every = {128 * i for i in range(1, 9)}  # chunk ends, the prompt end, the decode boundary
-    expected_admitted = {
+    written_out = {
         "none": set(),
         "last": every,
         "vllm": {512, 896},       # the junction and the prompt end
         "marconi": {512, 1024},   # the junction and the sequence end
         "dense": every,
     }
-    for name in ADMISSION_POLICIES:
+    for name in ADMISSION_POLICIES:  # every registered policy: as its admit() says
+        policy = get_admission(name)
+        junction = policy.junction(PROBE)
+        expected = {p for p in range(B, 1024 + 1, B) if policy.admit(checkpoint_kinds(
+            p, prompt_len=1000, total_len=1040, block_size=B, junction=junction))}
         got = decisions(name, 1040)
         assert TENTATIVE not in got.values(), name
-        assert {p for p, d in got.items() if d == ADMIT} == expected_admitted[name], name
+        assert {p for p, d in got.items() if d == ADMIT} == expected, name
+        assert expected == written_out.get(name, expected), name
 
 
 def test_unknown_length_keeps_marconis_tail_tentative():
@@ -46,8 +55,10 @@ def test_unknown_length_keeps_marconis_tail_tentative():
     assert {p for p, d in got.items() if d == ADMIT} == {512}  # the junction only
     assert {p for p, d in got.items() if d == TENTATIVE} == {896, 1024}  # at/after the prompt end
     assert all(d == SKIP for p, d in got.items() if p < 896 and p != 512)
-    # Other policies decide the same with or without the length.
-    for name in ("none", "last", "vllm", "dense"):
+    # Policies that keep no tentative tail decide the same with or without the length.
+    plain = [n for n in ADMISSION_POLICIES if not get_admission(n).supersede_tail]
+    assert {"none", "last", "vllm", "dense"} <= set(plain) and "marconi" not in plain
+    for name in plain:
         assert decisions(name, None) == decisions(name, 1040), name
 
 
@@ -58,6 +69,24 @@ def test_junction_and_stops():
     assert RequestAdmission(get_admission("marconi"), PROBE, total_len=None).stops == (512,)
     assert RequestAdmission(get_admission("dense"), PROBE, total_len=None).stops == tuple(
         range(384, 897, 128))
+
+
+def test_derived_attributes_follow_the_policys_answers():
+    """uses_junction (overrides junction()), every_block (stops() at every boundary) and
+    supersede_tail (admits a sequence end it would not admit as a decode boundary) are
+    derived from the policy's hooks, never declared."""
+    derived = {n: (p.uses_junction, p.every_block, p.supersede_tail)
+               for n, p in ((n, get_admission(n)) for n in ("none", "last", "vllm", "marconi", "dense"))}
+    assert derived == {"none": (False, False, False), "last": (False, False, False),
+                       "vllm": (True, False, False), "marconi": (True, False, True),
+                       "dense": (False, True, False)}
+    assert stock_admission() == "vllm"
+    with pytest.raises(TypeError, match="derived"):
+        class Declared(AdmissionPolicy):  # the class statement is the test
+            name, summary, admitted = "declared", "declares a derived attribute", frozenset()
+            every_block = True
+    with pytest.raises(ValueError, match="already registered"):
+        register_admission(type(get_admission("vllm")))
 
 
 def test_checkpoints_and_values_follow_record_and_unrecord():

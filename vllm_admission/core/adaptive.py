@@ -90,21 +90,26 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
+from vllm_admission.core.admission import (
+    ADMISSION_POLICIES,
+    get_admission,
+    stock_admission,
+)
 from vllm_admission.core.cache import HybridPrefixCache
 from vllm_admission.core.eviction import (
     ENGINE_EVICTION_POLICIES,
     EvictionPolicy,
     HistoryKeeper,
-    ReuseEviction,
     ReuseHistory,
     eviction_class,
     get_eviction,
+    stock_eviction,
 )
 from vllm_admission.core.replay import CacheRequest, CacheSetup
 
 __all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL",
-           "Decision", "LiveEvictions", "Pair", "PolicyController", "candidate_policies"]
+           "Decision", "LiveEvictions", "Pair", "PolicyController", "candidate_policies",
+           "stock_pair"]
 
 #: The name that asks for online selection, for admission and eviction alike.
 AUTO = "auto"
@@ -113,20 +118,21 @@ AUTO = "auto"
 #: user sets another (``--auto-interval``, ``VLLM_ADMISSION_AUTO_INTERVAL``).
 DEFAULT_INTERVAL = 50
 
-#: Admission policies ``auto`` chooses among: every registered one that
-#: checkpoints at all (``none`` keeps no state, so it never hits).
-AUTO_ADMISSIONS: tuple[str, ...] = tuple(n for n in ADMISSION_POLICIES if n != "none")
+#: Admission policies ``auto`` chooses among: every registered one that declares
+#: ``auto_candidate`` (all but ``none``, which keeps no state, so it never hits).
+AUTO_ADMISSIONS: tuple[str, ...] = tuple(n for n, c in ADMISSION_POLICIES.items()
+                                         if c.auto_candidate)
 
-#: Eviction policies ``auto`` chooses among: every one an engine can run except
-#: those with a tuned parameter (``flop``: it has its own alpha tuner, and at
-#: alpha 0, where that tuner ends on the Mooncake trace, it orders like ``lru``)
-#: and baselines (``lfu``: among the candidates it drew ``auto`` into it on
-#: transient leads; without it ``auto`` gained up to 0.28 points in the Mooncake
-#: study and lost at most 0.07, docs/simulator.md). With ``reuse`` among them, every
-#: live policy keeps ``reuse``'s hash history (:class:`LiveEvictions`).
+#: Eviction policies ``auto`` chooses among: every one an engine can run that
+#: declares ``auto_candidate`` (``lru``, ``reuse``). Left out: ``flop`` (it has its
+#: own alpha tuner, and at alpha 0, where that tuner ends on the Mooncake trace,
+#: it orders like ``lru``) and the baseline ``lfu`` (among the candidates it drew
+#: ``auto`` into it on transient leads; without it ``auto`` gained up to 0.28
+#: points in the Mooncake study and lost at most 0.07, docs/simulator.md). With a
+#: policy that keeps a hash history among them (``reuse``), every live policy
+#: keeps that history (:class:`LiveEvictions`).
 AUTO_EVICTIONS: tuple[str, ...] = tuple(n for n in ENGINE_EVICTION_POLICIES
-                                        if not eviction_class(n).tunable
-                                        and not eviction_class(n).baseline)
+                                        if eviction_class(n).auto_candidate)
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,18 @@ class Pair:
 
     def __str__(self) -> str:
         return f"{self.admission}+{self.eviction}"
+
+
+def stock_pair() -> Pair:
+    """Stock vLLM's pair: the admission policy that declares itself vLLM's own
+    behaviour (``vllm_native``) and the eviction policy in vLLM's own order
+    (``vllm_order``): ``vllm`` + ``lru``. The reference of every comparison
+    against stock (fidelity, reports, the plugin's defaults) and ``auto``'s start.
+
+    Raises:
+        LookupError: not exactly one registered policy of each declares it.
+    """
+    return Pair(stock_admission(), stock_eviction())
 
 
 @dataclass(frozen=True)
@@ -216,7 +234,7 @@ class LiveEvictions:
     """
 
     def __init__(self, evictions: Sequence[str]) -> None:
-        keeps = any(issubclass(eviction_class(e), ReuseEviction) for e in evictions)
+        keeps = any(eviction_class(e).keeps_history for e in evictions)
         #: The shared history, or ``None`` when no candidate keeps one.
         self.history: ReuseHistory | None = ReuseHistory() if keeps else None
 
@@ -231,9 +249,10 @@ class LiveEvictions:
         """
         if self.history is None:
             return get_eviction(name, **options)
-        if issubclass(eviction_class(name), ReuseEviction):
-            return get_eviction(name, shared=self.history, **options)
-        return HistoryKeeper(get_eviction(name, **options), self.history)
+        cls = eviction_class(name)
+        if cls.keeps_history:
+            return cls.with_history(self.history, **options)
+        return HistoryKeeper(cls(**options), self.history)
 
 
 @dataclass
@@ -335,15 +354,18 @@ class PolicyController:
 
         Returns:
             With ``checkpoint="inpass"`` the candidate admission that keeps a
-            state at every block (``dense``) if there is one; otherwise ``vllm``,
-            else the first name. ``lru`` where it is a candidate, else the first name.
+            state at every block (``every_block``: ``dense``) if there is one;
+            otherwise the stock admission (:func:`stock_pair`: ``vllm``) if it
+            is a candidate, else the first name. The stock eviction (``lru``)
+            where it is a candidate, else the first name.
         """
+        stock = stock_pair()
         dense = [a for a in admissions if get_admission(a).every_block]
         if checkpoint == "inpass" and dense:
             admission = dense[0]
         else:
-            admission = "vllm" if "vllm" in admissions else admissions[0]
-        return Pair(admission, "lru" if "lru" in evictions else evictions[0])
+            admission = stock.admission if stock.admission in admissions else admissions[0]
+        return Pair(admission, stock.eviction if stock.eviction in evictions else evictions[0])
 
     @property
     def switches(self) -> list[Decision]:

@@ -17,7 +17,8 @@ The simulator and the vLLM plugin call the same objects through these two
 methods, per request through one :class:`RequestAdmission` (the probe, the
 stops, the decision for each state position, the checkpoints kept below the
 hit and the FLOP values of the request's blocks). Policies are chosen by name
-from :data:`ADMISSION_POLICIES`.
+from :data:`ADMISSION_POLICIES`; a new policy is one :class:`AdmissionPolicy`
+subclass plus one :func:`register_admission` call at the end of this module.
 
 Sources: Marconi (Pan et al., MLSys 2025, section 4.1, "admission"); vLLM 0.32
 ``vllm/v1/core/sched/scheduler.py`` (``_mamba_block_aligned_split``),
@@ -32,6 +33,7 @@ from __future__ import annotations
 import bisect
 import enum
 import functools
+import inspect
 import itertools
 from abc import ABC
 from collections.abc import Callable, Sequence
@@ -53,6 +55,8 @@ __all__ = [
     "checkpoint_kinds",
     "VllmAdmission",
     "get_admission",
+    "register_admission",
+    "stock_admission",
 ]
 
 
@@ -166,35 +170,73 @@ def _kind_set(in_prompt: bool, junction: bool, prompt_end: bool,
 _KIND_SETS = {flags: _kind_set(*flags) for flags in itertools.product((False, True), repeat=4)}
 
 
+#: Probes on which a policy that ends a prefill chunk at every block boundary
+#: does so (block size 16; a hit, a junction above it, a prompt of whole blocks
+#: whose last boundary is not reusable): how ``AdmissionPolicy.every_block`` is found.
+_EVERY_BLOCK_PROBES = (HitProbe(99, 16, 16, 16), HitProbe(99, 16, 64, 16), HitProbe(96, 16, 0, 0))
+
+
 class AdmissionPolicy(ABC):
     """One admission policy: where to force checkpoints, which states to keep.
 
-    Subclasses set :attr:`name` and :attr:`admitted`; they may override
-    :meth:`stops`. Policies are stateless and cheap to share.
+    Policies are stateless and cheap to share (built with no arguments). A
+    subclass sets :attr:`name`, :attr:`summary` and :attr:`admitted` (or
+    overrides :meth:`admit`) and overrides the hooks it needs:
+
+    * :meth:`junction`: the shared-prefix junction the policy acts on (none here);
+    * :meth:`stops`: where prefill chunks must end (here: the junction, if any);
+    * :meth:`admit`: whether a state with these kinds is cached.
+
+    Derived from those answers, never declared by hand:
+
+    * :attr:`uses_junction`: the class overrides :meth:`junction` (found when
+      the class is created);
+    * :attr:`every_block`: :meth:`stops` ends a chunk at every block boundary;
+    * :attr:`supersede_tail`: :meth:`admit` keeps a sequence-end state that it
+      would not keep as a plain decode boundary, so a live engine, which does
+      not know where the sequence ends, keeps each such state tentatively
+      until the request's next one replaces it.
+
+    Declared (facts, not hooks): :attr:`vllm_native` and :attr:`auto_candidate`.
     """
 
     #: Registry name: the CLI word and the ``VLLM_ADMISSION_POLICY`` value.
     name: ClassVar[str]
     #: One line for ``--help`` and the docs.
     summary: ClassVar[str]
-    #: Whether the policy uses the shared-prefix junction stop.
-    uses_junction: ClassVar[bool] = False
-    #: Whether prefill chunks must end at every block boundary.
-    every_block: ClassVar[bool] = False
-    #: Whether a decode-time state replaces the request's earlier tentative
-    #: end-of-sequence state (Marconi keeps one state per sequence end).
-    supersede_tail: ClassVar[bool] = False
-    #: Whether this is exactly vLLM 0.32's own behaviour, so the engine leaves
-    #: vLLM's code in charge (its junction, its Mamba manager).
+    #: Declared: whether this is exactly vLLM 0.32's own behaviour, so the engine
+    #: leaves vLLM's code in charge (its junction, its Mamba manager).
     vllm_native: ClassVar[bool] = False
+    #: Declared: whether ``auto`` chooses among this policy (off unless declared).
+    auto_candidate: ClassVar[bool] = False
+    #: Derived: whether the class overrides :meth:`junction`.
+    uses_junction: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        """Derive :attr:`uses_junction`. TypeError if the body declares a derived attribute."""
+        super().__init_subclass__(**kwargs)
+        for attr in ("uses_junction", "every_block", "supersede_tail"):
+            if attr in cls.__dict__:
+                raise TypeError(f"{cls.__name__}.{attr} is derived from the policy's hooks "
+                                f"(junction, stops, admit); override those instead")
+        cls.uses_junction = (inspect.getattr_static(cls, "junction")
+                             is not inspect.getattr_static(AdmissionPolicy, "junction"))
+
+    def junction(self, probe: HitProbe) -> int:
+        """The shared-prefix junction this policy acts on (tokens; 0: none).
+
+        The default is none; a policy that stops and keeps a state there
+        returns ``probe.junction`` (Marconi 4.1; vLLM's own behaviour).
+        """
+        return 0
 
     def stops(self, probe: HitProbe) -> tuple[int, ...]:
         """Token positions where prefill chunks must end so that a state is written.
 
         Returns positions strictly inside ``(probe.state_hit, probe.prompt_len)``,
-        ascending. The default forces the junction when the policy uses it.
+        ascending. The default is the policy's :meth:`junction`, if any.
         """
-        junction = probe.junction if self.uses_junction else 0
+        junction = self.junction(probe)
         return (junction,) if junction else ()
 
     #: The checkpoint kinds this policy caches.
@@ -211,6 +253,28 @@ class AdmissionPolicy(ABC):
         return tuple(self.admit(frozenset({k})) for k in (
             CheckpointKind.CHUNK_END, CheckpointKind.DECODE, CheckpointKind.SEQUENCE_END))
 
+    @functools.cached_property
+    def _derived(self) -> tuple[bool, bool]:
+        """(:attr:`every_block`, :attr:`supersede_tail`), computed once per policy object."""
+        every = all(tuple(self.stops(p)) == tuple(range(p.state_hit + 16, p.prompt_len, 16))
+                    for p in _EVERY_BLOCK_PROBES)
+        _, decode, sequence_end = self.plain_decisions
+        return every, sequence_end and not decode
+
+    @property
+    def every_block(self) -> bool:
+        """Derived: whether :meth:`stops` ends a prefill chunk at every block
+        boundary between the hit and the prompt end (checked on a few probes)."""
+        return self._derived[0]
+
+    @property
+    def supersede_tail(self) -> bool:
+        """Derived: whether a decode-time state replaces the request's earlier
+        tentative end-of-sequence state in a live engine: :meth:`admit` keeps a
+        sequence end it would not keep as a plain decode boundary (Marconi keeps
+        one state per sequence end)."""
+        return self._derived[1]
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
 
@@ -226,6 +290,7 @@ class LastAdmission(AdmissionPolicy):
     name = "last"
     summary = ("vLLM before PR 37898: states at prefill chunk ends, the prompt's last "
                "block boundary and decode block boundaries; no junction")
+    auto_candidate = True
 
     admitted = frozenset(CheckpointKind) - {CheckpointKind.JUNCTION}
 
@@ -234,26 +299,29 @@ class VllmAdmission(AdmissionPolicy):
     name = "vllm"
     summary = ("stock vLLM 0.32 (prefix_cache_retention_interval=0): the prompt's last "
                "block boundary plus the shared-prefix junction")
-    uses_junction = True
-
     vllm_native = True
+    auto_candidate = True
     admitted = frozenset({CheckpointKind.JUNCTION, CheckpointKind.PROMPT_END})
+
+    def junction(self, probe: HitProbe) -> int:
+        return probe.junction
 
 
 class MarconiAdmission(AdmissionPolicy):
     name = "marconi"
     summary = ("Marconi at block granularity: the shared-prefix junction plus the "
                "last block boundary of the finished sequence (prompt + output)")
-    uses_junction = True
-    supersede_tail = True
-
+    auto_candidate = True
     admitted = frozenset({CheckpointKind.JUNCTION, CheckpointKind.SEQUENCE_END})
+
+    def junction(self, probe: HitProbe) -> int:
+        return probe.junction
 
 
 class DenseAdmission(AdmissionPolicy):
     name = "dense"
     summary = "a state at every block boundary (vLLM's older 'all' mode): most hits, most memory"
-    every_block = True
+    auto_candidate = True
 
     def stops(self, probe: HitProbe) -> tuple[int, ...]:
         b = probe.block_size
@@ -353,9 +421,9 @@ class RequestAdmission:
             then a ``supersede_tail`` policy keeps every state at or after the
             prompt end tentatively (:data:`TENTATIVE`) and the caller keeps
             only the latest one.
-        junction: the junction the request acts on. Default: the probe's
-            junction when the policy uses it, else 0. The plugin passes
-            vLLM's own value for a ``vllm_native`` policy.
+        junction: the junction the request acts on. Default: the policy's
+            (:meth:`AdmissionPolicy.junction`). The plugin passes vLLM's own
+            value for a ``vllm_native`` policy.
 
     Attributes:
         junction: the junction (tokens; 0: none).
@@ -374,7 +442,7 @@ class RequestAdmission:
         self.policy = policy
         self.probe = probe
         if junction is None:
-            junction = probe.junction if policy.uses_junction else 0
+            junction = policy.junction(probe)
         self.junction = junction
         self.prompt_end = (P - 1) // B * B
         self.stops = policy.stops(probe)
@@ -470,10 +538,31 @@ class RequestAdmission:
 
 
 #: Registry: name -> policy class, in the order shown to users.
-ADMISSION_POLICIES: dict[str, type[AdmissionPolicy]] = {
-    cls.name: cls
-    for cls in (NoAdmission, LastAdmission, VllmAdmission, MarconiAdmission, DenseAdmission)
-}
+ADMISSION_POLICIES: dict[str, type[AdmissionPolicy]] = {}
+
+
+def register_admission(cls: type[AdmissionPolicy]) -> type[AdmissionPolicy]:
+    """Add ``cls`` under ``cls.name``, after the policies registered so far.
+
+    Returns:
+        ``cls`` (usable as a class decorator).
+
+    Raises:
+        TypeError: not a concrete :class:`AdmissionPolicy` subclass with a
+            ``name``, a ``summary`` and ``admitted`` (or its own ``admit``).
+        ValueError: the name is taken.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, AdmissionPolicy)) or inspect.isabstract(cls):
+        raise TypeError(f"{cls!r} is not a concrete AdmissionPolicy subclass")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name or not isinstance(getattr(cls, "summary", None), str):
+        raise TypeError(f"{cls.__name__} must set the class attributes name and summary")
+    if not hasattr(cls, "admitted") and cls.admit is AdmissionPolicy.admit:
+        raise TypeError(f"{cls.__name__} must set admitted or override admit")
+    if name in ADMISSION_POLICIES:
+        raise ValueError(f"admission policy {name!r} is already registered")
+    ADMISSION_POLICIES[name] = cls
+    return cls
 
 
 def get_admission(name: str) -> AdmissionPolicy:
@@ -489,3 +578,21 @@ def get_admission(name: str) -> AdmissionPolicy:
         valid = ", ".join(ADMISSION_POLICIES)
         raise UnknownPolicyError(
             f"unknown admission policy {name!r}; valid: {valid}") from None
+
+
+def stock_admission() -> str:
+    """The name of the one registered policy that is vLLM's own behaviour
+    (``vllm_native``: ``vllm``).
+
+    Raises:
+        LookupError: not exactly one registered policy declares ``vllm_native``.
+    """
+    names = [n for n, c in ADMISSION_POLICIES.items() if c.vllm_native]
+    if len(names) != 1:
+        raise LookupError(f"expected one admission policy native to vLLM, found {names}")
+    return names[0]
+
+
+for _cls in (NoAdmission, LastAdmission, VllmAdmission, MarconiAdmission, DenseAdmission):
+    register_admission(_cls)
+del _cls

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vllm_admission.core.adaptive import AUTO
+from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.eviction import eviction_class
 
 __all__ = ["EXACT_ADMISSIONS", "TOLERANCE", "compare_hits", "meets_bar"]
@@ -49,8 +50,13 @@ def compare_hits(prompt_tokens: Sequence[int], engine: Sequence[int | None],
             "first_difference": first}
 
 
-#: Admission policies whose sequential replay with ``lru`` must match request by request.
-EXACT_ADMISSIONS = ("none", "last", "vllm", "dense")
+#: Admission policies whose sequential replay with ``lru`` must match request by
+#: request: every registered one that decides without knowing where the sequence
+#: ends (not ``supersede_tail``: ``marconi`` keeps its sequence end tentatively
+#: in the engine, which does not know the output length: ``none``, ``last``,
+#: ``vllm``, ``dense``).
+EXACT_ADMISSIONS: tuple[str, ...] = tuple(n for n, c in ADMISSION_POLICIES.items()
+                                          if not c().supersede_tail)
 
 
 #: Largest ``abs_diff_fraction`` allowed for ``marconi`` and for ``flop`` eviction.

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vllm_admission.core.adaptive import stock_pair
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.traces import Trace, load_trace
 from vllm_admission.fidelity.compare import compare_hits
@@ -178,9 +179,11 @@ def _mean_concurrency(rows: Sequence[dict[str, Any]]) -> float | None:
 
 
 def _add_stock_ratios(records: list[dict[str, Any]]) -> None:
-    """``prefill_seconds_vs_stock`` / ``prefill_tokens_vs_stock`` against vllm+lru at the same pool."""
+    """``prefill_seconds_vs_stock`` / ``prefill_tokens_vs_stock`` against the stock pair
+    (:func:`~vllm_admission.core.adaptive.stock_pair`: vllm+lru) at the same pool."""
+    pair = stock_pair()
     stock = {r["num_blocks"]: r for r in records
-             if r["admission"] == "vllm" and r["eviction"] == "lru"}
+             if (r["admission"], r["eviction"]) == (pair.admission, pair.eviction)}
     for r in records:
         base = stock.get(r["num_blocks"])
         eng = r["engine"]

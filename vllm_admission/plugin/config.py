@@ -37,7 +37,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
+from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, stock_pair
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, eviction_class
@@ -69,8 +69,8 @@ ENV_CHECKPOINT = "VLLM_ADMISSION_CHECKPOINT"
 #: (vllm_admission.plugin.metrics, which imports vLLM; hence defined here too).
 ENV_METRICS_DIR = "VLLM_ADMISSION_METRICS_DIR"
 
-DEFAULT_POLICY = "vllm"
-DEFAULT_EVICTION = "lru"
+#: Stock vLLM's pair (``vllm`` + ``lru``): the plugin changes nothing by default.
+DEFAULT_POLICY, DEFAULT_EVICTION = stock_pair().admission, stock_pair().eviction
 DEFAULT_LOG_INTERVAL = 10.0
 DEFAULT_TUNE_MULTIPLIER = 5
 DEFAULT_TUNE_GRID = "coarse"

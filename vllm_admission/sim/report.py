@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vllm_admission.core.adaptive import stock_pair
 from vllm_admission.core.eviction import EVICTION_POLICIES
 
 __all__ = ["format_table", "plot_hit_rates", "write_results"]
@@ -46,9 +47,11 @@ def format_table(doc: dict[str, Any]) -> str:
 
 def _against_stock(runs: list[dict[str, Any]]) -> list[str]:
     """One line per pair chosen online (``auto``): its token hit rate beside stock
-    ``vllm`` + ``lru`` at each capacity both ran, and the pair it ended with."""
+    (:func:`~vllm_admission.core.adaptive.stock_pair`: ``vllm`` + ``lru``) at each
+    capacity both ran, and the pair it ended with."""
+    pair = stock_pair()
     stock = {r["capacity_bytes"]: r for r in runs
-             if (r["admission"], r["eviction"]) == ("vllm", "lru")}
+             if (r["admission"], r["eviction"]) == (pair.admission, pair.eviction)}
     pairs: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in runs:
         if "auto" in (r["admission"], r["eviction"]) and r["capacity_bytes"] in stock:
@@ -61,7 +64,7 @@ def _against_stock(runs: list[dict[str, Any]]) -> list[str]:
             ratio = f" ({r['token_hit_rate'] / base:.2f}x)" if base else ""
             cells.append(f"{_fmt_bytes(r['capacity_bytes'])} {r['token_hit_rate']:.2%} vs "
                          f"{base:.2%}{ratio}, ends as {r.get('final_policy') or '-'}")
-        lines.append(f"{adm}+{ev} against stock vllm+lru: " + "; ".join(cells))
+        lines.append(f"{adm}+{ev} against stock {pair}: " + "; ".join(cells))
     return lines
 
 

@@ -1,0 +1,61 @@
+"""Eviction policies: the order in which free cached blocks give up their hashes.
+
+One module per policy family, the base class with its hooks, and the registry:
+
+=================  ===================================================================
+module             contents
+=================  ===================================================================
+``base``           :class:`EvictionPolicy`: the hooks the cache calls, the attributes
+                   derived from them, the few declarations (read its docstring first)
+``fifo``           the O(1) block queue that ``lru`` and ``reuse`` keep
+``lru``            :class:`LRUEviction` (``lru``): vLLM's own order, block for block
+``flop``           :class:`FlopEviction` (``flop``): Marconi's utility, recency +
+                   alpha x FLOP efficiency, min-max normalised (Marconi section 4.2)
+``frequency``      :class:`LFUEviction` (``lfu``): fewest prefix hits since cached
+                   first, least recently freed among equals (a baseline)
+``reuse``          :class:`ReuseEviction` (``reuse``): LRU in which blocks whose hash
+                   was used again may grow ``r`` times older, ``r`` learned by hash
+``history``        :class:`ReuseHistory` (what ``reuse`` learns, by hash) and
+                   :class:`HistoryKeeper` (keeps it up to date around another policy)
+``belady``         :class:`BeladyEviction` (``belady``): offline reference, evicts the
+                   block next needed farthest ahead; needs the future (simulator only)
+``registry``       :data:`EVICTION_POLICIES`, :data:`ENGINE_EVICTION_POLICIES`,
+                   :func:`get_eviction`, :func:`eviction_class`, :func:`stock_eviction`
+=================  ===================================================================
+
+A new policy is one subclass plus one :func:`register_eviction` entry;
+nothing outside the registries branches on a policy's name.
+"""
+
+from vllm_admission.core.eviction.base import EvictionPolicy
+from vllm_admission.core.eviction.belady import BeladyEviction
+from vllm_admission.core.eviction.flop import FlopEviction
+from vllm_admission.core.eviction.frequency import LFUEviction
+from vllm_admission.core.eviction.history import HistoryKeeper, ReuseHistory
+from vllm_admission.core.eviction.lru import LRUEviction
+from vllm_admission.core.eviction.registry import (
+    ENGINE_EVICTION_POLICIES,
+    EVICTION_POLICIES,
+    eviction_class,
+    get_eviction,
+    register_eviction,
+    stock_eviction,
+)
+from vllm_admission.core.eviction.reuse import ReuseEviction
+
+__all__ = [
+    "ENGINE_EVICTION_POLICIES",
+    "EVICTION_POLICIES",
+    "BeladyEviction",
+    "EvictionPolicy",
+    "FlopEviction",
+    "HistoryKeeper",
+    "LFUEviction",
+    "LRUEviction",
+    "ReuseEviction",
+    "ReuseHistory",
+    "eviction_class",
+    "get_eviction",
+    "register_eviction",
+    "stock_eviction",
+]

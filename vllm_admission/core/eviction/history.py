@@ -1,0 +1,310 @@
+"""History by block hash: :class:`ReuseHistory` (what ``reuse`` learns, and
+``auto`` shares among the policies it switches between) and
+:class:`HistoryKeeper` (any other policy, keeping that history up to date)."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+
+from vllm_admission.core.eviction.base import EvictionPolicy
+from vllm_admission.core.eviction.fifo import room
+
+__all__ = ["HistoryKeeper", "ReuseHistory"]
+
+
+class ReuseHistory:
+    """What ``reuse`` (:class:`~vllm_admission.core.eviction.reuse.ReuseEviction`)
+    learns, by block hash: which hashes were used again, and how much likelier
+    a reused hash is to come back.
+
+    Fed the cache's events: :meth:`cached` (a block got its hash key),
+    :meth:`hit` (a prefix hit referenced it), :meth:`evicted` (victims gave up
+    their hashes; the keys stay as ghosts) and :meth:`dropped` (a hash lost
+    without an eviction). A key is *again* once a second request used it (a
+    hit, or a request cached it once more after every copy was evicted).
+
+    Statistics: ``reused[k] / total[k]``, the fraction of references of kind
+    ``k`` (0: a first use, 1: a use of a key already used) that were followed
+    by another reference of the same key; both halve every time as many
+    references were counted as the cache ever held blocks (:meth:`age`), so
+    they follow the workload.
+
+    Ghosts (keys with no cached copy left, the ``history`` x ``cap`` most
+    recently evicted) are kept in eviction order in a queue that is cleaned
+    lazily: a key cached again stays in the queue until the queue's head
+    reaches it. Each key's entry in ``refs`` packs its use count (the low two
+    bits: 0 no use, 1 one request, 2 more) with how many times it is queued
+    (the rest), so that only its newest queue entry counts. This holds the
+    same ghosts in the same order as an ordered set at a tenth of the memory.
+
+    Args:
+        history: ghost keys kept, as a multiple of the most blocks ever cached.
+
+    Raises:
+        ValueError: ``history`` is negative or not finite.
+    """
+
+    __slots__ = ("history", "key_of", "num_keys", "live", "refs", "queue", "num_ghosts", "cap",
+                 "reused", "total", "counted")
+
+    def __init__(self, history: float = 4.0) -> None:
+        if not (history >= 0 and math.isfinite(history)):
+            raise ValueError(f"history must be a finite number >= 0, got {history!r}")
+        self.history = history
+        self.key_of: list = []                    # block id -> its hash key (None: none)
+        self.num_keys = 0                         # blocks with a key
+        self.live: dict[object, int] = {}         # key -> cached blocks holding it
+        self.refs: dict[object, int] = {}         # key -> uses (1 or 2 = "again") + 4 x times queued
+        self.queue: deque[object] = deque()       # ghost evictions, oldest first (some stale)
+        self.num_ghosts = 0                       # keys with no cached copy, still counted
+        self.cap = 1                              # most blocks ever cached at once
+        self.reused = [1.0, 1.0]                  # references followed by another, by kind
+        self.total = [1.0, 1.0]                   # references, by kind
+        self.counted = 0                          # references since the last halving
+
+    def copy(self) -> "ReuseHistory":
+        other = ReuseHistory(self.history)
+        other.key_of, other.num_keys = self.key_of[:], self.num_keys
+        other.live, other.refs = dict(self.live), dict(self.refs)
+        other.queue, other.num_ghosts = self.queue.copy(), self.num_ghosts
+        other.cap, other.counted = self.cap, self.counted
+        other.reused, other.total = self.reused[:], self.total[:]
+        return other
+
+    @property
+    def ghosts(self) -> list:
+        """The ghost keys, oldest eviction first (for inspection; O(queue))."""
+        newest = {key: i for i, key in enumerate(self.queue)}
+        live, refs = self.live, self.refs
+        return [key for i, key in enumerate(self.queue)
+                if newest[key] == i and key not in live and refs[key] & 3]
+
+    def cached_keys(self) -> dict[int, object]:
+        """Every block that has a key, with its key (for inspection; O(blocks))."""
+        return {b: key for b, key in enumerate(self.key_of) if key is not None}
+
+    def uses(self, key: object) -> int:
+        """How many requests used ``key``, counted up to 2 (0: unknown or forgotten)."""
+        return self.refs.get(key, 0) & 3
+
+    def reference(self, key: object) -> None:
+        """A request used ``key`` (cached it or hit it)."""
+        refs = self.refs
+        v = refs.get(key, 0)
+        r = v & 3
+        if r:
+            self.reused[r - 1] += 1.0
+            self.total[1] += 1.0
+            refs[key] = v - r + 2
+        else:
+            self.total[0] += 1.0
+            refs[key] = v + 1
+        self.counted += 1
+
+    def cached(self, block_id: int, key: object) -> None:
+        """``block_id`` was given hash ``key``; a first cached copy is a use."""
+        key_of = self.key_of
+        if not 0 <= block_id < len(key_of):
+            key_of.extend([None] * room(len(key_of), block_id))
+        if key_of[block_id] is None:
+            self.num_keys += 1
+            if self.num_keys > self.cap:
+                self.cap = self.num_keys
+        key_of[block_id] = key
+        live_counts = self.live
+        live = live_counts.get(key, 0)
+        live_counts[key] = live + 1
+        if live:
+            return   # a duplicate of a cached block is not a new use
+        if self.refs.get(key, 0) & 3:
+            self.num_ghosts -= 1   # a ghost comes back; its queue entry goes stale
+        self.reference(key)
+
+    def hit(self, block_id: int) -> None:
+        """A prefix hit referenced ``block_id``."""
+        key_of = self.key_of
+        key = key_of[block_id] if 0 <= block_id < len(key_of) else None
+        if key is not None:
+            self.reference(key)
+
+    def again(self, block_id: int) -> bool:
+        """Whether ``block_id``'s hash was used by more than one request."""
+        key_of = self.key_of
+        key = key_of[block_id] if 0 <= block_id < len(key_of) else None
+        return key is not None and self.refs.get(key, 1) & 3 > 1
+
+    def dropped(self, block_id: int) -> None:
+        """``block_id`` lost its hash without an eviction: no ghost is kept."""
+        key_of = self.key_of
+        key = key_of[block_id] if 0 <= block_id < len(key_of) else None
+        if key is None:
+            return
+        key_of[block_id] = None
+        self.num_keys -= 1
+        live = self.live[key] - 1
+        if live:
+            self.live[key] = live
+            return
+        del self.live[key]
+        queued = self.refs[key] & ~3
+        if queued:
+            self.refs[key] = queued   # unused, until its stale queue entries are passed
+        else:
+            del self.refs[key]
+
+    def evicted(self, victims: Sequence[int]) -> None:
+        """``victims`` gave up their hashes; a key with no cached copy left is
+        remembered as a ghost (the ``history`` x ``cap`` newest are kept)."""
+        key_of, live_counts, refs, queue = self.key_of, self.live, self.refs, self.queue
+        limit = self.history * self.cap
+        n = len(key_of)
+        ghosts = self.num_ghosts
+        lost = 0
+        for b in victims:
+            key = key_of[b] if 0 <= b < n else None
+            if key is None:
+                continue
+            key_of[b] = None
+            lost += 1
+            live = live_counts[key] - 1
+            if live:
+                live_counts[key] = live
+                continue
+            del live_counts[key]
+            queue.append(key)
+            refs[key] += 4
+            ghosts += 1
+            while ghosts > limit:
+                old = queue.popleft()
+                v = refs[old] - 4
+                if v > 3 or old in live_counts:
+                    refs[old] = v          # queued again later, or cached again: stale
+                elif v:
+                    del refs[old]          # the oldest ghost is forgotten
+                    ghosts -= 1
+                else:
+                    del refs[old]          # dropped since: no ghost to forget
+        self.num_ghosts = ghosts
+        self.num_keys -= lost
+
+    def age(self) -> None:
+        """Halve the statistics once per ``cap`` references counted. Called when
+        a victim is chosen, not per reference, so that the order in which one
+        step's blocks are cached (group by group) does not matter."""
+        while self.counted >= self.cap:
+            self.counted -= self.cap
+            for i in (0, 1):
+                self.reused[i] *= 0.5
+                self.total[i] *= 0.5
+
+    @property
+    def ratio(self) -> float:
+        """``r = max(1, p_again / p_first)``: how much likelier a reused hash is
+        to be used again than a first-time one."""
+        p_first = self.reused[0] / self.total[0]
+        p_again = self.reused[1] / self.total[1]
+        return max(1.0, p_again / p_first)
+
+
+class HistoryKeeper(EvictionPolicy):
+    """Orders like ``inner`` and keeps a :class:`ReuseHistory` up to date.
+
+    ``auto`` serves its live cache with one of these around every policy
+    that keeps no hash history itself (all but ``reuse``), all sharing one
+    history, so that a switch to ``reuse`` finds the use counts and ghosts of
+    everything the cache cached, hit and evicted so far, not an empty history
+    (``core/adaptive.py``). It hears hash keys and hits whatever ``inner``
+    needs, and passes them on only where ``inner`` asks for them.
+
+    It overrides the hit and key hooks (so it :attr:`~EvictionPolicy.needs_hits`
+    and :attr:`~EvictionPolicy.needs_keys`); :attr:`needs_values` and
+    :attr:`tunable` are the wrapped policy's.
+
+    Args:
+        inner: the policy that orders the candidates (not one that keeps a hash
+            history itself, and not one that needs the future).
+        history: the history to keep up to date.
+
+    Raises:
+        ValueError: ``inner`` keeps a hash history or needs the future.
+    """
+
+    def __init__(self, inner: EvictionPolicy, history: ReuseHistory) -> None:
+        if inner.keeps_history or inner.needs_future:
+            raise ValueError(f"{inner.name!r} cannot be wrapped: it keeps its own history "
+                             f"or needs the future")
+        self.inner = inner
+        self.hist = history
+        self.name = inner.name
+        self.summary = inner.summary
+        self._pass_keys = inner.needs_keys
+        self._pass_hits = inner.needs_hits
+
+    @property
+    def needs_values(self) -> bool:
+        """The wrapped policy's :attr:`~EvictionPolicy.needs_values`."""
+        return self.inner.needs_values
+
+    @property
+    def tunable(self) -> bool:
+        """The wrapped policy's :attr:`~EvictionPolicy.tunable`."""
+        return self.inner.tunable
+
+    def add(self, block_id: int, now: float, value: float = 0.0,
+            next_use: float = math.inf) -> None:
+        self.inner.add(block_id, now, value, next_use)
+
+    def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
+                 next_uses: Sequence[float]) -> None:
+        self.inner.add_many(block_ids, now, values, next_uses)
+
+    def remove(self, block_id: int) -> None:
+        self.inner.remove(block_id)
+
+    def pop(self, now: float) -> int:
+        return self.pop_n(1, now)[0]
+
+    def pop_n(self, n: int, now: float) -> list[int]:
+        out = self.inner.pop_n(n, now)
+        self.hist.age()   # statistics halve when victims are chosen, as in ReuseEviction
+        self.hist.evicted(out)
+        return out
+
+    def on_cache(self, block_id: int, key: object) -> None:
+        self.hist.cached(block_id, key)
+        if self._pass_keys:
+            self.inner.on_cache(block_id, key)
+
+    def on_hit(self, block_id: int, now: float) -> None:
+        self.hist.hit(block_id)
+        if self._pass_hits:
+            self.inner.on_hit(block_id, now)
+
+    def forget(self, block_id: int) -> None:
+        self.hist.dropped(block_id)
+        if self._pass_hits:
+            self.inner.forget(block_id)
+
+    def clone(self) -> "HistoryKeeper":
+        return HistoryKeeper(self.inner.clone(), self.hist.copy())
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self.inner
+
+    @property
+    def alpha(self) -> float:
+        """The wrapped policy's ``alpha`` (a :attr:`tunable` one): a tuner or the
+        plugin setting it here sets it there (AttributeError for another)."""
+        return self.inner.alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        self.inner.alpha = value
+
+    def __repr__(self) -> str:
+        return f"HistoryKeeper({self.inner!r})"
