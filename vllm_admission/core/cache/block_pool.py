@@ -247,18 +247,21 @@ class BlockPool:
                             [next_use[b] for b in cached] if self.keeps_next_use else None)
 
     # -- the hash index: one insertion path, one drop path -------------------
-    def _insert(self, block: int, g: int, block_hash) -> None:
-        """Enter ``block`` under ``(g, block_hash)``; a later duplicate waits in
-        ``_dups`` behind the first (``BlockHashToBlockMap.insert``)."""
-        self.key[block] = block_hash
-        self.group[block] = g
-        idx = self.index[g]
-        if block_hash in idx:
-            self._dups.setdefault((g, block_hash), []).append(block)
-            self._num_dups[g] += 1
-        else:
-            idx[block_hash] = block
-        self.insertions_by_group[g] += 1
+    def _insert(self, blocks: Sequence[tuple[int, int]], block_hash) -> None:
+        """Enter each ``(group, block)`` of ``blocks`` under ``(group, block_hash)``;
+        a later duplicate waits in ``_dups`` behind the first
+        (``BlockHashToBlockMap.insert``)."""
+        keys, groups, index, inserted = self.key, self.group, self.index, self.insertions_by_group
+        for g, b in blocks:
+            keys[b] = block_hash
+            groups[b] = g
+            idx = index[g]
+            if block_hash in idx:
+                self._dups.setdefault((g, block_hash), []).append(b)
+                self._num_dups[g] += 1
+            else:
+                idx[block_hash] = b
+            inserted[g] += 1
 
     def cache(self, block: int, key: tuple, *, report: bool = True) -> None:
         """Give an in-use block its hash (``cache_full_blocks``).
@@ -268,7 +271,8 @@ class BlockPool:
         live engine caches only tentatively: see
         :meth:`StateGroups.cache_full <vllm_admission.core.cache.groups.StateGroups.cache_full>`).
         """
-        self._insert(block, key[0], key[1])
+        g, h = key
+        self._insert(((g, block),), h)
         if report and self.reports_keys:
             self.free_blocks.eviction.on_cache(block, key)
 
@@ -276,15 +280,11 @@ class BlockPool:
                        report: bool = True) -> None:
         """:meth:`cache` of each ``(group, block)`` of ``blocks`` under
         ``(group, block_hash)``, in order (one state position, every state group)."""
-        insert = self._insert
+        self._insert(blocks, block_hash)
         if report and self.reports_keys:
             eviction = self.free_blocks.eviction
             for g, b in blocks:
-                insert(b, g, block_hash)
                 eviction.on_cache(b, (g, block_hash))
-        else:
-            for g, b in blocks:
-                insert(b, g, block_hash)
 
     def cache_many(self, group: int, blocks: Sequence[int], hashes: Sequence) -> None:
         """:meth:`cache` of ``blocks[i]`` under ``(group, hashes[i])``, in order.

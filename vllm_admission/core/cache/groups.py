@@ -8,8 +8,6 @@ groups of its kind: :class:`AttentionGroups` and :class:`StateGroups`, chosen by
 
 * what a prefix hit is (:meth:`~KVGroups.longest_hit`) and which blocks a hit
   references (:meth:`~KVGroups.touch_hit`);
-* which blocks a step allocates (attention: one per new block of tokens; state:
-  one at the last index, plus the in-pass captures);
 * which blocks are retired before the request ends (state only:
   ``MambaManager.remove_skipped_blocks``) and which get a hash
   (:meth:`~KVGroups.cache_full`: every full attention block; a state block only
@@ -78,7 +76,6 @@ class KVGroups:
                  meta: FreedBlockMeta | None) -> None:
         self.groups = tuple(groups)
         self.num_groups = len(self.groups)
-        self.first = self.groups[0]
         self.pool = pool
         self.block_size = block_size
         self.meta = meta
@@ -136,23 +133,6 @@ class AttentionGroups(KVGroups):
         blocks = [d[h[i]] for i in range(hit_blocks)]
         self.pool.touch(blocks, now)
         run.blocks[g] = blocks
-
-    def num_to_allocate(self, run: RunningRequest, need: int) -> int:
-        """Blocks the groups take to hold ``need`` blocks each (all attention
-        groups hold the same number)."""
-        grow = need - len(run.blocks[self.first])
-        return grow * self.num_groups if grow > 0 else 0
-
-    def add_new(self, run: RunningRequest, new: list[int], count: int) -> None:
-        """Append ``new[:count]`` to the groups' tables, ``count // num_groups`` each."""
-        if not count:
-            return
-        tables = run.blocks
-        grow = count // self.num_groups
-        k = 0
-        for g in self.groups:
-            tables[g] += new[k:k + grow]
-            k += grow
 
     def cache_full(self, run: RunningRequest, nc: int, full: int) -> int:
         """Prompt blocks get their hash; blocks holding generated tokens get
@@ -214,61 +194,41 @@ class StateGroups(KVGroups):
             for i in retired:
                 table[i] = NULL
 
-    def to_allocate(self, run: RunningRequest, need: int,
-                    captures: Sequence[int] = ()) -> list[int]:
-        """The ascending indexes that get a new block in every state group: the
-        last index ``need - 1`` (if the groups hold none there yet) and, in
-        ``inpass`` mode, each index in ``captures`` they hold none at."""
-        have = len(run.blocks[self.first])
-        if captures:
-            grow = [i for i in captures if i >= have]
-            if need - 1 >= have and (not grow or grow[-1] != need - 1):
-                grow.append(need - 1)
-            return grow
-        return [need - 1] if need > have else []
-
-    def add_new(self, run: RunningRequest, indexes: Sequence[int], new: list[int], k: int) -> None:
-        """Place ``new[k:]`` at ``indexes`` in each group in turn (NULL before them)."""
-        tables = run.blocks
-        for g in self.groups:
-            table = tables[g]
-            for i in indexes:
-                if i > len(table):
-                    table += [NULL] * (i - len(table))
-                table.append(new[k])
-                k += 1
-        run.live.extend(indexes)
-
     def cache_full(self, run: RunningRequest, nc: int, full: int) -> int:
-        """A held state block is cached where the admission policy admits its
-        position (in every state group, under the prompt hash there, or an
-        output key past the prompt).
-
-        A policy that ``needs_keys`` is not told the key of a state kept only as
-        the sequence end (:meth:`RequestAdmission.kept_as_sequence_end`): the
-        engine caches such a state tentatively, before it knows the request ends
-        there, and reports only keys the simulator reports at the same moment.
-        """
-        adm, B, pool = run.adm, self.block_size, self.pool
-        hashes, tables, written = run.hashes, run.blocks, run.written
-        nh = len(hashes)
-        keyed = pool.reports_keys
+        """:meth:`cache_at` of each held block ``nc <= i < full`` (in ``inpass``
+        mode only those written with the state at their end); return the number
+        cached."""
+        written = run.written
         admitted = 0
         for i in run.live:
             if not nc <= i < full:
                 continue
             if written is not None and i not in written:
                 continue  # inpass: this block holds a mid-block state, not (i + 1) * B
-            pos = (i + 1) * B
-            # The length is known here, so a decision is never tentative.
-            if adm.decide(pos) != ADMIT:
-                continue
-            adm.record(pos)
-            admitted += 1
-            h = hashes[i] if i < nh else ("out", run.rid, i)
-            report = not (keyed and adm.kept_as_sequence_end(pos))
-            pool.cache_position([(g, tables[g][i]) for g in self.groups], h, report=report)
+            admitted += self.cache_at(run, i)
         return admitted
+
+    def cache_at(self, run: RunningRequest, i: int) -> int:
+        """Cache the state blocks at index ``i`` if the admission policy admits
+        position ``(i + 1) * B``, in every state group, under the prompt hash
+        there (an output key past the prompt); return 1 if cached, else 0.
+
+        A policy that ``needs_keys`` is not told the key of a state kept only as
+        the sequence end (:meth:`RequestAdmission.kept_as_sequence_end`): the
+        engine caches such a state tentatively, before it knows the request ends
+        there, and reports only keys the simulator reports at the same moment.
+        """
+        adm = run.adm
+        pos = (i + 1) * self.block_size
+        # The length is known here, so a decision is never tentative.
+        if adm.decide(pos) != ADMIT:
+            return 0
+        adm.record(pos)
+        hashes, tables = run.hashes, run.blocks
+        h = hashes[i] if i < len(hashes) else ("out", run.rid, i)
+        report = not (self.pool.reports_keys and adm.kept_as_sequence_end(pos))
+        self.pool.cache_position([(g, tables[g][i]) for g in self.groups], h, report=report)
+        return 1
 
     def release(self, run: RunningRequest, g: int) -> list[int]:
         """The held blocks, the latest first."""

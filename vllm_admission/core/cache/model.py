@@ -23,7 +23,7 @@ from vllm_admission.core.admission import (
     RequestAdmission,
     SegmentCosts,
 )
-from vllm_admission.core.cache.block_pool import BlockPool
+from vllm_admission.core.cache.block_pool import NULL, BlockPool
 from vllm_admission.core.cache.checkpoint import (
     CHECKPOINT_STRATEGIES,
     check_checkpoint_mode,
@@ -379,9 +379,9 @@ class HybridPrefixCache:
         end = start + n
         need = -(-end // B)
         tables = run.blocks
-        if (captures or need > len(tables[self.attention.first])
-                or need > len(tables[self.state.first])):
-            self._allocate(run, need, now, [p // B - 1 for p in captures])
+        if (captures or need > len(tables[self.attn_groups[0]])
+                or need > len(tables[self.state_groups[0]])):
+            self._allocate(run, need, now, [p // B - 1 for p in captures] if captures else ())
         written = run.written
         if written is not None:
             written.update(p // B - 1 for p in captures)
@@ -396,17 +396,41 @@ class HybridPrefixCache:
         """``allocate_new_blocks``: every attention group grows to ``need`` blocks,
         every state group gets one new block at index ``need - 1`` (if it has
         none there yet) and one at each ascending index in ``captures`` it has
-        none at. One pool call for all groups (attention groups first): which
-        group gets which popped block changes neither hits nor the eviction order."""
-        attention, state = self.attention, self.state
-        num_attn = attention.num_to_allocate(run, need)
-        indexes = state.to_allocate(run, need, captures)
-        total = num_attn + len(indexes) * state.num_groups
+        none at (NULL before them). One pool call for all groups, attention
+        groups first: which group gets which popped block changes neither hits
+        nor the eviction order. Attention groups all hold the same number of
+        blocks, and state groups hold theirs at the same indexes
+        (:class:`~vllm_admission.core.cache.groups.RunningRequest`)."""
+        tables = run.blocks
+        attn_groups, state_groups = self.attn_groups, self.state_groups
+        grow = need - len(tables[attn_groups[0]])
+        if grow < 0:
+            grow = 0
+        have = len(tables[state_groups[0]])
+        if captures:
+            indexes = [i for i in captures if i >= have]
+            if need - 1 >= have and (not indexes or indexes[-1] != need - 1):
+                indexes.append(need - 1)
+        else:
+            indexes = [need - 1] if need > have else ()
+        total = grow * len(attn_groups) + len(indexes) * len(state_groups)
         if not total:
             return
         new = self.pool.allocate(total, now)
-        attention.add_new(run, new, num_attn)
-        state.add_new(run, indexes, new, num_attn)
+        k = 0
+        if grow:
+            for g in attn_groups:
+                tables[g] += new[k:k + grow]
+                k += grow
+        if indexes:
+            for g in state_groups:
+                table = tables[g]
+                for i in indexes:
+                    if i > len(table):
+                        table += [NULL] * (i - len(table))
+                    table.append(new[k])
+                    k += 1
+            run.live.extend(indexes)
 
     def _cache_full(self, run: RunningRequest, full: int) -> None:
         """``cache_blocks`` up to the first ``full`` blocks: every new attention
@@ -421,10 +445,31 @@ class HybridPrefixCache:
     def _prefill_blockwise(self, run: RunningRequest, first: int, last: int, now: float) -> None:
         """The prefill steps of a policy that stops at every block boundary
         (``dense``, ``split`` mode) before the prompt checkpoint: step ``i``
-        computes block ``i`` alone, for ``first <= i < last``."""
-        B, P, step = self.block_size, run.prompt_len, self._step
+        computes block ``i`` alone, for ``first <= i < last``.
+
+        :meth:`_step` written out for that case, the pool called the same way in
+        the same order (``dense`` runs one step per block, and the general path
+        costs it a third more time): retire the state before block ``i - 1``
+        (:meth:`StateGroups.retire <vllm_admission.core.cache.groups.StateGroups.retire>`),
+        allocate block ``i`` in every group (:meth:`_allocate`'s one pool call,
+        attention groups first), cache the attention blocks and, where admitted,
+        the state (:meth:`_cache_full`; :meth:`StateGroups.cache_at
+        <vllm_admission.core.cache.groups.StateGroups.cache_at>`)."""
+        pool = self.pool
+        tables, live, hashes = run.blocks, run.live, run.hashes
+        attn_groups, state = self.attention.groups, self.state
+        order = attn_groups + state.groups  # the groups in allocation order
         for i in range(first, last):
-            step(run, i * B, B, P, now)
+            if live and live[0] < i - 1:
+                state.retire(run, i - 1, now)
+            for g, b in zip(order, pool.allocate(len(order), now)):
+                tables[g].append(b)
+            live.append(i)
+            run.num_cached = i + 1
+            h = hashes[i]
+            for g in attn_groups:
+                pool.cache(tables[g][i], (g, h))
+            self.checkpoints += state.cache_at(run, i)
 
     def _finish(self, run: RunningRequest, now: float) -> None:
         """Free every block: group after group in vLLM's order, each group's
