@@ -1,8 +1,8 @@
 """The shared block pool and its hash index (``vllm/v1/core/block_pool.py``).
 
 One pool of block ids serves every KV cache group. A block gets its hash
-through one insertion path (:meth:`BlockPool._insert`, behind :meth:`~BlockPool.cache`,
-:meth:`~BlockPool.cache_position` and :meth:`~BlockPool.cache_many`) and loses it
+through one insertion path (:meth:`BlockPool.cache_position`, behind
+:meth:`~BlockPool.cache` and :meth:`~BlockPool.cache_many`) and loses it
 through one drop path (:meth:`BlockPool._evict`, when an allocation takes a
 cached free block). The free blocks wait in a
 :class:`~vllm_admission.core.free_blocks.FreeBlocks`: uncached ones first, then
@@ -247,10 +247,23 @@ class BlockPool:
                             [next_use[b] for b in cached] if self.keeps_next_use else None)
 
     # -- the hash index: one insertion path, one drop path -------------------
-    def _insert(self, blocks: Sequence[tuple[int, int]], block_hash) -> None:
-        """Enter each ``(group, block)`` of ``blocks`` under ``(group, block_hash)``;
-        a later duplicate waits in ``_dups`` behind the first
-        (``BlockHashToBlockMap.insert``)."""
+    def cache(self, block: int, key: tuple, *, report: bool = True) -> None:
+        """Give an in-use block its hash (``cache_full_blocks``): :meth:`cache_position`
+        of one block.
+
+        A policy that :attr:`~EvictionPolicy.needs_keys` hears
+        :meth:`~EvictionPolicy.on_cache` unless ``report`` is False (a state a
+        live engine caches only tentatively: see
+        :meth:`StateGroups.cache_full <vllm_admission.core.cache.groups.StateGroups.cache_full>`).
+        """
+        self.cache_position(((key[0], block),), key[1], report=report)
+
+    def cache_position(self, blocks: Sequence[tuple[int, int]], block_hash, *,
+                       report: bool = True) -> None:
+        """Give each in-use ``(group, block)`` of ``blocks`` the key ``(group,
+        block_hash)``, in order (one position, every group of a kind): the one
+        insertion path. A later duplicate of a key waits in ``_dups`` behind the
+        first (``BlockHashToBlockMap.insert``); ``report`` as for :meth:`cache`."""
         keys, groups, index, inserted = self.key, self.group, self.index, self.insertions_by_group
         for g, b in blocks:
             keys[b] = block_hash
@@ -262,25 +275,6 @@ class BlockPool:
             else:
                 idx[block_hash] = b
             inserted[g] += 1
-
-    def cache(self, block: int, key: tuple, *, report: bool = True) -> None:
-        """Give an in-use block its hash (``cache_full_blocks``).
-
-        A policy that :attr:`~EvictionPolicy.needs_keys` hears
-        :meth:`~EvictionPolicy.on_cache` unless ``report`` is False (a state a
-        live engine caches only tentatively: see
-        :meth:`StateGroups.cache_full <vllm_admission.core.cache.groups.StateGroups.cache_full>`).
-        """
-        g, h = key
-        self._insert(((g, block),), h)
-        if report and self.reports_keys:
-            self.free_blocks.eviction.on_cache(block, key)
-
-    def cache_position(self, blocks: Sequence[tuple[int, int]], block_hash, *,
-                       report: bool = True) -> None:
-        """:meth:`cache` of each ``(group, block)`` of ``blocks`` under
-        ``(group, block_hash)``, in order (one state position, every state group)."""
-        self._insert(blocks, block_hash)
         if report and self.reports_keys:
             eviction = self.free_blocks.eviction
             for g, b in blocks:
@@ -290,8 +284,8 @@ class BlockPool:
         """:meth:`cache` of ``blocks[i]`` under ``(group, hashes[i])``, in order.
 
         Hashes new to the group and distinct (the usual case) go into the index
-        in one bulk insert, which is :meth:`_insert` of each; otherwise (or for
-        a policy that hears the keys) block by block.
+        in one bulk insert, which is :meth:`cache_position` of each; otherwise
+        (or for a policy that hears the keys) block by block.
         """
         idx = self.index[group]
         if not self.reports_keys:

@@ -139,7 +139,7 @@ class AttentionGroups(KVGroups):
         keys of their own (``("out", rid, i)``): output is new content."""
         hashes, pool = run.hashes, self.pool
         nh = len(hashes)
-        prompt_end = full if full < nh else nh  # blocks past the hashes are output blocks
+        prompt_end = min(full, nh)  # blocks past the hashes are output blocks
         for g in self.groups:
             blocks = run.blocks[g]
             if nc < prompt_end:
@@ -199,13 +199,11 @@ class StateGroups(KVGroups):
         mode only those written with the state at their end); return the number
         cached."""
         written = run.written
+        cache_at = self.cache_at
         admitted = 0
         for i in run.live:
-            if not nc <= i < full:
-                continue
-            if written is not None and i not in written:
-                continue  # inpass: this block holds a mid-block state, not (i + 1) * B
-            admitted += self.cache_at(run, i)
+            if nc <= i < full and (written is None or i in written):
+                admitted += cache_at(run, i)
         return admitted
 
     def cache_at(self, run: RunningRequest, i: int) -> int:
@@ -224,10 +222,11 @@ class StateGroups(KVGroups):
         if adm.decide(pos) != ADMIT:
             return 0
         adm.record(pos)
-        hashes, tables = run.hashes, run.blocks
-        h = hashes[i] if i < len(hashes) else ("out", run.rid, i)
-        report = not (self.pool.reports_keys and adm.kept_as_sequence_end(pos))
-        self.pool.cache_position([(g, tables[g][i]) for g in self.groups], h, report=report)
+        tables, hashes = run.blocks, run.hashes
+        pool = self.pool
+        pool.cache_position([(g, tables[g][i]) for g in self.groups],
+                            hashes[i] if i < len(hashes) else ("out", run.rid, i),
+                            report=not (pool.reports_keys and adm.kept_as_sequence_end(pos)))
         return 1
 
     def release(self, run: RunningRequest, g: int) -> list[int]:

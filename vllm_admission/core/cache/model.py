@@ -367,7 +367,11 @@ class HybridPrefixCache:
         ``MambaManager.remove_skipped_blocks`` (:meth:`StateGroups.retire
         <vllm_admission.core.cache.groups.StateGroups.retire>`), then
         ``allocate_new_blocks`` (:meth:`_allocate`), then ``cache_blocks`` of the
-        now-full blocks (:meth:`_cache_full`); each runs only when it has work.
+        now-full blocks: every new attention block, then each state block whose
+        position the admission policy admits (:meth:`AttentionGroups.cache_full
+        <vllm_admission.core.cache.groups.AttentionGroups.cache_full>`,
+        :meth:`StateGroups.cache_full <vllm_admission.core.cache.groups.StateGroups.cache_full>`).
+        Each runs only when it has work.
         ``captures``: ascending block-aligned positions inside ``(start, start +
         n)`` whose states the pass copies into state blocks of their own
         (``inpass`` mode, and ``split`` mode's prompt-end export).
@@ -389,7 +393,9 @@ class HybridPrefixCache:
                 written.add(end // B - 1)
         full = (end if end < num_tokens else num_tokens) // B
         if full > run.num_cached:
-            self._cache_full(run, full)
+            nc, run.num_cached = run.num_cached, full
+            self.attention.cache_full(run, nc, full)
+            self.checkpoints += self.state.cache_full(run, nc, full)
 
     def _allocate(self, run: RunningRequest, need: int, now: float,
                   captures: Sequence[int] = ()) -> None:
@@ -432,16 +438,6 @@ class HybridPrefixCache:
                     k += 1
             run.live.extend(indexes)
 
-    def _cache_full(self, run: RunningRequest, full: int) -> None:
-        """``cache_blocks`` up to the first ``full`` blocks: every new attention
-        block, then each state block whose position the admission policy admits
-        (:meth:`AttentionGroups.cache_full
-        <vllm_admission.core.cache.groups.AttentionGroups.cache_full>`,
-        :meth:`StateGroups.cache_full <vllm_admission.core.cache.groups.StateGroups.cache_full>`)."""
-        nc, run.num_cached = run.num_cached, full
-        self.attention.cache_full(run, nc, full)
-        self.checkpoints += self.state.cache_full(run, nc, full)
-
     def _prefill_blockwise(self, run: RunningRequest, first: int, last: int, now: float) -> None:
         """The prefill steps of a policy that stops at every block boundary
         (``dense``, ``split`` mode) before the prompt checkpoint: step ``i``
@@ -453,8 +449,7 @@ class HybridPrefixCache:
         (:meth:`StateGroups.retire <vllm_admission.core.cache.groups.StateGroups.retire>`),
         allocate block ``i`` in every group (:meth:`_allocate`'s one pool call,
         attention groups first), cache the attention blocks and, where admitted,
-        the state (:meth:`_cache_full`; :meth:`StateGroups.cache_at
-        <vllm_admission.core.cache.groups.StateGroups.cache_at>`)."""
+        the state."""
         pool = self.pool
         tables, live, hashes = run.blocks, run.live, run.hashes
         attn_groups, state = self.attention.groups, self.state
