@@ -161,9 +161,17 @@ class InpassCheckpoints:
     captured inside the chunk's forward pass; only the token budget (floored to
     a block) and the prompt end end a chunk, and a chunk with more captures than
     the pool can hold (:meth:`~vllm_admission.core.cache.model.HybridPrefixCache.inpass_capture_limit`)
-    ends at the first one past the limit."""
+    ends at the first one past the limit.
+
+    Raises:
+        ValueError: ``prompt_end_export`` (a ``split`` mode option).
+    """
 
     name = "inpass"
+
+    def __init__(self, *, prompt_end_export: bool = False) -> None:
+        if prompt_end_export:
+            raise ValueError(f"prompt_end_export needs checkpoint='split', got {self.name!r}")
 
     def prefill(self, cache: HybridPrefixCache, run: RunningRequest, computed: int,
                 output_len: int, now: float) -> int:

@@ -140,8 +140,8 @@ class HybridPrefixCache:
                  switchable: bool = False, track_values: bool = False,
                  checkpoint: str = "split", prompt_end_export: bool = False) -> None:
         check_checkpoint_mode(checkpoint)
-        if prompt_end_export and checkpoint != "split":
-            raise ValueError(f"prompt_end_export needs checkpoint='split', got {checkpoint!r}")
+        #: The checkpoint mode's strategy: how prefill is cut into steps.
+        self._mode = CHECKPOINT_STRATEGIES[checkpoint](prompt_end_export=prompt_end_export)
         if block_size < 1 or chunk_size < 1:
             raise ValueError(f"block_size and chunk_size must be >= 1, got {block_size}, {chunk_size}")
         kinds = tuple(group_kinds)
@@ -157,8 +157,6 @@ class HybridPrefixCache:
         self.checkpoint = checkpoint
         #: vLLM exports the prompt-end state from inside the last chunk (``split`` mode).
         self.prompt_end_export = prompt_end_export
-        self._mode = (CHECKPOINT_STRATEGIES[checkpoint](prompt_end_export=prompt_end_export)
-                      if checkpoint == "split" else CHECKPOINT_STRATEGIES[checkpoint]())
         self.group_kinds = kinds
         self.attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
         self.state_groups = tuple(g for g, k in enumerate(kinds) if k == STATE)
@@ -301,6 +299,7 @@ class HybridPrefixCache:
     def fits(self, prompt_len: int, output_len: int) -> bool:
         """Whether the request can ever run alone in this pool."""
         return self.blocks_needed(prompt_len, output_len) <= self.pool.num_blocks - 1
+
     # -- lookup ----------------------------------------------------------
     def lookup(self, hashes: Sequence[int], prompt_len: int) -> HitProbe:
         """Attention-KV hit and hybrid hit of a prompt, without touching anything
