@@ -18,7 +18,13 @@ from junction_case import (
 
 from vllm_admission.cli import main
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
-from vllm_admission.core.cache import CHECKPOINT_MODES, HybridPrefixCache, check_checkpoint_mode
+from vllm_admission.core.cache import (
+    CHECKPOINT_MODES,
+    HybridPrefixCache,
+    check_checkpoint_mode,
+    chunk_end,
+    split_chunk,
+)
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.eviction import get_eviction
 from vllm_admission.core.traces import load_trace
@@ -142,6 +148,19 @@ def test_inpass_in_a_tight_pool_returns_every_block(seed, policy, blocks):
             cache.serve(h, n, o, rid=r, now=float(r))
             assert cache.pool.num_used == 0
             assert cache.pool.num_cached_entries <= blocks - 1
+
+
+def test_chunk_end_is_vllms_align_rule():
+    """``_mamba_block_aligned_split`` without stops, B = 256, budget 1,024 (hand-computed)."""
+    assert chunk_end(0, 1000, 1801, 256, 1024) == 768       # floored to a block before the prompt end
+    assert chunk_end(0, 1801, 1801, 256, 1024) == 1801      # the prompt end is not floored
+    assert chunk_end(300, 1300, 1801, 256, 1024) == 512     # a mid-block start ends at the next boundary
+    assert chunk_end(0, 100, 1801, 256, 1024) == 0          # nothing left after flooring
+    assert chunk_end(0, 100, 1801, 256, 64) == 100          # ... unless a block exceeds the budget
+    # split mode adds the stops; inpass mode passes none.
+    assert split_chunk(0, 1801, 1801, 256, 4096, (512, 1792)) == 512
+    assert split_chunk(512, 1289, 1801, 256, 4096, (512, 1792)) == 1280
+    assert split_chunk(0, 1801, 1801, 256, 4096, ()) == 1801
 
 
 def test_unknown_checkpoint_mode_is_refused():

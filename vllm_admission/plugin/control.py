@@ -677,7 +677,7 @@ class AdmissionControl:
         """``blocks`` of KV cache group ``group`` just got their hash
         (``BlockPool.cache_full_blocks``); tell a policy that ``needs_keys``.
 
-        The keys are the simulator's (``HybridPrefixCache._cache_full``), so both
+        The keys are the simulator's (``core.cache.groups``, the parts' ``cache_full``), so both
         tell the policy the same thing at the same moment:
 
         * a block of prompt tokens only (its hash covers at most

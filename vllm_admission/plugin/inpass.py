@@ -36,6 +36,8 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from vllm_admission.core.cache import chunk_end
+
 __all__ = ["INPASS_ATTR", "bind_inpass_managers", "inpass_problems", "inpass_split",
            "install_runner_hooks", "split_stops", "step_checkpoints"]
 
@@ -87,17 +89,11 @@ def inpass_split(scheduler: Any, split: Callable[..., int], plan: dict[str, tupl
     if num_new_tokens <= 0 or start >= prefill_end:
         return num_new_tokens
     B = scheduler.cache_config.block_size
-    end = start + num_new_tokens
-    if end < prefill_end:
-        limit = scheduler.max_num_scheduled_tokens
-        threshold = scheduler.scheduler_config.long_prefill_token_threshold
-        if threshold > 0:
-            limit = min(limit, threshold)
-        aligned = end // B * B
-        if aligned > start or B <= limit:
-            end = aligned
-    if start % B:
-        end = min(end, (start // B + 1) * B)
+    limit = scheduler.max_num_scheduled_tokens
+    threshold = scheduler.scheduler_config.long_prefill_token_threshold
+    if threshold > 0:
+        limit = min(limit, threshold)
+    end = chunk_end(start, start + num_new_tokens, prefill_end, B, limit)
     if end <= start:
         return max(end - start, 0)
     positions = []

@@ -1,0 +1,238 @@
+"""One part per KV cache group kind (``vllm/v1/core/single_type_kv_cache_manager.py``).
+
+vLLM keeps one manager per KV cache group, its class chosen by the group's spec
+(``FullAttentionManager``, ``MambaManager``). Here every group of one kind
+behaves alike (the same hashes, the same block indexes), so one part serves all
+groups of its kind: :class:`AttentionGroups` and :class:`StateGroups`, chosen by
+:data:`GROUP_PARTS` from the kind string. Each part owns what differs by kind:
+
+* what a prefix hit is (:meth:`~KVGroups.longest_hit`) and which blocks a hit
+  references (:meth:`~KVGroups.touch_hit`);
+* which blocks are retired before the request ends (state only:
+  ``MambaManager.remove_skipped_blocks``) and which get a hash
+  (:meth:`~KVGroups.cache_full`: every full attention block; a state block only
+  where the admission policy admits its position);
+* the order of its blocks when the request ends (:meth:`~KVGroups.release`) and
+  the FLOP value each carries to the eviction policy.
+
+:class:`RunningRequest` is the per-request bookkeeping the parts share.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from vllm_admission.core.admission import ADMIT, RequestAdmission
+from vllm_admission.core.cache.block_pool import NULL, BlockPool
+from vllm_admission.core.cache.values import FreedBlockMeta
+from vllm_admission.core.geometry import ATTENTION, STATE
+
+__all__ = ["GROUP_PARTS", "AttentionGroups", "KVGroups", "RunningRequest", "StateGroups"]
+
+
+@dataclass(slots=True)
+class RunningRequest:
+    """Per-request bookkeeping while a request runs (the managers' dicts).
+
+    Every group caches its full blocks at the same steps, and every state group
+    holds its blocks at the same indexes, so both are kept once for all groups.
+    """
+
+    rid: int
+    hashes: Sequence[int]
+    prompt_len: int
+    #: The request's admission decisions, stops, checkpoints and block values.
+    adm: RequestAdmission
+    #: Each group's block table (a state group's holds NULL where it has no block).
+    blocks: list[list[int]]
+    #: Leading blocks of every group already cached (``num_cached_block``).
+    num_cached: int
+    #: Ascending indexes where the state groups hold a block (not NULL).
+    live: list[int]
+    #: ``inpass`` mode: indexes ``i`` whose state block was written with the
+    #: state at ``(i + 1) * B`` (a capture or a block-aligned step end); only
+    #: those may be cached. ``None`` in ``split`` mode, where every step end is
+    #: block-aligned (or followed by a stop at the next boundary).
+    written: set[int] | None = None
+
+
+class KVGroups:
+    """The KV cache groups of one kind, sharing ``pool``.
+
+    Args:
+        groups: the groups' indexes in vLLM's order (at least one).
+        pool: the shared block pool.
+        block_size: tokens per block.
+        meta: attaches FLOP values / next use to freed blocks (``None``: the
+            eviction policy reads neither).
+    """
+
+    #: The group kind (:data:`~vllm_admission.core.geometry.ATTENTION` or ``STATE``).
+    kind: str = ""
+
+    def __init__(self, groups: Sequence[int], pool: BlockPool, block_size: int,
+                 meta: FreedBlockMeta | None) -> None:
+        self.groups = tuple(groups)
+        self.num_groups = len(self.groups)
+        self.pool = pool
+        self.block_size = block_size
+        self.meta = meta
+        self.indexes = [pool.index[g] for g in self.groups]
+
+    def longest_hit(self, hashes: Sequence, max_blocks: int) -> int:
+        """Blocks of the longest prefix of ``hashes[:max_blocks]`` these groups can serve."""
+        raise NotImplementedError
+
+    def touch_hit(self, run: RunningRequest, g: int, hit_blocks: int, now: float) -> None:
+        """Reference group ``g``'s blocks of a ``hit_blocks``-block prefix hit
+        (``add_local_computed_blocks``) and set its block table."""
+        raise NotImplementedError
+
+    def cache_full(self, run: RunningRequest, nc: int, full: int) -> int:
+        """Cache the blocks ``nc <= i < full`` that get a hash; return the state
+        checkpoints admitted (0 for attention)."""
+        raise NotImplementedError
+
+    def release(self, run: RunningRequest, g: int) -> list[int]:
+        """Group ``g``'s blocks in the order they are freed when the request ends."""
+        raise NotImplementedError
+
+    def freed(self, run: RunningRequest, g: int, indexes: Sequence[int]) -> list[int]:
+        """Group ``g``'s blocks at ``indexes``, in that order, with their eviction
+        metadata attached: the list to free."""
+        table = run.blocks[g]
+        freed = [table[i] for i in indexes]
+        if self.meta is not None:
+            self.meta.attach(run, indexes, freed, self.kind == STATE)
+        return freed
+
+
+class AttentionGroups(KVGroups):
+    """Full-attention groups (``FullAttentionManager``): a block per ``block_size``
+    tokens, all kept until the request ends; every full block is cached."""
+
+    kind = ATTENTION
+
+    def longest_hit(self, hashes: Sequence, max_blocks: int) -> int:
+        """The longest run of leading blocks cached in every attention group."""
+        k = 0
+        if self.num_groups == 1:
+            d = self.indexes[0]
+            while k < max_blocks and hashes[k] in d:
+                k += 1
+        else:
+            indexes = self.indexes
+            while k < max_blocks and all(hashes[k] in d for d in indexes):
+                k += 1
+        return k
+
+    def touch_hit(self, run: RunningRequest, g: int, hit_blocks: int, now: float) -> None:
+        d, h = self.pool.index[g], run.hashes
+        blocks = [d[h[i]] for i in range(hit_blocks)]
+        self.pool.touch(blocks, now)
+        run.blocks[g] = blocks
+
+    def cache_full(self, run: RunningRequest, nc: int, full: int) -> int:
+        """Prompt blocks get their hash; blocks holding generated tokens get
+        keys of their own (``("out", rid, i)``): output is new content."""
+        hashes, pool = run.hashes, self.pool
+        nh = len(hashes)
+        prompt_end = min(full, nh)  # blocks past the hashes are output blocks
+        for g in self.groups:
+            blocks = run.blocks[g]
+            if nc < prompt_end:
+                pool.cache_many(g, blocks[nc:prompt_end], hashes[nc:prompt_end])
+            for i in range(max(nc, nh), full):
+                pool.cache(blocks[i], (g, ("out", run.rid, i)))
+        return 0
+
+    def release(self, run: RunningRequest, g: int) -> list[int]:
+        """Every block, the latest first (``SingleTypeKVCacheManager.free``)."""
+        return self.freed(run, g, range(len(run.blocks[g]) - 1, -1, -1))
+
+
+class StateGroups(KVGroups):
+    """Recurrent-state groups (``MambaManager``, align mode): a request holds the
+    block with its latest state (plus those not yet retired); a hit needs a
+    cached state at the prefix's end."""
+
+    kind = STATE
+
+    def longest_hit(self, hashes: Sequence, max_blocks: int) -> int:
+        """The longest prefix within ``max_blocks`` whose state is cached in every
+        state group."""
+        indexes = self.indexes
+        for i in range(max_blocks - 1, -1, -1):
+            h = hashes[i]
+            if all(h in d for d in indexes):
+                return i + 1
+        return 0
+
+    def touch_hit(self, run: RunningRequest, g: int, hit_blocks: int, now: float) -> None:
+        b = self.pool.index[g][run.hashes[hit_blocks - 1]]
+        self.pool.touch((b,), now)
+        run.blocks[g] = [NULL] * (hit_blocks - 1) + [b]
+
+    def retire(self, run: RunningRequest, skipped: int, now: float) -> None:
+        """``MambaManager.remove_skipped_blocks``: the groups keep only the block
+        that holds the state of the last computed token; their blocks before
+        index ``skipped`` are freed, the latest first. Call only when there is
+        one (``run.live[0] < skipped``)."""
+        live, tables = run.live, run.blocks
+        k = bisect.bisect_left(live, skipped)
+        retired = live[k - 1::-1]
+        del live[:k]
+        if self.meta is not None:
+            lists = [self.freed(run, g, retired) for g in self.groups]
+        else:
+            lists = [[tables[g][i] for i in retired] for g in self.groups]
+        self.pool.free_each(lists, now)
+        for g in self.groups:
+            table = tables[g]
+            for i in retired:
+                table[i] = NULL
+
+    def cache_full(self, run: RunningRequest, nc: int, full: int) -> int:
+        """:meth:`cache_at` of each held block ``nc <= i < full`` (in ``inpass``
+        mode only those written with the state at their end); return the number
+        cached."""
+        written = run.written
+        cache_at = self.cache_at
+        admitted = 0
+        for i in run.live:
+            if nc <= i < full and (written is None or i in written):
+                admitted += cache_at(run, i)
+        return admitted
+
+    def cache_at(self, run: RunningRequest, i: int) -> int:
+        """Cache the state blocks at index ``i`` if the admission policy admits
+        position ``(i + 1) * B``, in every state group, under the prompt hash
+        there (an output key past the prompt); return 1 if cached, else 0.
+
+        A policy that ``needs_keys`` is not told the key of a state kept only as
+        the sequence end (:meth:`RequestAdmission.kept_as_sequence_end`): the
+        engine caches such a state tentatively, before it knows the request ends
+        there, and reports only keys the simulator reports at the same moment.
+        """
+        adm = run.adm
+        pos = (i + 1) * self.block_size
+        # The length is known here, so a decision is never tentative.
+        if adm.decide(pos) != ADMIT:
+            return 0
+        adm.record(pos)
+        tables, hashes = run.blocks, run.hashes
+        pool = self.pool
+        pool.cache_position([(g, tables[g][i]) for g in self.groups],
+                            hashes[i] if i < len(hashes) else ("out", run.rid, i),
+                            report=not (pool.reports_keys and adm.kept_as_sequence_end(pos)))
+        return 1
+
+    def release(self, run: RunningRequest, g: int) -> list[int]:
+        """The held blocks, the latest first."""
+        return self.freed(run, g, run.live[::-1])
+
+
+#: Registry: KV cache group kind -> the part that serves the groups of that kind.
+GROUP_PARTS: dict[str, type[KVGroups]] = {cls.kind: cls for cls in (AttentionGroups, StateGroups)}

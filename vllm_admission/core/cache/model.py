@@ -1,0 +1,473 @@
+"""The cache model: vLLM 0.32's hybrid prefix cache run one request at a time.
+
+:class:`HybridPrefixCache` composes the parts of this package the way vLLM's
+``KVCacheManager`` composes a coordinator, one manager per KV cache group and the
+block pool: a :class:`~vllm_admission.core.cache.block_pool.BlockPool`, one
+group part per kind (:data:`~vllm_admission.core.cache.groups.GROUP_PARTS`), a
+checkpoint-mode strategy (:data:`~vllm_admission.core.cache.checkpoint.CHECKPOINT_STRATEGIES`)
+and, for eviction policies that read them, the freed blocks' values
+(:class:`~vllm_admission.core.cache.values.FreedBlockMeta`). The steps of
+:meth:`HybridPrefixCache.serve` are listed in the package docstring
+(:mod:`vllm_admission.core.cache`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass
+
+from vllm_admission.core.admission import (
+    AdmissionPolicy,
+    HitProbe,
+    RequestAdmission,
+    SegmentCosts,
+)
+from vllm_admission.core.cache.block_pool import NULL, BlockPool
+from vllm_admission.core.cache.checkpoint import (
+    CHECKPOINT_STRATEGIES,
+    check_checkpoint_mode,
+)
+from vllm_admission.core.cache.groups import GROUP_PARTS, RunningRequest
+from vllm_admission.core.cache.values import FreedBlockMeta
+from vllm_admission.core.eviction import EvictionPolicy
+from vllm_admission.core.geometry import (
+    ATTENTION,
+    STATE,
+    blocks_needed,
+    inpass_capture_limit,
+)
+
+__all__ = ["HybridPrefixCache", "RequestOutcome"]
+
+
+def _is_output_key(block_hash: object) -> bool:
+    """Whether a cached block's key names generated tokens: ``("out", rid, index)``
+    (:meth:`AttentionGroups.cache_full <vllm_admission.core.cache.groups.AttentionGroups.cache_full>`);
+    a prompt block's key is its hash."""
+    return type(block_hash) is tuple
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _decode_events(first: int, last: int, block_size: int) -> tuple[int, ...]:
+    """The decode steps that change the cache: computing token ``first`` (the
+    first output token), then the tokens next to each block boundary up to
+    ``last`` (memoised: requests of equal lengths share them, as do shadow caches)."""
+    if first > last:
+        return ()
+    B = block_size
+    events = [first]
+    m = first // B + 1
+    while m * B - 1 <= last:
+        for t in (m * B - 1, m * B, m * B + 1):
+            if first < t <= last:
+                events.append(t)
+        m += 1
+    return tuple(events)
+
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """What one request got from the cache. Lengths in tokens.
+
+    ``hit_tokens`` is what vLLM reports as ``num_cached_tokens``.
+    ``prefill_steps`` is the number of prefill chunks the request's prompt
+    took (engine steps with prompt tokens scheduled when it runs alone): the
+    chunks of ``[hit_tokens, prompt_tokens)`` after the token budget and, in
+    ``split`` checkpoint mode, every chunk stop (block alignment, the prompt
+    checkpoint, the junction, the admission policy's stops); in ``inpass``
+    mode the budget alone.
+    """
+
+    prompt_tokens: int
+    hit_tokens: int
+    kv_hit_tokens: int
+    junction: int
+    checkpoints: int
+    evictions: int
+    prefill_steps: int = 0
+
+    @property
+    def state_miss_tokens(self) -> int:
+        """Attention-KV hit tokens recomputed because no state was kept at
+        their end (:attr:`HitProbe.state_miss
+        <vllm_admission.core.admission.HitProbe.state_miss>`)."""
+        return self.kv_hit_tokens - self.hit_tokens
+
+class HybridPrefixCache:
+    """vLLM 0.32's hybrid prefix cache in align mode, one request at a time.
+
+    Args:
+        num_blocks: blocks in the pool (vLLM's ``num_gpu_blocks``).
+        block_size: tokens per block (attention and state groups alike).
+        group_kinds: the KV cache groups in vLLM's order, each ``"attention"``
+            or ``"state"``; at least one of each.
+        admission: which states are checkpointed.
+        eviction: which cached free blocks are evicted first.
+        chunk_size: prefill token budget per step (``max_num_batched_tokens``).
+        segment_flops: ``f(end, start) -> FLOPs`` of computing tokens
+            ``[start, end)`` with ``start`` cached; needed by eviction policies
+            that use values (``flop``).
+        bytes_per_block: bytes one block id holds (for FLOP efficiency).
+        next_use: ``f(block_hash, now) -> time`` of the next request needing the
+            hash; needed by ``belady``.
+        switchable: allow :meth:`switch` (the adaptive controller).
+        track_values: compute block values whatever the eviction policy, so
+            that a policy that ``needs_values`` can be switched to later.
+        checkpoint: how prefill writes states, one of :data:`CHECKPOINT_MODES`
+            (``"split"``: vLLM 0.32; ``"inpass"``: captured inside the pass).
+        prompt_end_export: ``split`` mode with vLLM's one-checkpoint export
+            (a ``MambaSpec`` with ``num_prefill_checkpoint_blocks=1``: vLLM
+            0.33's Qwen GDN layers on FlashInfer, Mamba2 layers): when the
+            prompt's last chunk can start at least one block below the prompt
+            checkpoint and reach the prompt end in one step, no chunk ends at
+            the checkpoint; that step allocates a state block at the
+            checkpoint's index besides the running one and the kernel writes the
+            checkpoint state into it (``v1/core/sched/scheduler.py``
+            ``_mamba_block_aligned_split``, ``v1/core/single_type_kv_cache_manager.py``
+            ``MambaManager._needs_internal_checkpoint``). Which states are kept
+            does not change; when blocks are allocated does.
+
+    Raises:
+        ValueError: bad geometry, a missing callback for the chosen eviction,
+            or an unknown checkpoint mode.
+    """
+
+    def __init__(self, *, num_blocks: int, block_size: int, group_kinds: Sequence[str],
+                 admission: AdmissionPolicy, eviction: EvictionPolicy, chunk_size: int,
+                 segment_flops: Callable[[int, int], float] | None = None,
+                 bytes_per_block: int = 1,
+                 next_use: Callable[[int, float], float] | None = None,
+                 switchable: bool = False, track_values: bool = False,
+                 checkpoint: str = "split", prompt_end_export: bool = False) -> None:
+        check_checkpoint_mode(checkpoint)
+        #: The checkpoint mode's strategy: how prefill is cut into steps.
+        self._mode = CHECKPOINT_STRATEGIES[checkpoint](prompt_end_export=prompt_end_export)
+        if block_size < 1 or chunk_size < 1:
+            raise ValueError(f"block_size and chunk_size must be >= 1, got {block_size}, {chunk_size}")
+        kinds = tuple(group_kinds)
+        if ATTENTION not in kinds or STATE not in kinds or set(kinds) - set(GROUP_PARTS):
+            raise ValueError(f"group_kinds must mix 'attention' and 'state' groups, got {kinds}")
+        if (eviction.needs_values or track_values) and segment_flops is None:
+            raise ValueError(f"eviction {eviction.name!r} needs segment_flops")
+        if eviction.needs_future and next_use is None:
+            raise ValueError(f"eviction {eviction.name!r} needs next_use")
+        self.block_size = block_size
+        self.chunk_size = chunk_size
+        #: The checkpoint mode (:data:`CHECKPOINT_MODES`).
+        self.checkpoint = checkpoint
+        #: vLLM exports the prompt-end state from inside the last chunk (``split`` mode).
+        self.prompt_end_export = prompt_end_export
+        self.group_kinds = kinds
+        self.attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
+        self.state_groups = tuple(g for g, k in enumerate(kinds) if k == STATE)
+        self.admission = admission
+        self.eviction = eviction
+        self.pool = BlockPool(num_blocks, eviction, len(kinds), switchable=switchable)
+        self.segment_flops = segment_flops
+        self.bytes_per_block = bytes_per_block
+        self.next_use = next_use
+        self._bind_future()
+        #: Freed blocks get FLOP values (the policy reads them, or one switched to may).
+        self._needs_values = eviction.needs_values or track_values
+        if self._needs_values and self.pool.value is None:
+            self.pool.value = [0.0] * num_blocks
+        self._segment_costs = SegmentCosts(
+            block_size=block_size, num_attention_groups=len(self.attn_groups),
+            num_state_groups=len(self.state_groups), bytes_per_block=bytes_per_block,
+            segment_flops=segment_flops)
+        self._wire()
+        #: State checkpoints admitted (cumulative, counted once per position).
+        self.checkpoints = 0
+        #: Requests whose KV hit ran past their state hit (shared prefixes seen).
+        self.junctions = 0
+
+    def _bind_future(self) -> None:
+        """Give a policy that needs the future its oracle, over this cache's pool."""
+        if self.eviction.needs_future:
+            keys, next_use = self.pool.key, self.next_use
+            self.eviction.bind_future(lambda b, now: next_use(keys[b], now))
+
+    def _wire(self) -> None:
+        """Build the group parts over the current pool and eviction policy (at
+        construction, :meth:`clone` and :meth:`switch`)."""
+        needs_future = self.eviction.needs_future
+        meta = None
+        if self._needs_values or needs_future:
+            meta = FreedBlockMeta(self.pool, self.state_groups[0], self.block_size,
+                                  self._segment_costs if self._needs_values else None,
+                                  self.next_use if needs_future else None)
+        parts = {kind: part([g for g, k in enumerate(self.group_kinds) if k == kind],
+                            self.pool, self.block_size, meta)
+                 for kind, part in GROUP_PARTS.items()}
+        #: The part serving the attention groups, and the one serving the state groups.
+        self.attention, self.state = parts[ATTENTION], parts[STATE]
+        self._part_of = tuple(parts[kind] for kind in self.group_kinds)
+
+
+    def clone(self, *, alpha: float | None = None) -> HybridPrefixCache:
+        """An independent copy between requests (for what-if replays).
+
+        Args:
+            alpha: set the copy's ``flop`` eviction weight.
+        """
+        other = HybridPrefixCache.__new__(HybridPrefixCache)
+        other.__dict__.update(self.__dict__)
+        other.eviction = self.eviction.clone()
+        if alpha is not None:
+            other.eviction.alpha = alpha
+        other.pool = self.pool.clone(other.eviction)
+        other._bind_future()
+        other._wire()
+        return other
+
+    def switch(self, *, admission: AdmissionPolicy | None = None,
+               eviction: EvictionPolicy | None = None,
+               held: Sequence[Container] | None = None) -> None:
+        """Use another admission and/or eviction policy from the next request on.
+
+        An admission policy decides per request, so it simply takes over. A new
+        eviction policy (a fresh object) receives the current free cached
+        blocks with the times and values they were freed with
+        (:meth:`BlockPool.switch <vllm_admission.core.cache.block_pool.BlockPool.switch>`);
+        no block changes hands, so nothing can leak.
+
+        Args:
+            admission, eviction: the new policies (``None``: keep the current one).
+            held: per KV cache group, the prompt block hashes a cache that had
+                run the new pair all along holds (:meth:`held_keys` of
+                ``auto``'s shadow); free cached blocks whose hash is not among
+                them, and blocks of generated tokens, go to the new eviction
+                policy first (``FreeBlocks.switch``'s ``demote``). Needs ``eviction``.
+
+        Raises:
+            RuntimeError: the cache was not built ``switchable``.
+            ValueError: ``eviction`` needs future knowledge, or values the cache
+                does not compute (build it with ``track_values``); ``held``
+                without ``eviction``.
+        """
+        if not self.pool.free_blocks.switchable:
+            raise RuntimeError("this cache was not built switchable")
+        if held is not None and eviction is None:
+            raise ValueError("held keys need a new eviction policy to hand the candidates to")
+        if admission is not None:
+            self.admission = admission
+        if eviction is not None:
+            if eviction.needs_future:
+                raise ValueError(f"cannot switch to {eviction.name!r}: it needs future knowledge")
+            if eviction.needs_values and not self._needs_values:
+                raise ValueError(f"cannot switch to {eviction.name!r}: this cache does not "
+                                 f"compute block values (build it with track_values)")
+            demote = None
+            if held is not None:
+                keys, groups = self.pool.key, self.pool.group
+
+                def demote(b: int) -> bool:
+                    return keys[b] not in held[groups[b]]
+            self.pool.switch(eviction, demote)
+            self.eviction = eviction
+            self._wire()
+
+    def held_keys(self) -> tuple[frozenset, ...]:
+        """Per KV cache group, the hashes of the prompt blocks this cache holds
+        (free or in use; blocks of generated tokens, keyed by request, left
+        out): what :meth:`switch` keeps in place when switching to this cache's pair."""
+        return tuple(frozenset(h for h in idx if not _is_output_key(h)) for idx in self.pool.index)
+
+    # -- sizing ----------------------------------------------------------
+    def blocks_needed(self, prompt_len: int, output_len: int) -> int:
+        """Most blocks a request holds at once (:func:`~vllm_admission.core.geometry.blocks_needed`).
+
+        The same in both checkpoint modes: in ``inpass`` mode the states captured
+        inside a step hold blocks of their own, but never more than
+        :meth:`inpass_capture_limit` allows, which is what the pool has left.
+        """
+        return blocks_needed(prompt_len, output_len, block_size=self.block_size,
+                             num_attention_groups=len(self.attn_groups),
+                             num_state_groups=len(self.state_groups))
+
+    def inpass_capture_limit(self, prompt_len: int, output_len: int) -> int:
+        """``inpass`` mode: most states one prefill step of this request captures
+        inside the pass (:func:`~vllm_admission.core.geometry.inpass_capture_limit`:
+        what the pool holds beyond the request's own need). A chunk with more
+        admitted positions ends at the first one past the limit, as in ``split``
+        mode."""
+        return inpass_capture_limit(prompt_len, output_len, num_blocks=self.pool.num_blocks,
+                                    block_size=self.block_size,
+                                    num_attention_groups=len(self.attn_groups),
+                                    num_state_groups=len(self.state_groups))
+
+    def fits(self, prompt_len: int, output_len: int) -> bool:
+        """Whether the request can ever run alone in this pool."""
+        return self.blocks_needed(prompt_len, output_len) <= self.pool.num_blocks - 1
+
+    # -- lookup ----------------------------------------------------------
+    def lookup(self, hashes: Sequence[int], prompt_len: int) -> HitProbe:
+        """Attention-KV hit and hybrid hit of a prompt, without touching anything
+        (``HybridKVCacheCoordinator.find_longest_cache_hit``): the longest run of
+        cached attention blocks, capped at ``prompt_len - 1`` tokens, then the
+        longest prefix within it whose state is cached in every state group."""
+        B = self.block_size
+        kv_blocks = self.attention.longest_hit(hashes, min((prompt_len - 1) // B, len(hashes)))
+        hit_blocks = self.state.longest_hit(hashes, kv_blocks)
+        return HitProbe(prompt_len, B, kv_blocks * B, hit_blocks * B)
+
+    # -- one request -----------------------------------------------------
+    def serve(self, hashes: Sequence[int], prompt_len: int, output_len: int,
+              rid: int, now: float) -> RequestOutcome:
+        """Run one request to completion and return what it hit.
+
+        Args:
+            hashes: chained block hashes of the prompt's full blocks
+                (``prompt_len // block_size`` of them).
+            prompt_len: prompt tokens (>= 1).
+            output_len: tokens generated (>= 1).
+            rid: a request number unique in this run (names output blocks).
+            now: logical time of the request.
+
+        Raises:
+            PoolExhausted: the request does not fit (check :meth:`fits`).
+        """
+        B = self.block_size
+        evictions_before = self.pool.evictions
+        probe = self.lookup(hashes, prompt_len)
+        if probe.junction:
+            self.junctions += 1
+        total = prompt_len + output_len
+        adm = RequestAdmission(self.admission, probe, total_len=total)
+        run = RunningRequest(rid=rid, hashes=hashes, prompt_len=prompt_len, adm=adm,
+                             blocks=[[] for _ in self.group_kinds],
+                             num_cached=probe.state_hit // B, live=[])
+        if run.num_cached:
+            self._touch_hit(run, run.num_cached, now)
+        steps = self._mode.prefill(self, run, probe.state_hit, output_len, now)
+        # Decode: the step computing token t has t + 1 tokens in the request; only
+        # steps next to a block boundary change the cache, so only those run.
+        step = self._step
+        for t in _decode_events(prompt_len, total - 2, B):
+            step(run, t, 1, t + 1, now)
+        self._finish(run, now)
+        return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=probe.state_hit,
+                              kv_hit_tokens=probe.kv_hit, junction=probe.junction,
+                              checkpoints=len(adm.admitted),
+                              evictions=self.pool.evictions - evictions_before,
+                              prefill_steps=steps)
+
+    def _touch_hit(self, run: RunningRequest, hit_blocks: int, now: float) -> None:
+        """Reference the hit's blocks, group by group (``add_local_computed_blocks``)."""
+        for g, part in enumerate(self._part_of):
+            part.touch_hit(run, g, hit_blocks, now)
+        run.live.append(hit_blocks - 1)
+
+    def _step(self, run: RunningRequest, start: int, n: int, num_tokens: int, now: float,
+              captures: Sequence[int] = ()) -> None:
+        """One scheduler step computing tokens ``[start, start + n)`` while the
+        request has ``num_tokens`` tokens, in either checkpoint mode.
+
+        ``MambaManager.remove_skipped_blocks`` (:meth:`StateGroups.retire
+        <vllm_admission.core.cache.groups.StateGroups.retire>`), then
+        ``allocate_new_blocks`` (:meth:`_allocate`), then ``cache_blocks`` of the
+        now-full blocks: every new attention block, then each state block whose
+        position the admission policy admits (:meth:`AttentionGroups.cache_full
+        <vllm_admission.core.cache.groups.AttentionGroups.cache_full>`,
+        :meth:`StateGroups.cache_full <vllm_admission.core.cache.groups.StateGroups.cache_full>`).
+        Each runs only when it has work.
+        ``captures``: ascending block-aligned positions inside ``(start, start +
+        n)`` whose states the pass copies into state blocks of their own
+        (``inpass`` mode, and ``split`` mode's prompt-end export).
+        """
+        B = self.block_size
+        live = run.live
+        if start > 0 and live and live[0] < (start - 1) // B:
+            self.state.retire(run, (start - 1) // B, now)
+        end = start + n
+        need = -(-end // B)
+        tables = run.blocks
+        if (captures or need > len(tables[self.attn_groups[0]])
+                or need > len(tables[self.state_groups[0]])):
+            self._allocate(run, need, now, [p // B - 1 for p in captures] if captures else ())
+        written = run.written
+        if written is not None:
+            written.update(p // B - 1 for p in captures)
+            if end % B == 0:
+                written.add(end // B - 1)
+        full = (end if end < num_tokens else num_tokens) // B
+        if full > run.num_cached:
+            nc, run.num_cached = run.num_cached, full
+            self.attention.cache_full(run, nc, full)
+            self.checkpoints += self.state.cache_full(run, nc, full)
+
+    def _allocate(self, run: RunningRequest, need: int, now: float,
+                  captures: Sequence[int] = ()) -> None:
+        """``allocate_new_blocks``: every attention group grows to ``need`` blocks,
+        every state group gets one new block at index ``need - 1`` (if it has
+        none there yet) and one at each ascending index in ``captures`` it has
+        none at (NULL before them). One pool call for all groups, attention
+        groups first: which group gets which popped block changes neither hits
+        nor the eviction order. Attention groups all hold the same number of
+        blocks, and state groups hold theirs at the same indexes
+        (:class:`~vllm_admission.core.cache.groups.RunningRequest`)."""
+        tables = run.blocks
+        attn_groups, state_groups = self.attn_groups, self.state_groups
+        grow = need - len(tables[attn_groups[0]])
+        if grow < 0:
+            grow = 0
+        have = len(tables[state_groups[0]])
+        if captures:
+            indexes = [i for i in captures if i >= have]
+            if need - 1 >= have and (not indexes or indexes[-1] != need - 1):
+                indexes.append(need - 1)
+        else:
+            indexes = [need - 1] if need > have else ()
+        total = grow * len(attn_groups) + len(indexes) * len(state_groups)
+        if not total:
+            return
+        new = self.pool.allocate(total, now)
+        k = 0
+        if grow:
+            for g in attn_groups:
+                tables[g] += new[k:k + grow]
+                k += grow
+        if indexes:
+            for g in state_groups:
+                table = tables[g]
+                for i in indexes:
+                    if i > len(table):
+                        table += [NULL] * (i - len(table))
+                    table.append(new[k])
+                    k += 1
+            run.live.extend(indexes)
+
+    def _prefill_blockwise(self, run: RunningRequest, first: int, last: int, now: float) -> None:
+        """The prefill steps of a policy that stops at every block boundary
+        (``dense``, ``split`` mode) before the prompt checkpoint: step ``i``
+        computes block ``i`` alone, for ``first <= i < last``.
+
+        :meth:`_step` written out for that case, the pool called the same way in
+        the same order (``dense`` runs one step per block, and the general path
+        costs it a third more time): retire the state before block ``i - 1``
+        (:meth:`StateGroups.retire <vllm_admission.core.cache.groups.StateGroups.retire>`),
+        allocate block ``i`` in every group (:meth:`_allocate`'s one pool call,
+        attention groups first), cache the attention blocks and, where admitted,
+        the state."""
+        pool = self.pool
+        tables, live, hashes = run.blocks, run.live, run.hashes
+        attn_groups, state = self.attention.groups, self.state
+        order = attn_groups + state.groups  # the groups in allocation order
+        for i in range(first, last):
+            if live and live[0] < i - 1:
+                state.retire(run, i - 1, now)
+            for g, b in zip(order, pool.allocate(len(order), now)):
+                tables[g].append(b)
+            live.append(i)
+            run.num_cached = i + 1
+            h = hashes[i]
+            for g in attn_groups:
+                pool.cache(tables[g][i], (g, h))
+            self.checkpoints += state.cache_at(run, i)
+
+    def _finish(self, run: RunningRequest, now: float) -> None:
+        """Free every block: group after group in vLLM's order, each group's
+        latest first (``SingleTypeKVCacheManager.free``)."""
+        self.pool.free_each([part.release(run, g) for g, part in enumerate(self._part_of)], now)
+        run.blocks = [[] for _ in run.blocks]
+        run.live = []
