@@ -47,7 +47,7 @@ import sys
 from collections.abc import Sequence
 
 from vllm_admission.plugin.config import ENV_VARS, AdmissionConfig, AdmissionConfigError
-from vllm_admission.plugin.metrics import (
+from vllm_admission.plugin.snapshots import (
     ENV_METRICS_DIR,
     default_metrics_dir,
     remove_snapshot_dir,

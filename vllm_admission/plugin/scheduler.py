@@ -49,7 +49,12 @@ from vllm_admission.core.eviction import (
     EVICTION_POLICIES,
     eviction_class,
 )
-from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout, inpass_capture_limit
+from vllm_admission.core.geometry import (
+    ATTENTION,
+    STATE,
+    CacheLayout,
+    inpass_capture_limit,
+)
 from vllm_admission.plugin import inpass, vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import AdmissionControl
@@ -59,7 +64,7 @@ from vllm_admission.plugin.kv_cache import (
     smallest_cacheable_prefix,
 )
 from vllm_admission.plugin.logs import ensure_log_output
-from vllm_admission.plugin.metrics import StatsPublisher
+from vllm_admission.plugin.snapshots import StatsPublisher
 from vllm_admission.plugin.stats import AdmissionStats
 
 __all__ = ["AdmissionScheduler", "AsyncAdmissionScheduler", "admission_stats"]
