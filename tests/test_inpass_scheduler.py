@@ -35,7 +35,7 @@ POLICIES = list(ADMISSION_POLICIES)
 
 @pytest.fixture(scope="module")
 def vllm_config(tmp_path_factory):
-    from vllm_admission.plugin.testing import make_vllm_config, write_config_only_model
+    from vllm_admission.testing import make_vllm_config, write_config_only_model
 
     model_dir = write_config_only_model(tmp_path_factory.mktemp("tiny_config"))
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192, max_num_batched_tokens=CHUNK)
@@ -46,7 +46,7 @@ def vllm_config(tmp_path_factory):
 
 def build(vllm_config, monkeypatch, policy, *, blocks=160, checkpoint="inpass"):
     from vllm_admission.plugin.scheduler import AdmissionScheduler
-    from vllm_admission.plugin.testing import (
+    from vllm_admission.testing import (
         FakeEngine,
         make_kv_cache_config,
         make_scheduler,

@@ -1,6 +1,6 @@
 """AdmissionScheduler inside vLLM's real scheduler, driven without a model.
 
-``vllm_admission.plugin.testing.FakeEngine`` runs vLLM 0.32's ``Scheduler``
+``vllm_admission.testing.FakeEngine`` runs vLLM 0.32's ``Scheduler``
 (``schedule()`` + ``update_from_output()``) with made-up model outputs, on a
 hand-built hybrid KV cache layout identical to the tiny Qwen3-Next engine's
 (block size 128, group 0 = GDN state, group 1 = full attention, 128 KiB per
@@ -519,7 +519,7 @@ def test_start_up_names_the_smallest_cacheable_prefix(vllm_config, monkeypatch, 
 
 
 def test_start_up_warns_when_short_prompts_can_never_hit(model_dir, monkeypatch, caplog):
-    from vllm_admission.plugin.testing import make_vllm_config
+    from vllm_admission.testing import make_vllm_config
 
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=4 * B,
                            max_num_batched_tokens=CHUNK)
@@ -535,7 +535,7 @@ def connector_config(model_dir, tmp_path_factory):
     (vLLM's ``DecodeBenchConnector``; any connector makes the scheduler build one)."""
     from vllm.config import KVTransferConfig
 
-    from vllm_admission.plugin.testing import make_vllm_config
+    from vllm_admission.testing import make_vllm_config
 
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192,
                            max_num_batched_tokens=CHUNK)

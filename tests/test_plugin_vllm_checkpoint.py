@@ -42,14 +42,14 @@ EXPORT = B
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from vllm_admission.plugin.testing import write_config_only_model
+    from vllm_admission.testing import write_config_only_model
 
     return write_config_only_model(tmp_path_factory.mktemp("tiny_config_export"))
 
 
 @pytest.fixture(scope="module")
 def vllm_config(model_dir):
-    from vllm_admission.plugin.testing import make_vllm_config
+    from vllm_admission.testing import make_vllm_config
 
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192,
                            max_num_batched_tokens=CHUNK)
@@ -70,7 +70,7 @@ def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None
     from test_plugin_scheduler import _BUILT
 
     from vllm_admission.plugin.scheduler import AdmissionScheduler
-    from vllm_admission.plugin.testing import FakeEngine, make_kv_cache_config, make_scheduler
+    from vllm_admission.testing import FakeEngine, make_kv_cache_config, make_scheduler
 
     monkeypatch.setenv("VLLM_ADMISSION_POLICY", policy)
     monkeypatch.setenv("VLLM_ADMISSION_EVICTION", eviction)
@@ -130,7 +130,7 @@ def test_the_spec_is_the_one_vllm_builds_for_qwen_gdn_on_flashinfer(vllm_config)
     vLLM 0.33 the FlashInfer kernel's alignment divides the grid the spec carries."""
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    from vllm_admission.plugin.testing import make_kv_cache_config
+    from vllm_admission.testing import make_kv_cache_config
 
     kv = make_kv_cache_config(vllm_config, 40, prefill_checkpoint_alignment=EXPORT)
     spec = kv.kv_cache_groups[0].kv_cache_spec

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vllm_admission.plugin.vllm_hooks import inprocess_scheduler
+
 if TYPE_CHECKING:  # pragma: no cover
     import vllm
 
@@ -239,29 +241,6 @@ def shutdown_llm(llm: vllm.LLM) -> None:
     llm.llm_engine.engine_core.shutdown()
 
 
-def inprocess_scheduler(llm: vllm.LLM) -> Any:
-    """The live ``vllm.v1.core.sched.scheduler.Scheduler`` (or subclass) of ``llm``.
-
-    Path: ``llm.llm_engine.engine_core`` is an ``InprocClient`` when the engine
-    core runs in this process; its ``.engine_core`` is the ``EngineCore`` whose
-    ``.scheduler`` holds ``kv_cache_manager`` -> ``coordinator`` /
-    ``block_pool``.
-
-    Raises:
-        RuntimeError: if the engine core runs in another process
-            (``VLLM_ENABLE_V1_MULTIPROCESSING=1``).
-    """
-    client = llm.llm_engine.engine_core
-    core = getattr(client, "engine_core", None)
-    scheduler = getattr(core, "scheduler", None)
-    if scheduler is None:
-        raise RuntimeError(
-            "the engine core runs in another process; build the engine with "
-            "VLLM_ENABLE_V1_MULTIPROCESSING=0 to inspect its scheduler"
-        )
-    return scheduler
-
-
 class PrefillStepCounter:
     """Counts, per request, the engine steps that scheduled prompt tokens for it.
 
@@ -284,7 +263,7 @@ class PrefillStepCounter:
     Args:
         target: a ``vllm.LLM`` whose engine core runs in this process, or a
             vLLM 0.32 ``Scheduler`` itself (e.g. one driven without a model
-            by :class:`vllm_admission.plugin.testing.FakeEngine`).
+            by :class:`vllm_admission.testing.FakeEngine`).
 
     Raises:
         RuntimeError: the engine core runs in another process

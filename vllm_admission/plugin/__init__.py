@@ -10,7 +10,7 @@
 * :mod:`~vllm_admission.plugin.metrics`: the counters on the server's ``/metrics``;
 * :mod:`~vllm_admission.plugin.config`: the ``VLLM_ADMISSION_*`` settings (no vLLM import);
 * :mod:`~vllm_admission.plugin.register`: the ``vllm.general_plugins`` entry point;
-* :mod:`~vllm_admission.plugin.testing`: a supported harness that drives vLLM's scheduler
+* :mod:`~vllm_admission.testing`: a supported harness that drives vLLM's scheduler
   without a model (the fast tests and the overhead benchmark use it).
 
 See ``docs/plugin.md``.

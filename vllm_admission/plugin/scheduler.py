@@ -620,9 +620,7 @@ def admission_stats(llm: Any) -> AdmissionStats:
             (``VLLM_ENABLE_V1_MULTIPROCESSING=1``), or its scheduler is not an
             :class:`AdmissionScheduler`.
     """
-    from vllm_admission.engine.llm import inprocess_scheduler
-
-    scheduler = inprocess_scheduler(llm)
+    scheduler = vllm_hooks.inprocess_scheduler(llm)
     if not isinstance(scheduler, AdmissionScheduler):
         raise RuntimeError(f"the engine's scheduler is {type(scheduler).__name__}, "
                            f"not AdmissionScheduler")

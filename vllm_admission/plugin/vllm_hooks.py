@@ -42,6 +42,7 @@ __all__ = [
     "UnsupportedVllmError",
     "bind_chunk_split",
     "cached_blocks",
+    "inprocess_scheduler",
     "check_version",
     "install",
     "missing_members",
@@ -368,6 +369,29 @@ def register_env_vars(names: Sequence[str], getter: Callable[[], Any]) -> None:
 
     for name in names:
         envs.environment_variables.setdefault(name, getter)
+
+
+def inprocess_scheduler(llm: Any) -> Any:
+    """The live ``vllm.v1.core.sched.scheduler.Scheduler`` (or subclass) of a ``vllm.LLM``.
+
+    Path: ``llm.llm_engine.engine_core`` is an ``InprocClient`` when the engine
+    core runs in this process; its ``.engine_core`` is the ``EngineCore`` whose
+    ``.scheduler`` holds ``kv_cache_manager`` -> ``coordinator`` /
+    ``block_pool``.
+
+    Raises:
+        RuntimeError: if the engine core runs in another process
+            (``VLLM_ENABLE_V1_MULTIPROCESSING=1``).
+    """
+    client = llm.llm_engine.engine_core
+    core = getattr(client, "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    if scheduler is None:
+        raise RuntimeError(
+            "the engine core runs in another process; build the engine with "
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0 to inspect its scheduler"
+        )
+    return scheduler
 
 
 def cached_blocks(block_pool: Any) -> Iterator[tuple[Any, Any]]:
