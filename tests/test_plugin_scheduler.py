@@ -462,12 +462,12 @@ def test_auto_leaves_reuse_out_where_blocks_get_hashes_elsewhere(vllm_config, mo
     real = plugin_scheduler.AdmissionControl
 
     def spy(**kwargs):
-        seen.append(kwargs["adaptive"])
+        seen.append(kwargs["plan"].evictions)
         return real(**kwargs)
 
     monkeypatch.setattr(plugin_scheduler, "AdmissionControl", spy)
     engine = build(vllm_config, monkeypatch, policy="vllm", eviction="auto")
-    assert "reuse" in seen[-1][1]
+    assert "reuse" in seen[-1]
     engine.scheduler.shutdown()
     monkeypatch.setattr(plugin_scheduler.AdmissionScheduler, "_admission_key_problems",
                         lambda self: ["partial hash hits"])
@@ -480,7 +480,7 @@ def test_auto_leaves_reuse_out_where_blocks_get_hashes_elsewhere(vllm_config, mo
         engine = build(vllm_config, monkeypatch, policy="vllm", eviction="auto")
     finally:
         logger.removeHandler(caplog.handler)
-    assert set(seen[-1][1]) == set(AUTO_EVICTIONS) - {"reuse"}
+    assert set(seen[-1]) == set(AUTO_EVICTIONS) - {"reuse"}
     assert any("leaves out reuse" in r.getMessage() and "partial hash hits" in r.getMessage()
                for r in caplog.records)
     engine.scheduler.shutdown()

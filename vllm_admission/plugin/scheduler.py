@@ -41,7 +41,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import MambaSpec
 
-from vllm_admission.core.adaptive import AUTO, PolicyController, candidate_policies
+from vllm_admission.core.adaptive import AUTO, candidate_policies
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES
 from vllm_admission.core.eviction import (
@@ -55,6 +55,7 @@ from vllm_admission.core.geometry import (
     CacheLayout,
     inpass_capture_limit,
 )
+from vllm_admission.core.run import RunPlan
 from vllm_admission.plugin import inpass, vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import AdmissionControl
@@ -137,6 +138,37 @@ class AdmissionScheduler(Scheduler):
             self._admission_publish(idle=True)
             return
         geometry = self._admission_geometry(config)
+        plan = self._admission_plan(config, geometry)
+        prefill_flops = (self._admission_costs(config.eviction).prefill_flops
+                         if plan.needs_flops else None)
+        control = AdmissionControl(plan=plan, geometry=geometry, prefill_flops=prefill_flops,
+                                   tune_multiplier=config.tune_multiplier,
+                                   tune_grid=config.tune_grid,
+                                   auto_interval=config.auto_interval)
+        self._admission_pending_pair = None
+        self._admission_inpass: dict[str, tuple[int, list[int]]] | None = None
+        if config.checkpoint == "inpass":
+            self._admission_setup_inpass()
+        vllm_hooks.install(self.kv_cache_manager, control)
+        self._admission = control
+        if self._admission_inpass is not None:
+            inpass.bind_inpass_managers(self._admission_state_managers(), self._admission_inpass)
+        self._admission_bind_split()
+        self._admission_last_log = time.monotonic()
+        logger.info("vllm_admission: AdmissionScheduler active: %s; block_size=%d, groups=%s, "
+                    "pool=%d blocks", config.describe(), geometry.block_size,
+                    ",".join(geometry.group_kinds), geometry.num_blocks)
+        self._admission_log_smallest_prefix(geometry)
+        self._admission_publish(idle=True)
+
+    def _admission_plan(self, config: AdmissionConfig, geometry: CacheLayout) -> RunPlan:
+        """The run's policy decisions (the core's :class:`RunPlan`) for ``config`` on
+        this engine: ``auto``'s candidates less those the engine cannot run (one
+        warning each side), a fixed pair when one is left under a KV connector.
+
+        Raises:
+            AdmissionConfigError: a setting this engine cannot run (one line).
+        """
         adaptive = AUTO in (config.policy, config.eviction)
         admissions, evictions = candidate_policies(config.policy, config.eviction)
         if config.policy == AUTO:
@@ -165,41 +197,18 @@ class AdmissionScheduler(Scheduler):
             logger.warning("vllm_admission: auto has one runnable pair here, %s+%s; it runs as a "
                            "fixed pair", admissions[0], evictions[0])
             adaptive = False
-        start = PolicyController.default_start(admissions, evictions, geometry.checkpoint)
-        prefill_flops = None
-        if adaptive or any(not eviction_class(e).vllm_order for e in evictions):
-            if self.connector is not None:
-                # KV connectors (offloading) walk vLLM's free queue every step;
-                # auto's free queue is the plugin's even while it serves lru.
-                setting = (f"VLLM_ADMISSION_POLICY={AUTO}" if adaptive and config.policy == AUTO
-                           else f"VLLM_ADMISSION_EVICTION={config.eviction}")
-                raise AdmissionConfigError(
-                    f"{setting} cannot run with a KV connector "
-                    f"(valid here: {', '.join(n for n, c in EVICTION_POLICIES.items() if c.vllm_order)})")
-        eviction = eviction_class(start.eviction)
-        if adaptive or eviction.needs_values or (eviction.tunable and config.alpha is None):
-            prefill_flops = self._admission_costs(config.eviction).prefill_flops
-        control = AdmissionControl(policy=start.admission, eviction=start.eviction,
-                                   geometry=geometry, prefill_flops=prefill_flops,
-                                   alpha=config.alpha, tune_multiplier=config.tune_multiplier,
-                                   tune_grid=config.tune_grid,
-                                   adaptive=(admissions, evictions) if adaptive else None,
-                                   auto_interval=config.auto_interval)
-        self._admission_pending_pair = None
-        self._admission_inpass: dict[str, tuple[int, list[int]]] | None = None
-        if config.checkpoint == "inpass":
-            self._admission_setup_inpass()
-        vllm_hooks.install(self.kv_cache_manager, control)
-        self._admission = control
-        if self._admission_inpass is not None:
-            inpass.bind_inpass_managers(self._admission_state_managers(), self._admission_inpass)
-        self._admission_bind_split()
-        self._admission_last_log = time.monotonic()
-        logger.info("vllm_admission: AdmissionScheduler active: %s; block_size=%d, groups=%s, "
-                    "pool=%d blocks", config.describe(), geometry.block_size,
-                    ",".join(geometry.group_kinds), geometry.num_blocks)
-        self._admission_log_smallest_prefix(geometry)
-        self._admission_publish(idle=True)
+        plan = RunPlan.of(admissions, evictions, adaptive=adaptive, alpha=config.alpha,
+                          checkpoint=geometry.checkpoint)
+        if self.connector is not None and (adaptive or any(not eviction_class(e).vllm_order
+                                                           for e in evictions)):
+            # KV connectors (offloading) walk vLLM's free queue every step;
+            # auto's free queue is the plugin's even while it serves lru.
+            setting = (f"VLLM_ADMISSION_POLICY={AUTO}" if adaptive and config.policy == AUTO
+                       else f"VLLM_ADMISSION_EVICTION={config.eviction}")
+            raise AdmissionConfigError(
+                f"{setting} cannot run with a KV connector "
+                f"(valid here: {', '.join(n for n, c in EVICTION_POLICIES.items() if c.vllm_order)})")
+        return plan
 
     def _admission_publish(self, *, idle: bool) -> None:
         """Write the metrics snapshot if one is due (always when ``idle``)."""
