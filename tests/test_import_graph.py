@@ -146,3 +146,53 @@ def test_every_module_imports(module):
             ("fidelity.run", "cli.replay")):
         pytest.importorskip("vllm")
     importlib.import_module(module)
+
+
+# ------------------------------------------------------------ where vLLM objects change
+#: Attribute stores on objects other than ``self`` / ``cls`` that plugin modules besides
+#: ``vllm_hooks.py`` may make: ``(module file, the stored target as written)``. None changes
+#: a vLLM class or module: every such change is made (or installed) by ``vllm_hooks.py``.
+ALLOWED_STORES = {
+    ("control.py", "track.tails"),                 # the plugin's own per-request record
+    ("control.py", "self.eviction_policy.alpha"),  # a core policy object
+    ("free_queue.py", "b.prev_free_block"),        # the free queue's own links (vLLM's
+    ("free_queue.py", "b.next_free_block"),        # FreeKVCacheBlockQueue contract)
+    ("logs.py", "logger.propagate"),               # the plugin's own logger
+    # engine/llm.py: a mark on the wrapper wrap_schedule installed (the counter's own function)
+    ("llm.py", "scheduler.schedule._prefill_step_counter"),
+}
+#: Modules that are no part of a running engine: the harness for vLLM's own test suite.
+NOT_ENGINE = {"peer_swap.py"}
+
+
+def attribute_stores(path: Path) -> set[tuple[str, str]]:
+    """``(file name, target)`` of every attribute store and ``setattr`` on a name other
+    than ``self`` / ``cls`` in ``path``."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for target in targets:
+            for x in ast.walk(target):
+                if (isinstance(x, ast.Attribute) and isinstance(x.ctx, ast.Store)
+                        and not (isinstance(x.value, ast.Name) and x.value.id in ("self", "cls"))):
+                    out.add((path.name, ast.unparse(x)))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("setattr", "delattr"):
+            out.add((path.name, ast.unparse(node)))
+    return out
+
+
+def test_vllm_objects_change_only_in_vllm_hooks():
+    """docs/plugin.md "How it works": every change to a vLLM object lives in (or is
+    installed by) ``plugin/vllm_hooks.py``, where ``PRIVATE_MEMBERS`` lists it."""
+    stores = set()
+    for path in sorted((ROOT / "plugin").rglob("*.py")):
+        if path.name not in {"vllm_hooks.py", *NOT_ENGINE}:
+            stores |= attribute_stores(path)
+    for path in (ROOT / "engine").rglob("*.py"):
+        stores |= {s for s in attribute_stores(path) if "schedule" in s[1] or "scheduler" in s[1]}
+    assert stores <= ALLOWED_STORES, sorted(stores - ALLOWED_STORES)

@@ -333,6 +333,30 @@ def test_every_private_vllm_member_the_plugin_relies_on_exists():
     assert vllm_hooks.override_mismatches() == []
 
 
+def test_every_instance_member_the_plugin_relies_on_exists(vllm_config, monkeypatch):
+    """The instance attributes of ``PRIVATE_MEMBERS`` (``missing_members`` checks class
+    members only), on a live scheduler in ``inpass`` mode (every hook installed)."""
+    import vllm.envs
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    from vllm_admission.plugin import vllm_hooks
+
+    engine = build(vllm_config, monkeypatch, policy="dense", eviction="flop", alpha=0.0,
+                   checkpoint="inpass")
+    coordinator = engine.scheduler.kv_cache_manager.coordinator
+    present = {
+        "HybridKVCacheCoordinator.single_type_managers": coordinator.single_type_managers,
+        "BlockPool.free_block_queue": coordinator.block_pool.free_block_queue,
+        "BlockHashToBlockMap._cache": coordinator.block_pool.cached_block_hash_to_block._cache,
+        "environment_variables": vllm.envs.environment_variables,
+        "MambaManager.req_to_blocks": [m.req_to_blocks for m in coordinator.single_type_managers
+                                       if isinstance(m, MambaManager)],
+    }
+    engine_side = {"LLMEngine.engine_core", "InprocClient.engine_core", "EngineCore.scheduler"}
+    assert set(present) | engine_side == set(vllm_hooks._INSTANCE_ATTRIBUTES)  # noqa: SLF001
+    assert all(v is not None for v in present.values()) and present["MambaManager.req_to_blocks"]
+
+
 def test_an_override_that_cannot_take_vllms_arguments_is_reported(monkeypatch):
     """The 0.33 failure of issue 21: an override taking only ``request`` where vLLM passes
     ``(request, max_cache_hit_length)``; and one requiring what vLLM never passes."""

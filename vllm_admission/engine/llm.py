@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllm_admission.plugin.vllm_hooks import inprocess_scheduler
+from vllm_admission.plugin.vllm_hooks import inprocess_scheduler, wrap_schedule
 
 if TYPE_CHECKING:  # pragma: no cover
     import vllm
@@ -245,7 +245,8 @@ class PrefillStepCounter:
     """Counts, per request, the engine steps that scheduled prompt tokens for it.
 
     Observes the live scheduler of an in-process engine core: while the
-    counter is open, the scheduler's ``schedule`` is wrapped (an instance
+    counter is open, the scheduler's ``schedule`` is wrapped
+    (:func:`vllm_admission.plugin.vllm_hooks.wrap_schedule`: an instance
     attribute shadowing the class method, which ``EngineCore.step`` calls).
     After each ``schedule()`` call, every request in the step's
     ``SchedulerOutput.num_scheduled_tokens`` whose computed tokens *before*
@@ -277,21 +278,17 @@ class PrefillStepCounter:
             raise RuntimeError("this scheduler already has a PrefillStepCounter open")
         #: engine request id -> prefill steps seen so far.
         self.counts: dict[str, int] = {}
-        self._scheduler = scheduler
-        self._had_own = "schedule" in scheduler.__dict__
-        self._original = scheduler.schedule
-        original, requests, counts = self._original, scheduler.requests, self.counts
+        requests, counts = scheduler.requests, self.counts
 
-        def schedule(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
+        def count(out: Any) -> None:
             for rid, n in out.num_scheduled_tokens.items():
                 req = requests.get(rid)
                 if req is not None and n > 0 and req.num_computed_tokens - n < req.num_prompt_tokens:
                     counts[rid] = counts.get(rid, 0) + 1
-            return out
 
-        schedule._prefill_step_counter = self  # type: ignore[attr-defined]
-        scheduler.schedule = schedule
+        self._scheduler = scheduler
+        self._undo = wrap_schedule(scheduler, count)
+        scheduler.schedule._prefill_step_counter = self  # type: ignore[attr-defined]
 
     def take(self, request_id: str) -> int:
         """Prefill steps counted for engine request ``request_id`` (0 if none), forgotten after."""
@@ -305,13 +302,9 @@ class PrefillStepCounter:
 
     def close(self) -> None:
         """Restore the scheduler's own ``schedule``. Idempotent."""
-        scheduler = self._scheduler
-        if scheduler is None:
+        if self._scheduler is None:
             return
-        if self._had_own:
-            scheduler.schedule = self._original
-        else:
-            scheduler.__dict__.pop("schedule", None)
+        self._undo()
         self._scheduler = None
 
     def __enter__(self) -> PrefillStepCounter:

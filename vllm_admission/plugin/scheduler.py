@@ -152,7 +152,8 @@ class AdmissionScheduler(Scheduler):
         vllm_hooks.install(self.kv_cache_manager, control)
         self._admission = control
         if self._admission_inpass is not None:
-            inpass.bind_inpass_managers(self._admission_state_managers(), self._admission_inpass)
+            vllm_hooks.bind_inpass_managers(self._admission_state_managers(),
+                                            self._admission_inpass)
         self._admission_bind_split()
         self._admission_last_log = time.monotonic()
         logger.info("vllm_admission: AdmissionScheduler active: %s; block_size=%d, groups=%s, "
@@ -261,7 +262,7 @@ class AdmissionScheduler(Scheduler):
             raise AdmissionConfigError(
                 f"VLLM_ADMISSION_CHECKPOINT=inpass cannot run with {'; '.join(problems)} "
                 f"(valid here: split; valid values: {', '.join(CHECKPOINT_MODES)})")
-        inpass.install_runner_hooks()
+        vllm_hooks.install_inpass_runner()
         self._admission_inpass = {}
 
     def _admission_state_managers(self) -> list[Any]:
@@ -496,7 +497,7 @@ class AdmissionScheduler(Scheduler):
         ctl = self._admission
         plan = getattr(self, "_admission_inpass", None)
         if plan is not None:
-            setattr(scheduler_output, inpass.INPASS_ATTR, inpass.step_checkpoints(
+            vllm_hooks.attach_step_checkpoints(scheduler_output, inpass.step_checkpoints(
                 self._admission_state_managers(), self.requests,
                 scheduler_output.num_scheduled_tokens, plan))
         if ctl is not None:
