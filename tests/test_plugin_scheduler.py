@@ -32,6 +32,7 @@ from scheduler_harness import (  # noqa: E402,F401 - fixtures are used by name
     POLICIES,
     EVICTION_CASES,
     _finish_tuners,
+    async_config,
     build,
     costs,
     free_equals_usable,
@@ -245,6 +246,34 @@ def test_bad_environment_values_give_one_line(vllm_config, monkeypatch):
         msg = str(info.value)
         assert "\n" not in msg and var in msg and valid in msg
         monkeypatch.delenv(var)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_settings_given_as_an_object_win_over_the_environment(vllm_config, async_config,
+                                                               monkeypatch, asynchronous):
+    """``AdmissionScheduler.configured(config)`` (what ``build_llm`` passes to an in-process
+    engine core): the scheduler runs with the object and reads no ``VLLM_ADMISSION_*``
+    variable; the async variant vLLM's async scheduling picks keeps it."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from vllm_admission.plugin.config import AdmissionConfig
+    from vllm_admission.plugin.scheduler import AdmissionScheduler
+    from vllm_admission.testing import make_kv_cache_config, make_scheduler
+
+    cfg = async_config if asynchronous else vllm_config
+    monkeypatch.setenv("VLLM_ADMISSION_POLICY", "bogus")       # would refuse to start
+    config = AdmissionConfig(policy="marconi", eviction="flop", alpha=0.25, log_interval=0)
+    cls = AdmissionScheduler.configured(config)
+    sched = make_scheduler(cls, cfg, make_kv_cache_config(cfg, 80))
+    try:
+        assert sched.admission_config is config
+        assert isinstance(sched, AsyncScheduler) is asynchronous
+        assert type(sched).__name__ == ("AsyncAdmissionScheduler" if asynchronous
+                                        else "AdmissionScheduler")
+        stats = sched.stats()
+        assert (stats.admission, stats.eviction, stats.alpha) == ("marconi", "flop", 0.25)
+    finally:
+        sched.shutdown()
 
 
 def test_model_without_recurrent_layers_runs_stock(vllm_config, monkeypatch, caplog):

@@ -67,10 +67,14 @@ class EngineSettings:
             this length fits in the pool (see ``docs/engine-facts.md``).
         scheduler_cls: qualified name of a scheduler class, e.g.
             ``"vllm_admission.AdmissionScheduler"`` (``None``: stock vLLM).
-        env: extra environment variables (e.g. policy selection) set in
-            ``os.environ`` before the engine starts; they override both the
-            caller's environment and :data:`DEFAULT_ENV`. A value of ``None``
-            removes the variable from ``os.environ`` instead.
+        env: extra environment variables; they override both the caller's
+            environment and :data:`DEFAULT_ENV`, and a value of ``None``
+            removes one. vLLM's own (``VLLM_CPU_KVCACHE_SPACE``,
+            ``VLLM_PLUGINS``, ...) are set in ``os.environ`` before the engine
+            starts. The plugin's (``VLLM_ADMISSION_*``, e.g. the policy pair)
+            are read into an ``AdmissionConfig`` that the in-process scheduler
+            gets as an object; only for an engine core in its own process are
+            they set in ``os.environ`` (see :func:`build_llm`).
         seed: engine seed.
         gpu_memory_utilization: fraction of memory vLLM may plan with (on the
             CPU backend it also bounds host memory); 0.5 works on this project's
@@ -109,14 +113,64 @@ class EngineSettings:
 # ---------------------------------------------------------------- engine build
 
 
-def _apply_env(settings: EngineSettings) -> None:
-    for key, value in DEFAULT_ENV.items():
-        os.environ.setdefault(key, value)
-    for key, value in settings.env.items():
+#: Prefix of the plugin's own variables (:mod:`vllm_admission.plugin.config`).
+PLUGIN_PREFIX = "VLLM_ADMISSION_"
+
+
+def _set_env(items: Any) -> None:
+    for key, value in items:
         if value is None:
             os.environ.pop(str(key), None)
         else:
             os.environ[str(key)] = str(value)
+
+
+def _apply_env(settings: EngineSettings) -> dict[str, str]:
+    """Put vLLM's own variables of ``settings.env`` (and :data:`DEFAULT_ENV`) into
+    ``os.environ``, where vLLM reads them; return the environment the plugin's
+    settings are read from: ``os.environ`` with ``settings.env``'s plugin
+    variables applied (``None`` removes one), ``os.environ`` itself untouched."""
+    for key, value in DEFAULT_ENV.items():
+        os.environ.setdefault(key, value)
+    _set_env((k, v) for k, v in settings.env.items() if not str(k).startswith(PLUGIN_PREFIX))
+    merged = dict(os.environ)
+    for key, value in settings.env.items():
+        if str(key).startswith(PLUGIN_PREFIX):
+            if value is None:
+                merged.pop(str(key), None)
+            else:
+                merged[str(key)] = str(value)
+    return merged
+
+
+def _scheduler_cls(settings: EngineSettings, environ: dict[str, str]) -> Any:
+    """What ``scheduler_cls`` vLLM gets, and where the plugin's settings go.
+
+    The plugin's variables are read here, once (an invalid one raises
+    ``AdmissionConfigError`` before the engine starts). With the engine core in
+    this process the ``AdmissionScheduler`` gets them as an ``AdmissionConfig``
+    (:meth:`AdmissionScheduler.configured
+    <vllm_admission.plugin.scheduler.AdmissionScheduler.configured>`). An engine
+    core in a process of its own reads them from its environment, so they are
+    set in ``os.environ`` for it to inherit: the one place where this module
+    writes the plugin's settings there.
+    """
+    name = settings.scheduler_cls
+    if name is None or not str(name).startswith("vllm_admission"):
+        return name
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from vllm_admission.plugin.config import AdmissionConfig
+    from vllm_admission.plugin.scheduler import AdmissionScheduler
+
+    cls = resolve_obj_by_qualname(str(name))
+    if not (isinstance(cls, type) and issubclass(cls, AdmissionScheduler)):
+        return name
+    config = AdmissionConfig.from_env(environ)
+    if not bool(int(os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1"))):
+        return cls.configured(config)
+    _set_env((k, v) for k, v in settings.env.items() if str(k).startswith(PLUGIN_PREFIX))
+    return name
 
 
 def plugin_settings(model: str, *, admission: str, eviction: str, alpha: float | None = None,
@@ -146,7 +200,10 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
     """Start a vLLM engine with prefix caching for ``settings``.
 
     Sets each :data:`DEFAULT_ENV` variable only if it is unset, then applies
-    ``settings.env`` (these win), then builds ``vllm.LLM`` with
+    ``settings.env`` (these win; the plugin's settings go to the scheduler as an
+    ``AdmissionConfig`` when the engine core runs in this process, and through
+    the environment the engine-core process inherits otherwise), then builds
+    ``vllm.LLM`` with
     ``enable_prefix_caching`` as in ``settings`` (default on), ``dtype="bfloat16"``,
     ``skip_tokenizer_init=True``, ``enforce_eager=True`` and statistics
     logging on (so :func:`prefix_cache_counters` works). Takes about 6 s of
@@ -165,12 +222,14 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
         release it before building another in the same process.
 
     Raises:
+        AdmissionConfigError: an invalid ``VLLM_ADMISSION_*`` setting (one
+            line; a ``ValueError``), before the engine starts.
         ValueError: from vLLM, e.g. when one request of ``max_model_len``
             tokens does not fit in ``num_gpu_blocks`` (the message gives the
             largest length that fits), or when the model is not found.
         ImportError: if vLLM is not installed.
     """
-    _apply_env(settings)
+    environ = _apply_env(settings)
     import vllm
     import vllm.envs as vllm_envs
 
@@ -194,8 +253,9 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
         kwargs["max_num_batched_tokens"] = int(settings.max_num_batched_tokens)
     if settings.max_model_len is not None:
         kwargs["max_model_len"] = int(settings.max_model_len)
-    if settings.scheduler_cls is not None:
-        kwargs["scheduler_cls"] = settings.scheduler_cls
+    scheduler_cls = _scheduler_cls(settings, environ)
+    if scheduler_cls is not None:
+        kwargs["scheduler_cls"] = scheduler_cls
     if settings.mamba_ssm_cache_dtype is not None:
         kwargs["mamba_ssm_cache_dtype"] = settings.mamba_ssm_cache_dtype
     if settings.block_size is not None:
@@ -314,6 +374,13 @@ class PrefillStepCounter:
         self.close()
 
 
+def _class_name(cls: Any) -> str:
+    """A scheduler class as the user names it: the qualified name given, or the
+    class's ``module.name`` (``vllm_admission.AdmissionScheduler`` for a
+    :meth:`configured <vllm_admission.plugin.scheduler.AdmissionScheduler.configured>` one)."""
+    return f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else str(cls)
+
+
 def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
     """What the simulator must copy from a started engine.
 
@@ -331,7 +398,7 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
       state as allocated, e.g. ``"bfloat16"`` or ``"float32"`` (``None``
       without Mamba groups or when the engine core runs in another process),
     * ``enable_chunked_prefill``, ``async_scheduling``, ``max_num_seqs``,
-    * ``scheduler_cls`` (qualified name or class repr),
+    * ``scheduler_cls`` (qualified name, ``None`` for vLLM's default),
     * ``kv_cache_groups``: list of ``{"kind", "num_layers", "block_size",
       "page_size_bytes", "layers"}``; ``kind`` is the core's ``"attention"``
       or ``"state"``, from the group's vLLM manager
@@ -355,7 +422,7 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
         "enable_chunked_prefill": bool(getattr(sc, "enable_chunked_prefill", True)),
         "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
         "max_num_seqs": int(sc.max_num_seqs),
-        "scheduler_cls": str(getattr(sc, "scheduler_cls", None)),
+        "scheduler_cls": _class_name(sc.scheduler_cls),
         "kv_cache_groups": None,
         "ssm_state_dtype": None,
         "inprocess": False,

@@ -76,16 +76,46 @@ logger = logging.getLogger("vllm_admission")
 class AdmissionScheduler(Scheduler):
     """vLLM's ``Scheduler`` whose hybrid prefix cache follows an admission policy.
 
-    Takes vLLM's scheduler arguments unchanged. Settings come from the
-    environment (``VLLM_ADMISSION_POLICY``, ``VLLM_ADMISSION_EVICTION``,
-    ``VLLM_ADMISSION_ALPHA``, ``VLLM_ADMISSION_LOG_INTERVAL``,
-    ``VLLM_ADMISSION_TUNE_MULTIPLIER``, ``VLLM_ADMISSION_TUNE_GRID``).
+    Takes vLLM's scheduler arguments unchanged. Settings are read once, when
+    it is built (in the engine-core process), from the ``VLLM_ADMISSION_*``
+    environment variables (:class:`~vllm_admission.plugin.config.AdmissionConfig`),
+    or given as an ``AdmissionConfig`` object to a :meth:`configured` subclass;
+    from then on they live in :attr:`admission_config`.
 
     Raises:
         AdmissionConfigError: an invalid setting, or a policy the engine's
             configuration cannot run (one line, naming the valid values or the
             unsupported feature).
     """
+
+    #: The settings a :meth:`configured` subclass runs with; ``None``: read from the
+    #: environment when the scheduler is built (:meth:`AdmissionConfig.from_env`).
+    admission_settings: AdmissionConfig | None = None
+
+    @classmethod
+    def configured(cls, config: AdmissionConfig) -> type[AdmissionScheduler]:
+        """A subclass that runs with ``config`` instead of reading the environment.
+
+        Pass it as ``scheduler_cls`` when the engine core runs in this process
+        (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; :func:`vllm_admission.engine.llm.build_llm`
+        does): the settings then travel as this object, not through
+        ``os.environ``. An engine core in its own process needs the class by
+        name and the ``VLLM_ADMISSION_*`` variables instead. The subclass keeps
+        the name ``AdmissionScheduler`` (``AsyncAdmissionScheduler``) and is
+        reported as ``vllm_admission.<name>``.
+        """
+        return type(cls.__name__, (cls,), {"admission_settings": config,
+                                           "__module__": "vllm_admission",
+                                           "__doc__": cls.__doc__})
+
+    @classmethod
+    def _admission_read_config(cls) -> AdmissionConfig:
+        """The settings: the class's own (:meth:`configured`), else the environment's.
+
+        Raises:
+            AdmissionConfigError: an invalid variable (one line).
+        """
+        return cls.admission_settings or AdmissionConfig.from_env()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """Pick the class the engine's configuration needs.
@@ -109,7 +139,7 @@ class AdmissionScheduler(Scheduler):
         scheduler_config = getattr(vllm_config, "scheduler_config", None)
         is_async = bool(getattr(scheduler_config, "async_scheduling", False))
         if not vllm_hooks.check_version():
-            config = AdmissionConfig.from_env()
+            config = cls._admission_read_config()
             reason = vllm_hooks.unsupported_reason(vllm_hooks.installed_version(),
                                                    config.wants_changes())
             ensure_log_output()
@@ -118,11 +148,16 @@ class AdmissionScheduler(Scheduler):
                         "(nothing of the plugin is active)", reason, stock.__name__)
             return stock(*args, **kwargs)
         if is_async and not issubclass(cls, AsyncScheduler):
-            cls = AsyncAdmissionScheduler
+            # A configured class stays a base, so that its settings hold and
+            # Python still calls __init__ (the instance is one of ``cls``).
+            cls = (AsyncAdmissionScheduler if cls.admission_settings is None
+                   else type(AsyncAdmissionScheduler.__name__, (cls, AsyncAdmissionScheduler),
+                             {"__module__": "vllm_admission",
+                              "__doc__": AsyncAdmissionScheduler.__doc__}))
         return super().__new__(cls)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        config = AdmissionConfig.from_env()
+        config = self._admission_read_config()
         super().__init__(*args, **kwargs)
         ensure_log_output()
         self.admission_config = config
