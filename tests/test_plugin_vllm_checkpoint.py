@@ -20,11 +20,10 @@ as without the export; only the prompt-end chunk stop disappears.
 from __future__ import annotations
 
 import pytest
-from test_plugin_scheduler import (
+from scheduler_harness import (
     B,
     CHUNK,
     EVICTION_CASES,
-    EXPECTED_STATES,
     POLICIES,
     _finish_tuners,  # noqa: F401  (autouse fixture: stops the tuners this module starts)
     free_equals_usable,
@@ -33,6 +32,7 @@ from test_plugin_scheduler import (
     run_engine,
     toks,
 )
+from test_plugin_scheduler import EXPECTED_STATES
 
 pytest.importorskip("vllm")
 
@@ -67,7 +67,7 @@ def costs(model_dir):
 
 def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None, blocks=160,
           export=EXPORT, checkpoint="split", cls=None):
-    from test_plugin_scheduler import _BUILT
+    from scheduler_harness import _BUILT
 
     from vllm_admission.plugin.scheduler import AdmissionScheduler
     from vllm_admission.testing import FakeEngine, make_kv_cache_config, make_scheduler
@@ -91,7 +91,7 @@ def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=Non
              export=True):
     """The core model's hits (test_plugin_scheduler.simulate) with vLLM's export modelled
     (``prompt_end_export``); with ``steps`` (a list), its prefill steps are appended."""
-    from test_plugin_scheduler import BYTES_PER_BLOCK, GROUPS, chained
+    from scheduler_harness import BYTES_PER_BLOCK, GROUPS, chained
 
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
