@@ -22,7 +22,15 @@ def chained_hashes(tokens: Sequence, block_size: int) -> list[int]:
 @pytest.fixture
 def engine_env(monkeypatch):
     """A test that starts vLLM engines: in-process engine core, general plugins reloaded,
-    and ``os.environ`` restored afterwards (``build_llm`` writes into it)."""
+    and ``os.environ`` restored afterwards.
+
+    The plugin's settings no longer travel through ``os.environ`` in one process
+    (``build_llm`` hands the in-process scheduler an ``AdmissionConfig``). What still
+    writes there is vLLM's side of an engine start: ``build_llm`` sets vLLM's own
+    variables (``VLLM_CPU_KVCACHE_SPACE``, ``VLLM_PLUGINS``, ...), the general plugin names
+    ``VLLM_ADMISSION_METRICS_DIR`` for engine-core processes to inherit, and vLLM's CPU
+    platform sets its own (``VLLM_WORKER_MULTIPROC_METHOD``, ``LD_PRELOAD``, ...,
+    ``vllm/platforms/cpu.py``). Those are restored here."""
     pytest.importorskip("vllm")
     import vllm.plugins
 

@@ -1,6 +1,6 @@
 """What the scheduler-level tests share: vLLM's real scheduler driven without a model.
 
-``vllm_admission.plugin.testing.FakeEngine`` runs vLLM's ``Scheduler`` (or, with
+``vllm_admission.testing.FakeEngine`` runs vLLM's ``Scheduler`` (or, with
 async scheduling on, the plugin's ``AsyncScheduler`` variant under a queue of two
 batches) with made-up model outputs, on a hand-built hybrid KV cache layout
 identical to the tiny Qwen3-Next engine's (block size 128, group 0 = GDN state,
@@ -48,7 +48,7 @@ EVICTION_CASES = [(name, alpha) for name in ENGINE_EVICTION_POLICIES
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from vllm_admission.plugin.testing import write_config_only_model
+    from vllm_admission.testing import write_config_only_model
 
     return write_config_only_model(tmp_path_factory.mktemp("tiny_config"))
 
@@ -65,7 +65,7 @@ def async_config(model_dir):
 
 
 def scheduler_config(model_dir, *, async_scheduling):
-    from vllm_admission.plugin.testing import make_vllm_config
+    from vllm_admission.testing import make_vllm_config
 
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192,
                            max_num_batched_tokens=CHUNK, async_scheduling=async_scheduling)
@@ -103,7 +103,7 @@ def _finish_tuners():
 def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None, blocks=160,
           kinds=GROUPS, cls=None, checkpoint="split"):
     from vllm_admission.plugin.scheduler import AdmissionScheduler
-    from vllm_admission.plugin.testing import (
+    from vllm_admission.testing import (
         FakeEngine,
         make_kv_cache_config,
         make_scheduler,

@@ -153,7 +153,7 @@ def test_inpass_checkpoints_under_async_scheduling(vllm_config, async_config, mo
     """``VLLM_ADMISSION_CHECKPOINT=inpass``: the same hits and the same forward passes per
     request as the synchronous in-pass run, and each step carries its own checkpoint plan
     (two plans are in flight at once)."""
-    from vllm_admission.plugin.inpass import INPASS_ATTR
+    from vllm_admission.plugin.vllm_hooks import step_checkpoints_of
 
     reqs = random_workload(3, n=20)
     runs = []
@@ -165,7 +165,7 @@ def test_inpass_checkpoints_under_async_scheduling(vllm_config, async_config, mo
             rid = engine.add(tokens, out_len)
             while engine.busy():
                 engine.step()
-                plans += bool(getattr(engine.last_output, INPASS_ATTR, None))
+                plans += bool(step_checkpoints_of(engine.last_output))
             hits.append(engine.cached_tokens[rid])
             passes.append(engine.forward_passes - before)
         assert free_equals_usable(engine)

@@ -78,7 +78,7 @@ def _engine_geometry(num_blocks, kinds=("state", "attention"), page=65536, block
 @pytest.fixture(scope="module")
 def tiny_config(tmp_path_factory):
     pytest.importorskip("transformers")
-    from vllm_admission.plugin.testing import write_config_only_model
+    from vllm_admission.testing import write_config_only_model
 
     return write_config_only_model(tmp_path_factory.mktemp("tiny_cfg")) / "config.json"
 

@@ -102,6 +102,7 @@ def test_register_warns_once_about_an_invalid_value(monkeypatch, caplog):
     from vllm_admission.plugin.register import register
 
     monkeypatch.setenv("VLLM_ADMISSION_EVICTION", "belady")
+    monkeypatch.setenv("VLLM_ADMISSION_METRICS_DIR", "")  # register() names it: restored after
     logger = logging.getLogger("vllm_admission")
     logger.addHandler(caplog.handler)  # the plugin may route its lines through vLLM's handler
     try:

@@ -125,7 +125,10 @@ def test_command_line_naming_the_scheduler(argv, named):
 def test_register_sets_the_metrics_dir_and_refuses_bad_settings_for_the_server(monkeypatch, capsys):
     from vllm_admission.plugin import register as reg
 
-    monkeypatch.delenv("VLLM_ADMISSION_METRICS_DIR", raising=False)
+    # register() sets the variable in os.environ: make monkeypatch restore it (a bare
+    # delenv of an unset variable records nothing, and the value leaked into later tests).
+    monkeypatch.setenv("VLLM_ADMISSION_METRICS_DIR", "")
+    monkeypatch.delenv("VLLM_ADMISSION_METRICS_DIR")
     monkeypatch.setenv("VLLM_ADMISSION_POLICY", "vllm")
     reg.register()
     import os

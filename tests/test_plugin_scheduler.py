@@ -1,6 +1,6 @@
 """AdmissionScheduler inside vLLM's real scheduler, driven without a model.
 
-``vllm_admission.plugin.testing.FakeEngine`` runs vLLM 0.32's ``Scheduler``
+``vllm_admission.testing.FakeEngine`` runs vLLM 0.32's ``Scheduler``
 (``schedule()`` + ``update_from_output()``) with made-up model outputs, on a
 hand-built hybrid KV cache layout identical to the tiny Qwen3-Next engine's
 (block size 128, group 0 = GDN state, group 1 = full attention, 128 KiB per
@@ -32,6 +32,7 @@ from scheduler_harness import (  # noqa: E402,F401 - fixtures are used by name
     POLICIES,
     EVICTION_CASES,
     _finish_tuners,
+    async_config,
     build,
     costs,
     free_equals_usable,
@@ -252,6 +253,34 @@ def test_bad_environment_values_give_one_line(vllm_config, monkeypatch):
         monkeypatch.delenv(var)
 
 
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_settings_given_as_an_object_win_over_the_environment(vllm_config, async_config,
+                                                               monkeypatch, asynchronous):
+    """``AdmissionScheduler.configured(config)`` (what ``build_llm`` passes to an in-process
+    engine core): the scheduler runs with the object and reads no ``VLLM_ADMISSION_*``
+    variable; the async variant vLLM's async scheduling picks keeps it."""
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+    from vllm_admission.plugin.config import AdmissionConfig
+    from vllm_admission.plugin.scheduler import AdmissionScheduler
+    from vllm_admission.testing import make_kv_cache_config, make_scheduler
+
+    cfg = async_config if asynchronous else vllm_config
+    monkeypatch.setenv("VLLM_ADMISSION_POLICY", "bogus")       # would refuse to start
+    config = AdmissionConfig(policy="marconi", eviction="flop", alpha=0.25, log_interval=0)
+    cls = AdmissionScheduler.configured(config)
+    sched = make_scheduler(cls, cfg, make_kv_cache_config(cfg, 80))
+    try:
+        assert sched.admission_config is config
+        assert isinstance(sched, AsyncScheduler) is asynchronous
+        assert type(sched).__name__ == ("AsyncAdmissionScheduler" if asynchronous
+                                        else "AdmissionScheduler")
+        stats = sched.stats()
+        assert (stats.admission, stats.eviction, stats.alpha) == ("marconi", "flop", 0.25)
+    finally:
+        sched.shutdown()
+
+
 def test_model_without_recurrent_layers_runs_stock(vllm_config, monkeypatch, caplog):
     from vllm.v1.core.kv_cache_coordinator import UnitaryKVCacheCoordinator
 
@@ -336,6 +365,30 @@ def test_every_private_vllm_member_the_plugin_relies_on_exists():
     assert vllm_hooks.missing_members() == []
     # Every override takes what the installed release passes (make compat: 0.33's).
     assert vllm_hooks.override_mismatches() == []
+
+
+def test_every_instance_member_the_plugin_relies_on_exists(vllm_config, monkeypatch):
+    """The instance attributes of ``PRIVATE_MEMBERS`` (``missing_members`` checks class
+    members only), on a live scheduler in ``inpass`` mode (every hook installed)."""
+    import vllm.envs
+    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+
+    from vllm_admission.plugin import vllm_hooks
+
+    engine = build(vllm_config, monkeypatch, policy="dense", eviction="flop", alpha=0.0,
+                   checkpoint="inpass")
+    coordinator = engine.scheduler.kv_cache_manager.coordinator
+    present = {
+        "HybridKVCacheCoordinator.single_type_managers": coordinator.single_type_managers,
+        "BlockPool.free_block_queue": coordinator.block_pool.free_block_queue,
+        "BlockHashToBlockMap._cache": coordinator.block_pool.cached_block_hash_to_block._cache,
+        "environment_variables": vllm.envs.environment_variables,
+        "MambaManager.req_to_blocks": [m.req_to_blocks for m in coordinator.single_type_managers
+                                       if isinstance(m, MambaManager)],
+    }
+    engine_side = {"LLMEngine.engine_core", "InprocClient.engine_core", "EngineCore.scheduler"}
+    assert set(present) | engine_side == set(vllm_hooks._INSTANCE_ATTRIBUTES)  # noqa: SLF001
+    assert all(v is not None for v in present.values()) and present["MambaManager.req_to_blocks"]
 
 
 def test_an_override_that_cannot_take_vllms_arguments_is_reported(monkeypatch):
@@ -467,12 +520,12 @@ def test_auto_leaves_reuse_out_where_blocks_get_hashes_elsewhere(vllm_config, mo
     real = plugin_scheduler.AdmissionControl
 
     def spy(**kwargs):
-        seen.append(kwargs["adaptive"])
+        seen.append(kwargs["plan"].evictions)
         return real(**kwargs)
 
     monkeypatch.setattr(plugin_scheduler, "AdmissionControl", spy)
     engine = build(vllm_config, monkeypatch, policy="vllm", eviction="auto")
-    assert "reuse" in seen[-1][1]
+    assert "reuse" in seen[-1]
     engine.scheduler.shutdown()
     monkeypatch.setattr(plugin_scheduler.AdmissionScheduler, "_admission_key_problems",
                         lambda self: ["partial hash hits"])
@@ -485,7 +538,7 @@ def test_auto_leaves_reuse_out_where_blocks_get_hashes_elsewhere(vllm_config, mo
         engine = build(vllm_config, monkeypatch, policy="vllm", eviction="auto")
     finally:
         logger.removeHandler(caplog.handler)
-    assert set(seen[-1][1]) == set(AUTO_EVICTIONS) - {"reuse"}
+    assert set(seen[-1]) == set(AUTO_EVICTIONS) - {"reuse"}
     assert any("leaves out reuse" in r.getMessage() and "partial hash hits" in r.getMessage()
                for r in caplog.records)
     engine.scheduler.shutdown()
@@ -524,7 +577,7 @@ def test_start_up_names_the_smallest_cacheable_prefix(vllm_config, monkeypatch, 
 
 
 def test_start_up_warns_when_short_prompts_can_never_hit(model_dir, monkeypatch, caplog):
-    from vllm_admission.plugin.testing import make_vllm_config
+    from vllm_admission.testing import make_vllm_config
 
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=4 * B,
                            max_num_batched_tokens=CHUNK)
@@ -540,7 +593,7 @@ def connector_config(model_dir, tmp_path_factory):
     (vLLM's ``DecodeBenchConnector``; any connector makes the scheduler build one)."""
     from vllm.config import KVTransferConfig
 
-    from vllm_admission.plugin.testing import make_vllm_config
+    from vllm_admission.testing import make_vllm_config
 
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192,
                            max_num_batched_tokens=CHUNK)

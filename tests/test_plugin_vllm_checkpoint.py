@@ -20,26 +20,21 @@ as without the export; only the prompt-end chunk stop disappears.
 from __future__ import annotations
 
 import pytest
-
-pytest.importorskip("vllm")
-
-from scheduler_harness import (  # noqa: E402
-    _BUILT,
+from scheduler_harness import (
     B,
-    BYTES_PER_BLOCK,
     CHUNK,
     EVICTION_CASES,
-    GROUPS,
     POLICIES,
     _finish_tuners,  # noqa: F401  (autouse fixture: stops the tuners this module starts)
-    chained,
     free_equals_usable,
     mamba_positions,
     random_workload,
     run_engine,
     toks,
 )
-from test_plugin_scheduler import EXPECTED_STATES, _outputs  # noqa: E402
+from test_plugin_scheduler import EXPECTED_STATES
+
+pytest.importorskip("vllm")
 
 #: The alignment vLLM 0.33 gives the Qwen GDN FlashInfer spec here: the Mamba block size.
 EXPORT = B
@@ -47,14 +42,14 @@ EXPORT = B
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from vllm_admission.plugin.testing import write_config_only_model
+    from vllm_admission.testing import write_config_only_model
 
     return write_config_only_model(tmp_path_factory.mktemp("tiny_config_export"))
 
 
 @pytest.fixture(scope="module")
 def vllm_config(model_dir):
-    from vllm_admission.plugin.testing import make_vllm_config
+    from vllm_admission.testing import make_vllm_config
 
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192,
                            max_num_batched_tokens=CHUNK)
@@ -72,9 +67,10 @@ def costs(model_dir):
 
 def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None, blocks=160,
           export=EXPORT, checkpoint="split", cls=None):
+    from scheduler_harness import _BUILT
 
     from vllm_admission.plugin.scheduler import AdmissionScheduler
-    from vllm_admission.plugin.testing import FakeEngine, make_kv_cache_config, make_scheduler
+    from vllm_admission.testing import FakeEngine, make_kv_cache_config, make_scheduler
 
     monkeypatch.setenv("VLLM_ADMISSION_POLICY", policy)
     monkeypatch.setenv("VLLM_ADMISSION_EVICTION", eviction)
@@ -95,6 +91,7 @@ def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=Non
              export=True):
     """The core model's hits (test_plugin_scheduler.simulate) with vLLM's export modelled
     (``prompt_end_export``); with ``steps`` (a list), its prefill steps are appended."""
+    from scheduler_harness import BYTES_PER_BLOCK, GROUPS, chained
 
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
@@ -117,6 +114,7 @@ def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=Non
 
 def chunk_sizes(engine, tokens, out_len):
     """Tokens scheduled per step while ``tokens`` is served alone."""
+    from test_plugin_scheduler import _outputs
 
     engine.add(tokens, out_len)
     sizes = []
@@ -132,7 +130,7 @@ def test_the_spec_is_the_one_vllm_builds_for_qwen_gdn_on_flashinfer(vllm_config)
     vLLM 0.33 the FlashInfer kernel's alignment divides the grid the spec carries."""
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    from vllm_admission.plugin.testing import make_kv_cache_config
+    from vllm_admission.testing import make_kv_cache_config
 
     kv = make_kv_cache_config(vllm_config, 40, prefill_checkpoint_alignment=EXPORT)
     spec = kv.kv_cache_groups[0].kv_cache_spec

@@ -10,7 +10,7 @@ from vllm_admission.core.adaptive import PolicyController
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.geometry import CacheLayout
 from vllm_admission.core.replay import CacheRequest, CacheSetup
-from vllm_admission.plugin.shadows import ShadowProcess, ShadowProcessError
+from vllm_admission.core.shadows import ShadowProcess, ShadowProcessError
 
 B = 16
 #: A real model's prefill FLOPs (a bound method of ModelCosts: it pickles to the child).

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vllm_admission.plugin.vllm_hooks import inprocess_scheduler, wrap_schedule
+
 if TYPE_CHECKING:  # pragma: no cover
     import vllm
 
@@ -65,10 +67,14 @@ class EngineSettings:
             this length fits in the pool (see ``docs/engine-facts.md``).
         scheduler_cls: qualified name of a scheduler class, e.g.
             ``"vllm_admission.AdmissionScheduler"`` (``None``: stock vLLM).
-        env: extra environment variables (e.g. policy selection) set in
-            ``os.environ`` before the engine starts; they override both the
-            caller's environment and :data:`DEFAULT_ENV`. A value of ``None``
-            removes the variable from ``os.environ`` instead.
+        env: extra environment variables; they override both the caller's
+            environment and :data:`DEFAULT_ENV`, and a value of ``None``
+            removes one. vLLM's own (``VLLM_CPU_KVCACHE_SPACE``,
+            ``VLLM_PLUGINS``, ...) are set in ``os.environ`` before the engine
+            starts. The plugin's (``VLLM_ADMISSION_*``, e.g. the policy pair)
+            are read into an ``AdmissionConfig`` that the in-process scheduler
+            gets as an object; only for an engine core in its own process are
+            they set in ``os.environ`` (see :func:`build_llm`).
         seed: engine seed.
         gpu_memory_utilization: fraction of memory vLLM may plan with (on the
             CPU backend it also bounds host memory); 0.5 works on this project's
@@ -107,14 +113,64 @@ class EngineSettings:
 # ---------------------------------------------------------------- engine build
 
 
-def _apply_env(settings: EngineSettings) -> None:
-    for key, value in DEFAULT_ENV.items():
-        os.environ.setdefault(key, value)
-    for key, value in settings.env.items():
+#: Prefix of the plugin's own variables (:mod:`vllm_admission.plugin.config`).
+PLUGIN_PREFIX = "VLLM_ADMISSION_"
+
+
+def _set_env(items: Any) -> None:
+    for key, value in items:
         if value is None:
             os.environ.pop(str(key), None)
         else:
             os.environ[str(key)] = str(value)
+
+
+def _apply_env(settings: EngineSettings) -> dict[str, str]:
+    """Put vLLM's own variables of ``settings.env`` (and :data:`DEFAULT_ENV`) into
+    ``os.environ``, where vLLM reads them; return the environment the plugin's
+    settings are read from: ``os.environ`` with ``settings.env``'s plugin
+    variables applied (``None`` removes one), ``os.environ`` itself untouched."""
+    for key, value in DEFAULT_ENV.items():
+        os.environ.setdefault(key, value)
+    _set_env((k, v) for k, v in settings.env.items() if not str(k).startswith(PLUGIN_PREFIX))
+    merged = dict(os.environ)
+    for key, value in settings.env.items():
+        if str(key).startswith(PLUGIN_PREFIX):
+            if value is None:
+                merged.pop(str(key), None)
+            else:
+                merged[str(key)] = str(value)
+    return merged
+
+
+def _scheduler_cls(settings: EngineSettings, environ: dict[str, str]) -> Any:
+    """What ``scheduler_cls`` vLLM gets, and where the plugin's settings go.
+
+    The plugin's variables are read here, once (an invalid one raises
+    ``AdmissionConfigError`` before the engine starts). With the engine core in
+    this process the ``AdmissionScheduler`` gets them as an ``AdmissionConfig``
+    (:meth:`AdmissionScheduler.configured
+    <vllm_admission.plugin.scheduler.AdmissionScheduler.configured>`). An engine
+    core in a process of its own reads them from its environment, so they are
+    set in ``os.environ`` for it to inherit: the one place where this module
+    writes the plugin's settings there.
+    """
+    name = settings.scheduler_cls
+    if name is None or not str(name).startswith("vllm_admission"):
+        return name
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from vllm_admission.plugin.config import AdmissionConfig
+    from vllm_admission.plugin.scheduler import AdmissionScheduler
+
+    cls = resolve_obj_by_qualname(str(name))
+    if not (isinstance(cls, type) and issubclass(cls, AdmissionScheduler)):
+        return name
+    config = AdmissionConfig.from_env(environ)
+    if not bool(int(os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1"))):
+        return cls.configured(config)
+    _set_env((k, v) for k, v in settings.env.items() if str(k).startswith(PLUGIN_PREFIX))
+    return name
 
 
 def plugin_settings(model: str, *, admission: str, eviction: str, alpha: float | None = None,
@@ -144,7 +200,10 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
     """Start a vLLM engine with prefix caching for ``settings``.
 
     Sets each :data:`DEFAULT_ENV` variable only if it is unset, then applies
-    ``settings.env`` (these win), then builds ``vllm.LLM`` with
+    ``settings.env`` (these win; the plugin's settings go to the scheduler as an
+    ``AdmissionConfig`` when the engine core runs in this process, and through
+    the environment the engine-core process inherits otherwise), then builds
+    ``vllm.LLM`` with
     ``enable_prefix_caching`` as in ``settings`` (default on), ``dtype="bfloat16"``,
     ``skip_tokenizer_init=True``, ``enforce_eager=True`` and statistics
     logging on (so :func:`prefix_cache_counters` works). Takes about 6 s of
@@ -163,12 +222,14 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
         release it before building another in the same process.
 
     Raises:
+        AdmissionConfigError: an invalid ``VLLM_ADMISSION_*`` setting (one
+            line; a ``ValueError``), before the engine starts.
         ValueError: from vLLM, e.g. when one request of ``max_model_len``
             tokens does not fit in ``num_gpu_blocks`` (the message gives the
             largest length that fits), or when the model is not found.
         ImportError: if vLLM is not installed.
     """
-    _apply_env(settings)
+    environ = _apply_env(settings)
     import vllm
     import vllm.envs as vllm_envs
 
@@ -192,8 +253,9 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
         kwargs["max_num_batched_tokens"] = int(settings.max_num_batched_tokens)
     if settings.max_model_len is not None:
         kwargs["max_model_len"] = int(settings.max_model_len)
-    if settings.scheduler_cls is not None:
-        kwargs["scheduler_cls"] = settings.scheduler_cls
+    scheduler_cls = _scheduler_cls(settings, environ)
+    if scheduler_cls is not None:
+        kwargs["scheduler_cls"] = scheduler_cls
     if settings.mamba_ssm_cache_dtype is not None:
         kwargs["mamba_ssm_cache_dtype"] = settings.mamba_ssm_cache_dtype
     if settings.block_size is not None:
@@ -239,34 +301,12 @@ def shutdown_llm(llm: vllm.LLM) -> None:
     llm.llm_engine.engine_core.shutdown()
 
 
-def inprocess_scheduler(llm: vllm.LLM) -> Any:
-    """The live ``vllm.v1.core.sched.scheduler.Scheduler`` (or subclass) of ``llm``.
-
-    Path: ``llm.llm_engine.engine_core`` is an ``InprocClient`` when the engine
-    core runs in this process; its ``.engine_core`` is the ``EngineCore`` whose
-    ``.scheduler`` holds ``kv_cache_manager`` -> ``coordinator`` /
-    ``block_pool``.
-
-    Raises:
-        RuntimeError: if the engine core runs in another process
-            (``VLLM_ENABLE_V1_MULTIPROCESSING=1``).
-    """
-    client = llm.llm_engine.engine_core
-    core = getattr(client, "engine_core", None)
-    scheduler = getattr(core, "scheduler", None)
-    if scheduler is None:
-        raise RuntimeError(
-            "the engine core runs in another process; build the engine with "
-            "VLLM_ENABLE_V1_MULTIPROCESSING=0 to inspect its scheduler"
-        )
-    return scheduler
-
-
 class PrefillStepCounter:
     """Counts, per request, the engine steps that scheduled prompt tokens for it.
 
     Observes the live scheduler of an in-process engine core: while the
-    counter is open, the scheduler's ``schedule`` is wrapped (an instance
+    counter is open, the scheduler's ``schedule`` is wrapped
+    (:func:`vllm_admission.plugin.vllm_hooks.wrap_schedule`: an instance
     attribute shadowing the class method, which ``EngineCore.step`` calls).
     After each ``schedule()`` call, every request in the step's
     ``SchedulerOutput.num_scheduled_tokens`` whose computed tokens *before*
@@ -284,7 +324,7 @@ class PrefillStepCounter:
     Args:
         target: a ``vllm.LLM`` whose engine core runs in this process, or a
             vLLM 0.32 ``Scheduler`` itself (e.g. one driven without a model
-            by :class:`vllm_admission.plugin.testing.FakeEngine`).
+            by :class:`vllm_admission.testing.FakeEngine`).
 
     Raises:
         RuntimeError: the engine core runs in another process
@@ -298,21 +338,17 @@ class PrefillStepCounter:
             raise RuntimeError("this scheduler already has a PrefillStepCounter open")
         #: engine request id -> prefill steps seen so far.
         self.counts: dict[str, int] = {}
-        self._scheduler = scheduler
-        self._had_own = "schedule" in scheduler.__dict__
-        self._original = scheduler.schedule
-        original, requests, counts = self._original, scheduler.requests, self.counts
+        requests, counts = scheduler.requests, self.counts
 
-        def schedule(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
+        def count(out: Any) -> None:
             for rid, n in out.num_scheduled_tokens.items():
                 req = requests.get(rid)
                 if req is not None and n > 0 and req.num_computed_tokens - n < req.num_prompt_tokens:
                     counts[rid] = counts.get(rid, 0) + 1
-            return out
 
-        schedule._prefill_step_counter = self  # type: ignore[attr-defined]
-        scheduler.schedule = schedule
+        self._scheduler = scheduler
+        self._undo = wrap_schedule(scheduler, count)
+        scheduler.schedule._prefill_step_counter = self  # type: ignore[attr-defined]
 
     def take(self, request_id: str) -> int:
         """Prefill steps counted for engine request ``request_id`` (0 if none), forgotten after."""
@@ -326,13 +362,9 @@ class PrefillStepCounter:
 
     def close(self) -> None:
         """Restore the scheduler's own ``schedule``. Idempotent."""
-        scheduler = self._scheduler
-        if scheduler is None:
+        if self._scheduler is None:
             return
-        if self._had_own:
-            scheduler.schedule = self._original
-        else:
-            scheduler.__dict__.pop("schedule", None)
+        self._undo()
         self._scheduler = None
 
     def __enter__(self) -> PrefillStepCounter:
@@ -340,6 +372,13 @@ class PrefillStepCounter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _class_name(cls: Any) -> str:
+    """A scheduler class as the user names it: the qualified name given, or the
+    class's ``module.name`` (``vllm_admission.AdmissionScheduler`` for a
+    :meth:`configured <vllm_admission.plugin.scheduler.AdmissionScheduler.configured>` one)."""
+    return f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else str(cls)
 
 
 def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
@@ -359,7 +398,7 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
       state as allocated, e.g. ``"bfloat16"`` or ``"float32"`` (``None``
       without Mamba groups or when the engine core runs in another process),
     * ``enable_chunked_prefill``, ``async_scheduling``, ``max_num_seqs``,
-    * ``scheduler_cls`` (qualified name or class repr),
+    * ``scheduler_cls`` (qualified name, ``None`` for vLLM's default),
     * ``kv_cache_groups``: list of ``{"kind", "num_layers", "block_size",
       "page_size_bytes", "layers"}``; ``kind`` is the core's ``"attention"``
       or ``"state"``, from the group's vLLM manager
@@ -383,7 +422,7 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
         "enable_chunked_prefill": bool(getattr(sc, "enable_chunked_prefill", True)),
         "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
         "max_num_seqs": int(sc.max_num_seqs),
-        "scheduler_cls": str(getattr(sc, "scheduler_cls", None)),
+        "scheduler_cls": _class_name(sc.scheduler_cls),
         "kv_cache_groups": None,
         "ssm_state_dtype": None,
         "inprocess": False,

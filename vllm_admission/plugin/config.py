@@ -66,7 +66,7 @@ ENV_TUNE_GRID = "VLLM_ADMISSION_TUNE_GRID"
 ENV_AUTO_INTERVAL = "VLLM_ADMISSION_AUTO_INTERVAL"
 ENV_CHECKPOINT = "VLLM_ADMISSION_CHECKPOINT"
 #: Not a user setting: where the engine core publishes the plugin's metrics
-#: (vllm_admission.plugin.metrics, which imports vLLM; hence defined here too).
+#: (vllm_admission.plugin.snapshots).
 ENV_METRICS_DIR = "VLLM_ADMISSION_METRICS_DIR"
 
 #: Stock vLLM's pair (``vllm`` + ``lru``): the plugin changes nothing by default.

@@ -22,24 +22,24 @@ terms and keeps the per-request facts the policies need:
 * when blocks are freed it values them with the same object's
   :meth:`~vllm_admission.core.admission.RequestAdmission.block_value` for
   eviction policies that ``needs_values`` (:meth:`scope`, :meth:`stage_values`);
-* when a request finishes it feeds the alpha tuner (:meth:`on_finished`).
+* when a request finishes it feeds the alpha tuner or ``auto``'s controller
+  (:meth:`on_finished`), which run off the scheduler loop
+  (:mod:`~vllm_admission.plugin.worker`).
 
-It holds no tensors and copies none: vLLM's model runner writes the states.
+What it serves with is decided once, by the core's run setup
+(:class:`~vllm_admission.core.run.RunPlan`); vLLM's blocks and block hashes
+become the core's keys through :mod:`~vllm_admission.plugin.translate`. It
+holds no tensors and copies none: vLLM's model runner writes the states.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
-import pickle
-import queue
-import threading
-import time
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_admission.core.adaptive import DEFAULT_INTERVAL, Decision, LiveEvictions, Pair, PolicyController
+from vllm_admission.core.adaptive import DEFAULT_INTERVAL, Decision, LiveEvictions
 from vllm_admission.core.admission import (
     ADMIT,
     TENTATIVE,
@@ -49,48 +49,20 @@ from vllm_admission.core.admission import (
     SegmentCosts,
     get_admission,
 )
-from vllm_admission.core.eviction import EvictionPolicy, eviction_class, get_eviction
+from vllm_admission.core.eviction import EvictionPolicy, get_eviction
 from vllm_admission.core.geometry import CacheLayout
-from vllm_admission.core.replay import CacheRequest, CacheSetup, replay_requests
+from vllm_admission.core.replay import CacheSetup
+from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
-from vllm_admission.plugin.shadows import ShadowProcess, ShadowProcessError
+from vllm_admission.plugin import translate
 from vllm_admission.plugin.stats import AdmissionStats
+from vllm_admission.plugin.worker import (
+    ControllerThread,
+    TunerThread,
+    policy_controller,
+)
 
-__all__ = ["AdmissionControl", "ControllerThread", "TunerThread", "counts_in_prefix_cache_stats",
-           "hash_key"]
-
-logger = logging.getLogger("vllm_admission")
-
-#: Requests the alpha tuner may remember before any eviction; past it the
-#: tuner restarts (bounds memory on a server whose cache never fills).
-MAX_BOOTSTRAP_HISTORY = 20_000
-
-
-def hash_key(block_hash: Any) -> int:
-    """The core's integer key of a vLLM block hash: its first 8 bytes, big-endian.
-
-    ``block_hash`` is a ``BlockHash`` or a ``BlockHashWithGroupId`` (the hash
-    bytes followed by the 4-byte group id, ``vllm/v1/core/kv_cache_utils.py``):
-    both start with the same bytes. The simulator's requests built from the
-    engine (:class:`~vllm_admission.core.replay.CacheRequest`) use these keys.
-    """
-    return int.from_bytes(bytes(block_hash)[:8], "big")
-
-
-def counts_in_prefix_cache_stats(request: Any) -> bool:
-    """Whether a request's admission counts in the plugin's request and token counters.
-
-    As in vLLM's prefix-cache counters (``vllm:prefix_cache_queries`` /
-    ``_hits``: ``KVCacheManager.record_prefix_cache_stats`` in
-    ``vllm/v1/core/kv_cache_manager.py``, ``PrefixCacheStats.record`` in
-    ``vllm/v1/metrics/stats.py``), only a request's first admission counts: one
-    admitted again after a preemption (``request.num_preemptions > 0``) is left
-    out, and so is one that skips the prefix-cache lookup
-    (``request.skip_reading_prefix_cache``). vLLM's ``num_cached_tokens`` is
-    also set at the first admission only.
-    """
-    return (not getattr(request, "num_preemptions", 0)
-            and not getattr(request, "skip_reading_prefix_cache", False))
+__all__ = ["AdmissionControl"]
 
 
 @dataclass(slots=True)
@@ -103,203 +75,20 @@ class _Track:
     tails: dict[int, tuple[int, Any, Any]] = field(default_factory=dict)  # g -> (pos, block, key)
 
 
-class _Worker:
-    """A daemon thread that digests finished requests off the scheduler thread.
-
-    The scheduler hands items to :meth:`submit` (cheap); the thread calls
-    :meth:`_observe` on each, in order. An exception stops the work (logged
-    once, kept in :attr:`error`) and never reaches the engine.
-    """
-
-    #: What the thread does, for its name and its one warning line.
-    what = "work"
-
-    def __init__(self) -> None:
-        self._queue: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._pending: Any = None
-        self.error: str | None = None
-
-    def _offer(self, decision: Any) -> None:
-        """Leave a decision for the scheduler thread (a newer one replaces it)."""
-        with self._lock:
-            self._pending = decision
-
-    def _take(self) -> Any:
-        """The decision left since the last call, or ``None``."""
-        if self._pending is None:
-            return None
-        with self._lock:
-            decision, self._pending = self._pending, None
-        return decision
-
-    def submit(self, *item: Any) -> None:
-        """Queue one item for :meth:`_observe`."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"vllm_admission-{self.what}",
-                                            daemon=True)
-            self._thread.start()
-        self._queue.put(item)
-
-    def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every submitted item is processed; False on timeout."""
-        if self._thread is None:
-            return True
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self._queue.unfinished_tasks:
-            if deadline is not None and time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
-        return True
-
-    def stop(self) -> None:
-        """Ask the thread to finish after the queued items (then :meth:`_close`)."""
-        if self._thread is not None:
-            self._queue.put(None)
-        else:
-            self._close()
-
-    def _close(self) -> None:
-        """Release what the work holds; called once the last item is done."""
-
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    self._close()
-                    return
-                if self.error is None:
-                    self._observe(*item)
-            except Exception as exc:  # noqa: BLE001 - never take the engine down
-                if self.error is None:
-                    self.error = f"{type(exc).__name__}: {exc}"
-                    logger.warning("vllm_admission: %s stopped: %s", self.what, self.error)
-            finally:
-                self._queue.task_done()
-
-    def _observe(self, *item: Any) -> None:
-        raise NotImplementedError
-
-
-class TunerThread(_Worker):
-    """Runs :class:`~vllm_admission.core.tuning.AlphaTuner` off the scheduler thread.
-
-    Items are ``(request, evicted_so_far, saved)``; the tuner's window replays
-    run the core cache model. A decision is picked up by the scheduler with
-    :meth:`take_alpha`.
-
-    Args:
-        make_tuner: builds a fresh ``AlphaTuner``.
-        max_history: restart the tuner after this many requests without an
-            eviction (its bootstrap window would otherwise grow without end).
-    """
-
-    what = "alpha tuning"
-
-    def __init__(self, make_tuner: Callable[[], AlphaTuner],
-                 max_history: int = MAX_BOOTSTRAP_HISTORY) -> None:
-        super().__init__()
-        self._make = make_tuner
-        self.tuner = make_tuner()
-        self.max_history = max_history
-        self.events: list[dict[str, Any]] = []
-        self._seen_without_eviction = 0
-
-    def take_alpha(self) -> float | None:
-        """The alpha decided since the last call, or ``None``."""
-        return self._take()
-
-    def _observe(self, request: CacheRequest, evicted: bool, saved: float) -> None:
-        tuner = self.tuner
-        if tuner.window_len is None and not evicted:
-            self._seen_without_eviction += 1
-            if self._seen_without_eviction > self.max_history:
-                self.tuner = tuner = self._make()
-                self._seen_without_eviction = 1
-        n_events = len(tuner.events)
-        new = tuner.observe(request, evicted, saved)
-        for e in tuner.events[n_events:]:
-            self.events.append({"at": e.at, "window": e.window, "alpha": e.alpha, "kind": e.kind})
-            logger.info("vllm_admission: alpha tuning (%s over %d requests): alpha=%g",
-                        e.kind, e.window, e.alpha)
-        if new is not None:
-            self._offer(new)
-
-
-class ControllerThread(_Worker):
-    """Feeds a :class:`~vllm_admission.core.adaptive.PolicyController` (``auto``)
-    off the scheduler thread.
-
-    Items are ``(index, request)``: every finished request goes through the
-    controller's shadow caches. The switch it decides (a
-    :class:`~vllm_admission.core.adaptive.Decision`: the new pair, and the
-    prompt block hashes the new pair's shadow holds) is picked up by the
-    scheduler with :meth:`take_switch`.
-
-    Args:
-        controller: the controller itself, or a
-            :class:`~vllm_admission.plugin.shadows.ShadowProcess` that runs it
-            in a child process (the default of :class:`AdmissionControl`:
-            the shadows then never hold the scheduler's GIL); both answer
-            ``observe(index, request)``.
-    """
-
-    what = "policy selection"
-
-    def __init__(self, controller: PolicyController | ShadowProcess) -> None:
-        super().__init__()
-        self.controller = controller
-        self.switches: list[dict[str, Any]] = []
-
-    @property
-    def in_process(self) -> bool:
-        """Whether the shadows run in this process (not in a child)."""
-        return not isinstance(self.controller, ShadowProcess)
-
-    def _close(self) -> None:
-        if isinstance(self.controller, ShadowProcess):
-            self.controller.close()
-
-    def take_switch(self) -> Decision | None:
-        """The latest switch decided since the last call, or ``None``."""
-        return self._take()
-
-    def _observe(self, index: int, request: CacheRequest) -> None:
-        decision = self.controller.observe(index, request)
-        if decision is not None:
-            self.switches.append(decision.as_dict())
-            logger.info("vllm_admission: auto: %s -> %s after request %d",
-                        decision.before, decision.after, decision.at)
-            self._offer(decision)
-
-
-def _policy_controller(kwargs: dict[str, Any], *, in_child: bool) -> PolicyController | ShadowProcess:
-    """``auto``'s controller: in a child process when ``in_child`` (falling back to
-    this process, with one warning, if the child cannot start), else here."""
-    if in_child:
-        try:
-            return ShadowProcess(**kwargs)
-        except (OSError, ShadowProcessError, pickle.PicklingError, TypeError) as exc:
-            logger.warning("vllm_admission: auto's shadow process did not start (%s: %s); "
-                           "its shadow caches run on a thread of the scheduler's process",
-                           type(exc).__name__, exc)
-    return PolicyController(None, **kwargs)
-
-
 class AdmissionControl:
     """Admission decisions, block values and metrics for one engine.
 
     Args:
-        policy: admission policy name.
-        eviction: an engine-capable eviction policy name
-            (``vllm_admission.core.eviction.ENGINE_EVICTION_POLICIES``).
+        plan: the run's policy decisions (:class:`~vllm_admission.core.run.RunPlan`):
+            it serves ``plan.start`` first; ``plan.adaptive`` chooses among
+            ``plan.admissions`` x ``plan.evictions`` online (``auto``,
+            :class:`~vllm_admission.core.adaptive.PolicyController`; the free
+            queue is then always the plugin's, so that eviction can switch);
+            ``plan.tuned`` tunes a ``tunable`` policy's alpha online.
         geometry: the engine's cache layout (the core's ``CacheLayout``).
         prefill_flops: ``f(num_tokens, num_cached) -> FLOPs``
-            (``ModelCosts.prefill_flops``); required by policies that
-            ``needs_values`` and by the alpha tuner.
-        alpha: fixed alpha of a ``tunable`` policy; ``None`` tunes it online.
+            (``ModelCosts.prefill_flops``); required by ``auto``, by policies
+            that ``needs_values`` and by the alpha tuner (``plan.needs_flops``).
         tune_multiplier: the tuner's bootstrap multiplier.
         tune_grid: the tuner's bootstrap grid, a key of ``GRIDS``.
         clock: the recency clock of the eviction policy; default
@@ -313,12 +102,9 @@ class AdmissionControl:
             (vLLM's ``get_group_id`` of its hash; the adapter binds it).
         tune_in_thread: run the tuner (or the controller) on a daemon thread
             (default; ``auto``'s shadow caches then run in a child process,
-            :mod:`~vllm_admission.plugin.shadows`) or inline.
-        adaptive: ``(admissions, evictions)`` to choose among online (``auto``,
-            :class:`~vllm_admission.core.adaptive.PolicyController`), starting
-            from ``policy`` + ``eviction``; needs ``prefill_flops``. The free
-            queue is then always the plugin's, so that eviction can switch.
-        auto_interval: with ``adaptive``, finished requests between decisions.
+            :mod:`~vllm_admission.core.shadows`) or inline
+            (:mod:`~vllm_admission.plugin.worker`).
+        auto_interval: with ``plan.adaptive``, finished requests between decisions.
 
     Raises:
         UnknownPolicyError: unknown policy name.
@@ -326,24 +112,23 @@ class AdmissionControl:
             that needs values without ``prefill_flops``.
     """
 
-    def __init__(self, *, policy: str, eviction: str, geometry: CacheLayout,
+    def __init__(self, *, plan: RunPlan, geometry: CacheLayout,
                  prefill_flops: Callable[[int, int], float] | None = None,
-                 alpha: float | None = None, tune_multiplier: int = 5,
-                 tune_grid: str = "coarse",
+                 tune_multiplier: int = 5, tune_grid: str = "coarse",
                  clock: Callable[[], float] | None = None,
                  is_cached_state: Callable[[Any, int], bool] | None = None,
                  group_of: Callable[[Any], int] | None = None,
                  tune_in_thread: bool = True,
-                 adaptive: tuple[Sequence[str], Sequence[str]] | None = None,
                  auto_interval: int = DEFAULT_INTERVAL) -> None:
-        policy_cls = eviction_class(eviction)
-        if adaptive is not None and prefill_flops is None:
+        policy, eviction = plan.start.admission, plan.start.eviction
+        policy_cls = plan.eviction_cls
+        if plan.adaptive and prefill_flops is None:
             raise ValueError("auto policy selection needs prefill_flops")
         if policy_cls.needs_future:
             raise ValueError(f"eviction {eviction!r} needs future knowledge: simulator only")
-        tuned = policy_cls.tunable and alpha is None
-        if (policy_cls.needs_values or tuned) and prefill_flops is None:
+        if (policy_cls.needs_values or plan.tuned) and prefill_flops is None:
             raise ValueError(f"eviction {eviction!r} needs prefill_flops")
+        self.plan = plan
         self.geometry = geometry
         self.B = geometry.block_size
         self._hash_stride = geometry.hash_stride
@@ -376,39 +161,31 @@ class AdmissionControl:
         # eviction: None keeps vLLM's own free-block queue (a policy in vLLM's order).
         self.eviction_policy: EvictionPolicy | None = None
         self.tuner: TunerThread | None = None
-        self.fixed_alpha = alpha
         self.tune_multiplier = tune_multiplier
         self.tune_grid = GRIDS[tune_grid]
         self.tune_in_thread = tune_in_thread
         self.controller: ControllerThread | None = None
         self._finished = 0
-        if adaptive is not None:
-            admissions, evictions = adaptive
-            setup = CacheSetup(layout=geometry, admission=policy, eviction=eviction,
-                               segment_flops=prefill_flops)
-            self.controller = ControllerThread(_policy_controller(
-                dict(setup=setup, admissions=tuple(admissions), evictions=tuple(evictions),
-                     prefill_flops=prefill_flops, start=Pair(policy, eviction),
-                     min_window=auto_interval),
+        if plan.adaptive:
+            self.controller = ControllerThread(policy_controller(
+                controller_kwargs(plan, geometry, prefill_flops, interval=auto_interval),
                 in_child=tune_in_thread))
-            tuned = False
         #: Whether an eviction policy this control may run (``auto``: any it may
         #: switch to) reads FLOP values. Only then must each freeing call open a
         #: scope to value its blocks (``AdmissionCoordinator``); without values a
         #: block freed outside a scope gets the same time, the request clock.
-        self.reads_values = any(eviction_class(e).needs_values
-                                for e in (eviction, *(adaptive[1] if adaptive else ())))
+        self.reads_values = plan.reads_values
         #: ``auto``: builds the eviction policies it switches among, all sharing
         #: one hash history (:class:`~vllm_admission.core.adaptive.LiveEvictions`).
         self.live_evictions: LiveEvictions | None = None
-        if not policy_cls.vllm_order or adaptive is not None:
-            options = {"alpha": alpha if alpha is not None else 0.0} if policy_cls.tunable else {}
-            if adaptive is not None:
-                self.live_evictions = LiveEvictions(adaptive[1])
+        if plan.own_eviction:
+            options = {} if plan.start_alpha is None else {"alpha": plan.start_alpha}
+            if plan.adaptive:
+                self.live_evictions = LiveEvictions(plan.evictions)
                 self.eviction_policy = self.live_evictions.make(eviction, **options)
             else:
                 self.eviction_policy = get_eviction(eviction, **options)
-            if tuned:
+            if plan.tuned:
                 self.tuner = TunerThread(self._make_tuner)
 
     # -- policy ------------------------------------------------------------
@@ -461,7 +238,7 @@ class AdmissionControl:
         kv_hit = shared_prefix_boundary if shared_prefix_boundary > num_local else num_local
         probe = HitProbe(request.num_prompt_tokens, self.B, kv_hit, num_local)
         rid = request.request_id
-        if counts_in_prefix_cache_stats(request):
+        if translate.counts_in_prefix_cache_stats(request):
             self._pending[rid] = probe
         adm = RequestAdmission(self.policy, probe, total_len=None,
                                junction=shared_prefix_boundary if self.stock else None)
@@ -488,7 +265,8 @@ class AdmissionControl:
 
     def on_scheduled(self, num_scheduled_tokens: dict[str, int]) -> None:
         """Count the requests admitted this step (those looked up and scheduled),
-        first admissions only (:func:`counts_in_prefix_cache_stats`)."""
+        first admissions only
+        (:func:`~vllm_admission.plugin.translate.counts_in_prefix_cache_stats`)."""
         pending = self._pending
         if not pending:
             return
@@ -619,9 +397,11 @@ class AdmissionControl:
         stride = self._hash_stride
         g = self.first_state
 
+        at = translate.block_hash_at
+
         def cached(i: int) -> bool:
-            k = (i + 1) * stride - 1
-            return k < len(hashes) and self.is_cached_state(hashes[k], g)
+            h = at(hashes, i, stride)
+            return h is not None and self.is_cached_state(h, g)
 
         return cached
 
@@ -681,7 +461,7 @@ class AdmissionControl:
         tell the policy the same thing at the same moment:
 
         * a block of prompt tokens only (its hash covers at most
-          ``num_prompt_tokens``): ``(group, hash_key(block hash))``;
+          ``num_prompt_tokens``): ``(group, translate.hash_key(block hash))``;
         * a block holding generated tokens: a key of its own that never
           recurs. The simulator cannot know output tokens and counts them as
           new content; vLLM's hash would tie a resent prompt's identical
@@ -702,7 +482,7 @@ class AdmissionControl:
             if end > prompt_len:
                 key: Any = ("out", next(self._output_keys))
             else:
-                key = (group, hash_key(b.block_hash))
+                key = (group, translate.hash_key(b.block_hash))
             policy.on_cache(b.block_id, key)
 
     def on_hash_dropped(self, block: Any) -> None:
@@ -724,11 +504,7 @@ class AdmissionControl:
         P = track.adm.probe.prompt_len
         if output_len < 1 or P < 1:
             return
-        hashes = request.block_hashes
-        stride = self._hash_stride
-        n = min(P // self.B, len(hashes) // stride)
-        keys = [hash_key(hashes[(i + 1) * stride - 1]) for i in range(n)]
-        item = CacheRequest(keys, P, output_len)
+        item = translate.cache_request(request, P, self.B, self._hash_stride)
         if self.controller is not None:
             index, self._finished = self._finished, self._finished + 1
             if self.tune_in_thread:
@@ -773,20 +549,9 @@ class AdmissionControl:
 
     def demoter(self, held: Sequence[Container] | None) -> Callable[[Any], bool] | None:
         """``f(block) -> bool`` for the free queue's switch: whether a free cached
-        block goes first, because the new pair's shadow does not hold its hash
-        (``held``: per KV cache group, the shadow's prompt block hashes,
-        :meth:`HybridPrefixCache.held_keys
-        <vllm_admission.core.cache.HybridPrefixCache.held_keys>`; ``None``: nothing
-        goes first). The key is the one the shadows were fed (:func:`hash_key`
-        of the block's hash, which for a block of several hash blocks is its
-        last one's, as ``on_finished`` takes it)."""
-        if held is None:
-            return None
-        group_of = self.group_of
-
-        def demote(block: Any) -> bool:
-            return hash_key(block.block_hash) not in held[group_of(block)]
-        return demote
+        block goes first (:func:`vllm_admission.plugin.translate.demoter`, with
+        this engine's ``group_of``)."""
+        return translate.demoter(held, self.group_of)
 
     def set_eviction(self, policy: EvictionPolicy) -> None:
         """Order free blocks by ``policy`` (fresh) from now on (``auto``); the free
@@ -795,20 +560,13 @@ class AdmissionControl:
         self.eviction = policy.name
 
     def _make_tuner(self) -> AlphaTuner:
-        geo = self.geometry
-        flops = self.prefill_flops
-        setup = CacheSetup(layout=geo, admission=self.policy.name, eviction=self.eviction,
-                           segment_flops=flops)
-
-        def replay(alpha: float, window: Sequence[CacheRequest], snapshot: Any = None) -> float:
-            return replay_requests(setup.build(alpha=alpha), list(window),
-                                   prefill_flops=flops).flops_saved
-
         # The engine tunes once per bootstrap window, as Marconi does: re-tuning
         # needs snapshots of a simulated twin of the live cache, which the
         # engine does not keep.
-        return AlphaTuner(replay=replay, snapshot=None, multiplier=self.tune_multiplier,
-                          grid=self.tune_grid)
+        setup = CacheSetup(layout=self.geometry, admission=self.policy.name,
+                           eviction=self.eviction, segment_flops=self.prefill_flops)
+        return alpha_tuner(setup, self.prefill_flops, grid=self.tune_grid,
+                           multiplier=self.tune_multiplier)
 
     # -- metrics ---------------------------------------------------------------
     def stats(self, *, evictions_by_group: Sequence[int], free_blocks: int) -> AdmissionStats:

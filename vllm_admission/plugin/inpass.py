@@ -5,16 +5,19 @@ a forward pass ends, so the scheduler ends a prefill chunk at every position
 whose state is kept. In ``inpass`` mode the chunk runs on, and the states at
 those positions are written during the same forward pass:
 
-* **scheduler** (:func:`inpass_split`, :func:`bind_inpass_managers`,
+* **scheduler** (:func:`inpass_split`, :class:`InpassAllocation`,
   :func:`step_checkpoints`): the chunk ends only at the token budget (floored to
   a block, as vLLM does) and the prompt end. The positions where split mode
   would have ended it become checkpoints: each gets a real state block in every
   state group (in place of the null block align mode leaves there), cached by
   the stock ``cache_blocks`` path exactly as in split mode, and the step's list
   ``{running state block: ((offset in chunk, checkpoint block), ...)}`` rides on
-  ``SchedulerOutput`` as :data:`INPASS_ATTR`.
-* **runner** (:func:`install_runner_hooks`): ``GPUModelRunner.execute_model``
-  (CPUModelRunner inherits it) is wrapped to publish that list for the step, and
+  the step's ``SchedulerOutput``
+  (:func:`vllm_admission.plugin.vllm_hooks.attach_step_checkpoints`).
+* **runner** (:mod:`vllm_admission.plugin.runner.inpass_runner`, installed by
+  :func:`vllm_admission.plugin.vllm_hooks.install_inpass_runner`):
+  ``GPUModelRunner.execute_model`` (CPUModelRunner inherits it) is wrapped to
+  publish that list for the step, and
   ``vllm.model_executor.layers.mamba.ops.cpu.gdn_attention._cpu_gdn_attention_nonspec``
   (the CPU GDN recurrent core, non-speculative) is wrapped so that, when a
   prefill sequence has checkpoints, the prefills go through
@@ -26,24 +29,22 @@ those positions are written during the same forward pass:
   and SSM state rows into the checkpoint blocks. Decodes, projections,
   attention and MLP run once, as in vLLM.
 
+This module changes no vLLM object: every hook is installed by
+:mod:`vllm_admission.plugin.vllm_hooks`.
+
 Limits: CPU platform, Gated DeltaNet layers, align mode, no speculative
 decoding, the model runner in the scheduler's process (``uni`` executor).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from vllm_admission.core.cache import chunk_end
 
-__all__ = ["INPASS_ATTR", "bind_inpass_managers", "inpass_problems", "inpass_split",
-           "install_runner_hooks", "split_stops", "step_checkpoints"]
-
-#: Attribute of ``SchedulerOutput`` carrying the step's checkpoint list:
-#: ``{running state block id: ((token offset in the chunk, checkpoint block id), ...)}``.
-INPASS_ATTR = "admission_inpass"
+__all__ = ["InpassAllocation", "inpass_problems", "inpass_split", "split_stops",
+           "step_checkpoints"]
 
 
 # ------------------------------------------------------------------ scheduler side
@@ -107,14 +108,6 @@ def inpass_split(scheduler: Any, split: Callable[..., int], plan: dict[str, tupl
     return end - start
 
 
-def bind_inpass_managers(managers: Sequence[Any], plan: dict[str, tuple[int, list[int]]]) -> None:
-    """Shadow ``get_num_blocks_to_allocate`` and ``allocate_new_blocks`` on each
-    state-group manager so that every planned checkpoint gets a real block
-    (counted before allocation, placed where align mode would put a null)."""
-    for manager in managers:
-        _bind_manager(manager, plan)
-
-
 def _checkpoint_indices(manager: Any, plan: dict, request_id: str, num_tokens: int) -> list[int]:
     entry = plan.get(request_id)
     if entry is None:
@@ -123,35 +116,57 @@ def _checkpoint_indices(manager: Any, plan: dict, request_id: str, num_tokens: i
     return [c // B - 1 for c in entry[1] if c < num_tokens]
 
 
-def _bind_manager(manager: Any, plan: dict) -> None:
-    def get_num_blocks_to_allocate(request_id: str, num_tokens: int, new_computed_blocks: Any,
+class InpassAllocation:
+    """A state-group manager's allocation with a real block at every planned checkpoint.
+
+    :func:`vllm_admission.plugin.vllm_hooks.bind_inpass_managers` shadows the
+    manager's ``get_num_blocks_to_allocate`` and ``allocate_new_blocks``
+    (``MambaManager``, ``vllm/v1/core/single_type_kv_cache_manager.py``) with
+    this object's methods, which take vLLM's arguments: the checkpoint blocks
+    are counted before allocation and placed where align mode would put a null
+    block.
+
+    Args:
+        manager: a Mamba/GDN group's manager (vLLM's ``MambaManager`` or the
+            plugin's subclass: the shadows survive a re-typing).
+        plan: the scheduler's ``{request id: (chunk start, checkpoint positions)}``.
+    """
+
+    def __init__(self, manager: Any, plan: dict[str, tuple[int, list[int]]]) -> None:
+        self.manager = manager
+        self.plan = plan
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, new_computed_blocks: Any,
                                    total_computed_tokens: int, num_local_computed_tokens: int,
                                    num_tokens_main_model: int, apply_admission_cap: bool = False,
                                    prefill_end: int = 0) -> int:
+        """vLLM's count plus the checkpoint blocks not yet held (null or beyond the table)."""
+        manager = self.manager
         n = type(manager).get_num_blocks_to_allocate(
             manager, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
             num_local_computed_tokens, num_tokens_main_model,
             apply_admission_cap=apply_admission_cap, prefill_end=prefill_end)
         held = len(manager.req_to_blocks.get(request_id, ())) + len(new_computed_blocks)
         blocks = manager.req_to_blocks.get(request_id, [])
-        extra = sum(1 for i in _checkpoint_indices(manager, plan, request_id, num_tokens_main_model)
+        extra = sum(1 for i in _checkpoint_indices(manager, self.plan, request_id,
+                                                   num_tokens_main_model)
                     if i >= held or (i < len(blocks) and blocks[i].is_null))
         return n + extra
 
-    def allocate_new_blocks(request_id: str, num_tokens: int, num_tokens_main_model: int) -> list:
+    def allocate_new_blocks(self, request_id: str, num_tokens: int,
+                            num_tokens_main_model: int) -> list:
+        """vLLM's allocation, then a pool block in place of each null block at a checkpoint."""
+        manager = self.manager
         blocks = manager.req_to_blocks[request_id]
         prev = len(blocks)
         new = type(manager).allocate_new_blocks(manager, request_id, num_tokens, num_tokens_main_model)
-        wanted = [i for i in _checkpoint_indices(manager, plan, request_id, num_tokens_main_model)
+        wanted = [i for i in _checkpoint_indices(manager, self.plan, request_id, num_tokens_main_model)
                   if prev <= i < len(blocks) and blocks[i].is_null]
         if not wanted or [b.block_id for b in new] != [b.block_id for b in blocks[prev:]]:
             return new
         for i, block in zip(wanted, manager.block_pool.get_new_blocks(len(wanted))):
             blocks[i] = block
         return blocks[prev:]
-
-    manager.get_num_blocks_to_allocate = get_num_blocks_to_allocate
-    manager.allocate_new_blocks = allocate_new_blocks
 
 
 def step_checkpoints(managers: Sequence[Any], requests: dict[str, Any],
@@ -217,97 +232,3 @@ def inpass_problems(vllm_config: Any) -> list[str]:
                 GPUModelRunner, "execute_model"):
             problems.append("this vLLM lacks _cpu_gdn_attention_nonspec or GPUModelRunner.execute_model")
     return problems
-
-
-# --------------------------------------------------------------------- runner side
-#: The checkpoint list of the step being executed (set by the wrapped execute_model).
-_STEP: dict[str, Any] = {"plan": None}
-
-
-def install_runner_hooks() -> None:
-    """Wrap ``GPUModelRunner.execute_model`` and the CPU GDN core
-    ``gdn_attention._cpu_gdn_attention_nonspec`` (idempotent, process-wide).
-    Without a checkpoint list for the step both behave exactly as before."""
-    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    if not getattr(GPUModelRunner.execute_model, "_admission_inpass", False):
-        original_execute = GPUModelRunner.execute_model
-
-        def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
-            _STEP["plan"] = getattr(scheduler_output, INPASS_ATTR, None) or None
-            return original_execute(self, scheduler_output, *args, **kwargs)
-
-        execute_model._admission_inpass = True  # type: ignore[attr-defined]
-        GPUModelRunner.execute_model = execute_model
-    if not getattr(gdn_attention._cpu_gdn_attention_nonspec, "_admission_inpass", False):
-        original_core = gdn_attention._cpu_gdn_attention_nonspec
-
-        def core(layer: Any, md: Any, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any) -> None:
-            plan = _STEP["plan"]
-            if not plan or not md.num_prefills or not segmented_core(
-                    original_core, plan, layer, md, mixed_qkv, b, a, core_attn_out):
-                original_core(layer, md, mixed_qkv, b, a, core_attn_out)
-
-        core._admission_inpass = True  # type: ignore[attr-defined]
-        core._admission_original = original_core  # type: ignore[attr-defined]
-        gdn_attention._cpu_gdn_attention_nonspec = core
-
-
-def segmented_core(core: Callable[..., None], plan: dict[int, Sequence[tuple[int, int]]], layer: Any,
-                   md: Any, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any) -> bool:
-    """Run one GDN layer's recurrent core with each prefill sequence cut at its
-    checkpoint offsets; return False (having done nothing) when no prefill
-    sequence of this step has one.
-
-    The decodes (vLLM puts them first) go through ``core`` (vLLM's
-    ``_cpu_gdn_attention_nonspec``) with the metadata narrowed to them; the
-    prefills through
-    :func:`~vllm_admission.plugin.runner.gdn_capture.gdn_prefill_with_capture`,
-    which runs the same kernels in rounds cut at the offsets and copies the
-    conv and SSM rows into the checkpoint blocks after each round.
-
-    Args:
-        core: vLLM's original ``_cpu_gdn_attention_nonspec``.
-        plan: the step's list, ``{running state block: ((offset in chunk,
-            checkpoint block), ...)}``.
-        layer, md: the GDN layer and its ``GDNAttentionMetadata``.
-        mixed_qkv, b, a: ``[tokens, ...]`` inputs, decodes first.
-        core_attn_out: ``[tokens, num_v_heads, head_v_dim]`` output, written in place.
-    """
-    from vllm_admission.plugin.runner.gdn_capture import GDNCoreParams, gdn_prefill_with_capture
-
-    nd, ndt = md.num_decodes, md.num_decode_tokens
-    npf, npt = md.num_prefills, md.num_prefill_tokens
-    slots = md.non_spec_state_indices_tensor[nd:nd + npf].tolist()
-    qsl = [q - ndt for q in md.non_spec_query_start_loc[nd:nd + npf + 1].tolist()]
-    offsets: list[list[int]] = []
-    rows: list[list[int]] = []
-    for j, slot in enumerate(slots):
-        pairs = [(off, blk) for off, blk in plan.get(slot, ()) if 0 < off < qsl[j + 1] - qsl[j]]
-        offsets.append([off for off, _ in pairs])
-        rows.append([blk for _, blk in pairs])
-    if not any(offsets):
-        return False
-    if nd:
-        decodes = dataclasses.replace(md, num_prefills=0, num_prefill_tokens=0, num_actual_tokens=ndt)
-        core(layer, decodes, mixed_qkv[:ndt], b[:ndt], a[:ndt], core_attn_out[:ndt])
-    conv_state, ssm_state = layer.kv_cache[0], layer.kv_cache[1]
-    gdn_prefill_with_capture(
-        GDNCoreParams.from_layer(layer), mixed_qkv[ndt:ndt + npt], a[ndt:ndt + npt], b[ndt:ndt + npt],
-        conv_state=conv_state, ssm_state=ssm_state, query_start_loc=qsl, state_indices=slots,
-        has_initial_state=md.has_initial_state[nd:nd + npf], checkpoint_offsets=offsets,
-        checkpoint_rows=rows, copier=_copier(layer, conv_state, ssm_state),
-        out=core_attn_out[ndt:ndt + npt])
-    return True
-
-
-def _copier(layer: Any, conv_state: Any, ssm_state: Any) -> Any:
-    """The layer's :class:`StateRowCopier`, bound once to its state tensors."""
-    from vllm_admission.plugin.state_copy import StateRowCopier
-
-    copier = getattr(layer, "_admission_copier", None)
-    if copier is None or copier.tensors[0] is not conv_state or copier.tensors[1] is not ssm_state:
-        copier = StateRowCopier([conv_state, ssm_state])
-        layer._admission_copier = copier
-    return copier

@@ -18,7 +18,11 @@ In the process that starts vLLM (``MainProcess``), :func:`register` also
 
 * sets ``VLLM_ADMISSION_METRICS_DIR`` (unless set) to a per-process temporary
   path, inherited by the engine-core processes, where the scheduler publishes
-  its counters for the API server's ``/metrics``
+  its counters for the API server's ``/metrics``. That write into
+  ``os.environ`` is how the directory crosses into the engine-core process
+  vLLM spawns (the only variable the plugin sets for a child; the policy
+  settings are the user's own variables, or, for an in-process engine built by
+  :func:`vllm_admission.engine.llm.build_llm`, an ``AdmissionConfig`` object)
   (:mod:`vllm_admission.plugin.metrics`). That process owns the directory: it
   removes it when it exits (``atexit``: ``vllm serve`` stopped with Ctrl-C or
   SIGTERM exits normally, but force-kills its engine core first, with
@@ -47,7 +51,7 @@ import sys
 from collections.abc import Sequence
 
 from vllm_admission.plugin.config import ENV_VARS, AdmissionConfig, AdmissionConfigError
-from vllm_admission.plugin.metrics import (
+from vllm_admission.plugin.snapshots import (
     ENV_METRICS_DIR,
     default_metrics_dir,
     remove_snapshot_dir,

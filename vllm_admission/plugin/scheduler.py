@@ -39,27 +39,16 @@ from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.kv_cache_interface import MambaSpec
 
-from vllm_admission.core.adaptive import AUTO, PolicyController, candidate_policies
 from vllm_admission.core.admission import get_admission
-from vllm_admission.core.cache import CHECKPOINT_MODES
-from vllm_admission.core.eviction import (
-    ENGINE_EVICTION_POLICIES,
-    EVICTION_POLICIES,
-    eviction_class,
-)
-from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout, inpass_capture_limit
+from vllm_admission.core.geometry import ATTENTION, STATE, inpass_capture_limit
 from vllm_admission.plugin import inpass, vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import AdmissionControl
-from vllm_admission.plugin.kv_cache import (
-    PolicyMambaManager,
-    group_kinds,
-    smallest_cacheable_prefix,
-)
+from vllm_admission.plugin.engine_setup import EngineSetup
+from vllm_admission.plugin.kv_cache import PolicyMambaManager
 from vllm_admission.plugin.logs import ensure_log_output
-from vllm_admission.plugin.metrics import StatsPublisher
+from vllm_admission.plugin.snapshots import StatsPublisher
 from vllm_admission.plugin.stats import AdmissionStats
 
 __all__ = ["AdmissionScheduler", "AsyncAdmissionScheduler", "admission_stats"]
@@ -67,19 +56,49 @@ __all__ = ["AdmissionScheduler", "AsyncAdmissionScheduler", "admission_stats"]
 logger = logging.getLogger("vllm_admission")
 
 
-class AdmissionScheduler(Scheduler):
+class AdmissionScheduler(EngineSetup, Scheduler):
     """vLLM's ``Scheduler`` whose hybrid prefix cache follows an admission policy.
 
-    Takes vLLM's scheduler arguments unchanged. Settings come from the
-    environment (``VLLM_ADMISSION_POLICY``, ``VLLM_ADMISSION_EVICTION``,
-    ``VLLM_ADMISSION_ALPHA``, ``VLLM_ADMISSION_LOG_INTERVAL``,
-    ``VLLM_ADMISSION_TUNE_MULTIPLIER``, ``VLLM_ADMISSION_TUNE_GRID``).
+    Takes vLLM's scheduler arguments unchanged. Settings are read once, when
+    it is built (in the engine-core process), from the ``VLLM_ADMISSION_*``
+    environment variables (:class:`~vllm_admission.plugin.config.AdmissionConfig`),
+    or given as an ``AdmissionConfig`` object to a :meth:`configured` subclass;
+    from then on they live in :attr:`admission_config`.
 
     Raises:
         AdmissionConfigError: an invalid setting, or a policy the engine's
             configuration cannot run (one line, naming the valid values or the
             unsupported feature).
     """
+
+    #: The settings a :meth:`configured` subclass runs with; ``None``: read from the
+    #: environment when the scheduler is built (:meth:`AdmissionConfig.from_env`).
+    admission_settings: AdmissionConfig | None = None
+
+    @classmethod
+    def configured(cls, config: AdmissionConfig) -> type[AdmissionScheduler]:
+        """A subclass that runs with ``config`` instead of reading the environment.
+
+        Pass it as ``scheduler_cls`` when the engine core runs in this process
+        (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; :func:`vllm_admission.engine.llm.build_llm`
+        does): the settings then travel as this object, not through
+        ``os.environ``. An engine core in its own process needs the class by
+        name and the ``VLLM_ADMISSION_*`` variables instead. The subclass keeps
+        the name ``AdmissionScheduler`` (``AsyncAdmissionScheduler``) and is
+        reported as ``vllm_admission.<name>``.
+        """
+        return type(cls.__name__, (cls,), {"admission_settings": config,
+                                           "__module__": "vllm_admission",
+                                           "__doc__": cls.__doc__})
+
+    @classmethod
+    def _admission_read_config(cls) -> AdmissionConfig:
+        """The settings: the class's own (:meth:`configured`), else the environment's.
+
+        Raises:
+            AdmissionConfigError: an invalid variable (one line).
+        """
+        return cls.admission_settings or AdmissionConfig.from_env()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """Pick the class the engine's configuration needs.
@@ -103,7 +122,7 @@ class AdmissionScheduler(Scheduler):
         scheduler_config = getattr(vllm_config, "scheduler_config", None)
         is_async = bool(getattr(scheduler_config, "async_scheduling", False))
         if not vllm_hooks.check_version():
-            config = AdmissionConfig.from_env()
+            config = cls._admission_read_config()
             reason = vllm_hooks.unsupported_reason(vllm_hooks.installed_version(),
                                                    config.wants_changes())
             ensure_log_output()
@@ -112,11 +131,16 @@ class AdmissionScheduler(Scheduler):
                         "(nothing of the plugin is active)", reason, stock.__name__)
             return stock(*args, **kwargs)
         if is_async and not issubclass(cls, AsyncScheduler):
-            cls = AsyncAdmissionScheduler
+            # A configured class stays a base, so that its settings hold and
+            # Python still calls __init__ (the instance is one of ``cls``).
+            cls = (AsyncAdmissionScheduler if cls.admission_settings is None
+                   else type(AsyncAdmissionScheduler.__name__, (cls, AsyncAdmissionScheduler),
+                             {"__module__": "vllm_admission",
+                              "__doc__": AsyncAdmissionScheduler.__doc__}))
         return super().__new__(cls)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        config = AdmissionConfig.from_env()
+        config = self._admission_read_config()
         super().__init__(*args, **kwargs)
         ensure_log_output()
         self.admission_config = config
@@ -132,53 +156,12 @@ class AdmissionScheduler(Scheduler):
             self._admission_publish(idle=True)
             return
         geometry = self._admission_geometry(config)
-        adaptive = AUTO in (config.policy, config.eviction)
-        admissions, evictions = candidate_policies(config.policy, config.eviction)
-        if config.policy == AUTO:
-            admissions = self._admission_runnable_admissions(admissions)
-        for name in admissions:
-            self._admission_check_supported(name)
-        if config.eviction == AUTO and self.connector is not None:
-            # KV connectors (offloading) walk vLLM's free queue every step.
-            kept = tuple(e for e in evictions if eviction_class(e).vllm_order)
-            if kept != evictions:
-                logger.warning("vllm_admission: auto eviction leaves out %s here (a KV connector)",
-                               ", ".join(e for e in evictions if e not in kept))
-            evictions = kept
-        if config.eviction == AUTO and any(eviction_class(e).needs_keys for e in evictions):
-            problems = self._admission_key_problems()
-            if problems:
-                dropped = [e for e in evictions if eviction_class(e).needs_keys]
-                evictions = tuple(e for e in evictions if e not in dropped)
-                logger.warning("vllm_admission: auto eviction leaves out %s here (%s)",
-                               ", ".join(dropped), "; ".join(problems))
-        for name in evictions:
-            self._admission_check_keys(name)
-        if adaptive and self.connector is not None and len(admissions) * len(evictions) == 1:
-            # auto switches eviction through the plugin's free queue, which a
-            # connector cannot walk; with one pair left there is nothing to switch.
-            logger.warning("vllm_admission: auto has one runnable pair here, %s+%s; it runs as a "
-                           "fixed pair", admissions[0], evictions[0])
-            adaptive = False
-        start = PolicyController.default_start(admissions, evictions, geometry.checkpoint)
-        prefill_flops = None
-        if adaptive or any(not eviction_class(e).vllm_order for e in evictions):
-            if self.connector is not None:
-                # KV connectors (offloading) walk vLLM's free queue every step;
-                # auto's free queue is the plugin's even while it serves lru.
-                setting = (f"VLLM_ADMISSION_POLICY={AUTO}" if adaptive and config.policy == AUTO
-                           else f"VLLM_ADMISSION_EVICTION={config.eviction}")
-                raise AdmissionConfigError(
-                    f"{setting} cannot run with a KV connector "
-                    f"(valid here: {', '.join(n for n, c in EVICTION_POLICIES.items() if c.vllm_order)})")
-        eviction = eviction_class(start.eviction)
-        if adaptive or eviction.needs_values or (eviction.tunable and config.alpha is None):
-            prefill_flops = self._admission_costs(config.eviction).prefill_flops
-        control = AdmissionControl(policy=start.admission, eviction=start.eviction,
-                                   geometry=geometry, prefill_flops=prefill_flops,
-                                   alpha=config.alpha, tune_multiplier=config.tune_multiplier,
+        plan = self._admission_plan(config, geometry)
+        prefill_flops = (self._admission_costs(config.eviction).prefill_flops
+                         if plan.needs_flops else None)
+        control = AdmissionControl(plan=plan, geometry=geometry, prefill_flops=prefill_flops,
+                                   tune_multiplier=config.tune_multiplier,
                                    tune_grid=config.tune_grid,
-                                   adaptive=(admissions, evictions) if adaptive else None,
                                    auto_interval=config.auto_interval)
         self._admission_pending_pair = None
         self._admission_inpass: dict[str, tuple[int, list[int]]] | None = None
@@ -187,7 +170,8 @@ class AdmissionScheduler(Scheduler):
         vllm_hooks.install(self.kv_cache_manager, control)
         self._admission = control
         if self._admission_inpass is not None:
-            inpass.bind_inpass_managers(self._admission_state_managers(), self._admission_inpass)
+            vllm_hooks.bind_inpass_managers(self._admission_state_managers(),
+                                            self._admission_inpass)
         self._admission_bind_split()
         self._admission_last_log = time.monotonic()
         logger.info("vllm_admission: AdmissionScheduler active: %s; block_size=%d, groups=%s, "
@@ -202,183 +186,11 @@ class AdmissionScheduler(Scheduler):
         if publisher is not None and publisher.due(idle):
             publisher.publish(self.stats())
 
-    # -- set-up helpers ----------------------------------------------------------
-    def _admission_inert_reason(self) -> str | None:
-        if not self.cache_config.enable_prefix_caching:
-            return "prefix caching is off"
-        kinds = group_kinds(self.kv_cache_manager.coordinator.single_type_managers)
-        if STATE not in kinds:
-            return "the model has no recurrent (Mamba/GDN) layers"
-        if all(k == STATE for k in kinds):
-            return "the model has no attention layers"
-        return None
-
-    def _admission_geometry(self, config: AdmissionConfig) -> CacheLayout:
-        kinds = group_kinds(self.kv_cache_manager.coordinator.single_type_managers)
-        unsupported = [k for k in kinds if k not in (STATE, ATTENTION)]
-        if unsupported and config.wants_changes():
-            raise AdmissionConfigError(
-                f"vllm_admission supports full-attention and Mamba/GDN KV cache groups only; "
-                f"this model also has {', '.join(sorted(set(unsupported)))} (valid here: "
-                f"VLLM_ADMISSION_POLICY=vllm with VLLM_ADMISSION_EVICTION=lru)")
-        groups = self.kv_cache_config.kv_cache_groups
-        bytes_per_block = max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
-        return CacheLayout(block_size=self.block_size, hash_block_size=self.hash_block_size,
-                           num_blocks=self.kv_cache_config.num_blocks, group_kinds=kinds,
-                           bytes_per_block=int(bytes_per_block),
-                           chunk_size=int(self.scheduler_config.max_num_batched_tokens),
-                           checkpoint=config.checkpoint,
-                           prompt_end_export=self._admission_vllm_exports_checkpoint())
-
-    def _admission_setup_inpass(self) -> None:
-        """Check that ``inpass`` can run here and install its runner hooks.
-
-        Raises:
-            AdmissionConfigError: one line naming what is in the way and the
-                valid values.
-        """
-        problems = inpass.inpass_problems(self.vllm_config)
-        problems += self._admission_key_problems()
-        if self._admission_vllm_exports_checkpoint():
-            # Both would write states into the checkpoint columns of one step.
-            problems.append("vLLM's own prefill checkpoint export "
-                            "(num_prefill_checkpoint_blocks)")
-        if problems:
-            raise AdmissionConfigError(
-                f"VLLM_ADMISSION_CHECKPOINT=inpass cannot run with {'; '.join(problems)} "
-                f"(valid here: split; valid values: {', '.join(CHECKPOINT_MODES)})")
-        inpass.install_runner_hooks()
-        self._admission_inpass = {}
-
     def _admission_state_managers(self) -> list[Any]:
         from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
         return [m for m in self.kv_cache_manager.coordinator.single_type_managers
                 if isinstance(m, MambaManager)]
-
-    def _admission_log_smallest_prefix(self, geometry: CacheLayout) -> None:
-        """Log the shortest prefix that can hit, per KV cache group; warn when a
-        prompt must be longer than a quarter of ``max_model_len`` to hit at all."""
-        coordinator = self.kv_cache_manager.coordinator
-        prefix, per_group = smallest_cacheable_prefix(
-            coordinator.single_type_managers, scheduler_block_size=self.block_size,
-            hash_block_size=self.hash_block_size,
-            partial_hash_hits=bool(getattr(coordinator, "enable_partial_hash_hits", False)))
-        groups = " ".join(f"{k}{g}={n}" for g, (k, n) in enumerate(zip(geometry.group_kinds,
-                                                                        per_group)))
-        logger.info("vllm_admission: smallest cacheable prefix: %d tokens (per KV cache group: "
-                    "%s; a hit ends where every group can reuse a block), so only prompts of "
-                    "%d tokens or more can hit (vLLM recomputes at least the last prompt token)",
-                    prefix, groups, prefix + 1)
-        max_model_len = int(self.vllm_config.model_config.max_model_len)
-        if 4 * (prefix + 1) > max_model_len:
-            logger.warning("vllm_admission: prompts shorter than %d tokens never hit the prefix "
-                           "cache, more than a quarter of max_model_len=%d", prefix + 1,
-                           max_model_len)
-
-    def _admission_runnable_admissions(self, admissions: tuple[str, ...]) -> tuple[str, ...]:
-        """``auto``'s admission candidates this engine can run; one warning names
-        those left out and why (as ``auto`` eviction does for ``reuse``)."""
-        problems = {name: self._admission_support_problems(name) for name in admissions}
-        kept = tuple(name for name in admissions if not problems[name])
-        dropped = [name for name in admissions if problems[name]]
-        if dropped:
-            reasons = sorted({p for name in dropped for p in problems[name]})
-            logger.warning("vllm_admission: auto admission leaves out %s here (%s)",
-                           ", ".join(dropped), "; ".join(reasons))
-        return kept
-
-    def _admission_check_supported(self, policy: str) -> None:
-        """Non-stock admission needs plain align mode; say which feature is in the way."""
-        problems = self._admission_support_problems(policy)
-        if problems:
-            raise AdmissionConfigError(
-                f"VLLM_ADMISSION_POLICY={policy} cannot run with {'; '.join(problems)} "
-                f"(valid here: vllm)")
-
-    def _admission_support_problems(self, policy: str) -> list[str]:
-        """The engine features in the way of a non-stock admission policy (none for ``vllm``)."""
-        if get_admission(policy).vllm_native:
-            return []
-        problems = []
-        if self.cache_config.mamba_cache_mode != "align":
-            problems.append(f"mamba_cache_mode={self.cache_config.mamba_cache_mode!r} "
-                            f"(needs 'align')")
-        problems += self._admission_key_problems()
-        if self.use_eagle_block_drop or self.kv_cache_manager.coordinator.eagle_group_ids:
-            problems.append("EAGLE/MTP speculative decoding")
-        if self.connector is not None:
-            problems.append("a KV connector")
-        return problems
-
-    def _admission_key_problems(self) -> list[str]:
-        """Engine features under which a block's hash is not one full block's,
-        given once by ``BlockPool.cache_full_blocks`` (partial entries, Mamba
-        speculative blocks): the core's cache model has one key per block.
-
-        vLLM's own one-checkpoint-per-prefill export
-        (:meth:`_admission_vllm_exports_checkpoint`) is not among them: with
-        hash and group block sizes equal to the scheduler's (checked here) the
-        exported state sits at a block boundary, in the block of that position,
-        and gets that block's full-block hash in ``cache_full_blocks`` like any
-        other state (the policy's mask decides whether it does).
-        """
-        problems = []
-        if self.hash_block_size != self.block_size or any(
-                g.kv_cache_spec.block_size != self.block_size
-                for g in self.kv_cache_config.kv_cache_groups):
-            problems.append("hash or group block sizes differ from the scheduler block size")
-        if getattr(self.kv_cache_manager.coordinator, "enable_partial_hash_hits", False):
-            problems.append("partial hash hits")
-        for g in self.kv_cache_config.kv_cache_groups:
-            spec = g.kv_cache_spec
-            if isinstance(spec, MambaSpec) and spec.num_speculative_blocks:
-                problems.append("Mamba speculative blocks")
-                break
-        return problems
-
-    def _admission_vllm_exports_checkpoint(self) -> bool:
-        """Whether vLLM writes the prompt-end state from inside the last prefill
-        chunk (``num_prefill_checkpoint_blocks`` on every Mamba group, as vLLM
-        requires: ``v1/core/sched/scheduler.py``
-        ``mamba_has_prefill_checkpoint_blocks``), instead of ending a chunk there.
-
-        vLLM 0.33 builds such specs for Qwen GDN layers on the FlashInfer
-        prefill backend (``qwen_gdn_linear_attn.py``), vLLM 0.32 and 0.33 for
-        Mamba2 layers (``mamba_mixer2.py``). The plugin takes the exported state
-        as the prompt-end (``last``) checkpoint: the admission policy decides
-        whether its block keeps a hash, exactly as for a state written at a
-        chunk end; the policy's other checkpoints still end chunks.
-        """
-        specs = [g.kv_cache_spec for g in self.kv_cache_config.kv_cache_groups
-                 if isinstance(g.kv_cache_spec, MambaSpec)]
-        return (bool(specs) and self.cache_config.mamba_cache_mode == "align"
-                and all(s.num_prefill_checkpoint_blocks > 0 for s in specs))
-
-    def _admission_check_keys(self, eviction: str) -> None:
-        """An eviction policy that keeps history by block hash (``needs_keys``)
-        hears each block's key from ``cache_full_blocks``; say which feature
-        gives blocks hashes elsewhere."""
-        if not eviction_class(eviction).needs_keys:
-            return
-        problems = self._admission_key_problems()
-        if problems:
-            valid = ", ".join(n for n in ENGINE_EVICTION_POLICIES
-                              if not eviction_class(n).needs_keys)
-            raise AdmissionConfigError(
-                f"VLLM_ADMISSION_EVICTION={eviction} cannot run with {'; '.join(problems)} "
-                f"(valid here: {valid})")
-
-    def _admission_costs(self, eviction: str) -> Any:
-        from vllm_admission.core.costs import ModelConfigError, ModelCosts
-
-        hf = self.vllm_config.model_config.hf_config
-        try:
-            return ModelCosts.from_config(hf.to_dict())
-        except ModelConfigError as exc:
-            raise AdmissionConfigError(
-                f"VLLM_ADMISSION_EVICTION={eviction} needs a FLOP model of this architecture: "
-                f"{exc} (valid here: lru)") from None
 
     # -- overridden vLLM methods -------------------------------------------------
     def add_request(self, request: Any) -> None:
@@ -482,7 +294,7 @@ class AdmissionScheduler(Scheduler):
         ctl = self._admission
         plan = getattr(self, "_admission_inpass", None)
         if plan is not None:
-            setattr(scheduler_output, inpass.INPASS_ATTR, inpass.step_checkpoints(
+            vllm_hooks.attach_step_checkpoints(scheduler_output, inpass.step_checkpoints(
                 self._admission_state_managers(), self.requests,
                 scheduler_output.num_scheduled_tokens, plan))
         if ctl is not None:
@@ -615,9 +427,7 @@ def admission_stats(llm: Any) -> AdmissionStats:
             (``VLLM_ENABLE_V1_MULTIPROCESSING=1``), or its scheduler is not an
             :class:`AdmissionScheduler`.
     """
-    from vllm_admission.engine.llm import inprocess_scheduler
-
-    scheduler = inprocess_scheduler(llm)
+    scheduler = vllm_hooks.inprocess_scheduler(llm)
     if not isinstance(scheduler, AdmissionScheduler):
         raise RuntimeError(f"the engine's scheduler is {type(scheduler).__name__}, "
                            f"not AdmissionScheduler")

@@ -16,7 +16,7 @@ class AdmissionStats:
     count a request's first admission only, as vLLM's prefix-cache counters
     (``vllm:prefix_cache_queries`` / ``_hits``) do: a request admitted again
     after a preemption, or one that skips the prefix-cache lookup, is left out
-    (:func:`~vllm_admission.plugin.control.counts_in_prefix_cache_stats`), so
+    (:func:`~vllm_admission.plugin.translate.counts_in_prefix_cache_stats`), so
     ``tokens_saved / prompt_tokens`` and vLLM's hit rate have the same
     denominator.
 

@@ -20,14 +20,25 @@ here, behind a version check:
 * :func:`use_policy_managers`, :func:`bind_chunk_split`: what a policy switch
   changes (the Mamba managers' class, the chunk-split override on the
   scheduler instance);
+* ``inpass`` checkpoints: :func:`bind_inpass_managers` (the state managers'
+  allocation, shadowed per instance), :func:`attach_step_checkpoints` /
+  :func:`step_checkpoints_of` (the step's checkpoint list on its
+  ``SchedulerOutput``), :func:`install_inpass_runner` (the model runner's
+  ``execute_model`` and the CPU GDN core, wrapped process-wide; the two share
+  one :class:`~vllm_admission.plugin.runner.inpass_runner.StepCheckpoints`);
+* :func:`wrap_schedule`: observes each step's output on one scheduler
+  instance (:class:`vllm_admission.engine.llm.PrefillStepCounter`);
 * :func:`register_env_vars`: adds the plugin's variables to
   ``vllm.envs.environment_variables``;
-* :func:`cached_blocks`: iterates vLLM's block-hash map (no public iterator).
+* :func:`cached_blocks`: iterates vLLM's block-hash map (no public iterator);
+  :func:`inprocess_scheduler`: the live scheduler of an in-process ``LLM``.
 
 :data:`PRIVATE_MEMBERS` lists each private member relied on, with the vLLM
-file it comes from; ``tests/test_plugin_scheduler.py``
-(``test_every_private_vllm_member_the_plugin_relies_on_exists``) checks that
-the installed vLLM still has every one.
+file it comes from; :data:`OVERRIDES` names the plugin's method for each one it
+overrides or shadows. ``tests/test_plugin_scheduler.py`` checks that the
+installed vLLM still has every member (:func:`missing_members`, and the
+instance attributes on a live scheduler) and that every override accepts the
+arguments vLLM passes (:func:`override_mismatches`).
 """
 
 from __future__ import annotations
@@ -38,19 +49,27 @@ from typing import Any
 from vllm_admission.plugin.config import AdmissionConfigError
 
 __all__ = [
+    "INPASS_ATTR",
+    "OVERRIDES",
     "PRIVATE_MEMBERS",
     "SUPPORTED_VLLM",
     "UnsupportedVllmError",
+    "attach_step_checkpoints",
     "bind_chunk_split",
+    "bind_inpass_managers",
     "cached_blocks",
     "check_version",
+    "inprocess_scheduler",
     "install",
+    "install_inpass_runner",
     "missing_members",
     "override_mismatches",
-    "supported_text",
     "register_env_vars",
+    "step_checkpoints_of",
+    "supported_text",
     "unsupported_reason",
     "use_policy_managers",
+    "wrap_schedule",
 ]
 
 #: The vLLM release lines the plugin supports (``major.minor``).
@@ -101,12 +120,43 @@ PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
     ("v1/core/kv_cache_utils.py", "make_block_hash_with_group_id",
      "called: looks up a state block by hash and group"),
     ("envs.py", "environment_variables", "extended with the plugin's variables"),
+    ("v1/core/sched/scheduler.py", "Scheduler.schedule",
+     "overridden: applies a tuned alpha and auto's switch before the step allocates; "
+     "shadowed on an instance by wrap_schedule (engine.llm.PrefillStepCounter)"),
+    ("v1/core/sched/scheduler.py", "Scheduler.add_request",
+     "overridden: advances the request clock, applies auto's switch"),
+    ("v1/core/sched/scheduler.py", "Scheduler.shutdown",
+     "overridden: stops the worker thread, removes the metrics snapshot"),
+    ("v1/core/sched/output.py", "SchedulerOutput",
+     "given the attribute admission_inpass (inpass: the step's checkpoint list, "
+     "attach_step_checkpoints / step_checkpoints_of)"),
+    ("v1/core/single_type_kv_cache_manager.py", "MambaManager.get_num_blocks_to_allocate",
+     "shadowed on the instance (inpass): also counts the checkpoint blocks"),
+    ("v1/core/single_type_kv_cache_manager.py", "MambaManager.allocate_new_blocks",
+     "shadowed on the instance (inpass): a real block at each checkpoint"),
+    ("v1/core/single_type_kv_cache_manager.py", "MambaManager.req_to_blocks",
+     "read (instance attribute, inpass): a request's block table"),
+    ("v1/worker/gpu_model_runner.py", "GPUModelRunner.execute_model",
+     "wrapped process-wide (inpass): publishes the step's checkpoint list to the GDN core"),
+    ("model_executor/layers/mamba/ops/cpu/gdn_attention.py", "_cpu_gdn_attention_nonspec",
+     "wrapped process-wide (inpass): prefills with checkpoints run in segments"),
+    ("v1/attention/backends/gdn_attn.py", "GDNAttentionMetadata",
+     "read by the inpass GDN core (num_decodes, num_decode_tokens, num_prefills, "
+     "num_prefill_tokens, non_spec_state_indices_tensor, non_spec_query_start_loc, "
+     "has_initial_state) and narrowed to the decodes with dataclasses.replace"),
+    ("v1/engine/llm_engine.py", "LLMEngine.engine_core",
+     "read by inprocess_scheduler (instance attribute): the engine-core client"),
+    ("v1/engine/core_client.py", "InprocClient.engine_core",
+     "read by inprocess_scheduler (instance attribute): the in-process EngineCore"),
+    ("v1/engine/core.py", "EngineCore.scheduler",
+     "read by inprocess_scheduler (instance attribute): the live scheduler"),
 )
 
 # Members that are instance attributes (checked on a live object, not the class).
 _INSTANCE_ATTRIBUTES = frozenset({
     "HybridKVCacheCoordinator.single_type_managers", "BlockPool.free_block_queue",
-    "BlockHashToBlockMap._cache", "environment_variables",
+    "BlockHashToBlockMap._cache", "environment_variables", "MambaManager.req_to_blocks",
+    "LLMEngine.engine_core", "InprocClient.engine_core", "EngineCore.scheduler",
 })
 
 
@@ -156,19 +206,30 @@ def unsupported_reason(version: str, wants_changes: bool) -> str:
 def missing_members() -> list[str]:
     """The :data:`PRIVATE_MEMBERS` the installed vLLM lacks (class members only;
     instance attributes are checked by the tests on a live engine)."""
+    import importlib
+
     from vllm.v1.core import block_pool, kv_cache_coordinator, kv_cache_utils
     from vllm.v1.core import single_type_kv_cache_manager as stkm
     from vllm.v1.core.sched import async_scheduler, scheduler
 
-    modules = {"v1/core/sched/scheduler.py": scheduler,
-               "v1/core/sched/async_scheduler.py": async_scheduler,
-               "v1/core/block_pool.py": block_pool,
-               "v1/core/kv_cache_coordinator.py": kv_cache_coordinator,
-               "v1/core/single_type_kv_cache_manager.py": stkm,
-               "v1/core/kv_cache_utils.py": kv_cache_utils}
+    modules: dict[str, Any] = {"v1/core/sched/scheduler.py": scheduler,
+                               "v1/core/sched/async_scheduler.py": async_scheduler,
+                               "v1/core/block_pool.py": block_pool,
+                               "v1/core/kv_cache_coordinator.py": kv_cache_coordinator,
+                               "v1/core/single_type_kv_cache_manager.py": stkm,
+                               "v1/core/kv_cache_utils.py": kv_cache_utils}
     missing = []
     for path, member, _ in PRIVATE_MEMBERS:
-        if member in _INSTANCE_ATTRIBUTES or path not in modules:
+        if member in _INSTANCE_ATTRIBUTES or path == "envs.py":
+            continue
+        if path not in modules:
+            name = "vllm." + path.removesuffix(".py").replace("/", ".")
+            try:
+                modules[path] = importlib.import_module(name)
+            except ImportError as exc:
+                missing.append(f"{path}: {member} (cannot import {name}: {exc})")
+                modules[path] = None
+        if modules[path] is None:
             continue
         obj: Any = modules[path]
         for part in member.split("."):
@@ -206,6 +267,13 @@ OVERRIDES: tuple[tuple[str, str], ...] = (
     ("BlockPool.touch", "vllm_admission.plugin.kv_cache:AdmissionBlockPool.touch"),
     ("BlockPool.reset_prefix_cache",
      "vllm_admission.plugin.kv_cache:AdmissionBlockPool.reset_prefix_cache"),
+    ("Scheduler.schedule", "vllm_admission.plugin.scheduler:AdmissionScheduler.schedule"),
+    ("Scheduler.add_request", "vllm_admission.plugin.scheduler:AdmissionScheduler.add_request"),
+    ("Scheduler.shutdown", "vllm_admission.plugin.scheduler:AdmissionScheduler.shutdown"),
+    ("MambaManager.get_num_blocks_to_allocate",
+     "vllm_admission.plugin.inpass:InpassAllocation.get_num_blocks_to_allocate"),
+    ("MambaManager.allocate_new_blocks",
+     "vllm_admission.plugin.inpass:InpassAllocation.allocate_new_blocks"),
 )
 
 
@@ -362,6 +430,119 @@ def bind_chunk_split(scheduler: Any, split: Callable[..., int] | None) -> None:
         scheduler.__dict__.pop("_mamba_block_aligned_split", None)
 
 
+def wrap_schedule(scheduler: Any, after: Callable[[Any], None]) -> Callable[[], None]:
+    """Shadow ``schedule`` on one scheduler instance (``EngineCore.step`` calls it):
+    each call returns vLLM's ``SchedulerOutput`` after ``after(output)`` saw it.
+
+    Returns:
+        ``undo()``: restores the instance as it was (idempotent).
+    """
+    had_own = "schedule" in scheduler.__dict__
+    original = scheduler.schedule
+
+    def schedule(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        after(out)
+        return out
+
+    scheduler.schedule = schedule
+
+    def undo() -> None:
+        if scheduler.__dict__.get("schedule") is not schedule:
+            return
+        if had_own:
+            scheduler.schedule = original
+        else:
+            del scheduler.__dict__["schedule"]
+
+    return undo
+
+
+# ---------------------------------------------------------------- inpass checkpoints
+#: Attribute the scheduler adds to a step's ``SchedulerOutput`` (``inpass`` mode):
+#: ``{running state block id: ((token offset in the chunk, checkpoint block id), ...)}``.
+#: Under the ``uni`` executor the runner receives that very object.
+INPASS_ATTR = "admission_inpass"
+
+
+def attach_step_checkpoints(scheduler_output: Any, plan: dict[int, tuple[tuple[int, int], ...]],
+                            ) -> None:
+    """Give a step's ``SchedulerOutput`` its checkpoint list (:data:`INPASS_ATTR`)."""
+    setattr(scheduler_output, INPASS_ATTR, plan)
+
+
+def step_checkpoints_of(scheduler_output: Any) -> dict[int, tuple[tuple[int, int], ...]] | None:
+    """The checkpoint list a step's ``SchedulerOutput`` carries; ``None`` when it
+    has none (an empty list, or a scheduler that is not the plugin's: the runner
+    hooks are process-wide)."""
+    return getattr(scheduler_output, INPASS_ATTR, None) or None
+
+
+def bind_inpass_managers(managers: Sequence[Any], plan: dict[str, tuple[int, list[int]]]) -> None:
+    """Shadow ``get_num_blocks_to_allocate`` and ``allocate_new_blocks`` on each
+    state-group manager with an
+    :class:`~vllm_admission.plugin.inpass.InpassAllocation`'s, so that every
+    planned checkpoint gets a real block. Instance attributes: they survive the
+    re-typing of a policy switch (:func:`use_policy_managers`)."""
+    from vllm_admission.plugin.inpass import InpassAllocation
+
+    for manager in managers:
+        hooks = InpassAllocation(manager, plan)
+        manager.get_num_blocks_to_allocate = hooks.get_num_blocks_to_allocate
+        manager.allocate_new_blocks = hooks.allocate_new_blocks
+
+
+def install_inpass_runner() -> Any:
+    """Wrap ``GPUModelRunner.execute_model`` and the CPU GDN core
+    ``gdn_attention._cpu_gdn_attention_nonspec`` (process-wide, idempotent).
+
+    The two wrappers share one
+    :class:`~vllm_admission.plugin.runner.inpass_runner.StepCheckpoints`:
+    ``execute_model`` publishes the step's list (:func:`step_checkpoints_of`),
+    and the GDN core runs
+    :func:`~vllm_admission.plugin.runner.inpass_runner.segmented_core` when a
+    prefill of the step has checkpoints. Without a list, or when no prefill of
+    the step has a checkpoint, both call the originals unchanged.
+
+    Returns:
+        The shared ``StepCheckpoints`` (the one installed earlier, if any).
+    """
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    from vllm_admission.plugin.runner.inpass_runner import (
+        StepCheckpoints,
+        segmented_core,
+    )
+
+    channel = getattr(GPUModelRunner.execute_model, "_admission_step", None)
+    if channel is None:
+        channel = StepCheckpoints()
+        original_execute = GPUModelRunner.execute_model
+
+        def execute_model(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            channel.plan = step_checkpoints_of(scheduler_output)
+            return original_execute(self, scheduler_output, *args, **kwargs)
+
+        execute_model._admission_step = channel  # type: ignore[attr-defined]
+        GPUModelRunner.execute_model = execute_model
+    if getattr(gdn_attention._cpu_gdn_attention_nonspec, "_admission_step", None) is not channel:
+        original_core = getattr(gdn_attention._cpu_gdn_attention_nonspec, "_admission_original",
+                                gdn_attention._cpu_gdn_attention_nonspec)
+
+        def core(layer: Any, md: Any, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any) -> None:
+            plan = channel.plan
+            if not plan or not md.num_prefills or not segmented_core(
+                    original_core, plan, layer, md, mixed_qkv, b, a, core_attn_out,
+                    channel.copiers):
+                original_core(layer, md, mixed_qkv, b, a, core_attn_out)
+
+        core._admission_step = channel  # type: ignore[attr-defined]
+        core._admission_original = original_core  # type: ignore[attr-defined]
+        gdn_attention._cpu_gdn_attention_nonspec = core
+    return channel
+
+
 def register_env_vars(names: Sequence[str], getter: Callable[[], Any]) -> None:
     """Add ``names`` to ``vllm.envs.environment_variables`` (idempotent), so vLLM's
     environment validation accepts them (``Platform.validate_environ``)."""
@@ -369,6 +550,29 @@ def register_env_vars(names: Sequence[str], getter: Callable[[], Any]) -> None:
 
     for name in names:
         envs.environment_variables.setdefault(name, getter)
+
+
+def inprocess_scheduler(llm: Any) -> Any:
+    """The live ``vllm.v1.core.sched.scheduler.Scheduler`` (or subclass) of a ``vllm.LLM``.
+
+    Path: ``llm.llm_engine.engine_core`` is an ``InprocClient`` when the engine
+    core runs in this process; its ``.engine_core`` is the ``EngineCore`` whose
+    ``.scheduler`` holds ``kv_cache_manager`` -> ``coordinator`` /
+    ``block_pool``.
+
+    Raises:
+        RuntimeError: if the engine core runs in another process
+            (``VLLM_ENABLE_V1_MULTIPROCESSING=1``).
+    """
+    client = llm.llm_engine.engine_core
+    core = getattr(client, "engine_core", None)
+    scheduler = getattr(core, "scheduler", None)
+    if scheduler is None:
+        raise RuntimeError(
+            "the engine core runs in another process; build the engine with "
+            "VLLM_ENABLE_V1_MULTIPROCESSING=0 to inspect its scheduler"
+        )
+    return scheduler
 
 
 def cached_blocks(block_pool: Any) -> Iterator[tuple[Any, Any]]:

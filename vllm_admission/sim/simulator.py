@@ -18,10 +18,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, PolicyController, candidate_policies
+from vllm_admission.core.adaptive import DEFAULT_INTERVAL, PolicyController
 from vllm_admission.core.cache import ATTENTION, STATE, check_checkpoint_mode
 from vllm_admission.core.costs import ModelCosts
-from vllm_admission.core.eviction import eviction_class
 from vllm_admission.core.geometry import (
     CacheGeometry,
     CacheLayout,
@@ -30,13 +29,13 @@ from vllm_admission.core.geometry import (
 )
 from vllm_admission.core.replay import (
     CacheRequest,
-    CacheSetup,
     NextUseOracle,
     infinite_capacity_bound,
     replay_requests,
 )
+from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
 from vllm_admission.core.traces import Trace
-from vllm_admission.core.tuning import GRIDS, AlphaTuner
+from vllm_admission.core.tuning import GRIDS
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "RunResult", "cache_requests", "group_kinds", "simulate", "trace_bound"]
 
@@ -212,8 +211,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             checkpoint mode.
     """
     check_checkpoint_mode(checkpoint)
-    adaptive = AUTO in (admission, eviction)
-    admissions, evictions = candidate_policies(admission, eviction)  # validates names first
+    plan = RunPlan.from_settings(admission, eviction, alpha=alpha,
+                                 checkpoint=checkpoint)  # validates names first
     if tune_grid not in GRIDS:
         raise ValueError(f"unknown tuning grid {tune_grid!r}; valid: {', '.join(GRIDS)}")
     if not costs.is_hybrid:
@@ -231,34 +230,19 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     layout = CacheLayout(num_blocks=geo.num_blocks, block_size=geo.block_size,
                          group_kinds=group_kinds(costs, geo), bytes_per_block=geo.bytes_per_block,
                          chunk_size=chunk_size, checkpoint=checkpoint)
+    setup = plan.setup(layout, flops)
     controller = None
-    tunable = False  # a fixed eviction policy with an alpha
-    if adaptive:
-        start = PolicyController.default_start(admissions, evictions, checkpoint)
-        setup = CacheSetup(layout=layout, admission=start.admission, eviction=start.eviction,
-                           segment_flops=flops)
-        cache = setup.build(switchable=True, track_values=any(
-            eviction_class(e).needs_values for e in evictions))
-        controller = PolicyController(cache, setup, admissions, evictions, prefill_flops=flops,
-                                      min_window=auto_interval)
-    else:
-        setup = CacheSetup(layout=layout, admission=admission, eviction=eviction,
-                           segment_flops=flops)
-        policy = eviction_class(eviction)
-        tunable = policy.tunable
-        oracle = NextUseOracle(requests) if policy.needs_future else None
-        cache = setup.build(alpha=(0.0 if alpha is None else alpha) if tunable else None,
-                            next_use=oracle)
-    tuned = tunable and alpha is None
     tuner = None
-    if tuned:
-        def replay_window(a: float, window, snapshot) -> float:
-            first = window[0][0]
-            start = setup.build(alpha=a) if snapshot is None else snapshot.clone(alpha=a)
-            return replay_requests(start, [req for _, req in window], prefill_flops=flops,
-                                   first_index=first).flops_saved
-        tuner = AlphaTuner(replay=replay_window, snapshot=cache.clone, grid=GRIDS[tune_grid],
-                           multiplier=tune_multiplier, retune_every=retune_every)
+    if plan.adaptive:
+        cache = setup.build(switchable=True, track_values=plan.reads_values)
+        controller = PolicyController(cache, **controller_kwargs(plan, layout, flops,
+                                                                 interval=auto_interval))
+    else:
+        oracle = NextUseOracle(requests) if plan.eviction_cls.needs_future else None
+        cache = setup.build(alpha=plan.start_alpha, next_use=oracle)
+        if plan.tuned:
+            tuner = alpha_tuner(setup, flops, grid=GRIDS[tune_grid], multiplier=tune_multiplier,
+                                snapshot=cache.clone, retune_every=retune_every)
     hits: list[int] = []
     steps: list[int] = []
 
@@ -293,7 +277,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         state_checkpoints=cache.checkpoints, junctions=cache.junctions,
         evictions=cache.pool.evictions,
         evictions_by_group=dict(zip(names, cache.pool.evictions_by_group)),
-        alpha=(tuner.alpha if tuner else alpha) if tunable else None,
+        alpha=(tuner.alpha if tuner else alpha) if plan.tunable else None,
         alpha_events=[{"at": e.at, "window": e.window, "alpha": e.alpha, "kind": e.kind}
                       for e in tuner.events] if tuner else [],
         wall_seconds=wall, cpu_seconds=cpu,

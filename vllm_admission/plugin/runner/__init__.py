@@ -3,7 +3,8 @@
 * :mod:`~vllm_admission.plugin.runner.gdn_capture`: the prefill of a Gated DeltaNet
   layer's recurrent core run in segments split at checkpoint offsets, each segment's
   end state (conv and SSM) copied into its checkpoint block. Imports vLLM's CPU GDN
-  kernels lazily, on first use.
-
-No engine wiring here yet: see ``docs/checkpoints.md``.
+  kernels lazily, on first use;
+* :mod:`~vllm_admission.plugin.runner.inpass_runner`: what the wrapped GDN core runs in
+  ``inpass`` mode (the hooks themselves are installed by
+  :func:`vllm_admission.plugin.vllm_hooks.install_inpass_runner`). See ``docs/checkpoints.md``.
 """

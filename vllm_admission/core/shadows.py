@@ -11,7 +11,7 @@ runs the controller in a child interpreter instead, behind the same
 only pickles the request (its block-hash keys and two lengths) and waits on the
 pipe, which releases the lock.
 
-The child is a plain ``subprocess`` (``python -m vllm_admission.plugin.shadows``),
+The child is a plain ``subprocess`` (``python -m vllm_admission.core.shadows``),
 not a ``multiprocessing`` process: vLLM runs its engine core as a daemonic
 ``multiprocessing`` process, and those may not have children of their own. It
 imports :mod:`vllm_admission.core` only (no vLLM, no torch), reads pickled
@@ -61,7 +61,7 @@ class ShadowProcess:
 
     def __init__(self, **controller_kwargs: Any) -> None:
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm_admission.plugin.shadows"],
+            [sys.executable, "-m", "vllm_admission.core.shadows"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         try:
             self._call("start", controller_kwargs)
@@ -133,7 +133,7 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
 
 
 def main() -> None:
-    """Entry point of ``python -m vllm_admission.plugin.shadows`` (the child)."""
+    """Entry point of ``python -m vllm_admission.core.shadows`` (the child)."""
     answers = sys.stdout.buffer
     sys.stdout = sys.stderr          # a stray print must not corrupt the answers
     serve(sys.stdin.buffer, answers)

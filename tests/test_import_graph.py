@@ -1,0 +1,198 @@
+"""Every module of ``vllm_admission`` imports, and the package's own imports form no cycle.
+
+The graph is read from the source (``ast``), so it holds the imports inside functions too
+(the lazy ones a cycle hides behind) and leaves out those under ``if TYPE_CHECKING:``,
+which never run. An edge ``a -> b`` means module ``a`` imports module ``b`` of this
+package (``from pkg import name`` counts as importing ``pkg.name`` when that is a
+module, else ``pkg``). Two graphs must be acyclic: the modules', and the subpackages'
+(``core``, ``sim``, ``plugin``, ``engine``, ...: the layers), so that, for example,
+``engine`` may use ``plugin`` but ``plugin`` never ``engine``.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "vllm_admission"
+ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+
+
+def module_files() -> dict[str, Path]:
+    """``dotted module name -> file`` for every module of the package (``__main__`` left out)."""
+    out = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__main__":
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _under_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _resolve(module: str, level: int, here: str, is_package: bool) -> str:
+    if not level:
+        return module
+    base = here.split(".")
+    base = base[:len(base) - level + (1 if is_package else 0)]
+    return ".".join([*base, module] if module else base)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``module -> package modules it imports`` (see the module docstring)."""
+    files = module_files()
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        edges: set[str] = set()
+        stack: list[ast.AST] = [ast.parse(path.read_text(), str(path))]
+        while stack:
+            for node in ast.iter_child_nodes(stack.pop()):
+                if _under_type_checking(node):
+                    continue
+                stack.append(node)
+                if isinstance(node, ast.Import):
+                    edges.update(a.name for a in node.names if a.name in files)
+                elif isinstance(node, ast.ImportFrom):
+                    source = _resolve(node.module or "", node.level, name,
+                                      path.name == "__init__.py")
+                    for alias in node.names:
+                        full = f"{source}.{alias.name}"
+                        if full in files:
+                            edges.add(full)
+                        elif source in files:
+                            edges.add(source)
+        edges.discard(name)
+        graph[name] = edges
+    return graph
+
+
+def layer(module: str) -> str | None:
+    """The subpackage (or top-level module) ``module`` belongs to; ``None`` for the root."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else None
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a list of nodes (first == last), or ``None``."""
+    state: dict[str, int] = {}          # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(v: str) -> list[str] | None:
+        state[v] = 1
+        path.append(v)
+        for w in sorted(graph.get(v, ())):
+            if state.get(w) == 1:
+                return path[path.index(w):] + [w]
+            if w not in state:
+                found = visit(w)
+                if found:
+                    return found
+        path.pop()
+        state[v] = 2
+        return None
+
+    for v in sorted(graph):
+        if v not in state:
+            found = visit(v)
+            if found:
+                return found
+    return None
+
+
+def test_find_cycle_finds_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_graph_sees_lazy_imports_and_skips_type_checking():
+    graph = import_graph()
+    # a lazy import inside a function: the package root resolves AdmissionScheduler on demand
+    assert f"{PACKAGE}.plugin.scheduler" in graph[PACKAGE]
+    assert f"{PACKAGE}.core.cache" in graph[f"{PACKAGE}.core.replay"]
+
+
+def test_no_module_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_layer_import_cycle():
+    layers: dict[str, set[str]] = {}
+    for module, edges in import_graph().items():
+        a = layer(module)
+        if a is None:
+            continue
+        layers.setdefault(a, set())
+        for target in edges:
+            b = layer(target)
+            if b is not None and b != a:
+                layers[a].add(b)
+    cycle = find_cycle(layers)
+    assert cycle is None, "cycle between subpackages: " + " -> ".join(cycle)
+    assert layers[f"{PACKAGE}.core"] == set(), "core imports no other layer"
+
+
+@pytest.mark.parametrize("module", sorted(module_files()))
+def test_every_module_imports(module):
+    if module.split(".")[1:2] in (["plugin"], ["engine"], ["testing"]) or module.endswith(
+            ("fidelity.run", "cli.replay")):
+        pytest.importorskip("vllm")
+    importlib.import_module(module)
+
+
+# ------------------------------------------------------------ where vLLM objects change
+#: Attribute stores on objects other than ``self`` / ``cls`` that plugin modules besides
+#: ``vllm_hooks.py`` may make: ``(module file, the stored target as written)``. None changes
+#: a vLLM class or module: every such change is made (or installed) by ``vllm_hooks.py``.
+ALLOWED_STORES = {
+    ("control.py", "track.tails"),                 # the plugin's own per-request record
+    ("control.py", "self.eviction_policy.alpha"),  # a core policy object
+    ("free_queue.py", "b.prev_free_block"),        # the free queue's own links (vLLM's
+    ("free_queue.py", "b.next_free_block"),        # FreeKVCacheBlockQueue contract)
+    ("logs.py", "logger.propagate"),               # the plugin's own logger
+    # engine/llm.py: a mark on the wrapper wrap_schedule installed (the counter's own function)
+    ("llm.py", "scheduler.schedule._prefill_step_counter"),
+}
+#: Modules that are no part of a running engine: the harness for vLLM's own test suite.
+NOT_ENGINE = {"peer_swap.py"}
+
+
+def attribute_stores(path: Path) -> set[tuple[str, str]]:
+    """``(file name, target)`` of every attribute store and ``setattr`` on a name other
+    than ``self`` / ``cls`` in ``path``."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for target in targets:
+            for x in ast.walk(target):
+                if (isinstance(x, ast.Attribute) and isinstance(x.ctx, ast.Store)
+                        and not (isinstance(x.value, ast.Name) and x.value.id in ("self", "cls"))):
+                    out.add((path.name, ast.unparse(x)))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in ("setattr", "delattr"):
+            out.add((path.name, ast.unparse(node)))
+    return out
+
+
+def test_vllm_objects_change_only_in_vllm_hooks():
+    """docs/plugin.md "How it works": every change to a vLLM object lives in (or is
+    installed by) ``plugin/vllm_hooks.py``, where ``PRIVATE_MEMBERS`` lists it."""
+    stores = set()
+    for path in sorted((ROOT / "plugin").rglob("*.py")):
+        if path.name not in {"vllm_hooks.py", *NOT_ENGINE}:
+            stores |= attribute_stores(path)
+    for path in (ROOT / "engine").rglob("*.py"):
+        stores |= {s for s in attribute_stores(path) if "schedule" in s[1] or "scheduler" in s[1]}
+    assert stores <= ALLOWED_STORES, sorted(stores - ALLOWED_STORES)

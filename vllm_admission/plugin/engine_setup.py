@@ -1,0 +1,272 @@
+"""What an engine configuration lets the plugin run: the start-up checks and the run plan.
+
+:class:`EngineSetup` is a mixin of
+:class:`~vllm_admission.plugin.scheduler.AdmissionScheduler`: its methods read
+the vLLM ``Scheduler`` they are mixed into (``cache_config``,
+``kv_cache_config``, ``kv_cache_manager``, ``connector``, ``vllm_config``,
+``block_size``, ``hash_block_size``, ``use_eagle_block_drop``) and decide, once,
+at ``__init__``:
+
+* whether the plugin has anything to do (:meth:`~EngineSetup._admission_inert_reason`);
+* the core's view of the pool (:meth:`~EngineSetup._admission_geometry`, a
+  :class:`~vllm_admission.core.geometry.CacheLayout`);
+* the run's policy decisions (:meth:`~EngineSetup._admission_plan`, the core's
+  :class:`~vllm_admission.core.run.RunPlan`), after leaving out of ``auto`` what
+  the engine cannot run and refusing, in one line naming the feature in the way
+  (:class:`~vllm_admission.plugin.config.AdmissionConfigError`), a fixed
+  setting it cannot run;
+* the FLOP model (:meth:`~EngineSetup._admission_costs`) and the ``inpass``
+  mode's own checks (:meth:`~EngineSetup._admission_setup_inpass`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from vllm.v1.kv_cache_interface import MambaSpec
+
+from vllm_admission.core.adaptive import AUTO, candidate_policies
+from vllm_admission.core.admission import get_admission
+from vllm_admission.core.cache import CHECKPOINT_MODES
+from vllm_admission.core.eviction import (
+    ENGINE_EVICTION_POLICIES,
+    EVICTION_POLICIES,
+    eviction_class,
+)
+from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout
+from vllm_admission.core.run import RunPlan
+from vllm_admission.plugin import inpass, vllm_hooks
+from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
+from vllm_admission.plugin.kv_cache import group_kinds, smallest_cacheable_prefix
+
+__all__ = ["EngineSetup"]
+
+logger = logging.getLogger("vllm_admission")
+
+
+class EngineSetup:
+    """Start-up checks and decisions of the ``AdmissionScheduler`` (module docstring).
+
+    Every method is named ``_admission_*`` so that none can clash with vLLM's own.
+    """
+
+    def _admission_plan(self, config: AdmissionConfig, geometry: CacheLayout) -> RunPlan:
+        """The run's policy decisions (the core's :class:`RunPlan`) for ``config`` on
+        this engine: ``auto``'s candidates less those the engine cannot run (one
+        warning each side), a fixed pair when one is left under a KV connector.
+
+        Raises:
+            AdmissionConfigError: a setting this engine cannot run (one line).
+        """
+        adaptive = AUTO in (config.policy, config.eviction)
+        admissions, evictions = candidate_policies(config.policy, config.eviction)
+        if config.policy == AUTO:
+            admissions = self._admission_runnable_admissions(admissions)
+        for name in admissions:
+            self._admission_check_supported(name)
+        if config.eviction == AUTO and self.connector is not None:
+            # KV connectors (offloading) walk vLLM's free queue every step.
+            kept = tuple(e for e in evictions if eviction_class(e).vllm_order)
+            if kept != evictions:
+                logger.warning("vllm_admission: auto eviction leaves out %s here (a KV connector)",
+                               ", ".join(e for e in evictions if e not in kept))
+            evictions = kept
+        if config.eviction == AUTO and any(eviction_class(e).needs_keys for e in evictions):
+            problems = self._admission_key_problems()
+            if problems:
+                dropped = [e for e in evictions if eviction_class(e).needs_keys]
+                evictions = tuple(e for e in evictions if e not in dropped)
+                logger.warning("vllm_admission: auto eviction leaves out %s here (%s)",
+                               ", ".join(dropped), "; ".join(problems))
+        for name in evictions:
+            self._admission_check_keys(name)
+        if adaptive and self.connector is not None and len(admissions) * len(evictions) == 1:
+            # auto switches eviction through the plugin's free queue, which a
+            # connector cannot walk; with one pair left there is nothing to switch.
+            logger.warning("vllm_admission: auto has one runnable pair here, %s+%s; it runs as a "
+                           "fixed pair", admissions[0], evictions[0])
+            adaptive = False
+        plan = RunPlan.of(admissions, evictions, adaptive=adaptive, alpha=config.alpha,
+                          checkpoint=geometry.checkpoint)
+        if self.connector is not None and (adaptive or any(not eviction_class(e).vllm_order
+                                                           for e in evictions)):
+            # KV connectors (offloading) walk vLLM's free queue every step;
+            # auto's free queue is the plugin's even while it serves lru.
+            setting = (f"VLLM_ADMISSION_POLICY={AUTO}" if adaptive and config.policy == AUTO
+                       else f"VLLM_ADMISSION_EVICTION={config.eviction}")
+            raise AdmissionConfigError(
+                f"{setting} cannot run with a KV connector "
+                f"(valid here: {', '.join(n for n, c in EVICTION_POLICIES.items() if c.vllm_order)})")
+        return plan
+
+    def _admission_inert_reason(self) -> str | None:
+        if not self.cache_config.enable_prefix_caching:
+            return "prefix caching is off"
+        kinds = group_kinds(self.kv_cache_manager.coordinator.single_type_managers)
+        if STATE not in kinds:
+            return "the model has no recurrent (Mamba/GDN) layers"
+        if all(k == STATE for k in kinds):
+            return "the model has no attention layers"
+        return None
+
+    def _admission_geometry(self, config: AdmissionConfig) -> CacheLayout:
+        kinds = group_kinds(self.kv_cache_manager.coordinator.single_type_managers)
+        unsupported = [k for k in kinds if k not in (STATE, ATTENTION)]
+        if unsupported and config.wants_changes():
+            raise AdmissionConfigError(
+                f"vllm_admission supports full-attention and Mamba/GDN KV cache groups only; "
+                f"this model also has {', '.join(sorted(set(unsupported)))} (valid here: "
+                f"VLLM_ADMISSION_POLICY=vllm with VLLM_ADMISSION_EVICTION=lru)")
+        groups = self.kv_cache_config.kv_cache_groups
+        bytes_per_block = max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
+        return CacheLayout(block_size=self.block_size, hash_block_size=self.hash_block_size,
+                           num_blocks=self.kv_cache_config.num_blocks, group_kinds=kinds,
+                           bytes_per_block=int(bytes_per_block),
+                           chunk_size=int(self.scheduler_config.max_num_batched_tokens),
+                           checkpoint=config.checkpoint,
+                           prompt_end_export=self._admission_vllm_exports_checkpoint())
+
+    def _admission_log_smallest_prefix(self, geometry: CacheLayout) -> None:
+        """Log the shortest prefix that can hit, per KV cache group; warn when a
+        prompt must be longer than a quarter of ``max_model_len`` to hit at all."""
+        coordinator = self.kv_cache_manager.coordinator
+        prefix, per_group = smallest_cacheable_prefix(
+            coordinator.single_type_managers, scheduler_block_size=self.block_size,
+            hash_block_size=self.hash_block_size,
+            partial_hash_hits=bool(getattr(coordinator, "enable_partial_hash_hits", False)))
+        groups = " ".join(f"{k}{g}={n}" for g, (k, n) in enumerate(zip(geometry.group_kinds,
+                                                                        per_group)))
+        logger.info("vllm_admission: smallest cacheable prefix: %d tokens (per KV cache group: "
+                    "%s; a hit ends where every group can reuse a block), so only prompts of "
+                    "%d tokens or more can hit (vLLM recomputes at least the last prompt token)",
+                    prefix, groups, prefix + 1)
+        max_model_len = int(self.vllm_config.model_config.max_model_len)
+        if 4 * (prefix + 1) > max_model_len:
+            logger.warning("vllm_admission: prompts shorter than %d tokens never hit the prefix "
+                           "cache, more than a quarter of max_model_len=%d", prefix + 1,
+                           max_model_len)
+
+    def _admission_runnable_admissions(self, admissions: tuple[str, ...]) -> tuple[str, ...]:
+        """``auto``'s admission candidates this engine can run; one warning names
+        those left out and why (as ``auto`` eviction does for ``reuse``)."""
+        problems = {name: self._admission_support_problems(name) for name in admissions}
+        kept = tuple(name for name in admissions if not problems[name])
+        dropped = [name for name in admissions if problems[name]]
+        if dropped:
+            reasons = sorted({p for name in dropped for p in problems[name]})
+            logger.warning("vllm_admission: auto admission leaves out %s here (%s)",
+                           ", ".join(dropped), "; ".join(reasons))
+        return kept
+
+    def _admission_check_supported(self, policy: str) -> None:
+        """Non-stock admission needs plain align mode; say which feature is in the way."""
+        problems = self._admission_support_problems(policy)
+        if problems:
+            raise AdmissionConfigError(
+                f"VLLM_ADMISSION_POLICY={policy} cannot run with {'; '.join(problems)} "
+                f"(valid here: vllm)")
+
+    def _admission_support_problems(self, policy: str) -> list[str]:
+        """The engine features in the way of a non-stock admission policy (none for ``vllm``)."""
+        if get_admission(policy).vllm_native:
+            return []
+        problems = []
+        if self.cache_config.mamba_cache_mode != "align":
+            problems.append(f"mamba_cache_mode={self.cache_config.mamba_cache_mode!r} "
+                            f"(needs 'align')")
+        problems += self._admission_key_problems()
+        if self.use_eagle_block_drop or self.kv_cache_manager.coordinator.eagle_group_ids:
+            problems.append("EAGLE/MTP speculative decoding")
+        if self.connector is not None:
+            problems.append("a KV connector")
+        return problems
+
+    def _admission_key_problems(self) -> list[str]:
+        """Engine features under which a block's hash is not one full block's,
+        given once by ``BlockPool.cache_full_blocks`` (partial entries, Mamba
+        speculative blocks): the core's cache model has one key per block.
+
+        vLLM's own one-checkpoint-per-prefill export
+        (:meth:`_admission_vllm_exports_checkpoint`) is not among them: with
+        hash and group block sizes equal to the scheduler's (checked here) the
+        exported state sits at a block boundary, in the block of that position,
+        and gets that block's full-block hash in ``cache_full_blocks`` like any
+        other state (the policy's mask decides whether it does).
+        """
+        problems = []
+        if self.hash_block_size != self.block_size or any(
+                g.kv_cache_spec.block_size != self.block_size
+                for g in self.kv_cache_config.kv_cache_groups):
+            problems.append("hash or group block sizes differ from the scheduler block size")
+        if getattr(self.kv_cache_manager.coordinator, "enable_partial_hash_hits", False):
+            problems.append("partial hash hits")
+        for g in self.kv_cache_config.kv_cache_groups:
+            spec = g.kv_cache_spec
+            if isinstance(spec, MambaSpec) and spec.num_speculative_blocks:
+                problems.append("Mamba speculative blocks")
+                break
+        return problems
+
+    def _admission_vllm_exports_checkpoint(self) -> bool:
+        """Whether vLLM writes the prompt-end state from inside the last prefill
+        chunk (``num_prefill_checkpoint_blocks`` on every Mamba group, as vLLM
+        requires: ``v1/core/sched/scheduler.py``
+        ``mamba_has_prefill_checkpoint_blocks``), instead of ending a chunk there.
+
+        vLLM 0.33 builds such specs for Qwen GDN layers on the FlashInfer
+        prefill backend (``qwen_gdn_linear_attn.py``), vLLM 0.32 and 0.33 for
+        Mamba2 layers (``mamba_mixer2.py``). The plugin takes the exported state
+        as the prompt-end (``last``) checkpoint: the admission policy decides
+        whether its block keeps a hash, exactly as for a state written at a
+        chunk end; the policy's other checkpoints still end chunks.
+        """
+        specs = [g.kv_cache_spec for g in self.kv_cache_config.kv_cache_groups
+                 if isinstance(g.kv_cache_spec, MambaSpec)]
+        return (bool(specs) and self.cache_config.mamba_cache_mode == "align"
+                and all(s.num_prefill_checkpoint_blocks > 0 for s in specs))
+
+    def _admission_check_keys(self, eviction: str) -> None:
+        """An eviction policy that keeps history by block hash (``needs_keys``)
+        hears each block's key from ``cache_full_blocks``; say which feature
+        gives blocks hashes elsewhere."""
+        if not eviction_class(eviction).needs_keys:
+            return
+        problems = self._admission_key_problems()
+        if problems:
+            valid = ", ".join(n for n in ENGINE_EVICTION_POLICIES
+                              if not eviction_class(n).needs_keys)
+            raise AdmissionConfigError(
+                f"VLLM_ADMISSION_EVICTION={eviction} cannot run with {'; '.join(problems)} "
+                f"(valid here: {valid})")
+
+    def _admission_costs(self, eviction: str) -> Any:
+        from vllm_admission.core.costs import ModelConfigError, ModelCosts
+
+        hf = self.vllm_config.model_config.hf_config
+        try:
+            return ModelCosts.from_config(hf.to_dict())
+        except ModelConfigError as exc:
+            raise AdmissionConfigError(
+                f"VLLM_ADMISSION_EVICTION={eviction} needs a FLOP model of this architecture: "
+                f"{exc} (valid here: lru)") from None
+
+    def _admission_setup_inpass(self) -> None:
+        """Check that ``inpass`` can run here and install its runner hooks.
+
+        Raises:
+            AdmissionConfigError: one line naming what is in the way and the
+                valid values.
+        """
+        problems = inpass.inpass_problems(self.vllm_config)
+        problems += self._admission_key_problems()
+        if self._admission_vllm_exports_checkpoint():
+            # Both would write states into the checkpoint columns of one step.
+            problems.append("vLLM's own prefill checkpoint export "
+                            "(num_prefill_checkpoint_blocks)")
+        if problems:
+            raise AdmissionConfigError(
+                f"VLLM_ADMISSION_CHECKPOINT=inpass cannot run with {'; '.join(problems)} "
+                f"(valid here: split; valid values: {', '.join(CHECKPOINT_MODES)})")
+        vllm_hooks.install_inpass_runner()
+        self._admission_inpass = {}

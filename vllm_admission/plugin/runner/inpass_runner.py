@@ -1,0 +1,110 @@
+"""The runner side of ``inpass`` checkpoints: what the wrapped GDN core runs.
+
+:func:`vllm_admission.plugin.vllm_hooks.install_inpass_runner` wraps vLLM's
+``GPUModelRunner.execute_model`` and the CPU GDN core
+``_cpu_gdn_attention_nonspec``; the wrappers talk through one
+:class:`StepCheckpoints` (the explicit channel: ``execute_model`` publishes
+the step's checkpoint list, which the scheduler attached to its
+``SchedulerOutput``, and every GDN layer of that step reads it) and run
+:func:`segmented_core` when a prefill of the step has checkpoints. Nothing
+here changes a vLLM object.
+
+Imports torch and vLLM's CPU GDN kernels lazily (on the first checkpoint).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["StateCopiers", "StepCheckpoints", "segmented_core"]
+
+
+class StepCheckpoints:
+    """The checkpoint list of the step being executed, from the runner to the GDN core.
+
+    ``plan`` is ``{running state block id: ((token offset in the chunk, checkpoint
+    block id), ...)}`` (``None``: no checkpoint this step), replaced at the start
+    of every ``execute_model``. ``copiers`` keeps one row copier per GDN layer.
+    """
+
+    __slots__ = ("copiers", "plan")
+
+    def __init__(self) -> None:
+        self.plan: dict[int, Sequence[tuple[int, int]]] | None = None
+        self.copiers = StateCopiers()
+
+
+class StateCopiers:
+    """One :class:`~vllm_admission.plugin.state_copy.StateRowCopier` per GDN layer,
+    bound to its conv and SSM state tensors (rebuilt when they change); held
+    by a weak reference to the layer, so no attribute is set on vLLM's module."""
+
+    def __init__(self) -> None:
+        self._by_layer: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def get(self, layer: Any, conv_state: Any, ssm_state: Any) -> Any:
+        """The layer's copier for these two tensors."""
+        from vllm_admission.plugin.state_copy import StateRowCopier
+
+        copier = self._by_layer.get(layer)
+        if copier is None or copier.tensors[0] is not conv_state or copier.tensors[1] is not ssm_state:
+            copier = StateRowCopier([conv_state, ssm_state])
+            self._by_layer[layer] = copier
+        return copier
+
+
+def segmented_core(core: Callable[..., None], plan: dict[int, Sequence[tuple[int, int]]], layer: Any,
+                   md: Any, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any,
+                   copiers: StateCopiers | None = None) -> bool:
+    """Run one GDN layer's recurrent core with each prefill sequence cut at its
+    checkpoint offsets; return False (having done nothing) when no prefill
+    sequence of this step has one.
+
+    The decodes (vLLM puts them first) go through ``core`` (vLLM's
+    ``_cpu_gdn_attention_nonspec``) with the metadata narrowed to them; the
+    prefills through
+    :func:`~vllm_admission.plugin.runner.gdn_capture.gdn_prefill_with_capture`,
+    which runs the same kernels in rounds cut at the offsets and copies the
+    conv and SSM rows into the checkpoint blocks after each round.
+
+    Args:
+        core: vLLM's original ``_cpu_gdn_attention_nonspec``.
+        plan: the step's list, ``{running state block: ((offset in chunk,
+            checkpoint block), ...)}``.
+        layer, md: the GDN layer and its ``GDNAttentionMetadata``.
+        mixed_qkv, b, a: ``[tokens, ...]`` inputs, decodes first.
+        core_attn_out: ``[tokens, num_v_heads, head_v_dim]`` output, written in place.
+        copiers: the layers' row copiers (a fresh one per call when ``None``).
+    """
+    from vllm_admission.plugin.runner.gdn_capture import (
+        GDNCoreParams,
+        gdn_prefill_with_capture,
+    )
+
+    nd, ndt = md.num_decodes, md.num_decode_tokens
+    npf, npt = md.num_prefills, md.num_prefill_tokens
+    slots = md.non_spec_state_indices_tensor[nd:nd + npf].tolist()
+    qsl = [q - ndt for q in md.non_spec_query_start_loc[nd:nd + npf + 1].tolist()]
+    offsets: list[list[int]] = []
+    rows: list[list[int]] = []
+    for j, slot in enumerate(slots):
+        pairs = [(off, blk) for off, blk in plan.get(slot, ()) if 0 < off < qsl[j + 1] - qsl[j]]
+        offsets.append([off for off, _ in pairs])
+        rows.append([blk for _, blk in pairs])
+    if not any(offsets):
+        return False
+    if nd:
+        decodes = dataclasses.replace(md, num_prefills=0, num_prefill_tokens=0, num_actual_tokens=ndt)
+        core(layer, decodes, mixed_qkv[:ndt], b[:ndt], a[:ndt], core_attn_out[:ndt])
+    conv_state, ssm_state = layer.kv_cache[0], layer.kv_cache[1]
+    gdn_prefill_with_capture(
+        GDNCoreParams.from_layer(layer), mixed_qkv[ndt:ndt + npt], a[ndt:ndt + npt], b[ndt:ndt + npt],
+        conv_state=conv_state, ssm_state=ssm_state, query_start_loc=qsl, state_indices=slots,
+        has_initial_state=md.has_initial_state[nd:nd + npf], checkpoint_offsets=offsets,
+        checkpoint_rows=rows,
+        copier=(copiers if copiers is not None else StateCopiers()).get(layer, conv_state, ssm_state),
+        out=core_attn_out[ndt:ndt + npt])
+    return True

@@ -1,0 +1,233 @@
+"""Work off the scheduler loop: the alpha tuner and ``auto``'s shadow caches.
+
+The scheduler thread hands each finished request, reduced to a
+:class:`~vllm_admission.core.replay.CacheRequest`, to a daemon thread and
+picks the thread's decision up before its next allocations:
+
+* :class:`TunerThread`: an :class:`~vllm_admission.core.tuning.AlphaTuner`
+  (a tuned ``flop`` alpha); the scheduler applies :meth:`TunerThread.take_alpha`;
+* :class:`ControllerThread`: ``auto``'s
+  :class:`~vllm_admission.core.adaptive.PolicyController`, by default in a
+  child process (:func:`policy_controller`,
+  :class:`~vllm_admission.core.shadows.ShadowProcess`) so that its shadow
+  caches never hold the scheduler's GIL; the scheduler applies
+  :meth:`ControllerThread.take_switch`.
+
+Both run only the core (no vLLM objects cross the queue). An exception stops
+the work with one warning and never reaches the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from vllm_admission.core.adaptive import Decision, PolicyController
+from vllm_admission.core.replay import CacheRequest
+from vllm_admission.core.shadows import ShadowProcess, ShadowProcessError
+from vllm_admission.core.tuning import AlphaTuner
+
+__all__ = ["MAX_BOOTSTRAP_HISTORY", "ControllerThread", "TunerThread", "Worker",
+           "policy_controller"]
+
+logger = logging.getLogger("vllm_admission")
+
+#: Requests the alpha tuner may remember before any eviction; past it the
+#: tuner restarts (bounds memory on a server whose cache never fills).
+MAX_BOOTSTRAP_HISTORY = 20_000
+
+
+class Worker:
+    """A daemon thread that digests finished requests off the scheduler thread.
+
+    The scheduler hands items to :meth:`submit` (cheap); the thread calls
+    :meth:`_observe` on each, in order. An exception stops the work (logged
+    once, kept in :attr:`error`) and never reaches the engine.
+    """
+
+    #: What the thread does, for its name and its one warning line.
+    what = "work"
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._pending: Any = None
+        self.error: str | None = None
+
+    def _offer(self, decision: Any) -> None:
+        """Leave a decision for the scheduler thread (a newer one replaces it)."""
+        with self._lock:
+            self._pending = decision
+
+    def _take(self) -> Any:
+        """The decision left since the last call, or ``None``."""
+        if self._pending is None:
+            return None
+        with self._lock:
+            decision, self._pending = self._pending, None
+        return decision
+
+    def submit(self, *item: Any) -> None:
+        """Queue one item for :meth:`_observe`."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"vllm_admission-{self.what}",
+                                            daemon=True)
+            self._thread.start()
+        self._queue.put(item)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted item is processed; False on timeout."""
+        if self._thread is None:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._queue.unfinished_tasks:
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def stop(self) -> None:
+        """Ask the thread to finish after the queued items (then :meth:`_close`)."""
+        if self._thread is not None:
+            self._queue.put(None)
+        else:
+            self._close()
+
+    def _close(self) -> None:
+        """Release what the work holds; called once the last item is done."""
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    self._close()
+                    return
+                if self.error is None:
+                    self._observe(*item)
+            except Exception as exc:  # noqa: BLE001 - never take the engine down
+                if self.error is None:
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    logger.warning("vllm_admission: %s stopped: %s", self.what, self.error)
+            finally:
+                self._queue.task_done()
+
+    def _observe(self, *item: Any) -> None:
+        raise NotImplementedError
+
+
+class TunerThread(Worker):
+    """Runs :class:`~vllm_admission.core.tuning.AlphaTuner` off the scheduler thread.
+
+    Items are ``(request, evicted_so_far, saved)``; the tuner (built by
+    :func:`vllm_admission.core.run.alpha_tuner`) gets each request numbered from
+    its first, and its window replays run the core cache model. A decision is picked up by the scheduler with
+    :meth:`take_alpha`.
+
+    Args:
+        make_tuner: builds a fresh ``AlphaTuner``.
+        max_history: restart the tuner after this many requests without an
+            eviction (its bootstrap window would otherwise grow without end).
+    """
+
+    what = "alpha tuning"
+
+    def __init__(self, make_tuner: Callable[[], AlphaTuner],
+                 max_history: int = MAX_BOOTSTRAP_HISTORY) -> None:
+        super().__init__()
+        self._make = make_tuner
+        self.tuner = make_tuner()
+        self.max_history = max_history
+        self.events: list[dict[str, Any]] = []
+        self._seen_without_eviction = 0
+        self._index = 0
+
+    def take_alpha(self) -> float | None:
+        """The alpha decided since the last call, or ``None``."""
+        return self._take()
+
+    def _observe(self, request: CacheRequest, evicted: bool, saved: float) -> None:
+        tuner = self.tuner
+        if tuner.window_len is None and not evicted:
+            self._seen_without_eviction += 1
+            if self._seen_without_eviction > self.max_history:
+                self.tuner = tuner = self._make()
+                self._seen_without_eviction = 1
+                self._index = 0
+        n_events = len(tuner.events)
+        # Numbered from the tuner's first request: its window replays start there.
+        new = tuner.observe((self._index, request), evicted, saved)
+        self._index += 1
+        for e in tuner.events[n_events:]:
+            self.events.append({"at": e.at, "window": e.window, "alpha": e.alpha, "kind": e.kind})
+            logger.info("vllm_admission: alpha tuning (%s over %d requests): alpha=%g",
+                        e.kind, e.window, e.alpha)
+        if new is not None:
+            self._offer(new)
+
+
+class ControllerThread(Worker):
+    """Feeds a :class:`~vllm_admission.core.adaptive.PolicyController` (``auto``)
+    off the scheduler thread.
+
+    Items are ``(index, request)``: every finished request goes through the
+    controller's shadow caches. The switch it decides (a
+    :class:`~vllm_admission.core.adaptive.Decision`: the new pair, and the
+    prompt block hashes the new pair's shadow holds) is picked up by the
+    scheduler with :meth:`take_switch`.
+
+    Args:
+        controller: the controller itself, or a
+            :class:`~vllm_admission.core.shadows.ShadowProcess` that runs it
+            in a child process (the default of
+            :class:`~vllm_admission.plugin.control.AdmissionControl`:
+            the shadows then never hold the scheduler's GIL); both answer
+            ``observe(index, request)``.
+    """
+
+    what = "policy selection"
+
+    def __init__(self, controller: PolicyController | ShadowProcess) -> None:
+        super().__init__()
+        self.controller = controller
+        self.switches: list[dict[str, Any]] = []
+
+    @property
+    def in_process(self) -> bool:
+        """Whether the shadows run in this process (not in a child)."""
+        return not isinstance(self.controller, ShadowProcess)
+
+    def _close(self) -> None:
+        if isinstance(self.controller, ShadowProcess):
+            self.controller.close()
+
+    def take_switch(self) -> Decision | None:
+        """The latest switch decided since the last call, or ``None``."""
+        return self._take()
+
+    def _observe(self, index: int, request: CacheRequest) -> None:
+        decision = self.controller.observe(index, request)
+        if decision is not None:
+            self.switches.append(decision.as_dict())
+            logger.info("vllm_admission: auto: %s -> %s after request %d",
+                        decision.before, decision.after, decision.at)
+            self._offer(decision)
+
+
+def policy_controller(kwargs: dict[str, Any], *, in_child: bool) -> PolicyController | ShadowProcess:
+    """``auto``'s controller: in a child process when ``in_child`` (falling back to
+    this process, with one warning, if the child cannot start), else here."""
+    if in_child:
+        try:
+            return ShadowProcess(**kwargs)
+        except (OSError, ShadowProcessError, pickle.PicklingError, TypeError) as exc:
+            logger.warning("vllm_admission: auto's shadow process did not start (%s: %s); "
+                           "its shadow caches run on a thread of the scheduler's process",
+                           type(exc).__name__, exc)
+    return PolicyController(None, **kwargs)
