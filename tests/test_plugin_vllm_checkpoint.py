@@ -32,7 +32,7 @@ from scheduler_harness import (
     run_engine,
     toks,
 )
-from test_plugin_scheduler import EXPECTED_STATES
+from sequence_case import expected_states
 
 pytest.importorskip("vllm")
 
@@ -171,18 +171,19 @@ def test_every_policy_runs_and_the_export_replaces_the_prompt_end_stop(vllm_conf
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_exported_state_is_the_prompt_end_checkpoint(vllm_config, monkeypatch, costs, policy):
-    """The same cached states per policy as without the export (test_plugin_scheduler's
-    EXPECTED_STATES): 896 is vLLM's exported state, kept only by the policies that admit
-    the prompt end."""
+    """The same cached states per policy as without the export (the policy's own answers,
+    ``sequence_case.expected_states``): 896 is vLLM's exported state, kept only by the
+    policies that admit the prompt end."""
+    states = expected_states(policy, 1000, 300, B)
     engine = build(vllm_config, monkeypatch, policy=policy)
     run_engine(engine, [(toks(4, 1000), 300)])
-    assert mamba_positions(engine) == EXPECTED_STATES[policy]
-    assert engine.scheduler.stats().checkpoints == len(EXPECTED_STATES[policy])
+    assert mamba_positions(engine) == states
+    assert engine.scheduler.stats().checkpoints == len(states)
     assert free_equals_usable(engine)
     # A resend of the prompt hits the exported state where it was kept.
     rid = engine.add(toks(4, 1000), 3)
     engine.run()
-    assert engine.cached_tokens[rid] == (896 if 896 in EXPECTED_STATES[policy] else 0)
+    assert engine.cached_tokens[rid] == (896 if 896 in states else 0)
 
 
 @pytest.mark.parametrize("eviction,alpha", EVICTION_CASES)
