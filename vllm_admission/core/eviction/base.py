@@ -199,7 +199,7 @@ class EvictionPolicy(ABC):
         """Block ``block_id`` (in use) was given a hash; ``key`` is hashable and
         equal for equal hashes in one KV cache group: ``(group, block_hash)``
         for a block of prompt tokens (the engine's ``block_hash`` is
-        ``vllm_admission.plugin.control.hash_key`` of vLLM's hash), a key never
+        ``vllm_admission.plugin.translate.hash_key`` of vLLM's hash), a key never
         seen again for a block holding generated tokens. Called only for a
         class that overrides it (:attr:`needs_keys`), before the block is a
         candidate; not called for a state cached only as a ``marconi`` sequence
