@@ -15,6 +15,10 @@ groups of its kind: :class:`AttentionGroups` and :class:`StateGroups`, chosen by
 * the order of its blocks when the request ends (:meth:`~KVGroups.release`) and
   the FLOP value each carries to the eviction policy.
 
+Allocation is the model's (:meth:`HybridPrefixCache._allocate
+<vllm_admission.core.cache.model.HybridPrefixCache._allocate>`): one pool call
+hands every group its new blocks, attention groups first.
+
 :class:`RunningRequest` is the per-request bookkeeping the parts share.
 """
 

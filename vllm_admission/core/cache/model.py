@@ -460,9 +460,7 @@ class HybridPrefixCache:
                 tables[g].append(b)
             live.append(i)
             run.num_cached = i + 1
-            h = hashes[i]
-            for g in attn_groups:
-                pool.cache(tables[g][i], (g, h))
+            pool.cache_position([(g, tables[g][i]) for g in attn_groups], hashes[i])
             self.checkpoints += state.cache_at(run, i)
 
     def _finish(self, run: RunningRequest, now: float) -> None:
