@@ -27,12 +27,12 @@ from junction_case import (
     junction_prompts,
 )
 
-from vllm_admission.core.admission import ADMISSION_POLICIES
+from vllm_admission.core.admission import ADMISSION_POLICIES, stock_admission
 
 pytestmark = pytest.mark.engine
 
-#: Every registered admission policy (switched on one live engine).
-POLICIES = list(ADMISSION_POLICIES)
+#: Every registered admission policy, stock vLLM's first (switched on one live engine).
+POLICIES = sorted(ADMISSION_POLICIES, key=lambda name: name != stock_admission())
 POOL_TOKENS = 160 * 128
 
 

@@ -29,13 +29,14 @@ from junction_case import expected_junction, expected_junction_prefill_steps, ju
 from sequence_case import expected_states as expected_states_of
 
 from vllm_admission.core.adaptive import AUTO_ADMISSIONS, AUTO_EVICTIONS, Pair, PolicyController
-from vllm_admission.core.admission import ADMISSION_POLICIES
+from vllm_admission.core.admission import ADMISSION_POLICIES, stock_admission
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 
 pytestmark = pytest.mark.engine
 
-#: Every registered admission policy (the engine tests switch among them on one engine).
-POLICIES = list(ADMISSION_POLICIES)
+#: Every registered admission policy, stock vLLM's first (the engine tests switch among them
+#: on one engine).
+POLICIES = sorted(ADMISSION_POLICIES, key=lambda name: name != stock_admission())
 LRU_POOL_TOKENS = 160 * 128
 FLOP_POOL_TOKENS = 48 * 128
 MAX_MODEL_LEN = 4096
