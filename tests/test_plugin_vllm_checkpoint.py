@@ -20,11 +20,11 @@ as without the export; only the prompt-end chunk stop disappears.
 from __future__ import annotations
 
 import pytest
+from sequence_case import expected_states
 from test_plugin_scheduler import (
     B,
     CHUNK,
     EVICTION_CASES,
-    EXPECTED_STATES,
     POLICIES,
     _finish_tuners,  # noqa: F401  (autouse fixture: stops the tuners this module starts)
     free_equals_usable,
@@ -67,7 +67,7 @@ def costs(model_dir):
 
 def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None, blocks=160,
           export=EXPORT, checkpoint="split", cls=None):
-    from test_plugin_scheduler import _BUILT
+    from scheduler_harness import _BUILT
 
     from vllm_admission.plugin.scheduler import AdmissionScheduler
     from vllm_admission.plugin.testing import FakeEngine, make_kv_cache_config, make_scheduler
@@ -91,7 +91,7 @@ def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=Non
              export=True):
     """The core model's hits (test_plugin_scheduler.simulate) with vLLM's export modelled
     (``prompt_end_export``); with ``steps`` (a list), its prefill steps are appended."""
-    from test_plugin_scheduler import BYTES_PER_BLOCK, GROUPS, chained
+    from scheduler_harness import BYTES_PER_BLOCK, GROUPS, chained
 
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
@@ -171,18 +171,19 @@ def test_every_policy_runs_and_the_export_replaces_the_prompt_end_stop(vllm_conf
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_exported_state_is_the_prompt_end_checkpoint(vllm_config, monkeypatch, costs, policy):
-    """The same cached states per policy as without the export (test_plugin_scheduler's
-    EXPECTED_STATES): 896 is vLLM's exported state, kept only by the policies that admit
-    the prompt end."""
+    """The same cached states per policy as without the export (tests/sequence_case.py, as
+    test_plugin_scheduler): 896 is vLLM's exported state, kept only by the policies that
+    admit the prompt end."""
+    states = expected_states(policy, 1000, 300, B)
     engine = build(vllm_config, monkeypatch, policy=policy)
     run_engine(engine, [(toks(4, 1000), 300)])
-    assert mamba_positions(engine) == EXPECTED_STATES[policy]
-    assert engine.scheduler.stats().checkpoints == len(EXPECTED_STATES[policy])
+    assert mamba_positions(engine) == states
+    assert engine.scheduler.stats().checkpoints == len(states)
     assert free_equals_usable(engine)
     # A resend of the prompt hits the exported state where it was kept.
     rid = engine.add(toks(4, 1000), 3)
     engine.run()
-    assert engine.cached_tokens[rid] == (896 if 896 in EXPECTED_STATES[policy] else 0)
+    assert engine.cached_tokens[rid] == (896 if 896 in states else 0)
 
 
 @pytest.mark.parametrize("eviction,alpha", EVICTION_CASES)
