@@ -199,39 +199,34 @@ class StateGroups(KVGroups):
                 table[i] = NULL
 
     def cache_full(self, run: RunningRequest, nc: int, full: int) -> int:
-        """:meth:`cache_at` of each held block ``nc <= i < full`` (in ``inpass``
-        mode only those written with the state at their end); return the number
-        cached."""
-        written = run.written
-        cache_at = self.cache_at
-        admitted = 0
-        for i in run.live:
-            if nc <= i < full and (written is None or i in written):
-                admitted += cache_at(run, i)
-        return admitted
-
-    def cache_at(self, run: RunningRequest, i: int) -> int:
-        """Cache the state blocks at index ``i`` if the admission policy admits
-        position ``(i + 1) * B``, in every state group, under the prompt hash
-        there (an output key past the prompt); return 1 if cached, else 0.
+        """Cache each held block ``nc <= i < full`` (in ``inpass`` mode only those
+        written with the state at their end) whose position ``(i + 1) * B`` the
+        admission policy admits, in every state group, under the prompt hash
+        there (an output key past the prompt); return the number cached.
 
         A policy that ``needs_keys`` is not told the key of a state kept only as
         the sequence end (:meth:`RequestAdmission.kept_as_sequence_end`): the
         engine caches such a state tentatively, before it knows the request ends
         there, and reports only keys the simulator reports at the same moment.
         """
-        adm = run.adm
-        pos = (i + 1) * self.block_size
-        # The length is known here, so a decision is never tentative.
-        if adm.decide(pos) != ADMIT:
-            return 0
-        adm.record(pos)
-        tables, hashes = run.blocks, run.hashes
-        pool = self.pool
-        pool.cache_position([(g, tables[g][i]) for g in self.groups],
-                            hashes[i] if i < len(hashes) else ("out", run.rid, i),
-                            report=not (pool.reports_keys and adm.kept_as_sequence_end(pos)))
-        return 1
+        adm, B, pool = run.adm, self.block_size, self.pool
+        hashes, tables, written = run.hashes, run.blocks, run.written
+        admitted = 0
+        for i in run.live:
+            if not nc <= i < full:
+                continue
+            if written is not None and i not in written:
+                continue  # inpass: this block holds a mid-block state, not (i + 1) * B
+            pos = (i + 1) * B
+            # The length is known here, so a decision is never tentative.
+            if adm.decide(pos) != ADMIT:
+                continue
+            adm.record(pos)
+            admitted += 1
+            h = hashes[i] if i < len(hashes) else ("out", run.rid, i)
+            report = not (pool.reports_keys and adm.kept_as_sequence_end(pos))
+            pool.cache_position([(g, tables[g][i]) for g in self.groups], h, report=report)
+        return admitted
 
     def release(self, run: RunningRequest, g: int) -> list[int]:
         """The held blocks, the latest first."""

@@ -446,8 +446,8 @@ class HybridPrefixCache:
 
         The fast path of :meth:`_step` for that case, with
         :meth:`StateGroups.retire <vllm_admission.core.cache.groups.StateGroups.retire>`,
-        :meth:`_allocate` and :meth:`StateGroups.cache_at
-        <vllm_admission.core.cache.groups.StateGroups.cache_at>` written out
+        :meth:`_allocate` and :meth:`StateGroups.cache_full
+        <vllm_admission.core.cache.groups.StateGroups.cache_full>` written out
         (the pool is called the same way, in the same order; calling the parts
         cost ``dense`` about 5 % more time): retire the state before block
         ``i - 1``, allocate block ``i`` in every group (attention groups first),
