@@ -211,16 +211,22 @@ class AdmissionPolicy(ABC):
     auto_candidate: ClassVar[bool] = False
     #: Derived: whether the class overrides :meth:`junction`.
     uses_junction: ClassVar[bool] = False
+    #: Derived: whether the class overrides :meth:`stops` (chunk stops besides the
+    #: junction, which vLLM's scheduler places itself).
+    own_stops: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
-        """Derive :attr:`uses_junction`. TypeError if the body declares a derived attribute."""
+        """Derive :attr:`uses_junction` and :attr:`own_stops`. TypeError if the body
+        declares a derived attribute."""
         super().__init_subclass__(**kwargs)
-        for attr in ("uses_junction", "every_block", "supersede_tail"):
+        for attr in ("uses_junction", "own_stops", "every_block", "supersede_tail"):
             if attr in cls.__dict__:
                 raise TypeError(f"{cls.__name__}.{attr} is derived from the policy's hooks "
                                 f"(junction, stops, admit); override those instead")
         cls.uses_junction = (inspect.getattr_static(cls, "junction")
                              is not inspect.getattr_static(AdmissionPolicy, "junction"))
+        cls.own_stops = (inspect.getattr_static(cls, "stops")
+                         is not inspect.getattr_static(AdmissionPolicy, "stops"))
 
     def junction(self, probe: HitProbe) -> int:
         """The shared-prefix junction this policy acts on (tokens; 0: none).

@@ -194,7 +194,7 @@ class AdmissionControl:
         #: vLLM's own policy: vLLM decides what is cached; the plugin only watches.
         self.stock = policy.vllm_native
         # Chunk stops besides the junction (vLLM handles that one itself).
-        self.has_stops = policy.every_block or type(policy).stops is not AdmissionPolicy.stops
+        self.has_stops = policy.own_stops
 
     def set_policy(self, name: str) -> None:
         """Switch the admission policy between requests (tests, benchmarks).
