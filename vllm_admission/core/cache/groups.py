@@ -143,12 +143,14 @@ class AttentionGroups(KVGroups):
         keys of their own (``("out", rid, i)``): output is new content."""
         hashes, pool = run.hashes, self.pool
         nh = len(hashes)
-        prompt_end = min(full, nh)  # blocks past the hashes are output blocks
+        # Blocks past the hashes are output blocks (conditionals, not min/max: hot path).
+        prompt_end = full if full < nh else nh
+        out_start = nc if nc > nh else nh
         for g in self.groups:
             blocks = run.blocks[g]
             if nc < prompt_end:
                 pool.cache_many(g, blocks[nc:prompt_end], hashes[nc:prompt_end])
-            for i in range(max(nc, nh), full):
+            for i in range(out_start, full):
                 pool.cache(blocks[i], (g, ("out", run.rid, i)))
         return 0
 

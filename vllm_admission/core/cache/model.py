@@ -162,6 +162,7 @@ class HybridPrefixCache:
         self.group_kinds = kinds
         self.attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
         self.state_groups = tuple(g for g, k in enumerate(kinds) if k == STATE)
+        self._num_attn, self._num_state = len(self.attn_groups), len(self.state_groups)
         self.admission = admission
         self.eviction = eviction
         self.pool = BlockPool(num_blocks, eviction, len(kinds), switchable=switchable)
@@ -396,7 +397,9 @@ class HybridPrefixCache:
         if full > run.num_cached:
             nc, run.num_cached = run.num_cached, full
             self.attention.cache_full(run, nc, full)
-            self.checkpoints += self.state.cache_full(run, nc, full)
+            # A state block can be cached only if one is held in [nc, full).
+            if live and live[-1] >= nc and live[0] < full:
+                self.checkpoints += self.state.cache_full(run, nc, full)
 
     def _allocate(self, run: RunningRequest, need: int, now: float,
                   captures: Sequence[int] = ()) -> None:
@@ -420,7 +423,7 @@ class HybridPrefixCache:
                 indexes.append(need - 1)
         else:
             indexes = [need - 1] if need > have else ()
-        total = grow * len(attn_groups) + len(indexes) * len(state_groups)
+        total = grow * self._num_attn + len(indexes) * self._num_state
         if not total:
             return
         new = self.pool.allocate(total, now)
