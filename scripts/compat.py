@@ -22,9 +22,8 @@ layers the Python files of the 0.33 wheel in front of the 0.32 CPU install:
 3. **vLLM's tests** (``out/compat/vllm-0.33.0-tests/``): 0.33's
    ``tests/v1/core/test_async_scheduler.py`` with the two helper modules it
    imports, unpacked from the source distribution (never copied into this
-   repository), a ``conftest.py`` written here that swaps the plugin in (every
-   ``create_scheduler`` call builds the plugin's class and the test fails if it
-   did not), and an offline Hugging Face cache with only the
+   repository), a ``conftest.py`` written here with the two fixtures they use,
+   and an offline Hugging Face cache with only the
    ``facebook/opt-125m`` ``config.json`` that ``create_scheduler`` reads
    (written from ``transformers.OPTConfig()``, whose defaults are that model's);
 4. **run**: the suites below, each in its own pytest process, then one count
@@ -81,44 +80,13 @@ CONFTEST = '''\
 """Written by vllm-admission's scripts/compat.py (not part of vLLM).
 
 A stand-in for vLLM's tests/conftest.py with the two fixtures the scheduler
-tests use, and the swap: every ``create_scheduler`` call builds the
-vllm_admission scheduler class instead of vLLM's ``Scheduler`` /
-``AsyncScheduler``, and the test fails if the object built is not one.
+tests use. The swap of the plugin's classes into vLLM's test helpers is
+``vllm_admission.plugin.peer_swap``, loaded with ``-p`` (the same pytest
+plugin ``scripts/vllm_peer_tests.py`` runs vLLM 0.32's tests with).
 """
 import logging
 
 import pytest
-
-
-@pytest.fixture(autouse=True)
-def _swap_in_the_plugin(monkeypatch, request):
-    import sys
-
-    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-
-    from tests.v1.core import utils
-
-    from vllm_admission.plugin.scheduler import AdmissionScheduler, AsyncAdmissionScheduler
-
-    original = utils.create_scheduler
-
-    def create_scheduler(*args, **kwargs):
-        # vLLM's CPU platform turns async scheduling off in every config it builds
-        # (vllm/platforms/cpu.py), so vLLM's tests pick the async class by name, and
-        # so does this: the plugin's async variant for async_scheduling=True.
-        if kwargs.get("scheduler_cls") is None:
-            kwargs["scheduler_cls"] = (AsyncAdmissionScheduler if kwargs.get("async_scheduling")
-                                       else AdmissionScheduler)
-        scheduler = original(*args, **kwargs)
-        assert isinstance(scheduler, AdmissionScheduler), type(scheduler)
-        if kwargs.get("async_scheduling"):
-            assert isinstance(scheduler, AsyncScheduler), type(scheduler)
-        return scheduler
-
-    monkeypatch.setattr(utils, "create_scheduler", create_scheduler)
-    module = sys.modules.get(request.module.__name__)
-    if module is not None and getattr(module, "create_scheduler", None) is original:
-        monkeypatch.setattr(module, "create_scheduler", create_scheduler)
 
 
 @pytest.fixture()
@@ -207,7 +175,7 @@ def build_layer(wheel: Path, base: Path, layer: Path) -> None:
 
 
 def build_vllm_tests(sdist: Path, version: str, dest: Path, python: str) -> None:
-    """vLLM's test files from the sdist, the swap conftest, and the offline HF cache."""
+    """vLLM's test files from the sdist, the fixtures' conftest, and the offline HF cache."""
     stamp = dest / ".complete"
     if not stamp.exists():
         import tarfile
@@ -305,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             env = layer_env(layer, [tests_dir, REPO])
             env.update(HF_HOME=str(tests_dir / "hf_home"), HF_HUB_OFFLINE="1")
             results[name] = run_suite(name, args.python,
-                                      ["tests/v1/core/test_async_scheduler.py"], env,
+                                      ["-p", "vllm_admission.plugin.peer_swap",
+                                       "tests/v1/core/test_async_scheduler.py"], env,
                                       tests_dir, reports / f"{name}.xml")
         else:
             files = [f for f in REPO_SUITES[name] if (REPO / f).exists()]
