@@ -101,7 +101,10 @@ def _finish_tuners():
 
 
 def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None, blocks=160,
-          kinds=GROUPS, cls=None, checkpoint="split"):
+          kinds=GROUPS, cls=None, checkpoint="split", export=None):
+    """A ``FakeEngine`` over the plugin's scheduler with these settings. ``export``: the
+    ``prefill_checkpoint_alignment`` of vLLM's one-checkpoint export on the state groups
+    (``None``: no export)."""
     from vllm_admission.plugin.scheduler import AdmissionScheduler
     from vllm_admission.testing import (
         FakeEngine,
@@ -117,7 +120,8 @@ def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None
     else:
         monkeypatch.setenv("VLLM_ADMISSION_ALPHA", str(alpha))
     sched = make_scheduler(cls or AdmissionScheduler, vllm_config,
-                           make_kv_cache_config(vllm_config, blocks, kinds=kinds))
+                           make_kv_cache_config(vllm_config, blocks, kinds=kinds,
+                                                prefill_checkpoint_alignment=export))
     engine = FakeEngine(sched)
     _BUILT.append(engine)
     return engine
@@ -132,14 +136,17 @@ def chained(tokens):
     return chained_hashes(tokens, B)
 
 
-def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=None, misses=None):
+def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=None, misses=None,
+             export=False):
     """The core model's hits; with ``steps`` / ``misses`` (lists), each request's prefill steps /
-    state-miss tokens (attention-KV hit minus hybrid hit) are appended to them."""
+    state-miss tokens (attention-KV hit minus hybrid hit) are appended to them. ``export``:
+    model vLLM's one-checkpoint export (``prompt_end_export``)."""
     tunable = eviction_class(eviction).tunable
     ev = get_eviction(eviction, **({"alpha": alpha} if alpha is not None and tunable else {}))
     cache = HybridPrefixCache(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
                               admission=get_admission(policy), eviction=ev, chunk_size=CHUNK,
-                              segment_flops=costs.prefill_flops, bytes_per_block=BYTES_PER_BLOCK)
+                              segment_flops=costs.prefill_flops, bytes_per_block=BYTES_PER_BLOCK,
+                              prompt_end_export=export)
     hits = []
     for r, (tokens, out_len) in enumerate(requests):
         out = cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r))
@@ -163,6 +170,18 @@ def run_engine(engine, requests, misses=None):
         if misses is not None:
             misses.append(engine.scheduler.stats().state_miss_tokens - before)
     return hits
+
+
+def assert_counters_match(engine, cache):
+    """The engine's evictions per group, checkpoints and junctions are the core model's
+    (``cache``, run on the same requests); the workload evicted; no block leaked."""
+    stats = engine.scheduler.stats()
+    assert stats.evictions_by_group == {"state0": cache.pool.evictions_by_group[0],
+                                        "attention1": cache.pool.evictions_by_group[1]}
+    assert stats.evictions > 0
+    assert stats.checkpoints == cache.checkpoints
+    assert stats.junctions == cache.junctions
+    assert free_equals_usable(engine)
 
 
 def free_equals_usable(engine):

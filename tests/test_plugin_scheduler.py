@@ -32,6 +32,7 @@ from scheduler_harness import (  # noqa: E402,F401 - fixtures are used by name
     POLICIES,
     EVICTION_CASES,
     _finish_tuners,
+    assert_counters_match,
     async_config,
     build,
     costs,
@@ -159,13 +160,7 @@ def test_random_workload_matches_core_model(vllm_config, monkeypatch, costs, pol
     assert hits == sim_hits
     assert misses == sim_misses
     assert sum(misses) > 0 or get_admission(policy).every_block  # dense keeps every block
-    stats = engine.scheduler.stats()
-    assert stats.evictions_by_group == {"state0": cache.pool.evictions_by_group[0],
-                                        "attention1": cache.pool.evictions_by_group[1]}
-    assert stats.evictions > 0
-    assert stats.checkpoints == cache.checkpoints
-    assert stats.junctions == cache.junctions
-    assert free_equals_usable(engine)
+    assert_counters_match(engine, cache)
 
 
 def test_stock_policy_leaves_vllm_untouched(vllm_config, monkeypatch):

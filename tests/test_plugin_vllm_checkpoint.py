@@ -20,12 +20,14 @@ as without the export; only the prompt-end chunk stop disappears.
 from __future__ import annotations
 
 import pytest
+import scheduler_harness as harness
 from scheduler_harness import (
     B,
     CHUNK,
     EVICTION_CASES,
     POLICIES,
     _finish_tuners,  # noqa: F401  (autouse fixture: stops the tuners this module starts)
+    assert_counters_match,
     free_equals_usable,
     mamba_positions,
     random_workload,
@@ -65,51 +67,14 @@ def costs(model_dir):
     return ModelCosts.from_config(model_dir / "config.json")
 
 
-def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None, blocks=160,
-          export=EXPORT, checkpoint="split", cls=None):
-    from scheduler_harness import _BUILT
-
-    from vllm_admission.plugin.scheduler import AdmissionScheduler
-    from vllm_admission.testing import FakeEngine, make_kv_cache_config, make_scheduler
-
-    monkeypatch.setenv("VLLM_ADMISSION_POLICY", policy)
-    monkeypatch.setenv("VLLM_ADMISSION_EVICTION", eviction)
-    monkeypatch.setenv("VLLM_ADMISSION_CHECKPOINT", checkpoint)
-    if alpha is None:
-        monkeypatch.delenv("VLLM_ADMISSION_ALPHA", raising=False)
-    else:
-        monkeypatch.setenv("VLLM_ADMISSION_ALPHA", str(alpha))
-    sched = make_scheduler(cls or AdmissionScheduler, vllm_config,
-                           make_kv_cache_config(vllm_config, blocks,
-                                                prefill_checkpoint_alignment=export))
-    engine = FakeEngine(sched)
-    _BUILT.append(engine)
-    return engine
+def build(vllm_config, monkeypatch, *, export=EXPORT, **settings):
+    """The harness's engine, with vLLM's export on the state groups by default."""
+    return harness.build(vllm_config, monkeypatch, export=export, **settings)
 
 
-def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=None,
-             export=True):
-    """The core model's hits (test_plugin_scheduler.simulate) with vLLM's export modelled
-    (``prompt_end_export``); with ``steps`` (a list), its prefill steps are appended."""
-    from scheduler_harness import BYTES_PER_BLOCK, GROUPS, chained
-
-    from vllm_admission.core.admission import get_admission
-    from vllm_admission.core.cache import HybridPrefixCache
-    from vllm_admission.core.eviction import eviction_class, get_eviction
-
-    tunable = eviction_class(eviction).tunable
-    ev = get_eviction(eviction, **({"alpha": alpha} if alpha is not None and tunable else {}))
-    cache = HybridPrefixCache(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
-                              admission=get_admission(policy), eviction=ev, chunk_size=CHUNK,
-                              segment_flops=costs.prefill_flops, bytes_per_block=BYTES_PER_BLOCK,
-                              prompt_end_export=export)
-    hits = []
-    for r, (tokens, out_len) in enumerate(requests):
-        out = cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r))
-        hits.append(out.hit_tokens)
-        if steps is not None:
-            steps.append(out.prefill_steps)
-    return hits, cache
+def simulate(policy, eviction, requests, *, export=True, **options):
+    """The harness's core model, with vLLM's export modelled by default."""
+    return harness.simulate(policy, eviction, requests, export=export, **options)
 
 
 def chunk_sizes(engine, tokens, out_len):
@@ -214,13 +179,7 @@ def test_random_workload_matches_core_model_with_the_export(vllm_config, monkeyp
              export=False)
     assert (sum(sim_steps) == sum(plain_steps)) if policy == "dense" else (
         sum(sim_steps) < sum(plain_steps))
-    stats = engine.scheduler.stats()
-    assert stats.evictions_by_group == {"state0": cache.pool.evictions_by_group[0],
-                                        "attention1": cache.pool.evictions_by_group[1]}
-    assert stats.evictions > 0
-    assert stats.checkpoints == cache.checkpoints
-    assert stats.junctions == cache.junctions
-    assert free_equals_usable(engine)
+    assert_counters_match(engine, cache)
 
 
 def test_inpass_mode_refuses_vllms_export(vllm_config, monkeypatch):
