@@ -156,6 +156,8 @@ class AttentionGroups(KVGroups):
 
     def release(self, run: RunningRequest, g: int) -> list[int]:
         """Every block, the latest first (``SingleTypeKVCacheManager.free``)."""
+        if self.meta is None:
+            return run.blocks[g][::-1]
         return self.freed(run, g, range(len(run.blocks[g]) - 1, -1, -1))
 
 
@@ -192,6 +194,9 @@ class StateGroups(KVGroups):
         del live[:k]
         if self.meta is not None:
             lists = [self.freed(run, g, retired) for g in self.groups]
+        elif k == 1:  # the usual case, without a comprehension per group (hot path)
+            i = retired[0]
+            lists = [[tables[g][i]] for g in self.groups]
         else:
             lists = [[tables[g][i] for i in retired] for g in self.groups]
         self.pool.free_each(lists, now)
