@@ -7,12 +7,20 @@ evicted once). Reported per case: wall and CPU seconds of the run alone, the
 load + re-block time, and peak RSS of the whole process.
 
 Usage: ``python benchmarks/simulator_bench.py [--repeat N] [--out FILE]``.
+
+``--one CASE`` runs one case in this process and prints its row as JSON (the fresh
+process per case above; ``compare_trees.py`` uses it too); with ``--callgrind`` as well,
+Valgrind's callgrind instrumentation (started with ``--instr-atstart=no``) is switched
+on around the simulated run alone, so that the instruction count it reports is the
+run's, without the trace load.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -36,8 +44,12 @@ CASES = {
 }
 
 
-def run_case(name: str) -> dict:
-    """Run one case in this process and return its measurements."""
+def run_case(name: str, around=contextlib.nullcontext) -> dict:
+    """Run one case in this process and return its measurements.
+
+    ``around``: a context-manager factory entered around the simulated run alone
+    (not the trace load), e.g. :func:`callgrind_window`.
+    """
     from vllm_admission.core.costs import load_model
     from vllm_admission.core.geometry import block_geometry, parse_bytes
     from vllm_admission.core.traces import load_trace
@@ -50,12 +62,34 @@ def run_case(name: str) -> dict:
     geo = block_geometry(costs, parse_bytes(CAPACITY))
     requests = cache_requests(trace, geo.block_size)
     load_s = time.perf_counter() - t0
-    r = simulate(trace, costs, admission=admission, eviction=eviction,
-                 capacity_bytes=parse_bytes(CAPACITY), requests=requests, **extra)
+    with around():
+        r = simulate(trace, costs, admission=admission, eviction=eviction,
+                     capacity_bytes=parse_bytes(CAPACITY), requests=requests, **extra)
     return {"case": name, "requests": r.requests, "evictions": r.evictions,
             "token_hit_rate": r.token_hit_rate, "wall_s": r.wall_seconds, "cpu_s": r.cpu_seconds,
             "load_s": load_s, "alpha": r.alpha, "final_policy": r.final_policy,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+@contextlib.contextmanager
+def callgrind_window():
+    """Switch callgrind's instrumentation on for the block (``callgrind_control -i``
+    on this process). Only meaningful under ``valgrind --tool=callgrind
+    --instr-atstart=no``.
+
+    Raises:
+        RuntimeError: ``callgrind_control`` failed (not running under callgrind?).
+    """
+    def toggle(state: str) -> None:
+        done = subprocess.run(["callgrind_control", "-i", state, str(os.getpid())],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"callgrind_control -i {state} failed: {done.stderr.strip()}")
+    toggle("on")
+    try:
+        yield
+    finally:
+        toggle("off")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=",".join(CASES), help="comma list of case names")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "simulator.json"))
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--callgrind", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
-        print(json.dumps(run_case(args.one)))
+        print(json.dumps(run_case(args.one, callgrind_window if args.callgrind
+                                  else contextlib.nullcontext)))
         return 0
     if not TRACE.exists():
         print(f"Mooncake trace not found at {TRACE}; skipping the simulator benchmark")

@@ -53,7 +53,8 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="how prefill writes recurrent-state checkpoints: 'split' (default, vLLM "
                         "0.32: a prefill chunk ends at every checkpoint) or 'inpass' (the states "
                         "are captured inside the forward pass: chunks end at the token budget "
-                        "only; the engine does not have this mode yet)")
+                        "only; the plugin's VLLM_ADMISSION_CHECKPOINT=inpass, see "
+                        "docs/checkpoints.md for where the engine runs it)")
     p.add_argument("--alpha", type=float, default=None,
                    help="fix flop eviction's alpha instead of tuning it online")
     p.add_argument("--tune-grid", choices=("coarse", "paper"), default="coarse",
