@@ -8,7 +8,9 @@ layer). Keeping a state at a position inside a forward pass (``inpass``
 checkpoints, ``docs/checkpoints.md``) means copying the row a request is working
 in to the row of the checkpoint block, for every state tensor of the layer or
 the model, for every request that reached a checkpoint: :func:`copy_state_rows`
-does all of that in one call.
+does all of that in one call. Where the state was computed elsewhere (the GPU GDN
+path reads it from the chunk kernel's per-chunk states), :func:`write_state_rows`
+writes given values into the rows instead.
 
 * CPU: one ``copy_`` per row and tensor (torch's CPU ``index_put`` on these
   strided views measured ~100x slower); other devices without the GPU path:
@@ -33,7 +35,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BACKENDS", "StateRowCopier", "as_int_list", "copy_state_rows", "rows_are_dense"]
+__all__ = ["BACKENDS", "StateRowCopier", "as_int_list", "copy_state_rows", "rows_are_dense", "write_state_rows"]
 
 #: Valid ``backend`` values of :func:`copy_state_rows`.
 BACKENDS = ("auto", "torch", "triton")
@@ -167,6 +169,53 @@ def copy_state_rows(tensors: Sequence[torch.Tensor], src: Sequence[int] | torch.
     once instead: it uploads the tensors' layout a single time.
     """
     StateRowCopier(tensors, backend=backend).copy(src, dst)
+
+
+def write_state_rows(tensors: Sequence[torch.Tensor], rows: Sequence[int] | torch.Tensor,
+                     values: Sequence[torch.Tensor]) -> None:
+    """Write ``values[t][i]`` into row ``rows[i]`` (dim 0) of ``tensors[t]``, in place.
+
+    The other half of the copy op: states computed elsewhere (the GPU GDN path reads
+    them from the chunk kernel's per-chunk states,
+    :mod:`vllm_admission.plugin.runner.gdn_chunk_capture`) rather than another row.
+
+    Args:
+        tensors: state tensors ``[num_blocks, ...]`` on one device (strided views allowed).
+        rows: ``N`` distinct block ids, integers or a 1-D integer tensor.
+        values: one ``[N, *tensors[t].shape[1:]]`` tensor per state tensor, on the same
+            device; cast to the state tensor's dtype.
+
+    CPU: one ``copy_`` per row and tensor (as :class:`StateRowCopier`); other devices:
+    one ``index_copy_`` per tensor.
+
+    Raises:
+        ValueError: a row named twice, values that do not match their tensor's row
+            shape, or tensors on several devices.
+        IndexError: a row id outside a tensor's first dimension.
+    """
+    dst = as_int_list("rows", rows)
+    if len(values) != len(tensors):
+        raise ValueError(f"{len(values)} value tensors for {len(tensors)} state tensors")
+    num_rows = _check_tensors(tensors)
+    if len(set(dst)) != len(dst):
+        raise ValueError("rows names a row twice: the result would depend on the write order")
+    bad = [r for r in dst if not 0 <= r < num_rows]
+    if bad:
+        raise IndexError(f"row {bad[0]} out of range for state tensors of {num_rows} blocks")
+    for t, val in zip(tensors, values):
+        if tuple(val.shape) != (len(dst), *t.shape[1:]):
+            raise ValueError(f"values {tuple(val.shape)} do not fit {len(dst)} rows of {tuple(t.shape)}")
+        if val.device != t.device:
+            raise ValueError(f"values on {val.device}, state tensor on {t.device}")
+    if not dst:
+        return
+    for t, val in zip(tensors, values):
+        val = val.to(t.dtype)
+        if t.device.type == "cpu":
+            for i, row in enumerate(dst):
+                t[row].copy_(val[i])
+        else:
+            t.index_copy_(0, torch.tensor(dst, dtype=torch.long, device=t.device), val)
 
 
 # -- the GPU path ------------------------------------------------------------------

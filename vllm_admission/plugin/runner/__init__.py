@@ -4,6 +4,10 @@
   layer's recurrent core run in segments split at checkpoint offsets, each segment's
   end state (conv and SSM) copied into its checkpoint block. Imports vLLM's CPU GDN
   kernels lazily, on first use;
+* :mod:`~vllm_admission.plugin.runner.gdn_chunk_capture`: the GPU path's counterpart, not
+  wired in and not run on a GPU: the states at checkpoint offsets read from the Triton/FLA
+  chunk kernel's per-chunk states ``h`` (offsets must be multiples of 64) and the conv input,
+  written into checkpoint rows;
 * :mod:`~vllm_admission.plugin.runner.inpass_runner`: what the wrapped GDN core runs in
   ``inpass`` mode (the hooks themselves are installed by
   :func:`vllm_admission.plugin.vllm_hooks.install_inpass_runner`). See ``docs/checkpoints.md``.
