@@ -25,7 +25,7 @@ from vllm_admission.core.costs import (
 )
 from vllm_admission.engine.tiny_model import TINY_MODEL_PARAMS
 
-SHARED = Path("/work/shared/model_configs")
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "model_configs"
 REAL_CONFIGS = sorted(SHARED.glob("*.json")) + sorted(SHARED.glob("unverified/*.json"))
 needs_shared = pytest.mark.skipif(not REAL_CONFIGS, reason="shared model configs not present")
 

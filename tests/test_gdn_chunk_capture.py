@@ -35,7 +35,7 @@ def test_block_sizes_vllm_gives_qwen_models() -> None:
     from vllm_admission.core.costs import load_model
     from vllm_admission.core.geometry import aligned_block_size
 
-    configs = Path("/work/shared/model_configs")
+    configs = ROOT.parent / "shared" / "model_configs"
     model = configs / "Qwen__Qwen3-Next-80B-A3B-Instruct.json"
     if not model.exists():
         pytest.skip(f"{model} not present")
