@@ -1,4 +1,4 @@
-"""The AdmissionScheduler in a real vLLM 0.32 CPU engine running the tiny Qwen3-Next model.
+"""The AdmissionScheduler in a real vLLM 0.32 CPU engine running the tiny hybrid models.
 
 Engines (in-process engine core, so the scheduler is inspectable), one alive at a time:
 
@@ -10,9 +10,10 @@ Engines (in-process engine core, so the scheduler is inspectable), one alive at 
   small enough for evictions and preemptions;
 * one engine start with an invalid setting.
 
-The module runs once per pinned SSM state dtype (``conftest.ENGINE_SSM_DTYPES``), so with
-the block size B = 128 (bf16 state) and B = 256 (float32) on any CPU; pools are sized in
-tokens and converted to blocks of B. Derivations are next to the expected numbers; the
+The module runs once per ``conftest.ENGINE_CASES`` entry: the tiny Qwen3-Next (Gated
+DeltaNet) model with each pinned SSM state dtype, so with the block size B = 128 (bf16
+state) and B = 256 (float32) on any CPU, and the tiny Nemotron-H (Mamba2) model with its
+default float32 state (B = 256). Pools are sized in tokens and converted to blocks of B. Derivations are next to the expected numbers; the
 fast tests in ``test_plugin_scheduler.py`` check the same cases without a model.
 """
 
@@ -170,10 +171,16 @@ class Engines:
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_model_dir, ssm_dtype):
+def ssm_dtype(engine_case):
+    """This module instance's pinned SSM state dtype (``conftest.ENGINE_CASES``)."""
+    return engine_case[1]
+
+
+@pytest.fixture(scope="module")
+def engines(engine_model_dir, ssm_dtype):
     pytest.importorskip("vllm")
     saved = dict(os.environ)
-    e = Engines(tiny_model_dir, ssm_dtype)
+    e = Engines(engine_model_dir, ssm_dtype)
     yield e
     e.close()
     os.environ.clear()
