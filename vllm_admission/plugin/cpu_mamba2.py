@@ -36,10 +36,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-__all__ = ["PATCH_MARK", "install", "spec_without_export"]
-
-#: Attribute set on the wrapped ``get_kv_cache_spec`` (so :func:`install` runs once).
-PATCH_MARK = "_vllm_admission_cpu_no_export"
+__all__ = ["install", "installed", "spec_without_export"]
 
 
 def spec_without_export(spec: Any) -> Any:
@@ -57,6 +54,9 @@ def spec_without_export(spec: Any) -> Any:
 def install() -> bool:
     """On vLLM's CPU platform, make ``MambaMixer2`` declare no prefill-checkpoint export.
 
+    The wrap itself is :func:`vllm_admission.plugin.vllm_hooks.wrap_mamba2_spec`
+    (every change to a vLLM object is made there).
+
     Returns:
         True when the patch is active in this process (installed now or
         before), False on any other platform (nothing changed).
@@ -68,16 +68,14 @@ def install() -> bool:
 
     if not current_platform.is_cpu():
         return False
+    from vllm_admission.plugin.vllm_hooks import wrap_mamba2_spec
+
+    wrap_mamba2_spec(spec_without_export)
+    return True
+
+
+def installed() -> bool:
+    """Whether ``MambaMixer2.get_kv_cache_spec`` is wrapped in this process."""
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 
-    original = MambaMixer2.get_kv_cache_spec
-    if getattr(original, PATCH_MARK, False):
-        return True
-
-    def get_kv_cache_spec(self: Any, vllm_config: Any) -> Any:
-        return spec_without_export(original(self, vllm_config))
-
-    setattr(get_kv_cache_spec, PATCH_MARK, True)
-    get_kv_cache_spec.__doc__ = original.__doc__
-    MambaMixer2.get_kv_cache_spec = get_kv_cache_spec
-    return True
+    return getattr(MambaMixer2.get_kv_cache_spec, "_admission_original", None) is not None
