@@ -46,7 +46,7 @@ study: install
 
 # Policy study and simulator fidelity on the real CPU engine (about an hour on 2 cores).
 engine-study: install
-	$(BIN)/python simulations/engine_study.py --model $(OUT)/tiny-model
+	$(BIN)/python simulations/engine_study.py --model $(OUT)/tiny-model --mamba2-model $(OUT)/tiny-nemotron-h
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis

@@ -1,7 +1,8 @@
 """Policy study and simulator fidelity on the real vLLM engine (``make engine-study``).
 
 Runs :func:`vllm_admission.fidelity.run_fidelity` on the tiny random-weight
-Qwen3-Next model (CPU vLLM 0.32) for the workloads below and writes each
+Qwen3-Next model (CPU vLLM 0.32) for the workloads below, and on the tiny
+Nemotron-H (Mamba2) model for the ``mamba2-*`` ones, and writes each
 ``fidelity.json`` / ``fidelity.png`` under ``docs/results/engine/<name>/``.
 ``docs/results.md`` ("On the real engine") is written from them.
 
@@ -9,7 +10,7 @@ Each workload runs its pairs at an ample pool (8,192 blocks, no eviction) and a
 tight one (evictions on most requests), one pair after another in one process,
 so the prefill-time ratios to stock are measured in one run.
 
-Usage: ``python simulations/engine_study.py [NAME ...] [--model DIR] [--out DIR]``
+Usage: ``python simulations/engine_study.py [NAME ...] [--model DIR] [--mamba2-model DIR] [--out DIR]``
 (NAME: one of the workloads below; default all). Needs vLLM; about an hour on a
 2-core CPU machine.
 """
@@ -34,6 +35,11 @@ AUTO_PAIRS = (("vllm", "lru"), ("auto", "auto"))
 EVICTION_PAIRS = (("vllm", "lru"), ("vllm", "lfu"), ("vllm", "reuse"))
 #: The in-pass checkpoint mode: every admission policy with lru.
 INPASS_PAIRS = tuple((a, "lru") for a in ("none", "last", "vllm", "marconi", "dense"))
+#: Workloads on the tiny Nemotron-H (Mamba2) model are named with this prefix (study.png,
+#: drawn for the Qwen3-Next model, leaves them out; the tables show them).
+MAMBA2_PREFIX = "mamba2-"
+#: The Mamba2 model: every admission policy with lru, and auto.
+MAMBA2_PAIRS = (*INPASS_PAIRS, ("auto", "auto"))
 #: Every pair the tables and the plot show.
 SHOWN_PAIRS = (*STUDY_PAIRS, ("vllm", "lfu"), ("vllm", "reuse"), ("auto", "auto"))
 ALL_PAIRS = tuple((a, e) for e in ("lru", "flop")
@@ -50,8 +56,8 @@ SHARED_PROMPTS = dict(
     max_prompt_len=6000)
 
 
-def workloads(model: str) -> dict[str, FidelitySpec]:
-    """The study's runs by name."""
+def workloads(model: str, mamba2_model: str | None = None) -> dict[str, FidelitySpec]:
+    """The study's runs by name (``mamba2-*`` on ``mamba2_model``, when given)."""
     # The bf16 state pinned through vLLM's own argument: the same geometry (B = 128) on every
     # CPU (vLLM's CPU platform turns "auto" into float32 on CPUs with AVX-512 BF16).
     pinned = dict(model=model, max_output_len=16, mamba_ssm_cache_dtype="bfloat16")
@@ -85,6 +91,22 @@ def workloads(model: str) -> dict[str, FidelitySpec]:
         **{f"synthetic-timed-x{scale:g}": FidelitySpec(
             **synthetic, pairs=(("vllm", "lru"),), num_gpu_blocks=(64,), mode="timed",
             time_scale=scale) for scale in (4.0, 1.0, 0.0)},
+        **(_mamba2_workloads(mamba2_model) if mamba2_model else {}),
+    }
+
+
+def _mamba2_workloads(model: str) -> dict[str, FidelitySpec]:
+    """The tiny Nemotron-H (Mamba2) model, split checkpoints, with its own default state dtype
+    pinned: float32 (its config's ``mamba_ssm_cache_dtype``, which vLLM applies on every CPU),
+    so B = 256. The Mooncake pool, 150 blocks, holds the tokens of the GDN runs' 300 blocks of
+    128."""
+    pinned = dict(model=model, max_output_len=16, mamba_ssm_cache_dtype="float32")
+    return {
+        "mamba2-synthetic": FidelitySpec(**pinned, trace="synthetic", synthetic=SHARED_PROMPTS,
+                                         pairs=MAMBA2_PAIRS, num_gpu_blocks=(64,)),
+        "mamba2-mooncake": FidelitySpec(**pinned, trace=str(MOONCAKE), max_requests=100,
+                                        mooncake_block_tokens=128, pairs=MAMBA2_PAIRS,
+                                        num_gpu_blocks=(150,)),
     }
 
 
@@ -169,7 +191,8 @@ def plot_study(docs_by_name: dict[str, dict], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    docs = [(n, d) for n, d in docs_by_name.items() if d["settings"]["mode"] == "sequential"]
+    docs = [(n, d) for n, d in docs_by_name.items()
+            if d["settings"]["mode"] == "sequential" and not n.startswith(MAMBA2_PREFIX)]
     groups = [(n, r["num_blocks"]) for n, d in docs for r in d["records"]
               if (r["admission"], r["eviction"]) == STUDY_PAIRS[0]]
     fig, ax = plt.subplots(figsize=(8, 3.4))
@@ -246,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="workloads to run (default: all)")
     parser.add_argument("--model", default=str(ROOT / "out" / "tiny-model"),
                         help="tiny model directory (made if missing)")
+    parser.add_argument("--mamba2-model", default=str(ROOT / "out" / "tiny-nemotron-h"),
+                        help="tiny Nemotron-H (Mamba2) model directory for the mamba2-* "
+                             "workloads (made if missing)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "results" / "engine"))
     parser.add_argument("--tables", action="store_true",
                         help="only print the markdown tables and redraw study.png from the runs "
@@ -253,11 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.tables:
         return _summarise(Path(args.out))
-    if not (Path(args.model) / "config.json").exists():
-        from vllm_admission.engine.tiny_model import make_tiny_model
+    from vllm_admission.engine.tiny_model import make_tiny_model
 
+    if not (Path(args.model) / "config.json").exists():
         make_tiny_model(args.model)
-    runs = workloads(args.model)
+    if not (Path(args.mamba2_model) / "config.json").exists():
+        make_tiny_model(args.mamba2_model, arch="nemotron-h")
+    runs = workloads(args.model, args.mamba2_model)
     unknown = [n for n in args.names if n not in runs]
     if unknown:
         parser.error(f"unknown workload(s) {unknown}; known: {', '.join(runs)}")

@@ -55,6 +55,14 @@ def engine_env(monkeypatch):
 #: default ("auto") of whatever CPU runs it.
 ENGINE_SSM_DTYPES = ("bfloat16", "float32")
 
+#: The (tiny model arch, pinned SSM state dtype) cases the engine tests of both families run:
+#: the Qwen3-Next (Gated DeltaNet) model in both geometries, and the Nemotron-H (Mamba2)
+#: model in its own default, a float32 state (its config's ``mamba_ssm_cache_dtype``, which
+#: vLLM applies on every CPU: ``model_executor/models/config.py``
+#: ``NemotronHForCausalLMConfig``). Its bf16 geometry is the GDN model's bf16 one (the same
+#: state page); ``test_tiny_model_engine.py`` starts it too.
+ENGINE_CASES = (("qwen3-next", "bfloat16"), ("qwen3-next", "float32"), ("nemotron-h", "float32"))
+
 
 @pytest.fixture(scope="module", params=ENGINE_SSM_DTYPES)
 def ssm_dtype(request) -> str:
@@ -63,12 +71,38 @@ def ssm_dtype(request) -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """The tiny Qwen3-Next model (weights and tokenizer), written once per test session."""
+def tiny_model_of(tmp_path_factory):
+    """``arch -> directory`` of the tiny model of that arch (weights and tokenizer), each
+    written once per test session on first use."""
     pytest.importorskip("transformers")
     from vllm_admission.engine.tiny_model import make_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("tiny_qwen3_next"))
+    built: dict[str, object] = {}
+
+    def get(arch: str):
+        if arch not in built:
+            built[arch] = make_tiny_model(tmp_path_factory.mktemp(f"tiny_{arch}"), arch=arch)
+        return built[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_model_of):
+    """The tiny Qwen3-Next model (weights and tokenizer), written once per test session."""
+    return tiny_model_of("qwen3-next")
+
+
+@pytest.fixture(scope="module", params=ENGINE_CASES, ids=lambda case: "-".join(case))
+def engine_case(request) -> tuple[str, str]:
+    """One ``(arch, ssm_dtype)`` of :data:`ENGINE_CASES` per module instance."""
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def engine_model_dir(engine_case, tiny_model_of):
+    """The tiny model of this module instance's arch."""
+    return tiny_model_of(engine_case[0])
 
 
 def predicted_block_size(model_dir, ssm_dtype: str) -> int:

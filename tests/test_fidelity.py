@@ -16,6 +16,7 @@ from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.geometry import CPU_BLOCK_SIZE, CPU_KERNEL_BLOCK_SIZE, aligned_block_size
 from vllm_admission.core.traces import load_trace
+from vllm_admission.engine.tiny_model import TINY_MODEL_ARCHS
 from vllm_admission.fidelity import (
     FidelityError,
     compare_hits,
@@ -228,11 +229,15 @@ def tiny_model(tmp_path_factory):
 
 
 @pytest.mark.engine
-def test_engine_and_simulator_agree_on_every_request_under_eviction(tiny_model, tmp_path,
+@pytest.mark.parametrize("arch", TINY_MODEL_ARCHS)
+def test_engine_and_simulator_agree_on_every_request_under_eviction(tiny_model_of, arch, tmp_path,
                                                                     capsys, engine_env):
-    """The gate: vllm+lru (stock) and dense+lru, a 40-block pool, every request equal."""
+    """The gate: vllm+lru (stock) and dense+lru, a 40-block pool, every request equal, for
+    both tiny models (Gated DeltaNet and Mamba2) in vLLM's default geometry on this CPU."""
+    pytest.importorskip("vllm")
     out = tmp_path / "fid"
-    rc, stdout, err = run(["fidelity", "--model", str(tiny_model), "--admission", "vllm,dense",
+    model = tiny_model_of(arch)
+    rc, stdout, err = run(["fidelity", "--model", str(model), "--admission", "vllm,dense",
                            "--eviction", "lru", "--num-gpu-blocks", "40", "--max-output-len", "8",
                            "--check", "--out", str(out),
                            *[a for s in SMALL for a in ("--synthetic", s)]], capsys)

@@ -1,9 +1,12 @@
 """A real OpenAI-compatible server with the plugin: ``vllm serve`` as the README writes it.
 
-The server is vLLM's own ``vllm`` command from this environment, started on the tiny model
-(weights and tokenizer from ``make_tiny_model``) with the AdmissionScheduler, and spoken to
-over HTTP with the ``openai`` client and ``httpx``. The SSM state is pinned to bf16
-(``--mamba-ssm-cache-dtype``), so the block size B is the core's derivation on any CPU.
+The server is vLLM's own ``vllm`` command from this environment, started on each tiny model
+(weights and tokenizer from ``make_tiny_model``: Qwen3-Next, then Nemotron-H) with the
+AdmissionScheduler, and spoken to over HTTP with the ``openai`` client and ``httpx``. The
+SSM state is pinned to bf16 (``--mamba-ssm-cache-dtype``), so the block size B is the core's
+derivation on any CPU. The Mamba2 model's engine core runs in its own process, where only
+the general plugin can turn off the prefill-checkpoint export vLLM's CPU kernels cannot
+write (``plugin/cpu_mamba2.py``): its server run checks that path.
 
 Three text completions share a long prefix and differ after it (vLLM's stock admission,
 ``vllm``): with S = the shared tokens rounded down to a block,
@@ -36,6 +39,8 @@ from pathlib import Path
 import pytest
 from conftest import predicted_block_size
 
+from vllm_admission.engine.tiny_model import TINY_MODEL_ARCHS
+
 pytestmark = pytest.mark.engine
 
 VLLM = str(Path(sys.executable).with_name("vllm"))
@@ -63,14 +68,20 @@ def server_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="module", params=TINY_MODEL_ARCHS)
+def server_model_dir(request, tiny_model_of):
+    """The tiny model of one arch per module instance."""
+    return tiny_model_of(request.param)
+
+
 @pytest.fixture(scope="module")
-def server(tiny_model_dir, tmp_path_factory):
-    """``(base_url, block_size)`` of a running ``vllm serve`` with the plugin."""
+def server(server_model_dir, tmp_path_factory):
+    """``(base_url, block_size, log path, process)`` of a running ``vllm serve`` with the plugin."""
     httpx = pytest.importorskip("httpx")
     port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(serve_command(tiny_model_dir, port),
+        proc = subprocess.Popen(serve_command(server_model_dir, port),
                                 env=server_env(VLLM_ADMISSION_POLICY="vllm",
                                                VLLM_ADMISSION_EVICTION="lru"),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -89,7 +100,7 @@ def server(tiny_model_dir, tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail("vllm serve did not become healthy:\n" + log_path.read_text()[-4000:])
             time.sleep(1)
-        yield base, predicted_block_size(tiny_model_dir, "bfloat16"), log_path, proc
+        yield base, predicted_block_size(server_model_dir, "bfloat16"), log_path, proc
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -133,12 +144,12 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def test_shared_prefix_is_cached_and_counted(server, tiny_model_dir):
+def test_shared_prefix_is_cached_and_counted(server, server_model_dir):
     from openai import OpenAI
     from transformers import AutoTokenizer
 
     base, B, log_path, _ = server  # noqa: N806
-    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    tok = AutoTokenizer.from_pretrained(str(server_model_dir))
     prefix = words(1, 300)
     prompts = [f"{prefix}\n{tag}: {words(seed, 150)}" for tag, seed in
                (("alpha", 2), ("beta", 3), ("gamma", 4))]
@@ -189,7 +200,7 @@ def test_shared_prefix_is_cached_and_counted(server, tiny_model_dir):
                        r"block_size=(\d+), groups=([a-z,]+),", log)
     assert active and int(active[1]) == B
     groups = " ".join(f"{kind}{g}={B}" for g, kind in enumerate(active[2].split(",")))
-    assert groups == f"state0={B} attention1={B}"  # the tiny Qwen3-Next's two groups
+    assert groups == f"state0={B} attention1={B}"  # either tiny model's two groups
     assert (f"vllm_admission: smallest cacheable prefix: {B} tokens (per KV cache group: "
             f"{groups}; a hit ends where every group can reuse a block), so only prompts of "
             f"{B + 1} tokens or more can hit (vLLM recomputes at least the last prompt token)"

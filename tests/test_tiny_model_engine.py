@@ -1,8 +1,13 @@
-"""Real-engine tests: the tiny Qwen3-Next hybrid model on stock vLLM 0.32 with prefix caching.
+"""Real-engine tests: the tiny hybrid models on stock vLLM 0.32 with prefix caching.
 
-The module runs twice, once per pinned SSM state dtype (``conftest.ENGINE_SSM_DTYPES``:
-bf16 gives 128-token blocks, float32 256), with one engine per run; one more test starts
-an engine with vLLM's platform default, whatever this CPU makes of it. The block size
+The module runs once per ``conftest.ENGINE_CASES`` entry: the tiny Qwen3-Next (Gated
+DeltaNet) model per pinned SSM state dtype (bf16 gives 128-token blocks, float32 256) and
+the tiny Nemotron-H (Mamba2) model with its default float32 state, one engine per run;
+more tests start an engine with vLLM's platform default for each arch, whatever this CPU
+makes of it, and the Mamba2 model with a bf16 state. "Stock" for the Mamba2 model means
+vLLM with :func:`vllm_admission.plugin.cpu_mamba2.install` (which ``build_llm`` applies):
+without it vLLM 0.32's CPU engine fails at its first prefill (``docs/engine-facts.md``,
+section 0). The block size
 ``B`` is read from the live engine after checking it against the core's derivation, and
 every expected number below is derived from it (``docs/engine-facts.md``).
 
@@ -36,6 +41,7 @@ import pytest
 from conftest import engine_block_size, predicted_block_size
 
 from vllm_admission.engine.llm import EngineSettings, shutdown_llm
+from vllm_admission.engine.tiny_model import TINY_MODEL_ARCHS
 from vllm_admission.engine.replay import (
     SEQUENTIAL_MODE,
     ReplayResult,
@@ -102,6 +108,25 @@ def test_skip_reasons():
     assert _skip_reason(5, 0, GEO_64) == "output_len < 1"
 
 
+def test_spec_without_export_changes_only_the_export():
+    """cpu_mamba2's spec: vLLM's own MambaSpec with the prefill-checkpoint fields of a
+    layer that declares no export (what 0.32's GDN layers declare)."""
+    import dataclasses
+
+    torch = pytest.importorskip("torch")
+    kv = pytest.importorskip("vllm.v1.kv_cache_interface")
+    from vllm_admission.plugin.cpu_mamba2 import spec_without_export
+
+    spec = kv.MambaSpec(block_size=128, shapes=((3, 512), (4, 64, 64)),
+                        dtypes=(torch.bfloat16, torch.float32), mamba_cache_mode="align",
+                        num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
+    plain = spec_without_export(spec)
+    assert (plain.num_prefill_checkpoint_blocks, plain.prefill_checkpoint_alignment) == (0, None)
+    assert dataclasses.replace(plain, num_prefill_checkpoint_blocks=1,
+                               prefill_checkpoint_alignment=1) == spec
+    assert spec_without_export(plain) is plain
+
+
 # ------------------------------------------------------------------ engine fixtures
 
 
@@ -130,17 +155,33 @@ def stock_engine(model_dir, **settings):
 
 
 @pytest.fixture(scope="module")
-def llm(tiny_model_dir, ssm_dtype):
-    with stock_engine(tiny_model_dir, mamba_ssm_cache_dtype=ssm_dtype) as engine:
+def ssm_dtype(engine_case):
+    """This module instance's pinned SSM state dtype (``conftest.ENGINE_CASES``)."""
+    return engine_case[1]
+
+
+@pytest.fixture(scope="module")
+def llm(engine_model_dir, ssm_dtype):
+    with stock_engine(engine_model_dir, mamba_ssm_cache_dtype=ssm_dtype) as engine:
         yield engine
 
 
 @pytest.fixture(scope="module")
-def B(llm, tiny_model_dir, ssm_dtype):  # noqa: N802 - the block size, as in the docs
+def B(llm, engine_model_dir, ssm_dtype):  # noqa: N802 - the block size, as in the docs
     """The live engine's block size, checked against the core's derivation for this dtype."""
     block = engine_block_size(llm)
-    assert block == predicted_block_size(tiny_model_dir, ssm_dtype)
+    assert block == predicted_block_size(engine_model_dir, ssm_dtype)
     return block
+
+
+def state_specs(llm):
+    """The live engine's ``MambaSpec`` per state group."""
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from vllm_admission.engine.llm import inprocess_scheduler
+
+    groups = inprocess_scheduler(llm).kv_cache_config.kv_cache_groups
+    return [g.kv_cache_spec for g in groups if isinstance(g.kv_cache_spec, MambaSpec)]
 
 
 def one(llm, prompt: list[int], max_tokens: int = 4) -> tuple[int, list[int]]:
@@ -156,16 +197,24 @@ def one(llm, prompt: list[int], max_tokens: int = 4) -> tuple[int, list[int]]:
 
 
 @pytest.mark.engine
-def test_tiny_model_is_idempotent_and_has_a_tokenizer(tiny_model_dir):
+@pytest.mark.parametrize("arch", TINY_MODEL_ARCHS)
+def test_tiny_model_is_idempotent_and_has_a_tokenizer(tiny_model_of, arch):
+    import json
+
     from transformers import AutoTokenizer
 
-    from vllm_admission.engine.tiny_model import make_tiny_model
+    from vllm_admission.engine.tiny_model import make_tiny_model, tiny_model_config_kwargs
 
-    weights = tiny_model_dir / "model.safetensors"
+    model_dir = tiny_model_of(arch)
+    weights = model_dir / "model.safetensors"
     mtime = weights.stat().st_mtime_ns
-    assert make_tiny_model(tiny_model_dir) == tiny_model_dir
+    assert make_tiny_model(model_dir, arch=arch) == model_dir
     assert weights.stat().st_mtime_ns == mtime  # not rebuilt
-    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    config = json.loads((model_dir / "config.json").read_text())
+    expected = {"qwen3-next": "Qwen3NextForCausalLM", "nemotron-h": "NemotronHForCausalLM"}[arch]
+    assert config["architectures"] == [expected]
+    assert config["vocab_size"] == tiny_model_config_kwargs(arch=arch)["vocab_size"] == VOCAB
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
     text = "The prefix cache keeps a recurrent state, 42 times!"
     ids = tok(text)["input_ids"]
     assert ids and max(ids) < VOCAB
@@ -187,7 +236,11 @@ def test_engine_geometry(llm, B, ssm_dtype):
     assert geo["max_model_len"] == 131072
     assert geo["max_num_batched_tokens"] == 4096
     kinds = {g["kind"]: g["num_layers"] for g in geo["kv_cache_groups"]}
-    assert kinds == {"state": 2, "attention": 2}
+    assert kinds == {"state": 2, "attention": 2}  # both recipes: 2 recurrent + 2 attention layers
+    # No state group declares vLLM's in-pass prefill-checkpoint export on CPU (GDN layers
+    # never do in 0.32; Mamba2 layers do, and cpu_mamba2 turns it off), so the scheduler ends
+    # a chunk at every prompt-end checkpoint and the derivations below hold for both.
+    assert all(spec.num_prefill_checkpoint_blocks == 0 for spec in state_specs(llm))
     assert {g["block_size"] for g in geo["kv_cache_groups"]} == {B}
     # The attention page is B tokens x 2 KV heads x 64 x (K, V) x 2 bytes; the state page is
     # padded to it. A block id costs the largest group's pages: VLLM_CPU_KVCACHE_SPACE=1 GiB
@@ -258,23 +311,62 @@ def test_second_turn_hits_prompt_checkpoint_not_decode_boundary(llm, B):
     assert one(llm, first + out + toks(5, 700))[0] == checkpoint
 
 
-@pytest.mark.engine
-def test_platform_default_follows_the_cpu_rule(tiny_model_dir):
-    """With vLLM's default ("auto"), the CPU platform decides the SSM dtype: float32 on CPUs
-    with AVX-512 BF16, the model's bf16 elsewhere; the block size follows the dtype."""
+def platform_default_ssm_dtype(model_dir) -> str:
+    """The SSM state dtype vLLM's CPU platform gives ``model_dir`` with "auto": float32 on
+    CPUs with AVX-512 BF16 (``vllm/platforms/cpu.py`` ``check_and_update_config``), the
+    model's own choice elsewhere (the core's reading of "auto": the model dtype for
+    Qwen3-Next, the config's ``mamba_ssm_cache_dtype`` for Nemotron-H)."""
     import torch
 
+    from vllm_admission.core.costs import ModelCosts
+
+    if torch.cpu._is_avx512_bf16_supported():  # noqa: SLF001
+        return "float32"
+    return ModelCosts.from_config(f"{model_dir}/config.json", mamba_ssm_cache_dtype="auto").ssm_dtype
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("arch", TINY_MODEL_ARCHS)
+def test_platform_default_follows_the_cpu_rule(tiny_model_of, arch):
+    """With vLLM's default ("auto"), the CPU platform and the model decide the SSM dtype
+    (:func:`platform_default_ssm_dtype`); the block size follows the dtype."""
     from vllm_admission.engine.llm import engine_geometry
 
-    expected = "float32" if torch.cpu._is_avx512_bf16_supported() else "bfloat16"  # noqa: SLF001
-    with stock_engine(tiny_model_dir, num_gpu_blocks=64, max_model_len=2048) as engine:
+    model_dir = tiny_model_of(arch)
+    expected = platform_default_ssm_dtype(model_dir)
+    with stock_engine(model_dir, num_gpu_blocks=64, max_model_len=2048) as engine:
         geo = engine_geometry(engine)
         B = geo["block_size"]  # noqa: N806
         assert geo["ssm_state_dtype"] == expected
-        assert B == predicted_block_size(tiny_model_dir, expected)
+        assert B == predicted_block_size(model_dir, expected)
         prompt = toks(8, 700)
         assert one(engine, prompt)[0] == 0
         assert one(engine, prompt)[0] == 699 // B * B
+
+
+@pytest.mark.engine
+def test_mamba2_bf16_state_runs_without_the_export(tiny_model_of):
+    """The Mamba2 model with a pinned bf16 state: the core's block size, no prefill-checkpoint
+    export (cpu_mamba2 active on this CPU platform), and a resent prompt hits its prompt-end
+    checkpoint with the same greedy output, through a two-chunk prefill."""
+    from vllm_admission.engine.llm import engine_geometry
+    from vllm_admission.plugin import cpu_mamba2
+
+    model_dir = tiny_model_of("nemotron-h")
+    with stock_engine(model_dir, mamba_ssm_cache_dtype="bfloat16", num_gpu_blocks=64,
+                      max_model_len=2048) as engine:
+        geo = engine_geometry(engine)
+        B = geo["block_size"]  # noqa: N806
+        assert geo["ssm_state_dtype"] == "bfloat16"
+        assert B == predicted_block_size(model_dir, "bfloat16")
+        assert cpu_mamba2.installed()
+        specs = state_specs(engine)
+        assert specs and all(s.num_prefill_checkpoint_blocks == 0 for s in specs)
+        prompt = toks(9, 3 * B + 5)
+        first, out1 = one(engine, prompt, 8)
+        second, out2 = one(engine, prompt, 8)
+        assert (first, second) == (0, 3 * B)
+        assert out1 == out2
 
 
 @pytest.mark.engine

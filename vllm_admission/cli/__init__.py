@@ -49,9 +49,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="simulate the built-in synthetic workload on Qwen3-Next")
     add_simulate_args(demo, demo=True)
 
+    from vllm_admission.engine.tiny_model import TINY_MODEL_ARCHS
+
     tiny = sub.add_parser("make-tiny-model",
-                          help="write a small random-weight Qwen3-Next hybrid that runs on CPU vLLM")
+                          help="write a small random-weight hybrid (Qwen3-Next GDN or Nemotron-H "
+                               "Mamba2) that runs on CPU vLLM")
     tiny.add_argument("dir", help="output directory")
+    tiny.add_argument("--arch", choices=TINY_MODEL_ARCHS, default=TINY_MODEL_ARCHS[0],
+                      help="qwen3-next: Gated DeltaNet + attention (default); "
+                           "nemotron-h: Mamba2 + attention + MLP")
     tiny.add_argument("--max-model-len", type=int, default=131072)
     tiny.add_argument("--seed", type=int, default=0)
 
@@ -63,8 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _make_tiny_model(args: argparse.Namespace) -> int:
     from vllm_admission.engine.tiny_model import make_tiny_model
 
-    path = make_tiny_model(args.dir, max_position_embeddings=args.max_model_len, seed=args.seed)
-    print(f"tiny hybrid model in {path}")
+    path = make_tiny_model(args.dir, arch=args.arch, max_position_embeddings=args.max_model_len,
+                           seed=args.seed)
+    print(f"tiny {args.arch} hybrid model in {path}")
     return 0
 
 

@@ -5,6 +5,11 @@ transformers; the imports happen inside the submodules, so importing this
 package alone stays cheap.
 """
 
-from vllm_admission.engine.tiny_model import TINY_MODEL_PARAMS, make_tiny_model
+from vllm_admission.engine.tiny_model import (
+    TINY_MODEL_ARCHS,
+    TINY_MODEL_PARAMS,
+    TINY_NEMOTRON_H_PARAMS,
+    make_tiny_model,
+)
 
-__all__ = ["TINY_MODEL_PARAMS", "make_tiny_model"]
+__all__ = ["TINY_MODEL_ARCHS", "TINY_MODEL_PARAMS", "TINY_NEMOTRON_H_PARAMS", "make_tiny_model"]

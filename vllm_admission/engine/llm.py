@@ -206,7 +206,11 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
     ``vllm.LLM`` with
     ``enable_prefix_caching`` as in ``settings`` (default on), ``dtype="bfloat16"``,
     ``skip_tokenizer_init=True``, ``enforce_eager=True`` and statistics
-    logging on (so :func:`prefix_cache_counters` works). Takes about 6 s of
+    logging on (so :func:`prefix_cache_counters` works). On vLLM's CPU
+    platform it first installs :func:`vllm_admission.plugin.cpu_mamba2.install`
+    (Mamba2 layers declare no prefill-checkpoint export, which the CPU kernels
+    cannot write; in this process only, so an engine core in another process
+    needs the general plugin loaded). Takes about 6 s of
     engine construction plus ~20 s of first vLLM import on a 2-core CPU
     machine.
 
@@ -232,6 +236,12 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
     environ = _apply_env(settings)
     import vllm
     import vllm.envs as vllm_envs
+
+    from vllm_admission.plugin import cpu_mamba2
+
+    # Stock engines run with VLLM_PLUGINS="" (no general plugin): a Mamba2 model on
+    # vLLM's CPU platform still needs its prefill-checkpoint export off (cpu_mamba2).
+    cpu_mamba2.install()
 
     # The in-process engine core freezes vllm.envs after its start; a second
     # engine in the same process must see the environment as it is now.

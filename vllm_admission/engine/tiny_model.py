@@ -1,16 +1,39 @@
-"""A small random-weight Qwen3-Next hybrid model that vLLM 0.32 runs on CPU.
+"""Small random-weight hybrid models that vLLM 0.32 runs on CPU, one per family.
 
-The model has two Gated DeltaNet (linear attention, recurrent state) layers and
-two full-attention layers, so vLLM builds a hybrid KV cache (attention blocks
-plus recurrent-state blocks) exactly as for the real Qwen3-Next models, while a
-forward pass costs almost nothing. Its weights are random: outputs are
-meaningless but deterministic under greedy sampling.
+Two architectures (``arch``, :data:`TINY_MODEL_ARCHS`):
+
+* ``"qwen3-next"`` (the default): two Gated DeltaNet (linear attention,
+  recurrent state) layers and two full-attention layers, each followed by a
+  small MoE, as the real Qwen3-Next models (:data:`TINY_MODEL_PARAMS`);
+* ``"nemotron-h"``: a Mamba2 hybrid in Nemotron-H's layout,
+  ``hybrid_override_pattern`` ``"M*-M*-"`` (Mamba2, attention, MLP, twice)
+  (:data:`TINY_NEMOTRON_H_PARAMS`), vLLM's ``NemotronHForCausalLM``.
+
+Either way vLLM builds a hybrid KV cache (attention blocks plus recurrent-state
+blocks) exactly as for the real models, while a forward pass costs almost
+nothing. Weights are random: outputs are meaningless but deterministic under
+greedy sampling.
 
 Sizes follow ``/work/shared/guide/vllm-integration.md``; each one is forced by
 a vLLM CPU constraint:
 
 * ``torch_dtype`` bfloat16: the CPU GDN kernel refuses anything else.
 * ``head_dim`` 64: the CPU attention backend rejects 32.
+* Nemotron-H has no ``E`` (MoE) layer: vLLM's CPU fused MoE refuses Nemotron's
+  non-gated relu2 experts ("is_act_and_mul=False is supported only for CUDA,
+  XPU and ROCm", ``model_executor/layers/fused_moe/config.py``), so its
+  feed-forward layers are ``-`` (MLP), as in Nemotron-H-8B.
+* Nemotron-H's Mamba2 layers (4 heads of 64, 2 groups, state 64, conv 4,
+  ``chunk_size`` 128, a power of two as ``ops/ssd_combined.py`` asserts) give
+  the same state page as the Qwen3-Next recipe: conv (3, 512) bf16 plus SSM
+  (4, 64, 64). The config keeps transformers' ``mamba_ssm_cache_dtype``
+  "float32", which vLLM applies when the engine's setting is "auto"
+  (``model_executor/models/config.py`` ``NemotronHForCausalLMConfig``): block
+  size 256 by default on every CPU, 128 with ``mamba_ssm_cache_dtype="bfloat16"``.
+  On vLLM's CPU platform these layers need
+  :func:`vllm_admission.plugin.cpu_mamba2.install` (no prefill-checkpoint
+  export), which :func:`vllm_admission.engine.llm.build_llm` and the general
+  plugin install.
 
 A byte-level BPE tokenizer with the model's 512-token vocabulary is trained
 offline (``tokenizers``) on a fixed synthetic corpus and saved beside the
@@ -25,10 +48,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TINY_MODEL_PARAMS", "make_tiny_model", "tiny_model_config_kwargs", "train_tiny_tokenizer"]
+__all__ = [
+    "TINY_MODEL_ARCHS",
+    "TINY_MODEL_PARAMS",
+    "TINY_NEMOTRON_H_PARAMS",
+    "make_tiny_model",
+    "tiny_model_config_kwargs",
+    "train_tiny_tokenizer",
+]
 
-#: Bumped whenever the recipe below changes, so stale directories are rebuilt.
-_RECIPE_VERSION = 2  # 2: a tokenizer is written too
+#: Bumped whenever a recipe below changes, so stale directories are rebuilt.
+_RECIPE_VERSION = 3  # 2: a tokenizer is written too; 3: the arch is recorded (nemotron-h)
 _MARKER = "vllm_admission_tiny_model.json"
 
 #: The fixed part of the recipe (everything except context length and seed).
@@ -60,17 +90,64 @@ TINY_MODEL_PARAMS: dict[str, Any] = {
 }
 
 
-def tiny_model_config_kwargs(max_position_embeddings: int = 131072) -> dict[str, Any]:
-    """Keyword arguments for ``transformers.Qwen3NextConfig`` of the tiny model.
+#: The Mamba2 hybrid's recipe (``arch="nemotron-h"``): ``transformers.NemotronHConfig``
+#: arguments except context length and special tokens.
+TINY_NEMOTRON_H_PARAMS: dict[str, Any] = {
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "hybrid_override_pattern": "M*-M*-",
+    "intermediate_size": 256,
+    "mlp_hidden_act": "relu2",
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 64,
+    "n_groups": 2,
+    "ssm_state_size": 64,
+    "conv_kernel": 4,
+    "expand": 2,
+    "chunk_size": 128,
+    "mamba_ssm_cache_dtype": "float32",
+    "tie_word_embeddings": False,
+}
+
+#: ``arch`` name -> (transformers config class name, recipe).
+_ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
+    "qwen3-next": ("Qwen3NextConfig", TINY_MODEL_PARAMS),
+    "nemotron-h": ("NemotronHConfig", TINY_NEMOTRON_H_PARAMS),
+}
+
+#: The architectures :func:`make_tiny_model` builds; the first is the default.
+TINY_MODEL_ARCHS: tuple[str, ...] = tuple(_ARCHS)
+
+
+def _recipe(arch: str) -> tuple[str, dict[str, Any]]:
+    try:
+        return _ARCHS[arch]
+    except KeyError:
+        raise ValueError(f"unknown tiny model arch {arch!r} (valid: {', '.join(TINY_MODEL_ARCHS)})") from None
+
+
+def tiny_model_config_kwargs(max_position_embeddings: int = 131072, *,
+                             arch: str = "qwen3-next") -> dict[str, Any]:
+    """Keyword arguments for the transformers config of the tiny model of ``arch``.
+
+    ``transformers.Qwen3NextConfig`` for ``"qwen3-next"``,
+    ``transformers.NemotronHConfig`` for ``"nemotron-h"``.
 
     Args:
         max_position_embeddings: longest context the model declares, in tokens.
             vLLM derives its default ``max_model_len`` from it.
+        arch: one of :data:`TINY_MODEL_ARCHS`.
 
     Returns:
         A fresh dict (safe to modify).
+
+    Raises:
+        ValueError: unknown ``arch``.
     """
-    kw = json.loads(json.dumps(TINY_MODEL_PARAMS))
+    kw = json.loads(json.dumps(_recipe(arch)[1]))
     kw["max_position_embeddings"] = int(max_position_embeddings)
     # The tokenizer's special tokens (see train_tiny_tokenizer).
     kw["bos_token_id"] = 0
@@ -134,28 +211,32 @@ def train_tiny_tokenizer(vocab_size: int = TINY_MODEL_PARAMS["vocab_size"], *, s
                                    pad_token=pad, chat_template=_CHAT_TEMPLATE)
 
 
-def _marker_payload(max_position_embeddings: int, seed: int) -> dict[str, Any]:
+def _marker_payload(arch: str, max_position_embeddings: int, seed: int) -> dict[str, Any]:
     return {
         "recipe_version": _RECIPE_VERSION,
+        "arch": arch,
         "max_position_embeddings": int(max_position_embeddings),
         "seed": int(seed),
-        "params": TINY_MODEL_PARAMS,
+        "params": _recipe(arch)[1],
     }
 
 
 def make_tiny_model(
     out_dir: str | Path,
     *,
+    arch: str = "qwen3-next",
     max_position_embeddings: int = 131072,
     seed: int = 0,
 ) -> Path:
-    """Write the tiny random-weight Qwen3-Next model to ``out_dir`` (idempotent).
+    """Write the tiny random-weight hybrid model of ``arch`` to ``out_dir`` (idempotent).
 
     The weights depend only on ``seed`` (``torch.manual_seed`` before the model
     is built), so two calls with the same arguments give identical files. If
     ``out_dir`` already holds a model written by this function with the same
-    recipe, ``max_position_embeddings`` and ``seed`` (checked through a small
-    marker json written last), it is returned without rebuilding.
+    recipe version, ``arch``, recipe, ``max_position_embeddings`` and ``seed``
+    (checked through a small marker json written last), it is returned
+    without rebuilding; otherwise (another arch, an older recipe) it is
+    rebuilt in place.
 
     Writes ``config.json``, the safetensors weights, ``generation_config.json``
     and the tokenizer of :func:`train_tiny_tokenizer` (``tokenizer.json``,
@@ -164,6 +245,8 @@ def make_tiny_model(
 
     Args:
         out_dir: directory to create or reuse.
+        arch: ``"qwen3-next"`` (Gated DeltaNet hybrid) or ``"nemotron-h"``
+            (Mamba2 hybrid): :data:`TINY_MODEL_ARCHS`.
         max_position_embeddings: declared context length in tokens (default
             131072, enough for the longest real-trace request of 126,195
             prompt tokens plus its output).
@@ -173,14 +256,16 @@ def make_tiny_model(
         ``out_dir`` as a ``Path``, usable as ``vllm.LLM(model=str(path))``.
 
     Raises:
-        ValueError: if ``max_position_embeddings`` is not positive.
+        ValueError: if ``max_position_embeddings`` is not positive or ``arch``
+            is unknown.
         ImportError: if ``torch`` or ``transformers`` is missing.
     """
     if int(max_position_embeddings) <= 0:
         raise ValueError(f"max_position_embeddings must be positive, got {max_position_embeddings}")
+    config_name = _recipe(arch)[0]
     out = Path(out_dir)
     marker = out / _MARKER
-    want = _marker_payload(max_position_embeddings, seed)
+    want = _marker_payload(arch, max_position_embeddings, seed)
     if marker.is_file():
         try:
             have = json.loads(marker.read_text())
@@ -190,12 +275,16 @@ def make_tiny_model(
             return out
 
     import torch
-    from transformers import AutoModelForCausalLM, Qwen3NextConfig
+    import transformers
+    from transformers import AutoModelForCausalLM
 
     out.mkdir(parents=True, exist_ok=True)
     if marker.exists():
         marker.unlink()  # a half-written rebuild must not look finished
-    config = Qwen3NextConfig(**tiny_model_config_kwargs(max_position_embeddings))
+    for stale in out.glob("*.safetensors"):
+        stale.unlink()  # another arch's weights must not stay beside the new config
+    config_cls = getattr(transformers, config_name)
+    config = config_cls(**tiny_model_config_kwargs(max_position_embeddings, arch=arch))
     torch.manual_seed(int(seed))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model = model.to(torch.bfloat16)

@@ -14,6 +14,10 @@ hashes the value of every registered variable into the ``torch.compile``
 cache key, and scheduler settings must not force a recompile. The plugin
 reads its settings through :class:`vllm_admission.plugin.config.AdmissionConfig`.
 
+In every process it also installs :func:`vllm_admission.plugin.cpu_mamba2.install`
+(on vLLM's CPU platform only: Mamba2 layers declare no prefill-checkpoint export there,
+which the CPU kernels cannot write; no effect elsewhere).
+
 In the process that starts vLLM (``MainProcess``), :func:`register` also
 
 * sets ``VLLM_ADMISSION_METRICS_DIR`` (unless set) to a per-process temporary
@@ -111,9 +115,11 @@ def register() -> None:
         SystemExit: (status 2) an invalid setting while the command line
             names the AdmissionScheduler.
     """
+    from vllm_admission.plugin import cpu_mamba2
     from vllm_admission.plugin.vllm_hooks import register_env_vars
 
     register_env_vars(ENV_VARS, _unset)
+    cpu_mamba2.install()  # every process: the engine core builds the KV cache specs
     if multiprocessing.current_process().name != "MainProcess":
         return
     if not os.environ.get(ENV_METRICS_DIR):

@@ -26,6 +26,8 @@ here, behind a version check:
   ``SchedulerOutput``), :func:`install_inpass_runner` (the model runner's
   ``execute_model`` and the CPU GDN core, wrapped process-wide; the two share
   one :class:`~vllm_admission.plugin.runner.inpass_runner.StepCheckpoints`);
+* :func:`wrap_mamba2_spec`: ``MambaMixer2.get_kv_cache_spec`` on vLLM's CPU
+  platform (:mod:`vllm_admission.plugin.cpu_mamba2`: no prefill-checkpoint export);
 * :func:`wrap_schedule`: observes each step's output on one scheduler
   instance (:class:`vllm_admission.engine.llm.PrefillStepCounter`);
 * :func:`register_env_vars`: adds the plugin's variables to
@@ -69,6 +71,7 @@ __all__ = [
     "supported_text",
     "unsupported_reason",
     "use_policy_managers",
+    "wrap_mamba2_spec",
     "wrap_schedule",
 ]
 
@@ -78,6 +81,8 @@ SUPPORTED_VLLM: tuple[str, ...] = ("0.32", "0.33")
 #: ``(file under vllm/, qualified member, how the plugin uses it)`` for every
 #: private (or undocumented) member of vLLM the plugin overrides, calls or reads.
 PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
+    ("model_executor/layers/mamba/mamba_mixer2.py", "MambaMixer2.get_kv_cache_spec",
+     "wrapped on the CPU platform: the spec declares no prefill-checkpoint export"),
     ("v1/core/sched/scheduler.py", "Scheduler._get_local_prefix_cache_hit",
      "overridden: reports the probe, returns the policy's junction (0.32 passes the request, "
      "0.33 also max_cache_hit_length)"),
@@ -541,6 +546,22 @@ def install_inpass_runner() -> Any:
         core._admission_original = original_core  # type: ignore[attr-defined]
         gdn_attention._cpu_gdn_attention_nonspec = core
     return channel
+
+
+def wrap_mamba2_spec(transform: Callable[[Any], Any]) -> None:
+    """Wrap ``MambaMixer2.get_kv_cache_spec`` (process-wide, once) so that it returns
+    ``transform(spec)``; :func:`vllm_admission.plugin.cpu_mamba2.install` decides when."""
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+    original = MambaMixer2.get_kv_cache_spec
+    if getattr(original, "_admission_original", None) is not None:
+        return
+
+    def get_kv_cache_spec(self: Any, vllm_config: Any) -> Any:
+        return transform(original(self, vllm_config))
+
+    get_kv_cache_spec._admission_original = original  # type: ignore[attr-defined]
+    MambaMixer2.get_kv_cache_spec = get_kv_cache_spec
 
 
 def register_env_vars(names: Sequence[str], getter: Callable[[], Any]) -> None:
