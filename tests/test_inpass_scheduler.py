@@ -45,7 +45,8 @@ def vllm_config(tmp_path_factory):
     return cfg
 
 
-def build(vllm_config, monkeypatch, policy, *, blocks=160, checkpoint="inpass"):
+def build(vllm_config, monkeypatch, policy, *, blocks=160, checkpoint="inpass",
+          state_layer="GDN_ATTN"):
     from vllm_admission.plugin.scheduler import AdmissionScheduler
     from vllm_admission.testing import (
         FakeEngine,
@@ -58,7 +59,8 @@ def build(vllm_config, monkeypatch, policy, *, blocks=160, checkpoint="inpass"):
     monkeypatch.setenv("VLLM_ADMISSION_CHECKPOINT", checkpoint)
     monkeypatch.setenv("VLLM_ADMISSION_LOG_INTERVAL", "0")
     sched = make_scheduler(AdmissionScheduler, vllm_config,
-                           make_kv_cache_config(vllm_config, blocks, kinds=("state", "attention")))
+                           make_kv_cache_config(vllm_config, blocks, kinds=("state", "attention"),
+                                                state_layer=state_layer))
     return FakeEngine(sched)
 
 
@@ -176,6 +178,24 @@ def stops_at(*positions):
         start = request.num_computed_tokens + local + external
         return min([p for p in positions if start < p < start + n], default=start + n) - start
     return split
+
+
+@pytest.mark.parametrize("state_layer", ["MAMBA2", "LINEAR", "SHORT_CONV"])
+def test_inpass_refuses_state_layers_it_cannot_capture(vllm_config, monkeypatch, state_layer):
+    # The runner hook segments Gated DeltaNet prefills only. The model config cannot tell
+    # (transformers lists Nemotron-H's Mamba2 layers as linear_attention too), so the check
+    # reads the KV cache specs' mamba_type: a Mamba2 hybrid must get the one-line refusal,
+    # not an in-pass plan whose checkpoint blocks no layer writes.
+    from vllm_admission.plugin.config import AdmissionConfigError
+
+    with pytest.raises(AdmissionConfigError) as info:
+        build(vllm_config, monkeypatch, "marconi", state_layer=state_layer)
+    message = str(info.value)
+    assert "\n" not in message and "VLLM_ADMISSION_CHECKPOINT=inpass cannot run" in message
+    assert f"state layers of kind {state_layer}" in message and "valid here: split" in message
+    # the same engine in split mode builds
+    assert build(vllm_config, monkeypatch, "marconi", checkpoint="split",
+                 state_layer=state_layer).scheduler is not None
 
 
 def test_inpass_split_keeps_the_budget_and_lists_the_stops():

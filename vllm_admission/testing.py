@@ -80,11 +80,14 @@ def make_vllm_config(model_dir: str | Path, *, block_size: int | None = None,
 def make_kv_cache_config(vllm_config: Any, num_blocks: int, *,
                          kinds: Sequence[str] = ("state", "attention"),
                          layers_per_group: int = 2, page_size: int = 65536,
-                         prefill_checkpoint_alignment: int | None = None) -> Any:
+                         prefill_checkpoint_alignment: int | None = None,
+                         state_layer: str = "GDN_ATTN") -> Any:
     """A ``KVCacheConfig`` of ``num_blocks`` blocks for groups of the given kinds.
 
     ``"state"`` groups get a ``MambaSpec`` (GDN shapes of the tiny model,
-    padded to ``page_size``), ``"attention"`` groups a ``FullAttentionSpec``
+    padded to ``page_size``; ``mamba_type`` the ``MambaAttentionBackendEnum``
+    member named ``state_layer``, Gated DeltaNet's by default, ``"MAMBA2"`` for
+    a Mamba2 layer's), ``"attention"`` groups a ``FullAttentionSpec``
     whose page is ``page_size`` bytes. Retention follows the engine config
     (vLLM's default keeps only reachable Mamba states).
 
@@ -103,11 +106,13 @@ def make_kv_cache_config(vllm_config: Any, num_blocks: int, *,
 
     Raises:
         ValueError: an unknown kind, or a non-positive alignment.
+        KeyError: ``state_layer`` names no ``MambaAttentionBackendEnum`` member.
     """
     if prefill_checkpoint_alignment is not None and prefill_checkpoint_alignment <= 0:
         raise ValueError(f"prefill_checkpoint_alignment must be a positive number of tokens, "
                          f"got {prefill_checkpoint_alignment}")
     import torch
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
         KVCacheConfig,
@@ -130,7 +135,8 @@ def make_kv_cache_config(vllm_config: Any, num_blocks: int, *,
                 "prefill_checkpoint_alignment": prefill_checkpoint_alignment}
             spec = MambaSpec(block_size=block_size, shapes=((3, 512), (4, 64, 64)),
                              dtypes=(torch.bfloat16, torch.bfloat16), page_size_padded=page_size,
-                             mamba_cache_mode=cache.mamba_cache_mode, **export)
+                             mamba_cache_mode=cache.mamba_cache_mode,
+                             mamba_type=MambaAttentionBackendEnum[state_layer], **export)
         elif kind == "attention":
             head = 64
             heads = max(1, page_size // (2 * block_size * head * 2))

@@ -259,6 +259,8 @@ class EngineSetup:
                 valid values.
         """
         problems = inpass.inpass_problems(self.vllm_config)
+        problems += inpass.state_layer_problems(
+            g.kv_cache_spec for g in self.kv_cache_config.kv_cache_groups)
         problems += self._admission_key_problems()
         if self._admission_vllm_exports_checkpoint():
             # Both would write states into the checkpoint columns of one step.

@@ -43,8 +43,8 @@ from typing import Any
 
 from vllm_admission.core.cache import chunk_end
 
-__all__ = ["InpassAllocation", "inpass_problems", "inpass_split", "split_stops",
-           "step_checkpoints"]
+__all__ = ["CAPTURED_STATE_LAYER", "InpassAllocation", "inpass_problems", "inpass_split",
+           "split_stops", "state_layer_problems", "step_checkpoints"]
 
 
 # ------------------------------------------------------------------ scheduler side
@@ -203,6 +203,28 @@ def step_checkpoints(managers: Sequence[Any], requests: dict[str, Any],
     return out
 
 
+#: The one state-layer kind whose prefill the in-pass runner captures (vLLM's
+#: ``MambaAttentionBackendEnum`` member name, ``v1/attention/backends/registry.py``).
+CAPTURED_STATE_LAYER = "GDN_ATTN"
+
+
+def state_layer_problems(specs: Any) -> list[str]:
+    """Why ``inpass`` cannot capture these state layers (empty: it can).
+
+    ``specs``: the engine's KV cache specs (``kv_cache_config.kv_cache_groups[i].kv_cache_spec``);
+    every ``MambaSpec`` among them must be a Gated DeltaNet layer's (``mamba_type``
+    ``GDN_ATTN``), the only prefill the runner hook segments. The model config's
+    ``layer_types`` cannot tell: transformers lists Nemotron-H's Mamba2 layers as
+    ``linear_attention`` too.
+    """
+    kinds = sorted({getattr(s.mamba_type, "name", str(s.mamba_type)) for s in specs
+                    if hasattr(s, "mamba_type")} - {CAPTURED_STATE_LAYER})
+    if not kinds:
+        return []
+    return [f"state layers of kind {', '.join(kinds)} (the in-pass runner captures "
+            f"Gated DeltaNet layers, {CAPTURED_STATE_LAYER}, only)"]
+
+
 def inpass_problems(vllm_config: Any) -> list[str]:
     """Why ``inpass`` cannot run with this engine (empty: it can); the scheduler
     adds its own key problems (partial hashes, Mamba checkpoint blocks)."""
@@ -219,10 +241,6 @@ def inpass_problems(vllm_config: Any) -> list[str]:
     backend = vllm_config.parallel_config.distributed_executor_backend
     if backend not in (None, "uni"):
         problems.append(f"executor {backend!r} (the runner must share the scheduler's process)")
-    hf = vllm_config.model_config.hf_config
-    layer_types = getattr(hf, "layer_types", None) or []
-    if "linear_attention" not in layer_types:
-        problems.append(f"model type {getattr(hf, 'model_type', '?')!r} (needs Gated DeltaNet layers)")
     try:
         from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
