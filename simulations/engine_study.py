@@ -99,7 +99,7 @@ def _mamba2_workloads(model: str) -> dict[str, FidelitySpec]:
     """The tiny Nemotron-H (Mamba2) model, split checkpoints, with its own default state dtype
     pinned: float32 (its config's ``mamba_ssm_cache_dtype``, which vLLM applies on every CPU),
     so B = 256. The Mooncake pool, 150 blocks, holds the tokens of the GDN runs' 300 blocks of
-    128."""
+    128. ``mamba2-mooncake-bf16`` pins the bfloat16 state instead (B = 128, 300 blocks)."""
     pinned = dict(model=model, max_output_len=16, mamba_ssm_cache_dtype="float32")
     return {
         "mamba2-synthetic": FidelitySpec(**pinned, trace="synthetic", synthetic=SHARED_PROMPTS,
@@ -107,6 +107,12 @@ def _mamba2_workloads(model: str) -> dict[str, FidelitySpec]:
         "mamba2-mooncake": FidelitySpec(**pinned, trace=str(MOONCAKE), max_requests=100,
                                         mooncake_block_tokens=128, pairs=MAMBA2_PAIRS,
                                         num_gpu_blocks=(150,)),
+        # bfloat16 state pinned: B = 128 as the GDN runs, so the Mooncake requests' shared
+        # 128-token hash ids are whole blocks and can hit.
+        "mamba2-mooncake-bf16": FidelitySpec(**{**pinned, "mamba_ssm_cache_dtype": "bfloat16"},
+                                             trace=str(MOONCAKE), max_requests=100,
+                                             mooncake_block_tokens=128, pairs=MAMBA2_PAIRS,
+                                             num_gpu_blocks=(300,)),
     }
 
 
