@@ -76,6 +76,6 @@ def install() -> bool:
 
 def installed() -> bool:
     """Whether ``MambaMixer2.get_kv_cache_spec`` is wrapped in this process."""
-    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+    from vllm_admission.plugin.vllm_hooks import mamba2_spec_wrapped
 
-    return getattr(MambaMixer2.get_kv_cache_spec, "_admission_original", None) is not None
+    return mamba2_spec_wrapped()

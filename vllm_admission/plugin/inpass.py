@@ -227,7 +227,8 @@ def state_layer_problems(specs: Any) -> list[str]:
 
 def inpass_problems(vllm_config: Any) -> list[str]:
     """Why ``inpass`` cannot run with this engine (empty: it can); the scheduler
-    adds its own key problems (partial hashes, Mamba checkpoint blocks)."""
+    adds the problems of its KV cache groups (:func:`state_layer_problems`, partial
+    hashes, Mamba checkpoint blocks)."""
     from vllm.platforms import current_platform
 
     problems = []

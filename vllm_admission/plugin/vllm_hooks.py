@@ -64,6 +64,7 @@ __all__ = [
     "inprocess_scheduler",
     "install",
     "install_inpass_runner",
+    "mamba2_spec_wrapped",
     "missing_members",
     "override_mismatches",
     "register_env_vars",
@@ -553,15 +554,22 @@ def wrap_mamba2_spec(transform: Callable[[Any], Any]) -> None:
     ``transform(spec)``; :func:`vllm_admission.plugin.cpu_mamba2.install` decides when."""
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 
-    original = MambaMixer2.get_kv_cache_spec
-    if getattr(original, "_admission_original", None) is not None:
+    if mamba2_spec_wrapped():
         return
+    original = MambaMixer2.get_kv_cache_spec
 
     def get_kv_cache_spec(self: Any, vllm_config: Any) -> Any:
         return transform(original(self, vllm_config))
 
     get_kv_cache_spec._admission_original = original  # type: ignore[attr-defined]
     MambaMixer2.get_kv_cache_spec = get_kv_cache_spec
+
+
+def mamba2_spec_wrapped() -> bool:
+    """Whether :func:`wrap_mamba2_spec` has wrapped ``MambaMixer2.get_kv_cache_spec`` here."""
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+    return getattr(MambaMixer2.get_kv_cache_spec, "_admission_original", None) is not None
 
 
 def register_env_vars(names: Sequence[str], getter: Callable[[], Any]) -> None:
