@@ -180,12 +180,12 @@ def stops_at(*positions):
     return split
 
 
-@pytest.mark.parametrize("state_layer", ["MAMBA2", "LINEAR", "SHORT_CONV"])
+@pytest.mark.parametrize("state_layer", ["LINEAR", "SHORT_CONV", "MAMBA1"])
 def test_inpass_refuses_state_layers_it_cannot_capture(vllm_config, monkeypatch, state_layer):
-    # The runner hook segments Gated DeltaNet prefills only. The model config cannot tell
-    # (transformers lists Nemotron-H's Mamba2 layers as linear_attention too), so the check
-    # reads the KV cache specs' mamba_type: a Mamba2 hybrid must get the one-line refusal,
-    # not an in-pass plan whose checkpoint blocks no layer writes.
+    # The runner captures Gated DeltaNet and Mamba2 prefills only. The model config cannot
+    # tell (transformers lists both as linear_attention, and other linear layers may be
+    # too), so the check reads the KV cache specs' mamba_type: another kind must get the
+    # one-line refusal, not an in-pass plan whose checkpoint blocks no layer writes.
     from vllm_admission.plugin.config import AdmissionConfigError
 
     with pytest.raises(AdmissionConfigError) as info:
@@ -222,3 +222,10 @@ def test_split_stops_walks_the_chunk():
     _, req = fake(128, 1801)
     assert split_stops(stops_at(256, 1408, 1792), req, 128, 1801) == [256, 1408, 1792]
     assert split_stops(stops_at(256, 1408, 1792), req, 256, 1408) == []
+
+
+def test_inpass_builds_for_mamba2_state_layers(vllm_config, monkeypatch):
+    # Mamba2 layers are captured through vLLM's own export (runner/mamba2_export.py): the
+    # same scheduler plan as for Gated DeltaNet, so the engine builds in inpass mode.
+    built = build(vllm_config, monkeypatch, "marconi", state_layer="MAMBA2")
+    assert built.scheduler._admission_inpass == {}

@@ -32,7 +32,10 @@ those positions are written during the same forward pass:
 This module changes no vLLM object: every hook is installed by
 :mod:`vllm_admission.plugin.vllm_hooks`.
 
-Limits: CPU platform, Gated DeltaNet layers, align mode, no speculative
+Mamba2 layers take the same list through vLLM's own prefill-checkpoint export
+(:mod:`~vllm_admission.plugin.runner.mamba2_export`).
+
+Limits: CPU platform, Gated DeltaNet and Mamba2 layers, align mode, no speculative
 decoding, the model runner in the scheduler's process (``uni`` executor).
 """
 
@@ -43,7 +46,7 @@ from typing import Any
 
 from vllm_admission.core.cache import chunk_end
 
-__all__ = ["CAPTURED_STATE_LAYER", "InpassAllocation", "inpass_problems", "inpass_split",
+__all__ = ["CAPTURED_STATE_LAYERS", "InpassAllocation", "inpass_problems", "inpass_split",
            "split_stops", "state_layer_problems", "step_checkpoints"]
 
 
@@ -203,26 +206,27 @@ def step_checkpoints(managers: Sequence[Any], requests: dict[str, Any],
     return out
 
 
-#: The one state-layer kind whose prefill the in-pass runner captures (vLLM's
-#: ``MambaAttentionBackendEnum`` member name, ``v1/attention/backends/registry.py``).
-CAPTURED_STATE_LAYER = "GDN_ATTN"
+#: The state-layer kinds whose prefill the in-pass runner captures (vLLM's
+#: ``MambaAttentionBackendEnum`` member names, ``v1/attention/backends/registry.py``):
+#: Gated DeltaNet, run in segments (:mod:`~vllm_admission.plugin.runner.gdn_capture`), and
+#: Mamba2, through vLLM's export (:mod:`~vllm_admission.plugin.runner.mamba2_export`).
+CAPTURED_STATE_LAYERS = ("GDN_ATTN", "MAMBA2")
 
 
 def state_layer_problems(specs: Any) -> list[str]:
     """Why ``inpass`` cannot capture these state layers (empty: it can).
 
     ``specs``: the engine's KV cache specs (``kv_cache_config.kv_cache_groups[i].kv_cache_spec``);
-    every ``MambaSpec`` among them must be a Gated DeltaNet layer's (``mamba_type``
-    ``GDN_ATTN``), the only prefill the runner hook segments. The model config's
-    ``layer_types`` cannot tell: transformers lists Nemotron-H's Mamba2 layers as
-    ``linear_attention`` too.
+    every ``MambaSpec`` among them must be of a kind in :data:`CAPTURED_STATE_LAYERS`
+    (``mamba_type``). The model config's ``layer_types`` cannot tell: transformers lists
+    Nemotron-H's Mamba2 layers as ``linear_attention``, as it lists Gated DeltaNet layers.
     """
     kinds = sorted({getattr(s.mamba_type, "name", str(s.mamba_type)) for s in specs
-                    if hasattr(s, "mamba_type")} - {CAPTURED_STATE_LAYER})
+                    if hasattr(s, "mamba_type")} - set(CAPTURED_STATE_LAYERS))
     if not kinds:
         return []
     return [f"state layers of kind {', '.join(kinds)} (the in-pass runner captures "
-            f"Gated DeltaNet layers, {CAPTURED_STATE_LAYER}, only)"]
+            f"{' and '.join(CAPTURED_STATE_LAYERS)} layers only)"]
 
 
 def inpass_problems(vllm_config: Any) -> list[str]:

@@ -24,8 +24,9 @@ here, behind a version check:
   allocation, shadowed per instance), :func:`attach_step_checkpoints` /
   :func:`step_checkpoints_of` (the step's checkpoint list on its
   ``SchedulerOutput``), :func:`install_inpass_runner` (the model runner's
-  ``execute_model`` and the CPU GDN core, wrapped process-wide; the two share
-  one :class:`~vllm_admission.plugin.runner.inpass_runner.StepCheckpoints`);
+  ``execute_model`` and the CPU GDN core, wrapped process-wide, and on CPU the
+  Mamba2 metadata builder, SSD scan and checkpoint store; all share one
+  :class:`~vllm_admission.plugin.runner.inpass_runner.StepCheckpoints`);
 * :func:`wrap_mamba2_spec`: ``MambaMixer2.get_kv_cache_spec`` on vLLM's CPU
   platform (:mod:`vllm_admission.plugin.cpu_mamba2`: no prefill-checkpoint export);
 * :func:`wrap_schedule`: observes each step's output on one scheduler
@@ -146,6 +147,18 @@ PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
      "wrapped process-wide (inpass): publishes the step's checkpoint list to the GDN core"),
     ("model_executor/layers/mamba/ops/cpu/gdn_attention.py", "_cpu_gdn_attention_nonspec",
      "wrapped process-wide (inpass): prefills with checkpoints run in segments"),
+    ("v1/attention/backends/mamba2_attn.py", "Mamba2AttentionMetadataBuilder.build",
+     "wrapped process-wide (inpass, CPU): the step's checkpoints go into the export fields"),
+    ("v1/attention/backends/mamba_attn.py", "BaseMambaAttentionMetadataBuilder._prefill_cpu_metadata",
+     "called (inpass, CPU): the prefill rows' computed tokens"),
+    ("v1/attention/backends/mamba2_attn.py", "Mamba2AttentionMetadata",
+     "read and replaced (inpass): num_prefills, num_decodes, state_indices_tensor_p, "
+     "query_start_loc_p; cu_chunk_seqlen_p, seq_idx_p, last_chunk_indices_p, "
+     "checkpoint_chunk_idx, checkpoint_meta"),
+    ("model_executor/layers/mamba/ops/ssd_combined.py", "_mamba_chunk_scan_combined_fwd",
+     "replaced on CPU (inpass): the CPU scan, returning the state at every chunk end when asked"),
+    ("model_executor/layers/mamba/mamba_mixer2.py", "store_prefill_checkpoint",
+     "replaced on CPU (inpass): a torch store, several checkpoints per prefill row"),
     ("v1/attention/backends/gdn_attn.py", "GDNAttentionMetadata",
      "read by the inpass GDN core (num_decodes, num_decode_tokens, num_prefills, "
      "num_prefill_tokens, non_spec_state_indices_tensor, non_spec_query_start_loc, "
@@ -546,7 +559,57 @@ def install_inpass_runner() -> Any:
         core._admission_step = channel  # type: ignore[attr-defined]
         core._admission_original = original_core  # type: ignore[attr-defined]
         gdn_attention._cpu_gdn_attention_nonspec = core
+    _install_mamba2_export(channel)
     return channel
+
+
+def _install_mamba2_export(channel: Any) -> None:
+    """The Mamba2 half of :func:`install_inpass_runner`, on the CPU platform (idempotent).
+
+    ``Mamba2AttentionMetadataBuilder.build`` is wrapped to put the step's
+    checkpoints into vLLM's export fields
+    (:func:`~vllm_admission.plugin.runner.inpass_runner.mamba2_step_metadata`);
+    ``ssd_combined._mamba_chunk_scan_combined_fwd`` (the CPU scan there) and
+    ``mamba_mixer2.store_prefill_checkpoint`` (a Triton kernel) are replaced by the
+    CPU pieces of :mod:`~vllm_admission.plugin.runner.mamba2_export`, so that
+    ``MambaMixer2.conv_ssm_forward`` runs unchanged.
+    """
+    from functools import partial
+
+    from vllm.model_executor.layers.mamba import mamba_mixer2
+    from vllm.model_executor.layers.mamba.ops import ssd_combined
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.mamba2_attn import Mamba2AttentionMetadataBuilder
+
+    from vllm_admission.plugin.runner.inpass_runner import mamba2_step_metadata
+    from vllm_admission.plugin.runner.mamba2_export import scan_with_chunk_states, store_checkpoints
+
+    if not current_platform.is_cpu():
+        return
+    if getattr(ssd_combined._mamba_chunk_scan_combined_fwd, "_admission_original", None) is None:
+        scan = partial(scan_with_chunk_states, ssd_combined._mamba_chunk_scan_combined_fwd)
+        scan._admission_original = scan.args[0]  # type: ignore[attr-defined]
+        ssd_combined._mamba_chunk_scan_combined_fwd = scan
+    mamba_mixer2.store_prefill_checkpoint = store_checkpoints
+    built = Mamba2AttentionMetadataBuilder.build
+    if getattr(built, "_admission_step", None) is channel:
+        return
+    original_build = getattr(built, "_admission_original", built)
+
+    def build(self: Any, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False,
+              **kwargs: Any) -> Any:
+        md = original_build(self, common_prefix_len, common_attn_metadata, fast_build, **kwargs)
+        if channel.plan and md.num_prefills:
+            computed, _ = self._prefill_cpu_metadata(common_attn_metadata, common_attn_metadata.num_reqs,
+                                                     md.num_prefills, md.num_decode_tokens)
+            md = mamba2_step_metadata(md, channel.plan, block_size=self.kv_cache_spec.block_size,
+                                      computed=computed.tolist(),
+                                      block_table=common_attn_metadata.block_table_tensor, chunk_size=None)
+        return md
+
+    build._admission_step = channel  # type: ignore[attr-defined]
+    build._admission_original = original_build  # type: ignore[attr-defined]
+    Mamba2AttentionMetadataBuilder.build = build
 
 
 def wrap_mamba2_spec(transform: Callable[[Any], Any]) -> None:

@@ -1,4 +1,4 @@
-"""The runner side of ``inpass`` checkpoints: what the wrapped GDN core runs.
+"""The runner side of ``inpass`` checkpoints: what the wrapped GDN core and Mamba2 builder run.
 
 :func:`vllm_admission.plugin.vllm_hooks.install_inpass_runner` wraps vLLM's
 ``GPUModelRunner.execute_model`` and the CPU GDN core
@@ -8,6 +8,11 @@ the step's checkpoint list, which the scheduler attached to its
 ``SchedulerOutput``, and every GDN layer of that step reads it) and run
 :func:`segmented_core` when a prefill of the step has checkpoints. Nothing
 here changes a vLLM object.
+
+For Mamba2 layers the same list reaches vLLM's own prefill-checkpoint export:
+the wrapped ``Mamba2AttentionMetadataBuilder.build`` calls
+:func:`mamba2_step_metadata`, which puts the step's checkpoints into the
+metadata (:mod:`vllm_admission.plugin.runner.mamba2_export`).
 
 Imports torch and vLLM's CPU GDN kernels lazily (on the first checkpoint).
 """
@@ -19,7 +24,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["StateCopiers", "StepCheckpoints", "segmented_core"]
+__all__ = ["StateCopiers", "StepCheckpoints", "mamba2_step_metadata", "segmented_core"]
 
 
 class StepCheckpoints:
@@ -108,3 +113,89 @@ def segmented_core(core: Callable[..., None], plan: dict[int, Sequence[tuple[int
         copier=(copiers if copiers is not None else StateCopiers()).get(layer, conv_state, ssm_state),
         out=core_attn_out[ndt:ndt + npt])
     return True
+
+
+def mamba2_step_metadata(metadata: Any, plan: dict[int, Sequence[tuple[int, int]]], *, block_size: int,
+                         computed: Sequence[int], block_table: Any, chunk_size: int | None) -> Any:
+    """A Mamba2 step's attention metadata with the step's checkpoints in vLLM's export fields.
+
+    Returns ``metadata`` itself when no prefill row of the step has a checkpoint;
+    else a copy (``dataclasses.replace``) whose chunk layout ends a chunk on every
+    checkpoint (:func:`~vllm_admission.plugin.runner.mamba2_export.checkpoint_chunk_layout`),
+    ``checkpoint_chunk_idx`` names the chunk of each checkpoint entry, and
+    ``checkpoint_meta`` is vLLM's ``MambaPrefillCheckpointMetadata``
+    (``model_executor/layers/mamba/checkpoint.py``) with one entry per checkpoint and
+    a ``prefill_rows`` field. ``request_rows`` / ``block_cols`` are kept, so vLLM's
+    ``update_block_table`` re-gathers the destinations for every other KV cache
+    group of the same spec.
+
+    Args:
+        metadata: vLLM's ``Mamba2AttentionMetadata`` for the step (decodes first).
+        plan: the step's ``{running state block: ((offset in chunk, checkpoint block), ...)}``.
+        block_size: the state group's block size in tokens.
+        computed: per prefill row, tokens computed before this step.
+        block_table: ``[num_reqs, cols]`` block table of this group.
+        chunk_size: the SSD chunk size of the layout (None: one chunk per segment,
+            what vLLM's CPU scan needs).
+
+    Raises:
+        RuntimeError: a checkpoint block that is not the block table's entry at its
+            column (the scheduler's plan and the runner's tables disagree).
+    """
+    import torch
+
+    from vllm_admission.plugin.runner.mamba2_export import checkpoint_chunk_layout, checkpoint_entries
+
+    npf, nd = metadata.num_prefills, metadata.num_decodes
+    running = metadata.state_indices_tensor_p.tolist()
+    qsl = metadata.query_start_loc_p.tolist()
+    lengths = [b - a for a, b in zip(qsl, qsl[1:])]
+    offsets: list[list[int]] = []
+    blocks: list[list[int]] = []
+    for j in range(npf):
+        pairs = [(off, blk) for off, blk in plan.get(running[j], ()) if 0 < off < lengths[j]]
+        offsets.append([off for off, _ in pairs])
+        blocks.append([blk for _, blk in pairs])
+    if not any(offsets):
+        return metadata
+    layout = checkpoint_chunk_layout(chunk_size, computed, lengths, offsets)
+    rows, offs, dst, chunks = checkpoint_entries(layout, offsets, blocks)
+    cols = [(computed[r] + o) // block_size - 1 for r, o in zip(rows, offs)]
+    device = metadata.query_start_loc_p.device
+
+    def tensor(values: Sequence[int], dtype: Any) -> Any:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    request_rows = tensor([nd + r for r in rows], torch.int64)
+    block_cols = tensor(cols, torch.int64)
+    table = block_table[request_rows, block_cols].tolist()
+    if table != dst:
+        raise RuntimeError(f"inpass: checkpoint blocks {dst} are not the block table's {table} "
+                           f"at columns {cols}")
+    meta = _multi_checkpoint_metadata()(
+        checkpoint_offsets=tensor(offs, torch.int32), state_indices=tensor(dst, torch.int64), offsets=offs,
+        request_rows=request_rows, block_cols=block_cols, prefill_rows=rows)
+    return dataclasses.replace(
+        metadata,
+        cu_chunk_seqlen_p=tensor(layout.cu_chunk_seqlen, torch.int32),
+        seq_idx_p=tensor(layout.seq_idx, torch.int32),
+        last_chunk_indices_p=tensor(layout.last_chunk_indices, torch.int32),
+        checkpoint_chunk_idx=tensor(chunks, torch.int64),
+        checkpoint_meta=meta)
+
+
+_MULTI: list[type] = []
+
+
+def _multi_checkpoint_metadata() -> type:
+    """vLLM's ``MambaPrefillCheckpointMetadata`` with ``prefill_rows``: the prefill row of
+    each entry, for several entries per row (built on first use: vLLM is imported lazily)."""
+    if not _MULTI:
+        from vllm.model_executor.layers.mamba.checkpoint import MambaPrefillCheckpointMetadata
+
+        @dataclasses.dataclass
+        class MultiCheckpointMetadata(MambaPrefillCheckpointMetadata):
+            prefill_rows: list[int] | None = None
+
+        _MULTI.append(MultiCheckpointMetadata)
+    return _MULTI[0]
