@@ -9,14 +9,18 @@ stretch of a shared machine hits both modes alike. Inside an engine, a warm-up p
 first; then, per policy, the prefix cache is reset and the ten prompts are timed one by one
 (``LLM.generate`` with ``max_tokens=1``: the time to first token of a lone request).
 
-The bf16 SSM state is pinned (``mamba_ssm_cache_dtype``), so the geometry (B = 128 for the
-tiny model) is the same on every CPU. Reported per policy and mode: the prefill steps per
+The SSM state dtype is pinned (``mamba_ssm_cache_dtype``), so the geometry is the same on
+every CPU: bf16 for the tiny Qwen3-Next (``--arch qwen3-next``, Gated DeltaNet, B = 128),
+float32 for the tiny Nemotron-H (``--arch nemotron-h``, Mamba2, its config's dtype, B = 256);
+``--ssm-dtype`` overrides. Reported per policy and mode: the prefill steps per
 prompt, the cached tokens per prompt and the greedy first token (both must match between
 modes), the median TTFT per repeat, and the ratio ``inpass / split`` as the median of the
 per-repeat ratios of summed TTFT (each repeat's two runs are adjacent in time).
 
-Usage: ``python benchmarks/inpass_engine_bench.py [--model DIR] [--repeats N]
-[--policies vllm,marconi,dense,last] [--out benchmarks/results/inpass_engine_cpu.json]``.
+Usage: ``python benchmarks/inpass_engine_bench.py [--arch qwen3-next|nemotron-h] [--model DIR]
+[--ssm-dtype bfloat16|float32] [--repeats N] [--policies vllm,marconi,dense,last] [--out FILE]``
+(default out: ``benchmarks/results/inpass_engine_cpu.json``, ``inpass_engine_cpu_mamba2.json``
+for ``nemotron-h``).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("split", "inpass")
 POLICIES = ("vllm", "marconi", "dense", "last")
+#: Per ``--arch``: the default model directory, SSM state dtype and results file.
+ARCHS = {"qwen3-next": ("tiny-model", "bfloat16", "inpass_engine_cpu.json"),
+         "nemotron-h": ("tiny-nemotron", "float32", "inpass_engine_cpu_mamba2.json")}
 
 
 def junction_prompts() -> list[list[int]]:
@@ -57,7 +64,7 @@ def machine() -> dict:
             "python": platform.python_version()}
 
 
-def worker(model: str, mode: str, policies: list[str]) -> dict:
+def worker(model: str, mode: str, policies: list[str], ssm_dtype: str) -> dict:
     """One engine in ``mode``: every policy's ten prompts, timed one by one."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -74,7 +81,7 @@ def worker(model: str, mode: str, policies: list[str]) -> dict:
            "VLLM_ADMISSION_POLICY": policies[0], "VLLM_ADMISSION_EVICTION": "lru",
            "VLLM_ADMISSION_CHECKPOINT": mode}
     settings = EngineSettings(model=model, env=env, max_model_len=4096, num_gpu_blocks=160,
-                              mamba_ssm_cache_dtype="bfloat16",
+                              mamba_ssm_cache_dtype=ssm_dtype,
                               scheduler_cls="vllm_admission.AdmissionScheduler")
     llm = build_llm(settings)
     try:
@@ -104,29 +111,38 @@ def worker(model: str, mode: str, policies: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=str(ROOT / "out" / "tiny-model"), help="model directory "
-                   "(the tiny model is made there if missing)")
+    p.add_argument("--arch", choices=sorted(ARCHS), default="qwen3-next",
+                   help="tiny model family: qwen3-next (Gated DeltaNet) or nemotron-h (Mamba2)")
+    p.add_argument("--model", help="model directory (the tiny model of --arch is made there if "
+                   "missing; default out/tiny-model or out/tiny-nemotron)")
+    p.add_argument("--ssm-dtype", choices=("bfloat16", "float32"),
+                   help="pinned SSM state dtype (default: bfloat16 for qwen3-next, float32 for nemotron-h)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--policies", default=",".join(POLICIES))
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "inpass_engine_cpu.json"))
+    p.add_argument("--out", help="results file (default per --arch, under benchmarks/results/)")
     p.add_argument("--worker", choices=MODES, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    model_name, dtype, out_name = ARCHS[args.arch]
+    args.model = args.model or str(ROOT / "out" / model_name)
+    args.ssm_dtype = args.ssm_dtype or dtype
+    args.out = args.out or str(ROOT / "benchmarks" / "results" / out_name)
     policies = [s.strip() for s in args.policies.split(",") if s.strip()]
     if args.worker:
-        print("RESULT " + json.dumps(worker(args.model, args.worker, policies)), flush=True)
+        print("RESULT " + json.dumps(worker(args.model, args.worker, policies, args.ssm_dtype)), flush=True)
         return 0
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
     if not (Path(args.model) / "config.json").exists():
         from vllm_admission.engine.tiny_model import make_tiny_model
 
-        make_tiny_model(args.model)
+        make_tiny_model(args.model, arch=args.arch)
 
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     for r in range(args.repeats):
         for mode in (MODES if r % 2 == 0 else MODES[::-1]):
             proc = subprocess.run([sys.executable, __file__, "--worker", mode, "--model", args.model,
-                                   "--policies", ",".join(policies)], capture_output=True, text=True)
+                                   "--ssm-dtype", args.ssm_dtype, "--policies", ",".join(policies)],
+                                  capture_output=True, text=True)
             lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode or not lines:
                 sys.stderr.write(proc.stdout[-3000:] + proc.stderr[-3000:])
@@ -152,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             "inpass_over_split": statistics.median(ratios),
             "ratios": ratios,
         }
-    doc = {"model": args.model, "repeats": args.repeats, "block_size": runs["split"][0]["block_size"],
+    doc = {"model": args.model, "arch": args.arch, "ssm_dtype": args.ssm_dtype, "repeats": args.repeats, "block_size": runs["split"][0]["block_size"],
            "machine": machine(), "summary": summary, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))

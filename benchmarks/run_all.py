@@ -3,7 +3,8 @@
 * ``simulator_bench.py``: simulator speed and memory on the full Mooncake trace;
 * ``scheduler_overhead.py``: the plugin's scheduler overhead against stock vLLM;
 * ``inpass_engine_bench.py``: time to first token, ``inpass`` against ``split``
-  checkpoints, on the CPU engine (about 5 minutes).
+  checkpoints, on the CPU engine, for the tiny Gated DeltaNet model and the tiny
+  Mamba2 model (about 5 minutes each).
 
 The last two need vLLM (skipped with a message when it is not importable).
 
@@ -30,7 +31,8 @@ def main() -> int:
     else:
         rc = subprocess.call([sys.executable, str(overhead)]) or rc
         rc = subprocess.call([sys.executable, str(overhead), "--async-scheduling"]) or rc
-        rc = subprocess.call([sys.executable, str(HERE / "inpass_engine_bench.py")]) or rc
+        for arch in ("qwen3-next", "nemotron-h"):
+            rc = subprocess.call([sys.executable, str(HERE / "inpass_engine_bench.py"), "--arch", arch]) or rc
     return rc
 
 
