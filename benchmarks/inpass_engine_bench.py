@@ -41,7 +41,7 @@ MODES = ("split", "inpass")
 POLICIES = ("vllm", "marconi", "dense", "last")
 #: Per ``--arch``: the default model directory, SSM state dtype and results file.
 ARCHS = {"qwen3-next": ("tiny-model", "bfloat16", "inpass_engine_cpu.json"),
-         "nemotron-h": ("tiny-nemotron", "float32", "inpass_engine_cpu_mamba2.json")}
+         "nemotron-h": ("tiny-nemotron-h", "float32", "inpass_engine_cpu_mamba2.json")}
 
 
 def junction_prompts() -> list[list[int]]:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arch", choices=sorted(ARCHS), default="qwen3-next",
                    help="tiny model family: qwen3-next (Gated DeltaNet) or nemotron-h (Mamba2)")
     p.add_argument("--model", help="model directory (the tiny model of --arch is made there if "
-                   "missing; default out/tiny-model or out/tiny-nemotron)")
+                   "missing; default out/tiny-model or out/tiny-nemotron-h)")
     p.add_argument("--ssm-dtype", choices=("bfloat16", "float32"),
                    help="pinned SSM state dtype (default: bfloat16 for qwen3-next, float32 for nemotron-h)")
     p.add_argument("--repeats", type=int, default=5)

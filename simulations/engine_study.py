@@ -18,6 +18,7 @@ Usage: ``python simulations/engine_study.py [NAME ...] [--model DIR] [--mamba2-m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -99,9 +100,10 @@ def _mamba2_workloads(model: str) -> dict[str, FidelitySpec]:
     """The tiny Nemotron-H (Mamba2) model, split checkpoints, with its own default state dtype
     pinned: float32 (its config's ``mamba_ssm_cache_dtype``, which vLLM applies on every CPU),
     so B = 256. The Mooncake pool, 150 blocks, holds the tokens of the GDN runs' 300 blocks of
-    128. ``mamba2-mooncake-bf16`` pins the bfloat16 state instead (B = 128, 300 blocks)."""
+    128. ``mamba2-mooncake-bf16`` pins the bfloat16 state instead (B = 128, 300 blocks). Each
+    has a ``mamba2-inpass-*`` twin with ``VLLM_ADMISSION_CHECKPOINT=inpass``."""
     pinned = dict(model=model, max_output_len=16, mamba_ssm_cache_dtype="float32")
-    return {
+    split = {
         "mamba2-synthetic": FidelitySpec(**pinned, trace="synthetic", synthetic=SHARED_PROMPTS,
                                          pairs=MAMBA2_PAIRS, num_gpu_blocks=(64,)),
         "mamba2-mooncake": FidelitySpec(**pinned, trace=str(MOONCAKE), max_requests=100,
@@ -114,6 +116,9 @@ def _mamba2_workloads(model: str) -> dict[str, FidelitySpec]:
                                              mooncake_block_tokens=128, pairs=MAMBA2_PAIRS,
                                              num_gpu_blocks=(300,)),
     }
+    # The same three with in-pass checkpoints (vLLM's export, several per prefill).
+    return {**split, **{name.replace(MAMBA2_PREFIX, f"{MAMBA2_PREFIX}inpass-", 1):
+                        dataclasses.replace(spec, checkpoint="inpass") for name, spec in split.items()}}
 
 
 def _load_docs(out: Path) -> dict[str, dict]:

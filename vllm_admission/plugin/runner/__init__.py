@@ -8,7 +8,10 @@
   wired in and not run on a GPU: the states at checkpoint offsets read from the Triton/FLA
   chunk kernel's per-chunk states ``h`` (offsets must be multiples of 64) and the conv input,
   written into checkpoint rows;
-* :mod:`~vllm_admission.plugin.runner.inpass_runner`: what the wrapped GDN core runs in
-  ``inpass`` mode (the hooks themselves are installed by
+* :mod:`~vllm_admission.plugin.runner.mamba2_export`: Mamba2 layers, through vLLM's own
+  prefill-checkpoint export: a chunk layout with a chunk end at every checkpoint, the
+  CPU SSD scan returning chunk-end states, and a torch checkpoint store;
+* :mod:`~vllm_admission.plugin.runner.inpass_runner`: what the wrapped GDN core and the
+  wrapped Mamba2 metadata builder run in ``inpass`` mode (the hooks themselves are installed by
   :func:`vllm_admission.plugin.vllm_hooks.install_inpass_runner`). See ``docs/checkpoints.md``.
 """
