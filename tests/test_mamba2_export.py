@@ -260,9 +260,9 @@ def test_cpu_pieces_accept_what_vllm_passes(monkeypatch):
 
     from vllm.model_executor.layers.mamba.ops import ssd_checkpoint, ssd_combined
 
-    from vllm_admission.plugin.vllm_hooks import _accepts
+    from vllm_admission.plugin.vllm_surface import accepts
 
-    assert _accepts(ssd_checkpoint.store_prefill_checkpoint, store_checkpoints) == []
+    assert accepts(ssd_checkpoint.store_prefill_checkpoint, store_checkpoints) == []
     # record the call vLLM's mamba_chunk_scan_combined_varlen makes, and bind it to the wrapped scan
     calls = []
     monkeypatch.setattr(ssd_combined, "_mamba_chunk_scan_combined_fwd",

@@ -302,15 +302,15 @@ def test_model_without_recurrent_layers_runs_stock(vllm_config, monkeypatch, cap
 
 def test_an_unsupported_vllm_refuses_changes_and_runs_truly_stock_otherwise(vllm_config,
                                                                            monkeypatch, caplog):
-    """vllm_hooks' version gate: a release line outside 0.32/0.33 gets one line, and with
+    """vllm_surface's version gate: a release line outside 0.32/0.33 gets one line, and with
     vLLM's own settings the scheduler built is vLLM's own class, so no override of the
     plugin's runs (0.33's new ``_get_local_prefix_cache_hit`` argument broke exactly that)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from vllm_admission.plugin import vllm_hooks
+    from vllm_admission.plugin import vllm_surface
 
-    monkeypatch.setattr(vllm_hooks, "installed_version", lambda: "0.34.0")
-    with pytest.raises(vllm_hooks.UnsupportedVllmError) as info:
+    monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.34.0")
+    with pytest.raises(vllm_surface.UnsupportedVllmError) as info:
         build(vllm_config, monkeypatch, policy="marconi", eviction="lru")
     assert str(info.value) == (
         "vllm_admission supports vLLM 0.32.x and 0.33.x, found 0.34.0; the AdmissionScheduler "
@@ -352,14 +352,14 @@ def test_only_a_policy_that_reads_values_replaces_vllms_coordinator(vllm_config,
 
 
 def test_every_private_vllm_member_the_plugin_relies_on_exists():
-    from vllm_admission.plugin import vllm_hooks
+    from vllm_admission.plugin import vllm_surface
 
-    assert vllm_hooks.check_version()  # the suite runs against a supported release
-    assert vllm_hooks.check_version("0.32.3+cpu") and vllm_hooks.check_version("0.33.0")
-    assert not vllm_hooks.check_version("0.34.0") and not vllm_hooks.check_version("0.31.9")
-    assert vllm_hooks.missing_members() == []
+    assert vllm_surface.check_version()  # the suite runs against a supported release
+    assert vllm_surface.check_version("0.32.3+cpu") and vllm_surface.check_version("0.33.0")
+    assert not vllm_surface.check_version("0.34.0") and not vllm_surface.check_version("0.31.9")
+    assert vllm_surface.missing_members() == []
     # Every override takes what the installed release passes (make compat: 0.33's).
-    assert vllm_hooks.override_mismatches() == []
+    assert vllm_surface.override_mismatches() == []
 
 
 def test_every_instance_member_the_plugin_relies_on_exists(vllm_config, monkeypatch):
@@ -368,7 +368,7 @@ def test_every_instance_member_the_plugin_relies_on_exists(vllm_config, monkeypa
     import vllm.envs
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
-    from vllm_admission.plugin import vllm_hooks
+    from vllm_admission.plugin import vllm_surface
 
     engine = build(vllm_config, monkeypatch, policy="dense", eviction="flop", alpha=0.0,
                    checkpoint="inpass")
@@ -382,14 +382,14 @@ def test_every_instance_member_the_plugin_relies_on_exists(vllm_config, monkeypa
                                        if isinstance(m, MambaManager)],
     }
     engine_side = {"LLMEngine.engine_core", "InprocClient.engine_core", "EngineCore.scheduler"}
-    assert set(present) | engine_side == set(vllm_hooks._INSTANCE_ATTRIBUTES)  # noqa: SLF001
+    assert set(present) | engine_side == set(vllm_surface._INSTANCE_ATTRIBUTES)  # noqa: SLF001
     assert all(v is not None for v in present.values()) and present["MambaManager.req_to_blocks"]
 
 
 def test_an_override_that_cannot_take_vllms_arguments_is_reported(monkeypatch):
     """The 0.33 failure of issue 21: an override taking only ``request`` where vLLM passes
     ``(request, max_cache_hit_length)``; and one requiring what vLLM never passes."""
-    from vllm_admission.plugin import vllm_hooks
+    from vllm_admission.plugin import vllm_surface
 
     class Theirs:
         def hit(self, request, max_cache_hit_length=None): ...
@@ -403,11 +403,11 @@ def test_an_override_that_cannot_take_vllms_arguments_is_reported(monkeypatch):
     class Open:
         def hit(self, request, *args, **kwargs): ...
 
-    assert vllm_hooks._accepts(Theirs.hit, Narrow.hit) == [  # noqa: SLF001
+    assert vllm_surface.accepts(Theirs.hit, Narrow.hit) == [
         "positional 'max_cache_hit_length' (argument 2)"]
-    assert vllm_hooks._accepts(Theirs.hit, Greedy.hit) == [  # noqa: SLF001
+    assert vllm_surface.accepts(Theirs.hit, Greedy.hit) == [
         "requires 'extra', which vLLM does not pass"]
-    assert vllm_hooks._accepts(Theirs.hit, Open.hit) == []  # noqa: SLF001
+    assert vllm_surface.accepts(Theirs.hit, Open.hit) == []
 
 
 def test_switching_policy_needs_an_idle_scheduler(vllm_config, monkeypatch):

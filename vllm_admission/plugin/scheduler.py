@@ -42,7 +42,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.geometry import ATTENTION, STATE, inpass_capture_limit
-from vllm_admission.plugin import inpass, vllm_hooks
+from vllm_admission.plugin import inpass, vllm_hooks, vllm_surface
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.engine_setup import EngineSetup
@@ -108,7 +108,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
           :class:`AsyncAdmissionScheduler`, so the engine's two batches in
           flight (``EngineCore.step_with_batch_queue``) get vLLM's output
           placeholders, as with vLLM's own ``AsyncScheduler``;
-        * an unsupported vLLM release (:func:`vllm_hooks.check_version`): vLLM's
+        * an unsupported vLLM release (:func:`vllm_surface.check_version`): vLLM's
           own ``Scheduler`` or ``AsyncScheduler``, built and returned as is, so
           no override of this class is active; or one line refusing a setting
           that asks for anything but vLLM's behaviour.
@@ -121,10 +121,10 @@ class AdmissionScheduler(EngineSetup, Scheduler):
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         scheduler_config = getattr(vllm_config, "scheduler_config", None)
         is_async = bool(getattr(scheduler_config, "async_scheduling", False))
-        if not vllm_hooks.check_version():
+        if not vllm_surface.check_version():
             config = cls._admission_read_config()
-            reason = vllm_hooks.unsupported_reason(vllm_hooks.installed_version(),
-                                                   config.wants_changes())
+            reason = vllm_surface.unsupported_reason(vllm_surface.installed_version(),
+                                                     config.wants_changes())
             ensure_log_output()
             stock = AsyncScheduler if is_async else Scheduler
             logger.info("vllm_admission: %s; AdmissionScheduler builds vLLM's own %s instead "
