@@ -252,6 +252,16 @@ def test_store_refuses_an_offset_inside_the_conv_window():
         store_checkpoints(Entries(torch.tensor([2]), torch.tensor([1])), torch.tensor([0]), torch.randn(4, 9),
                           torch.zeros(3, 4, 3), torch.randn(1, 2), torch.zeros(3, 2), torch.tensor([0, 9]),
                           state_len=3)
+    # the GPU path checks the metadata's host offsets before launching vLLM's kernel
+    pytest.importorskip("vllm")
+    from vllm_admission.plugin.runner.mamba2_export import store_checkpoints_triton
+
+    host = dataclasses.make_dataclass("Host", [("checkpoint_offsets", object), ("state_indices", object),
+                                               ("offsets", list)])
+    with pytest.raises(ValueError, match="conv window"):
+        store_checkpoints_triton(host(torch.tensor([2]), torch.tensor([1]), [2]), torch.tensor([0]),
+                                 torch.randn(4, 9), torch.zeros(3, 4, 3), torch.randn(1, 2), torch.zeros(3, 2),
+                                 torch.tensor([0, 9]), state_len=3)
 
 
 def test_cpu_pieces_accept_what_vllm_passes(monkeypatch):
@@ -336,3 +346,37 @@ def test_step_metadata_refuses_a_plan_the_block_table_disagrees_with():
     with pytest.raises(RuntimeError, match="block table"):
         mamba2_step_metadata(md, {7: ((16, 6),)}, block_size=16, computed=[32, 0], block_table=table,
                              chunk_size=None)
+
+
+# -- vLLM's Triton store under Triton's interpreter ---------------------------------
+def test_vllms_triton_store_writes_several_checkpoints_per_row(tmp_path):
+    # The GPU path's store (store_checkpoints_triton: vLLM's own kernel, row starts gathered
+    # per entry) run by Triton's interpreter on CPU (tests/ssd_store_interpreter.py), against
+    # the torch store and against the rows each entry must get. Not run on a GPU.
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("triton") is None:
+        pytest.skip("triton is not installed (the interpreter runs vLLM's Triton store on CPU)")
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "store.pt"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(root / "tests" / "ssd_store_interpreter.py"), str(out)],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = torch.load(out)
+    for name in ("multi", "one"):
+        (conv_t, ssm_t), (conv_p, ssm_p) = r[f"{name}_triton"], r[f"{name}_torch"]
+        assert torch.equal(conv_t, conv_p) and torch.equal(ssm_t, ssm_p), name
+    conv, ssm = r["multi_triton"]
+    x, states, qsl = r["x"], r["chunk_states"], r["qsl"]
+    # entries (row, offset, block, chunk): (0, 8, 3, 0), (0, 16, 5, 1), (0, 32, 9, 2), (2, 12, 11, 5)
+    for row, off, block, chunk in ((0, 8, 3, 0), (0, 16, 5, 1), (0, 32, 9, 2), (2, 12, 11, 5)):
+        t = int(qsl[row]) + off
+        assert torch.equal(conv[block], x[:, t - 3:t].transpose(0, 1)), block   # stored [width-1, dim]
+        assert torch.equal(ssm[block], states[chunk]), block
+    untouched = [b for b in range(conv.size(0)) if b not in (3, 5, 9, 11)]
+    assert conv[untouched].abs().sum() == 0 and ssm[untouched].abs().sum() == 0

@@ -29,8 +29,11 @@ per row. Three pieces, each the part of the contract vLLM lacks:
   mode cuts the row at the same places, between passes.
 * :func:`store_checkpoints`: ``store_prefill_checkpoint`` in torch (the vLLM one is a
   Triton kernel, and the CPU build has no Triton), taking several checkpoint entries
-  per prefill row (:class:`~vllm_admission.plugin.vllm_hooks` builds them as a
-  ``MambaPrefillCheckpointMetadata`` with a ``prefill_rows`` field).
+  per prefill row (:func:`~vllm_admission.plugin.runner.inpass_runner.mamba2_step_metadata`
+  builds them as a ``MambaPrefillCheckpointMetadata`` with a ``prefill_rows`` field). On
+  a GPU the same entries go to vLLM's own Triton kernel
+  (:func:`store_checkpoints_triton`, row starts gathered per entry); that path is checked
+  under Triton's interpreter on CPU, not wired into a GPU engine and not run on a GPU.
 
 :func:`vllm_admission.plugin.vllm_hooks.install_inpass_runner` wires them in: the
 Mamba2 metadata builder gets the step's checkpoints (from the same
@@ -49,7 +52,7 @@ import torch
 from vllm_admission.plugin.state_copy import as_int_list, write_state_rows
 
 __all__ = ["ChunkLayout", "checkpoint_chunk_layout", "checkpoint_entries", "scan_with_chunk_states",
-           "store_checkpoints"]
+           "store_checkpoints", "store_checkpoints_triton"]
 
 
 @dataclass(frozen=True)
@@ -231,11 +234,17 @@ def store_checkpoints(checkpoint: Any, chunk_idx: torch.Tensor, x: torch.Tensor,
         chunk_states: ``[num_chunks, H, P, N]`` from the scan.
         ssm_state: ``[blocks, H, P, N]``.
 
+    Tensors off the CPU go to :func:`store_checkpoints_triton`.
+
     Raises:
         ValueError: an offset below ``state_len`` (its conv window would reach into an
             earlier step; the scheduler plans checkpoints at least one block into a chunk
             that starts on a block boundary, so this means a broken plan).
     """
+    if x.device.type != "cpu":
+        store_checkpoints_triton(checkpoint, chunk_idx, x, conv_state, chunk_states, ssm_state,
+                                 query_start_loc, state_len=state_len)
+        return
     offsets = as_int_list("checkpoint_offsets", checkpoint.checkpoint_offsets)
     rows = getattr(checkpoint, "prefill_rows", None)
     rows = list(range(len(offsets))) if rows is None else as_int_list("prefill_rows", rows)
@@ -243,10 +252,7 @@ def store_checkpoints(checkpoint: Any, chunk_idx: torch.Tensor, x: torch.Tensor,
     live = [e for e, o in enumerate(offsets) if o > 0]
     if not live:
         return
-    bad = [offsets[e] for e in live if offsets[e] < state_len]
-    if bad:
-        raise ValueError(f"checkpoint offset {bad[0]} is less than the conv window ({state_len} tokens): "
-                         "its conv state would need inputs from before this step")
+    _check_offsets(offsets, state_len)
     dst = as_int_list("state_indices", checkpoint.state_indices)
     src = as_int_list("chunk_idx", chunk_idx)
     ends = [qsl[rows[e]] + offsets[e] for e in live]
@@ -255,3 +261,38 @@ def store_checkpoints(checkpoint: Any, chunk_idx: torch.Tensor, x: torch.Tensor,
                                                          device=chunk_states.device))
     write_state_rows([conv_state[:, :, :state_len], ssm_state], [dst[e] for e in live],
                      [conv_vals, ssm_vals])
+
+
+def store_checkpoints_triton(checkpoint: Any, chunk_idx: torch.Tensor, x: torch.Tensor,
+                             conv_state: torch.Tensor, chunk_states: torch.Tensor, ssm_state: torch.Tensor,
+                             query_start_loc: torch.Tensor, *, state_len: int) -> None:
+    """The writes of :func:`store_checkpoints` by vLLM's own Triton kernel
+    (``ops/ssd_checkpoint.py`` ``store_prefill_checkpoint``).
+
+    vLLM's kernel runs one program per entry and reads ``query_start_loc[entry]``; with
+    several entries per row it is given the row starts gathered per entry
+    (``query_start_loc[prefill_rows]``), so it writes every entry as it writes vLLM's one.
+    Arguments as :func:`store_checkpoints`; the offsets are checked from the metadata's
+    host copy (``offsets``) when it has one, so no device sync is added.
+
+    Raises:
+        ValueError: an offset below ``state_len`` (as :func:`store_checkpoints`).
+    """
+    from vllm.model_executor.layers.mamba.ops.ssd_checkpoint import store_prefill_checkpoint
+
+    host = getattr(checkpoint, "offsets", None)
+    if host is not None:
+        _check_offsets(host, state_len)
+
+    rows = getattr(checkpoint, "prefill_rows", None)
+    starts = query_start_loc if rows is None else query_start_loc[
+        torch.as_tensor(rows, dtype=torch.long, device=query_start_loc.device)].contiguous()
+    store_prefill_checkpoint(checkpoint, chunk_idx, x, conv_state, chunk_states, ssm_state, starts,
+                             state_len=state_len)
+
+
+def _check_offsets(offsets: Sequence[int], state_len: int) -> None:
+    bad = [o for o in offsets if 0 < o < state_len]
+    if bad:
+        raise ValueError(f"checkpoint offset {bad[0]} is less than the conv window ({state_len} tokens): "
+                         "its conv state would need inputs from before this step")
