@@ -189,6 +189,9 @@ def test_stale_snapshot_dirs_of_dead_processes_are_removed(tmp_path):
 
 _OWNER = """
 import os, signal, sys, time
+# Ctrl-C as in a shell: a test run started in the background without job control (bash,
+# `pytest &`) hands its children SIGINT ignored, and Python then installs no handler for it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from vllm_admission.plugin.register import register
 from vllm_admission.plugin.metrics import StatsPublisher
 from vllm_admission.plugin.stats import AdmissionStats
