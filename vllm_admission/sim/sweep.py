@@ -1,9 +1,10 @@
 """Sweeps: every (admission, eviction, capacity) run of one trace and model, as one results document.
 
 The runs execute in this process, in a pool of processes (``executor="process"``, each
-worker reads the trace itself), or as Ray tasks (``executor="ray"``, the trace and the
-model's costs put in Ray's object store once). The document is the same either way
-apart from each run's ``wall_seconds`` and ``cpu_seconds``.
+worker reads the trace itself), or as Ray tasks (``executor="ray"``: the trace, the
+model's costs and the cache requests of each block size put in Ray's object store once,
+the tasks taking them by reference). The document is the same either way apart from
+each run's ``wall_seconds`` and ``cpu_seconds``.
 """
 
 from __future__ import annotations
