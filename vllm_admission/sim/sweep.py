@@ -96,7 +96,9 @@ _STATE: dict[str, Any] = {}
 
 
 def _load(spec: SweepSpec) -> tuple[Trace, ModelCosts]:
-    key = (spec.trace, spec.model, spec.max_requests, spec.seed, spec.mamba_ssm_cache_dtype)
+    # Everything the trace, the costs and the cached requests depend on.
+    key = (spec.trace, spec.model, spec.max_requests, spec.seed, spec.mamba_ssm_cache_dtype,
+           spec.outputs)
     if _STATE.get("key") != key:
         _STATE.clear()
         _STATE["key"] = key
