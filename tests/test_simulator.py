@@ -279,3 +279,19 @@ def test_cli_refuses_an_auto_interval_below_one(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc != 0 and "--auto-interval must be >= 1 request, got 0" in err
     assert "Traceback" not in err
+
+
+def test_sweeps_in_one_process_do_not_share_requests_across_output_modes():
+    # The sweep caches the trace's cache requests per process; they depend on --outputs.
+    from dataclasses import replace
+
+    from vllm_admission.sim.sweep import SweepSpec, run_sweep
+
+    spec = SweepSpec(trace="synthetic", model="qwen3-next-80b-a3b", capacities=(parse_bytes("2GiB"),),
+                     admissions=("vllm",), evictions=("lru",), chunk_size=8192, max_requests=200)
+    hits = {}
+    for outputs in ("trace", "unique", "trace"):
+        run = run_sweep(replace(spec, outputs=outputs), progress=False)["runs"][0]
+        hits.setdefault(outputs, set()).add(run["hit_tokens"])
+    assert len(hits["trace"]) == 1
+    assert hits["trace"] != hits["unique"]  # the two modes hash output blocks differently

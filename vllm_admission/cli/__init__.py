@@ -29,10 +29,12 @@ from vllm_admission.core.admission import UnknownPolicyError
 from vllm_admission.core.costs import ModelConfigError
 from vllm_admission.core.geometry import CapacityError
 from vllm_admission.core.traces import TraceError
+from vllm_admission.sim.sweep import RayUnavailableError
 
 log = logging.getLogger("vllm_admission")
 
-USER_ERRORS = (UnknownPolicyError, ModelConfigError, CapacityError, TraceError, ValueError, OSError)
+USER_ERRORS = (UnknownPolicyError, ModelConfigError, CapacityError, TraceError, ValueError, OSError,
+               RayUnavailableError)
 
 __all__ = ["build_parser", "main"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
@@ -10,6 +11,7 @@ from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.eviction import EVICTION_POLICIES
 from vllm_admission.core.geometry import parse_bytes
+from vllm_admission.sim.sweep import EXECUTORS, RAY_INSTALL_HINT
 
 __all__ = ["DEMO_MODEL", "MAMBA_SSM_CACHE_DTYPES", "add_simulate_args", "run_simulate"]
 
@@ -70,11 +72,24 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="hash output blocks as the trace's later turns see them ('trace', "
                         "default; needs a trace that records outputs, like the synthetic one) or "
                         "as unique content, like an engine replay ('unique')")
-    p.add_argument("--jobs", type=int, default=2 if demo else 1,
-                   help=f"processes for the sweep (default {2 if demo else 1})")
+    p.add_argument("--jobs", type=int, default=None,
+                   help=f"with --executor process: worker processes for the sweep (default "
+                        f"{2 if demo else 1}); with --executor ray: the CPUs of the local Ray "
+                        "instance, hence runs at once (default: all of this machine's), "
+                        "ignored with --ray-address (the cluster's CPUs decide)")
+    p.add_argument("--executor", choices=EXECUTORS, default="process",
+                   help="where the runs execute: 'process' (default), a pool of --jobs local "
+                        "processes, each reading the trace; 'ray', one Ray task per run, the "
+                        "trace and model put in Ray's object store once (needs Ray: "
+                        f"{RAY_INSTALL_HINT}); results.json is the same but for run times")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="with --executor ray: the Ray cluster to run on, as ray.init's address "
+                        "('auto' from a node of the cluster, HOST:6379, ray://HOST:10001); "
+                        "default: start a local Ray instance for the sweep")
     p.add_argument("--out", default="out/demo" if demo else None, required=not demo,
                    help="output directory for results.json and hit_rate.png")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(process_jobs=2 if demo else 1)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -87,8 +102,13 @@ def run_simulate(args: argparse.Namespace) -> int:
     capacities = tuple(parse_bytes(c.strip()) for c in args.capacity.split(",") if c.strip())
     if not capacities:
         raise ValueError("no capacity given, e.g. --capacity 4GiB,16GiB")
-    if args.jobs < 1:
+    if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.ray_address and args.executor != "ray":
+        raise ValueError("--ray-address needs --executor ray")
+    jobs = args.jobs
+    if args.executor == "process" and jobs is None:
+        jobs = getattr(args, "process_jobs", 1)
     if args.auto_interval < 1:
         raise ValueError(f"--auto-interval must be >= 1 request, got {args.auto_interval}")
     check_checkpoint_mode(args.checkpoint)
@@ -106,7 +126,11 @@ def run_simulate(args: argparse.Namespace) -> int:
         print(f"vllm-admission: {costs.name} has no recurrent layers; prefix caching already "
               "works block by block for it, so there is nothing for admission to do.")
         return 0
-    doc = run_sweep(spec, jobs=args.jobs, progress=not args.no_progress)
+    if args.executor == "ray" and args.ray_address and args.jobs is not None:
+        print("vllm-admission: --jobs is ignored with --ray-address: the cluster's CPUs decide",
+              file=sys.stderr)
+    doc = run_sweep(spec, jobs=jobs, progress=not args.no_progress, executor=args.executor,
+                    ray_address=args.ray_address)
     print(format_table(doc))
     res, png = write_results(doc, args.out)
     print(f"wrote {res} and {png}")

@@ -1,8 +1,18 @@
-"""Sweeps: every (admission, eviction, capacity) run of one trace and model, as one results document."""
+"""Sweeps: every (admission, eviction, capacity) run of one trace and model, as one results document.
+
+The runs execute in this process, in a pool of processes (``executor="process"``, each
+worker reads the trace itself), or as Ray tasks (``executor="ray"``: the trace, the
+model's costs and the cache requests of each block size put in Ray's object store once,
+the tasks taking them by reference). The document is the same either way apart from
+each run's ``wall_seconds`` and ``cpu_seconds``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
+import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +26,23 @@ from vllm_admission.core.geometry import block_geometry
 from vllm_admission.core.traces import Trace, load_trace
 from vllm_admission.sim.simulator import cache_requests, simulate, trace_bound
 
-__all__ = ["SweepSpec", "run_sweep"]
+__all__ = ["EXECUTORS", "LOCAL_RAY_OBJECT_STORE_BYTES", "RAY_INSTALL_HINT", "RayUnavailableError",
+           "SweepSpec", "import_ray", "run_sweep"]
+
+#: Where a sweep's runs execute: a pool of local processes, or Ray tasks.
+EXECUTORS = ("process", "ray")
+
+#: How to get Ray, as the missing-Ray error says it.
+RAY_INSTALL_HINT = 'pip install "ray>=2.9" (in a checkout: pip install -e ".[ray]")'
+
+#: Object store of a local Ray instance a sweep starts itself: the inputs are a few MB
+#: (the whole Mooncake trace pickles to about 3 MB, its cache requests to about 3 MB per
+#: block size); Ray spills to disk past this.
+LOCAL_RAY_OBJECT_STORE_BYTES = 256 << 20
+
+
+class RayUnavailableError(ImportError):
+    """``executor="ray"`` but Ray cannot be imported (the message says how to install it)."""
 
 
 @dataclass(frozen=True)
@@ -70,7 +96,9 @@ _STATE: dict[str, Any] = {}
 
 
 def _load(spec: SweepSpec) -> tuple[Trace, ModelCosts]:
-    key = (spec.trace, spec.model, spec.max_requests, spec.seed, spec.mamba_ssm_cache_dtype)
+    # Everything the trace, the costs and the cached requests depend on.
+    key = (spec.trace, spec.model, spec.max_requests, spec.seed, spec.mamba_ssm_cache_dtype,
+           spec.outputs)
     if _STATE.get("key") != key:
         _STATE.clear()
         _STATE["key"] = key
@@ -91,38 +119,158 @@ def _requests(spec: SweepSpec, block_size: int):
 def _run_one(spec: SweepSpec, admission: str, eviction: str, capacity: int) -> dict[str, Any]:
     trace, costs = _load(spec)
     geo = block_geometry(costs, capacity)
+    return _run_with(spec, trace, costs, _requests(spec, geo.block_size), admission, eviction,
+                     capacity)
+
+
+def _run_with(spec: SweepSpec, trace: Trace, costs: ModelCosts, requests: list,
+              admission: str, eviction: str, capacity: int) -> dict[str, Any]:
+    """One run's record, from inputs already in hand (``requests`` at the run's block size)."""
     result = simulate(trace, costs, admission=admission, eviction=eviction,
                       capacity_bytes=capacity, chunk_size=spec.chunk_size, alpha=spec.alpha,
                       outputs=spec.outputs, tune_grid=spec.tune_grid,
                       auto_interval=spec.auto_interval, checkpoint=spec.checkpoint,
-                      requests=_requests(spec, geo.block_size))
+                      requests=requests)
     return result.to_record()
 
 
-def run_sweep(spec: SweepSpec, *, jobs: int = 1, progress: bool = True) -> dict[str, Any]:
+# Inputs a Ray worker has fetched from the object store, by object id, for the sweep it
+# last ran a task of: one deserialisation per worker process and sweep, not per task.
+_RAY_INPUTS: dict[str, Any] = {}
+
+
+def _ray_task(spec: SweepSpec, inputs: list, admission: str, eviction: str,
+              capacity: int) -> dict[str, Any]:
+    """Body of a sweep's Ray task. ``inputs`` is ``[trace, costs, requests]`` as object
+    refs inside a list, so that Ray hands them over unresolved and the worker can keep
+    what it already fetched."""
+    import ray
+
+    if inputs[0].hex() not in _RAY_INPUTS:  # a new sweep: drop the last one's inputs
+        _RAY_INPUTS.clear()
+    values = []
+    for ref in inputs:
+        key = ref.hex()
+        if key not in _RAY_INPUTS:
+            _RAY_INPUTS[key] = ray.get(ref)
+        values.append(_RAY_INPUTS[key])
+    trace, costs, requests = values
+    return _run_with(spec, trace, costs, requests, admission, eviction, capacity)
+
+
+def import_ray():
+    """The ``ray`` module.
+
+    Raises:
+        RayUnavailableError: Ray is not installed (or fails to import); one line with
+            :data:`RAY_INSTALL_HINT`.
+    """
+    try:
+        import ray
+    except ImportError as exc:
+        why = (str(exc).splitlines() or ["not installed"])[0]
+        raise RayUnavailableError(f"--executor ray needs Ray, which cannot be imported ({why}): "
+                                  f"{RAY_INSTALL_HINT}") from None
+    return ray
+
+
+def _start_ray(ray, address: str | None, jobs: int | None) -> bool:
+    """Connect to the cluster at ``address``, or start a local instance with ``jobs``
+    CPUs (default: all of this machine's), no dashboard and a small object store.
+    Reuses a Ray already initialised in this process. Returns whether this call started
+    (so must shut down) the connection."""
+    if ray.is_initialized():
+        return False
+    quiet = {"logging_level": logging.WARNING, "log_to_driver": True}
+    if address:
+        ray.init(address=address, **quiet)
+    else:
+        # "local": a new instance even when a cluster started by `ray start` runs here.
+        ray.init(address="local", num_cpus=jobs or os.cpu_count() or 1, include_dashboard=False,
+                 object_store_memory=LOCAL_RAY_OBJECT_STORE_BYTES, **quiet)
+    return True
+
+
+def _ray_runs(spec: SweepSpec, runs: list[tuple[str, str, int]], trace: Trace, costs: ModelCosts,
+              bar: tqdm, *, address: str | None, jobs: int | None) -> dict[tuple[str, str, int], Any]:
+    """Every run of ``runs`` as one Ray task (1 CPU each); records by run."""
+    ray = import_ray()
+    started = _start_ray(ray, address, jobs)
+    try:
+        # Put once: the trace without its block-hash memo (each run gets its cache
+        # requests ready made), the costs, and the cache requests per block size.
+        trace_ref = ray.put(dataclasses.replace(trace))
+        costs_ref = ray.put(costs)
+        sizes = {cap: block_geometry(costs, cap).block_size for cap in spec.capacities}
+        request_refs = {b: ray.put(_requests(spec, b)) for b in sorted(set(sizes.values()))}
+        task = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
+        order = sorted(runs, key=lambda run: AUTO not in run[:2])  # the long auto runs first
+        pending = {task.remote(spec, [trace_ref, costs_ref, request_refs[sizes[run[2]]]], *run): run
+                   for run in order}
+        results = {}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                results[pending.pop(ref)] = ray.get(ref)
+                bar.update()
+        return results
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True,
+              executor: str = "process", ray_address: str | None = None) -> dict[str, Any]:
     """Run every run of ``spec``; return the ``results.json`` document.
 
     Trace and model are loaded (and validated) in this process first, so bad
     input fails before any worker starts.
 
+    Args:
+        spec: what to run.
+        jobs: with ``executor="process"``, worker processes (``None`` or 1: the runs
+            one after another in this process). With ``"ray"`` and no
+            ``ray_address``, the CPUs of the local Ray instance started for the sweep,
+            hence runs at once (``None``: all of this machine's); ignored on a cluster
+            (``ray_address`` given), where the cluster's CPUs decide.
+        progress: show a progress bar.
+        executor: one of :data:`EXECUTORS`. ``"ray"`` puts the trace, the costs and
+            the cache requests of each block size in Ray's object store once and runs
+            each (admission, eviction, capacity) as a task that takes them by
+            reference; a Ray already initialised in this process is used as it is.
+        ray_address: with ``"ray"``, the cluster to connect to (``ray.init``'s
+            ``address``: ``"auto"``, ``"HOST:6379"``, ``"ray://HOST:10001"``);
+            ``None`` starts a local instance and shuts it down afterwards.
+
     Returns:
         ``{"trace": ..., "model": ..., "mamba_ssm_cache_dtype": ...,
         "ssm_dtype": ..., "checkpoint": ..., "bound": {...}, "runs": [...]}`` with runs in
-        (admission, eviction, capacity) order; ``mamba_ssm_cache_dtype`` is
-        the requested SSM state dtype and ``ssm_dtype`` the resolved one (every
-        run record repeats both, and the checkpoint mode).
+        (admission, eviction, capacity) order whatever order they finish in;
+        ``mamba_ssm_cache_dtype`` is the requested SSM state dtype and ``ssm_dtype``
+        the resolved one (every run record repeats both, and the checkpoint mode).
+        Only the runs' ``wall_seconds`` and ``cpu_seconds`` depend on the executor.
 
     Raises:
-        ValueError: an unknown checkpoint mode (before any run).
+        ValueError: an unknown checkpoint mode or executor, or ``jobs`` below 1
+            (before any run).
+        RayUnavailableError: ``executor="ray"`` without Ray installed.
     """
     check_checkpoint_mode(spec.checkpoint)
+    if executor not in EXECUTORS:
+        raise ValueError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
+    if jobs is not None and jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if executor == "ray":
+        import_ray()  # fail before loading anything
     trace, costs = _load(spec)
     for cap in spec.capacities:
         block_geometry(costs, cap)  # raises CapacityError early
     runs = spec.runs()
     results: dict[tuple[str, str, int], dict[str, Any]] = {}
     bar = tqdm(total=len(runs), desc="simulating", unit="run", disable=not progress)
-    if jobs <= 1:
+    if executor == "ray":
+        results = _ray_runs(spec, runs, trace, costs, bar, address=ray_address, jobs=jobs)
+    elif (jobs or 1) <= 1:
         for run in runs:
             results[run] = _run_one(spec, *run)
             bar.update()
