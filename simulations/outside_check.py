@@ -23,14 +23,14 @@ Four views of the same stream at the same bytes:
   request at a time as vLLM's prefix cache does (a prefix hit is the longest
   run of cached leading blocks, capped at ``prompt_len - 1`` tokens; the misses
   are allocated, evicting in the policy's order; the request's blocks are freed
-  tail first). ``--any-block`` views also count cached blocks after a miss
-  (no prefix rule), to split the gap to the flat stream into its two causes;
+  tail first). The *any-block* pooled views also count cached blocks after a
+  miss (no prefix rule), to split the gap to the flat stream into its causes;
 * **hybrid**: the project's simulator on the hybrid model (attention + recurrent
   state groups from one pool of the same bytes), for the given policy pairs.
 
 Usage: ``python simulations/outside_check.py [--max-requests N] [--capacity 32GiB,...]
 [--pairs vllm+lru,...] [--out docs/results/outside]`` (whole Mooncake trace,
-six capacities, four hybrid pairs: about 10 minutes on 2 cores). Needs
+six capacities, four hybrid pairs: about 6 minutes on 2 cores). Needs
 ``libcachesim`` (``pip install -e '.[study]'``). Writes ``outside_check.json`` and
 ``outside_check.md`` under ``--out``; docs/outside-check.md discusses them.
 """
@@ -436,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     except (MissingDependency, TraceError, ModelConfigError, UnknownPolicyError, ValueError) as exc:
         print(f"outside_check: {exc}", file=sys.stderr)
         return 2
-    doc["command"] = "python simulations/outside_check.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    doc["command"] = " ".join(["python simulations/outside_check.py",
+                               *(argv if argv is not None else sys.argv[1:])])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "outside_check.json").write_text(json.dumps(doc, indent=1) + "\n")

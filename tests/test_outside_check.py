@@ -5,8 +5,8 @@ times fewer than the slice's 12,844 distinct blocks, so every policy evicts; few
 hardly reuse anything: Mooncake's reuse distances are long): the project's
 ``lru``, ``lfu`` and ``belady`` policy objects, driven per access, hit exactly the accesses
 libCacheSim's LRU, LFU and Belady hit; the pooled (vLLM prefix cache) replay reaches the
-simulator's infinite-capacity bound when nothing is evicted, and under ``lru`` its cached
-blocks stay prefix-closed (tail-first frees), so counting every cached block adds nothing.
+simulator's infinite-capacity bound when nothing is evicted, and under ``lru`` and ``belady``
+its cached blocks stay prefix-closed, so counting every cached block adds nothing.
 """
 
 from __future__ import annotations
@@ -90,9 +90,13 @@ def test_pooled_replay_reaches_the_bound_without_eviction(stream):
     assert sum(hits) * stream.block_tokens == hit_tokens
 
 
-def test_tail_first_lru_keeps_cached_blocks_prefix_closed(stream):
-    prefix = oc.pooled_hits("lru", stream, CAPACITY)
-    any_block = oc.pooled_hits("lru", stream, CAPACITY, prefix=False)
+@pytest.mark.parametrize("policy", ["lru", "belady"])
+def test_cached_blocks_stay_prefix_closed(stream, policy):
+    """Block i is freed no earlier and needed no later than block i + 1 of the same chain,
+    so both orders evict a prefix's tail first: counting every cached block of a prompt
+    (no prefix rule) hits exactly what the prefix rule hits, request by request."""
+    prefix = oc.pooled_hits(policy, stream, CAPACITY)
+    any_block = oc.pooled_hits(policy, stream, CAPACITY, prefix=False)
     assert prefix == any_block and sum(prefix) > 0
 
 
