@@ -48,10 +48,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_admission.core.admission import UnknownPolicyError
 from vllm_admission.core.cache.block_pool import BlockPool
 from vllm_admission.core.costs import ModelConfigError, load_model
 from vllm_admission.core.eviction import get_eviction
-from vllm_admission.core.eviction.registry import UnknownPolicyError
 from vllm_admission.core.geometry import aligned_block_size, parse_bytes
 from vllm_admission.core.replay import CacheRequest, NextUseOracle
 from vllm_admission.core.traces import TraceError, load_trace
@@ -393,11 +393,17 @@ def check(trace_path: str, model: str, capacities: Sequence[int], *, max_request
     Raises:
         MissingDependency: libcachesim is not installed.
         TraceError, ModelConfigError, UnknownPolicyError: bad input.
+        ValueError: a capacity below the longest prompt's blocks (or below one block).
     """
     lcs = import_libcachesim()
     trace = load_trace(trace_path, max_requests=max_requests)
     costs = load_model(model)
     stream = build_stream(trace, costs)
+    longest = max((len(r.hashes) for r in stream.requests), default=0)
+    for cap in capacities:
+        if cap // stream.block_bytes < max(longest, 1):
+            raise ValueError(f"capacity {cap} bytes holds {cap // stream.block_bytes} blocks of "
+                             f"{stream.block_bytes} bytes; the longest prompt needs {longest}")
     runs = hybrid_runs(trace_path, model, capacities, pairs, max_requests, jobs) if pairs else {}
     rows = []
     for cap in capacities:

@@ -121,6 +121,14 @@ def test_missing_libcachesim_is_one_clear_line(monkeypatch, capsys):
     assert err.count("\n") == 0 and "libcachesim is not installed" in err
 
 
+def test_too_small_capacity_is_one_clear_line(capsys, lcs):
+    if not MOONCAKE.exists():
+        pytest.skip(f"Mooncake trace not found at {MOONCAKE}")
+    assert oc.main(["--max-requests", "10", "--capacity", "256MiB", "--pairs", ""]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "the longest prompt needs" in err
+
+
 def test_bad_pair_is_one_clear_line(capsys):
     assert oc.main(["--pairs", "vllm-lru"]) == 2
     assert "ADMISSION+EVICTION" in capsys.readouterr().err
