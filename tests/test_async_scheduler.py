@@ -113,8 +113,12 @@ def test_decode_batches_stay_whole_as_with_vllms_async_scheduler(vllm_config, as
 # under async scheduling a retired state block returns to the pool a step later. With
 # ``flop`` at alpha > 0 its place in the order depends on its value and time, and in this
 # workload ``marconi``'s retired block is then handed out after two other blocks instead of
-# before them: an eviction cascade from request 4 on. Every other pair is exact.
-_VLLM_TIMING = {("marconi", "flop", 0.7)}
+# before them: an eviction cascade from request 4 on. ``s3fifo`` with ``dense`` (which
+# retires a state block every chunk) meets the same delay another way: whether a pop takes
+# the small queue or the main one depends on how many candidates there are at that moment
+# (the small queue's share is 10 % of them), which the delay changes; the hits differ from
+# request 6 on. Every other pair is exact.
+_VLLM_TIMING = {("marconi", "flop", 0.7), ("dense", "s3fifo", None)}
 
 
 @pytest.mark.parametrize("eviction,alpha", EVICTION_CASES)

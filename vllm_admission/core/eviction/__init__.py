@@ -15,6 +15,9 @@ module             contents
                    first, least recently freed among equals (a baseline)
 ``reuse``          :class:`ReuseEviction` (``reuse``): LRU in which blocks whose hash
                    was used again may grow ``r`` times older, ``r`` learned by hash
+``s3fifo``         :class:`S3FifoEviction` (``s3fifo``): S3-FIFO (SOSP 2023): new
+                   blocks in a small FIFO, blocks hit there or remembered by a ghost
+                   hash in a main FIFO with second chances
 ``history``        :class:`ReuseHistory` (what ``reuse`` learns, by hash) and
                    :class:`HistoryKeeper` (keeps it up to date around another policy)
 ``belady``         :class:`BeladyEviction` (``belady``): offline reference, evicts the
@@ -42,6 +45,7 @@ from vllm_admission.core.eviction.registry import (
     stock_eviction,
 )
 from vllm_admission.core.eviction.reuse import ReuseEviction
+from vllm_admission.core.eviction.s3fifo import S3FifoEviction
 
 __all__ = [
     "ENGINE_EVICTION_POLICIES",
@@ -54,6 +58,7 @@ __all__ = [
     "LRUEviction",
     "ReuseEviction",
     "ReuseHistory",
+    "S3FifoEviction",
     "eviction_class",
     "get_eviction",
     "register_eviction",

@@ -19,6 +19,7 @@ from vllm_admission.core.eviction.flop import FlopEviction
 from vllm_admission.core.eviction.frequency import LFUEviction
 from vllm_admission.core.eviction.lru import LRUEviction
 from vllm_admission.core.eviction.reuse import ReuseEviction
+from vllm_admission.core.eviction.s3fifo import S3FifoEviction
 
 __all__ = [
     "ENGINE_EVICTION_POLICIES",
@@ -109,6 +110,6 @@ def stock_eviction() -> str:
     return names[0]
 
 
-for _cls in (LRUEviction, FlopEviction, LFUEviction, ReuseEviction, BeladyEviction):
+for _cls in (LRUEviction, FlopEviction, LFUEviction, ReuseEviction, S3FifoEviction, BeladyEviction):
     register_eviction(_cls)
 del _cls
