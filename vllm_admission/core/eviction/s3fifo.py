@@ -82,7 +82,7 @@ class S3FifoEviction(EvictionPolicy):
     # -- the order -------------------------------------------------------------
     def add(self, block_id: int, now: float, value: float = 0.0,
             next_use: float = math.inf) -> None:
-        if block_id in self._small or block_id in self._main:
+        if block_id in self:
             raise KeyError(f"block {block_id} is already a candidate")
         if block_id not in self._in_main:
             key = self._key.get(block_id)

@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["StateCopiers", "StepCheckpoints", "mamba2_step_metadata", "segmented_core"]
+__all__ = ["StateCopiers", "StepCheckpoints", "mamba2_step_metadata", "row_checkpoints", "segmented_core"]
 
 
 class StepCheckpoints:
@@ -61,6 +61,20 @@ class StateCopiers:
         return copier
 
 
+def row_checkpoints(plan: dict[int, Sequence[tuple[int, int]]], running_blocks: Sequence[int],
+                    lengths: Sequence[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """Per prefill row (its running state block and its chunk length): the step plan's
+    checkpoint offsets strictly inside the chunk, and their checkpoint blocks, in the
+    plan's order. Returns ``(offsets, blocks)``, one list each per row."""
+    offsets: list[list[int]] = []
+    blocks: list[list[int]] = []
+    for block, length in zip(running_blocks, lengths):
+        pairs = [(off, blk) for off, blk in plan.get(block, ()) if 0 < off < length]
+        offsets.append([off for off, _ in pairs])
+        blocks.append([blk for _, blk in pairs])
+    return offsets, blocks
+
+
 def segmented_core(core: Callable[..., None], plan: dict[int, Sequence[tuple[int, int]]], layer: Any,
                    md: Any, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any,
                    copiers: StateCopiers | None = None) -> bool:
@@ -93,12 +107,7 @@ def segmented_core(core: Callable[..., None], plan: dict[int, Sequence[tuple[int
     npf, npt = md.num_prefills, md.num_prefill_tokens
     slots = md.non_spec_state_indices_tensor[nd:nd + npf].tolist()
     qsl = [q - ndt for q in md.non_spec_query_start_loc[nd:nd + npf + 1].tolist()]
-    offsets: list[list[int]] = []
-    rows: list[list[int]] = []
-    for j, slot in enumerate(slots):
-        pairs = [(off, blk) for off, blk in plan.get(slot, ()) if 0 < off < qsl[j + 1] - qsl[j]]
-        offsets.append([off for off, _ in pairs])
-        rows.append([blk for _, blk in pairs])
+    offsets, rows = row_checkpoints(plan, slots, [b - a for a, b in zip(qsl, qsl[1:])])
     if not any(offsets):
         return False
     if nd:
@@ -146,16 +155,11 @@ def mamba2_step_metadata(metadata: Any, plan: dict[int, Sequence[tuple[int, int]
 
     from vllm_admission.plugin.runner.mamba2_export import checkpoint_chunk_layout, checkpoint_entries
 
-    npf, nd = metadata.num_prefills, metadata.num_decodes
+    nd = metadata.num_decodes
     running = metadata.state_indices_tensor_p.tolist()
     qsl = metadata.query_start_loc_p.tolist()
     lengths = [b - a for a, b in zip(qsl, qsl[1:])]
-    offsets: list[list[int]] = []
-    blocks: list[list[int]] = []
-    for j in range(npf):
-        pairs = [(off, blk) for off, blk in plan.get(running[j], ()) if 0 < off < lengths[j]]
-        offsets.append([off for off, _ in pairs])
-        blocks.append([blk for _, blk in pairs])
+    offsets, blocks = row_checkpoints(plan, running, lengths)
     if not any(offsets):
         return metadata
     layout = checkpoint_chunk_layout(chunk_size, computed, lengths, offsets)
