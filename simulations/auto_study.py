@@ -10,7 +10,7 @@ pair, ``auto`` with its prefill FLOPs saved, the ratio to stock, the distance
 to the best fixed pair, the pair it ended on, its switches, and the share of
 the stock-to-Bélády gap it closed.
 
-Usage: ``python simulations/auto_study.py [--traces mooncake,synthetic]
+Usage: ``python simulations/auto_study.py [--traces mooncake,synthetic,mooncake-synthetic]
 [--models qwen3-next,nemotron-3-nano] [--jobs 2] [--tables] [--auto-only]``
 (``--tables`` reprints the tables from the files already written; ``--auto-only``
 runs ``auto`` again and keeps the fixed pairs of the file already written). The Mooncake sweeps take
@@ -47,6 +47,9 @@ TRACES = {
     "mooncake": (str(SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"),
                  ("32GiB", "64GiB", "128GiB", "256GiB", "512GiB", "1TiB", "4TiB")),
     "synthetic": ("synthetic", ("2GiB", "4GiB", "8GiB", "16GiB", "64GiB")),
+    # Held out: no policy or parameter of this project was chosen on it (docs/results.md 5.4).
+    "mooncake-synthetic": (str(ROOT / "simulations" / "traces" / "mooncake-synthetic" / "synthetic_trace.jsonl"),
+                           ("32GiB", "64GiB", "128GiB", "256GiB", "512GiB")),
 }
 FIXED_ADMISSIONS = ("last", "vllm", "marconi", "dense")
 FIXED_EVICTIONS = ENGINE_EVICTION_POLICIES
@@ -140,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
                     doc = {**docs[0], "runs": [r for d in docs for r in d["runs"]]}
                 if trace == "mooncake":
                     doc["trace"] = "mooncake/conversation_trace.jsonl"
+                elif trace == "mooncake-synthetic":
+                    doc["trace"] = "simulations/traces/mooncake-synthetic/synthetic_trace.jsonl"
                 res, png = write_results(doc, out)
                 print(f"wrote {res} and {png}")
             print(f"\n### {trace}, {doc['model']}\n")
