@@ -244,6 +244,8 @@ class AdmissionControl:
                                junction=shared_prefix_boundary if self.stock else None)
         stops = () if self.stock else tuple(s for s in adm.stops if s != adm.junction)
         old = self.tracks.get(rid)
+        if old is None:
+            self.on_request(request)
         track = _Track(request=request, adm=adm, stops=stops)
         if old is not None and old.tails:
             track.tails = old.tails  # a preempted request keeps its tentative tail
@@ -447,6 +449,18 @@ class AdmissionControl:
         for b in blocks:
             if not b.is_null and b.block_hash is not None:
                 policy.on_hit(b.block_id, now)
+
+    def on_request(self, request: Any) -> None:
+        """A request's first prefix lookup: tell a policy that
+        :attr:`~vllm_admission.core.eviction.EvictionPolicy.needs_requests` its
+        prompt's full-block keys (:func:`~vllm_admission.plugin.translate.prompt_block_keys`),
+        as the simulator does when it starts the request."""
+        policy = self.eviction_policy
+        if policy is None or not policy.needs_requests:
+            return
+        keys = translate.prompt_block_keys(request.block_hashes, request.num_prompt_tokens,
+                                           self.B, self._hash_stride)
+        policy.on_request(keys, self.clock())
 
     def wants_keys(self) -> bool:
         """Whether the eviction policy keeps history by block hash (``needs_keys``)."""

@@ -102,6 +102,8 @@ class BlockPool:
         self.reports_keys = eviction.needs_keys
         #: The policy hears prefix hits (``on_hit``).
         self.reports_hits = eviction.needs_hits
+        #: The policy hears each request's prompt hashes (``on_request``).
+        self.reports_requests = eviction.needs_requests
         #: Freed blocks carry a value (the policy reads it, or may after a switch).
         self.keeps_values = eviction.needs_values or self._switchable
         #: Freed blocks carry the time of their next use (``belady``).

@@ -331,7 +331,10 @@ class HybridPrefixCache:
             PoolExhausted: the request does not fit (check :meth:`fits`).
         """
         B = self.block_size
-        evictions_before = self.pool.evictions
+        pool = self.pool
+        evictions_before = pool.evictions
+        if pool.reports_requests:
+            pool.eviction.on_request(hashes, now)
         probe = self.lookup(hashes, prompt_len)
         if probe.junction:
             self.junctions += 1

@@ -15,6 +15,9 @@ module             contents
                    first, least recently freed among equals (a baseline)
 ``reuse``          :class:`ReuseEviction` (``reuse``): LRU in which blocks whose hash
                    was used again may grow ``r`` times older, ``r`` learned by hash
+``conversation``   :class:`ConversationEviction` (``conversation``): ``reuse``, and the
+                   blocks of a prompt that continues an earlier prompt (found from
+                   the chained hashes) count as reused from the start
 ``s3fifo``         :class:`S3FifoEviction` (``s3fifo``): S3-FIFO (SOSP 2023): new
                    blocks in a small FIFO, blocks hit there or remembered by a ghost
                    hash in a main FIFO with second chances
@@ -32,6 +35,7 @@ nothing outside the registries branches on a policy's name.
 
 from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.belady import BeladyEviction
+from vllm_admission.core.eviction.conversation import ConversationEviction
 from vllm_admission.core.eviction.flop import FlopEviction
 from vllm_admission.core.eviction.frequency import LFUEviction
 from vllm_admission.core.eviction.history import HistoryKeeper, ReuseHistory
@@ -51,6 +55,7 @@ __all__ = [
     "ENGINE_EVICTION_POLICIES",
     "EVICTION_POLICIES",
     "BeladyEviction",
+    "ConversationEviction",
     "EvictionPolicy",
     "FlopEviction",
     "HistoryKeeper",

@@ -25,7 +25,8 @@ methods on every policy, as cachetools' ``Cache`` calls ``popitem``:
 * what the cache hears (no-ops here): :meth:`~EvictionPolicy.on_hit` (a prefix
   hit referenced a cached block: vLLM's ``BlockPool.touch``),
   :meth:`~EvictionPolicy.forget` (a block lost its hash without being popped),
-  :meth:`~EvictionPolicy.on_cache` (a block got its hash key);
+  :meth:`~EvictionPolicy.on_cache` (a block got its hash key),
+  :meth:`~EvictionPolicy.on_request` (a request arrived, with its prompt's block hashes);
 * :meth:`~EvictionPolicy.bind_future` (no-op): the oracle of next uses;
 * the tuning hook :attr:`~EvictionPolicy.alpha` (none here): a weight that an
   online tuner (:class:`~vllm_admission.core.tuning.AlphaTuner`) sets;
@@ -46,6 +47,7 @@ attribute          true when the class overrides                     the cache t
 ``needs_keys``     :meth:`~EvictionPolicy.on_cache`                  reports each block's hash key
 ``tunable``        :attr:`~EvictionPolicy.alpha`                     tunes alpha online unless fixed
 ``keeps_history``  :meth:`~EvictionPolicy.with_history`              ``auto`` shares its history
+``needs_requests`` :meth:`~EvictionPolicy.on_request`                tells it each request's prompt
 =================  ===============================================  ===========================
 
 **Declarations.** What is a fact about the policy rather than a hook is
@@ -84,6 +86,7 @@ DERIVED: dict[str, tuple[str, ...]] = {
     "needs_keys": ("on_cache",),
     "tunable": ("alpha",),
     "keeps_history": ("with_history",),
+    "needs_requests": ("on_request",),
 }
 
 
@@ -123,6 +126,8 @@ class EvictionPolicy(ABC):
     tunable: ClassVar[bool] = False
     #: Overrides :meth:`with_history`: keeps history by block hash itself.
     keeps_history: ClassVar[bool] = False
+    #: Overrides :meth:`on_request`: the cache tells it each request's prompt.
+    needs_requests: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         """Derive :data:`DERIVED` attributes from the hooks ``cls`` overrides.
@@ -205,6 +210,14 @@ class EvictionPolicy(ABC):
         candidate; not called for a state cached only as a ``marconi`` sequence
         end (see :class:`~vllm_admission.core.eviction.reuse.ReuseEviction`).
         A block cached without a report has no key."""
+
+    def on_request(self, hashes: Sequence[int], now: float) -> None:
+        """A request arrived: ``hashes`` are the chained block hashes of its
+        prompt's full blocks, in order (the keys' second half in
+        :meth:`on_cache`). Called once per request, before any of its blocks is
+        cached or freed: by the simulator when it starts the request, by the
+        plugin at the request's first prefix lookup. Called only for a class
+        that overrides it (:attr:`needs_requests`)."""
 
     def bind_future(self, refresh: Callable[[int, float], float]) -> None:
         """Give a policy that :attr:`needs_future` its oracle: ``refresh(block_id,

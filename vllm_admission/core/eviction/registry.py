@@ -15,6 +15,7 @@ import inspect
 from vllm_admission.core.admission import UnknownPolicyError
 from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.belady import BeladyEviction
+from vllm_admission.core.eviction.conversation import ConversationEviction
 from vllm_admission.core.eviction.flop import FlopEviction
 from vllm_admission.core.eviction.frequency import LFUEviction
 from vllm_admission.core.eviction.lru import LRUEviction
@@ -34,8 +35,8 @@ __all__ = [
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {}
 
 #: Policies a live engine can run: every registered one that needs no future
-#: knowledge (the plugin serves ``needs_values``, ``needs_hits`` and
-#: ``needs_keys``). Rebuilt by :func:`register_eviction`.
+#: knowledge (the plugin serves ``needs_values``, ``needs_hits``,
+#: ``needs_keys`` and ``needs_requests``). Rebuilt by :func:`register_eviction`.
 ENGINE_EVICTION_POLICIES: tuple[str, ...] = ()
 
 
@@ -110,6 +111,7 @@ def stock_eviction() -> str:
     return names[0]
 
 
-for _cls in (LRUEviction, FlopEviction, LFUEviction, ReuseEviction, S3FifoEviction, BeladyEviction):
+for _cls in (LRUEviction, FlopEviction, LFUEviction, ReuseEviction, ConversationEviction,
+             S3FifoEviction, BeladyEviction):
     register_eviction(_cls)
 del _cls

@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import math
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.fifo import ABSENT, BlockFifo
@@ -127,6 +127,10 @@ class ReuseEviction(EvictionPolicy):
         """A ``reuse`` that learns from, and keeps up to date, the shared ``history``."""
         return cls(shared=history, **options)
 
+    def _protected(self) -> Callable[[int], bool]:
+        """``f(block_id)``: whether a freed block joins the *again* queue."""
+        return self.hist.again
+
     @property
     def ratio(self) -> float:
         """``r``: how many times older than the oldest first-time block a
@@ -209,7 +213,7 @@ class ReuseEviction(EvictionPolicy):
             again._grow(top, low)
             seqs.frombytes(bytes(seqs.itemsize * (len(first.prv) - len(seqs))))
         self._stamp(now)
-        fprv, aprv, is_again = first.prv, again.prv, self.hist.again
+        fprv, aprv, is_again = first.prv, again.prv, self._protected()
         s = self._next
         to_first: list[int] = []
         to_again: list[int] = []
@@ -224,7 +228,7 @@ class ReuseEviction(EvictionPolicy):
         again.append_many(to_again)
 
     def clone(self) -> "ReuseEviction":
-        other = ReuseEviction(shared=self.hist.copy())
+        other = type(self)(shared=self.hist.copy())
         other._first, other._again = self._first.copy(), self._again.copy()
         other._seqs = array("q", self._seqs)
         other._next = self._next
