@@ -60,7 +60,13 @@ def extensions() -> list:
 
 
 class OptionalBuildExt(build_ext):
-    """``build_ext`` that falls back to pure Python when compiling fails."""
+    """``build_ext`` that falls back to pure Python when compiling fails (modules in
+    parallel, one per CPU)."""
+
+    def finalize_options(self) -> None:
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = os.cpu_count() or 1
 
     def run(self) -> None:
         try:
