@@ -23,8 +23,25 @@ HERE = Path(__file__).resolve().parent
 NO_COMPILE_ENV = "VLLM_ADMISSION_NO_COMPILE"
 
 
+BUILDING = any(cmd in sys.argv for cmd in ("build", "build_ext", "bdist_wheel", "editable_wheel",
+                                           "develop", "install"))
+
+
 def say(message: str) -> None:
-    print(f"vllm-admission: {message}", file=sys.stderr, flush=True)
+    """One line on stderr, once per install (setup.py also runs for the metadata)."""
+    if BUILDING:
+        print(f"vllm-admission: {message}", file=sys.stderr, flush=True)
+
+
+def remove_stale_builds() -> None:
+    """Delete extension modules of ``COMPILED`` left in the source tree by an earlier
+    build (an editable install builds in place), so that a pure install is pure."""
+    from importlib.machinery import EXTENSION_SUFFIXES
+
+    for name in compiled_names():
+        stem = HERE / Path(*name.split("."))
+        for suffix in EXTENSION_SUFFIXES:
+            stem.with_suffix(suffix).unlink(missing_ok=True)
 
 
 def compiled_names() -> tuple[str, ...]:
@@ -39,16 +56,20 @@ def compiled_names() -> tuple[str, ...]:
 def extensions() -> list:
     if os.environ.get(NO_COMPILE_ENV, "").strip().lower() in ("1", "true", "yes"):
         say(f"{NO_COMPILE_ENV} is set: installing the pure-Python hot path only")
+        if BUILDING:
+            remove_stale_builds()
         return []
     try:
         from Cython.Build import cythonize
         from setuptools import Extension
     except ImportError:
         say("Cython is not available: installing the pure-Python hot path only")
+        if BUILDING:
+            remove_stale_builds()
         return []
     mods = [Extension(name, [str(Path(*name.split(".")).with_suffix(".py"))],
                       # No FMA contraction: the C code does each float operation as Python does.
-                      extra_compile_args=["-O2", "-ffp-contract=off"])
+                      extra_compile_args=["-ffp-contract=off"])
             for name in compiled_names()]
     try:
         return cythonize(mods, build_dir="build/cython", quiet=True, language_level=3,
@@ -56,6 +77,8 @@ def extensions() -> list:
                                               "embedsignature": False})
     except Exception as exc:  # noqa: BLE001 - any failure means: pure Python
         say(f"Cython could not translate the hot path ({exc}); installing pure Python only")
+        if BUILDING:
+            remove_stale_builds()
         return []
 
 
@@ -72,7 +95,11 @@ class OptionalBuildExt(build_ext):
         try:
             super().run()
         except Exception as exc:  # noqa: BLE001 - no compiler, or it failed
-            say(f"compiling the hot path failed ({type(exc).__name__}: {exc}); "
+            for ext in self.extensions:   # none half-built: the install is pure or compiled
+                Path(self.get_ext_fullpath(ext.name)).unlink(missing_ok=True)
+            remove_stale_builds()
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            say(f"compiling the hot path failed ({first[:160]}); "
                 "installing the pure-Python hot path only")
             return
         say(f"compiled the hot path ({len(self.extensions)} modules)")
