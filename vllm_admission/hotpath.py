@@ -28,7 +28,9 @@ PURE_ENV = "VLLM_ADMISSION_PURE_PYTHON"
 
 #: The modules ``setup.py`` compiles: the cache model, the free-block queue, the
 #: eviction policies and the admission/``auto`` hot path (``benchmarks/simulator_bench.py``
-#: profiles). The registries stay Python: a new policy is appended to them as source.
+#: profiles). The registries stay Python (a new policy is appended to them as source), and so
+#: does ``core/shadows.py`` (message passing only; the child runs it with ``python -m``,
+#: which cannot run an extension module).
 COMPILED: tuple[str, ...] = (
     "vllm_admission.core.adaptive",
     "vllm_admission.core.admission",
@@ -48,7 +50,6 @@ COMPILED: tuple[str, ...] = (
     "vllm_admission.core.eviction.s3fifo",
     "vllm_admission.core.free_blocks",
     "vllm_admission.core.replay",
-    "vllm_admission.core.shadows",
     "vllm_admission.core.tuning",
 )
 

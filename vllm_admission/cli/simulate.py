@@ -129,14 +129,14 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.executor == "ray" and args.ray_address and args.jobs is not None:
         print("vllm-admission: --jobs is ignored with --ray-address: the cluster's CPUs decide",
               file=sys.stderr)
-    from vllm_admission.hotpath import describe
-
-    print(f"vllm-admission: {describe()}", file=sys.stderr)
     doc = run_sweep(spec, jobs=jobs, progress=not args.no_progress, executor=args.executor,
                     ray_address=args.ray_address)
     print(format_table(doc))
     res, png = write_results(doc, args.out)
     print(f"wrote {res} and {png}")
+    from vllm_admission.hotpath import describe
+
+    print(f"vllm-admission: {describe()}", file=sys.stderr)   # which build ran (the sweep's)
     return 0
 
 
