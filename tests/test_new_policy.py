@@ -139,7 +139,7 @@ def _scratch_copy(root: Path) -> Path:
     src = Path(vllm_admission.__file__).resolve().parent
     repo = root / "repo"
     shutil.copytree(src, repo / "vllm_admission",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"))
     shutil.copytree(Path(__file__).resolve().parent, repo / "tests",
                     ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
     shutil.copy(src.parent / "pyproject.toml", repo / "pyproject.toml")
