@@ -41,6 +41,7 @@ COMPILED: tuple[str, ...] = (
     "vllm_admission.core.cache.values",
     "vllm_admission.core.eviction.base",
     "vllm_admission.core.eviction.belady",
+    "vllm_admission.core.eviction.conversation",
     "vllm_admission.core.eviction.fifo",
     "vllm_admission.core.eviction.flop",
     "vllm_admission.core.eviction.frequency",
