@@ -18,6 +18,7 @@ from vllm_admission.core.eviction.belady import BeladyEviction
 from vllm_admission.core.eviction.flop import FlopEviction
 from vllm_admission.core.eviction.frequency import LFUEviction
 from vllm_admission.core.eviction.lru import LRUEviction
+from vllm_admission.core.eviction.mix import ExpertMixEviction
 from vllm_admission.core.eviction.reuse import ReuseEviction
 from vllm_admission.core.eviction.s3fifo import S3FifoEviction
 
@@ -110,6 +111,7 @@ def stock_eviction() -> str:
     return names[0]
 
 
-for _cls in (LRUEviction, FlopEviction, LFUEviction, ReuseEviction, S3FifoEviction, BeladyEviction):
+for _cls in (LRUEviction, FlopEviction, LFUEviction, ReuseEviction, S3FifoEviction,
+             ExpertMixEviction, BeladyEviction):
     register_eviction(_cls)
 del _cls
