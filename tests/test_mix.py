@@ -13,10 +13,10 @@ from vllm_admission.core.eviction import ExpertMixEviction, get_eviction
 from vllm_admission.core.eviction.mix import DISCOUNT_AT_N
 
 
-def fill(p, n, start=0, now=0.0):
-    """Cache and free blocks ``start``..``start + n - 1``, each with its own key."""
+def fill(p, n, start=0, now=0.0, tag="h"):
+    """Cache and free blocks ``start``..``start + n - 1``, each with its own key ``(tag, b)``."""
     for b in range(start, start + n):
-        p.on_cache(b, ("h", b))
+        p.on_cache(b, (tag, b))
         p.add(b, now)
     return p
 
@@ -52,7 +52,7 @@ def test_a_returning_hash_lowers_the_weight_of_the_expert_that_evicted_it():
     p.weights = [0.6, 0.4]
     assert p.pop(1) == 0                   # lru evicts ("h", 0): a ghost in lru's history
     assert ("h", 0) in p.ghosts[0] and not p.ghosts[1]
-    clock, n = p.clock, p.hist.cap
+    clock, n = p.clock, p.size
     p.clock += 5                           # five references later, the hash is cached again
     p.on_cache(7, ("h", 0))
     assert p.clock == clock + 6           # the regret came 5 references after the eviction
@@ -124,10 +124,10 @@ def test_reuse_as_an_expert_sees_another_experts_eviction_as_a_ghost():
 
 def test_ghosts_are_bounded_by_the_cache_size():
     p = ExpertMixEviction(ghost_factor=1.0)
-    for round_ in range(6):
-        fill(p, 10, start=10 * round_, now=float(round_))
+    for round_ in range(6):                # a pool of 10 blocks, new hashes every round
+        fill(p, 10, now=float(round_), tag=round_)
         p.pop_n(10, float(round_))
-    assert p.hist.cap == 10
+    assert p.size == 10
     assert sum(len(g) for g in p.ghosts) <= 2 * 10
     assert all(len(g) <= 10 for g in p.ghosts)
 
@@ -154,7 +154,7 @@ def test_adaptive_rate_moves_with_the_hit_rate():
     """Windows of ``N`` = 4 references; the rate steps by 1.25x."""
     p = fill(ExpertMixEviction(), 4)
     p.adaptive = True               # from here on, with N = 4 known
-    fresh = iter(range(4, 100, 4))
+    fresh = iter(range(1, 100))
 
     def hits(now):
         for b in list(p.hist.cached_keys()):
@@ -162,12 +162,12 @@ def test_adaptive_rate_moves_with_the_hit_rate():
 
     def misses(now):
         p.pop_n(4, now)
-        fill(p, 4, start=next(fresh), now=now)
+        fill(p, 4, now=now, tag=next(fresh))        # the same 4 blocks, new hashes
 
     hits(1)                          # rose, but the rate has not moved yet: no direction
     assert p.learning_rate == 0.45
     misses(2)                        # fell, no direction: dithered (up first)
-    assert p.hist.cap == 4 and p.learning_rate == pytest.approx(0.45 * 1.25)
+    assert p.size == 4 and p.learning_rate == pytest.approx(0.45 * 1.25)
     hits(3)                          # rose after a rise of the rate: up again
     assert p.learning_rate == pytest.approx(0.45 * 1.25 ** 2)
     misses(4)                        # fell after a rise: back down

@@ -16,9 +16,12 @@ the experts for scan- and churn-resistant ones, SR-LRU and CR-LFU; here the expe
 project's own orders).
 
 Here the objects are free cached blocks, a *request* is a block reference (a block cached,
-:meth:`on_cache`, a miss; or a prefix hit, :meth:`on_hit`), ``N`` is the most blocks ever
-cached at once, and histories are keyed by block hash (the cache reports keys:
-:attr:`~EvictionPolicy.needs_keys`). A victim whose hash is still held by another cached
+:meth:`on_cache`, a miss; or a prefix hit, :meth:`on_hit`), and histories are keyed by block
+hash (the cache reports keys: :attr:`~EvictionPolicy.needs_keys`). ``N`` is one more than
+the largest block id given a hash: the block pool's size once the pool has been used
+through, which happens before the first eviction. (The most blocks cached at once, which
+``reuse`` uses, reaches its peak a step earlier or later under vLLM's async scheduling, and
+the discount it sets moved the victims there: ``tests/test_async_scheduler.py``.) A victim whose hash is still held by another cached
 block leaves no ghost; a generated-token block's key is never seen again, so its ghost
 never returns. Every expert holds every candidate; when one expert gives the victim, the
 others withdraw it (``remove``) and drop what they kept for the block (``forget``), except
@@ -82,7 +85,8 @@ class ExpertMixEviction(EvictionPolicy):
         learning_rate: ``lambda`` of the weight update, > 0 (LeCaR: 0.45); with
             ``adaptive`` the starting rate.
         discount: per-reference discount of a regret, in (0, 1]; ``None`` (default):
-            LeCaR's ``0.005 ** (1 / N)``, ``N`` the most blocks cached at once so far.
+            LeCaR's ``0.005 ** (1 / N)``, ``N`` the pool's size as far as seen (module
+            docstring).
         adaptive: adapt the learning rate every ``N`` references, Cacheus-style: keep
             moving it (by a factor of 1.25) in the direction that raised the window's
             hit rate, reverse it when the hit rate fell, alternate when the window gives
@@ -144,6 +148,7 @@ class ExpertMixEviction(EvictionPolicy):
         #: Per expert: ghost hash key -> the clock when that expert evicted it.
         self.ghosts: list[OrderedDict[object, int]] = [OrderedDict() for _ in names]
         self._key: dict[int, object] = {}   # cached block -> its hash key
+        self.size = 1                    # N: 1 + the largest block id given a hash key
         self.clock = 0                   # block references heard
         self.chosen = [0] * k            # victims each expert gave
         self.regrets = [0] * k           # regrets each expert took
@@ -173,6 +178,8 @@ class ExpertMixEviction(EvictionPolicy):
             if evicted_at is not None:
                 self._regret(i, self.clock - evicted_at)
         self._key[block_id] = key
+        if block_id >= self.size:
+            self.size = block_id + 1
         self.hist.cached(block_id, key)
         for e in self._keys_to:
             e.on_cache(block_id, key)
@@ -195,7 +202,7 @@ class ExpertMixEviction(EvictionPolicy):
         """Expert ``i`` evicted a hash that came back ``age`` references later."""
         d = self.discount
         if d is None:
-            d = DISCOUNT_AT_N ** (1.0 / self.hist.cap)
+            d = DISCOUNT_AT_N ** (1.0 / self.size)
         w = self.weights
         w[i] *= math.exp(-self.learning_rate * d ** age)
         total = sum(w)
@@ -212,7 +219,7 @@ class ExpertMixEviction(EvictionPolicy):
             return
         self._win_refs += 1
         self._win_hits += hit
-        if self._win_refs >= self.hist.cap:
+        if self._win_refs >= self.size:
             self._adapt()
 
     def _adapt(self) -> None:
@@ -305,7 +312,7 @@ class ExpertMixEviction(EvictionPolicy):
                 ghosts = self.ghosts[i]
                 ghosts[key] = self.clock
                 ghosts.move_to_end(key)
-                limit = max(1, int(self.ghost_factor * hist.cap))
+                limit = max(1, int(self.ghost_factor * self.size))
                 while len(ghosts) > limit:
                     ghosts.popitem(last=False)
             out.append(v)
