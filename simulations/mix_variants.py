@@ -19,7 +19,14 @@ Names (``docs/results.md`` section 3.4 reports them):
 * ``mix-g4``, ``mix-reuse-s3fifo-g4``: ghost histories 4x the cache (LeCaR: 1x);
 * ``mix-lru-s3fifo-adaptive``, ``mix-reuse-s3fifo-adaptive``: those, adaptive.
 
-Run sequentially (``--jobs 1``, the default): the variants exist in this process only.
+``--auto-with NAME`` (before the simulate options) adds eviction ``NAME`` to ``auto``'s
+candidates for this process (``core.adaptive.AUTO_EVICTIONS``), to measure whether it earns a
+place there (``auto_candidate``)::
+
+    PYTHONPATH=. python simulations/mix_variants.py --auto-with mix --trace T --model M \
+        --capacity 32GiB --admission auto --eviction auto --out /tmp/auto-mix
+
+The variants exist in this process and the workers it forks (``--jobs`` on Linux).
 """
 
 from __future__ import annotations
@@ -61,6 +68,18 @@ def register_variants() -> None:
         register_eviction(variant(name, options))
 
 
+def add_auto_candidate(name: str) -> None:
+    """Make eviction ``name`` one of ``auto``'s candidates in this process."""
+    from vllm_admission.core import adaptive
+
+    if name not in adaptive.AUTO_EVICTIONS:
+        adaptive.AUTO_EVICTIONS = (*adaptive.AUTO_EVICTIONS, name)
+
+
 if __name__ == "__main__":
     register_variants()
-    sys.exit(main(["simulate", *sys.argv[1:]]))
+    argv = sys.argv[1:]
+    if argv[:1] == ["--auto-with"]:
+        add_auto_candidate(argv[1])
+        argv = argv[2:]
+    sys.exit(main(["simulate", *argv]))

@@ -195,3 +195,19 @@ def test_registered_with_lecars_parameters():
     assert p.expert_names == ("lru", "lfu") and p.learning_rate == 0.45
     assert p.discount is None and p.ghost_factor == 1.0 and not p.adaptive
     assert p.needs_keys and p.needs_hits and p.keeps_history and not p.auto_candidate
+
+
+def test_a_mix_switched_in_mid_run_knows_the_hashes_already_cached():
+    """``auto`` builds a mix on its shared history when it switches to it: the blocks
+    cached so far have their hashes, so their eviction leaves ghosts."""
+    from vllm_admission.core.eviction import ReuseHistory
+
+    hist = ReuseHistory()
+    for b in range(6):
+        hist.cached(b, ("h", b))
+    p = ExpertMixEviction.with_history(hist, choice="heaviest")
+    assert p.hist is hist and p.size == 6
+    for b in range(6):
+        p.add(b, 0)
+    p.weights = [1.0, 0.0]
+    assert p.pop(1) == 0 and ("h", 0) in p.ghosts[0]

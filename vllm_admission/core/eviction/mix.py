@@ -147,8 +147,10 @@ class ExpertMixEviction(EvictionPolicy):
         self._rng = random.Random(seed)
         #: Per expert: ghost hash key -> the clock when that expert evicted it.
         self.ghosts: list[OrderedDict[object, int]] = [OrderedDict() for _ in names]
-        self._key: dict[int, object] = {}   # cached block -> its hash key
-        self.size = 1                    # N: 1 + the largest block id given a hash key
+        # cached block -> its hash key; with a shared history (``auto`` switching to a mix
+        # mid-run) the blocks cached so far, which the experts' own state lacks
+        self._key: dict[int, object] = self.hist.cached_keys() if shared is not None else {}
+        self.size = max(self._key, default=0) + 1   # N: 1 + the largest block id given a hash
         self.clock = 0                   # block references heard
         self.chosen = [0] * k            # victims each expert gave
         self.regrets = [0] * k           # regrets each expert took
