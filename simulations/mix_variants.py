@@ -17,6 +17,7 @@ Names (``docs/results.md`` section 3.4 reports them):
 * ``mix-lru-reuse``, ``mix-lru-s3fifo``, ``mix-reuse-s3fifo``, ``mix-lru-lfu-reuse``,
   ``mix-all``: other experts (``all``: ``lru``, ``lfu``, ``reuse``, ``s3fifo``);
 * ``mix-g4``, ``mix-reuse-s3fifo-g4``: ghost histories 4x the cache (LeCaR: 1x);
+* ``mix-floor``, ``mix-reuse-s3fifo-floor``: no weight below 0.05 (LeCaR: none);
 * ``mix-lru-s3fifo-adaptive``, ``mix-reuse-s3fifo-adaptive``: those, adaptive.
 
 ``--auto-with NAME`` (before the simulate options) adds eviction ``NAME`` to ``auto``'s
@@ -48,6 +49,8 @@ VARIANTS: dict[str, dict] = {
     "mix-lru-lfu-reuse": {"experts": ("lru", "lfu", "reuse")},
     "mix-all": {"experts": ("lru", "lfu", "reuse", "s3fifo")},
     "mix-g4": {"ghost_factor": 4.0},
+    "mix-floor": {"min_weight": 0.05},
+    "mix-reuse-s3fifo-floor": {"experts": ("reuse", "s3fifo"), "min_weight": 0.05},
     "mix-reuse-s3fifo-g4": {"experts": ("reuse", "s3fifo"), "ghost_factor": 4.0},
     "mix-lru-s3fifo-adaptive": {"experts": ("lru", "s3fifo"), "adaptive": True},
     "mix-reuse-s3fifo-adaptive": {"experts": ("reuse", "s3fifo"), "adaptive": True},

@@ -184,6 +184,7 @@ def test_adaptive_rate_moves_with_the_hit_rate():
     ({"discount": 1.5}, "discount"),
     ({"ghost_factor": -1}, "ghost_factor"),
     ({"choice": "vote"}, "choice"),
+    ({"min_weight": 0.5}, "min_weight"),
 ])
 def test_bad_options_are_one_line_errors(options, match):
     with pytest.raises(ValueError, match=match):
@@ -211,3 +212,18 @@ def test_a_mix_switched_in_mid_run_knows_the_hashes_already_cached():
         p.add(b, 0)
     p.weights = [1.0, 0.0]
     assert p.pop(1) == 0 and ("h", 0) in p.ghosts[0]
+
+
+def test_a_weight_floor_keeps_every_expert_in_play():
+    p = ExpertMixEviction(min_weight=0.1, choice="heaviest")
+    p.weights = [1.0, 0.0]
+    for k in range(30):                    # thirty fresh regrets of lru
+        p.ghosts[0][("g", k)] = p.clock
+        p.on_cache(100 + k, ("g", k))
+    assert p.weights[0] == pytest.approx(0.1) and sum(p.weights) == pytest.approx(1.0)
+    q = ExpertMixEviction(choice="heaviest")
+    q.weights = [1.0, 0.0]
+    for k in range(30):
+        q.ghosts[0][("g", k)] = q.clock
+        q.on_cache(100 + k, ("g", k))
+    assert q.weights[0] == pytest.approx(1.0)     # LeCaR: a weight at 0 stays there

@@ -99,6 +99,8 @@ class ExpertMixEviction(EvictionPolicy):
         seed: the generator's seed for ``choice="random"``.
         history: ghost hashes of the shared :class:`ReuseHistory` (as ``reuse``'s
             option), ignored with ``shared``.
+        min_weight: no weight falls below this, in [0, 1 / experts) (LeCaR: 0; a weight
+            near 0 recovers only after as many regrets of the others).
         shared: a history to use and keep up to date instead of a new one (``auto``).
 
     Raises:
@@ -113,7 +115,8 @@ class ExpertMixEviction(EvictionPolicy):
     def __init__(self, experts: Sequence[str] = ("lru", "lfu"), learning_rate: float = 0.45,
                  discount: float | None = None, adaptive: bool = False,
                  ghost_factor: float = 1.0, choice: str = "spread", seed: int = 0,
-                 history: float = 4.0, *, shared: ReuseHistory | None = None) -> None:
+                 history: float = 4.0, min_weight: float = 0.0, *,
+                 shared: ReuseHistory | None = None) -> None:
         names = tuple(experts.split(",")) if isinstance(experts, str) else tuple(experts)
         unknown = [n for n in names if n not in EXPERTS]
         if unknown:
@@ -126,6 +129,8 @@ class ExpertMixEviction(EvictionPolicy):
             raise ValueError(f"discount must be in (0, 1], got {discount!r}")
         if not (ghost_factor > 0 and math.isfinite(ghost_factor)):
             raise ValueError(f"ghost_factor must be a finite number > 0, got {ghost_factor!r}")
+        if not 0.0 <= min_weight < 1.0 / len(names):
+            raise ValueError(f"min_weight must be in [0, 1 / experts), got {min_weight!r}")
         if choice not in CHOICES:
             raise ValueError(f"unknown choice {choice!r}; valid: {', '.join(CHOICES)}")
         self.expert_names = names
@@ -135,6 +140,7 @@ class ExpertMixEviction(EvictionPolicy):
         self.ghost_factor = ghost_factor
         self.choice = choice
         self.seed = seed
+        self.min_weight = min_weight
         self.hist = shared if shared is not None else ReuseHistory(history)
         self.experts: list[EvictionPolicy] = [
             EXPERTS[n].with_history(self.hist) if EXPERTS[n].keeps_history else EXPERTS[n]()
@@ -169,7 +175,7 @@ class ExpertMixEviction(EvictionPolicy):
         self._hits_to = [e for e in own if e.needs_hits]
 
     @classmethod
-    def with_history(cls, history: ReuseHistory, **options) -> "ExpertMixEviction":
+    def with_history(cls, history: ReuseHistory, **options) -> ExpertMixEviction:
         """A mix that keeps, and lets its ``reuse`` expert learn from, ``history``."""
         return cls(shared=history, **options)
 
@@ -212,6 +218,13 @@ class ExpertMixEviction(EvictionPolicy):
             w[:] = [1.0 / len(w)] * len(w)
         else:
             w[:] = [x / total for x in w]
+        floor = self.min_weight
+        low: set[int] = set()
+        while floor and any(x < floor for j, x in enumerate(w) if j not in low):
+            low |= {j for j, x in enumerate(w) if x < floor}      # held at the floor ...
+            rest = sum(x for j, x in enumerate(w) if j not in low)
+            scale = (1.0 - floor * len(low)) / rest              # ... the others share the rest
+            w[:] = [floor if j in low else x * scale for j, x in enumerate(w)]
         self.regrets[i] += 1
 
     def _tick(self, hit: bool) -> None:
@@ -320,7 +333,7 @@ class ExpertMixEviction(EvictionPolicy):
             out.append(v)
         return out
 
-    def clone(self) -> "ExpertMixEviction":
+    def clone(self) -> ExpertMixEviction:
         other = object.__new__(type(self))
         other.__dict__.update(self.__dict__)
         other.hist = self.hist.copy()
