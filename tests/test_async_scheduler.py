@@ -117,13 +117,9 @@ def test_decode_batches_stay_whole_as_with_vllms_async_scheduler(vllm_config, as
 # retires a state block every chunk) meets the same delay another way: whether a pop takes
 # the small queue or the main one depends on how many candidates there are at that moment
 # (the small queue's share is 10 % of them), which the delay changes; the hits differ from
-# request 6 on. ``mix`` with ``marconi`` or ``dense``: a regret (a ghost hash cached
-# again) moves the experts' weights between two evictions, and under async scheduling a
-# step's cache events and the next step's evictions interleave differently, so an eviction
-# may see the weights before or after a regret and ask the other expert (the victims are
-# the same up to request 9 with ``marconi``, then differ). Every other pair is exact.
-_VLLM_TIMING = {("marconi", "flop", 0.7), ("dense", "s3fifo", None), ("marconi", "mix", None),
-                ("dense", "mix", None)}
+# request 6 on. Every other pair is exact (``mix`` too: its regrets take effect at the next
+# request, not between two evictions of one).
+_VLLM_TIMING = {("marconi", "flop", 0.7), ("dense", "s3fifo", None)}
 
 
 @pytest.mark.parametrize("eviction,alpha", EVICTION_CASES)

@@ -52,13 +52,16 @@ def test_a_returning_hash_lowers_the_weight_of_the_expert_that_evicted_it():
     p.weights = [0.6, 0.4]
     assert p.pop(1) == 0                   # lru evicts ("h", 0): a ghost in lru's history
     assert ("h", 0) in p.ghosts[0] and not p.ghosts[1]
-    clock, n = p.clock, p.size
-    p.clock += 5                           # five references later, the hash is cached again
+    evicted_at = p.ghosts[0][("h", 0)]
+    for b in (4, 5, 6):                    # request 2 caches three blocks, then the hash again
+        p.on_cache(b, ("h", b))
     p.on_cache(7, ("h", 0))
-    assert p.clock == clock + 6           # the regret came 5 references after the eviction
-    r = math.exp(-0.45 * (DISCOUNT_AT_N ** (1 / n)) ** 5)
-    expect_lru = 0.6 * r / (0.6 * r + 0.4)
-    assert p.weights[0] == pytest.approx(expect_lru) and p.weights[0] < 0.6
+    assert p.weights == [0.6, 0.4]         # the regret waits for the next request ...
+    p.add(7, 2)                            # ... whose first event applies it
+    age, n = p.clock - evicted_at, p.hist.cap      # N: the most blocks cached at once
+    assert age == 4 and n == 6
+    r = math.exp(-0.45 * (DISCOUNT_AT_N ** (1 / n)) ** age)
+    assert p.weights[0] == pytest.approx(0.6 * r / (0.6 * r + 0.4)) and p.weights[0] < 0.6
     assert sum(p.weights) == pytest.approx(1.0)
     assert p.regrets == [1, 0] and ("h", 0) not in p.ghosts[0]
 
@@ -68,8 +71,11 @@ def test_an_older_regret_weighs_less():
     for p, wait in ((young, 1), (old, 3)):    # N = 3: d ** 3 = 0.005
         p.weights = [0.6, 0.4]
         p.pop(1)
-        p.clock += wait
+        for k in range(wait):                 # ``wait`` requests of one reference each
+            p.on_cache(10 + k, ("x", k))
+            p.add(10 + k, 2 + k)
         p.on_cache(7, ("h", 0))
+        p.add(7, 10)
     assert young.weights[0] < old.weights[0] < 0.6
 
 
@@ -127,7 +133,7 @@ def test_ghosts_are_bounded_by_the_cache_size():
     for round_ in range(6):                # a pool of 10 blocks, new hashes every round
         fill(p, 10, now=float(round_), tag=round_)
         p.pop_n(10, float(round_))
-    assert p.size == 10
+    assert p.hist.cap == 10
     assert sum(len(g) for g in p.ghosts) <= 2 * 10
     assert all(len(g) <= 10 for g in p.ghosts)
 
@@ -146,6 +152,7 @@ def test_clone_is_independent():
     ghost = next(k for g in c.ghosts for k in g)
     before = p.weights[:]
     c.on_cache(50, ghost)                  # a regret in the clone only
+    c.add(50, 4)
     assert p.weights == before and c.weights != before
     assert ghost in {k for g in p.ghosts for k in g}
 
@@ -167,7 +174,7 @@ def test_adaptive_rate_moves_with_the_hit_rate():
     hits(1)                          # rose, but the rate has not moved yet: no direction
     assert p.learning_rate == 0.45
     misses(2)                        # fell, no direction: dithered (up first)
-    assert p.size == 4 and p.learning_rate == pytest.approx(0.45 * 1.25)
+    assert p.hist.cap == 4 and p.learning_rate == pytest.approx(0.45 * 1.25)
     hits(3)                          # rose after a rise of the rate: up again
     assert p.learning_rate == pytest.approx(0.45 * 1.25 ** 2)
     misses(4)                        # fell after a rise: back down
@@ -207,7 +214,7 @@ def test_a_mix_switched_in_mid_run_knows_the_hashes_already_cached():
     for b in range(6):
         hist.cached(b, ("h", b))
     p = ExpertMixEviction.with_history(hist, choice="heaviest")
-    assert p.hist is hist and p.size == 6
+    assert p.hist is hist and p.hist.cap == 6
     for b in range(6):
         p.add(b, 0)
     p.weights = [1.0, 0.0]
@@ -215,15 +222,15 @@ def test_a_mix_switched_in_mid_run_knows_the_hashes_already_cached():
 
 
 def test_a_weight_floor_keeps_every_expert_in_play():
-    p = ExpertMixEviction(min_weight=0.1, choice="heaviest")
-    p.weights = [1.0, 0.0]
-    for k in range(30):                    # thirty fresh regrets of lru
-        p.ghosts[0][("g", k)] = p.clock
-        p.on_cache(100 + k, ("g", k))
-    assert p.weights[0] == pytest.approx(0.1) and sum(p.weights) == pytest.approx(1.0)
-    q = ExpertMixEviction(choice="heaviest")
-    q.weights = [1.0, 0.0]
-    for k in range(30):
-        q.ghosts[0][("g", k)] = q.clock
-        q.on_cache(100 + k, ("g", k))
-    assert q.weights[0] == pytest.approx(1.0)     # LeCaR: a weight at 0 stays there
+    def thirty_regrets_of_lru(p):
+        p.weights = [1.0, 0.0]
+        for k in range(30):
+            p.ghosts[0][("g", k)] = p.clock
+            p.on_cache(100 + k, ("g", k))
+            p.add(100 + k, k + 1)           # the next request applies it
+        return p.weights
+
+    floored = thirty_regrets_of_lru(ExpertMixEviction(min_weight=0.1, choice="heaviest"))
+    assert floored[0] == pytest.approx(0.1) and sum(floored) == pytest.approx(1.0)
+    # LeCaR: a weight at 0 stays there
+    assert thirty_regrets_of_lru(ExpertMixEviction(choice="heaviest"))[0] == pytest.approx(1.0)

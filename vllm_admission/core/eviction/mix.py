@@ -17,11 +17,17 @@ project's own orders).
 
 Here the objects are free cached blocks, a *request* is a block reference (a block cached,
 :meth:`on_cache`, a miss; or a prefix hit, :meth:`on_hit`), and histories are keyed by block
-hash (the cache reports keys: :attr:`~EvictionPolicy.needs_keys`). ``N`` is one more than
-the largest block id given a hash: the block pool's size once the pool has been used
-through, which happens before the first eviction. (The most blocks cached at once, which
-``reuse`` uses, reaches its peak a step earlier or later under vLLM's async scheduling, and
-the discount it sets moved the victims there: ``tests/test_async_scheduler.py``.) A victim whose hash is still held by another cached
+hash (the cache reports keys: :attr:`~EvictionPolicy.needs_keys`). ``N`` is the most
+blocks cached at once (:attr:`ReuseHistory.cap`, as ``reuse`` counts it).
+
+**Regrets take effect at the next request.** The engine and the simulator hear one
+request's cache events and evictions in a different interleaving (vLLM caches a step's
+blocks after it allocated the next ones; under async scheduling a retired block comes back
+a step later). A regret that moved the weights at once would let an eviction see them
+before the regret in one and after it in the other. So a regret heard in :meth:`on_cache`
+waits until the first event of the next request (a hook that carries ``now``: ``add``,
+``pop``, ``on_hit``), and evictions are stamped, and regrets aged, with the reference clock
+as it stood at the first event of their request. A victim whose hash is still held by another cached
 block leaves no ghost; a generated-token block's key is never seen again, so its ghost
 never returns. Every expert holds every candidate; when one expert gives the victim, the
 others withdraw it (``remove``) and drop what they kept for the block (``forget``), except
@@ -85,8 +91,7 @@ class ExpertMixEviction(EvictionPolicy):
         learning_rate: ``lambda`` of the weight update, > 0 (LeCaR: 0.45); with
             ``adaptive`` the starting rate.
         discount: per-reference discount of a regret, in (0, 1]; ``None`` (default):
-            LeCaR's ``0.005 ** (1 / N)``, ``N`` the pool's size as far as seen (module
-            docstring).
+            LeCaR's ``0.005 ** (1 / N)``, ``N`` the most blocks cached at once so far.
         adaptive: adapt the learning rate every ``N`` references, Cacheus-style: keep
             moving it (by a factor of 1.25) in the direction that raised the window's
             hit rate, reverse it when the hit rate fell, alternate when the window gives
@@ -156,8 +161,10 @@ class ExpertMixEviction(EvictionPolicy):
         # cached block -> its hash key; with a shared history (``auto`` switching to a mix
         # mid-run) the blocks cached so far, which the experts' own state lacks
         self._key: dict[int, object] = self.hist.cached_keys() if shared is not None else {}
-        self.size = max(self._key, default=0) + 1   # N: 1 + the largest block id given a hash
         self.clock = 0                   # block references heard
+        self._now = -math.inf            # the request of the latest event that gave one
+        self._epoch = 0                  # the clock at that request's first event
+        self._pending: list[tuple[int, int]] = []   # regrets heard since: (expert, stamp)
         self.chosen = [0] * k            # victims each expert gave
         self.regrets = [0] * k           # regrets each expert took
         # Cacheus-style adaptation: the window's references and hits, the previous
@@ -184,16 +191,16 @@ class ExpertMixEviction(EvictionPolicy):
         for i, ghosts in enumerate(self.ghosts):
             evicted_at = ghosts.pop(key, None)
             if evicted_at is not None:
-                self._regret(i, self.clock - evicted_at)
+                self._pending.append((i, evicted_at))
         self._key[block_id] = key
-        if block_id >= self.size:
-            self.size = block_id + 1
         self.hist.cached(block_id, key)
         for e in self._keys_to:
             e.on_cache(block_id, key)
         self._tick(hit=False)
 
     def on_hit(self, block_id: int, now: float) -> None:
+        if now != self._now:
+            self._new_request(now)
         self.hist.hit(block_id)
         for e in self._hits_to:
             e.on_hit(block_id, now)
@@ -206,11 +213,20 @@ class ExpertMixEviction(EvictionPolicy):
             e.forget(block_id)
 
     # -- learning --------------------------------------------------------------
+    def _new_request(self, now: float) -> None:
+        """The first event of request ``now``: the regrets heard since the last one take
+        effect, and the clock that stamps evictions and ages regrets advances."""
+        self._now = now
+        self._epoch = self.clock
+        for i, evicted_at in self._pending:
+            self._regret(i, self._epoch - evicted_at)
+        self._pending.clear()
+
     def _regret(self, i: int, age: int) -> None:
         """Expert ``i`` evicted a hash that came back ``age`` references later."""
         d = self.discount
         if d is None:
-            d = DISCOUNT_AT_N ** (1.0 / self.size)
+            d = DISCOUNT_AT_N ** (1.0 / self.hist.cap)
         w = self.weights
         w[i] *= math.exp(-self.learning_rate * d ** age)
         total = sum(w)
@@ -234,7 +250,7 @@ class ExpertMixEviction(EvictionPolicy):
             return
         self._win_refs += 1
         self._win_hits += hit
-        if self._win_refs >= self.size:
+        if self._win_refs >= self.hist.cap:
             self._adapt()
 
     def _adapt(self) -> None:
@@ -283,12 +299,16 @@ class ExpertMixEviction(EvictionPolicy):
             next_use: float = math.inf) -> None:
         if block_id in self:
             raise KeyError(f"block {block_id} is already a candidate")
+        if now != self._now:
+            self._new_request(now)
         for e in self.experts:
             e.add(block_id, now, value, next_use)
 
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
                  next_uses: Sequence[float]) -> None:
         """:meth:`add` of each block in order, to every expert."""
+        if now != self._now:
+            self._new_request(now)
         first = self.experts[0]
         for b in block_ids:
             if b in first:
@@ -307,6 +327,8 @@ class ExpertMixEviction(EvictionPolicy):
         """``n`` single pops: one choice of expert per victim."""
         if n > len(self):
             raise IndexError(f"pop {n} from an eviction queue of {len(self)}")
+        if now != self._now:
+            self._new_request(now)
         experts, hist = self.experts, self.hist
         out: list[int] = []
         for _ in range(n):
@@ -325,9 +347,9 @@ class ExpertMixEviction(EvictionPolicy):
             self.chosen[i] += 1
             if key is not None and key not in hist.live:
                 ghosts = self.ghosts[i]
-                ghosts[key] = self.clock
+                ghosts[key] = self._epoch
                 ghosts.move_to_end(key)
-                limit = max(1, int(self.ghost_factor * self.size))
+                limit = max(1, int(self.ghost_factor * hist.cap))
                 while len(ghosts) > limit:
                     ghosts.popitem(last=False)
             out.append(v)
@@ -350,6 +372,7 @@ class ExpertMixEviction(EvictionPolicy):
         other._rng.setstate(self._rng.getstate())
         other.ghosts = [g.copy() for g in self.ghosts]
         other._key = dict(self._key)
+        other._pending = self._pending[:]
         other.chosen = self.chosen[:]
         other.regrets = self.regrets[:]
         return other
