@@ -27,8 +27,10 @@ a step later). A regret that moved the weights at once would let an eviction see
 before the regret in one and after it in the other. So a regret heard in :meth:`on_cache`
 waits until the first event of the next request (a hook that carries ``now``: ``add``,
 ``pop``, ``on_hit``), and evictions are stamped, and regrets aged, with the reference clock
-as it stood at the first event of their request. A victim whose hash is still held by another cached
-block leaves no ghost; a generated-token block's key is never seen again, so its ghost
+as it stood at the first event of their request (the adaptive rate's windows are not made
+exact this way: an option, not the default).
+
+A victim whose hash is still held by another cached block leaves no ghost; a generated-token block's key is never seen again, so its ghost
 never returns. Every expert holds every candidate; when one expert gives the victim, the
 others withdraw it (``remove``) and drop what they kept for the block (``forget``), except
 the expert that keeps the hash history: the victim's hash goes to the history as an
