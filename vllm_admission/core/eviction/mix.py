@@ -158,7 +158,8 @@ class ExpertMixEviction(EvictionPolicy):
         self.weights = [1.0 / k] * k
         self._credit = [0.0] * k
         self._rng = random.Random(seed)
-        #: Per expert: ghost hash key -> the clock when that expert evicted it.
+        #: Per expert: ghost hash key -> the clock at the start of the request in which
+        #: that expert evicted it.
         self.ghosts: list[OrderedDict[object, int]] = [OrderedDict() for _ in names]
         # cached block -> its hash key; with a shared history (``auto`` switching to a mix
         # mid-run) the blocks cached so far, which the experts' own state lacks
