@@ -39,6 +39,8 @@ S3FIFO_PAIRS = (("vllm", "lru"), *((a, "s3fifo") for a in ("none", "last", "vllm
 #: ``conversation`` (issue 24): every admission policy with it, beside stock and ``reuse``.
 CONVERSATION_PAIRS = (("vllm", "lru"), ("vllm", "reuse"),
                       *((a, "conversation") for a in ("none", "last", "vllm", "marconi", "dense")))
+#: ``mix`` (issue 24, the LeCaR-style expert mix): every admission policy with it, beside stock.
+MIX_PAIRS = (("vllm", "lru"), *((a, "mix") for a in ("none", "last", "vllm", "marconi", "dense")))
 #: The in-pass checkpoint mode: every admission policy with lru.
 INPASS_PAIRS = tuple((a, "lru") for a in ("none", "last", "vllm", "marconi", "dense"))
 #: Workloads on the tiny Nemotron-H (Mamba2) model are named with this prefix (study.png,
@@ -87,6 +89,9 @@ def workloads(model: str, mamba2_model: str | None = None) -> dict[str, Fidelity
                                                num_gpu_blocks=(64,)),
         "conversation-mooncake": FidelitySpec(**mooncake, pairs=CONVERSATION_PAIRS,
                                               num_gpu_blocks=(300,)),
+        # The expert mix (issue 24) under every admission policy, same tight pools.
+        "mix-synthetic": FidelitySpec(**synthetic, pairs=MIX_PAIRS, num_gpu_blocks=(64,)),
+        "mix-mooncake": FidelitySpec(**mooncake, pairs=MIX_PAIRS, num_gpu_blocks=(300,)),
         # VLLM_ADMISSION_CHECKPOINT=inpass (issue 10): every admission policy, tight pools.
         "inpass-synthetic": FidelitySpec(**synthetic, pairs=INPASS_PAIRS, num_gpu_blocks=(64,),
                                          checkpoint="inpass"),

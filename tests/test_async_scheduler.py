@@ -117,7 +117,8 @@ def test_decode_batches_stay_whole_as_with_vllms_async_scheduler(vllm_config, as
 # retires a state block every chunk) meets the same delay another way: whether a pop takes
 # the small queue or the main one depends on how many candidates there are at that moment
 # (the small queue's share is 10 % of them), which the delay changes; the hits differ from
-# request 6 on. Every other pair is exact.
+# request 6 on. Every other pair is exact (``mix`` too: its regrets take effect at the next
+# request, not between two evictions of one).
 _VLLM_TIMING = {("marconi", "flop", 0.7), ("dense", "s3fifo", None)}
 
 

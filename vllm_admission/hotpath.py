@@ -47,6 +47,7 @@ COMPILED: tuple[str, ...] = (
     "vllm_admission.core.eviction.frequency",
     "vllm_admission.core.eviction.history",
     "vllm_admission.core.eviction.lru",
+    "vllm_admission.core.eviction.mix",
     "vllm_admission.core.eviction.reuse",
     "vllm_admission.core.eviction.s3fifo",
     "vllm_admission.core.free_blocks",

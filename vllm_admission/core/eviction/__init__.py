@@ -21,6 +21,9 @@ module             contents
 ``s3fifo``         :class:`S3FifoEviction` (``s3fifo``): S3-FIFO (SOSP 2023): new
                    blocks in a small FIFO, blocks hit there or remembered by a ghost
                    hash in a main FIFO with second chances
+``mix``            :class:`ExpertMixEviction` (``mix``): LeCaR / Cacheus-style expert
+                   mix: each victim from one of several orders (``lru``, ``lfu``,
+                   ``reuse``, ``s3fifo``), weighted down by regrets on ghost hashes
 ``history``        :class:`ReuseHistory` (what ``reuse`` learns, by hash) and
                    :class:`HistoryKeeper` (keeps it up to date around another policy)
 ``belady``         :class:`BeladyEviction` (``belady``): offline reference, evicts the
@@ -40,6 +43,7 @@ from vllm_admission.core.eviction.flop import FlopEviction
 from vllm_admission.core.eviction.frequency import LFUEviction
 from vllm_admission.core.eviction.history import HistoryKeeper, ReuseHistory
 from vllm_admission.core.eviction.lru import LRUEviction
+from vllm_admission.core.eviction.mix import ExpertMixEviction
 from vllm_admission.core.eviction.registry import (
     ENGINE_EVICTION_POLICIES,
     EVICTION_POLICIES,
@@ -57,6 +61,7 @@ __all__ = [
     "BeladyEviction",
     "ConversationEviction",
     "EvictionPolicy",
+    "ExpertMixEviction",
     "FlopEviction",
     "HistoryKeeper",
     "LFUEviction",

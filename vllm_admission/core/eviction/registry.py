@@ -19,6 +19,7 @@ from vllm_admission.core.eviction.conversation import ConversationEviction
 from vllm_admission.core.eviction.flop import FlopEviction
 from vllm_admission.core.eviction.frequency import LFUEviction
 from vllm_admission.core.eviction.lru import LRUEviction
+from vllm_admission.core.eviction.mix import ExpertMixEviction
 from vllm_admission.core.eviction.reuse import ReuseEviction
 from vllm_admission.core.eviction.s3fifo import S3FifoEviction
 
@@ -112,6 +113,6 @@ def stock_eviction() -> str:
 
 
 for _cls in (LRUEviction, FlopEviction, LFUEviction, ReuseEviction, ConversationEviction,
-             S3FifoEviction, BeladyEviction):
+             S3FifoEviction, ExpertMixEviction, BeladyEviction):
     register_eviction(_cls)
 del _cls
