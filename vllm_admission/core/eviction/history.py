@@ -215,8 +215,8 @@ class ReuseHistory:
         not when the deepest known hash lies inside an earlier prompt (a new
         conversation that shares a system prompt or a document with others,
         or a turn that edits the previous one). The hashes of a continuing
-        prompt are marked (:meth:`continuing`), and the last one is marked as a
-        prompt end. What is heard is kept for the ``history`` x ``cap`` hashes
+        prompt are marked (:meth:`continuing`), and the last
+        :data:`PROMPT_END_BLOCKS` of every prompt are marked as its end. What is heard is kept for the ``history`` x ``cap`` hashes
         heard most recently (the ghosts' bound).
 
         On the Mooncake conversation trace the last full block of a prompt that
@@ -255,13 +255,11 @@ class ReuseHistory:
         a prompt that continued an earlier one (:meth:`prompt`). Keys are
         ``(group, block hash)`` pairs: every KV cache group's block at a
         position shares the mark."""
+        if self.again(block_id):
+            return True
         key_of = self.key_of
         key = key_of[block_id] if 0 <= block_id < len(key_of) else None
-        if key is None:
-            return False
-        if self.refs.get(key, 1) & 3 > 1:
-            return True
-        return self.prompts.get(key[1], 0) & 2 != 0
+        return key is not None and self.prompts.get(key[1], 0) & 2 != 0
 
     def age(self) -> None:
         """Halve the statistics once per ``cap`` references counted. Called when
