@@ -283,3 +283,33 @@ def test_request_that_cannot_fit_is_refused():
 def test_group_kinds_must_mix_attention_and_state():
     with pytest.raises(ValueError, match="mix"):
         make_cache(groups=("attention", "attention"))
+
+
+# --- vLLM's prefix_cache_retention_interval (the stock policy) -----------------------
+@pytest.mark.parametrize("interval,kept", [(0, [1792]), (1024, [1024, 1792]),
+                                           (None, [512, 1024, 1536, 1792])])
+def test_retention_interval_keeps_the_chunk_ends_on_its_grid(interval, kept):
+    """A 2,000-token prompt in chunks of 600 writes states at 512, 1,024, 1,536 and the
+    prompt end 1,792 (as above). vLLM with retention 0 keeps the prompt end only, with
+    1,024 also the chunk end on that grid, with None every one; a later prompt sharing
+    the first 1,300 tokens then hits the deepest kept state at or below 1,280."""
+    from vllm_admission.core.geometry import CacheLayout
+
+    layout = CacheLayout(num_blocks=10_000, block_size=B, group_kinds=GROUPS,
+                         bytes_per_block=1, chunk_size=600, retention_interval=interval)
+    cache = HybridPrefixCache(num_blocks=layout.num_blocks, block_size=B, group_kinds=GROUPS,
+                              admission=get_admission("vllm", retention_interval=interval),
+                              eviction=get_eviction("lru"), chunk_size=600)
+    out = cache.serve(chained(["q"] * 2000), 2000, 1, rid=0, now=0.0)
+    assert out.checkpoints == len(kept)
+    other = chained(["q"] * 1300 + ["r"] * 700)
+    hit = cache.serve(other, 2000, 1, rid=1, now=1.0).hit_tokens
+    assert hit == max([p for p in kept if p <= 1280], default=0)
+
+
+def test_a_retention_interval_off_the_block_grid_is_refused():
+    from vllm_admission.core.geometry import CacheLayout
+
+    with pytest.raises(ValueError, match=r"multiple of the block size \(256\)"):
+        CacheLayout(num_blocks=100, block_size=B, group_kinds=GROUPS, bytes_per_block=1,
+                    chunk_size=600, retention_interval=300)

@@ -316,3 +316,43 @@ def test_auto_switches_in_the_engine_as_in_the_simulator(tiny_model, engine_env,
     assert all((s["at"] + 1) % 6 == 0 for s in engine_switches)
     assert pr["engine"] == pr["simulator"], rec["first_difference"]
     assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("blocks_per_interval", [2, None], ids=["every-2-blocks", "dense"])
+def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
+                                                       blocks_per_interval):
+    """vLLM's own ``prefix_cache_retention_interval`` (N tokens, or None: dense), given to
+    the engine and read back from it by the simulator: vllm+lru agrees on every request's
+    cached tokens, prefill steps and evictions, and keeps more states than vLLM's default
+    (0) predicts for the same requests. The SSM dtype is pinned through vLLM's own argument
+    so the block size (and so the interval's grid) is the same on every CPU; the prefill
+    budget of 512 tokens writes states at chunk ends below the prompt end."""
+    from conftest import predicted_block_size
+
+    from vllm_admission.fidelity import FidelitySpec, run_fidelity
+
+    B = predicted_block_size(tiny_model, "bfloat16")
+    interval = None if blocks_per_interval is None else blocks_per_interval * B
+    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    spec = FidelitySpec(model=str(tiny_model), trace="synthetic", num_gpu_blocks=(40,),
+                        max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
+                        engine_args={"prefix_cache_retention_interval": interval,
+                                     "max_num_batched_tokens": 512})
+    (rec,) = run_fidelity(spec)["records"]
+    assert rec["block_size"] == B and rec["chunk_size"] == 512
+    assert rec["prefix_cache_retention_interval"] == interval
+    pr = rec["per_request"]
+    assert rec["requests"] == len(pr["engine"]) >= 20
+    assert pr["engine"] == pr["simulator"], rec["first_difference"]
+    assert pr["engine_prefill_steps"] == pr["simulator_prefill_steps"]
+    assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
+    # The setting changed what was kept: vLLM's default (0) keeps fewer states here.
+    from vllm_admission.fidelity.run import _load
+    from vllm_admission.sim.simulator import simulate
+
+    costs = ModelCosts.from_config(f"{tiny_model}/config.json", mamba_ssm_cache_dtype="bfloat16")
+    default = simulate(_load(spec), costs, admission="vllm",
+                       eviction="lru", num_blocks=40, block_size=B, chunk_size=512,
+                       outputs="unique", retention_interval=0)
+    assert rec["simulator"]["checkpoints"] > default.state_checkpoints

@@ -124,3 +124,38 @@ def test_kept_as_sequence_end_is_what_a_live_engine_caches_tentatively(name):
         if known.decide(pos) == ADMIT:
             assert known.kept_as_sequence_end(pos) == (live.decide(pos) == TENTATIVE), pos
     assert known.kept_as_sequence_end(1024) == (name == "marconi")
+
+
+# --- vLLM's prefix_cache_retention_interval: what the stock policy keeps ---------------
+@pytest.mark.parametrize("interval,kept", [
+    (0, {512, 896}),                               # junction and prompt end (vLLM's default)
+    (384, {384, 512, 768, 896}),                   # ... plus every multiple of 384 written
+    (256, {256, 512, 768, 896, 1024}),             # 1024: a decode boundary on the grid
+    (None, {128 * i for i in range(1, 9)}),        # every state written
+])
+def test_vllm_follows_the_engines_retention_interval(interval, kept):
+    """MambaManager.reachable_block_mask (vllm/v1/core/single_type_kv_cache_manager.py):
+    0 keeps the reachable boundaries, N > 0 adds the states on the N grid, None keeps all."""
+    policy = get_admission("vllm", retention_interval=interval)
+    assert policy.retention_interval == interval
+    for total_len in (1040, None):  # the simulator knows the length, a live engine does not
+        adm = RequestAdmission(policy, PROBE, total_len=total_len)
+        got = {p for p in range(B, 1024 + 1, B) if adm.decide(p) == ADMIT}
+        assert got == kept, (interval, total_len)
+        assert TENTATIVE not in {adm.decide(p) for p in range(B, 1024 + 1, B)}
+    # The junction stays a chunk stop whatever is retained (_mamba_block_aligned_split).
+    assert policy.stops(PROBE) == (512,)
+
+
+def test_only_the_stock_policy_follows_the_retention_interval():
+    for name in ADMISSION_POLICIES:
+        fixed = decisions(name, 1040)
+        adm = RequestAdmission(get_admission(name, retention_interval=None), PROBE, total_len=1040)
+        dense = {pos: adm.decide(pos) for pos in range(B, 1024 + 1, B)}
+        assert (dense == fixed) == (not get_admission(name).vllm_native), name
+
+
+@pytest.mark.parametrize("bad", [-128, 1.5, "256", True])
+def test_a_retention_interval_vllm_refuses_is_an_error(bad):
+    with pytest.raises(ValueError, match="prefix_cache_retention_interval"):
+        get_admission("vllm", retention_interval=bad)

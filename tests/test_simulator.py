@@ -191,6 +191,10 @@ def test_demo_takes_the_ssm_cache_dtype_too():
     (["--model", "/nonexistent/config.json"], "nonexistent"),
     (["--pairs", "auto"], "--pairs wants ADMISSION+EVICTION, got 'auto'"),
     (["--pairs", "auto+arc"], "unknown eviction policy 'arc'"),
+    (["--retention-interval", "often"], "must be an integer >= 0 or 'none', got 'often'"),
+    (["--retention-interval", "-512"], "must be an integer >= 0 or 'none'"),
+    (["--retention-interval", "1000"], "(1000) must be None or a non-negative multiple of the "
+                                       "block size"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, capsys, argv, message):
     rc = main(["simulate", "--trace", "synthetic", "--max-requests", "20", "--out", str(tmp_path),
@@ -295,3 +299,22 @@ def test_sweeps_in_one_process_do_not_share_requests_across_output_modes():
         hits.setdefault(outputs, set()).add(run["hit_tokens"])
     assert len(hits["trace"]) == 1
     assert hits["trace"] != hits["unique"]  # the two modes hash output blocks differently
+
+
+def test_retention_interval_reaches_the_stock_policy_and_the_records(tmp_path):
+    """``--retention-interval``: vLLM's prefix_cache_retention_interval, which only the
+    stock ``vllm`` admission follows: the other policies' runs are the same bit for bit,
+    and dense retention keeps more states than vLLM's default on the same requests."""
+    docs = {}
+    for value in ("0", "none"):
+        out = tmp_path / value
+        assert main(["simulate", "--trace", "synthetic", "--max-requests", "150", "--capacity",
+                     "2GiB", "--admission", "vllm,last", "--eviction", "lru",
+                     "--retention-interval", value, "--out", str(out), "--no-progress"]) == 0
+        docs[value] = json.loads((out / "results.json").read_text())
+    assert docs["0"]["retention_interval"] == 0 and docs["none"]["retention_interval"] is None
+    runs = {v: {r["admission"]: r for r in d["runs"]} for v, d in docs.items()}
+    assert runs["none"]["vllm"]["retention_interval"] is None
+    assert runs["none"]["vllm"]["state_checkpoints"] > runs["0"]["vllm"]["state_checkpoints"]
+    for key in ("hit_tokens", "state_checkpoints", "evictions"):
+        assert runs["none"]["last"][key] == runs["0"]["last"][key]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vllm_admission.cli.options import RETENTION_HELP, engine_args_from
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
@@ -63,6 +64,11 @@ def add_fidelity_parser(sub) -> None:
                    help="the engine's mamba_ssm_cache_dtype (default: vLLM's, which its CPU platform "
                         "turns into float32 on CPUs with AVX-512 BF16, doubling the tiny model's "
                         "block size); pin it for the same run on every CPU")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="T",
+                   help="vLLM's prefill token budget per step (default: vLLM's)")
+    p.add_argument("--prefix-cache-retention-interval", default=None, metavar="0|N|none",
+                   help=RETENTION_HELP + "; the engine gets it, the simulator reads it back "
+                                         "from the engine")
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless every sequential record meets the fidelity bar: exact per "
                         "request for lru with none/last/vllm/dense, within 1%% of prompt tokens "
@@ -118,7 +124,8 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         mooncake_block_tokens=args.mooncake_block_tokens,
         synthetic=_synthetic_params(args.synthetic), mode=args.mode, time_scale=args.time_scale,
         alpha=args.alpha, auto_interval=args.auto_interval, seed=args.seed,
-        checkpoint=args.checkpoint, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype)
+        checkpoint=args.checkpoint, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
+        engine_args=engine_args_from(args))
 
     def progress(rec: dict) -> None:
         print(f"{rec['admission']}+{rec['eviction']} at {rec['num_blocks']} blocks: "

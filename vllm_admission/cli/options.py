@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["parse_list"]
+__all__ = ["RETENTION_HELP", "engine_args_from", "parse_list", "parse_retention_interval"]
+
+#: ``--help`` text of vLLM's ``--prefix-cache-retention-interval``, as the
+#: subcommands take it.
+RETENTION_HELP = ("vLLM's prefix_cache_retention_interval, which the 'vllm' admission policy "
+                  "(stock) follows: 0 (default, vLLM's: the prompt's last block boundary and "
+                  "shared-prefix junctions), N (also every state written at a multiple of N "
+                  "tokens, a multiple of the block size) or 'none' (every state written)")
 
 
 def parse_list(text: str, what: str, valid: Sequence[str]) -> tuple[str, ...]:
@@ -18,3 +25,43 @@ def parse_list(text: str, what: str, valid: Sequence[str]) -> tuple[str, ...]:
         if n not in valid:
             raise UnknownPolicyError(f"unknown {what} {n!r}; valid: {', '.join(valid)}")
     return names
+
+
+def parse_retention_interval(text: str) -> int | None:
+    """``--prefix-cache-retention-interval``: an integer >= 0, or ``none`` for
+    vLLM's ``None`` (dense retention).
+
+    Raises:
+        ValueError: anything else (one line; the block-size multiple is
+            checked where the block size is known).
+    """
+    word = text.strip()
+    if word.lower() == "none":
+        return None
+    try:
+        value = int(word)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"--prefix-cache-retention-interval must be an integer >= 0 or "
+                         f"'none', got {text!r}")
+    return value
+
+
+def engine_args_from(args) -> dict:
+    """vLLM's own engine arguments given on the command line (``replay``,
+    ``fidelity``), by vLLM's names; only those given.
+
+    Raises:
+        ValueError: a malformed value (one line).
+    """
+    out: dict = {}
+    budget = getattr(args, "max_num_batched_tokens", None)
+    if budget is not None:
+        if budget < 1:
+            raise ValueError(f"--max-num-batched-tokens must be >= 1, got {budget}")
+        out["max_num_batched_tokens"] = budget
+    retention = getattr(args, "prefix_cache_retention_interval", None)
+    if retention is not None:
+        out["prefix_cache_retention_interval"] = parse_retention_interval(retention)
+    return out

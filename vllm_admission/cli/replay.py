@@ -26,12 +26,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vllm_admission.cli.options import RETENTION_HELP, engine_args_from
+from vllm_admission.core.adaptive import AUTO
 from vllm_admission.core.admission import (
     ADMISSION_POLICIES,
     UnknownPolicyError,
     get_admission,
 )
+from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
+from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
 
 __all__ = ["add_replay_parser", "run_replay"]
 
@@ -47,9 +51,9 @@ def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--trace", default="synthetic",
                    help="a Mooncake or token JSONL file, or 'synthetic' (default)")
     p.add_argument("--admission", default="vllm",
-                   help=f"one of: {', '.join(ADMISSION_POLICIES)} (default vllm)")
+                   help=f"one of: {', '.join(ADMISSION_POLICIES)}, {AUTO} (default vllm)")
     p.add_argument("--eviction", default="lru",
-                   help=f"one of: {', '.join(ENGINE_EVICTION_POLICIES)} (default lru)")
+                   help=f"one of: {', '.join(ENGINE_EVICTION_POLICIES)}, {AUTO} (default lru)")
     p.add_argument("--alpha", type=float, default=None,
                    help="fix flop eviction's alpha instead of tuning it online")
     p.add_argument("--num-gpu-blocks", type=int, default=None,
@@ -59,32 +63,51 @@ def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
                         "--num-gpu-blocks can hold)")
     p.add_argument("--max-requests", type=int, default=None,
                    help="replay only the first K requests of the trace")
+    p.add_argument("--max-output-len", type=int, default=None,
+                   help="cap each request's output tokens (default: as in the trace)")
+    p.add_argument("--mooncake-block-tokens", type=int, default=MOONCAKE_BLOCK_TOKENS,
+                   help=f"tokens per Mooncake hash id (default {MOONCAKE_BLOCK_TOKENS}, the "
+                        "trace's own; 128 shrinks prompts 4x)")
+    p.add_argument("--mamba-ssm-cache-dtype", choices=MAMBA_SSM_CACHE_DTYPES, default=None,
+                   help="the engine's mamba_ssm_cache_dtype (default: vLLM's, which its CPU "
+                        "platform resolves per instruction set); pin it for the same run on "
+                        "every CPU")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="T",
+                   help="vLLM's prefill token budget per step (default: vLLM's)")
+    p.add_argument("--prefix-cache-retention-interval", default=None, metavar="0|N|none",
+                   help=RETENTION_HELP)
     p.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
     p.add_argument("--out", required=True, help="output directory for results.json")
     return p
 
 
-def _check_args(args: argparse.Namespace) -> None:
-    get_admission(args.admission)
-    if args.eviction not in ENGINE_EVICTION_POLICIES:
+def _check_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Check every option before anything loads; returns vLLM's engine arguments."""
+    if args.admission != AUTO:
+        get_admission(args.admission)
+    if args.eviction not in ENGINE_EVICTION_POLICIES and args.eviction != AUTO:
         raise UnknownPolicyError(f"eviction policy {args.eviction!r} cannot run in an engine; "
-                                 f"valid: {', '.join(ENGINE_EVICTION_POLICIES)}")
+                                 f"valid: {', '.join([*ENGINE_EVICTION_POLICIES, AUTO])}")
     if args.alpha is not None and not args.alpha >= 0:
         raise ValueError(f"--alpha must be >= 0, got {args.alpha}")
-    for name in ("num_gpu_blocks", "max_model_len", "max_requests"):
+    for name in ("num_gpu_blocks", "max_model_len", "max_requests", "max_output_len",
+                 "mooncake_block_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if not Path(args.model).is_dir():
         raise ValueError(f"--model {args.model}: not a directory")
+    return engine_args_from(args)
 
 
-def _build(args: argparse.Namespace) -> Any:
+def _build(args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
     from vllm_admission.engine.llm import build_llm_fitting, plugin_settings
 
     settings = plugin_settings(args.model, admission=args.admission, eviction=args.eviction,
                                alpha=args.alpha, num_gpu_blocks=args.num_gpu_blocks,
                                max_model_len=args.max_model_len, seed=args.seed)
+    settings.mamba_ssm_cache_dtype = args.mamba_ssm_cache_dtype
+    settings.engine_args = engine_args
     llm, note = build_llm_fitting(settings)
     if note:
         print(f"vllm-admission: {note}")
@@ -98,17 +121,19 @@ def run_replay(args: argparse.Namespace) -> int:
         UnknownPolicyError, TraceError, ValueError, OSError: bad input (the CLI
             prints them as one ``vllm-admission: error:`` line).
     """
-    _check_args(args)
+    engine_args = _check_args(args)
     from vllm_admission.core.traces import load_trace
 
-    trace = load_trace(args.trace, max_requests=args.max_requests, seed=args.seed)
+    trace = load_trace(args.trace, max_requests=args.max_requests, seed=args.seed,
+                       mooncake_block_tokens=args.mooncake_block_tokens
+                       ).with_max_output_len(args.max_output_len)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     from vllm_admission.engine.llm import engine_geometry, shutdown_llm
     from vllm_admission.engine.replay import replay
 
-    llm = _build(args)
+    llm = _build(args, engine_args)
     try:
         vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
         geometry = engine_geometry(llm)
@@ -135,6 +160,7 @@ def run_replay(args: argparse.Namespace) -> int:
         "admission": args.admission,
         "eviction": args.eviction,
         "alpha": args.alpha,
+        "engine_args": engine_args,
         "geometry": geometry,
         "requests": [{k: r[k] for k in ("request_id", "prompt_tokens", "output_len",
                                          "cached_tokens", "prefill_steps", "status")}

@@ -10,6 +10,7 @@ from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.eviction import EVICTION_POLICIES
+from vllm_admission.cli.options import RETENTION_HELP, parse_retention_interval
 from vllm_admission.core.geometry import parse_bytes
 from vllm_admission.sim.sweep import EXECUTORS, RAY_INSTALL_HINT
 
@@ -57,6 +58,9 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                         "are captured inside the forward pass: chunks end at the token budget "
                         "only; the plugin's VLLM_ADMISSION_CHECKPOINT=inpass, see "
                         "docs/checkpoints.md for where the engine runs it)")
+    p.add_argument("--retention-interval", "--prefix-cache-retention-interval",
+                   dest="retention_interval", default="0", metavar="0|N|none",
+                   help=RETENTION_HELP)
     p.add_argument("--alpha", type=float, default=None,
                    help="fix flop eviction's alpha instead of tuning it online")
     p.add_argument("--tune-grid", choices=("coarse", "paper"), default="coarse",
@@ -112,6 +116,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.auto_interval < 1:
         raise ValueError(f"--auto-interval must be >= 1 request, got {args.auto_interval}")
     check_checkpoint_mode(args.checkpoint)
+    retention = parse_retention_interval(args.retention_interval)
     spec = SweepSpec(
         trace=args.trace, model=args.model, capacities=capacities,
         admissions=parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, AUTO]),
@@ -120,7 +125,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
         max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
         tune_grid=args.tune_grid, auto_interval=args.auto_interval,
-        mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint)
+        mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint,
+        retention_interval=retention)
     costs = spec.load_costs()
     if not costs.is_hybrid:
         print(f"vllm-admission: {costs.name} has no recurrent layers; prefix caching already "

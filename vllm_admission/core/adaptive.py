@@ -92,6 +92,7 @@ from typing import Any
 
 from vllm_admission.core.admission import (
     ADMISSION_POLICIES,
+    AdmissionPolicy,
     get_admission,
     stock_admission,
 )
@@ -321,7 +322,7 @@ class PolicyController:
             # Serve as the start pair whatever the live cache was built with.
             fresh = (self.live_evictions.history is not None
                      or self.live.eviction.name != self.pair.eviction)
-            self.live.switch(admission=get_admission(self.pair.admission),
+            self.live.switch(admission=self._admission(self.pair.admission),
                              eviction=self.live_evictions.make(self.pair.eviction) if fresh else None)
         pairs = [Pair(a, e) for a in self.admissions for e in self.evictions]
         # Nothing to choose with one pair: no shadows at all.
@@ -366,6 +367,10 @@ class PolicyController:
         else:
             admission = stock.admission if stock.admission in admissions else admissions[0]
         return Pair(admission, stock.eviction if stock.eviction in evictions else evictions[0])
+
+    def _admission(self, name: str) -> AdmissionPolicy:
+        """The admission policy ``name`` on this run's engine settings."""
+        return get_admission(name, retention_interval=self.setup.layout.retention_interval)
 
     @property
     def switches(self) -> list[Decision]:
@@ -434,7 +439,7 @@ class PolicyController:
                 # A fresh eviction policy even when only the admission changes:
                 # the candidates are handed over again, what ``after`` does not hold first.
                 self.live.switch(
-                    admission=get_admission(after.admission)
+                    admission=self._admission(after.admission)
                     if after.admission != live.admission else None,
                     eviction=self.live_evictions.make(after.eviction), held=held)
             self.pair = after

@@ -81,6 +81,10 @@ class CheckpointKind(enum.Enum):
     CHUNK_END = "chunk_end"
     #: A state written at a block boundary crossed during decode.
     DECODE = "decode"
+    #: A position on vLLM's periodic retention grid: a multiple of the engine's
+    #: ``prefix_cache_retention_interval`` when that is positive
+    #: (``MambaManager.reachable_block_mask``, ``vllm/v1/core/single_type_kv_cache_manager.py``).
+    PERIODIC = "periodic"
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +133,7 @@ class HitProbe:
 
 
 def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
-                     block_size: int, junction: int) -> frozenset[CheckpointKind]:
+                     block_size: int, junction: int, period: int = 0) -> frozenset[CheckpointKind]:
     """Every :class:`CheckpointKind` that a block-aligned state position has.
 
     Args:
@@ -142,24 +146,29 @@ def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
             latest written state as the tentative sequence end.
         block_size: tokens per block.
         junction: the request's junction (0 if none).
+        period: the engine's periodic retention interval in tokens (vLLM's
+            ``prefix_cache_retention_interval`` when positive; 0: no periodic
+            positions).
 
     Returns:
         A non-empty frozenset: CHUNK_END or DECODE always, plus JUNCTION,
-        PROMPT_END and SEQUENCE_END where they apply.
+        PROMPT_END, SEQUENCE_END and PERIODIC where they apply.
     """
     return _KIND_SETS[(
         position <= prompt_len,
         bool(junction) and position == junction,
         position == (prompt_len - 1) // block_size * block_size,
         total_len is not None and position == (total_len - 1) // block_size * block_size,
+        bool(period) and position % period == 0,
     )]
 
 
 def _kind_set(in_prompt: bool, junction: bool, prompt_end: bool,
-              sequence_end: bool) -> frozenset[CheckpointKind]:
+              sequence_end: bool, periodic: bool) -> frozenset[CheckpointKind]:
     kinds = {CheckpointKind.CHUNK_END if in_prompt else CheckpointKind.DECODE}
     for flag, kind in ((junction, CheckpointKind.JUNCTION), (prompt_end, CheckpointKind.PROMPT_END),
-                       (sequence_end, CheckpointKind.SEQUENCE_END)):
+                       (sequence_end, CheckpointKind.SEQUENCE_END),
+                       (periodic, CheckpointKind.PERIODIC)):
         if flag:
             kinds.add(kind)
     return frozenset(kinds)
@@ -167,7 +176,7 @@ def _kind_set(in_prompt: bool, junction: bool, prompt_end: bool,
 
 #: :func:`checkpoint_kinds`' answers, built once (a request asks for up to three,
 #: and hashing enum members in Python is what a fresh set would cost).
-_KIND_SETS = {flags: _kind_set(*flags) for flags in itertools.product((False, True), repeat=4)}
+_KIND_SETS = {flags: _kind_set(*flags) for flags in itertools.product((False, True), repeat=5)}
 
 
 #: Probes on which a policy that ends a prefill chunk at every block boundary
@@ -214,6 +223,25 @@ class AdmissionPolicy(ABC):
     #: Derived: whether the class overrides :meth:`stops` (chunk stops besides the
     #: junction, which vLLM's scheduler places itself).
     own_stops: ClassVar[bool] = False
+    #: Tokens between the positions :func:`checkpoint_kinds` marks PERIODIC
+    #: (0: none). Only a policy that follows the engine's retention setting
+    #: (:meth:`for_engine`) has one.
+    period: int = 0
+
+    @classmethod
+    def for_engine(cls, *, retention_interval: int | None = 0) -> AdmissionPolicy:
+        """The policy as it runs on an engine with these settings.
+
+        Args:
+            retention_interval: the engine's ``prefix_cache_retention_interval``
+                (vLLM's ``CacheConfig``: 0, a positive multiple of the block
+                size, or ``None`` for dense retention).
+
+        The default ignores the engine's settings (the policy decides what is
+        cached by itself) and returns ``cls()``; :class:`VllmAdmission`, which
+        is vLLM's own behaviour, follows them.
+        """
+        return cls()
 
     def __init_subclass__(cls, **kwargs) -> None:
         """Derive :attr:`uses_junction` and :attr:`own_stops`. TypeError if the body
@@ -302,15 +330,60 @@ class LastAdmission(AdmissionPolicy):
 
 
 class VllmAdmission(AdmissionPolicy):
+    """vLLM's own retention, as the engine is configured.
+
+    ``prefix_cache_retention_interval`` (``vllm/config/cache.py``; applied by
+    ``MambaManager.reachable_block_mask`` in
+    ``vllm/v1/core/single_type_kv_cache_manager.py``):
+
+    * ``0`` (vLLM's default): only the "reachable boundaries", the prompt's
+      replay boundary (``prompt_len - 1``, block-floored) and the shared-prefix
+      junction;
+    * ``N > 0``: those plus every state written at a multiple of ``N`` tokens
+      (a chunk end or a decode boundary that lands there; vLLM adds no chunk
+      stop for them);
+    * ``None``: every state written (dense).
+
+    The junction is a chunk stop in all three (``_mamba_block_aligned_split``).
+
+    Args:
+        retention_interval: as above. A positive value must be a multiple of
+            the block size (checked where the layout is known,
+            :class:`~vllm_admission.core.geometry.CacheLayout`).
+
+    Raises:
+        ValueError: a negative or non-integer interval.
+    """
+
     name = "vllm"
-    summary = ("stock vLLM 0.32 (prefix_cache_retention_interval=0): the prompt's last "
-               "block boundary plus the shared-prefix junction")
+    summary = ("stock vLLM 0.32: the prompt's last block boundary plus the shared-prefix "
+               "junction (prefix_cache_retention_interval=0; N adds every N tokens, None all)")
     vllm_native = True
     auto_candidate = True
     admitted = frozenset({CheckpointKind.JUNCTION, CheckpointKind.PROMPT_END})
 
+    def __init__(self, retention_interval: int | None = 0) -> None:
+        if retention_interval is not None and (
+                isinstance(retention_interval, bool) or not isinstance(retention_interval, int)
+                or retention_interval < 0):
+            raise ValueError(f"prefix_cache_retention_interval must be None or an integer >= 0, "
+                             f"not {retention_interval!r}")
+        self.retention_interval = retention_interval
+        if retention_interval is None:
+            self.admitted = frozenset(CheckpointKind)
+        elif retention_interval > 0:
+            self.period = retention_interval
+            self.admitted = VllmAdmission.admitted | {CheckpointKind.PERIODIC}
+
+    @classmethod
+    def for_engine(cls, *, retention_interval: int | None = 0) -> AdmissionPolicy:
+        return cls(retention_interval)
+
     def junction(self, probe: HitProbe) -> int:
         return probe.junction
+
+    def __repr__(self) -> str:
+        return f"VllmAdmission(retention_interval={self.retention_interval!r})"
 
 
 class MarconiAdmission(AdmissionPolicy):
@@ -439,8 +512,8 @@ class RequestAdmission:
     """
 
     __slots__ = ("policy", "probe", "junction", "prompt_end", "stops", "admitted",
-                 "_special", "_plain_chunk", "_plain_decode", "_tail_ok", "_below_hit",
-                 "_values", "_version")
+                 "_special", "_plain_chunk", "_plain_decode", "_period", "_periodic_chunk",
+                 "_periodic_decode", "_tail_ok", "_below_hit", "_values", "_version")
 
     def __init__(self, policy: AdmissionPolicy, probe: HitProbe, *, total_len: int | None,
                  junction: int | None = None) -> None:
@@ -454,14 +527,22 @@ class RequestAdmission:
         self.stops = policy.stops(probe)
         self.admitted: list[int] = []
         special = {}
+        period = policy.period
         ends = (junction, self.prompt_end,
                 (total_len - 1) // B * B if total_len is not None else 0)
         for pos in ends:
             if pos > 0 and pos not in special:
                 special[pos] = policy.admit(checkpoint_kinds(
-                    pos, prompt_len=P, total_len=total_len, block_size=B, junction=junction))
+                    pos, prompt_len=P, total_len=total_len, block_size=B, junction=junction,
+                    period=period))
         self._special = special
         self._plain_chunk, self._plain_decode, sequence_end = policy.plain_decisions
+        self._period = period
+        if period:
+            self._periodic_chunk = policy.admit(
+                frozenset({CheckpointKind.CHUNK_END, CheckpointKind.PERIODIC}))
+            self._periodic_decode = policy.admit(
+                frozenset({CheckpointKind.DECODE, CheckpointKind.PERIODIC}))
         self._tail_ok = total_len is None and policy.supersede_tail and sequence_end
         self._below_hit: list[int] | None = None
         self._values: tuple | None = None
@@ -484,7 +565,11 @@ class RequestAdmission:
         it until a later state of the request replaces it) or :data:`SKIP`."""
         ok = self._special.get(position)
         if ok is None:
-            ok = self._plain_chunk if position <= self.probe.prompt_len else self._plain_decode
+            if self._period and position % self._period == 0:
+                ok = (self._periodic_chunk if position <= self.probe.prompt_len
+                      else self._periodic_decode)
+            else:
+                ok = self._plain_chunk if position <= self.probe.prompt_len else self._plain_decode
         if ok:
             return ADMIT
         if self._tail_ok and position >= self.prompt_end:
@@ -506,7 +591,7 @@ class RequestAdmission:
         probe = self.probe
         return not policy.admit(checkpoint_kinds(
             position, prompt_len=probe.prompt_len, total_len=None,
-            block_size=probe.block_size, junction=self.junction))
+            block_size=probe.block_size, junction=self.junction, period=policy.period))
 
     def checkpoints(self, is_cached_state: Callable[[int], bool]) -> list[int]:
         """Ascending cached-state positions along the request's sequence.
@@ -571,19 +656,23 @@ def register_admission(cls: type[AdmissionPolicy]) -> type[AdmissionPolicy]:
     return cls
 
 
-def get_admission(name: str) -> AdmissionPolicy:
-    """Build the admission policy registered under ``name``.
+def get_admission(name: str, *, retention_interval: int | None = 0) -> AdmissionPolicy:
+    """Build the admission policy registered under ``name`` for an engine whose
+    ``prefix_cache_retention_interval`` is ``retention_interval``
+    (:meth:`AdmissionPolicy.for_engine`: only ``vllm`` follows it).
 
     Raises:
         UnknownPolicyError: ``name`` is not registered; the message lists the
             valid names.
+        ValueError: an invalid retention interval.
     """
     try:
-        return ADMISSION_POLICIES[name]()
+        cls = ADMISSION_POLICIES[name]
     except KeyError:
         valid = ", ".join(ADMISSION_POLICIES)
         raise UnknownPolicyError(
             f"unknown admission policy {name!r}; valid: {valid}") from None
+    return cls.for_engine(retention_interval=retention_interval)
 
 
 def stock_admission() -> str:

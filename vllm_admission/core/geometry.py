@@ -68,6 +68,7 @@ __all__ = [
     "aligned_block_size",
     "block_geometry",
     "blocks_needed",
+    "check_retention_interval",
     "geometry_from_blocks",
     "inpass_capture_limit",
     "minimum_capacity_bytes",
@@ -121,6 +122,16 @@ class CacheLayout:
             in vLLM 0.33, Mamba2), so no chunk ends there when the last chunk
             starts at least one block below it; see
             :class:`~vllm_admission.core.cache.HybridPrefixCache`.
+        retention_interval: the engine's ``prefix_cache_retention_interval``
+            (``vllm/config/cache.py``): 0 (vLLM's default), a positive multiple
+            of ``block_size``, or ``None`` (dense). Only the ``vllm`` admission
+            policy follows it (:meth:`AdmissionPolicy.for_engine
+            <vllm_admission.core.admission.AdmissionPolicy.for_engine>`).
+
+    Raises:
+        ValueError: a retention interval vLLM would refuse (its message is
+            ``_validate_prefix_cache_retention_interval``'s,
+            ``vllm/v1/core/kv_cache_coordinator.py``).
     """
 
     num_blocks: int
@@ -131,6 +142,10 @@ class CacheLayout:
     hash_block_size: int | None = None
     checkpoint: str = "split"
     prompt_end_export: bool = False
+    retention_interval: int | None = 0
+
+    def __post_init__(self) -> None:
+        check_retention_interval(self.retention_interval, self.block_size)
 
     @property
     def state_groups(self) -> tuple[int, ...]:
@@ -412,6 +427,19 @@ def parse_bytes(text: str) -> int:
 # --------------------------------------------------------------------------- #
 # internals
 # --------------------------------------------------------------------------- #
+
+
+def check_retention_interval(interval: int | None, block_size: int) -> None:
+    """Raise ``ValueError`` unless ``interval`` is a retention interval vLLM
+    accepts for ``block_size``: ``None`` or a non-negative multiple of it
+    (``_validate_prefix_cache_retention_interval``,
+    ``vllm/v1/core/kv_cache_coordinator.py``)."""
+    if interval is None:
+        return
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0 \
+            or interval % block_size:
+        raise ValueError(f"prefix_cache_retention_interval ({interval!r}) must be None or a "
+                         f"non-negative multiple of the block size ({block_size})")
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -56,7 +56,8 @@ class CacheSetup:
         lay = self.layout
         return HybridPrefixCache(
             num_blocks=lay.num_blocks, block_size=lay.block_size,
-            group_kinds=lay.group_kinds, admission=get_admission(self.admission),
+            group_kinds=lay.group_kinds,
+            admission=get_admission(self.admission, retention_interval=lay.retention_interval),
             eviction=get_eviction(self.eviction, **options), chunk_size=lay.chunk_size,
             segment_flops=self.segment_flops, bytes_per_block=lay.bytes_per_block,
             next_use=next_use, switchable=switchable, track_values=track_values,

@@ -95,6 +95,10 @@ class EngineSettings:
             ``"none"``), so prefill chunks end only at the token budget;
             meant for measuring what caching costs (``AdmissionScheduler``
             then runs as the stock scheduler).
+        engine_args: more of vLLM's own engine arguments, by vLLM's names,
+            passed to ``vllm.LLM`` as they are (e.g.
+            ``{"prefix_cache_retention_interval": None}``); a key that one of
+            the fields above also sets is refused.
     """
 
     model: str
@@ -108,6 +112,7 @@ class EngineSettings:
     mamba_ssm_cache_dtype: str | None = None
     block_size: int | None = None
     enable_prefix_caching: bool = True
+    engine_args: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- engine build
@@ -270,6 +275,11 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
         kwargs["mamba_ssm_cache_dtype"] = settings.mamba_ssm_cache_dtype
     if settings.block_size is not None:
         kwargs["block_size"] = int(settings.block_size)
+    clash = sorted(set(kwargs) & set(settings.engine_args))
+    if clash:
+        raise ValueError(f"engine_args repeats {', '.join(clash)}, which EngineSettings sets "
+                         f"itself; use its field instead")
+    kwargs.update(settings.engine_args)
     return vllm.LLM(**kwargs)
 
 
@@ -407,6 +417,8 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
     * ``ssm_state_dtype``: the dtype of the recurrent (SSM / GDN temporal)
       state as allocated, e.g. ``"bfloat16"`` or ``"float32"`` (``None``
       without Mamba groups or when the engine core runs in another process),
+    * ``prefix_cache_retention_interval`` (vLLM's ``CacheConfig`` value: 0,
+      a multiple of the block size, or ``None`` for dense retention),
     * ``enable_chunked_prefill``, ``async_scheduling``, ``max_num_seqs``,
     * ``scheduler_cls`` (qualified name, ``None`` for vLLM's default),
     * ``kv_cache_groups``: list of ``{"kind", "num_layers", "block_size",
@@ -429,6 +441,7 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
         "max_model_len": int(vc.model_config.max_model_len),
         "mamba_cache_mode": getattr(cc, "mamba_cache_mode", None),
         "mamba_ssm_cache_dtype": str(cc.mamba_ssm_cache_dtype),
+        "prefix_cache_retention_interval": cc.prefix_cache_retention_interval,
         "enable_chunked_prefill": bool(getattr(sc, "enable_chunked_prefill", True)),
         "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
         "max_num_seqs": int(sc.max_num_seqs),

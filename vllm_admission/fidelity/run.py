@@ -21,12 +21,7 @@ def _load(spec: FidelitySpec) -> Trace:
     trace = load_trace(spec.trace, max_requests=spec.max_requests,
                        max_prompt_tokens=spec.max_prompt_tokens, seed=spec.seed,
                        mooncake_block_tokens=spec.mooncake_block_tokens, **spec.synthetic)
-    if spec.max_output_len is not None:
-        cap = spec.max_output_len
-        trace = Trace(name=trace.name, source=trace.source, skipped=dict(trace.skipped),
-                      requests=[dataclasses.replace(r, output_len=min(r.output_len, cap))
-                                for r in trace.requests])
-    return trace
+    return trace.with_max_output_len(spec.max_output_len)
 
 
 def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
@@ -45,6 +40,7 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
                                num_gpu_blocks=num_gpu_blocks, seed=spec.seed)
     settings.env["VLLM_ADMISSION_CHECKPOINT"] = spec.checkpoint
     settings.mamba_ssm_cache_dtype = spec.mamba_ssm_cache_dtype
+    settings.engine_args = dict(spec.engine_args)
     # The comparison reads the live scheduler: the engine core must run in this process.
     settings.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     llm, note = build_llm_fitting(settings)
@@ -122,6 +118,7 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
         "ssm_dtype": costs.ssm_dtype,
         "mode": spec.mode,
         "checkpoint": spec.checkpoint,
+        "prefix_cache_retention_interval": geometry.get("prefix_cache_retention_interval", 0),
         **{k: cmp[k] for k in ("requests", "requests_differing", "abs_diff_tokens",
                                 "abs_diff_fraction", "first_difference")},
         "prefill_steps_differing": sum(e != s for e, s in zip(engine_steps, sim_steps)),

@@ -65,6 +65,8 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
     """Run the simulator with the engine's geometry; returns its ``RunResult``.
 
     ``checkpoint``: the engine's checkpoint mode (``VLLM_ADMISSION_CHECKPOINT``).
+    The retention interval the ``vllm`` policy follows is the engine's
+    (``geometry["prefix_cache_retention_interval"]``).
 
     ``geometry`` is :func:`vllm_admission.engine.llm.engine_geometry` of the
     engine (in-process); ``costs`` should come from :func:`costs_like_engine`
@@ -98,4 +100,5 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
                     block_size=bs, chunk_size=int(geometry["max_num_batched_tokens"]),
                     alpha=alpha, outputs="unique", retune_every=0, per_request=True,
                     tune_multiplier=tune_multiplier, tune_grid=tune_grid,
-                    auto_interval=auto_interval, checkpoint=checkpoint)
+                    auto_interval=auto_interval, checkpoint=checkpoint,
+                    retention_interval=geometry.get("prefix_cache_retention_interval", 0))

@@ -24,6 +24,12 @@ MODES = ("sequential", "timed")
 ENGINE_CHECKPOINT_MODES = ("split", "inpass")
 
 
+#: vLLM engine arguments (``FidelitySpec.engine_args``) whose effect the
+#: simulator models; it reads their values from the live engine
+#: (:func:`~vllm_admission.engine.llm.engine_geometry`).
+SIMULATED_ENGINE_ARGS = ("max_num_batched_tokens", "prefix_cache_retention_interval")
+
+
 class FidelityError(ValueError):
     """The simulator cannot be configured like the engine (e.g. a group layout it does not model)."""
 
@@ -58,6 +64,9 @@ class FidelitySpec:
             vLLM's default, which the CPU platform resolves per instruction set).
             The simulator always takes the geometry the live engine reports, so
             pinning it matters only for getting the same run on every CPU.
+        engine_args: more of vLLM's engine arguments for the engine, by vLLM's
+            names (:data:`SIMULATED_ENGINE_ARGS`: those the simulator mirrors,
+            reading their values from the live engine).
     """
 
     model: str
@@ -78,6 +87,7 @@ class FidelitySpec:
     seed: int = 0
     checkpoint: str = "split"
     mamba_ssm_cache_dtype: str | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)
 
     def policy_pairs(self) -> list[tuple[str, str]]:
         """The ``(admission, eviction)`` pairs to run, in order."""
@@ -124,6 +134,16 @@ class FidelitySpec:
                 raise ValueError(f"a pool needs at least 2 blocks (one is vLLM's null block), got {n}")
         if self.max_output_len is not None and self.max_output_len < 1:
             raise ValueError(f"max output length must be >= 1, got {self.max_output_len}")
+        unknown = sorted(set(self.engine_args) - set(SIMULATED_ENGINE_ARGS))
+        if unknown:
+            raise FidelityError(f"the simulator does not mirror the engine argument(s) "
+                                f"{', '.join(unknown)}; it mirrors: "
+                                f"{', '.join(SIMULATED_ENGINE_ARGS)}")
+        if "prefix_cache_retention_interval" in self.engine_args:
+            retention = self.engine_args["prefix_cache_retention_interval"]
+            if retention is not None and (not isinstance(retention, int) or retention < 0):
+                raise ValueError(f"prefix_cache_retention_interval must be None or an integer "
+                                 f">= 0, got {retention!r}")
         if not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"model {self.model}: no config.json there "
                              f"(make one with 'vllm-admission make-tiny-model DIR')")

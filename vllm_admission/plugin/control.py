@@ -157,7 +157,8 @@ class AdmissionControl:
         self.state_hits = 0
         self.tokens_saved = 0
         self.state_miss_tokens = 0
-        self._set_policy(get_admission(policy))
+        self._set_policy(get_admission(policy,
+                                       retention_interval=geometry.retention_interval))
         # eviction: None keeps vLLM's own free-block queue (a policy in vLLM's order).
         self.eviction_policy: EvictionPolicy | None = None
         self.tuner: TunerThread | None = None
@@ -203,7 +204,7 @@ class AdmissionControl:
             UnknownPolicyError: unknown name.
             RuntimeError: requests are still tracked (switch only when idle).
         """
-        policy = get_admission(name)
+        policy = get_admission(name, retention_interval=self.geometry.retention_interval)
         if self.tracks:
             raise RuntimeError(f"cannot switch admission policy with {len(self.tracks)} live requests")
         self._set_policy(policy)

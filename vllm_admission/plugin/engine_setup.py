@@ -125,7 +125,8 @@ class EngineSetup:
                            bytes_per_block=int(bytes_per_block),
                            chunk_size=int(self.scheduler_config.max_num_batched_tokens),
                            checkpoint=config.checkpoint,
-                           prompt_end_export=self._admission_vllm_exports_checkpoint())
+                           prompt_end_export=self._admission_vllm_exports_checkpoint(),
+                           retention_interval=self.cache_config.prefix_cache_retention_interval)
 
     def _admission_log_smallest_prefix(self, geometry: CacheLayout) -> None:
         """Log the shortest prefix that can hit, per KV cache group; warn when a

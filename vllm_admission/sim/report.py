@@ -15,13 +15,17 @@ __all__ = ["format_table", "plot_hit_rates", "write_results"]
 
 def format_table(doc: dict[str, Any]) -> str:
     """A plain-text table of the runs, one line each, under a line naming model and SSM state dtype
-    (and the checkpoint mode when it is not vLLM's ``split``)."""
+    (and the checkpoint mode and retention interval when they are not vLLM's defaults)."""
     title = f"{doc['model']}"
     if doc.get("ssm_dtype") is not None:
         title += (f": SSM state {doc['ssm_dtype']} "
                   f"(--mamba-ssm-cache-dtype {doc.get('mamba_ssm_cache_dtype', 'auto')})")
     if doc.get("checkpoint", "split") != "split":
         title += f"; checkpoint mode {doc['checkpoint']} (prefill chunks end at the budget only)"
+    retention = doc.get("retention_interval", 0)
+    if retention != 0:
+        title += (f"; stock retention interval {'none (dense)' if retention is None else retention}"
+                  f" (vllm admission)")
     head = f"{'admission':<9} {'eviction':<8} {'capacity':>10} {'blocks':>7} {'hit rate':>8} " \
            f"{'req hit':>7} {'st.miss':>7} {'FLOPs saved':>11} {'ckpts':>7} {'evictions':>9} {'alpha':>5} {'sec':>6}"
     lines = [title, head, "-" * len(head)]

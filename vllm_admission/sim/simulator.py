@@ -66,6 +66,8 @@ class RunResult:
     :class:`~vllm_admission.core.cache.RequestOutcome`). With
     ``per_request``, ``per_request_hits`` and ``per_request_prefill_steps``
     hold one entry per trace request (``-1`` for a skipped one).
+    ``retention_interval`` is the engine's ``prefix_cache_retention_interval``
+    the ``vllm`` admission policy followed (0, N tokens, or ``None``: dense).
     ``state_miss_tokens`` sums, over the requests that ran, the prompt tokens
     whose attention KV was cached past the hybrid hit but recomputed because no
     recurrent state was kept at their end (attention-KV hit minus hybrid hit,
@@ -104,6 +106,7 @@ class RunResult:
     prefill_steps: int = 0
     checkpoint: str = "split"
     state_miss_tokens: int = 0
+    retention_interval: int | None = 0
     per_request_hits: list[int] | None = field(default=None, repr=False)
     per_request_prefill_steps: list[int] | None = field(default=None, repr=False)
 
@@ -167,7 +170,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
              alpha: float | None = None, tune_multiplier: int = 5, outputs: str = "trace",
              tune_grid: str = "coarse", auto_interval: int = DEFAULT_INTERVAL,
              retune_every: int | None = None, per_request: bool = False,
-             checkpoint: str = "split", requests: list[CacheRequest] | None = None,
+             checkpoint: str = "split", retention_interval: int | None = 0,
+             requests: list[CacheRequest] | None = None,
              on_request: Callable[[int], None] | None = None) -> RunResult:
     """Replay ``trace`` through the cache for one policy pair and one capacity.
 
@@ -195,6 +199,10 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             :data:`~vllm_admission.core.cache.CHECKPOINT_MODES` (``"split"``,
             vLLM 0.32: a chunk ends at every checkpoint; ``"inpass"``: captured
             inside the pass, chunks end at the budget only).
+        retention_interval: vLLM's ``prefix_cache_retention_interval``, which
+            the ``vllm`` admission policy follows (0: vLLM's default; a
+            positive multiple of the block size; ``None``: dense); see
+            :class:`~vllm_admission.core.admission.VllmAdmission`.
         requests: pre-built cache requests at the right block size (sweeps
             share them); built from ``trace`` when ``None``.
         on_request: called with the request index after each request.
@@ -207,8 +215,9 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         UnknownPolicyError: a policy name is not registered.
         CapacityError: the capacity cannot hold a single block set.
         ValueError: the model is not hybrid, neither capacity nor blocks,
-            ``auto`` with an ``auto_interval`` below 1, or an unknown
-            checkpoint mode.
+            ``auto`` with an ``auto_interval`` below 1, an unknown
+            checkpoint mode, or a retention interval that is not a multiple
+            of the block size.
     """
     check_checkpoint_mode(checkpoint)
     plan = RunPlan.from_settings(admission, eviction, alpha=alpha,
@@ -229,7 +238,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     flops = functools.lru_cache(maxsize=1 << 20)(costs.prefill_flops)
     layout = CacheLayout(num_blocks=geo.num_blocks, block_size=geo.block_size,
                          group_kinds=group_kinds(costs, geo), bytes_per_block=geo.bytes_per_block,
-                         chunk_size=chunk_size, checkpoint=checkpoint)
+                         chunk_size=chunk_size, checkpoint=checkpoint,
+                         retention_interval=retention_interval)
     setup = plan.setup(layout, flops)
     controller = None
     tuner = None
@@ -285,7 +295,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         policy_decisions=len(controller.decisions) if controller else 0,
         final_policy=str(controller.pair) if controller else None,
         prefill_steps=totals.prefill_steps, checkpoint=checkpoint,
-        state_miss_tokens=totals.state_miss_tokens,
+        state_miss_tokens=totals.state_miss_tokens, retention_interval=retention_interval,
         per_request_hits=hits if per_request else None,
         per_request_prefill_steps=steps if per_request else None)
 

@@ -22,7 +22,7 @@ from tqdm import tqdm
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.costs import ModelCosts, load_model
-from vllm_admission.core.geometry import block_geometry
+from vllm_admission.core.geometry import block_geometry, check_retention_interval
 from vllm_admission.core.traces import Trace, load_trace
 from vllm_admission.sim.simulator import cache_requests, simulate, trace_bound
 
@@ -53,7 +53,9 @@ class SweepSpec:
     ``"float32"``, ``"bfloat16"``, ``"float16"``): the SSM state dtype of the
     model every run uses, ``"auto"`` resolved as vLLM does on a GPU (see
     :meth:`ModelCosts.from_config`). ``checkpoint`` is the checkpoint mode of
-    every run (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`). ``pairs``
+    every run (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`).
+    ``retention_interval`` is vLLM's ``prefix_cache_retention_interval`` of
+    every run (what the ``vllm`` admission policy keeps). ``pairs``
     are (admission, eviction) pairs run at every capacity besides the
     ``admissions`` x ``evictions`` grid (the demo's ``auto`` + ``auto``).
     """
@@ -73,6 +75,7 @@ class SweepSpec:
     mamba_ssm_cache_dtype: str = "auto"
     checkpoint: str = "split"
     pairs: tuple[tuple[str, str], ...] = ()
+    retention_interval: int | None = 0
 
     def load_costs(self) -> ModelCosts:
         """The cost model of ``model`` with this spec's SSM state dtype.
@@ -130,7 +133,7 @@ def _run_with(spec: SweepSpec, trace: Trace, costs: ModelCosts, requests: list,
                       capacity_bytes=capacity, chunk_size=spec.chunk_size, alpha=spec.alpha,
                       outputs=spec.outputs, tune_grid=spec.tune_grid,
                       auto_interval=spec.auto_interval, checkpoint=spec.checkpoint,
-                      requests=requests)
+                      retention_interval=spec.retention_interval, requests=requests)
     return result.to_record()
 
 
@@ -251,7 +254,8 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         Only the runs' ``wall_seconds`` and ``cpu_seconds`` depend on the executor.
 
     Raises:
-        ValueError: an unknown checkpoint mode or executor, or ``jobs`` below 1
+        ValueError: an unknown checkpoint mode or executor, ``jobs`` below 1,
+            or a retention interval that is not a multiple of the block size
             (before any run).
         RayUnavailableError: ``executor="ray"`` without Ray installed.
     """
@@ -264,7 +268,8 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         import_ray()  # fail before loading anything
     trace, costs = _load(spec)
     for cap in spec.capacities:
-        block_geometry(costs, cap)  # raises CapacityError early
+        geo = block_geometry(costs, cap)  # raises CapacityError early
+        check_retention_interval(spec.retention_interval, geo.block_size)
     runs = spec.runs()
     results: dict[tuple[str, str, int], dict[str, Any]] = {}
     bar = tqdm(total=len(runs), desc="simulating", unit="run", disable=not progress)
@@ -293,6 +298,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         "ssm_dtype": costs.ssm_dtype,
         "chunk_size": spec.chunk_size,
         "checkpoint": spec.checkpoint,
+        "retention_interval": spec.retention_interval,
         "outputs": spec.outputs,
         "bound": [trace_bound(_requests(spec, b), b) for b in block_sizes],
         "runs": [results[r] for r in runs],

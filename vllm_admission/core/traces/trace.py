@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -118,6 +119,21 @@ class Trace:
             memo = [r.sequence_block_hashes(block_size) for r in self.requests]
             self._hash_memo[key] = memo
         return memo
+
+    def with_max_output_len(self, cap: int | None) -> Trace:
+        """This trace with every request's output capped at ``cap`` tokens
+        (``None``: this trace itself).
+
+        Raises:
+            ValueError: ``cap`` below 1.
+        """
+        if cap is None:
+            return self
+        if cap < 1:
+            raise ValueError(f"max output length must be >= 1, got {cap}")
+        return Trace(name=self.name, source=self.source, skipped=dict(self.skipped),
+                     requests=[dataclasses.replace(r, output_len=min(r.output_len, cap))
+                               for r in self.requests])
 
     @property
     def knows_outputs(self) -> bool:
