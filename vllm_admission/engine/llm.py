@@ -172,6 +172,11 @@ def _scheduler_cls(settings: EngineSettings, environ: dict[str, str]) -> Any:
     if not (isinstance(cls, type) and issubclass(cls, AdmissionScheduler)):
         return name
     config = AdmissionConfig.from_env(environ)
+    # Settings the engine's configuration cannot run fail before the model loads.
+    from vllm_admission.plugin.register import check_before_load
+    from vllm_admission.plugin.vllm_hooks import install_preflight
+
+    install_preflight(check_before_load)
     if not bool(int(os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1"))):
         return cls.configured(config)
     _set_env((k, v) for k, v in settings.env.items() if str(k).startswith(PLUGIN_PREFIX))

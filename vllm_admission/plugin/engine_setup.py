@@ -1,5 +1,15 @@
 """What an engine configuration lets the plugin run: the start-up checks and the run plan.
 
+One decision, :func:`plan_for`, from the plugin's settings and the
+:class:`EngineFacts` that matter to it (speculative decoding, a KV connector,
+how blocks get hashes, the KV cache group kinds, a FLOP model), taken twice
+with the same code: before the model loads, from vLLM's ``VllmConfig`` alone
+(:func:`preflight`, what a ``VllmConfig`` already tells), and when the
+scheduler is built, from the live engine (:meth:`EngineSetup._admission_facts`,
+which also sees the KV cache groups). A setting it cannot run is refused in
+one line naming the setting and the feature in the way; ``auto`` leaves out the
+candidates it cannot run instead, with one warning.
+
 :class:`EngineSetup` is a mixin of
 :class:`~vllm_admission.plugin.scheduler.AdmissionScheduler`: its methods read
 the vLLM ``Scheduler`` they are mixed into (``cache_config``,
@@ -22,6 +32,7 @@ at ``__init__``:
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from vllm.v1.kv_cache_interface import MambaSpec
@@ -40,9 +51,206 @@ from vllm_admission.plugin import inpass, vllm_hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.kv_cache import group_kinds, smallest_cacheable_prefix
 
-__all__ = ["EngineSetup"]
+__all__ = ["EngineFacts", "EngineSetup", "plan_for", "preflight", "prefill_tokens",
+           "support_problems"]
 
 logger = logging.getLogger("vllm_admission")
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What in an engine's configuration decides which policies can run.
+
+    Attributes:
+        mamba_cache_mode: vLLM's ``cache_config.mamba_cache_mode`` (non-stock
+            admission needs ``"align"``).
+        eagle: EAGLE/MTP speculative decoding (vLLM drops the last matched
+            block and keeps EAGLE groups, ``kv_cache_coordinator.py``).
+        connector: a KV connector drives the scheduler (it walks vLLM's free
+            queue every step).
+        key_problems: why blocks do not get exactly one hash per full block
+            in ``BlockPool.cache_full_blocks`` (finer hash units, partial hash
+            hits, Mamba speculative blocks), where the core keys by block.
+        odd_groups: KV cache group kinds besides full attention and Mamba/GDN
+            state (sliding window, ...).
+        flop_model_error: why there is no FLOP model of the architecture
+            (``None``: there is one).
+    """
+
+    mamba_cache_mode: str = "align"
+    eagle: bool = False
+    connector: bool = False
+    key_problems: tuple[str, ...] = ()
+    odd_groups: tuple[str, ...] = ()
+    flop_model_error: str | None = None
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> EngineFacts:
+        """The facts a ``VllmConfig`` gives before the model loads.
+
+        The block size is final only after the KV cache is sized (vLLM raises
+        it for a hybrid model's state page), so a ``prefix_match_unit`` is
+        known to split blocks only when it is below the configured block
+        size; the scheduler checks the rest against the live KV cache groups.
+        """
+        cc = vllm_config.cache_config
+        spec = vllm_config.speculative_config
+        keys = []
+        unit = getattr(cc, "prefix_match_unit", None)
+        if unit is not None and unit < cc.block_size:
+            keys.append("hash or group block sizes differ from the scheduler block size")
+        if spec is not None and int(getattr(vllm_config, "num_speculative_tokens", 0) or 0) > 0 \
+                and not getattr(cc, "use_replayssm", False):
+            keys.append("Mamba speculative blocks")
+        return cls(mamba_cache_mode=str(cc.mamba_cache_mode),
+                   eagle=spec is not None and spec.use_eagle(),
+                   connector=vllm_config.kv_transfer_config is not None,
+                   key_problems=tuple(keys),
+                   flop_model_error=_flop_model_error(vllm_config.model_config.hf_config))
+
+
+def _flop_model_error(hf_config: Any) -> str | None:
+    from vllm_admission.core.costs import ModelConfigError, ModelCosts
+
+    try:
+        ModelCosts.from_config(hf_config.to_dict())
+    except ModelConfigError as exc:
+        return str(exc)
+    return None
+
+
+def support_problems(facts: EngineFacts, policy: str) -> list[str]:
+    """The engine features in the way of admission ``policy`` (none for ``vllm``)."""
+    if get_admission(policy).vllm_native:
+        return []
+    problems = []
+    if facts.mamba_cache_mode != "align":
+        problems.append(f"mamba_cache_mode={facts.mamba_cache_mode!r} (needs 'align')")
+    problems += facts.key_problems
+    if facts.eagle:
+        problems.append("EAGLE/MTP speculative decoding")
+    if facts.connector:
+        problems.append("a KV connector")
+    return problems
+
+
+def _check_supported(facts: EngineFacts, policy: str) -> None:
+    problems = support_problems(facts, policy)
+    if problems:
+        raise AdmissionConfigError(
+            f"VLLM_ADMISSION_POLICY={policy} cannot run with {'; '.join(problems)} "
+            f"(valid here: vllm)")
+
+
+def plan_for(config: AdmissionConfig, facts: EngineFacts) -> RunPlan:
+    """The run's policy decisions (the core's :class:`RunPlan`) for ``config`` on an
+    engine with ``facts``: ``auto``'s candidates less those the engine cannot run
+    (one warning each side), a fixed pair when one is left under a KV connector.
+
+    Raises:
+        AdmissionConfigError: a setting this engine cannot run (one line).
+    """
+    if facts.odd_groups and config.wants_changes():
+        raise AdmissionConfigError(
+            f"vllm_admission supports full-attention and Mamba/GDN KV cache groups only; "
+            f"this model also has {', '.join(sorted(set(facts.odd_groups)))} (valid here: "
+            f"VLLM_ADMISSION_POLICY=vllm with VLLM_ADMISSION_EVICTION=lru)")
+    adaptive = AUTO in (config.policy, config.eviction)
+    admissions, evictions = candidate_policies(config.policy, config.eviction)
+    if config.policy == AUTO:
+        problems = {name: support_problems(facts, name) for name in admissions}
+        dropped = [name for name in admissions if problems[name]]
+        if dropped:
+            reasons = sorted({p for name in dropped for p in problems[name]})
+            logger.warning("vllm_admission: auto admission leaves out %s here (%s)",
+                           ", ".join(dropped), "; ".join(reasons))
+        admissions = tuple(name for name in admissions if not problems[name])
+    for name in admissions:
+        _check_supported(facts, name)
+    if config.eviction == AUTO and facts.connector:
+        # KV connectors (offloading) walk vLLM's free queue every step.
+        kept = tuple(e for e in evictions if eviction_class(e).vllm_order)
+        if kept != evictions:
+            logger.warning("vllm_admission: auto eviction leaves out %s here (a KV connector)",
+                           ", ".join(e for e in evictions if e not in kept))
+        evictions = kept
+    if config.eviction == AUTO and facts.key_problems and any(
+            eviction_class(e).needs_keys for e in evictions):
+        dropped = [e for e in evictions if eviction_class(e).needs_keys]
+        evictions = tuple(e for e in evictions if e not in dropped)
+        logger.warning("vllm_admission: auto eviction leaves out %s here (%s)",
+                       ", ".join(dropped), "; ".join(facts.key_problems))
+    for name in evictions:
+        if eviction_class(name).needs_keys and facts.key_problems:
+            valid = ", ".join(n for n in ENGINE_EVICTION_POLICIES
+                              if not eviction_class(n).needs_keys)
+            raise AdmissionConfigError(
+                f"VLLM_ADMISSION_EVICTION={name} cannot run with "
+                f"{'; '.join(facts.key_problems)} (valid here: {valid})")
+    if adaptive and facts.connector and len(admissions) * len(evictions) == 1:
+        # auto switches eviction through the plugin's free queue, which a
+        # connector cannot walk; with one pair left there is nothing to switch.
+        logger.warning("vllm_admission: auto has one runnable pair here, %s+%s; it runs as a "
+                       "fixed pair", admissions[0], evictions[0])
+        adaptive = False
+    plan = RunPlan.of(admissions, evictions, adaptive=adaptive, alpha=config.alpha,
+                      checkpoint=config.checkpoint)
+    if facts.connector and (adaptive or any(not eviction_class(e).vllm_order
+                                            for e in evictions)):
+        # KV connectors (offloading) walk vLLM's free queue every step;
+        # auto's free queue is the plugin's even while it serves lru.
+        setting = (f"VLLM_ADMISSION_POLICY={AUTO}" if adaptive and config.policy == AUTO
+                   else f"VLLM_ADMISSION_EVICTION={config.eviction}")
+        raise AdmissionConfigError(
+            f"{setting} cannot run with a KV connector "
+            f"(valid here: {', '.join(n for n, c in EVICTION_POLICIES.items() if c.vllm_order)})")
+    if plan.needs_flops and facts.flop_model_error is not None and not scores_by_tokens(plan):
+        flop_users = [e for e in plan.evictions if eviction_class(e).needs_values]
+        valid = ", ".join(n for n in ENGINE_EVICTION_POLICIES
+                          if not eviction_class(n).needs_values)
+        raise AdmissionConfigError(
+            f"VLLM_ADMISSION_EVICTION={flop_users[0] if flop_users else config.eviction} needs "
+            f"a FLOP model of this architecture: {facts.flop_model_error} (valid here: {valid})")
+    return plan
+
+
+def scores_by_tokens(plan: RunPlan) -> bool:
+    """Whether ``plan`` can run without a FLOP model, ``auto`` scoring its candidates by
+    prompt tokens saved (:func:`prefill_tokens`): no tuner and no candidate that
+    values blocks by FLOPs."""
+    return plan.adaptive and not plan.reads_values and not plan.tuned
+
+
+def prefill_tokens(end: int, start: int) -> float:
+    """The tokens computed to prefill ``[start, end)``: ``auto``'s score unit on an
+    architecture without a FLOP model (``end - start``; a module-level function, so
+    it pickles for the shadow process)."""
+    return float(end - start)
+
+
+def preflight(vllm_config: Any, config: AdmissionConfig) -> None:
+    """Refuse, before the model loads, a setting the engine ``vllm_config``
+    describes cannot run: :func:`plan_for` on :meth:`EngineFacts.from_vllm_config`,
+    and the ``inpass`` mode's checks that need only the config. Nothing for a
+    model without recurrent layers or with prefix caching off (the plugin then
+    stays out of the way). The scheduler checks again with the live engine.
+
+    Raises:
+        AdmissionConfigError: one line naming the setting and what is in the way.
+    """
+    if not (vllm_config.cache_config.enable_prefix_caching
+            and getattr(vllm_config.model_config, "is_hybrid", False)):
+        return
+    plan_for(config, EngineFacts.from_vllm_config(vllm_config))
+    if config.checkpoint == "inpass":
+        _refuse_inpass(inpass.inpass_problems(vllm_config))
+
+
+def _refuse_inpass(problems: list[str]) -> None:
+    if problems:
+        raise AdmissionConfigError(
+            f"VLLM_ADMISSION_CHECKPOINT=inpass cannot run with {'; '.join(problems)} "
+            f"(valid here: split; valid values: {', '.join(CHECKPOINT_MODES)})")
 
 
 class EngineSetup:
@@ -51,54 +259,25 @@ class EngineSetup:
     Every method is named ``_admission_*`` so that none can clash with vLLM's own.
     """
 
-    def _admission_plan(self, config: AdmissionConfig, geometry: CacheLayout) -> RunPlan:
-        """The run's policy decisions (the core's :class:`RunPlan`) for ``config`` on
-        this engine: ``auto``'s candidates less those the engine cannot run (one
-        warning each side), a fixed pair when one is left under a KV connector.
+    def _admission_facts(self) -> EngineFacts:
+        """The :class:`EngineFacts` of this engine, from its live objects."""
+        kinds = group_kinds(self.kv_cache_manager.coordinator.single_type_managers)
+        return EngineFacts(
+            mamba_cache_mode=str(self.cache_config.mamba_cache_mode),
+            eagle=bool(self.use_eagle_block_drop
+                       or self.kv_cache_manager.coordinator.eagle_group_ids),
+            connector=self.connector is not None,
+            key_problems=tuple(self._admission_key_problems()),
+            odd_groups=tuple(k for k in kinds if k not in (STATE, ATTENTION)),
+            flop_model_error=_flop_model_error(self.vllm_config.model_config.hf_config))
+
+    def _admission_plan(self, config: AdmissionConfig) -> RunPlan:
+        """:func:`plan_for` this engine (its :meth:`_admission_facts`).
 
         Raises:
             AdmissionConfigError: a setting this engine cannot run (one line).
         """
-        adaptive = AUTO in (config.policy, config.eviction)
-        admissions, evictions = candidate_policies(config.policy, config.eviction)
-        if config.policy == AUTO:
-            admissions = self._admission_runnable_admissions(admissions)
-        for name in admissions:
-            self._admission_check_supported(name)
-        if config.eviction == AUTO and self.connector is not None:
-            # KV connectors (offloading) walk vLLM's free queue every step.
-            kept = tuple(e for e in evictions if eviction_class(e).vllm_order)
-            if kept != evictions:
-                logger.warning("vllm_admission: auto eviction leaves out %s here (a KV connector)",
-                               ", ".join(e for e in evictions if e not in kept))
-            evictions = kept
-        if config.eviction == AUTO and any(eviction_class(e).needs_keys for e in evictions):
-            problems = self._admission_key_problems()
-            if problems:
-                dropped = [e for e in evictions if eviction_class(e).needs_keys]
-                evictions = tuple(e for e in evictions if e not in dropped)
-                logger.warning("vllm_admission: auto eviction leaves out %s here (%s)",
-                               ", ".join(dropped), "; ".join(problems))
-        for name in evictions:
-            self._admission_check_keys(name)
-        if adaptive and self.connector is not None and len(admissions) * len(evictions) == 1:
-            # auto switches eviction through the plugin's free queue, which a
-            # connector cannot walk; with one pair left there is nothing to switch.
-            logger.warning("vllm_admission: auto has one runnable pair here, %s+%s; it runs as a "
-                           "fixed pair", admissions[0], evictions[0])
-            adaptive = False
-        plan = RunPlan.of(admissions, evictions, adaptive=adaptive, alpha=config.alpha,
-                          checkpoint=geometry.checkpoint)
-        if self.connector is not None and (adaptive or any(not eviction_class(e).vllm_order
-                                                           for e in evictions)):
-            # KV connectors (offloading) walk vLLM's free queue every step;
-            # auto's free queue is the plugin's even while it serves lru.
-            setting = (f"VLLM_ADMISSION_POLICY={AUTO}" if adaptive and config.policy == AUTO
-                       else f"VLLM_ADMISSION_EVICTION={config.eviction}")
-            raise AdmissionConfigError(
-                f"{setting} cannot run with a KV connector "
-                f"(valid here: {', '.join(n for n, c in EVICTION_POLICIES.items() if c.vllm_order)})")
-        return plan
+        return plan_for(config, self._admission_facts())
 
     def _admission_inert_reason(self) -> str | None:
         if not self.cache_config.enable_prefix_caching:
@@ -112,12 +291,6 @@ class EngineSetup:
 
     def _admission_geometry(self, config: AdmissionConfig) -> CacheLayout:
         kinds = group_kinds(self.kv_cache_manager.coordinator.single_type_managers)
-        unsupported = [k for k in kinds if k not in (STATE, ATTENTION)]
-        if unsupported and config.wants_changes():
-            raise AdmissionConfigError(
-                f"vllm_admission supports full-attention and Mamba/GDN KV cache groups only; "
-                f"this model also has {', '.join(sorted(set(unsupported)))} (valid here: "
-                f"VLLM_ADMISSION_POLICY=vllm with VLLM_ADMISSION_EVICTION=lru)")
         groups = self.kv_cache_config.kv_cache_groups
         bytes_per_block = max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
         return CacheLayout(block_size=self.block_size, hash_block_size=self.hash_block_size,
@@ -148,40 +321,9 @@ class EngineSetup:
                            "cache, more than a quarter of max_model_len=%d", prefix + 1,
                            max_model_len)
 
-    def _admission_runnable_admissions(self, admissions: tuple[str, ...]) -> tuple[str, ...]:
-        """``auto``'s admission candidates this engine can run; one warning names
-        those left out and why (as ``auto`` eviction does for ``reuse``)."""
-        problems = {name: self._admission_support_problems(name) for name in admissions}
-        kept = tuple(name for name in admissions if not problems[name])
-        dropped = [name for name in admissions if problems[name]]
-        if dropped:
-            reasons = sorted({p for name in dropped for p in problems[name]})
-            logger.warning("vllm_admission: auto admission leaves out %s here (%s)",
-                           ", ".join(dropped), "; ".join(reasons))
-        return kept
-
     def _admission_check_supported(self, policy: str) -> None:
-        """Non-stock admission needs plain align mode; say which feature is in the way."""
-        problems = self._admission_support_problems(policy)
-        if problems:
-            raise AdmissionConfigError(
-                f"VLLM_ADMISSION_POLICY={policy} cannot run with {'; '.join(problems)} "
-                f"(valid here: vllm)")
-
-    def _admission_support_problems(self, policy: str) -> list[str]:
-        """The engine features in the way of a non-stock admission policy (none for ``vllm``)."""
-        if get_admission(policy).vllm_native:
-            return []
-        problems = []
-        if self.cache_config.mamba_cache_mode != "align":
-            problems.append(f"mamba_cache_mode={self.cache_config.mamba_cache_mode!r} "
-                            f"(needs 'align')")
-        problems += self._admission_key_problems()
-        if self.use_eagle_block_drop or self.kv_cache_manager.coordinator.eagle_group_ids:
-            problems.append("EAGLE/MTP speculative decoding")
-        if self.connector is not None:
-            problems.append("a KV connector")
-        return problems
+        """Refuse admission ``policy`` where this engine cannot run it (one line)."""
+        _check_supported(self._admission_facts(), policy)
 
     def _admission_key_problems(self) -> list[str]:
         """Engine features under which a block's hash is not one full block's,
@@ -227,30 +369,20 @@ class EngineSetup:
         return (bool(specs) and self.cache_config.mamba_cache_mode == "align"
                 and all(s.num_prefill_checkpoint_blocks > 0 for s in specs))
 
-    def _admission_check_keys(self, eviction: str) -> None:
-        """An eviction policy that keeps history by block hash (``needs_keys``)
-        hears each block's key from ``cache_full_blocks``; say which feature
-        gives blocks hashes elsewhere."""
-        if not eviction_class(eviction).needs_keys:
-            return
-        problems = self._admission_key_problems()
-        if problems:
-            valid = ", ".join(n for n in ENGINE_EVICTION_POLICIES
-                              if not eviction_class(n).needs_keys)
-            raise AdmissionConfigError(
-                f"VLLM_ADMISSION_EVICTION={eviction} cannot run with {'; '.join(problems)} "
-                f"(valid here: {valid})")
-
-    def _admission_costs(self, eviction: str) -> Any:
+    def _admission_prefill_cost(self, plan: RunPlan) -> Any:
+        """The prefill cost ``f(end, start)`` the plan's tuner, values or ``auto``
+        scores read: the model's FLOPs, or tokens (:func:`prefill_tokens`) for
+        ``auto`` on an architecture the cost model does not know (one warning;
+        :func:`plan_for` has refused the plans that need FLOPs)."""
         from vllm_admission.core.costs import ModelConfigError, ModelCosts
 
-        hf = self.vllm_config.model_config.hf_config
         try:
-            return ModelCosts.from_config(hf.to_dict())
+            return ModelCosts.from_config(
+                self.vllm_config.model_config.hf_config.to_dict()).prefill_flops
         except ModelConfigError as exc:
-            raise AdmissionConfigError(
-                f"VLLM_ADMISSION_EVICTION={eviction} needs a FLOP model of this architecture: "
-                f"{exc} (valid here: lru)") from None
+            logger.warning("vllm_admission: no FLOP model of this architecture (%s); auto scores "
+                           "its candidates by prompt tokens saved instead of prefill FLOPs", exc)
+            return prefill_tokens
 
     def _admission_setup_inpass(self) -> None:
         """Check that ``inpass`` can run here and install its runner hooks.
@@ -267,9 +399,6 @@ class EngineSetup:
             # Both would write states into the checkpoint columns of one step.
             problems.append("vLLM's own prefill checkpoint export "
                             "(num_prefill_checkpoint_blocks)")
-        if problems:
-            raise AdmissionConfigError(
-                f"VLLM_ADMISSION_CHECKPOINT=inpass cannot run with {'; '.join(problems)} "
-                f"(valid here: split; valid values: {', '.join(CHECKPOINT_MODES)})")
+        _refuse_inpass(problems)
         vllm_hooks.install_inpass_runner()
         self._admission_inpass = {}

@@ -39,7 +39,15 @@ In the process that starts vLLM (``MainProcess``), :func:`register` also
   vllm_admission.AdmissionScheduler``), an invalid value ends the process at
   once with one ``vllm_admission: error: ...`` line on stderr and exit status
   2, before the model loads; otherwise (``LLM(...)``) it logs that line as a
-  warning and the scheduler refuses to start later.
+  warning and the scheduler refuses to start later;
+* where the user asked for the plugin (the command line names the
+  AdmissionScheduler, or ``VLLM_ADMISSION_POLICY``, ``_EVICTION`` or
+  ``_CHECKPOINT`` is set), checks the settings against the engine's ``VllmConfig`` as
+  soon as vLLM has built it, before the model loads
+  (:func:`check_before_load`): a setting the configuration cannot run (a
+  non-stock admission policy with MTP speculative decoding, say) ends
+  ``vllm serve`` with one ``vllm_admission: error: ...`` line and status 2, and
+  makes ``LLM(...)`` raise ``AdmissionConfigError`` with that line.
 
 The scheduler itself is not installed here: it is chosen with
 ``scheduler_cls="vllm_admission.AdmissionScheduler"`` (``--scheduler-cls``).
@@ -54,7 +62,14 @@ import os
 import sys
 from collections.abc import Sequence
 
-from vllm_admission.plugin.config import ENV_VARS, AdmissionConfig, AdmissionConfigError
+from vllm_admission.plugin.config import (
+    ENV_CHECKPOINT,
+    ENV_EVICTION,
+    ENV_POLICY,
+    ENV_VARS,
+    AdmissionConfig,
+    AdmissionConfigError,
+)
 from vllm_admission.plugin.snapshots import (
     ENV_METRICS_DIR,
     default_metrics_dir,
@@ -62,7 +77,7 @@ from vllm_admission.plugin.snapshots import (
     remove_stale_snapshot_dirs,
 )
 
-__all__ = ["register"]
+__all__ = ["check_before_load", "register"]
 
 logger = logging.getLogger("vllm_admission")
 
@@ -104,6 +119,43 @@ def _remove_at_exit(pid: int, directory: str) -> None:
         remove_snapshot_dir(directory)
 
 
+def check_before_load(vllm_config: object) -> None:
+    """:func:`~vllm_admission.plugin.engine_setup.preflight` for an engine whose
+    ``scheduler_cls`` is the AdmissionScheduler (by name, or a
+    :meth:`~vllm_admission.plugin.scheduler.AdmissionScheduler.configured` class),
+    on a supported vLLM release; nothing otherwise.
+
+    Raises:
+        AdmissionConfigError: a setting this configuration cannot run (one line),
+            or ``SystemExit(2)`` with that line on stderr when the command line
+            names the AdmissionScheduler (``vllm serve``).
+    """
+    from vllm_admission.plugin import vllm_surface
+
+    named = vllm_config.scheduler_config.scheduler_cls
+    if isinstance(named, str):
+        if not named.startswith("vllm_admission"):
+            return
+        config = None
+    else:
+        from vllm_admission.plugin.scheduler import AdmissionScheduler
+
+        if not (isinstance(named, type) and issubclass(named, AdmissionScheduler)):
+            return
+        config = named.admission_settings
+    if not vllm_surface.check_version():
+        return  # the scheduler builds vLLM's own class, or refuses, itself
+    from vllm_admission.plugin.engine_setup import preflight
+
+    try:
+        preflight(vllm_config, config or AdmissionConfig.from_env())
+    except AdmissionConfigError as exc:
+        if names_admission_scheduler(sys.argv):
+            sys.stderr.write(f"vllm_admission: error: {exc}\n")
+            raise SystemExit(2) from None
+        raise
+
+
 def register() -> None:
     """Make vLLM's environment validation accept the plugin's variables.
 
@@ -124,6 +176,11 @@ def register() -> None:
         return
     if not os.environ.get(ENV_METRICS_DIR):
         os.environ[ENV_METRICS_DIR] = _own_metrics_dir()
+    if names_admission_scheduler(sys.argv) or any(
+            os.environ.get(name) for name in (ENV_POLICY, ENV_EVICTION, ENV_CHECKPOINT)):
+        from vllm_admission.plugin.vllm_hooks import install_preflight
+
+        install_preflight(check_before_load)
     try:
         AdmissionConfig.from_env()
     except AdmissionConfigError as exc:

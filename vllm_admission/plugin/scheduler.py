@@ -156,9 +156,8 @@ class AdmissionScheduler(EngineSetup, Scheduler):
             self._admission_publish(idle=True)
             return
         geometry = self._admission_geometry(config)
-        plan = self._admission_plan(config, geometry)
-        prefill_flops = (self._admission_costs(config.eviction).prefill_flops
-                         if plan.needs_flops else None)
+        plan = self._admission_plan(config)
+        prefill_flops = self._admission_prefill_cost(plan) if plan.needs_flops else None
         control = AdmissionControl(plan=plan, geometry=geometry, prefill_flops=prefill_flops,
                                    tune_multiplier=config.tune_multiplier,
                                    tune_grid=config.tune_grid,

@@ -26,6 +26,9 @@ version check of :mod:`vllm_admission.plugin.vllm_surface`:
   platform (:mod:`vllm_admission.plugin.cpu_mamba2`: no prefill-checkpoint export);
 * :func:`wrap_schedule`: observes each step's output on one scheduler
   instance (:class:`vllm_admission.engine.llm.PrefillStepCounter`);
+* :func:`install_preflight`: ``EngineArgs.create_engine_config``, so that the
+  plugin's settings are checked against the ``VllmConfig`` before the model
+  loads, where the user asked for the plugin;
 * :func:`register_env_vars`: adds the plugin's variables to
   ``vllm.envs.environment_variables``;
 * :func:`cached_blocks`: iterates vLLM's block-hash map (no public iterator);
@@ -53,6 +56,8 @@ __all__ = [
     "inprocess_scheduler",
     "install",
     "install_inpass_runner",
+    "install_preflight",
+    "preflight_installed",
     "mamba2_spec_wrapped",
     "register_env_vars",
     "step_checkpoints_of",
@@ -332,6 +337,39 @@ def wrap_mamba2_spec(transform: Callable[[Any], Any]) -> None:
 
     get_kv_cache_spec._admission_original = original  # type: ignore[attr-defined]
     MambaMixer2.get_kv_cache_spec = get_kv_cache_spec
+
+
+def install_preflight(check: Callable[[Any], None]) -> None:
+    """Wrap ``EngineArgs.create_engine_config`` (process-wide, once) so that
+    ``check(vllm_config)`` runs on every ``VllmConfig`` it returns, before the
+    engine is built and the model loads (``LLM(...)`` and ``vllm serve`` both
+    build their config there: ``vllm/engine/arg_utils.py``). ``check`` may raise;
+    the config is returned unchanged otherwise.
+
+    Installed by :func:`vllm_admission.plugin.register.register` only when the
+    user asked for the plugin (module docstring there), and by
+    :func:`vllm_admission.engine.llm.build_llm` for its own engines.
+    """
+    from vllm.engine.arg_utils import EngineArgs
+
+    if preflight_installed():
+        return
+    original = EngineArgs.create_engine_config
+
+    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        vllm_config = original(self, *args, **kwargs)
+        check(vllm_config)
+        return vllm_config
+
+    create_engine_config._admission_original = original  # type: ignore[attr-defined]
+    EngineArgs.create_engine_config = create_engine_config
+
+
+def preflight_installed() -> bool:
+    """Whether :func:`install_preflight` has wrapped ``EngineArgs.create_engine_config`` here."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return getattr(EngineArgs.create_engine_config, "_admission_original", None) is not None
 
 
 def mamba2_spec_wrapped() -> bool:

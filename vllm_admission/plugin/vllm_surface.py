@@ -44,6 +44,9 @@ SUPPORTED_VLLM: tuple[str, ...] = ("0.32", "0.33")
 #: ``(file under vllm/, qualified member, how the plugin uses it)`` for every
 #: private (or undocumented) member of vLLM the plugin overrides, calls or reads.
 PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
+    ("engine/arg_utils.py", "EngineArgs.create_engine_config",
+     "wrapped where the user asks for the plugin: its settings are checked against the "
+     "VllmConfig before the model loads"),
     ("model_executor/layers/mamba/mamba_mixer2.py", "MambaMixer2.get_kv_cache_spec",
      "wrapped on the CPU platform: the spec declares no prefill-checkpoint export"),
     ("v1/core/sched/scheduler.py", "Scheduler._get_local_prefix_cache_hit",

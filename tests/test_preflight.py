@@ -1,0 +1,168 @@
+"""One decision for what an engine can run (``plugin/engine_setup.py``: ``plan_for`` on
+``EngineFacts``), taken before the model loads from vLLM's ``VllmConfig`` and again in the
+scheduler from the live engine; ``auto`` on an architecture without a FLOP model."""
+
+from __future__ import annotations
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from scheduler_harness import (  # noqa: E402,F401 - fixtures are used by name
+    _finish_tuners,
+    build,
+    model_dir,
+    vllm_config,
+)
+
+from vllm_admission.core.adaptive import AUTO, AUTO_ADMISSIONS, AUTO_EVICTIONS  # noqa: E402
+from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError  # noqa: E402
+from vllm_admission.plugin.engine_setup import (  # noqa: E402
+    EngineFacts,
+    plan_for,
+    prefill_tokens,
+    preflight,
+)
+
+
+def settings(policy="vllm", eviction="lru", **kw) -> AdmissionConfig:
+    return AdmissionConfig(policy=policy, eviction=eviction, log_interval=0, **kw)
+
+
+class _Spec:
+    def __init__(self, method):
+        self.method = method
+
+    def use_eagle(self):
+        return self.method in ("eagle", "eagle3", "mtp")
+
+
+def fake_config(*, spec=None, tokens=0, connector=None, unit=None, block=128, caching=True,
+                hybrid=True, arch="Qwen3NextForCausalLM"):
+    """A stand-in with exactly the VllmConfig fields the preflight reads."""
+    from vllm_admission.engine.tiny_model import tiny_model_config_kwargs
+
+    hf = dict(tiny_model_config_kwargs(), architectures=[arch], model_type="qwen3_next")
+    return SimpleNamespace(
+        cache_config=SimpleNamespace(enable_prefix_caching=caching, block_size=block,
+                                     prefix_match_unit=unit, mamba_cache_mode="align",
+                                     use_replayssm=False),
+        speculative_config=None if spec is None else _Spec(spec),
+        num_speculative_tokens=tokens, kv_transfer_config=connector,
+        model_config=SimpleNamespace(is_hybrid=hybrid, hf_config=SimpleNamespace(to_dict=lambda: hf)),
+        parallel_config=SimpleNamespace(distributed_executor_backend=None))
+
+
+@pytest.mark.parametrize("config, named, feature", [
+    (dict(spec="mtp", tokens=1), "VLLM_ADMISSION_POLICY=marconi", "EAGLE/MTP speculative decoding"),
+    (dict(connector=object()), "VLLM_ADMISSION_POLICY=marconi", "a KV connector"),
+    (dict(unit=32), "VLLM_ADMISSION_POLICY=marconi", "hash or group block sizes differ"),
+])
+def test_a_refusal_comes_from_the_config_before_the_model_loads(config, named, feature):
+    with pytest.raises(AdmissionConfigError) as info:
+        preflight(fake_config(**config), settings("marconi"))
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"{named} cannot run with ") and feature in msg
+
+
+def test_what_the_config_cannot_tell_is_left_to_the_scheduler():
+    # A unit equal to the configured block size may still split the final (aligned) block:
+    # the scheduler checks that against the live KV cache groups.
+    assert EngineFacts.from_vllm_config(fake_config(unit=128)).key_problems == ()
+    preflight(fake_config(unit=128), settings("marconi"))
+    # Nothing to refuse where the plugin has nothing to do.
+    preflight(fake_config(spec="mtp", tokens=1, caching=False), settings("marconi"))
+    preflight(fake_config(spec="mtp", tokens=1, hybrid=False), settings("marconi"))
+    # Stock settings run on any configuration.
+    preflight(fake_config(spec="mtp", tokens=2, connector=object(), unit=32), settings())
+
+
+def test_speculative_blocks_refuse_hash_keyed_eviction_and_auto_narrows(caplog):
+    facts = EngineFacts.from_vllm_config(fake_config(spec="mtp", tokens=1))
+    assert facts.eagle and facts.key_problems == ("Mamba speculative blocks",)
+    with pytest.raises(AdmissionConfigError, match="VLLM_ADMISSION_EVICTION=reuse cannot run "
+                                                   "with Mamba speculative blocks"):
+        plan_for(settings(eviction="reuse"), facts)
+    caplog.set_level(logging.WARNING, logger="vllm_admission")
+    logger = logging.getLogger("vllm_admission")
+    logger.addHandler(caplog.handler)
+    try:
+        plan = plan_for(settings(AUTO, AUTO), facts)
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert plan.admissions == ("vllm",) and "reuse" not in plan.evictions
+    assert set(plan.evictions) == set(AUTO_EVICTIONS) - {"reuse"} and plan.adaptive
+    text = " ".join(r.getMessage() for r in caplog.records)
+    assert "auto admission leaves out" in text and "auto eviction leaves out reuse" in text
+    assert "marconi" in AUTO_ADMISSIONS
+
+
+def test_auto_without_a_flop_model_scores_by_tokens_and_flop_is_refused():
+    """An architecture the cost model does not know: ``auto`` runs (its shadows score
+    prompt tokens saved), a policy that needs FLOP values is refused naming itself, and
+    ``auto`` admission with plain ``lru`` is no longer refused under lru's name."""
+    facts = EngineFacts(flop_model_error="unknown architecture 'KimiLinearForCausalLM'")
+    plan = plan_for(settings(AUTO, AUTO), facts)
+    assert plan.adaptive and plan.needs_flops
+    assert plan_for(settings(AUTO, "lru"), facts).adaptive
+    with pytest.raises(AdmissionConfigError) as info:
+        plan_for(settings("vllm", "flop"), facts)
+    msg = str(info.value)
+    assert msg.startswith("VLLM_ADMISSION_EVICTION=flop needs a FLOP model of this "
+                          "architecture: unknown architecture 'KimiLinearForCausalLM'")
+    assert "flop" not in msg.split("valid here:")[1]
+    with pytest.raises(AdmissionConfigError, match="VLLM_ADMISSION_EVICTION=flop needs"):
+        plan_for(settings(AUTO, "flop"), facts)
+    assert prefill_tokens(1000, 256) == 744.0
+
+
+def test_the_scheduler_runs_auto_by_tokens_on_an_unknown_architecture(vllm_config, monkeypatch,
+                                                                     caplog):
+    from vllm_admission.core.costs import ModelConfigError, ModelCosts
+
+    def unknown(*args, **kwargs):
+        raise ModelConfigError("unknown architecture 'LFM2ForCausalLM'")
+
+    monkeypatch.setattr(ModelCosts, "from_config", staticmethod(unknown))
+    caplog.set_level(logging.WARNING, logger="vllm_admission")
+    logger = logging.getLogger("vllm_admission")
+    logger.addHandler(caplog.handler)
+    try:
+        engine = build(vllm_config, monkeypatch, policy="auto", eviction="auto")
+    finally:
+        logger.removeHandler(caplog.handler)
+    try:
+        assert engine.scheduler.stats().adaptive
+        assert engine.scheduler._admission.prefill_flops(1000, 256) == 744.0  # noqa: SLF001
+        assert any("auto scores its candidates by prompt tokens saved" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        engine.scheduler.shutdown()
+    with pytest.raises(AdmissionConfigError, match="needs a FLOP model"):
+        build(vllm_config, monkeypatch, policy="vllm", eviction="flop")
+
+
+@pytest.mark.engine
+def test_build_llm_refuses_before_the_engine_core_starts(tiny_model_of, engine_env, monkeypatch):
+    """Through vLLM's own config path (``EngineArgs.create_engine_config``): a connector
+    and ``marconi`` fail with one line before vLLM builds the engine core (so before any
+    weight loads)."""
+    import vllm.v1.engine.core as core
+
+    from vllm_admission.engine.llm import build_llm, plugin_settings
+
+    started = []
+    real = core.EngineCore.__init__
+    monkeypatch.setattr(core.EngineCore, "__init__",
+                        lambda self, *a, **k: started.append(1) or real(self, *a, **k))
+    s = plugin_settings(str(tiny_model_of("qwen3-next")), admission="marconi", eviction="lru")
+    s.engine_args = {"kv_transfer_config": {"kv_connector": "DecodeBenchConnector",
+                                            "kv_role": "kv_both"}}
+    with pytest.raises(AdmissionConfigError) as info:
+        build_llm(s)
+    assert str(info.value) == ("VLLM_ADMISSION_POLICY=marconi cannot run with a KV connector "
+                               "(valid here: vllm)")
+    assert not started
