@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "nemotron-h: Mamba2 + attention + MLP")
     tiny.add_argument("--max-model-len", type=int, default=131072)
     tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--mtp", action="store_true",
+                      help="also write one MTP layer (vLLM's speculative_config method 'mtp')")
 
     add_replay_parser(sub)
     add_fidelity_parser(sub)
@@ -72,8 +74,8 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     from vllm_admission.engine.tiny_model import make_tiny_model
 
     path = make_tiny_model(args.dir, arch=args.arch, max_position_embeddings=args.max_model_len,
-                           seed=args.seed)
-    print(f"tiny {args.arch} hybrid model in {path}")
+                           seed=args.seed, mtp=args.mtp)
+    print(f"tiny {args.arch} hybrid model{' with an MTP layer' if args.mtp else ''} in {path}")
     return 0
 
 

@@ -247,11 +247,13 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
     import vllm
     import vllm.envs as vllm_envs
 
-    from vllm_admission.plugin import cpu_mamba2
+    from vllm_admission.plugin import cpu_mamba2, cpu_spec_decode
 
     # Stock engines run with VLLM_PLUGINS="" (no general plugin): a Mamba2 model on
-    # vLLM's CPU platform still needs its prefill-checkpoint export off (cpu_mamba2).
+    # vLLM's CPU platform still needs its prefill-checkpoint export off (cpu_mamba2),
+    # and MTP drafts need the state kernels the CPU build lacks (cpu_spec_decode).
     cpu_mamba2.install()
+    cpu_spec_decode.install()
 
     # The in-process engine core freezes vllm.envs after its start; a second
     # engine in the same process must see the environment as it is now.

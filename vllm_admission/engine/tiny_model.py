@@ -227,6 +227,7 @@ def make_tiny_model(
     arch: str = "qwen3-next",
     max_position_embeddings: int = 131072,
     seed: int = 0,
+    mtp: bool = False,
 ) -> Path:
     """Write the tiny random-weight hybrid model of ``arch`` to ``out_dir`` (idempotent).
 
@@ -251,6 +252,14 @@ def make_tiny_model(
             131072, enough for the longest real-trace request of 126,195
             prompt tokens plus its output).
         seed: torch seed for the random weights.
+        mtp: also write one MTP (multi-token prediction) layer, the drafter of
+            vLLM's ``speculative_config={"method": "mtp", ...}``
+            (``models/qwen3_next_mtp.py``, ``models/nemotron_h_mtp.py``): the
+            config gets ``num_nextn_predict_layers: 1`` (Nemotron-H also
+            ``mtp_layers_block_type: ["full_attention"]``, an attention layer,
+            which the CPU build runs) and the weights an MTP layer, a copy of
+            the model's first attention layer plus a random projection of
+            ``[embedding; hidden]`` (transformers builds no MTP module).
 
     Returns:
         ``out_dir`` as a ``Path``, usable as ``vllm.LLM(model=str(path))``.
@@ -266,6 +275,8 @@ def make_tiny_model(
     out = Path(out_dir)
     marker = out / _MARKER
     want = _marker_payload(arch, max_position_embeddings, seed)
+    if mtp:
+        want["mtp"] = True
     if marker.is_file():
         try:
             have = json.loads(marker.read_text())
@@ -289,6 +300,46 @@ def make_tiny_model(
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model = model.to(torch.bfloat16)
     model.save_pretrained(out)
+    if mtp:
+        _add_mtp_layer(out, arch, seed=int(seed))
     train_tiny_tokenizer(config.vocab_size, seed=int(seed)).save_pretrained(out)
     marker.write_text(json.dumps(want, indent=2, sort_keys=True) + "\n")
     return out
+
+
+#: Per arch: (weight prefix of the first attention layer, MTP projection name, MTP norm
+#: names, the final norm they start from): the names vLLM's MTP loaders read.
+_MTP_LAYOUT = {
+    "qwen3-next": ("model.layers.1.", "mtp.fc.weight",
+                   ("mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight",
+                    "mtp.norm.weight"), "model.norm.weight"),
+    "nemotron-h": ("backbone.layers.1.", "mtp.layers.0.eh_proj.weight",
+                   ("mtp.layers.0.enorm.weight", "mtp.layers.0.hnorm.weight",
+                    "mtp.layers.0.final_layernorm.weight"), "backbone.norm_f.weight"),
+}
+
+
+def _add_mtp_layer(out: Path, arch: str, *, seed: int) -> None:
+    """Add one MTP layer to the model written in ``out`` (``make_tiny_model(mtp=True)``)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    config_path = out / "config.json"
+    config = json.loads(config_path.read_text())
+    config["num_nextn_predict_layers"] = 1
+    if arch == "nemotron-h":
+        config["mtp_layers_block_type"] = ["full_attention"]
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (weights_path,) = sorted(out.glob("*.safetensors"))
+    weights = load_file(weights_path)
+    layer, projection, norms, final_norm = _MTP_LAYOUT[arch]
+    for name in list(weights):
+        if name.startswith(layer):
+            weights["mtp.layers.0." + name[len(layer):]] = weights[name].clone()
+    hidden = int(config["hidden_size"])
+    generator = torch.Generator().manual_seed(seed + 1)
+    weights[projection] = (torch.randn(hidden, 2 * hidden, generator=generator)
+                           * 0.02).to(torch.bfloat16)
+    for name in norms:
+        weights[name] = weights[final_norm].clone()
+    save_file(weights, weights_path, metadata={"format": "pt"})

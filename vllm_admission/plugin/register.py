@@ -16,7 +16,9 @@ reads its settings through :class:`vllm_admission.plugin.config.AdmissionConfig`
 
 In every process it also installs :func:`vllm_admission.plugin.cpu_mamba2.install`
 (on vLLM's CPU platform only: Mamba2 layers declare no prefill-checkpoint export there,
-which the CPU kernels cannot write; no effect elsewhere).
+which the CPU kernels cannot write; no effect elsewhere) and
+:func:`vllm_admission.plugin.cpu_spec_decode.install` (CPU only: the speculative-decoding
+state kernels the CPU build lacks, so MTP runs there).
 
 In the process that starts vLLM (``MainProcess``), :func:`register` also
 
@@ -167,11 +169,12 @@ def register() -> None:
         SystemExit: (status 2) an invalid setting while the command line
             names the AdmissionScheduler.
     """
-    from vllm_admission.plugin import cpu_mamba2
+    from vllm_admission.plugin import cpu_mamba2, cpu_spec_decode
     from vllm_admission.plugin.vllm_hooks import register_env_vars
 
     register_env_vars(ENV_VARS, _unset)
     cpu_mamba2.install()  # every process: the engine core builds the KV cache specs
+    cpu_spec_decode.install()  # every process: the model runner copies states under drafts
     if multiprocessing.current_process().name != "MainProcess":
         return
     if not os.environ.get(ENV_METRICS_DIR):

@@ -24,6 +24,9 @@ version check of :mod:`vllm_admission.plugin.vllm_surface`:
   :class:`~vllm_admission.plugin.runner.inpass_runner.StepCheckpoints`);
 * :func:`wrap_mamba2_spec`: ``MambaMixer2.get_kv_cache_spec`` on vLLM's CPU
   platform (:mod:`vllm_admission.plugin.cpu_mamba2`: no prefill-checkpoint export);
+* :func:`install_cpu_spec_decode`: on vLLM's CPU platform, the speculative-decoding
+  state copies and the Mamba2 conv update under drafts, which the CPU build lacks
+  (:mod:`vllm_admission.plugin.cpu_spec_decode`);
 * :func:`wrap_schedule`: observes each step's output on one scheduler
   instance (:class:`vllm_admission.engine.llm.PrefillStepCounter`);
 * :func:`install_preflight`: ``EngineArgs.create_engine_config``, so that the
@@ -55,6 +58,8 @@ __all__ = [
     "cached_blocks",
     "inprocess_scheduler",
     "install",
+    "cpu_spec_decode_installed",
+    "install_cpu_spec_decode",
     "install_inpass_runner",
     "install_preflight",
     "preflight_installed",
@@ -370,6 +375,92 @@ def preflight_installed() -> bool:
     from vllm.engine.arg_utils import EngineArgs
 
     return getattr(EngineArgs.create_engine_config, "_admission_original", None) is not None
+
+
+def install_cpu_spec_decode() -> None:
+    """Give vLLM's CPU build the speculative-decoding state kernels it lacks (process-wide,
+    once; :mod:`vllm_admission.plugin.runner.spec_decode_cpu`):
+    ``MambaSpecDecodeGPUContext.run_fused_precopy`` / ``run_fused_postprocess`` (Triton
+    kernels the CPU build has not; ``_populate_metadata`` is wrapped to keep the state
+    tensors and block tables they copy between) and ``mamba_mixer2.causal_conv1d_update``
+    with ``num_accepted_tokens`` (the CPU version drops it; without it the call goes to
+    vLLM's function unchanged). :func:`vllm_admission.plugin.cpu_spec_decode.install`
+    decides when."""
+    from vllm.model_executor.layers.mamba import mamba_mixer2
+    from vllm.model_executor.layers.mamba.mamba_utils import (
+        get_conv_copy_spec,
+        is_conv_state_dim_first,
+    )
+    from vllm.v1.worker import mamba_utils
+
+    from vllm_admission.plugin.runner import spec_decode_cpu as ops
+
+    if cpu_spec_decode_installed():
+        return
+    ctx = mamba_utils.MambaSpecDecodeGPUContext
+    populate = ctx._populate_metadata
+
+    def _populate_metadata(self: Any, kv_cache_config: Any, forward_context: Any,
+                           copy_funcs: Any, block_tables: Any, aligned: Any) -> None:
+        populate(self, kv_cache_config, forward_context, copy_funcs, block_tables, aligned)
+        states = []
+        for local, group_id in enumerate(self.mamba_group_ids):
+            group = kv_cache_config.kv_cache_groups[group_id]
+            for name in group.layer_names:
+                spec = mamba_utils._get_mamba_spec_for_layer(group, name)
+                tensors = forward_context[name].kv_cache
+                for i, func in enumerate(copy_funcs[spec.mamba_type]):
+                    states.append((tensors[i], func is get_conv_copy_spec, local))
+        self._admission_states = states
+        self._admission_tables = [ops.full_block_table(t) for t in block_tables]
+
+    # vLLM's parameter names: its runner passes them by keyword.
+    def run_fused_precopy(self: Any, num_reqs: int, state_idx_gpu: Any, src_col_gpu: Any,
+                          token_bias_gpu: Any, idx_mapping: Any) -> None:
+        if num_reqs == 0 or not self.is_initialized:
+            return
+        ops.precopy(self._admission_states, self._admission_tables, num_reqs, state_idx_gpu,
+                    src_col_gpu, token_bias_gpu, idx_mapping,
+                    conv_dim_first=is_conv_state_dim_first())
+
+    def run_fused_postprocess(self: Any, num_reqs: int, num_accepted_tokens_gpu: Any,
+                              mamba_state_idx_gpu: Any, num_scheduled_tokens_gpu: Any,
+                              num_computed_tokens_gpu: Any, num_draft_tokens_gpu: Any) -> None:
+        if num_reqs == 0 or not self.is_initialized:
+            return
+        ops.postprocess(self._admission_states, self._admission_tables, num_reqs,
+                        self.block_size, num_accepted_tokens_gpu, mamba_state_idx_gpu,
+                        num_scheduled_tokens_gpu, num_computed_tokens_gpu, num_draft_tokens_gpu,
+                        self.num_accepted_tokens_out, conv_dim_first=is_conv_state_dim_first())
+
+    conv_update = mamba_mixer2.causal_conv1d_update
+
+    def causal_conv1d_update(x: Any, conv_state: Any, weight: Any, bias: Any = None,
+                             activation: Any = None, *args: Any, **kwargs: Any) -> Any:
+        accepted = kwargs.get("num_accepted_tokens")
+        starts = kwargs.get("query_start_loc")
+        if args or accepted is None or starts is None:
+            return conv_update(x, conv_state, weight, bias, activation, *args, **kwargs)
+        return ops.conv_update_spec(x, conv_state, weight, bias, activation,
+                                    state_indices=kwargs["conv_state_indices"],
+                                    num_accepted_tokens=accepted, query_start_loc=starts,
+                                    null_block_id=kwargs.get("null_block_id", 0))
+
+    for cls_or_module, name, new in ((ctx, "_populate_metadata", _populate_metadata),
+                                     (ctx, "run_fused_precopy", run_fused_precopy),
+                                     (ctx, "run_fused_postprocess", run_fused_postprocess),
+                                     (mamba_mixer2, "causal_conv1d_update",
+                                      causal_conv1d_update)):
+        new._admission_original = getattr(cls_or_module, name)  # type: ignore[attr-defined]
+        setattr(cls_or_module, name, new)
+
+
+def cpu_spec_decode_installed() -> bool:
+    """Whether :func:`install_cpu_spec_decode` has run in this process."""
+    from vllm.v1.worker import mamba_utils
+
+    return getattr(mamba_utils.MambaSpecDecodeGPUContext.run_fused_precopy,
+                   "_admission_original", None) is not None
 
 
 def mamba2_spec_wrapped() -> bool:

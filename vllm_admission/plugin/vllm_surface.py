@@ -44,6 +44,16 @@ SUPPORTED_VLLM: tuple[str, ...] = ("0.32", "0.33")
 #: ``(file under vllm/, qualified member, how the plugin uses it)`` for every
 #: private (or undocumented) member of vLLM the plugin overrides, calls or reads.
 PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
+    ("v1/worker/mamba_utils.py", "MambaSpecDecodeGPUContext._populate_metadata",
+     "wrapped on the CPU platform: keeps the state tensors and block tables"),
+    ("v1/worker/mamba_utils.py", "MambaSpecDecodeGPUContext.run_fused_precopy",
+     "replaced on the CPU platform (a Triton kernel there): torch state copy"),
+    ("v1/worker/mamba_utils.py", "MambaSpecDecodeGPUContext.run_fused_postprocess",
+     "replaced on the CPU platform (a Triton kernel there): torch state copy"),
+    ("v1/worker/mamba_utils.py", "_get_mamba_spec_for_layer",
+     "read by the CPU state copies' metadata wrap"),
+    ("model_executor/layers/mamba/mamba_mixer2.py", "causal_conv1d_update",
+     "wrapped on the CPU platform: drafts' num_accepted_tokens honoured"),
     ("engine/arg_utils.py", "EngineArgs.create_engine_config",
      "wrapped where the user asks for the plugin: its settings are checked against the "
      "VllmConfig before the model loads"),
