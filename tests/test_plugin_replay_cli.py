@@ -26,6 +26,13 @@ def run(argv, capsys):
      f"valid: {', '.join(ENGINE_EVICTION_POLICIES)}"),
     (["--trace", "/nonexistent/trace.jsonl"], "vllm-admission: error: trace file not found"),
     (["--num-gpu-blocks", "0"], "vllm-admission: error: --num-gpu-blocks must be >= 1, got 0"),
+    (["--speculative-config", "{mtp"], "vllm-admission: error: --speculative-config: not JSON"),
+    (["--kv-transfer-config", "[1]"],
+     "vllm-admission: error: --kv-transfer-config: expected a JSON object, got '[1]'"),
+    (["--prefix-cache-retention-interval", "sometimes"],
+     "vllm-admission: error: --prefix-cache-retention-interval must be an integer >= 0 or "
+     "'none', got 'sometimes'"),
+    (["--prefix-match-unit", "0"], "vllm-admission: error: --prefix-match-unit must be >= 1"),
 ])
 def test_bad_input_is_one_error_line(tmp_path, capsys, extra, message):
     model = tmp_path / "model"
@@ -91,3 +98,35 @@ def test_replay_writes_results(tmp_path_factory, capsys, engine_env):
     assert doc["admission_stats"]["tokens_saved"] == 2 * hit
     assert doc["geometry"]["num_gpu_blocks"] == 64
     assert doc["wall_seconds"] > 0
+
+
+def test_engine_args_pass_through_with_vllms_names():
+    """``replay`` and ``fidelity`` take vLLM's own flags and hand vLLM its own names and
+    values (JSON objects parsed, ``none`` as None)."""
+    from vllm_admission.cli import build_parser
+    from vllm_admission.cli.options import engine_args_from
+
+    args = build_parser().parse_args([
+        "replay", "--model", "m", "--out", "o", "--max-num-batched-tokens", "512",
+        "--prefix-cache-retention-interval", "none", "--prefix-match-unit", "32",
+        "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}',
+        "--kv-transfer-config", '{"kv_connector": "ExampleConnector", "kv_role": "kv_both"}'])
+    assert engine_args_from(args) == {
+        "max_num_batched_tokens": 512, "prefix_cache_retention_interval": None,
+        "prefix_match_unit": 32,
+        "speculative_config": {"method": "mtp", "num_speculative_tokens": 1},
+        "kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}}
+    assert engine_args_from(build_parser().parse_args(["replay", "--model", "m", "--out", "o"])) == {}
+
+
+def test_fidelity_refuses_what_the_simulator_does_not_mirror(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    rc, _, err = run(["fidelity", "--model", str(model), "--out", str(tmp_path / "out"),
+                      "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
+                     capsys)
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("vllm-admission: error: the simulator does not mirror the engine "
+                          "argument(s) speculative_config; it mirrors: max_num_batched_tokens, "
+                          "prefix_cache_retention_interval")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vllm_admission.cli.options import RETENTION_HELP, engine_args_from
+from vllm_admission.cli.options import add_engine_args, engine_args_from
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
@@ -64,11 +64,7 @@ def add_fidelity_parser(sub) -> None:
                    help="the engine's mamba_ssm_cache_dtype (default: vLLM's, which its CPU platform "
                         "turns into float32 on CPUs with AVX-512 BF16, doubling the tiny model's "
                         "block size); pin it for the same run on every CPU")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="T",
-                   help="vLLM's prefill token budget per step (default: vLLM's)")
-    p.add_argument("--prefix-cache-retention-interval", default=None, metavar="0|N|none",
-                   help=RETENTION_HELP + "; the engine gets it, the simulator reads it back "
-                                         "from the engine")
+    add_engine_args(p)
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless every sequential record meets the fidelity bar: exact per "
                         "request for lru with none/last/vllm/dense, within 1%% of prompt tokens "

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["RETENTION_HELP", "engine_args_from", "parse_list", "parse_retention_interval"]
+__all__ = ["RETENTION_HELP", "add_engine_args", "engine_args_from", "parse_list",
+           "parse_retention_interval"]
 
 #: ``--help`` text of vLLM's ``--prefix-cache-retention-interval``, as the
 #: subcommands take it.
@@ -48,6 +49,35 @@ def parse_retention_interval(text: str) -> int | None:
     return value
 
 
+def add_engine_args(p) -> None:
+    """vLLM's own engine arguments that ``replay`` and ``fidelity`` pass through, with
+    vLLM's flag names and values (:func:`engine_args_from` reads them back)."""
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="T",
+                   help="vLLM's prefill token budget per step (default: vLLM's)")
+    p.add_argument("--prefix-cache-retention-interval", default=None, metavar="0|N|none",
+                   help=RETENTION_HELP)
+    p.add_argument("--prefix-match-unit", type=int, default=None, metavar="T",
+                   help="vLLM's prefix_match_unit: tokens per block hash, below the block size "
+                        "for sub-block hits")
+    p.add_argument("--speculative-config", default=None, metavar="JSON",
+                   help='vLLM\'s speculative_config, e.g. \'{"method": "mtp", '
+                        '"num_speculative_tokens": 1}\'')
+    p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
+                   help="vLLM's kv_transfer_config (a KV connector)")
+
+
+def _json_object(flag: str, text: str) -> dict:
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{flag}: not JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag}: expected a JSON object, got {text!r}")
+    return value
+
+
 def engine_args_from(args) -> dict:
     """vLLM's own engine arguments given on the command line (``replay``,
     ``fidelity``), by vLLM's names; only those given.
@@ -64,4 +94,14 @@ def engine_args_from(args) -> dict:
     retention = getattr(args, "prefix_cache_retention_interval", None)
     if retention is not None:
         out["prefix_cache_retention_interval"] = parse_retention_interval(retention)
+    unit = getattr(args, "prefix_match_unit", None)
+    if unit is not None:
+        if unit < 1:
+            raise ValueError(f"--prefix-match-unit must be >= 1, got {unit}")
+        out["prefix_match_unit"] = unit
+    for flag, name in (("--speculative-config", "speculative_config"),
+                       ("--kv-transfer-config", "kv_transfer_config")):
+        text = getattr(args, name, None)
+        if text is not None:
+            out[name] = _json_object(flag, text)
     return out

@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_admission.cli.options import RETENTION_HELP, engine_args_from
+from vllm_admission.cli.options import add_engine_args, engine_args_from
 from vllm_admission.core.adaptive import AUTO
 from vllm_admission.core.admission import (
     ADMISSION_POLICIES,
@@ -72,10 +72,7 @@ def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
                    help="the engine's mamba_ssm_cache_dtype (default: vLLM's, which its CPU "
                         "platform resolves per instruction set); pin it for the same run on "
                         "every CPU")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="T",
-                   help="vLLM's prefill token budget per step (default: vLLM's)")
-    p.add_argument("--prefix-cache-retention-interval", default=None, metavar="0|N|none",
-                   help=RETENTION_HELP)
+    add_engine_args(p)
     p.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
     p.add_argument("--out", required=True, help="output directory for results.json")
     return p
