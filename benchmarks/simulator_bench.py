@@ -6,12 +6,7 @@ then times one simulated run at 64 GiB (5,140 blocks: almost every block is
 evicted once). Reported per case: wall and CPU seconds of the run alone, the
 load + re-block time, and peak RSS of the whole process.
 
-Where the compiled hot path is installed (``setup.py``, ``vllm_admission/hotpath.py``),
-every case runs both ways, pure Python (``VLLM_ADMISSION_PURE_PYTHON=1``) and compiled,
-alternating process by process so that both see the same machine load; each row then
-carries ``build`` and the case its ``pure_over_compiled`` CPU ratio. ``--builds`` picks.
-
-Usage: ``python benchmarks/simulator_bench.py [--repeat N] [--builds pure,compiled] [--out FILE]``.
+Usage: ``python benchmarks/simulator_bench.py [--repeat N] [--cases A,B] [--out FILE]``.
 
 ``--one CASE`` runs one case in this process and prints its row as JSON (the fresh
 process per case above; ``compare_trees.py`` uses it too); with ``--callgrind`` as well,
@@ -70,9 +65,7 @@ def run_case(name: str, around=contextlib.nullcontext) -> dict:
     with around():
         r = simulate(trace, costs, admission=admission, eviction=eviction,
                      capacity_bytes=parse_bytes(CAPACITY), requests=requests, **extra)
-    from vllm_admission import compiled_modules
-
-    return {"case": name, "compiled_modules": len(compiled_modules()), "requests": r.requests, "evictions": r.evictions,
+    return {"case": name, "requests": r.requests, "evictions": r.evictions,
             "token_hit_rate": r.token_hit_rate, "wall_s": r.wall_seconds, "cpu_s": r.cpu_seconds,
             "load_s": load_s, "alpha": r.alpha, "final_policy": r.final_policy,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -99,42 +92,17 @@ def callgrind_window():
         toggle("off")
 
 
-def compiled_build_present() -> bool:
-    """Whether the compiled hot path is importable (checked in a fresh process)."""
-    code = ("import vllm_admission\nfrom vllm_admission import hotpath\n"
-            "print(hotpath.describe())")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=child_env("compiled"))
-    return done.returncode == 0 and "hot path: compiled" in done.stdout
-
-
-def child_env(build: str) -> dict[str, str]:
-    """The environment of a case's process for ``build`` (``pure`` or ``compiled``)."""
-    from_env = {k: v for k, v in os.environ.items() if k != "VLLM_ADMISSION_PURE_PYTHON"}
-    if build == "pure":
-        from_env["VLLM_ADMISSION_PURE_PYTHON"] = "1"
-    elif build != "compiled":
-        raise SystemExit(f"unknown build {build!r}: pure or compiled")
-    return from_env
-
-
-def run_child(name: str, build: str) -> dict:
-    """:func:`run_case` of ``name`` in a fresh process running ``build``."""
+def run_child(name: str) -> dict:
+    """:func:`run_case` of ``name`` in a fresh process."""
     out = subprocess.run([sys.executable, __file__, "--one", name], check=True,
-                         capture_output=True, text=True, env=child_env(build))
-    row = json.loads(out.stdout.strip().splitlines()[-1])
-    if (row["compiled_modules"] > 0) != (build == "compiled"):
-        raise SystemExit(f"{name}: asked for the {build} build, the process ran "
-                         f"{row['compiled_modules']} compiled modules")
-    return row
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="runs per case (median reported)")
     ap.add_argument("--cases", default=",".join(CASES), help="comma list of case names")
-    ap.add_argument("--builds", default=None,
-                    help="comma list of pure,compiled (default: both where compiled, else pure)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "simulator.json"))
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--callgrind", action="store_true", help=argparse.SUPPRESS)
@@ -147,39 +115,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Mooncake trace not found at {TRACE}; skipping the simulator benchmark")
         return 0
     names = [n for n in args.cases.split(",") if n]
-    builds = (args.builds or ("pure,compiled" if compiled_build_present() else "pure")).split(",")
     rows = []
     for name in names:
-        runs: dict[str, list[dict]] = {b: [] for b in builds}
-        for _ in range(args.repeat):
-            for build in builds:   # alternating: both builds see the same load
-                runs[build].append(run_child(name, build))
-        for build in builds:
-            row = dict(runs[build][0])
-            for key in ("wall_s", "cpu_s", "load_s", "peak_rss_mib"):
-                row[key] = statistics.median(r[key] for r in runs[build])
-            row["build"], row["repeats"] = build, len(runs[build])
-            rows.append(row)
-            print(f"{name:<40} {build:<9} cpu {row['cpu_s']:6.2f} s  wall {row['wall_s']:6.2f} s  "
-                  f"load {row['load_s']:5.2f} s  peak {row['peak_rss_mib']:6.0f} MiB  "
-                  f"hit {row['token_hit_rate']:.2%}", flush=True)
-        if len(builds) == 2:
-            pure, comp = rows[-2:] if builds[0] == "pure" else rows[-1:-3:-1]
-            if (pure["token_hit_rate"], pure["evictions"]) != (comp["token_hit_rate"],
-                                                               comp["evictions"]):
-                raise SystemExit(f"{name}: the compiled build's result differs from pure Python")
-            ratio = pure["cpu_s"] / comp["cpu_s"]
-            pure["pure_over_compiled"] = comp["pure_over_compiled"] = ratio
-            print(f"{name:<40} pure / compiled CPU: {ratio:.2f}x", flush=True)
-    for build in builds:
-        base = next((r for r in rows if r["case"] == "vllm+lru" and r["build"] == build), None)
-        if base:
-            for r in rows:
-                if r["build"] == build:
-                    r["cpu_ratio_to_vllm_lru"] = r["cpu_s"] / base["cpu_s"]
+        runs = [run_child(name) for _ in range(args.repeat)]
+        row = dict(runs[0])
+        for key in ("wall_s", "cpu_s", "load_s", "peak_rss_mib"):
+            row[key] = statistics.median(r[key] for r in runs)
+        row["repeats"] = len(runs)
+        rows.append(row)
+        print(f"{name:<40} cpu {row['cpu_s']:6.2f} s  wall {row['wall_s']:6.2f} s  "
+              f"load {row['load_s']:5.2f} s  peak {row['peak_rss_mib']:6.0f} MiB  "
+              f"hit {row['token_hit_rate']:.2%}", flush=True)
+    base = next((r for r in rows if r["case"] == "vllm+lru"), None)
+    if base:
+        for r in rows:
+            r["cpu_ratio_to_vllm_lru"] = r["cpu_s"] / base["cpu_s"]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"trace": str(TRACE.name), "model": MODEL,
-                                          "capacity": CAPACITY, "builds": builds,
+                                          "capacity": CAPACITY,
                                           "date": time.strftime("%Y-%m-%d %H:%M"),
                                           "load_average": os.getloadavg(), "cases": rows}, indent=2) + "\n")
     print(f"wrote {args.out}")

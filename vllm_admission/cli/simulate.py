@@ -140,9 +140,6 @@ def run_simulate(args: argparse.Namespace) -> int:
     print(format_table(doc))
     res, png = write_results(doc, args.out)
     print(f"wrote {res} and {png}")
-    from vllm_admission.hotpath import describe
-
-    print(f"vllm-admission: {describe()}", file=sys.stderr)   # which build ran (the sweep's)
     return 0
 
 

@@ -42,7 +42,6 @@ from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, eviction_class
 from vllm_admission.core.tuning import GRIDS
-from vllm_admission.hotpath import PURE_ENV
 
 __all__ = [
     "ENV_ALPHA",
@@ -69,10 +68,6 @@ ENV_CHECKPOINT = "VLLM_ADMISSION_CHECKPOINT"
 #: Not a user setting: where the engine core publishes the plugin's metrics
 #: (vllm_admission.plugin.snapshots).
 ENV_METRICS_DIR = "VLLM_ADMISSION_METRICS_DIR"
-#: Not plugin settings, but ``VLLM_``-prefixed, so registered with vLLM too: the compiled
-#: core's switch (``vllm_admission.hotpath``) and ``setup.py``'s opt-out.
-ENV_PURE_PYTHON = PURE_ENV
-ENV_NO_COMPILE = "VLLM_ADMISSION_NO_COMPILE"
 
 #: Stock vLLM's pair (``vllm`` + ``lru``): the plugin changes nothing by default.
 DEFAULT_POLICY, DEFAULT_EVICTION = stock_pair().admission, stock_pair().eviction
@@ -99,8 +94,6 @@ ENV_VARS: dict[str, str] = {
                      f"(default {DEFAULT_CHECKPOINT})"),
     ENV_METRICS_DIR: ("directory where the scheduler publishes its counters for the server's "
                       "/metrics (set by the plugin in the process that starts vLLM)"),
-    ENV_PURE_PYTHON: "1 = run the pure-Python core although the compiled one is installed",
-    ENV_NO_COMPILE: "1 = install without compiling the core (read by setup.py only)",
 }
 
 
