@@ -130,3 +130,18 @@ def test_fidelity_refuses_what_the_simulator_does_not_mirror(tmp_path, capsys):
     assert err.startswith("vllm-admission: error: the simulator does not mirror the engine "
                           "argument(s) speculative_config; it mirrors: max_num_batched_tokens, "
                           "prefix_cache_retention_interval")
+
+
+def test_without_vllm_the_engine_commands_say_so_in_one_line(tmp_path, capsys, monkeypatch):
+    """``replay`` where vLLM cannot be imported: one line naming what is missing and how to
+    install it, exit status 2, no traceback (``sys.modules[name] = None`` makes the import
+    fail as an absent package does)."""
+    import sys
+
+    model = tmp_path / "model"
+    model.mkdir()
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    rc, _, err = run(["replay", "--model", str(model), "--out", str(tmp_path / "out"),
+                      "--max-requests", "2"], capsys)
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("vllm-admission: error: 'replay' needs vllm, which is not installed")

@@ -318,3 +318,45 @@ def test_retention_interval_reaches_the_stock_policy_and_the_records(tmp_path):
     assert runs["none"]["vllm"]["state_checkpoints"] > runs["0"]["vllm"]["state_checkpoints"]
     for key in ("hit_tokens", "state_checkpoints", "evictions"):
         assert runs["none"]["last"][key] == runs["0"]["last"][key]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--chunk-size", "0"], "--chunk-size must be >= 1 token, got 0"),
+    (["--admission", "auto,vllm", "--eviction", "auto,belady"],
+     "eviction 'belady' needs future knowledge; it cannot be combined with admission 'auto'"),
+])
+def test_a_bad_setting_fails_before_any_run(tmp_path, capsys, monkeypatch, argv, message):
+    """Caught before the sweep starts: no run is simulated (issue 34: a setting that used
+    to become 8192 silently, a grid cell that used to fail after the others had run)."""
+    import vllm_admission.sim.sweep as sweep
+
+    ran = []
+    monkeypatch.setattr(sweep, "_run_one", lambda *a: ran.append(a))
+    rc = main(["simulate", "--trace", "synthetic", "--max-requests", "20", "--capacity", "2GiB",
+               "--out", str(tmp_path), "--no-progress", *argv])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err == f"vllm-admission: error: {message}"
+    assert not ran and not (tmp_path / "results.json").exists()
+
+
+def test_an_unwritable_out_fails_before_the_sweep(tmp_path, capsys, monkeypatch):
+    import vllm_admission.sim.sweep as sweep
+
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setattr(sweep, "run_sweep", lambda *a, **k: pytest.fail("the sweep ran"))
+    rc = main(["simulate", "--trace", "synthetic", "--max-requests", "20", "--capacity", "2GiB",
+               "--out", str(blocked / "out"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith(f"vllm-admission: error: --out {blocked / 'out'}: cannot "
+                                      f"write there")
+
+
+def test_an_alpha_nothing_uses_is_said(tmp_path, capsys):
+    rc = main(["simulate", "--trace", "synthetic", "--max-requests", "30", "--capacity", "2GiB",
+               "--admission", "vllm", "--eviction", "lru", "--alpha", "0.5",
+               "--out", str(tmp_path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 0
+    assert ("vllm-admission: --alpha 0.5 has no effect: no eviction policy run here has an "
+            "alpha (lru; flop has one)") in err

@@ -36,6 +36,10 @@ log = logging.getLogger("vllm_admission")
 USER_ERRORS = (UnknownPolicyError, ModelConfigError, CapacityError, TraceError, ValueError, OSError,
                RayUnavailableError)
 
+#: The packages the engine side needs (vLLM and what it brings); a missing one is a
+#: one-line error, not a traceback.
+ENGINE_PACKAGES = ("vllm", "torch", "transformers", "safetensors", "tokenizers")
+
 __all__ = ["build_parser", "main"]
 
 
@@ -91,6 +95,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handlers[args.command](args)
     except USER_ERRORS as exc:
         print(f"vllm-admission: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        top = (exc.name or "").split(".")[0]
+        if top not in ENGINE_PACKAGES:
+            raise
+        print(f"vllm-admission: error: '{args.command}' needs {top}, which is not installed "
+              f"here (make install installs vLLM's CPU build with it; on a GPU machine: "
+              f"pip install 'vllm>=0.32,<0.34')", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("vllm-admission: interrupted", file=sys.stderr)

@@ -99,7 +99,8 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
 def run_simulate(args: argparse.Namespace) -> int:
     """Run a sweep; print the table; write results.json and the plot."""
     from vllm_admission.cli.options import parse_list
-    from vllm_admission.sim.report import format_table, write_results
+    from vllm_admission.core.eviction import eviction_class
+    from vllm_admission.sim.report import check_writable, format_table, write_results
     from vllm_admission.sim.simulator import DEFAULT_CHUNK_SIZE
     from vllm_admission.sim.sweep import SweepSpec, run_sweep
 
@@ -113,6 +114,8 @@ def run_simulate(args: argparse.Namespace) -> int:
     jobs = args.jobs
     if args.executor == "process" and jobs is None:
         jobs = getattr(args, "process_jobs", 1)
+    if args.chunk_size is not None and args.chunk_size < 1:
+        raise ValueError(f"--chunk-size must be >= 1 token, got {args.chunk_size}")
     if args.auto_interval < 1:
         raise ValueError(f"--auto-interval must be >= 1 request, got {args.auto_interval}")
     check_checkpoint_mode(args.checkpoint)
@@ -127,6 +130,14 @@ def run_simulate(args: argparse.Namespace) -> int:
         tune_grid=args.tune_grid, auto_interval=args.auto_interval,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint,
         retention_interval=retention)
+    if args.alpha is not None:
+        if not args.alpha >= 0:
+            raise ValueError(f"--alpha must be >= 0, got {args.alpha}")
+        names = {e for _, e, _ in spec.runs()} - {AUTO}
+        if not any(eviction_class(e).tunable for e in names):
+            print(f"vllm-admission: --alpha {args.alpha:g} has no effect: no eviction policy run "
+                  f"here has an alpha ({', '.join(sorted(names)) or AUTO}; flop has one)",
+                  file=sys.stderr)
     costs = spec.load_costs()
     if not costs.is_hybrid:
         print(f"vllm-admission: {costs.name} has no recurrent layers; prefix caching already "
@@ -135,6 +146,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.executor == "ray" and args.ray_address and args.jobs is not None:
         print("vllm-admission: --jobs is ignored with --ray-address: the cluster's CPUs decide",
               file=sys.stderr)
+    check_writable(args.out)
     doc = run_sweep(spec, jobs=jobs, progress=not args.no_progress, executor=args.executor,
                     ray_address=args.ray_address)
     print(format_table(doc))

@@ -277,7 +277,13 @@ class EngineSetup:
         Raises:
             AdmissionConfigError: a setting this engine cannot run (one line).
         """
-        return plan_for(config, self._admission_facts())
+        plan = plan_for(config, self._admission_facts())
+        if config.alpha is not None and not any(eviction_class(e).tunable
+                                                for e in plan.evictions):
+            logger.warning("vllm_admission: VLLM_ADMISSION_ALPHA=%g has no effect: no eviction "
+                           "policy this engine may run (%s) has an alpha (flop has one)",
+                           config.alpha, ", ".join(plan.evictions))
+        return plan
 
     def _admission_inert_reason(self) -> str | None:
         if not self.cache_config.enable_prefix_caching:

@@ -124,6 +124,24 @@ def plot_hit_rates(doc: dict[str, Any], path: str | os.PathLike) -> Path:
     return out
 
 
+def check_writable(out_dir: str | os.PathLike) -> None:
+    """Create ``out_dir`` if needed and check that a file can be written there, so that a
+    sweep fails before it runs, not after.
+
+    Raises:
+        OSError: the directory cannot be created or written (the message names it).
+    """
+    import tempfile
+
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise OSError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+
+
 def write_results(doc: dict[str, Any], out_dir: str | os.PathLike) -> tuple[Path, Path]:
     """Write ``results.json`` and ``hit_rate.png`` under ``out_dir``."""
     out = Path(out_dir)

@@ -23,6 +23,7 @@ from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.costs import ModelCosts, load_model
 from vllm_admission.core.geometry import block_geometry, check_retention_interval
+from vllm_admission.core.run import RunPlan
 from vllm_admission.core.traces import Trace, load_trace
 from vllm_admission.sim.simulator import cache_requests, simulate, trace_bound
 
@@ -264,13 +265,16 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         raise ValueError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
     if jobs is not None and jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    runs = spec.runs()
+    for admission, eviction, _ in runs:
+        # Every cell's names and combination, before any run (auto x belady cannot run).
+        RunPlan.from_settings(admission, eviction, alpha=spec.alpha, checkpoint=spec.checkpoint)
     if executor == "ray":
         import_ray()  # fail before loading anything
     trace, costs = _load(spec)
     for cap in spec.capacities:
         geo = block_geometry(costs, cap)  # raises CapacityError early
         check_retention_interval(spec.retention_interval, geo.block_size)
-    runs = spec.runs()
     results: dict[tuple[str, str, int], dict[str, Any]] = {}
     bar = tqdm(total=len(runs), desc="simulating", unit="run", disable=not progress)
     if executor == "ray":
