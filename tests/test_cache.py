@@ -313,3 +313,22 @@ def test_a_retention_interval_off_the_block_grid_is_refused():
     with pytest.raises(ValueError, match=r"multiple of the block size \(256\)"):
         CacheLayout(num_blocks=100, block_size=B, group_kinds=GROUPS, bytes_per_block=1,
                     chunk_size=600, retention_interval=300)
+
+
+def test_on_request_hears_the_prompts_full_blocks_only():
+    """The simulator tells a policy that needs requests the prompt's full-block keys, the
+    same the plugin can know at the lookup (``AdmissionControl.on_request``), also when the
+    request's hashes run on through its output (a trace that records outputs; issue 34)."""
+    from vllm_admission.core.eviction import get_eviction
+
+    prompt = ["p"] * 1000            # 3 full blocks of 256, then 232 tokens
+    hashes = chained(prompt + ["o"] * 600)   # the chain through the output: 6 full blocks
+    ev = get_eviction("conversation")
+    assert ev.needs_requests
+    heard = []
+    orig = ev.on_request
+    ev.on_request = lambda keys, now: (heard.append(list(keys)), orig(keys, now))
+    cache = HybridPrefixCache(num_blocks=10_000, block_size=B, group_kinds=GROUPS,
+                              admission=get_admission("vllm"), eviction=ev, chunk_size=8192)
+    cache.serve(hashes, 1000, 600, rid=0, now=0.0)
+    assert heard == [hashes[:3]]

@@ -334,7 +334,9 @@ class HybridPrefixCache:
         pool = self.pool
         evictions_before = pool.evictions
         if pool.reports_requests:
-            pool.eviction.on_request(hashes, now)
+            # The prompt's full blocks only, as the engine can know them at the lookup
+            # (``AdmissionControl.on_request``): ``hashes`` may run on through the output.
+            pool.eviction.on_request(hashes[:prompt_len // B], now)
         probe = self.lookup(hashes, prompt_len)
         if probe.junction:
             self.junctions += 1
