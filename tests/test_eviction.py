@@ -190,7 +190,9 @@ def test_derived_attributes_follow_the_hooks_a_class_overrides():
             pass
 
     assert Listener.needs_hits and not Listener.needs_keys and not Listener.tunable
-    assert Listener.vllm_order  # declarations are inherited (a subclass may undeclare them)
+    # Declarations are the class's own: a subclass under a new name is neither vLLM's
+    # order nor an auto candidate unless it says so (issue 34).
+    assert not Listener.vllm_order and not Listener.auto_candidate
     with pytest.raises(TypeError, match="derived"):
         class Declared(LRUEviction):  # the class statement is the test
             name, summary = "declared", "declares a derived attribute"
@@ -198,8 +200,13 @@ def test_derived_attributes_follow_the_hooks_a_class_overrides():
 
 
 def test_register_eviction_refuses_a_bad_entry():
+    assert register_eviction(LRUEviction) is LRUEviction   # the same class again: a no-op
+
+    class Impostor(LRUEviction):
+        name, summary = "lru", "another class under a taken name"
+
     with pytest.raises(ValueError, match="already registered"):
-        register_eviction(LRUEviction)
+        register_eviction(Impostor)
     with pytest.raises(TypeError):
         register_eviction(int)
 

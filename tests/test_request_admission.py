@@ -85,8 +85,15 @@ def test_derived_attributes_follow_the_policys_answers():
         class Declared(AdmissionPolicy):  # the class statement is the test
             name, summary, admitted = "declared", "declares a derived attribute", frozenset()
             every_block = True
+    vllm = type(get_admission("vllm"))
+    assert register_admission(vllm) is vllm   # the same class again: a no-op
+
+    class Impostor(AdmissionPolicy):
+        name, summary, admitted = "vllm", "another class under a taken name", frozenset()
+
     with pytest.raises(ValueError, match="already registered"):
-        register_admission(type(get_admission("vllm")))
+        register_admission(Impostor)
+    assert not Impostor.vllm_native and stock_admission() == "vllm"
 
 
 def test_checkpoints_and_values_follow_record_and_unrecord():

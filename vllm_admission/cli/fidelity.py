@@ -15,7 +15,7 @@ __all__ = ["add_fidelity_parser", "run_fidelity_cli"]
 
 def add_fidelity_parser(sub) -> None:
     """Add the ``fidelity`` subcommand to an ``argparse`` subparsers object."""
-    from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
+    from vllm_admission.core.eviction import engine_eviction_policies
 
     p = sub.add_parser(
         "fidelity", help="replay a trace through the real engine and the simulator; compare "
@@ -30,7 +30,7 @@ def add_fidelity_parser(sub) -> None:
     p.add_argument("--admission", default="vllm",
                    help=f"comma list of: {', '.join(ADMISSION_POLICIES)}, auto (default vllm)")
     p.add_argument("--eviction", default="lru",
-                   help=f"comma list of: {', '.join(ENGINE_EVICTION_POLICIES)}, auto (default lru)")
+                   help=f"comma list of: {', '.join(engine_eviction_policies())}, auto (default lru)")
     p.add_argument("--num-gpu-blocks", default=None,
                    help="comma list of KV block pool sizes (vLLM's num_gpu_blocks_override); "
                         "default: sized from memory (8,192 blocks on CPU with 1 GiB)")
@@ -91,7 +91,7 @@ def _synthetic_params(items: list[str]) -> dict:
 def run_fidelity_cli(args: argparse.Namespace) -> int:
     """Run the comparison; print and write it; with ``--check``, exit 1 on a missed bar."""
     from vllm_admission.cli.options import parse_list
-    from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
+    from vllm_admission.core.eviction import engine_eviction_policies
     from vllm_admission.fidelity import (
         FidelitySpec,
         format_fidelity,
@@ -114,7 +114,7 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
     spec = FidelitySpec(
         model=args.model, trace=args.trace,
         admissions=parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, "auto"]),
-        evictions=parse_list(args.eviction, "eviction policy", [*ENGINE_EVICTION_POLICIES, "auto"]),
+        evictions=parse_list(args.eviction, "eviction policy", [*engine_eviction_policies(), "auto"]),
         num_gpu_blocks=blocks, max_requests=args.max_requests,
         max_prompt_tokens=args.max_prompt_tokens, max_output_len=args.max_output_len,
         mooncake_block_tokens=args.mooncake_block_tokens,

@@ -34,7 +34,7 @@ from vllm_admission.core.admission import (
     get_admission,
 )
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
-from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
+from vllm_admission.core.eviction import engine_eviction_policies
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
 
 __all__ = ["add_replay_parser", "run_replay"]
@@ -53,7 +53,7 @@ def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--admission", default="vllm",
                    help=f"one of: {', '.join(ADMISSION_POLICIES)}, {AUTO} (default vllm)")
     p.add_argument("--eviction", default="lru",
-                   help=f"one of: {', '.join(ENGINE_EVICTION_POLICIES)}, {AUTO} (default lru)")
+                   help=f"one of: {', '.join(engine_eviction_policies())}, {AUTO} (default lru)")
     p.add_argument("--alpha", type=float, default=None,
                    help="fix flop eviction's alpha instead of tuning it online")
     p.add_argument("--num-gpu-blocks", type=int, default=None,
@@ -82,9 +82,9 @@ def _check_args(args: argparse.Namespace) -> dict[str, Any]:
     """Check every option before anything loads; returns vLLM's engine arguments."""
     if args.admission != AUTO:
         get_admission(args.admission)
-    if args.eviction not in ENGINE_EVICTION_POLICIES and args.eviction != AUTO:
+    if args.eviction not in engine_eviction_policies() and args.eviction != AUTO:
         raise UnknownPolicyError(f"eviction policy {args.eviction!r} cannot run in an engine; "
-                                 f"valid: {', '.join([*ENGINE_EVICTION_POLICIES, AUTO])}")
+                                 f"valid: {', '.join([*engine_eviction_policies(), AUTO])}")
     if args.alpha is not None and not args.alpha >= 0:
         raise ValueError(f"--alpha must be >= 0, got {args.alpha}")
     for name in ("num_gpu_blocks", "max_model_len", "max_requests", "max_output_len",

@@ -98,7 +98,7 @@ from vllm_admission.core.admission import (
 )
 from vllm_admission.core.cache import HybridPrefixCache
 from vllm_admission.core.eviction import (
-    ENGINE_EVICTION_POLICIES,
+    engine_eviction_policies,
     EvictionPolicy,
     HistoryKeeper,
     ReuseHistory,
@@ -108,7 +108,8 @@ from vllm_admission.core.eviction import (
 )
 from vllm_admission.core.replay import CacheRequest, CacheSetup
 
-__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL",
+__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "auto_admissions",
+           "auto_evictions",
            "Decision", "LiveEvictions", "Pair", "PolicyController", "candidate_policies",
            "stock_pair"]
 
@@ -119,21 +120,36 @@ AUTO = "auto"
 #: user sets another (``--auto-interval``, ``VLLM_ADMISSION_AUTO_INTERVAL``).
 DEFAULT_INTERVAL = 50
 
-#: Admission policies ``auto`` chooses among: every registered one that declares
-#: ``auto_candidate`` (all but ``none``, which keeps no state, so it never hits).
-AUTO_ADMISSIONS: tuple[str, ...] = tuple(n for n, c in ADMISSION_POLICIES.items()
-                                         if c.auto_candidate)
 
-#: Eviction policies ``auto`` chooses among: every one an engine can run that
-#: declares ``auto_candidate`` (``lru``, ``reuse``). Left out: ``flop`` (it has its
-#: own alpha tuner, and at alpha 0, where that tuner ends on the Mooncake trace,
-#: it orders like ``lru``) and the baseline ``lfu`` (among the candidates it drew
-#: ``auto`` into it on transient leads; without it ``auto`` gained up to 0.28
-#: points in the Mooncake study and lost at most 0.07, docs/simulator.md). With a
-#: policy that keeps a hash history among them (``reuse``), every live policy
-#: keeps that history (:class:`LiveEvictions`).
-AUTO_EVICTIONS: tuple[str, ...] = tuple(n for n in ENGINE_EVICTION_POLICIES
-                                        if eviction_class(n).auto_candidate)
+def auto_admissions() -> tuple[str, ...]:
+    """Admission policies ``auto`` chooses among: every one registered now that declares
+    ``auto_candidate`` (all built-ins but ``none``, which keeps no state, so it never
+    hits). ``AUTO_ADMISSIONS`` is the same, read as an attribute."""
+    return tuple(n for n, c in ADMISSION_POLICIES.items() if c.auto_candidate)
+
+
+def auto_evictions() -> tuple[str, ...]:
+    """Eviction policies ``auto`` chooses among, asked of the registry now: every one an
+    engine can run that declares ``auto_candidate`` (``lru``, ``reuse``).
+    ``AUTO_EVICTIONS`` is the same, read as an attribute.
+
+    Left out of the built-ins: ``flop`` (it has its own alpha tuner, and at alpha 0,
+    where that tuner ends on the Mooncake trace, it orders like ``lru``) and the
+    baseline ``lfu`` (among the candidates it drew ``auto`` into it on transient
+    leads; without it ``auto`` gained up to 0.28 points in the Mooncake study and lost
+    at most 0.07, docs/simulator.md). With a policy that keeps a hash history among
+    them (``reuse``), every live policy keeps that history (:class:`LiveEvictions`).
+    """
+    return tuple(n for n in engine_eviction_policies() if eviction_class(n).auto_candidate)
+
+
+def __getattr__(name: str):
+    # Read from the registries at each access: no copy goes stale when a policy registers.
+    if name == "AUTO_ADMISSIONS":
+        return auto_admissions()
+    if name == "AUTO_EVICTIONS":
+        return auto_evictions()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -204,9 +220,9 @@ def candidate_policies(admission: str, eviction: str) -> tuple[tuple[str, ...], 
             together with ``auto`` admission (the controller could not replay it
             from a snapshot).
     """
-    admissions = AUTO_ADMISSIONS if admission == AUTO else (get_admission(admission).name,)
+    admissions = auto_admissions() if admission == AUTO else (get_admission(admission).name,)
     if eviction == AUTO:
-        evictions = AUTO_EVICTIONS
+        evictions = auto_evictions()
     else:
         if admission == AUTO and eviction_class(eviction).needs_future:
             raise ValueError(f"eviction {eviction!r} needs future knowledge; "

@@ -54,7 +54,9 @@ __all__ = [
     "UnknownPolicyError",
     "checkpoint_kinds",
     "VllmAdmission",
+    "ENTRY_POINT_GROUP",
     "get_admission",
+    "load_policy_entry_points",
     "register_admission",
     "stock_admission",
 ]
@@ -206,7 +208,8 @@ class AdmissionPolicy(ABC):
       not know where the sequence ends, keeps each such state tentatively
       until the request's next one replaces it.
 
-    Declared (facts, not hooks): :attr:`vllm_native` and :attr:`auto_candidate`.
+    Declared (facts, not hooks): :attr:`vllm_native` and :attr:`auto_candidate`, each
+    stated by the class itself (a subclass does not inherit them).
     """
 
     #: Registry name: the CLI word and the ``VLLM_ADMISSION_POLICY`` value.
@@ -247,6 +250,11 @@ class AdmissionPolicy(ABC):
         """Derive :attr:`uses_junction` and :attr:`own_stops`. TypeError if the body
         declares a derived attribute."""
         super().__init_subclass__(**kwargs)
+        for attr in ("vllm_native", "auto_candidate"):
+            # Identity declarations are the class's own: a subclass that does not
+            # state them is neither vLLM's behaviour nor an auto candidate.
+            if attr not in cls.__dict__:
+                setattr(cls, attr, False)
         for attr in ("uses_junction", "own_stops", "every_block", "supersede_tail"):
             if attr in cls.__dict__:
                 raise TypeError(f"{cls.__name__}.{attr} is derived from the policy's hooks "
@@ -650,6 +658,8 @@ def register_admission(cls: type[AdmissionPolicy]) -> type[AdmissionPolicy]:
         raise TypeError(f"{cls.__name__} must set the class attributes name and summary")
     if not hasattr(cls, "admitted") and cls.admit is AdmissionPolicy.admit:
         raise TypeError(f"{cls.__name__} must set admitted or override admit")
+    if ADMISSION_POLICIES.get(name) is cls:
+        return cls
     if name in ADMISSION_POLICIES:
         raise ValueError(f"admission policy {name!r} is already registered")
     ADMISSION_POLICIES[name] = cls
@@ -691,3 +701,41 @@ def stock_admission() -> str:
 for _cls in (NoAdmission, LastAdmission, VllmAdmission, MarconiAdmission, DenseAdmission):
     register_admission(_cls)
 del _cls
+
+#: The entry-point group through which another package adds admission policies
+#: (``[project.entry-points."vllm_admission.admission_policies"]``: ``name =
+#: "package.module:PolicyClass"``).
+ENTRY_POINT_GROUP = "vllm_admission.admission_policies"
+
+
+def load_policy_entry_points(group: str, register: Callable[[type], type]) -> list[str]:
+    """Register every class the installed packages declare in entry-point ``group``
+    with ``register`` (:func:`register_admission`, or the eviction registry's). An entry
+    that fails to import or to register is left out with one warning naming its package
+    and the reason; the entry's name must be the class's ``name``.
+
+    Returns:
+        The names registered.
+    """
+    import logging
+    from importlib.metadata import entry_points
+
+    log = logging.getLogger("vllm_admission")
+    added = []
+    for ep in entry_points(group=group):
+        where = f"{ep.value} ({ep.dist.name if ep.dist else 'unknown package'})"
+        try:
+            cls = ep.load()
+            if getattr(cls, "name", None) != ep.name:
+                raise ValueError(f"the entry is named {ep.name!r}, the class "
+                                 f"{getattr(cls, 'name', None)!r}")
+            register(cls)
+        except Exception as exc:  # noqa: BLE001 - another package's fault, said in one line
+            log.warning("vllm_admission: policy entry point %s = %s left out: %s: %s",
+                        ep.name, where, type(exc).__name__, exc)
+            continue
+        added.append(ep.name)
+    return added
+
+
+load_policy_entry_points(ENTRY_POINT_GROUP, register_admission)

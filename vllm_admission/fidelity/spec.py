@@ -10,7 +10,7 @@ from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
 from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
-from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
+from vllm_admission.core.eviction import engine_eviction_policies
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
 
 __all__ = ["ENGINE_CHECKPOINT_MODES", "FidelityError", "FidelitySpec", "MODES"]
@@ -115,9 +115,9 @@ class FidelitySpec:
             if a != AUTO:
                 get_admission(a)
         for _, e in self.policy_pairs():
-            if e not in ENGINE_EVICTION_POLICIES and e != AUTO:
+            if e not in engine_eviction_policies() and e != AUTO:
                 raise UnknownPolicyError(f"eviction policy {e!r} cannot run in an engine; "
-                                         f"valid: {', '.join([*ENGINE_EVICTION_POLICIES, AUTO])}")
+                                         f"valid: {', '.join([*engine_eviction_policies(), AUTO])}")
         if self.mamba_ssm_cache_dtype not in (None, *MAMBA_SSM_CACHE_DTYPES):
             raise ValueError(f"unknown mamba_ssm_cache_dtype {self.mamba_ssm_cache_dtype!r}; "
                              f"valid: {', '.join(MAMBA_SSM_CACHE_DTYPES)}")

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, stock_pair
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES
-from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, eviction_class
+from vllm_admission.core.eviction import engine_eviction_policies, eviction_class
 from vllm_admission.core.tuning import GRIDS
 
 __all__ = [
@@ -81,7 +81,7 @@ DEFAULT_CHECKPOINT = "split"
 ENV_VARS: dict[str, str] = {
     ENV_POLICY: (f"admission policy, one of {', '.join(ADMISSION_POLICIES)}, or {AUTO} "
                  f"(default {DEFAULT_POLICY})"),
-    ENV_EVICTION: (f"eviction policy, one of {', '.join(ENGINE_EVICTION_POLICIES)}, or {AUTO} "
+    ENV_EVICTION: (f"eviction policy, one of {', '.join(engine_eviction_policies())}, or {AUTO} "
                    f"(default {DEFAULT_EVICTION})"),
     ENV_ALPHA: "fixed alpha (float >= 0) for flop eviction; unset = tuned online",
     ENV_LOG_INTERVAL: f"seconds between metric log lines, 0 = off (default {DEFAULT_LOG_INTERVAL:g})",
@@ -151,8 +151,8 @@ class AdmissionConfig:
         if policy not in ADMISSION_POLICIES and policy != AUTO:
             raise _invalid(ENV_POLICY, policy, ", ".join([*ADMISSION_POLICIES, AUTO]))
         eviction = raw(ENV_EVICTION) or DEFAULT_EVICTION
-        if eviction not in ENGINE_EVICTION_POLICIES and eviction != AUTO:
-            raise _invalid(ENV_EVICTION, eviction, ", ".join([*ENGINE_EVICTION_POLICIES, AUTO]))
+        if eviction not in engine_eviction_policies() and eviction != AUTO:
+            raise _invalid(ENV_EVICTION, eviction, ", ".join([*engine_eviction_policies(), AUTO]))
 
         alpha = None
         text = raw(ENV_ALPHA)

@@ -41,8 +41,8 @@ from vllm_admission.core.adaptive import AUTO, candidate_policies
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES
 from vllm_admission.core.eviction import (
-    ENGINE_EVICTION_POLICIES,
     EVICTION_POLICIES,
+    engine_eviction_policies,
     eviction_class,
 )
 from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout
@@ -182,7 +182,7 @@ def plan_for(config: AdmissionConfig, facts: EngineFacts) -> RunPlan:
                        ", ".join(dropped), "; ".join(facts.key_problems))
     for name in evictions:
         if eviction_class(name).needs_keys and facts.key_problems:
-            valid = ", ".join(n for n in ENGINE_EVICTION_POLICIES
+            valid = ", ".join(n for n in engine_eviction_policies()
                               if not eviction_class(n).needs_keys)
             raise AdmissionConfigError(
                 f"VLLM_ADMISSION_EVICTION={name} cannot run with "
@@ -206,7 +206,7 @@ def plan_for(config: AdmissionConfig, facts: EngineFacts) -> RunPlan:
             f"(valid here: {', '.join(n for n, c in EVICTION_POLICIES.items() if c.vllm_order)})")
     if plan.needs_flops and facts.flop_model_error is not None and not scores_by_tokens(plan):
         flop_users = [e for e in plan.evictions if eviction_class(e).needs_values]
-        valid = ", ".join(n for n in ENGINE_EVICTION_POLICIES
+        valid = ", ".join(n for n in engine_eviction_policies()
                           if not eviction_class(n).needs_values)
         raise AdmissionConfigError(
             f"VLLM_ADMISSION_EVICTION={flop_users[0] if flop_users else config.eviction} needs "

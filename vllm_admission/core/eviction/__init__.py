@@ -28,12 +28,14 @@ module             contents
                    :class:`HistoryKeeper` (keeps it up to date around another policy)
 ``belady``         :class:`BeladyEviction` (``belady``): offline reference, evicts the
                    block next needed farthest ahead; needs the future (simulator only)
-``registry``       :data:`EVICTION_POLICIES`, :data:`ENGINE_EVICTION_POLICIES`,
+``registry``       :data:`EVICTION_POLICIES`, :func:`engine_eviction_policies`,
                    :func:`get_eviction`, :func:`eviction_class`, :func:`stock_eviction`
 =================  ===================================================================
 
-A new policy is one subclass plus one :func:`register_eviction` entry;
-nothing outside the registries branches on a policy's name.
+A new policy is one subclass plus one :func:`register_eviction` entry, or, from
+another package, one entry point in the group ``vllm_admission.eviction_policies``
+(:data:`ENTRY_POINT_GROUP`); nothing outside the registries branches on a policy's
+name, and every consumer asks the registry when it needs it.
 """
 
 from vllm_admission.core.eviction.base import EvictionPolicy
@@ -45,10 +47,12 @@ from vllm_admission.core.eviction.history import HistoryKeeper, ReuseHistory
 from vllm_admission.core.eviction.lru import LRUEviction
 from vllm_admission.core.eviction.mix import ExpertMixEviction
 from vllm_admission.core.eviction.registry import (
-    ENGINE_EVICTION_POLICIES,
+    ENTRY_POINT_GROUP,
     EVICTION_POLICIES,
+    engine_eviction_policies,
     eviction_class,
     get_eviction,
+    load_entry_points,
     register_eviction,
     stock_eviction,
 )
@@ -57,6 +61,7 @@ from vllm_admission.core.eviction.s3fifo import S3FifoEviction
 
 __all__ = [
     "ENGINE_EVICTION_POLICIES",
+    "ENTRY_POINT_GROUP",
     "EVICTION_POLICIES",
     "BeladyEviction",
     "ConversationEviction",
@@ -70,7 +75,16 @@ __all__ = [
     "ReuseHistory",
     "S3FifoEviction",
     "eviction_class",
+    "engine_eviction_policies",
     "get_eviction",
+    "load_entry_points",
     "register_eviction",
     "stock_eviction",
 ]
+
+
+def __getattr__(name: str):
+    # Read from the registry at each access: no copy goes stale when a policy registers.
+    if name == "ENGINE_EVICTION_POLICIES":
+        return engine_eviction_policies()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

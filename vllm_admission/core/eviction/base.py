@@ -78,7 +78,11 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     from vllm_admission.core.eviction.history import ReuseHistory
 
-__all__ = ["DERIVED", "EvictionPolicy"]
+__all__ = ["DERIVED", "OWN_DECLARATIONS", "EvictionPolicy"]
+
+#: Declarations a class states for itself: a subclass that does not repeat them has
+#: them off (:meth:`EvictionPolicy.__init_subclass__`).
+OWN_DECLARATIONS = ("vllm_order", "auto_candidate")
 
 #: Derived attribute -> the hooks whose override makes it true.
 DERIVED: dict[str, tuple[str, ...]] = {
@@ -135,10 +139,18 @@ class EvictionPolicy(ABC):
         A class may answer one of them per instance with a ``property`` (a
         wrapper such as ``HistoryKeeper`` answers for the policy it wraps).
 
+        The identity declarations (:data:`OWN_DECLARATIONS`: ``vllm_order``,
+        ``auto_candidate``) are not inherited: a class states them in its own body
+        or has neither, so that a subclass registered under a new name neither
+        claims to be vLLM's order nor joins ``auto`` unasked.
+
         Raises:
             TypeError: the class body declares a derived attribute as a value.
         """
         super().__init_subclass__(**kwargs)
+        for attr in OWN_DECLARATIONS:
+            if attr not in cls.__dict__:
+                setattr(cls, attr, False)
         for attr, hooks in DERIVED.items():
             own = cls.__dict__.get(attr)
             if isinstance(own, property):

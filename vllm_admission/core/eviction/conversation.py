@@ -46,7 +46,6 @@ class ConversationEviction(ReuseEviction):
 
     name = "conversation"
     summary = "reuse, and blocks of a prompt that continues an earlier prompt count as reused"
-    auto_candidate = False
 
     def on_request(self, hashes: Sequence[int], now: float) -> None:
         self.hist.prompt(hashes)

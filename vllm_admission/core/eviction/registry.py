@@ -11,8 +11,9 @@ class declares ``auto_candidate``.
 from __future__ import annotations
 
 import inspect
+import logging
 
-from vllm_admission.core.admission import UnknownPolicyError
+from vllm_admission.core.admission import UnknownPolicyError, load_policy_entry_points
 from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.belady import BeladyEviction
 from vllm_admission.core.eviction.conversation import ConversationEviction
@@ -24,10 +25,12 @@ from vllm_admission.core.eviction.reuse import ReuseEviction
 from vllm_admission.core.eviction.s3fifo import S3FifoEviction
 
 __all__ = [
-    "ENGINE_EVICTION_POLICIES",
+    "ENTRY_POINT_GROUP",
     "EVICTION_POLICIES",
+    "engine_eviction_policies",
     "eviction_class",
     "get_eviction",
+    "load_entry_points",
     "register_eviction",
     "stock_eviction",
 ]
@@ -35,17 +38,27 @@ __all__ = [
 #: Registry: name -> policy class, in the order shown to users.
 EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {}
 
-#: Policies a live engine can run: every registered one that needs no future
-#: knowledge (the plugin serves ``needs_values``, ``needs_hits``,
-#: ``needs_keys`` and ``needs_requests``). Rebuilt by :func:`register_eviction`.
-ENGINE_EVICTION_POLICIES: tuple[str, ...] = ()
+
+def engine_eviction_policies() -> tuple[str, ...]:
+    """The policies a live engine can run: every one registered now that needs no future
+    knowledge (the plugin serves ``needs_values``, ``needs_hits``, ``needs_keys`` and
+    ``needs_requests``). Asked at call time, so a policy registered later (an entry
+    point, :func:`load_entry_points`) is in it. ``ENGINE_EVICTION_POLICIES`` is the same,
+    read as an attribute."""
+    return tuple(n for n, c in EVICTION_POLICIES.items() if not c.needs_future)
+
+
+def __getattr__(name: str):
+    if name == "ENGINE_EVICTION_POLICIES":
+        return engine_eviction_policies()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def register_eviction(cls: type[EvictionPolicy]) -> type[EvictionPolicy]:
-    """Add ``cls`` under ``cls.name`` (after the policies registered so far) and
-    rebuild :data:`ENGINE_EVICTION_POLICIES`. Call it in this module (or in a
-    module imported before this one's names are copied elsewhere), so that
-    every ``from ... import ENGINE_EVICTION_POLICIES`` sees the policy.
+    """Add ``cls`` under ``cls.name``, after the policies registered so far; every
+    consumer asks the registry when it needs it, so a policy registered from
+    another package (:func:`load_entry_points`) runs everywhere a built-in does.
+    Registering the same class again under its name is a no-op.
 
     Returns:
         ``cls`` (usable as a class decorator).
@@ -56,19 +69,18 @@ def register_eviction(cls: type[EvictionPolicy]) -> type[EvictionPolicy]:
         ValueError: the name is taken, or an ``auto_candidate`` that needs the
             future (``auto`` runs in the engine too).
     """
-    global ENGINE_EVICTION_POLICIES
     if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)) or inspect.isabstract(cls):
         raise TypeError(f"{cls!r} is not a concrete EvictionPolicy subclass")
     name = getattr(cls, "name", None)
     if not isinstance(name, str) or not name or not isinstance(getattr(cls, "summary", None), str):
         raise TypeError(f"{cls.__name__} must set the class attributes name and summary")
+    if EVICTION_POLICIES.get(name) is cls:
+        return cls
     if name in EVICTION_POLICIES:
         raise ValueError(f"eviction policy {name!r} is already registered")
     if cls.auto_candidate and cls.needs_future:
         raise ValueError(f"{name!r} needs the future: it cannot be an auto candidate")
     EVICTION_POLICIES[name] = cls
-    ENGINE_EVICTION_POLICIES = tuple(n for n, c in EVICTION_POLICIES.items()
-                                     if not c.needs_future)
     return cls
 
 
@@ -116,3 +128,23 @@ for _cls in (LRUEviction, FlopEviction, LFUEviction, ReuseEviction, Conversation
              S3FifoEviction, ExpertMixEviction, BeladyEviction):
     register_eviction(_cls)
 del _cls
+
+
+#: The entry-point group through which another package adds eviction policies
+#: (``[project.entry-points."vllm_admission.eviction_policies"]``: ``name =
+#: "package.module:PolicyClass"``).
+ENTRY_POINT_GROUP = "vllm_admission.eviction_policies"
+
+
+def load_entry_points() -> list[str]:
+    """Register the eviction policies other installed packages declare in
+    :data:`ENTRY_POINT_GROUP` (done once, when this module is imported). One that fails
+    to load or register is left out with one warning naming it and why.
+
+    Returns:
+        The names registered now.
+    """
+    return load_policy_entry_points(ENTRY_POINT_GROUP, register_eviction)
+
+
+load_entry_points()

@@ -1,0 +1,162 @@
+"""Policies from another package (issue 34): an entry point, and nothing else, makes a
+policy run everywhere a built-in runs.
+
+A scratch package is written to a temporary folder with its distribution metadata
+(``*.dist-info/entry_points.txt``, which ``importlib.metadata`` reads from any folder on
+the path), declaring two eviction policies in the group
+``vllm_admission.eviction_policies``: ``scratch_mru`` (most recently freed first) and
+``scratch_lru``, a subclass of ``LRUEviction`` under a new name. With that folder on
+``PYTHONPATH``, in subprocesses: both are registered, the plugin's
+``VLLM_ADMISSION_EVICTION`` accepts them, ``simulate`` runs them, vLLM's own order and
+``auto``'s candidates stay the built-in ones (declarations are not inherited), and the
+registry-wide eviction tests collect and pass for ``scratch_mru``. Nothing of the package is
+edited or copied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+POLICIES = '''
+from vllm_admission.core.eviction.base import EvictionPolicy
+from vllm_admission.core.eviction.lru import LRUEviction
+
+
+class ScratchMRUEviction(EvictionPolicy):
+    """Most recently freed first."""
+
+    name = "scratch_mru"
+    summary = "most recently freed first (from another package)"
+
+    def __init__(self):
+        self._order = {}
+
+    def add(self, block_id, now, value=0.0, next_use=float("inf")):
+        if block_id in self._order:
+            raise KeyError(f"block {block_id} is already a candidate")
+        self._order[block_id] = None
+
+    def remove(self, block_id):
+        del self._order[block_id]
+
+    def pop(self, now):
+        if not self._order:
+            raise IndexError("pop from an empty eviction queue")
+        return self._order.popitem()[0]
+
+    def clone(self):
+        other = ScratchMRUEviction()
+        other._order = dict(self._order)
+        return other
+
+    def __len__(self):
+        return len(self._order)
+
+    def __contains__(self, block_id):
+        return block_id in self._order
+
+
+class ScratchLRUEviction(LRUEviction):
+    """vLLM's order under another name: it declares neither vllm_order nor auto_candidate."""
+
+    name = "scratch_lru"
+    summary = "lru under another name (from another package)"
+'''
+
+ENTRY_POINTS = '''
+[vllm_admission.eviction_policies]
+scratch_mru = scratch_policies:ScratchMRUEviction
+scratch_lru = scratch_policies:ScratchLRUEviction
+'''
+
+CHECKS = '''
+import json
+from vllm_admission.core.adaptive import AUTO_EVICTIONS, auto_evictions
+from vllm_admission.core.eviction import (EVICTION_POLICIES, engine_eviction_policies,
+                                          eviction_class, stock_eviction)
+from vllm_admission.plugin.config import AdmissionConfig
+
+print(json.dumps({
+    "registered": [n for n in EVICTION_POLICIES if n.startswith("scratch")],
+    "engine": [n for n in engine_eviction_policies() if n.startswith("scratch")],
+    "stock": stock_eviction(),
+    "auto": list(auto_evictions()), "AUTO": list(AUTO_EVICTIONS),
+    "declared": [eviction_class("scratch_lru").vllm_order,
+                 eviction_class("scratch_lru").auto_candidate],
+    "accepted": AdmissionConfig.from_env({"VLLM_ADMISSION_EVICTION": "scratch_mru"}).eviction,
+}))
+'''
+
+
+@pytest.fixture(scope="module")
+def scratch_path(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("scratch_site")
+    (root / "scratch_policies.py").write_text(textwrap.dedent(POLICIES))
+    info = root / "scratch_policies-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: scratch-policies\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(textwrap.dedent(ENTRY_POINTS))
+    return str(root)
+
+
+def _run(args, scratch_path, timeout=300):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([scratch_path, str(REPO)]))
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def test_an_entry_point_registers_a_policy_everywhere(scratch_path):
+    out = _run(["-c", CHECKS], scratch_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["registered"] == ["scratch_mru", "scratch_lru"]
+    assert got["engine"] == ["scratch_mru", "scratch_lru"]     # VLLM_ADMISSION_EVICTION values
+    assert got["accepted"] == "scratch_mru"
+    # A subclass of lru under a new name: vLLM's order and auto's candidates are unchanged.
+    assert got["stock"] == "lru" and got["declared"] == [False, False]
+    assert got["auto"] == got["AUTO"] == ["lru", "reuse"]
+
+
+def test_simulate_runs_a_policy_from_another_package(scratch_path, tmp_path):
+    out = _run(["-m", "vllm_admission.cli", "simulate", "--trace", "synthetic",
+                "--max-requests", "80", "--capacity", "2GiB", "--admission", "vllm",
+                "--eviction", "lru,scratch_lru,scratch_mru", "--no-progress",
+                "--out", str(tmp_path)], scratch_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = {r["eviction"]: r for r in json.loads((tmp_path / "results.json").read_text())["runs"]}
+    assert set(runs) == {"lru", "scratch_lru", "scratch_mru"}
+    assert runs["scratch_mru"]["evictions"] > 0
+    for key in ("hit_tokens", "evictions", "state_checkpoints"):   # lru's code, lru's results
+        assert runs["scratch_lru"][key] == runs["lru"][key]
+    assert runs["scratch_mru"]["hit_tokens"] != runs["lru"]["hit_tokens"]
+
+
+def test_the_registry_wide_tests_run_the_plugged_in_policy(scratch_path):
+    out = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_eviction.py",
+                "-k", "scratch_mru"], scratch_path, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:]
+    passed = [line for line in out.stdout.splitlines() if " passed" in line]
+    assert passed and int(passed[-1].split()[0]) >= 2, out.stdout[-2000:]
+
+
+def test_a_broken_entry_point_is_left_out_with_one_warning(tmp_path):
+    (tmp_path / "broken_policies.py").write_text("raise ImportError('no such thing')\n")
+    info = tmp_path / "broken_policies-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-policies\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[vllm_admission.eviction_policies]\nbroken = broken_policies:Broken\n")
+    out = _run(["-c", "from vllm_admission.core.eviction import EVICTION_POLICIES; "
+                      "print('broken' in EVICTION_POLICIES)"], str(tmp_path))
+    assert out.returncode == 0 and out.stdout.strip() == "False"
+    assert ("policy entry point broken = broken_policies:Broken (broken-policies) left out: "
+            "ImportError: no such thing") in out.stderr
