@@ -130,3 +130,52 @@ def test_scheduler_is_exported_lazily():
     from vllm_admission.plugin.scheduler import AdmissionScheduler
 
     assert vllm_admission.AdmissionScheduler is AdmissionScheduler
+
+
+_PROBE = """
+import json, os
+import vllm.plugins
+vllm.plugins.load_general_plugins()
+import vllm.envs as envs
+from vllm.engine.arg_utils import EngineArgs
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.v1.worker.mamba_utils import MambaSpecDecodeGPUContext
+print(json.dumps({
+    "create_engine_config": hasattr(EngineArgs.create_engine_config, "_admission_original"),
+    "mamba2_spec": hasattr(MambaMixer2.get_kv_cache_spec, "_admission_original"),
+    "spec_decode": hasattr(MambaSpecDecodeGPUContext.run_fused_precopy, "_admission_original"),
+    "env_vars": "VLLM_ADMISSION_POLICY" in envs.environment_variables,
+    "environ": sorted(k for k in os.environ if k.startswith("VLLM_ADMISSION_")),
+}))
+"""
+
+
+@pytest.mark.parametrize("setting, expected", [
+    ({}, {"create_engine_config": False, "mamba2_spec": False, "spec_decode": False,
+          "env_vars": False, "environ": []}),
+    ({"VLLM_ADMISSION_CPU_FIXES": "1"},
+     {"create_engine_config": False, "mamba2_spec": True, "spec_decode": True,
+      "env_vars": True, "environ": ["VLLM_ADMISSION_CPU_FIXES"]}),
+    ({"VLLM_ADMISSION_POLICY": "vllm"},
+     {"create_engine_config": True, "mamba2_spec": True, "spec_decode": True, "env_vars": True,
+      "environ": ["VLLM_ADMISSION_ACTIVE", "VLLM_ADMISSION_METRICS_DIR",
+                  "VLLM_ADMISSION_POLICY"]}),
+], ids=["not-asked", "cpu-fixes-only", "asked"])
+def test_installing_the_package_changes_no_vllm_behaviour_until_asked(setting, expected):
+    """vLLM loads the general plugin in every process. Without the AdmissionScheduler on the
+    command line and without a plugin setting, vLLM's classes and methods stay its own and
+    nothing is written to the environment (issue 34); the CPU kernels alone on request; all
+    of it where the plugin is asked for (on vLLM's CPU platform, where this suite runs)."""
+    pytest.importorskip("vllm")
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_ADMISSION_")}
+    env.pop("VLLM_PLUGINS", None)
+    env.update(setting)
+    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == expected

@@ -44,9 +44,11 @@ from vllm_admission.core.eviction import engine_eviction_policies, eviction_clas
 from vllm_admission.core.tuning import GRIDS
 
 __all__ = [
+    "ENV_ACTIVE",
     "ENV_ALPHA",
     "ENV_AUTO_INTERVAL",
     "ENV_CHECKPOINT",
+    "ENV_CPU_FIXES",
     "ENV_EVICTION",
     "ENV_LOG_INTERVAL",
     "ENV_POLICY",
@@ -68,6 +70,13 @@ ENV_CHECKPOINT = "VLLM_ADMISSION_CHECKPOINT"
 #: Not a user setting: where the engine core publishes the plugin's metrics
 #: (vllm_admission.plugin.snapshots).
 ENV_METRICS_DIR = "VLLM_ADMISSION_METRICS_DIR"
+#: Not a user setting: set by the general plugin in the process that starts vLLM when the
+#: user asked for the plugin, so that the engine-core and worker processes know
+#: (vllm_admission.plugin.register).
+ENV_ACTIVE = "VLLM_ADMISSION_ACTIVE"
+#: ``1``: install only the CPU platform's kernels the plugin supplies (the Mamba2 prefill
+#: export off, the speculative-decoding state copies), without the scheduler.
+ENV_CPU_FIXES = "VLLM_ADMISSION_CPU_FIXES"
 
 #: Stock vLLM's pair (``vllm`` + ``lru``): the plugin changes nothing by default.
 DEFAULT_POLICY, DEFAULT_EVICTION = stock_pair().admission, stock_pair().eviction
@@ -94,6 +103,9 @@ ENV_VARS: dict[str, str] = {
                      f"(default {DEFAULT_CHECKPOINT})"),
     ENV_METRICS_DIR: ("directory where the scheduler publishes its counters for the server's "
                       "/metrics (set by the plugin in the process that starts vLLM)"),
+    ENV_ACTIVE: "1 = the user asked for the plugin (set by the plugin for its child processes)",
+    ENV_CPU_FIXES: ("1 = install the CPU platform's Mamba2 and speculative-decoding kernels "
+                    "without the scheduler"),
 }
 
 

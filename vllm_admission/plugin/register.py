@@ -65,9 +65,8 @@ import sys
 from collections.abc import Sequence
 
 from vllm_admission.plugin.config import (
-    ENV_CHECKPOINT,
-    ENV_EVICTION,
-    ENV_POLICY,
+    ENV_ACTIVE,
+    ENV_CPU_FIXES,
     ENV_VARS,
     AdmissionConfig,
     AdmissionConfigError,
@@ -79,7 +78,7 @@ from vllm_admission.plugin.snapshots import (
     remove_stale_snapshot_dirs,
 )
 
-__all__ = ["check_before_load", "register"]
+__all__ = ["asked", "check_before_load", "register"]
 
 logger = logging.getLogger("vllm_admission")
 
@@ -158,12 +157,29 @@ def check_before_load(vllm_config: object) -> None:
         raise
 
 
-def register() -> None:
-    """Make vLLM's environment validation accept the plugin's variables.
+def asked() -> bool:
+    """Whether the user asked for the plugin in this process tree: the command line names
+    the AdmissionScheduler (``vllm serve ... --scheduler-cls``), one of the plugin's
+    settings is set (:data:`~vllm_admission.plugin.config.ENV_VARS`), or the process that
+    started this one decided so (:data:`~vllm_admission.plugin.config.ENV_ACTIVE`)."""
+    if names_admission_scheduler(sys.argv) or os.environ.get(ENV_ACTIVE) == "1":
+        return True
+    return any(os.environ.get(name) for name in ENV_VARS
+               if name not in (ENV_METRICS_DIR, ENV_ACTIVE, ENV_CPU_FIXES))
 
-    Idempotent. In the process that starts vLLM (not in its engine-core and
-    worker processes, which call this too) it also sets the metrics snapshot
-    directory and checks the settings (module docstring).
+
+def register() -> None:
+    """vLLM's general-plugin hook: nothing unless the user asked for the plugin.
+
+    Installing the package changes no vLLM behaviour by itself: where :func:`asked` is
+    false this returns at once, touching nothing of vLLM. ``VLLM_ADMISSION_CPU_FIXES=1``
+    alone asks for the CPU platform's kernels only
+    (:mod:`~vllm_admission.plugin.cpu_mamba2`, :mod:`~vllm_admission.plugin.cpu_spec_decode`).
+    Where asked, in every process: the plugin's variables are registered with vLLM's
+    environment validation and the CPU kernels installed; in the process that starts vLLM
+    it also marks the process tree as asked (``VLLM_ADMISSION_ACTIVE=1``, which the engine
+    core and worker processes inherit), sets the metrics snapshot directory, installs the
+    check before the model loads and checks the settings (module docstring). Idempotent.
 
     Raises:
         SystemExit: (status 2) an invalid setting while the command line
@@ -172,18 +188,20 @@ def register() -> None:
     from vllm_admission.plugin import cpu_mamba2, cpu_spec_decode
     from vllm_admission.plugin.vllm_hooks import register_env_vars
 
+    plugin = asked()
+    if not plugin and os.environ.get(ENV_CPU_FIXES) != "1":
+        return
     register_env_vars(ENV_VARS, _unset)
     cpu_mamba2.install()  # every process: the engine core builds the KV cache specs
     cpu_spec_decode.install()  # every process: the model runner copies states under drafts
-    if multiprocessing.current_process().name != "MainProcess":
+    if not plugin or multiprocessing.current_process().name != "MainProcess":
         return
+    os.environ[ENV_ACTIVE] = "1"
     if not os.environ.get(ENV_METRICS_DIR):
         os.environ[ENV_METRICS_DIR] = _own_metrics_dir()
-    if names_admission_scheduler(sys.argv) or any(
-            os.environ.get(name) for name in (ENV_POLICY, ENV_EVICTION, ENV_CHECKPOINT)):
-        from vllm_admission.plugin.vllm_hooks import install_preflight
+    from vllm_admission.plugin.vllm_hooks import install_preflight
 
-        install_preflight(check_before_load)
+    install_preflight(check_before_load)
     try:
         AdmissionConfig.from_env()
     except AdmissionConfigError as exc:
