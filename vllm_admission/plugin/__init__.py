@@ -18,7 +18,12 @@
 * :mod:`~vllm_admission.plugin.snapshots`, :mod:`~vllm_admission.plugin.metrics`: the
   counters on the server's ``/metrics`` (engine-core and API-server halves);
 * :mod:`~vllm_admission.plugin.config`: the ``VLLM_ADMISSION_*`` settings (no vLLM import);
-* :mod:`~vllm_admission.plugin.register`: the ``vllm.general_plugins`` entry point.
+* :mod:`~vllm_admission.plugin.register`: the ``vllm.general_plugins`` entry point
+  (nothing unless the plugin is asked for);
+* :mod:`~vllm_admission.plugin.engine_setup`: what an engine can run, decided once from
+  its facts, before the model loads and again in the scheduler;
+* :mod:`~vllm_admission.plugin.cpu_mamba2`, :mod:`~vllm_admission.plugin.cpu_spec_decode`:
+  the kernels vLLM 0.32's CPU platform lacks (Mamba2 prefill export, MTP state copies).
 
 The harness that drives vLLM's scheduler without a model (tests, the overhead
 benchmark) is :mod:`vllm_admission.testing`, outside this package. See

@@ -8,7 +8,9 @@ variable                       default      valid values
 ``VLLM_ADMISSION_POLICY``      ``vllm``     an admission policy name (``none``, ``last``,
                                             ``vllm``, ``marconi``, ``dense``), or ``auto``
 ``VLLM_ADMISSION_EVICTION``    ``lru``      an engine eviction policy (``lru``, ``flop``,
-                                            ``lfu``), or ``auto``
+                                            ``lfu``, ``reuse``, ``conversation``,
+                                            ``s3fifo``, ``mix``: every registered one
+                                            that needs no future), or ``auto``
 ``VLLM_ADMISSION_ALPHA``       unset        a finite float >= 0: fixes ``flop``'s alpha
                                             (unset: tuned online)
 ``VLLM_ADMISSION_LOG_INTERVAL`` ``10``      seconds between metric log lines, a finite
@@ -23,7 +25,8 @@ variable                       default      valid values
                                             between two policy decisions
 ``VLLM_ADMISSION_CHECKPOINT``  ``split``    ``split`` (a chunk ends at every kept state, as
                                             vLLM) or ``inpass`` (states written inside the
-                                            forward pass; Gated DeltaNet on CPU only)
+                                            forward pass; Gated DeltaNet and Mamba2 on
+                                            CPU only)
 =============================  ===========  ==============================================
 
 An empty value counts as unset. A bad value raises :class:`AdmissionConfigError`

@@ -30,10 +30,12 @@ and recurrent-state (Mamba / GDN) groups:
 6. free every block, group by group, each group's blocks in reverse
    (``SingleTypeKVCacheManager.free``).
 
-The model assumes a Gated DeltaNet-like state group (no internal prefill
-checkpoint blocks), no speculative decoding, and a hash block size equal to
-the block size (vLLM's default for hybrid models). ``docs/simulator.md`` lists
-these facts with their sources.
+The model assumes no speculative decoding and a hash block size equal to the
+block size (vLLM's default for hybrid models); a state group's own one-checkpoint
+export is the ``prompt_end_export`` option, vLLM's retention interval the
+admission policy's (``VllmAdmission``). ``docs/simulator.md`` lists these facts
+with their sources; the plugin refuses, before the model loads, the settings
+outside them that need the model (docs/plugin.md, "What runs where").
 
 Layout, after vLLM v1's core (``block_pool.py``, ``single_type_kv_cache_manager.py``,
 ``kv_cache_coordinator.py``):

@@ -12,7 +12,7 @@ orders the *cached* free blocks only.
 Blocks are identified by integer ids; time is injected (``now``: the index of
 the latest request, in the simulator and in the engine alike).
 
-**Hooks.** The cache model (``core/cache.py``, ``core/free_blocks.py``) and
+**Hooks.** The cache model (``core/cache/``, ``core/free_blocks.py``) and
 the plugin (``plugin/free_queue.py``, ``plugin/control.py``) call the same
 methods on every policy, as cachetools' ``Cache`` calls ``popitem``:
 
