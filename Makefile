@@ -32,8 +32,9 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# Neither engine starts nor the slow subprocess and interpreter tests (marker "slow").
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not engine"
+	$(BIN)/python -m pytest -q -m "not engine and not slow"
 
 # The scheduler-level tests and vLLM's own async-scheduler tests against vLLM 0.33 without
 # a GPU: 0.33's Python files layered over the 0.32 CPU install (downloads about 390 MB

@@ -21,6 +21,8 @@ import torch
 from vllm_admission.plugin.runner import gdn_chunk_capture as cap
 from vllm_admission.plugin.state_copy import write_state_rows
 
+pytestmark = pytest.mark.slow  # subprocesses or Triton's interpreter: make test-fast leaves it out
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -349,6 +349,7 @@ def test_step_metadata_refuses_a_plan_the_block_table_disagrees_with():
 
 
 # -- vLLM's Triton store under Triton's interpreter ---------------------------------
+@pytest.mark.slow
 def test_vllms_triton_store_writes_several_checkpoints_per_row(tmp_path):
     # The GPU path's store (store_checkpoints_triton: vLLM's own kernel, row starts gathered
     # per entry) run by Triton's interpreter on CPU (tests/ssd_store_interpreter.py), against

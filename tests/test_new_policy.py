@@ -37,6 +37,8 @@ from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.traces import load_trace
 from vllm_admission.sim.simulator import simulate
 
+pytestmark = pytest.mark.slow  # a copy of the package, then subprocesses: not in make test-fast
+
 NEW_EVICTION, NEW_ADMISSION = "scratch_mru", "scratch_junction"
 
 EVICTION_CLASS = '''

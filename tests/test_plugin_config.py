@@ -161,6 +161,7 @@ print(json.dumps({
       "environ": ["VLLM_ADMISSION_ACTIVE", "VLLM_ADMISSION_METRICS_DIR",
                   "VLLM_ADMISSION_POLICY"]}),
 ], ids=["not-asked", "cpu-fixes-only", "asked"])
+@pytest.mark.slow
 def test_installing_the_package_changes_no_vllm_behaviour_until_asked(setting, expected):
     """vLLM loads the general plugin in every process. Without the AdmissionScheduler on the
     command line and without a plugin setting, vLLM's classes and methods stay its own and

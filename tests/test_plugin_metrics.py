@@ -205,6 +205,7 @@ if sys.argv[1] == "sigint":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["exit", "sigint"])
 def test_the_process_that_names_the_metrics_dir_removes_it_when_it_ends(tmp_path, how):
     """The process whose general plugin named the directory (the API server of ``vllm serve``)
