@@ -36,49 +36,14 @@ from vllm_admission.core.costs import load_model
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.traces import load_trace
 from vllm_admission.sim.simulator import simulate
+from scratch_policy import SCRATCH_MRU_SOURCE
 
 pytestmark = pytest.mark.slow  # a copy of the package, then subprocesses: not in make test-fast
 
 NEW_EVICTION, NEW_ADMISSION = "scratch_mru", "scratch_junction"
 
-EVICTION_CLASS = '''
-
-class ScratchMRUEviction(EvictionPolicy):
-    """Most recently freed first (a test policy: one class, one registry entry)."""
-
-    name = "scratch_mru"
-    summary = "most recently freed first"
-
-    def __init__(self) -> None:
-        self._order: dict[int, None] = {}
-
-    def add(self, block_id, now, value=0.0, next_use=float("inf")):
-        if block_id in self._order:
-            raise KeyError(f"block {block_id} is already a candidate")
-        self._order[block_id] = None
-
-    def remove(self, block_id):
-        del self._order[block_id]
-
-    def pop(self, now):
-        if not self._order:
-            raise IndexError("pop from an empty eviction queue")
-        return self._order.popitem()[0]
-
-    def clone(self):
-        other = ScratchMRUEviction()
-        other._order = dict(self._order)
-        return other
-
-    def __len__(self):
-        return len(self._order)
-
-    def __contains__(self, block_id):
-        return block_id in self._order
-
-
-register_eviction(ScratchMRUEviction)
-'''
+#: Appended to the copy's registry module: the class, then its one registry entry.
+EVICTION_CLASS = "\n\n" + SCRATCH_MRU_SOURCE + "\n\nregister_eviction(ScratchMRUEviction)\n"
 
 ADMISSION_CLASS = '''
 

@@ -23,46 +23,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from scratch_policy import SCRATCH_MRU_SOURCE
 
 REPO = Path(__file__).resolve().parent.parent
 
-POLICIES = '''
-from vllm_admission.core.eviction.base import EvictionPolicy
-from vllm_admission.core.eviction.lru import LRUEviction
-
-
-class ScratchMRUEviction(EvictionPolicy):
-    """Most recently freed first."""
-
-    name = "scratch_mru"
-    summary = "most recently freed first (from another package)"
-
-    def __init__(self):
-        self._order = {}
-
-    def add(self, block_id, now, value=0.0, next_use=float("inf")):
-        if block_id in self._order:
-            raise KeyError(f"block {block_id} is already a candidate")
-        self._order[block_id] = None
-
-    def remove(self, block_id):
-        del self._order[block_id]
-
-    def pop(self, now):
-        if not self._order:
-            raise IndexError("pop from an empty eviction queue")
-        return self._order.popitem()[0]
-
-    def clone(self):
-        other = ScratchMRUEviction()
-        other._order = dict(self._order)
-        return other
-
-    def __len__(self):
-        return len(self._order)
-
-    def __contains__(self, block_id):
-        return block_id in self._order
+POLICIES = (
+    "from vllm_admission.core.eviction.base import EvictionPolicy\n"
+    "from vllm_admission.core.eviction.lru import LRUEviction\n\n\n"
+    + SCRATCH_MRU_SOURCE + '''
 
 
 class ScratchLRUEviction(LRUEviction):
@@ -70,7 +38,7 @@ class ScratchLRUEviction(LRUEviction):
 
     name = "scratch_lru"
     summary = "lru under another name (from another package)"
-'''
+''')
 
 ENTRY_POINTS = '''
 [vllm_admission.eviction_policies]
