@@ -84,7 +84,17 @@ def test_derived_attributes_follow_the_policys_answers():
     with pytest.raises(TypeError, match="derived"):
         class Declared(AdmissionPolicy):  # the class statement is the test
             name, summary, admitted = "declared", "declares a derived attribute", frozenset()
+            own_stops = True
+    # every_block is declared, and gives the stops: declaring it beside stops() is refused.
+    with pytest.raises(TypeError, match="every_block and its own stops"):
+        class Both(AdmissionPolicy):  # the class statement is the test
+            name, summary, admitted = "both", "every_block and its own stops", frozenset()
             every_block = True
+
+            def stops(self, probe):
+                return ()
+    dense = get_admission("dense")
+    assert dense.own_stops and dense.stops(HitProbe(1000, 128, 256, 256)) == (384, 512, 640, 768, 896)
     vllm = type(get_admission("vllm"))
     assert register_admission(vllm) is vllm   # the same class again: a no-op
 

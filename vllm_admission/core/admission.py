@@ -181,12 +181,6 @@ def _kind_set(in_prompt: bool, junction: bool, prompt_end: bool,
 _KIND_SETS = {flags: _kind_set(*flags) for flags in itertools.product((False, True), repeat=5)}
 
 
-#: Probes on which a policy that ends a prefill chunk at every block boundary
-#: does so (block size 16; a hit, a junction above it, a prompt of whole blocks
-#: whose last boundary is not reusable): how ``AdmissionPolicy.every_block`` is found.
-_EVERY_BLOCK_PROBES = (HitProbe(99, 16, 16, 16), HitProbe(99, 16, 64, 16), HitProbe(96, 16, 0, 0))
-
-
 class AdmissionPolicy(ABC):
     """One admission policy: where to force checkpoints, which states to keep.
 
@@ -195,21 +189,25 @@ class AdmissionPolicy(ABC):
     overrides :meth:`admit`) and overrides the hooks it needs:
 
     * :meth:`junction`: the shared-prefix junction the policy acts on (none here);
-    * :meth:`stops`: where prefill chunks must end (here: the junction, if any);
+    * :meth:`stops`: where prefill chunks must end (here: the junction, if any;
+      every block boundary for a policy that declares :attr:`every_block`);
     * :meth:`admit`: whether a state with these kinds is cached.
 
     Derived from those answers, never declared by hand:
 
     * :attr:`uses_junction`: the class overrides :meth:`junction` (found when
       the class is created);
-    * :attr:`every_block`: :meth:`stops` ends a chunk at every block boundary;
+    * :attr:`own_stops`: chunk stops besides the junction (the class overrides
+      :meth:`stops`, or declares :attr:`every_block`);
     * :attr:`supersede_tail`: :meth:`admit` keeps a sequence-end state that it
       would not keep as a plain decode boundary, so a live engine, which does
       not know where the sequence ends, keeps each such state tentatively
       until the request's next one replaces it.
 
     Declared (facts, not hooks): :attr:`vllm_native` and :attr:`auto_candidate`, each
-    stated by the class itself (a subclass does not inherit them).
+    stated by the class itself (a subclass does not inherit them), and
+    :attr:`every_block`, which also gives the class its :meth:`stops` (so the two
+    cannot disagree: declaring it and overriding :meth:`stops` is a ``TypeError``).
     """
 
     #: Registry name: the CLI word and the ``VLLM_ADMISSION_POLICY`` value.
@@ -221,10 +219,14 @@ class AdmissionPolicy(ABC):
     vllm_native: ClassVar[bool] = False
     #: Declared: whether ``auto`` chooses among this policy (off unless declared).
     auto_candidate: ClassVar[bool] = False
+    #: Declared: a state at every block boundary: :meth:`stops` ends a prefill chunk
+    #: at each one between the hit and the prompt end (``dense``); the cache model
+    #: then prefills block by block in one pass.
+    every_block: ClassVar[bool] = False
     #: Derived: whether the class overrides :meth:`junction`.
     uses_junction: ClassVar[bool] = False
-    #: Derived: whether the class overrides :meth:`stops` (chunk stops besides the
-    #: junction, which vLLM's scheduler places itself).
+    #: Derived: whether the class has chunk stops besides the junction (which vLLM's
+    #: scheduler places itself): it overrides :meth:`stops` or declares :attr:`every_block`.
     own_stops: ClassVar[bool] = False
     #: Tokens between the positions :func:`checkpoint_kinds` marks PERIODIC
     #: (0: none). Only a policy that follows the engine's retention setting
@@ -248,21 +250,26 @@ class AdmissionPolicy(ABC):
 
     def __init_subclass__(cls, **kwargs) -> None:
         """Derive :attr:`uses_junction` and :attr:`own_stops`. TypeError if the body
-        declares a derived attribute."""
+        declares a derived attribute, or declares :attr:`every_block` beside its own
+        :meth:`stops`."""
         super().__init_subclass__(**kwargs)
         for attr in ("vllm_native", "auto_candidate"):
             # Identity declarations are the class's own: a subclass that does not
             # state them is neither vLLM's behaviour nor an auto candidate.
             if attr not in cls.__dict__:
                 setattr(cls, attr, False)
-        for attr in ("uses_junction", "own_stops", "every_block", "supersede_tail"):
+        for attr in ("uses_junction", "own_stops", "supersede_tail"):
             if attr in cls.__dict__:
                 raise TypeError(f"{cls.__name__}.{attr} is derived from the policy's hooks "
                                 f"(junction, stops, admit); override those instead")
+        overrides_stops = (inspect.getattr_static(cls, "stops")
+                           is not inspect.getattr_static(AdmissionPolicy, "stops"))
+        if cls.every_block and overrides_stops:
+            raise TypeError(f"{cls.__name__} declares every_block and its own stops(); "
+                            f"every_block gives the stops (a chunk end at every block boundary)")
         cls.uses_junction = (inspect.getattr_static(cls, "junction")
                              is not inspect.getattr_static(AdmissionPolicy, "junction"))
-        cls.own_stops = (inspect.getattr_static(cls, "stops")
-                         is not inspect.getattr_static(AdmissionPolicy, "stops"))
+        cls.own_stops = overrides_stops or cls.every_block
 
     def junction(self, probe: HitProbe) -> int:
         """The shared-prefix junction this policy acts on (tokens; 0: none).
@@ -276,8 +283,14 @@ class AdmissionPolicy(ABC):
         """Token positions where prefill chunks must end so that a state is written.
 
         Returns positions strictly inside ``(probe.state_hit, probe.prompt_len)``,
-        ascending. The default is the policy's :meth:`junction`, if any.
+        ascending: every block boundary up to the prompt's last reusable one for a
+        policy that declares :attr:`every_block`, else the policy's :meth:`junction`,
+        if any.
         """
+        if self.every_block:
+            b = probe.block_size
+            return tuple(i * b for i in range(probe.state_hit // b + 1,
+                                              (probe.prompt_len - 1) // b + 1))
         junction = self.junction(probe)
         return (junction,) if junction else ()
 
@@ -296,26 +309,13 @@ class AdmissionPolicy(ABC):
             CheckpointKind.CHUNK_END, CheckpointKind.DECODE, CheckpointKind.SEQUENCE_END))
 
     @functools.cached_property
-    def _derived(self) -> tuple[bool, bool]:
-        """(:attr:`every_block`, :attr:`supersede_tail`), computed once per policy object."""
-        every = all(tuple(self.stops(p)) == tuple(range(p.state_hit + 16, p.prompt_len, 16))
-                    for p in _EVERY_BLOCK_PROBES)
-        _, decode, sequence_end = self.plain_decisions
-        return every, sequence_end and not decode
-
-    @property
-    def every_block(self) -> bool:
-        """Derived: whether :meth:`stops` ends a prefill chunk at every block
-        boundary between the hit and the prompt end (checked on a few probes)."""
-        return self._derived[0]
-
-    @property
     def supersede_tail(self) -> bool:
         """Derived: whether a decode-time state replaces the request's earlier
         tentative end-of-sequence state in a live engine: :meth:`admit` keeps a
         sequence end it would not keep as a plain decode boundary (Marconi keeps
-        one state per sequence end)."""
-        return self._derived[1]
+        one state per sequence end). Computed once per policy object."""
+        _, decode, sequence_end = self.plain_decisions
+        return sequence_end and not decode
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
@@ -409,12 +409,7 @@ class DenseAdmission(AdmissionPolicy):
     name = "dense"
     summary = "a state at every block boundary (vLLM's older 'all' mode): most hits, most memory"
     auto_candidate = True
-
-    def stops(self, probe: HitProbe) -> tuple[int, ...]:
-        b = probe.block_size
-        first = probe.state_hit // b + 1
-        last = (probe.prompt_len - 1) // b
-        return tuple(i * b for i in range(first, last + 1))
+    every_block = True
 
     admitted = frozenset(CheckpointKind)
 
