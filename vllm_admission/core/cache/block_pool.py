@@ -283,23 +283,8 @@ class BlockPool:
                 eviction.on_cache(b, (g, block_hash))
 
     def cache_many(self, group: int, blocks: Sequence[int], hashes: Sequence) -> None:
-        """:meth:`cache` of ``blocks[i]`` under ``(group, hashes[i])``, in order.
-
-        Hashes new to the group and distinct (the usual case) go into the index
-        in one bulk insert, which is :meth:`cache_position` of each; otherwise
-        (or for a policy that hears the keys) block by block.
-        """
-        idx = self.index[group]
-        if not self.reports_keys:
-            new = dict(zip(hashes, blocks))
-            if len(new) == len(blocks) and idx.keys().isdisjoint(new):
-                idx.update(new)
-                keys, groups = self.key, self.group
-                for b, h in zip(blocks, hashes):
-                    keys[b] = h
-                    groups[b] = group
-                self.insertions_by_group[group] += len(new)
-                return
+        """:meth:`cache` of ``blocks[i]`` under ``(group, hashes[i])``, in order
+        (through the one insertion path)."""
         cache = self.cache
         for b, h in zip(blocks, hashes):
             cache(b, (group, h))

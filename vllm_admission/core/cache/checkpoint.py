@@ -127,12 +127,6 @@ class SplitCheckpoints:
         adm, step = run.adm, cache._step
         ends = _checkpoint_positions(run)
         steps = 0
-        if cache.admission.every_block and B <= budget:
-            # Every chunk up to the prompt checkpoint is one whole block.
-            first, last = computed // B, adm.prompt_end // B
-            if last > first:
-                cache._prefill_blockwise(run, first, last, now)
-                computed, steps = last * B, last - first
         pe = adm.prompt_end
         # A policy stop at the prompt checkpoint (a junction there) still ends a chunk.
         export = self.prompt_end_export and 0 < pe < P and pe not in adm.stops

@@ -13,13 +13,11 @@ and, for eviction policies that read them, the freed blocks' values
 
 from __future__ import annotations
 
-import bisect
 import functools
 from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 from vllm_admission.core.admission import (
-    ADMIT,
     AdmissionPolicy,
     HitProbe,
     RequestAdmission,
@@ -446,61 +444,6 @@ class HybridPrefixCache:
                     table.append(new[k])
                     k += 1
             run.live.extend(indexes)
-
-    def _prefill_blockwise(self, run: RunningRequest, first: int, last: int, now: float) -> None:
-        """The prefill steps of a policy that stops at every block boundary
-        (``dense``, ``split`` mode) before the prompt checkpoint: step ``i``
-        computes block ``i`` alone, for ``first <= i < last``.
-
-        The fast path of :meth:`_step` for that case, with
-        :meth:`StateGroups.retire <vllm_admission.core.cache.groups.StateGroups.retire>`,
-        :meth:`_allocate` and :meth:`StateGroups.cache_full
-        <vllm_admission.core.cache.groups.StateGroups.cache_full>` written out
-        (the pool is called the same way, in the same order; calling the parts
-        cost ``dense`` about 5 % more time): retire the state before block
-        ``i - 1``, allocate block ``i`` in every group (attention groups first),
-        cache the attention blocks and, where admitted, the state.
-        ``benchmarks/sim_equivalence.py``'s ``dense`` cases hold it to the
-        general path's results."""
-        B, pool, state = self.block_size, self.pool, self.state
-        tables, live, hashes, adm = run.blocks, run.live, run.hashes, run.adm
-        attn_groups, state_groups = self.attn_groups, self.state_groups
-        total = len(attn_groups) + len(state_groups)
-        keyed = pool.reports_keys
-        for i in range(first, last):
-            if live and live[0] < i - 1:
-                k = bisect.bisect_left(live, i - 1)
-                retired = live[k - 1::-1]
-                del live[:k]
-                if state.meta is not None:
-                    lists = [state.freed(run, g, retired) for g in state_groups]
-                else:
-                    lists = [[tables[g][j] for j in retired] for g in state_groups]
-                pool.free_each(lists, now)
-                for g in state_groups:
-                    table = tables[g]
-                    for j in retired:
-                        table[j] = NULL
-            new = pool.allocate(total, now)
-            k = 0
-            for g in attn_groups:
-                tables[g].append(new[k])
-                k += 1
-            for g in state_groups:
-                tables[g].append(new[k])
-                k += 1
-            live.append(i)
-            run.num_cached = i + 1
-            h = hashes[i]
-            for g in attn_groups:
-                pool.cache(tables[g][i], (g, h))
-            pos = (i + 1) * B
-            if adm.decide(pos) != ADMIT:
-                continue
-            adm.record(pos)
-            self.checkpoints += 1
-            report = not (keyed and adm.kept_as_sequence_end(pos))
-            pool.cache_position([(g, tables[g][i]) for g in state_groups], h, report=report)
 
     def _finish(self, run: RunningRequest, now: float) -> None:
         """Free every block: group after group in vLLM's order, each group's
