@@ -40,6 +40,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from vllm_admission.core.geometry import check_retention_interval
+
 __all__ = [
     "ADMISSION_POLICIES",
     "AdmissionPolicy",
@@ -371,11 +373,7 @@ class VllmAdmission(AdmissionPolicy):
     admitted = frozenset({CheckpointKind.JUNCTION, CheckpointKind.PROMPT_END})
 
     def __init__(self, retention_interval: int | None = 0) -> None:
-        if retention_interval is not None and (
-                isinstance(retention_interval, bool) or not isinstance(retention_interval, int)
-                or retention_interval < 0):
-            raise ValueError(f"prefix_cache_retention_interval must be None or an integer >= 0, "
-                             f"not {retention_interval!r}")
+        check_retention_interval(retention_interval)
         self.retention_interval = retention_interval
         if retention_interval is None:
             self.admitted = frozenset(CheckpointKind)

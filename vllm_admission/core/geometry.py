@@ -429,15 +429,17 @@ def parse_bytes(text: str) -> int:
 # --------------------------------------------------------------------------- #
 
 
-def check_retention_interval(interval: int | None, block_size: int) -> None:
+def check_retention_interval(interval: int | None, block_size: int | None = None) -> None:
     """Raise ``ValueError`` unless ``interval`` is a retention interval vLLM
-    accepts for ``block_size``: ``None`` or a non-negative multiple of it
-    (``_validate_prefix_cache_retention_interval``,
+    accepts: ``None`` or an integer >= 0, and a multiple of ``block_size`` when
+    that is given (``_validate_prefix_cache_retention_interval``,
     ``vllm/v1/core/kv_cache_coordinator.py``)."""
     if interval is None:
         return
-    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0 \
-            or interval % block_size:
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
+        raise ValueError(f"prefix_cache_retention_interval ({interval!r}) must be None or an "
+                         f"integer >= 0")
+    if block_size is not None and interval % block_size:
         raise ValueError(f"prefix_cache_retention_interval ({interval!r}) must be None or a "
                          f"non-negative multiple of the block size ({block_size})")
 

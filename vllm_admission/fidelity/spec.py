@@ -10,6 +10,7 @@ from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
 from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
+from vllm_admission.core.geometry import check_retention_interval
 from vllm_admission.core.eviction import engine_eviction_policies
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
 
@@ -139,11 +140,7 @@ class FidelitySpec:
             raise FidelityError(f"the simulator does not mirror the engine argument(s) "
                                 f"{', '.join(unknown)}; it mirrors: "
                                 f"{', '.join(SIMULATED_ENGINE_ARGS)}")
-        if "prefix_cache_retention_interval" in self.engine_args:
-            retention = self.engine_args["prefix_cache_retention_interval"]
-            if retention is not None and (not isinstance(retention, int) or retention < 0):
-                raise ValueError(f"prefix_cache_retention_interval must be None or an integer "
-                                 f">= 0, got {retention!r}")
+        check_retention_interval(self.engine_args.get("prefix_cache_retention_interval"))
         if not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"model {self.model}: no config.json there "
                              f"(make one with 'vllm-admission make-tiny-model DIR')")
