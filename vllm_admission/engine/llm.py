@@ -217,10 +217,11 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
     ``enable_prefix_caching`` as in ``settings`` (default on), ``dtype="bfloat16"``,
     ``skip_tokenizer_init=True``, ``enforce_eager=True`` and statistics
     logging on (so :func:`prefix_cache_counters` works). On vLLM's CPU
-    platform it first installs :func:`vllm_admission.plugin.cpu_mamba2.install`
-    (Mamba2 layers declare no prefill-checkpoint export, which the CPU kernels
-    cannot write; in this process only, so an engine core in another process
-    needs the general plugin loaded). Takes about 6 s of
+    platform it first installs
+    :func:`vllm_admission.plugin.register.install_cpu_kernels` (Mamba2 layers
+    declare no prefill-checkpoint export, which the CPU kernels cannot write;
+    the speculative-decoding state copies; in this process only, so an engine
+    core in another process needs the general plugin loaded and asked). Takes about 6 s of
     engine construction plus ~20 s of first vLLM import on a 2-core CPU
     machine.
 
@@ -247,13 +248,12 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
     import vllm
     import vllm.envs as vllm_envs
 
-    from vllm_admission.plugin import cpu_mamba2, cpu_spec_decode
+    from vllm_admission.plugin.register import install_cpu_kernels
 
     # Stock engines run with VLLM_PLUGINS="" (no general plugin): a Mamba2 model on
-    # vLLM's CPU platform still needs its prefill-checkpoint export off (cpu_mamba2),
-    # and MTP drafts need the state kernels the CPU build lacks (cpu_spec_decode).
-    cpu_mamba2.install()
-    cpu_spec_decode.install()
+    # vLLM's CPU platform still needs its prefill-checkpoint export off, and MTP drafts
+    # need the state kernels the CPU build lacks.
+    install_cpu_kernels()
 
     # The in-process engine core freezes vllm.envs after its start; a second
     # engine in the same process must see the environment as it is now.

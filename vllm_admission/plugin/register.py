@@ -1,7 +1,12 @@
 """vLLM general-plugin entry point (``vllm.general_plugins``: ``vllm_admission``).
 
 vLLM calls :func:`register` in every process it starts (front end, engine
-core, workers), before it validates the environment
+core, workers). It does nothing unless the user asked for the plugin
+(:func:`asked`: the command line names the AdmissionScheduler, a
+``VLLM_ADMISSION_*`` setting is set, or the process that started this one was
+asked, ``VLLM_ADMISSION_ACTIVE``); ``VLLM_ADMISSION_CPU_FIXES=1`` alone asks for
+the CPU kernels below and nothing else. Where asked, it runs before vLLM
+validates the environment
 (``vllm/engine/arg_utils.py``: ``EngineArgs.__post_init__`` loads the general
 plugins; ``create_engine_config`` then runs
 ``Platform.validate_environ``, which warns about, or with
@@ -14,13 +19,17 @@ hashes the value of every registered variable into the ``torch.compile``
 cache key, and scheduler settings must not force a recompile. The plugin
 reads its settings through :class:`vllm_admission.plugin.config.AdmissionConfig`.
 
-In every process it also installs :func:`vllm_admission.plugin.cpu_mamba2.install`
-(on vLLM's CPU platform only: Mamba2 layers declare no prefill-checkpoint export there,
-which the CPU kernels cannot write; no effect elsewhere) and
-:func:`vllm_admission.plugin.cpu_spec_decode.install` (CPU only: the speculative-decoding
-state kernels the CPU build lacks, so MTP runs there).
+Where asked, in every process it also installs the CPU kernels
+(:func:`install_cpu_kernels`: :func:`vllm_admission.plugin.cpu_mamba2.install`, on
+vLLM's CPU platform only, Mamba2 layers declare no prefill-checkpoint export there,
+which the CPU kernels cannot write; :func:`vllm_admission.plugin.cpu_spec_decode.install`,
+CPU only, the speculative-decoding state kernels the CPU build lacks, so MTP runs
+there; no effect elsewhere).
 
-In the process that starts vLLM (``MainProcess``), :func:`register` also
+Where asked, in the process that starts vLLM (``MainProcess``), :func:`register` also
+
+* sets ``VLLM_ADMISSION_ACTIVE=1``, so that the engine-core and worker processes
+  (which inherit the environment, not the command line) know;
 
 * sets ``VLLM_ADMISSION_METRICS_DIR`` (unless set) to a per-process temporary
   path, inherited by the engine-core processes, where the scheduler publishes
@@ -42,10 +51,8 @@ In the process that starts vLLM (``MainProcess``), :func:`register` also
   once with one ``vllm_admission: error: ...`` line on stderr and exit status
   2, before the model loads; otherwise (``LLM(...)``) it logs that line as a
   warning and the scheduler refuses to start later;
-* where the user asked for the plugin (the command line names the
-  AdmissionScheduler, or ``VLLM_ADMISSION_POLICY``, ``_EVICTION`` or
-  ``_CHECKPOINT`` is set), checks the settings against the engine's ``VllmConfig`` as
-  soon as vLLM has built it, before the model loads
+* checks the settings against the engine's ``VllmConfig`` as soon as vLLM has
+  built it, before the model loads
   (:func:`check_before_load`): a setting the configuration cannot run (a
   non-stock admission policy with MTP speculative decoding, say) ends
   ``vllm serve`` with one ``vllm_admission: error: ...`` line and status 2, and
@@ -78,7 +85,7 @@ from vllm_admission.plugin.snapshots import (
     remove_stale_snapshot_dirs,
 )
 
-__all__ = ["asked", "check_before_load", "register"]
+__all__ = ["asked", "check_before_load", "install_cpu_kernels", "register"]
 
 logger = logging.getLogger("vllm_admission")
 
@@ -151,10 +158,29 @@ def check_before_load(vllm_config: object) -> None:
     try:
         preflight(vllm_config, config or AdmissionConfig.from_env())
     except AdmissionConfigError as exc:
-        if names_admission_scheduler(sys.argv):
-            sys.stderr.write(f"vllm_admission: error: {exc}\n")
-            raise SystemExit(2) from None
+        _exit_if_serving(exc)
         raise
+
+
+def _exit_if_serving(exc: AdmissionConfigError) -> None:
+    """Where the command line names the AdmissionScheduler (``vllm serve``), end the
+    process with ``exc`` as one ``vllm_admission: error:`` line on stderr and status 2
+    (``SystemExit``); elsewhere return, for the caller to raise or warn."""
+    if names_admission_scheduler(sys.argv):
+        sys.stderr.write(f"vllm_admission: error: {exc}\n")
+        raise SystemExit(2) from None
+
+
+def install_cpu_kernels() -> None:
+    """The kernels vLLM 0.32's CPU platform lacks (each a no-op elsewhere): the Mamba2
+    prefill export off (the engine core builds the KV cache specs) and the
+    speculative-decoding state copies (the model runner uses them under drafts).
+    :func:`register` installs them where asked,
+    :func:`vllm_admission.engine.llm.build_llm` before every engine it starts."""
+    from vllm_admission.plugin import cpu_mamba2, cpu_spec_decode
+
+    cpu_mamba2.install()
+    cpu_spec_decode.install()
 
 
 def asked() -> bool:
@@ -185,15 +211,13 @@ def register() -> None:
         SystemExit: (status 2) an invalid setting while the command line
             names the AdmissionScheduler.
     """
-    from vllm_admission.plugin import cpu_mamba2, cpu_spec_decode
     from vllm_admission.plugin.vllm_hooks import register_env_vars
 
     plugin = asked()
     if not plugin and os.environ.get(ENV_CPU_FIXES) != "1":
         return
     register_env_vars(ENV_VARS, _unset)
-    cpu_mamba2.install()  # every process: the engine core builds the KV cache specs
-    cpu_spec_decode.install()  # every process: the model runner copies states under drafts
+    install_cpu_kernels()  # every process (engine core, workers)
     if not plugin or multiprocessing.current_process().name != "MainProcess":
         return
     os.environ[ENV_ACTIVE] = "1"
@@ -205,9 +229,7 @@ def register() -> None:
     try:
         AdmissionConfig.from_env()
     except AdmissionConfigError as exc:
-        if names_admission_scheduler(sys.argv):
-            sys.stderr.write(f"vllm_admission: error: {exc}\n")
-            raise SystemExit(2) from None
+        _exit_if_serving(exc)
         from vllm_admission.plugin.logs import ensure_log_output
 
         ensure_log_output()
