@@ -56,6 +56,10 @@ __all__ = ["EngineFacts", "EngineSetup", "plan_for", "preflight", "prefill_token
 
 logger = logging.getLogger("vllm_admission")
 
+#: The key problem of a hash unit finer than the block (``prefix_match_unit``), in the
+#: words both checks use (:meth:`EngineFacts.from_vllm_config`, the scheduler's).
+HASH_UNIT_PROBLEM = "hash or group block sizes differ from the scheduler block size"
+
 
 @dataclass(frozen=True)
 class EngineFacts:
@@ -98,7 +102,7 @@ class EngineFacts:
         keys = []
         unit = getattr(cc, "prefix_match_unit", None)
         if unit is not None and unit < cc.block_size:
-            keys.append("hash or group block sizes differ from the scheduler block size")
+            keys.append(HASH_UNIT_PROBLEM)
         if spec is not None and int(getattr(vllm_config, "num_speculative_tokens", 0) or 0) > 0 \
                 and not getattr(cc, "use_replayssm", False):
             keys.append("Mamba speculative blocks")
@@ -131,6 +135,8 @@ def support_problems(facts: EngineFacts, policy: str) -> list[str]:
         problems.append("EAGLE/MTP speculative decoding")
     if facts.connector:
         problems.append("a KV connector")
+    if facts.odd_groups:
+        problems.append(f"KV cache groups {', '.join(sorted(set(facts.odd_groups)))}")
     return problems
 
 
@@ -347,7 +353,7 @@ class EngineSetup:
         if self.hash_block_size != self.block_size or any(
                 g.kv_cache_spec.block_size != self.block_size
                 for g in self.kv_cache_config.kv_cache_groups):
-            problems.append("hash or group block sizes differ from the scheduler block size")
+            problems.append(HASH_UNIT_PROBLEM)
         if getattr(self.kv_cache_manager.coordinator, "enable_partial_hash_hits", False):
             problems.append("partial hash hits")
         for g in self.kv_cache_config.kv_cache_groups:

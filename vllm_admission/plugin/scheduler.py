@@ -40,10 +40,9 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from vllm_admission.core.admission import get_admission
-from vllm_admission.core.geometry import ATTENTION, STATE, inpass_capture_limit
+from vllm_admission.core.geometry import inpass_capture_limit
 from vllm_admission.plugin import inpass, vllm_hooks, vllm_surface
-from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
+from vllm_admission.plugin.config import AdmissionConfig
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.engine_setup import EngineSetup
 from vllm_admission.plugin.kv_cache import PolicyMambaManager
@@ -364,11 +363,6 @@ class AdmissionScheduler(EngineSetup, Scheduler):
             raise RuntimeError(f"cannot switch admission policy with {len(self.requests)} "
                                f"requests in the scheduler")
         self._admission_check_supported(name)
-        odd = [k for k in ctl.geometry.group_kinds if k not in (STATE, ATTENTION)]
-        if odd and not get_admission(name).vllm_native:
-            raise AdmissionConfigError(
-                f"VLLM_ADMISSION_POLICY={name} cannot run with KV cache groups "
-                f"{', '.join(sorted(set(odd)))} (valid here: vllm)")
         self._admission_use_admission(name)
         self.admission_config = dataclasses.replace(self.admission_config, policy=name)
 
