@@ -8,7 +8,6 @@ import sys
 from vllm_admission.cli.options import add_engine_args, engine_args_from
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
-from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 
 __all__ = ["add_fidelity_parser", "run_fidelity_cli"]
 
@@ -60,10 +59,6 @@ def add_fidelity_parser(sub) -> None:
     p.add_argument("--checkpoint", default="split", metavar="split|inpass",
                    help="checkpoint mode of both sides (default split, vLLM's; inpass: states written "
                         "inside the forward pass, VLLM_ADMISSION_CHECKPOINT=inpass)")
-    p.add_argument("--mamba-ssm-cache-dtype", choices=MAMBA_SSM_CACHE_DTYPES, default=None,
-                   help="the engine's mamba_ssm_cache_dtype (default: vLLM's, which its CPU platform "
-                        "turns into float32 on CPUs with AVX-512 BF16, doubling the tiny model's "
-                        "block size); pin it for the same run on every CPU")
     add_engine_args(p)
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless every sequential record meets the fidelity bar: exact per "

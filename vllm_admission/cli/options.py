@@ -50,8 +50,15 @@ def parse_retention_interval(text: str) -> int | None:
 
 
 def add_engine_args(p) -> None:
-    """vLLM's own engine arguments that ``replay`` and ``fidelity`` pass through, with
-    vLLM's flag names and values (:func:`engine_args_from` reads them back)."""
+    """vLLM's own engine arguments that ``replay`` and ``fidelity`` take, with vLLM's flag
+    names and values: ``--mamba-ssm-cache-dtype`` (an ``EngineSettings`` field) and those
+    :func:`engine_args_from` reads back for ``EngineSettings.engine_args``."""
+    from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
+
+    p.add_argument("--mamba-ssm-cache-dtype", choices=MAMBA_SSM_CACHE_DTYPES, default=None,
+                   help="the engine's mamba_ssm_cache_dtype (default: vLLM's, which its CPU "
+                        "platform turns into float32 on CPUs with AVX-512 BF16, doubling the "
+                        "tiny model's block size); pin it for the same run on every CPU")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, metavar="T",
                    help="vLLM's prefill token budget per step (default: vLLM's)")
     p.add_argument("--prefix-cache-retention-interval", default=None, metavar="0|N|none",

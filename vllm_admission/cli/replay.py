@@ -33,7 +33,6 @@ from vllm_admission.core.admission import (
     UnknownPolicyError,
     get_admission,
 )
-from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.eviction import engine_eviction_policies
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
 
@@ -68,10 +67,6 @@ def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--mooncake-block-tokens", type=int, default=MOONCAKE_BLOCK_TOKENS,
                    help=f"tokens per Mooncake hash id (default {MOONCAKE_BLOCK_TOKENS}, the "
                         "trace's own; 128 shrinks prompts 4x)")
-    p.add_argument("--mamba-ssm-cache-dtype", choices=MAMBA_SSM_CACHE_DTYPES, default=None,
-                   help="the engine's mamba_ssm_cache_dtype (default: vLLM's, which its CPU "
-                        "platform resolves per instruction set); pin it for the same run on "
-                        "every CPU")
     add_engine_args(p)
     p.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
     p.add_argument("--out", required=True, help="output directory for results.json")

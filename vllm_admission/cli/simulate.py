@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vllm_admission.cli.options import RETENTION_HELP, parse_retention_interval
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.eviction import EVICTION_POLICIES
-from vllm_admission.cli.options import RETENTION_HELP, parse_retention_interval
 from vllm_admission.core.geometry import parse_bytes
 from vllm_admission.sim.sweep import EXECUTORS, RAY_INSTALL_HINT
 
