@@ -13,6 +13,8 @@ Test modules import the fixtures below by name (pytest then registers them there
 
 from __future__ import annotations
 
+import logging
+
 import random
 
 import pytest
@@ -182,6 +184,19 @@ def assert_counters_match(engine, cache):
     assert stats.checkpoints == cache.checkpoints
     assert stats.junctions == cache.junctions
     assert free_equals_usable(engine)
+
+
+def plugin_lines(caplog, build_it):
+    """``(level, message)`` of the vllm_admission records logged while ``build_it()`` runs."""
+    caplog.set_level(logging.INFO, logger="vllm_admission")
+    logger = logging.getLogger("vllm_admission")
+    logger.addHandler(caplog.handler)
+    try:
+        result = build_it()
+    finally:
+        logger.removeHandler(caplog.handler)
+    records = {id(r): r for r in caplog.records if r.name == "vllm_admission"}
+    return result, [(r.levelno, r.getMessage()) for r in records.values()]
 
 
 def free_equals_usable(engine):

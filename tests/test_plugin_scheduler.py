@@ -39,6 +39,7 @@ from scheduler_harness import (  # noqa: E402,F401 - fixtures are used by name
     free_equals_usable,
     mamba_positions,
     model_dir,
+    plugin_lines,
     random_workload,
     run_engine,
     serve_deciding,
@@ -540,25 +541,12 @@ def test_auto_leaves_reuse_out_where_blocks_get_hashes_elsewhere(vllm_config, mo
 
 
 # ---------------------------------------------------------------- what users trip over (issue 21)
-def _plugin_lines(caplog, build_it):
-    """``(level, message)`` of the vllm_admission records logged while ``build_it()`` runs."""
-    caplog.set_level(logging.INFO, logger="vllm_admission")
-    logger = logging.getLogger("vllm_admission")
-    logger.addHandler(caplog.handler)
-    try:
-        result = build_it()
-    finally:
-        logger.removeHandler(caplog.handler)
-    records = {id(r): r for r in caplog.records if r.name == "vllm_admission"}
-    return result, [(r.levelno, r.getMessage()) for r in records.values()]
-
-
 def test_start_up_names_the_smallest_cacheable_prefix(vllm_config, monkeypatch, caplog):
     """The start-up line gives the shortest prefix that can hit, per KV cache group, and it is
     the truth: a prompt one token longer than it hits it when sent again, a prompt as long as
     it never hits (vLLM recomputes the last prompt token, so the state at the block boundary
     is never reached by a prompt of exactly one block)."""
-    engine, lines = _plugin_lines(caplog, lambda: build(vllm_config, monkeypatch))
+    engine, lines = plugin_lines(caplog, lambda: build(vllm_config, monkeypatch))
     block = vllm_config.cache_config.block_size
     assert (logging.INFO,
             f"vllm_admission: smallest cacheable prefix: {block} tokens (per KV cache group: "
@@ -576,7 +564,7 @@ def test_start_up_warns_when_short_prompts_can_never_hit(model_dir, monkeypatch,
 
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=4 * B,
                            max_num_batched_tokens=CHUNK)
-    _, lines = _plugin_lines(caplog, lambda: build(cfg, monkeypatch))
+    _, lines = plugin_lines(caplog, lambda: build(cfg, monkeypatch))
     assert (logging.WARNING,
             f"vllm_admission: prompts shorter than {B + 1} tokens never hit the prefix cache, "
             f"more than a quarter of max_model_len={4 * B}") in lines
@@ -601,7 +589,7 @@ def test_auto_under_a_kv_connector_runs_the_pair_that_can(connector_config, monk
     """``auto`` keeps the candidates a KV connector allows (vLLM's own admission and free-queue
     order: one pair) and says which it left out; it does not refuse naming a policy the user
     never set."""
-    engine, lines = _plugin_lines(caplog, lambda: build(connector_config, monkeypatch,
+    engine, lines = plugin_lines(caplog, lambda: build(connector_config, monkeypatch,
                                                         policy="auto", eviction="auto"))
     sched = engine.scheduler
     assert sched.connector is not None

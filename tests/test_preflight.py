@@ -4,7 +4,6 @@ scheduler from the live engine; ``auto`` on an architecture without a FLOP model
 
 from __future__ import annotations
 
-import logging
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +14,7 @@ from scheduler_harness import (  # noqa: E402,F401 - fixtures are used by name
     _finish_tuners,
     build,
     model_dir,
+    plugin_lines,
     vllm_config,
 )
 
@@ -86,16 +86,10 @@ def test_speculative_blocks_refuse_hash_keyed_eviction_and_auto_narrows(caplog):
     with pytest.raises(AdmissionConfigError, match="VLLM_ADMISSION_EVICTION=reuse cannot run "
                                                    "with Mamba speculative blocks"):
         plan_for(settings(eviction="reuse"), facts)
-    caplog.set_level(logging.WARNING, logger="vllm_admission")
-    logger = logging.getLogger("vllm_admission")
-    logger.addHandler(caplog.handler)
-    try:
-        plan = plan_for(settings(AUTO, AUTO), facts)
-    finally:
-        logger.removeHandler(caplog.handler)
+    plan, lines = plugin_lines(caplog, lambda: plan_for(settings(AUTO, AUTO), facts))
     assert plan.admissions == ("vllm",) and "reuse" not in plan.evictions
     assert set(plan.evictions) == set(AUTO_EVICTIONS) - {"reuse"} and plan.adaptive
-    text = " ".join(r.getMessage() for r in caplog.records)
+    text = " ".join(message for _, message in lines)
     assert "auto admission leaves out" in text and "auto eviction leaves out reuse" in text
     assert "marconi" in AUTO_ADMISSIONS
 
@@ -127,18 +121,13 @@ def test_the_scheduler_runs_auto_by_tokens_on_an_unknown_architecture(vllm_confi
         raise ModelConfigError("unknown architecture 'LFM2ForCausalLM'")
 
     monkeypatch.setattr(ModelCosts, "from_config", staticmethod(unknown))
-    caplog.set_level(logging.WARNING, logger="vllm_admission")
-    logger = logging.getLogger("vllm_admission")
-    logger.addHandler(caplog.handler)
-    try:
-        engine = build(vllm_config, monkeypatch, policy="auto", eviction="auto")
-    finally:
-        logger.removeHandler(caplog.handler)
+    engine, lines = plugin_lines(caplog, lambda: build(vllm_config, monkeypatch,
+                                                        policy="auto", eviction="auto"))
     try:
         assert engine.scheduler.stats().adaptive
         assert engine.scheduler._admission.prefill_flops(1000, 256) == 744.0  # noqa: SLF001
-        assert any("auto scores its candidates by prompt tokens saved" in r.getMessage()
-                   for r in caplog.records)
+        assert any("auto scores its candidates by prompt tokens saved" in message
+                   for _, message in lines)
     finally:
         engine.scheduler.shutdown()
     with pytest.raises(AdmissionConfigError, match="needs a FLOP model"):
