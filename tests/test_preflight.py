@@ -59,13 +59,28 @@ def fake_config(*, spec=None, tokens=0, connector=None, unit=None, block=128, ca
 @pytest.mark.parametrize("config, named, feature", [
     (dict(spec="mtp", tokens=1), "VLLM_ADMISSION_POLICY=marconi", "EAGLE/MTP speculative decoding"),
     (dict(connector=object()), "VLLM_ADMISSION_POLICY=marconi", "a KV connector"),
-    (dict(unit=32), "VLLM_ADMISSION_POLICY=marconi", "hash or group block sizes differ"),
 ])
 def test_a_refusal_comes_from_the_config_before_the_model_loads(config, named, feature):
     with pytest.raises(AdmissionConfigError) as info:
         preflight(fake_config(**config), settings("marconi"))
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith(f"{named} cannot run with ") and feature in msg
+
+
+def test_a_sub_block_hash_unit_runs_every_admission_and_refuses_keyed_eviction_and_inpass():
+    """``prefix_match_unit`` below the block: the core models it for admission, so
+    ``marconi``, ``dense`` and ``auto`` run; eviction that hears block keys and ``inpass``
+    are refused before the model loads, in one line naming the unit."""
+    config = fake_config(unit=32)
+    for policy in ("marconi", "dense", "last", AUTO):
+        preflight(config, settings(policy))
+    for eviction, named in (("reuse", "VLLM_ADMISSION_EVICTION=reuse"),):
+        with pytest.raises(AdmissionConfigError) as info:
+            preflight(config, settings("marconi", eviction))
+        assert str(info.value).startswith(f"{named} cannot run with a prefix_match_unit below")
+    with pytest.raises(AdmissionConfigError, match="VLLM_ADMISSION_CHECKPOINT=inpass cannot run "
+                                                   ".*prefix_match_unit below"):
+        preflight(config, settings("marconi", checkpoint="inpass"))
 
 
 def test_what_the_config_cannot_tell_is_left_to_the_scheduler():

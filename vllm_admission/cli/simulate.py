@@ -61,6 +61,10 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--retention-interval", "--prefix-cache-retention-interval",
                    dest="retention_interval", default="0", metavar="0|N|none",
                    help=RETENTION_HELP)
+    p.add_argument("--prefix-match-unit", type=int, default=None, metavar="T",
+                   help="vLLM's prefix_match_unit: tokens per block hash, a divisor of the "
+                        "block size; below it a hit may end inside a block (default: the block "
+                        "size; split checkpoint mode only)")
     p.add_argument("--alpha", type=float, default=None,
                    help="fix flop eviction's alpha instead of tuning it online")
     p.add_argument("--tune-grid", choices=("coarse", "paper"), default="coarse",
@@ -129,7 +133,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
         tune_grid=args.tune_grid, auto_interval=args.auto_interval,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint,
-        retention_interval=retention)
+        retention_interval=retention, prefix_match_unit=args.prefix_match_unit)
     if args.alpha is not None:
         if not args.alpha >= 0:
             raise ValueError(f"--alpha must be >= 0, got {args.alpha}")

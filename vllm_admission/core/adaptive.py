@@ -406,7 +406,8 @@ class PolicyController:
             scores = self._scores
             now = float(index)
             for pair, shadow in self.shadows.items():
-                hit = shadow.serve(hashes, prompt_len, output_len, index, now).hit_tokens
+                hit = shadow.serve(hashes, prompt_len, output_len, index, now,
+                                   request.units).hit_tokens
                 scores[pair] += full - flops(prompt_len, hit)
         self._count += 1
         self._since += 1

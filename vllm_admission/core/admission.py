@@ -100,10 +100,12 @@ class HitProbe:
     Attributes:
         prompt_len: prompt tokens of the request.
         block_size: tokens per KV cache block (the attention block size).
-        kv_hit: longest prefix whose attention-KV blocks are all cached
-            (block-aligned, at most ``prompt_len - 1``).
+        kv_hit: longest prefix whose attention-KV blocks are all cached (at
+            most ``prompt_len - 1``; block-aligned unless the engine hashes in
+            units finer than the block, vLLM's ``prefix_match_unit``, when it may
+            end on a unit boundary inside a block).
         state_hit: longest prefix that also has a cached recurrent state at its
-            end: the hybrid hit (``<= kv_hit``).
+            end: the hybrid hit (``<= kv_hit``; a unit boundary like ``kv_hit``).
     """
 
     prompt_len: int
@@ -118,9 +120,13 @@ class HitProbe:
         When the attention KV of a longer prefix is cached but no state is, the
         prefix was computed before by another request: it is shared, and a
         state saved at its end pays off from the next request on (Marconi 4.1;
-        vLLM ``KVCacheManager.get_computed_blocks``).
+        vLLM ``KVCacheManager.get_computed_blocks``). A state is kept there only
+        at a block boundary, so a ``kv_hit`` inside a block gives the boundary
+        below it (``reachable_block_mask`` and ``_mamba_block_aligned_split``
+        floor vLLM's ``shared_prefix_boundary`` to the block).
         """
-        return self.kv_hit if self.kv_hit > self.state_hit else 0
+        junction = self.kv_hit - self.kv_hit % self.block_size
+        return junction if junction > self.state_hit else 0
 
     @property
     def state_miss(self) -> int:
@@ -128,10 +134,11 @@ class HitProbe:
 
         ``kv_hit - state_hit``: the prompt tokens past the hybrid hit whose
         attention KV blocks were all cached, but which are recomputed because
-        no state was kept at their end. Both lengths are whole blocks (vLLM's
-        ``find_longest_cache_hit`` returns block-aligned lengths and caps the
-        attention hit at ``prompt_len - 1``), so this is a multiple of
-        ``block_size``; it is nonzero exactly when :attr:`junction` is.
+        no state was kept at their end. Without a finer hash unit both lengths
+        are whole blocks (vLLM's ``find_longest_cache_hit`` returns
+        block-aligned lengths and caps the attention hit at ``prompt_len - 1``),
+        so this is a multiple of ``block_size``, nonzero exactly when
+        :attr:`junction` is.
         """
         return self.kv_hit - self.state_hit
 
@@ -414,6 +421,11 @@ class DenseAdmission(AdmissionPolicy):
 
 # ---------------------------------------------------------------- one request
 
+#: The kinds of the prompt's tail unit boundary inside a block
+#: (:attr:`RequestAdmission.tail`): a chunk end that is the prompt's last
+#: reusable position.
+_TAIL_KINDS = frozenset({CheckpointKind.CHUNK_END, CheckpointKind.PROMPT_END})
+
 #: :meth:`RequestAdmission.decide` results.
 SKIP, ADMIT, TENTATIVE = 0, 1, 2
 
@@ -504,20 +516,27 @@ class RequestAdmission:
         junction: the junction the request acts on. Default: the policy's
             (:meth:`AdmissionPolicy.junction`). The plugin passes vLLM's own
             value for a ``vllm_native`` policy.
+        hash_block_size: tokens per block hash when finer than the block
+            (vLLM's ``prefix_match_unit``); ``None``: the block size.
 
     Attributes:
         junction: the junction (tokens; 0: none).
         prompt_end: ``(prompt_len - 1) // B * B``, the prompt checkpoint.
+        tail: with a finer hash unit ``u``, the prompt's tail unit boundary
+            ``(prompt_len - 1) // u * u`` when it lies inside a block, else 0.
+            vLLM ends a chunk there and keys the state written there by the
+            hash unit (``MambaManager._cache_partial_tail_block``); it has the
+            kinds of a prompt end, so a policy that keeps prompt ends keeps it.
         stops: ascending chunk stops (the junction included when used).
         admitted: ascending positions cached in the first state group.
     """
 
-    __slots__ = ("policy", "probe", "junction", "prompt_end", "stops", "admitted",
+    __slots__ = ("policy", "probe", "junction", "prompt_end", "tail", "stops", "admitted",
                  "_special", "_plain_chunk", "_plain_decode", "_period", "_periodic_chunk",
                  "_periodic_decode", "_tail_ok", "_below_hit", "_values", "_version")
 
     def __init__(self, policy: AdmissionPolicy, probe: HitProbe, *, total_len: int | None,
-                 junction: int | None = None) -> None:
+                 junction: int | None = None, hash_block_size: int | None = None) -> None:
         B, P = probe.block_size, probe.prompt_len
         self.policy = policy
         self.probe = probe
@@ -525,6 +544,8 @@ class RequestAdmission:
             junction = policy.junction(probe)
         self.junction = junction
         self.prompt_end = (P - 1) // B * B
+        tail = (P - 1) // hash_block_size * hash_block_size if hash_block_size else 0
+        self.tail = tail if tail % B else 0
         self.stops = policy.stops(probe)
         self.admitted: list[int] = []
         special = {}
@@ -536,6 +557,8 @@ class RequestAdmission:
                 special[pos] = policy.admit(checkpoint_kinds(
                     pos, prompt_len=P, total_len=total_len, block_size=B, junction=junction,
                     period=period))
+        if self.tail:
+            special[self.tail] = policy.admit(_TAIL_KINDS)
         self._special = special
         self._plain_chunk, self._plain_decode, sequence_end = policy.plain_decisions
         self._period = period

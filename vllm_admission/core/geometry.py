@@ -68,6 +68,7 @@ __all__ = [
     "aligned_block_size",
     "block_geometry",
     "blocks_needed",
+    "check_hash_block_size",
     "check_retention_interval",
     "geometry_from_blocks",
     "inpass_capture_limit",
@@ -111,7 +112,9 @@ class CacheLayout:
             its layers).
         chunk_size: prefill token budget per step (``max_num_batched_tokens``).
         hash_block_size: tokens per vLLM block hash (``block_size`` or a
-            divisor); ``None`` means ``block_size``.
+            divisor: vLLM's ``prefix_match_unit``); ``None`` means
+            ``block_size``. Below it, hits may end on a hash-unit boundary
+            inside a block (``HybridPrefixCache``'s ``hash_block_size``).
         checkpoint: how prefill writes recurrent states, one of
             :data:`vllm_admission.core.cache.CHECKPOINT_MODES` (``"split"``:
             vLLM 0.32, a chunk ends at every checkpoint; ``"inpass"``: states
@@ -131,7 +134,8 @@ class CacheLayout:
     Raises:
         ValueError: a retention interval vLLM would refuse (its message is
             ``_validate_prefix_cache_retention_interval``'s,
-            ``vllm/v1/core/kv_cache_coordinator.py``).
+            ``vllm/v1/core/kv_cache_coordinator.py``), or a hash block size that
+            does not divide the block size.
     """
 
     num_blocks: int
@@ -146,6 +150,13 @@ class CacheLayout:
 
     def __post_init__(self) -> None:
         check_retention_interval(self.retention_interval, self.block_size)
+        check_hash_block_size(self.hash_block_size, self.block_size)
+
+    @property
+    def unit(self) -> int:
+        """Tokens per hash unit when finer than the block (hits may end inside
+        a block: vLLM's ``prefix_match_unit``), else 0."""
+        return check_hash_block_size(self.hash_block_size, self.block_size)
 
     @property
     def state_groups(self) -> tuple[int, ...]:
@@ -444,6 +455,24 @@ def check_retention_interval(interval: int | None, block_size: int | None = None
                          f"non-negative multiple of the block size ({block_size})")
 
 
+def check_hash_block_size(unit: int | None, block_size: int) -> int:
+    """The hash unit of a cache, in tokens, when finer than its block; else 0.
+
+    ``unit`` is vLLM's ``prefix_match_unit`` (its ``hash_block_size``): ``None``
+    means the block size. vLLM's rule (``resolve_kv_cache_block_sizes``,
+    ``vllm/v1/core/kv_cache_utils.py``): it must divide every group's block size.
+
+    Raises:
+        ValueError: ``unit`` is not a positive integer dividing ``block_size``.
+    """
+    if unit is None:
+        return 0
+    if isinstance(unit, bool) or not isinstance(unit, int) or unit < 1 or block_size % unit:
+        raise ValueError(f"prefix_match_unit ({unit!r}) must be a positive divisor of the "
+                         f"block size ({block_size})")
+    return unit if unit < block_size else 0
+
+
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -538,7 +567,8 @@ def _states_per_request(mamba_cache_mode: str) -> int:
 
 
 def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_attention_groups: int,
-                  num_state_groups: int, mamba_cache_mode: str = "align") -> int:
+                  num_state_groups: int, mamba_cache_mode: str = "align",
+                  hash_block_size: int | None = None) -> int:
     """Most pool blocks one request holds at once in vLLM 0.32 (one pool for every group).
 
     KV exists for ``prompt_len + output_len - 1`` tokens (the last output
@@ -550,13 +580,22 @@ def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_atte
     docs/engine-facts.md section 5. The simulator's cache model and the engine
     replay's skip rule both use this.
 
+    With a ``hash_block_size`` finer than the block (vLLM's ``prefix_match_unit``)
+    a hit inside the prompt's last block takes a private copy of that block in
+    each group before the shared one is released (``_apply_cow``, reserved by
+    ``get_num_blocks_to_allocate``), so an attention group may hold
+    ``(prompt_len - 1) // block_size + 2`` blocks for a moment.
+
     Raises:
         ValueError: non-positive lengths or block size, or an unknown mode.
     """
     if prompt_len < 1 or output_len < 1:
         raise ValueError(f"prompt_len and output_len must be >= 1, got {prompt_len}, {output_len}")
     _check_positive(block_size, "block_size")
-    return (num_attention_groups * _cdiv(prompt_len + output_len - 1, block_size)
+    attention = _cdiv(prompt_len + output_len - 1, block_size)
+    if check_hash_block_size(hash_block_size, block_size):
+        attention = max(attention, (prompt_len - 1) // block_size + 2)
+    return (num_attention_groups * attention
             + num_state_groups * _states_per_request(mamba_cache_mode))
 
 

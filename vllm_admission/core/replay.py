@@ -24,11 +24,16 @@ __all__ = ["CacheRequest", "CacheSetup", "NextUseOracle", "ReplayTotals", "infin
 
 
 class CacheRequest(NamedTuple):
-    """One request as the cache sees it (lengths in tokens)."""
+    """One request as the cache sees it (lengths in tokens).
+
+    ``units``: the prompt's keys per hash unit when the cache hashes in units
+    finer than the block (vLLM's ``prefix_match_unit``), else ``None``.
+    """
 
     hashes: Sequence[int]
     prompt_len: int
     output_len: int
+    units: Sequence | None = None
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,8 @@ class CacheSetup:
             eviction=get_eviction(self.eviction, **options), chunk_size=lay.chunk_size,
             segment_flops=self.segment_flops, bytes_per_block=lay.bytes_per_block,
             next_use=next_use, switchable=switchable, track_values=track_values,
-            checkpoint=lay.checkpoint, prompt_end_export=lay.prompt_end_export)
+            checkpoint=lay.checkpoint, prompt_end_export=lay.prompt_end_export,
+            hash_block_size=lay.hash_block_size)
 
 
 class NextUseOracle:
@@ -149,7 +155,7 @@ def replay_requests(cache: HybridPrefixCache, requests: Sequence[CacheRequest], 
             if on_outcome:
                 on_outcome(r, None)
             continue
-        out = cache.serve(req.hashes, req.prompt_len, req.output_len, r, float(r))
+        out = cache.serve(req.hashes, req.prompt_len, req.output_len, r, float(r), req.units)
         full = prefill_flops(req.prompt_len, 0)
         totals.add(out, full, full - prefill_flops(req.prompt_len, out.hit_tokens))
         if on_outcome:

@@ -426,6 +426,8 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
       without Mamba groups or when the engine core runs in another process),
     * ``prefix_cache_retention_interval`` (vLLM's ``CacheConfig`` value: 0,
       a multiple of the block size, or ``None`` for dense retention),
+    * ``prefix_match_unit`` (vLLM's ``CacheConfig`` value: tokens per block
+      hash, ``None`` for the block size),
     * ``enable_chunked_prefill``, ``async_scheduling``, ``max_num_seqs``,
     * ``scheduler_cls`` (qualified name, ``None`` for vLLM's default),
     * ``kv_cache_groups``: list of ``{"kind", "num_layers", "block_size",
@@ -449,6 +451,7 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
         "mamba_cache_mode": getattr(cc, "mamba_cache_mode", None),
         "mamba_ssm_cache_dtype": str(cc.mamba_ssm_cache_dtype),
         "prefix_cache_retention_interval": cc.prefix_cache_retention_interval,
+        "prefix_match_unit": getattr(cc, "prefix_match_unit", None),
         "enable_chunked_prefill": bool(getattr(sc, "enable_chunked_prefill", True)),
         "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
         "max_num_seqs": int(sc.max_num_seqs),

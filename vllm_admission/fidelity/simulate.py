@@ -66,7 +66,8 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
 
     ``checkpoint``: the engine's checkpoint mode (``VLLM_ADMISSION_CHECKPOINT``).
     The retention interval the ``vllm`` policy follows is the engine's
-    (``geometry["prefix_cache_retention_interval"]``).
+    (``geometry["prefix_cache_retention_interval"]``), and so is the hash unit
+    (``geometry["prefix_match_unit"]``).
 
     ``geometry`` is :func:`vllm_admission.engine.llm.engine_geometry` of the
     engine (in-process); ``costs`` should come from :func:`costs_like_engine`
@@ -101,4 +102,5 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
                     alpha=alpha, outputs="unique", retune_every=0, per_request=True,
                     tune_multiplier=tune_multiplier, tune_grid=tune_grid,
                     auto_interval=auto_interval, checkpoint=checkpoint,
-                    retention_interval=geometry.get("prefix_cache_retention_interval", 0))
+                    retention_interval=geometry.get("prefix_cache_retention_interval", 0),
+                    prefix_match_unit=geometry.get("prefix_match_unit"))

@@ -28,7 +28,8 @@ ENGINE_CHECKPOINT_MODES = ("split", "inpass")
 #: vLLM engine arguments (``FidelitySpec.engine_args``) whose effect the
 #: simulator models; it reads their values from the live engine
 #: (:func:`~vllm_admission.engine.llm.engine_geometry`).
-SIMULATED_ENGINE_ARGS = ("max_num_batched_tokens", "prefix_cache_retention_interval")
+SIMULATED_ENGINE_ARGS = ("max_num_batched_tokens", "prefix_cache_retention_interval",
+                         "prefix_match_unit")
 
 
 class FidelityError(ValueError):

@@ -132,6 +132,9 @@ class AdmissionControl:
         self.geometry = geometry
         self.B = geometry.block_size
         self._hash_stride = geometry.hash_stride
+        #: Tokens per hash unit when finer than the block (vLLM's partial hash
+        #: hits), else 0: the prompt's tail unit is then a checkpoint.
+        self._unit = geometry.unit
         self.state_groups = geometry.state_groups
         self.first_state = self.state_groups[0]
         self._state_set = frozenset(self.state_groups)
@@ -242,7 +245,8 @@ class AdmissionControl:
         if translate.counts_in_prefix_cache_stats(request):
             self._pending[rid] = probe
         adm = RequestAdmission(self.policy, probe, total_len=None,
-                               junction=shared_prefix_boundary if self.stock else None)
+                               junction=shared_prefix_boundary if self.stock else None,
+                               hash_block_size=self._unit or None)
         stops = () if self.stock else tuple(s for s in adm.stops if s != adm.junction)
         old = self.tracks.get(rid)
         if old is None:
@@ -290,7 +294,8 @@ class AdmissionControl:
         track = self.tracks.get(request.request_id)
         if track is None:
             probe = HitProbe(request.num_prompt_tokens, self.B, 0, 0)
-            adm = RequestAdmission(self.policy, probe, total_len=None, junction=0)
+            adm = RequestAdmission(self.policy, probe, total_len=None, junction=0,
+                                   hash_block_size=self._unit or None)
             track = _Track(request=request, adm=adm, stops=())
             self.tracks[request.request_id] = track
         return track
@@ -519,7 +524,7 @@ class AdmissionControl:
         P = track.adm.probe.prompt_len
         if output_len < 1 or P < 1:
             return
-        item = translate.cache_request(request, P, self.B, self._hash_stride)
+        item = translate.cache_request(request, P, self.B, self._hash_stride, bool(self._unit))
         if self.controller is not None:
             index, self._finished = self._finished, self._finished + 1
             if self.tune_in_thread:

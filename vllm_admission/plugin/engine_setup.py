@@ -52,13 +52,18 @@ from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.kv_cache import group_kinds, smallest_cacheable_prefix
 
 __all__ = ["EngineFacts", "EngineSetup", "plan_for", "preflight", "prefill_tokens",
-           "support_problems"]
+           "SUB_BLOCK_PROBLEMS", "support_problems"]
 
 logger = logging.getLogger("vllm_admission")
 
 #: The key problem of a hash unit finer than the block (``prefix_match_unit``), in the
 #: words both checks use (:meth:`EngineFacts.from_vllm_config`, the scheduler's).
-HASH_UNIT_PROBLEM = "hash or group block sizes differ from the scheduler block size"
+HASH_UNIT_PROBLEM = "a prefix_match_unit below the block size (sub-block hash keys)"
+
+#: The key problems that come with a hash unit finer than the block. The core models
+#: them for admission (``HybridPrefixCache``'s ``hash_block_size``); only the policies
+#: that hear block keys (hash-keyed eviction) and ``inpass`` still cannot run there.
+SUB_BLOCK_PROBLEMS = (HASH_UNIT_PROBLEM, "partial hash hits")
 
 
 @dataclass(frozen=True)
@@ -130,7 +135,7 @@ def support_problems(facts: EngineFacts, policy: str) -> list[str]:
     problems = []
     if facts.mamba_cache_mode != "align":
         problems.append(f"mamba_cache_mode={facts.mamba_cache_mode!r} (needs 'align')")
-    problems += facts.key_problems
+    problems += [p for p in facts.key_problems if p not in SUB_BLOCK_PROBLEMS]
     if facts.eagle:
         problems.append("EAGLE/MTP speculative decoding")
     if facts.connector:
@@ -247,9 +252,10 @@ def preflight(vllm_config: Any, config: AdmissionConfig) -> None:
     if not (vllm_config.cache_config.enable_prefix_caching
             and getattr(vllm_config.model_config, "is_hybrid", False)):
         return
-    plan_for(config, EngineFacts.from_vllm_config(vllm_config))
+    facts = EngineFacts.from_vllm_config(vllm_config)
+    plan_for(config, facts)
     if config.checkpoint == "inpass":
-        _refuse_inpass(inpass.inpass_problems(vllm_config))
+        _refuse_inpass(inpass.inpass_problems(vllm_config) + list(facts.key_problems))
 
 
 def _refuse_inpass(problems: list[str]) -> None:
@@ -350,12 +356,18 @@ class EngineSetup:
         other state (the policy's mask decides whether it does).
         """
         problems = []
-        if self.hash_block_size != self.block_size or any(
-                g.kv_cache_spec.block_size != self.block_size
-                for g in self.kv_cache_config.kv_cache_groups):
-            problems.append(HASH_UNIT_PROBLEM)
-        if getattr(self.kv_cache_manager.coordinator, "enable_partial_hash_hits", False):
+        partial = bool(getattr(self.kv_cache_manager.coordinator, "enable_partial_hash_hits",
+                               False))
+        if any(g.kv_cache_spec.block_size != self.block_size
+               for g in self.kv_cache_config.kv_cache_groups):
+            problems.append("KV cache groups of different block sizes")
+        elif self.hash_block_size != self.block_size:
+            problems.append(HASH_UNIT_PROBLEM if partial
+                            else "a hash block size below the block size without partial hits")
+        if partial:
             problems.append("partial hash hits")
+            if self._admission_vllm_exports_checkpoint():
+                problems.append("vLLM's prefill checkpoint export with sub-block hash keys")
         for g in self.kv_cache_config.kv_cache_groups:
             spec = g.kv_cache_spec
             if isinstance(spec, MambaSpec) and spec.num_speculative_blocks:

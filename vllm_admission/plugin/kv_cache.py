@@ -45,6 +45,7 @@ from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_group_id
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
 
+from vllm_admission.core.admission import ADMIT
 from vllm_admission.core.geometry import ATTENTION, STATE
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.free_queue import PolicyFreeBlockQueue
@@ -205,6 +206,9 @@ class PolicyMambaManager(MambaManager):
         first = self.num_cached_block.get(rid, 0)
         last = num_tokens // self.block_size
         if last <= first:
+            # No full block to decide about; vLLM's own path may still key the
+            # state at the prompt's tail hash unit (_cache_partial_tail_block).
+            super().cache_blocks(request, num_tokens, 0, replay_boundaries=())
             return
         ctl = self._admission
         track = ctl.track(request)
@@ -229,9 +233,19 @@ class PolicyMambaManager(MambaManager):
 
     def _cache_partial_tail_block(self, request: Any, num_tokens: int,
                                   retention_interval: int | None) -> Any:
-        # With one hash per block (checked at start-up) this stock hook could only
-        # re-register the prompt-end state, which the policy has just decided about.
-        return None
+        # vLLM keys the state at the prompt's tail hash unit here. With a hash unit
+        # finer than the block that tail is a checkpoint of its own (inside a block),
+        # kept where the policy keeps prompt ends; at a block boundary it is the
+        # prompt-end state, which the policy has just decided about in cache_blocks.
+        ctl = self._admission
+        adm = ctl.track(request).adm
+        if not adm.tail or num_tokens != adm.tail or adm.decide(adm.tail) != ADMIT:
+            return None
+        key = super()._cache_partial_tail_block(request, num_tokens, retention_interval)
+        if key is not None and self.kv_cache_group_id == ctl.first_state:
+            adm.record(adm.tail)
+            ctl.checkpoints += 1
+        return key
 
 
 class AdmissionCoordinator(HybridKVCacheCoordinator):

@@ -54,11 +54,19 @@ def prompt_block_keys(block_hashes: Sequence[Any], prompt_len: int, block_size: 
     return [hash_key(block_hashes[(i + 1) * hash_stride - 1]) for i in range(n)]
 
 
-def cache_request(request: Any, prompt_len: int, block_size: int, hash_stride: int) -> CacheRequest:
+def cache_request(request: Any, prompt_len: int, block_size: int, hash_stride: int,
+                  sub_block: bool = False) -> CacheRequest:
     """A finished vLLM ``Request`` as the core's cache sees it: its prompt's block
-    keys, ``prompt_len`` and its generated tokens (``num_output_tokens``)."""
-    keys = prompt_block_keys(request.block_hashes, prompt_len, block_size, hash_stride)
-    return CacheRequest(keys, prompt_len, request.num_output_tokens)
+    keys, ``prompt_len`` and its generated tokens (``num_output_tokens``); with
+    ``sub_block`` (vLLM's partial hash hits: a hash unit finer than the block) also
+    the keys of every hash unit of the prompt, ``CacheRequest.units``, from the same
+    chain as the block keys."""
+    hashes = request.block_hashes
+    keys = prompt_block_keys(hashes, prompt_len, block_size, hash_stride)
+    units = None
+    if sub_block:
+        units = [hash_key(h) for h in hashes[:prompt_len * hash_stride // block_size]]
+    return CacheRequest(keys, prompt_len, request.num_output_tokens, units)
 
 
 def counts_in_prefix_cache_stats(request: Any) -> bool:

@@ -25,6 +25,7 @@ from vllm_admission.core.geometry import (
     CacheGeometry,
     CacheLayout,
     block_geometry,
+    check_hash_block_size,
     geometry_from_blocks,
 )
 from vllm_admission.core.replay import (
@@ -67,7 +68,9 @@ class RunResult:
     ``per_request``, ``per_request_hits`` and ``per_request_prefill_steps``
     hold one entry per trace request (``-1`` for a skipped one).
     ``retention_interval`` is the engine's ``prefix_cache_retention_interval``
-    the ``vllm`` admission policy followed (0, N tokens, or ``None``: dense).
+    the ``vllm`` admission policy followed (0, N tokens, or ``None``: dense);
+    ``prefix_match_unit`` the engine's hash unit when finer than the block
+    (``None``: whole blocks).
     ``state_miss_tokens`` sums, over the requests that ran, the prompt tokens
     whose attention KV was cached past the hybrid hit but recomputed because no
     recurrent state was kept at their end (attention-KV hit minus hybrid hit,
@@ -107,6 +110,7 @@ class RunResult:
     checkpoint: str = "split"
     state_miss_tokens: int = 0
     retention_interval: int | None = 0
+    prefix_match_unit: int | None = None
     per_request_hits: list[int] | None = field(default=None, repr=False)
     per_request_prefill_steps: list[int] | None = field(default=None, repr=False)
 
@@ -141,8 +145,11 @@ def group_kinds(costs: ModelCosts, geometry: CacheGeometry) -> tuple[str, ...]:
 OUTPUT_MODES = ("trace", "unique")
 
 
-def cache_requests(trace: Trace, block_size: int, outputs: str = "trace") -> list[CacheRequest]:
-    """The trace's requests reduced to what the cache needs, at ``block_size``.
+def cache_requests(trace: Trace, block_size: int, outputs: str = "trace",
+                   hash_block_size: int | None = None) -> list[CacheRequest]:
+    """The trace's requests reduced to what the cache needs, at ``block_size``;
+    with a ``hash_block_size`` below it (vLLM's ``prefix_match_unit``), each
+    also carries its prompt's keys per hash unit.
 
     Raises:
         ValueError: unknown ``outputs`` mode.
@@ -151,6 +158,10 @@ def cache_requests(trace: Trace, block_size: int, outputs: str = "trace") -> lis
         raise ValueError(f"unknown outputs mode {outputs!r}; valid: {', '.join(OUTPUT_MODES)}")
     hashes = (trace.sequence_block_hashes(block_size) if outputs == "trace"
               else trace.block_hashes(block_size))
+    if check_hash_block_size(hash_block_size, block_size):
+        units = trace.block_hashes(hash_block_size)
+        return [CacheRequest(h, r.prompt_len, r.output_len, k)
+                for h, r, k in zip(hashes, trace.requests, units)]
     return [CacheRequest(h, r.prompt_len, r.output_len) for h, r in zip(hashes, trace.requests)]
 
 
@@ -171,6 +182,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
              tune_grid: str = "coarse", auto_interval: int = DEFAULT_INTERVAL,
              retune_every: int | None = None, per_request: bool = False,
              checkpoint: str = "split", retention_interval: int | None = 0,
+             prefix_match_unit: int | None = None,
              requests: list[CacheRequest] | None = None,
              on_request: Callable[[int], None] | None = None) -> RunResult:
     """Replay ``trace`` through the cache for one policy pair and one capacity.
@@ -203,6 +215,10 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             the ``vllm`` admission policy follows (0: vLLM's default; a
             positive multiple of the block size; ``None``: dense); see
             :class:`~vllm_admission.core.admission.VllmAdmission`.
+        prefix_match_unit: vLLM's ``prefix_match_unit``: tokens per block hash,
+            a divisor of the block size; below it hits may end inside a block
+            (see :class:`~vllm_admission.core.cache.HybridPrefixCache`,
+            ``hash_block_size``). ``None``: the block size.
         requests: pre-built cache requests at the right block size (sweeps
             share them); built from ``trace`` when ``None``.
         on_request: called with the request index after each request.
@@ -216,8 +232,9 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         CapacityError: the capacity cannot hold a single block set.
         ValueError: the model is not hybrid, neither capacity nor blocks,
             ``auto`` with an ``auto_interval`` below 1, an unknown
-            checkpoint mode, or a retention interval that is not a multiple
-            of the block size.
+            checkpoint mode, a retention interval that is not a multiple
+            of the block size, or a prefix match unit that does not divide it
+            (or comes with ``inpass``).
     """
     check_checkpoint_mode(checkpoint)
     plan = RunPlan.from_settings(admission, eviction, alpha=alpha,
@@ -232,14 +249,15 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         geo = block_geometry(costs, capacity_bytes, block_size=block_size)
     else:
         raise ValueError("give capacity_bytes or num_blocks")
-    t0, c0 = time.perf_counter(), time.process_time()
-    if requests is None:
-        requests = cache_requests(trace, geo.block_size, outputs)
-    flops = functools.lru_cache(maxsize=1 << 20)(costs.prefill_flops)
     layout = CacheLayout(num_blocks=geo.num_blocks, block_size=geo.block_size,
                          group_kinds=group_kinds(costs, geo), bytes_per_block=geo.bytes_per_block,
                          chunk_size=chunk_size, checkpoint=checkpoint,
-                         retention_interval=retention_interval)
+                         retention_interval=retention_interval,
+                         hash_block_size=prefix_match_unit)
+    t0, c0 = time.perf_counter(), time.process_time()
+    if requests is None:
+        requests = cache_requests(trace, geo.block_size, outputs, prefix_match_unit)
+    flops = functools.lru_cache(maxsize=1 << 20)(costs.prefill_flops)
     setup = plan.setup(layout, flops)
     controller = None
     tuner = None
@@ -296,6 +314,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         final_policy=str(controller.pair) if controller else None,
         prefill_steps=totals.prefill_steps, checkpoint=checkpoint,
         state_miss_tokens=totals.state_miss_tokens, retention_interval=retention_interval,
+        prefix_match_unit=layout.unit or None,
         per_request_hits=hits if per_request else None,
         per_request_prefill_steps=steps if per_request else None)
 

@@ -22,7 +22,11 @@ from tqdm import tqdm
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.costs import ModelCosts, load_model
-from vllm_admission.core.geometry import block_geometry, check_retention_interval
+from vllm_admission.core.geometry import (
+    block_geometry,
+    check_hash_block_size,
+    check_retention_interval,
+)
 from vllm_admission.core.run import RunPlan
 from vllm_admission.core.traces import Trace, load_trace
 from vllm_admission.sim.simulator import cache_requests, simulate, trace_bound
@@ -56,7 +60,8 @@ class SweepSpec:
     :meth:`ModelCosts.from_config`). ``checkpoint`` is the checkpoint mode of
     every run (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`).
     ``retention_interval`` is vLLM's ``prefix_cache_retention_interval`` of
-    every run (what the ``vllm`` admission policy keeps). ``pairs``
+    every run (what the ``vllm`` admission policy keeps), ``prefix_match_unit``
+    vLLM's hash unit of every run (``None``: the block size). ``pairs``
     are (admission, eviction) pairs run at every capacity besides the
     ``admissions`` x ``evictions`` grid (the demo's ``auto`` + ``auto``).
     """
@@ -77,6 +82,7 @@ class SweepSpec:
     checkpoint: str = "split"
     pairs: tuple[tuple[str, str], ...] = ()
     retention_interval: int | None = 0
+    prefix_match_unit: int | None = None
 
     def load_costs(self) -> ModelCosts:
         """The cost model of ``model`` with this spec's SSM state dtype.
@@ -116,7 +122,8 @@ def _requests(spec: SweepSpec, block_size: int):
     trace, _ = _load(spec)
     cached = _STATE["requests"]
     if block_size not in cached:
-        cached[block_size] = cache_requests(trace, block_size, spec.outputs)
+        cached[block_size] = cache_requests(trace, block_size, spec.outputs,
+                                            spec.prefix_match_unit)
     return cached[block_size]
 
 
@@ -134,7 +141,8 @@ def _run_with(spec: SweepSpec, trace: Trace, costs: ModelCosts, requests: list,
                       capacity_bytes=capacity, chunk_size=spec.chunk_size, alpha=spec.alpha,
                       outputs=spec.outputs, tune_grid=spec.tune_grid,
                       auto_interval=spec.auto_interval, checkpoint=spec.checkpoint,
-                      retention_interval=spec.retention_interval, requests=requests)
+                      retention_interval=spec.retention_interval,
+                      prefix_match_unit=spec.prefix_match_unit, requests=requests)
     return result.to_record()
 
 
@@ -256,7 +264,8 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
 
     Raises:
         ValueError: an unknown checkpoint mode or executor, ``jobs`` below 1,
-            or a retention interval that is not a multiple of the block size
+            a retention interval that is not a multiple of the block size, or a
+            prefix match unit that does not divide it or comes with ``inpass``
             (before any run).
         RayUnavailableError: ``executor="ray"`` without Ray installed.
     """
@@ -275,6 +284,10 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
     for cap in spec.capacities:
         geo = block_geometry(costs, cap)  # raises CapacityError early
         check_retention_interval(spec.retention_interval, geo.block_size)
+        check_hash_block_size(spec.prefix_match_unit, geo.block_size)
+    if spec.prefix_match_unit and spec.checkpoint != "split":
+        raise ValueError(f"--prefix-match-unit is modelled in 'split' checkpoint mode only, "
+                         f"not {spec.checkpoint!r}")
     results: dict[tuple[str, str, int], dict[str, Any]] = {}
     bar = tqdm(total=len(runs), desc="simulating", unit="run", disable=not progress)
     if executor == "ray":
@@ -303,6 +316,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         "chunk_size": spec.chunk_size,
         "checkpoint": spec.checkpoint,
         "retention_interval": spec.retention_interval,
+        "prefix_match_unit": spec.prefix_match_unit,
         "outputs": spec.outputs,
         "bound": [trace_bound(_requests(spec, b), b) for b in block_sizes],
         "runs": [results[r] for r in runs],

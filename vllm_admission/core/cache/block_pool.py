@@ -91,10 +91,16 @@ class BlockPool:
         self.index: list[dict] = [{} for _ in range(num_groups)]
         self._dups: dict[tuple, list[int]] = {}
         self._num_dups: list[int] = [0] * num_groups  # entries waiting in _dups, per group
+        #: Further keys of a block besides ``key`` (same group): the sub-block
+        #: keys of a hash unit finer than the block (``cached_block_hashes_by_block``).
+        self._more: dict[int, list] = {}
         #: Blocks whose hash was dropped to make room (cumulative).
         self.evictions = 0
         #: Cached entries inserted (cumulative), per KV cache group index.
         self.insertions_by_group: list[int] = [0] * num_groups
+        #: Entries removed other than by eviction (a block re-keyed or whose
+        #: keys moved to another block), per group.
+        self._removed_by_group: list[int] = [0] * num_groups
 
     def _bind(self, eviction: EvictionPolicy) -> None:
         """Read what the eviction policy needs from the pool, once."""
@@ -129,8 +135,10 @@ class BlockPool:
         other.index = [d.copy() for d in self.index]
         other._dups = {k: v[:] for k, v in self._dups.items()}
         other._num_dups = self._num_dups[:]
+        other._more = {b: v[:] for b, v in self._more.items()}
         other.evictions = self.evictions
         other.insertions_by_group = self.insertions_by_group[:]
+        other._removed_by_group = self._removed_by_group[:]
         return other
 
     def switch(self, eviction: EvictionPolicy,
@@ -164,10 +172,11 @@ class BlockPool:
 
     @property
     def evictions_by_group(self) -> list[int]:
-        """Evictions per KV cache group index (a hash leaves the pool only by
-        eviction: the entries inserted less those still cached)."""
-        return [inserted - len(idx) - dups for inserted, idx, dups
-                in zip(self.insertions_by_group, self.index, self._num_dups)]
+        """Evictions per KV cache group index (entries inserted less those still cached
+        and those removed when a block was re-keyed or its keys moved)."""
+        return [inserted - len(idx) - dups - removed for inserted, idx, dups, removed
+                in zip(self.insertions_by_group, self.index, self._num_dups,
+                       self._removed_by_group)]
 
     def get_cached(self, key: tuple) -> int | None:
         """The first cached block for ``(group, block_hash)``, or None."""
@@ -293,6 +302,13 @@ class BlockPool:
         """Drop the hashes of cached blocks the policy just gave up (the only
         way a hash leaves the index) and reset their eviction metadata."""
         keys, groups, index, dups = self.key, self.group, self.index, self._dups
+        if self._more:
+            more = self._more
+            for b in victims:
+                if b in more:
+                    g = groups[b]
+                    for h in more.pop(b):
+                        self._index_remove(g, b, h)
         if dups:
             for b in victims:
                 key = (groups[b], keys[b])
@@ -314,6 +330,73 @@ class BlockPool:
             next_use = self.next_use
             for b in victims:
                 next_use[b] = math.inf
+
+    # -- sub-block keys (a hash unit finer than the block) ---------------------
+    def _index_insert(self, g: int, b: int, block_hash) -> None:
+        """Index ``(g, block_hash) -> b`` behind any block that already has it."""
+        idx = self.index[g]
+        if block_hash in idx:
+            self._dups.setdefault((g, block_hash), []).append(b)
+            self._num_dups[g] += 1
+        else:
+            idx[block_hash] = b
+
+    def _index_remove(self, g: int, b: int, block_hash) -> None:
+        """Remove the entry ``(g, block_hash) -> b``; the first duplicate, if
+        any, takes the index entry."""
+        key = (g, block_hash)
+        if key in self._dups:
+            self._drop_duplicated(b, key)
+        else:
+            del self.index[g][block_hash]
+
+    def _has_entry(self, g: int, b: int, block_hash) -> bool:
+        if self.index[g].get(block_hash) == b:
+            return True
+        return b in self._dups.get((g, block_hash), ())
+
+    def add_key(self, group: int, block: int, block_hash) -> None:
+        """Make in-use ``block`` of ``group`` reachable under ``block_hash`` too
+        (``BlockPool.cache_partial_block`` / ``_insert_block_hash``): its key if
+        it has none, else one more key; nothing if it already has this one."""
+        if self.key[block] is not None and self._has_entry(group, block, block_hash):
+            return
+        if self.key[block] is None:
+            self.cache_position(((group, block),), block_hash)
+            return
+        self._more.setdefault(block, []).append(block_hash)
+        self._index_insert(group, block, block_hash)
+        self.insertions_by_group[group] += 1
+
+    def keys_of(self, block: int) -> list:
+        """Every key of ``block``: its key first, then its further keys."""
+        first = self.key[block]
+        if first is None:
+            return []
+        return [first, *self._more.get(block, ())]
+
+    def drop_keys(self, block: int) -> list:
+        """Remove every key of in-use ``block`` (``_remove_cached_block_hashes``:
+        a block about to be cached under a longer prefix) and return them."""
+        hashes = self.keys_of(block)
+        if not hashes:
+            return hashes
+        g = self.group[block]
+        self._more.pop(block, None)
+        for h in hashes:
+            self._index_remove(g, block, h)
+        self.key[block] = None
+        self._removed_by_group[g] += len(hashes)
+        return hashes
+
+    def move_keys(self, src: int, dst: int) -> None:
+        """Re-point every key of in-use ``src`` to in-use, uncached ``dst``
+        (``BlockPool.move_block_hashes``: the prefix cache keeps a copy of the
+        block while its owner writes on): each entry leaves the index and
+        enters again behind any duplicate."""
+        g = self.group[src]
+        for h in self.drop_keys(src):
+            self.add_key(g, dst, h)
 
     def _drop_duplicated(self, block: int, key: tuple) -> None:
         """:meth:`_evict` of one block whose key has waiting duplicates: the

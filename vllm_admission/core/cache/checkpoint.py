@@ -94,11 +94,16 @@ def split_chunk(start: int, n: int, prompt_len: int, block_size: int, budget: in
 
 def _checkpoint_positions(run: RunningRequest) -> tuple[int, ...]:
     """Ascending checkpoint positions: the policy's stops, then the prompt
-    checkpoint (every stop is a block boundary below the prompt end)."""
+    checkpoint (every stop is a block boundary below the prompt end), then,
+    with a hash unit finer than the block, the prompt's tail unit boundary
+    inside the last block (vLLM ends a chunk there whatever the policy keeps:
+    ``_mamba_block_aligned_split``'s ``tail_boundary``)."""
     adm = run.adm
     ends = adm.stops
     if not ends or ends[-1] != adm.prompt_end:
         ends = (*ends, adm.prompt_end)
+    if adm.tail:
+        ends = (*ends, adm.tail)
     return tuple(ends)
 
 

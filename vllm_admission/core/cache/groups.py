@@ -60,6 +60,20 @@ class RunningRequest:
     #: those may be cached. ``None`` in ``split`` mode, where every step end is
     #: block-aligned (or followed by a stop at the next boundary).
     written: set[int] | None = None
+    #: A hash unit finer than the block (vLLM's ``prefix_match_unit``): the
+    #: prompt's hash-unit keys, one per unit (``None``: no sub-block keys).
+    units: Sequence | None = None
+    #: The prompt's tail unit boundary ``(P - 1) // u * u`` when it lies inside
+    #: a block (its sub-block key is registered), else 0.
+    tail: int = 0
+    #: The attention groups' block holding ``tail`` has its sub-block key.
+    tail_keyed: bool = False
+    #: The state at ``tail`` was cached; its key moves to a block of its own at
+    #: the next allocation (``MambaManager.allocate_new_blocks``).
+    move_tail: bool = False
+    #: Index of the block a sub-block hit shares with the cache: every group
+    #: replaces it by a private copy at the first allocation (-1: none).
+    cow: int = -1
 
 
 class KVGroups:
@@ -89,9 +103,12 @@ class KVGroups:
         """Blocks of the longest prefix of ``hashes[:max_blocks]`` these groups can serve."""
         raise NotImplementedError
 
-    def touch_hit(self, run: RunningRequest, g: int, hit_blocks: int, now: float) -> None:
+    def touch_hit(self, run: RunningRequest, g: int, hit_blocks: int, now: float,
+                  last_key=None) -> None:
         """Reference group ``g``'s blocks of a ``hit_blocks``-block prefix hit
-        (``add_local_computed_blocks``) and set its block table."""
+        (``add_local_computed_blocks``) and set its block table. ``last_key``:
+        the key the last block was found under when the hit ends inside it (a
+        sub-block key); ``None``: its block hash."""
         raise NotImplementedError
 
     def cache_full(self, run: RunningRequest, nc: int, full: int) -> int:
@@ -132,9 +149,14 @@ class AttentionGroups(KVGroups):
                 k += 1
         return k
 
-    def touch_hit(self, run: RunningRequest, g: int, hit_blocks: int, now: float) -> None:
+    def touch_hit(self, run: RunningRequest, g: int, hit_blocks: int, now: float,
+                  last_key=None) -> None:
         d, h = self.pool.index[g], run.hashes
-        blocks = [d[h[i]] for i in range(hit_blocks)]
+        if last_key is None:
+            blocks = [d[h[i]] for i in range(hit_blocks)]
+        else:
+            blocks = [d[h[i]] for i in range(hit_blocks - 1)]
+            blocks.append(d[last_key])
         self.pool.touch(blocks, now)
         run.blocks[g] = blocks
 
@@ -178,8 +200,9 @@ class StateGroups(KVGroups):
                 return i + 1
         return 0
 
-    def touch_hit(self, run: RunningRequest, g: int, hit_blocks: int, now: float) -> None:
-        b = self.pool.index[g][run.hashes[hit_blocks - 1]]
+    def touch_hit(self, run: RunningRequest, g: int, hit_blocks: int, now: float,
+                  last_key=None) -> None:
+        b = self.pool.index[g][run.hashes[hit_blocks - 1] if last_key is None else last_key]
         self.pool.touch((b,), now)
         run.blocks[g] = [NULL] * (hit_blocks - 1) + [b]
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 from vllm_admission.core.admission import (
+    ADMIT,
     AdmissionPolicy,
     HitProbe,
     RequestAdmission,
@@ -35,6 +36,7 @@ from vllm_admission.core.geometry import (
     ATTENTION,
     STATE,
     blocks_needed,
+    check_hash_block_size,
     inpass_capture_limit,
 )
 
@@ -126,10 +128,36 @@ class HybridPrefixCache:
             ``_mamba_block_aligned_split``, ``v1/core/single_type_kv_cache_manager.py``
             ``MambaManager._needs_internal_checkpoint``). Which states are kept
             does not change; when blocks are allocated does.
+        hash_block_size: tokens per block hash, a divisor of ``block_size``
+            (vLLM's ``prefix_match_unit``); ``None`` or ``block_size``: whole
+            blocks. Below the block size a hit may end on a unit boundary inside
+            a block, as vLLM 0.32 allows it (``split`` mode only; the facts are
+            in docs/engine-facts.md section 10):
+
+            * each prompt's tail unit boundary ``T = (P - 1) // u * u``, when it
+              lies inside a block, ends a prefill chunk
+              (``_mamba_block_aligned_split``, ``tail_boundary``); the attention
+              block holding ``T`` gets ``T``'s hash-unit key besides its own
+              (``FullAttentionManager._cache_partial_tail_block``), and the state
+              written there, where the admission policy keeps prompt ends, gets
+              it too and moves to a block of its own at the next allocation
+              (``MambaManager._cache_partial_tail_block``,
+              ``BlockPool.move_block_hashes``);
+            * a lookup extends the run of cached attention blocks by the longest
+              keyed unit boundary inside the next block, and takes the longest
+              cached state at any unit boundary below that
+              (``find_longest_cache_hit`` of both managers);
+            * a hit inside a block gives the request a private copy of that
+              block in every group at its first allocation; the shared one is
+              released after the copy (``_apply_cow``,
+              ``Scheduler._free_cow_retained_blocks``).
+
+            :meth:`serve` then needs the prompt's hash-unit keys.
 
     Raises:
         ValueError: bad geometry, a missing callback for the chosen eviction,
-            or an unknown checkpoint mode.
+            an unknown checkpoint mode, or a hash unit that does not divide the
+            block size or comes with ``inpass`` mode or ``prompt_end_export``.
     """
 
     def __init__(self, *, num_blocks: int, block_size: int, group_kinds: Sequence[str],
@@ -138,8 +166,14 @@ class HybridPrefixCache:
                  bytes_per_block: int = 1,
                  next_use: Callable[[int, float], float] | None = None,
                  switchable: bool = False, track_values: bool = False,
-                 checkpoint: str = "split", prompt_end_export: bool = False) -> None:
+                 checkpoint: str = "split", prompt_end_export: bool = False,
+                 hash_block_size: int | None = None) -> None:
         check_checkpoint_mode(checkpoint)
+        #: Tokens per hash unit when finer than the block, else 0.
+        self.unit = check_hash_block_size(hash_block_size, block_size)
+        if self.unit and (checkpoint != "split" or prompt_end_export):
+            raise ValueError("a hash unit finer than the block is modelled in 'split' "
+                             "checkpoint mode without prompt_end_export only")
         #: The checkpoint mode's strategy: how prefill is cut into steps.
         self._mode = CHECKPOINT_STRATEGIES[checkpoint](prompt_end_export=prompt_end_export)
         if block_size < 1 or chunk_size < 1:
@@ -284,7 +318,8 @@ class HybridPrefixCache:
         """
         return blocks_needed(prompt_len, output_len, block_size=self.block_size,
                              num_attention_groups=len(self.attn_groups),
-                             num_state_groups=len(self.state_groups))
+                             num_state_groups=len(self.state_groups),
+                             hash_block_size=self.unit or None)
 
     def inpass_capture_limit(self, prompt_len: int, output_len: int) -> int:
         """``inpass`` mode: most states one prefill step of this request captures
@@ -302,19 +337,67 @@ class HybridPrefixCache:
         return self.blocks_needed(prompt_len, output_len) <= self.pool.num_blocks - 1
 
     # -- lookup ----------------------------------------------------------
-    def lookup(self, hashes: Sequence[int], prompt_len: int) -> HitProbe:
+    def lookup(self, hashes: Sequence[int], prompt_len: int,
+               units: Sequence | None = None) -> HitProbe:
         """Attention-KV hit and hybrid hit of a prompt, without touching anything
         (``HybridKVCacheCoordinator.find_longest_cache_hit``): the longest run of
         cached attention blocks, capped at ``prompt_len - 1`` tokens, then the
-        longest prefix within it whose state is cached in every state group."""
+        longest prefix within it whose state is cached in every state group.
+        With a hash unit finer than the block, ``units`` (the prompt's keys per
+        unit) extend both to unit boundaries (:class:`HybridPrefixCache`)."""
         B = self.block_size
         kv_blocks = self.attention.longest_hit(hashes, min((prompt_len - 1) // B, len(hashes)))
+        if self.unit:
+            return self._lookup_units(hashes, prompt_len, units, kv_blocks)[0]
         hit_blocks = self.state.longest_hit(hashes, kv_blocks)
         return HitProbe(prompt_len, B, kv_blocks * B, hit_blocks * B)
 
+    def _lookup_units(self, hashes: Sequence[int], prompt_len: int, units: Sequence | None,
+                      kv_blocks: int) -> tuple[HitProbe, object, object]:
+        """:meth:`lookup` with a hash unit ``u`` finer than the block. Returns
+        the probe and, when the hit ends inside a block, the keys its last
+        attention block and its state were found under (else ``None``, ``None``).
+
+        Attention (``FullAttentionManager.find_longest_cache_hit``, phase 2):
+        after ``kv_blocks`` cached blocks, the highest unit boundary inside the
+        next block, below ``prompt_len``, that has a key. State
+        (``MambaManager.find_longest_cache_hit``): the highest unit boundary at
+        or below that with a cached state, a block hash at block boundaries.
+        """
+        if units is None:
+            raise ValueError("a hash unit finer than the block needs the prompt's unit keys")
+        B, u = self.block_size, self.unit
+        per = B // u
+        kv = kv_blocks * B
+        first = kv_blocks * per
+        last = min(first + per - 1, (prompt_len - 1) // u, len(units))
+        attn = self.attention.indexes
+        kv_key = None
+        for f in range(last - 1, first - 1, -1):
+            h = units[f]
+            if all(h in d for d in attn):
+                kv, kv_key = (f + 1) * u, h
+                break
+        state = self.state.indexes
+        hit = 0
+        state_key = None
+        for f in range(kv // u - 1, -1, -1):
+            end = f + 1
+            h = hashes[end // per - 1] if end % per == 0 else units[f]
+            if all(h in d for d in state):
+                hit = end * u
+                if end % per:
+                    state_key = h
+                break
+        if hit % B == 0:
+            return HitProbe(prompt_len, B, kv, hit), None, None
+        # The attention block under the hit: a full block, or the one found inside it.
+        last_attn = hashes[hit // B] if hit // B < kv_blocks else kv_key
+        return HitProbe(prompt_len, B, kv, hit), last_attn, state_key
+
     # -- one request -----------------------------------------------------
     def serve(self, hashes: Sequence[int], prompt_len: int, output_len: int,
-              rid: int, now: float) -> RequestOutcome:
+              rid: int, now: float, units: Sequence | None = None) -> RequestOutcome:
         """Run one request to completion and return what it hit.
 
         Args:
@@ -324,9 +407,13 @@ class HybridPrefixCache:
             output_len: tokens generated (>= 1).
             rid: a request number unique in this run (names output blocks).
             now: logical time of the request.
+            units: with a hash unit finer than the block, the prompt's chained
+                keys per unit (``prompt_len // u`` of them, a chain of their own:
+                only the ones inside a block are used); else ignored.
 
         Raises:
             PoolExhausted: the request does not fit (check :meth:`fits`).
+            ValueError: a finer hash unit and no ``units``.
         """
         B = self.block_size
         pool = self.pool
@@ -335,15 +422,29 @@ class HybridPrefixCache:
             # The prompt's full blocks only, as the engine can know them at the lookup
             # (``AdmissionControl.on_request``): ``hashes`` may run on through the output.
             pool.eviction.on_request(hashes[:prompt_len // B], now)
-        probe = self.lookup(hashes, prompt_len)
+        last_keys = None
+        if self.unit:
+            kv_blocks = self.attention.longest_hit(
+                hashes, min((prompt_len - 1) // B, len(hashes)))
+            probe, attn_key, state_key = self._lookup_units(hashes, prompt_len, units, kv_blocks)
+            if state_key is not None:
+                last_keys = (attn_key, state_key)
+        else:
+            probe = self.lookup(hashes, prompt_len)
         if probe.junction:
             self.junctions += 1
         total = prompt_len + output_len
-        adm = RequestAdmission(self.admission, probe, total_len=total)
+        adm = RequestAdmission(self.admission, probe, total_len=total,
+                               hash_block_size=self.unit or None)
         run = RunningRequest(rid=rid, hashes=hashes, prompt_len=prompt_len, adm=adm,
                              blocks=[[] for _ in self.group_kinds],
                              num_cached=probe.state_hit // B, live=[])
-        if run.num_cached:
+        if self.unit:
+            run.units, run.tail = units, adm.tail
+        if last_keys is not None:
+            run.cow = probe.state_hit // B
+            self._touch_hit(run, run.cow + 1, now, last_keys)
+        elif run.num_cached:
             self._touch_hit(run, run.num_cached, now)
         steps = self._mode.prefill(self, run, probe.state_hit, output_len, now)
         # Decode: the step computing token t has t + 1 tokens in the request; only
@@ -358,10 +459,18 @@ class HybridPrefixCache:
                               evictions=self.pool.evictions - evictions_before,
                               prefill_steps=steps)
 
-    def _touch_hit(self, run: RunningRequest, hit_blocks: int, now: float) -> None:
-        """Reference the hit's blocks, group by group (``add_local_computed_blocks``)."""
-        for g, part in enumerate(self._part_of):
-            part.touch_hit(run, g, hit_blocks, now)
+    def _touch_hit(self, run: RunningRequest, hit_blocks: int, now: float,
+                   last_keys: tuple | None = None) -> None:
+        """Reference the hit's blocks, group by group (``add_local_computed_blocks``).
+        ``last_keys``: ``(attention key, state key)`` of the last block when the
+        hit ends inside it."""
+        if last_keys is None:
+            for g, part in enumerate(self._part_of):
+                part.touch_hit(run, g, hit_blocks, now)
+        else:
+            for g, part in enumerate(self._part_of):
+                part.touch_hit(run, g, hit_blocks, now,
+                               last_keys[0] if part is self.attention else last_keys[1])
         run.live.append(hit_blocks - 1)
 
     def _step(self, run: RunningRequest, start: int, n: int, num_tokens: int, now: float,
@@ -389,7 +498,7 @@ class HybridPrefixCache:
         need = -(-end // B)
         tables = run.blocks
         if (captures or need > len(tables[self.attn_groups[0]])
-                or need > len(tables[self.state_groups[0]])):
+                or need > len(tables[self.state_groups[0]]) or run.cow >= 0 or run.move_tail):
             self._allocate(run, need, now, [p // B - 1 for p in captures] if captures else ())
         written = run.written
         if written is not None:
@@ -399,10 +508,35 @@ class HybridPrefixCache:
         full = (end if end < num_tokens else num_tokens) // B
         if full > run.num_cached:
             nc, run.num_cached = run.num_cached, full
+            tail_block = run.tail // B if run.tail_keyed and nc <= run.tail // B < full else -1
+            if tail_block >= 0:
+                # The block holding the tail key fills: it is keyed again under
+                # its full hash, then the tail key is added back (``cache_full_blocks``'
+                # partial-to-full promotion, then ``_cache_partial_tail_block``).
+                for g in self.attn_groups:
+                    self.pool.drop_keys(tables[g][tail_block])
             self.attention.cache_full(run, nc, full)
+            if tail_block >= 0:
+                self._key_tail(run, self.attn_groups)
             # A state block can be cached only if one is held in [nc, full).
             if live and live[-1] >= nc and live[0] < full:
                 self.checkpoints += self.state.cache_full(run, nc, full)
+        if run.tail and end >= run.tail and not run.tail_keyed:
+            self._key_tail(run, self.attn_groups)
+            run.tail_keyed = True
+            if end == run.tail and run.adm.decide(run.tail) == ADMIT:
+                self._key_tail(run, self.state_groups)
+                run.adm.record(run.tail)
+                self.checkpoints += 1
+                run.move_tail = True
+
+    def _key_tail(self, run: RunningRequest, groups: Sequence[int]) -> None:
+        """Give the block of each of ``groups`` holding the prompt's tail unit
+        boundary that boundary's key (``BlockPool.cache_partial_block``)."""
+        i, key = run.tail // self.block_size, run.units[run.tail // self.unit - 1]
+        tables, add_key = run.blocks, self.pool.add_key
+        for g in groups:
+            add_key(g, tables[g][i], key)
 
     def _allocate(self, run: RunningRequest, need: int, now: float,
                   captures: Sequence[int] = ()) -> None:
@@ -427,9 +561,13 @@ class HybridPrefixCache:
         else:
             indexes = [need - 1] if need > have else ()
         total = grow * self._num_attn + len(indexes) * self._num_state
-        if not total:
+        extra = (len(self.group_kinds) if run.cow >= 0 else 0) + (
+            self._num_state if run.move_tail else 0)
+        if not total + extra:
             return
-        new = self.pool.allocate(total, now)
+        new = self.pool.allocate(total + extra, now)
+        if extra:
+            self._copy_blocks(run, new[total:], now)
         k = 0
         if grow:
             for g in attn_groups:
@@ -444,6 +582,38 @@ class HybridPrefixCache:
                     table.append(new[k])
                     k += 1
             run.live.extend(indexes)
+
+    def _copy_blocks(self, run: RunningRequest, new: Sequence[int], now: float) -> None:
+        """The block copies a finer hash unit asks for at an allocation, with
+        ``new``: one block per group for a hit inside a block (the request's
+        private copy replaces the shared block, which is released:
+        ``_apply_cow``), one per state group for a tail state just cached (its
+        keys move to the new block, which is released: ``move_block_hashes``).
+        The released blocks go back in group order, after the step's
+        allocation (``Scheduler._free_cow_retained_blocks``), with no FLOP value."""
+        tables, pool = run.blocks, self.pool
+        released = []
+        k = 0
+        if run.cow >= 0:
+            i = run.cow
+            for table in tables:
+                released.append([table[i]])
+                table[i] = new[k]
+                k += 1
+            run.cow = -1
+        if run.move_tail:
+            i = run.tail // self.block_size
+            for g in self.state_groups:
+                pool.move_keys(tables[g][i], new[k])
+                released.append([new[k]])
+                k += 1
+            run.move_tail = False
+        if pool.value is not None:
+            # Released outside the request's free path: no FLOP value (the
+            # plugin's free queue values only the blocks a request frees).
+            for (b,) in released:
+                pool.value[b] = 0.0
+        pool.free_each(released, now)
 
     def _finish(self, run: RunningRequest, now: float) -> None:
         """Free every block: group after group in vLLM's order, each group's

@@ -1,0 +1,187 @@
+"""A hash unit finer than the block (vLLM's ``prefix_match_unit``) in the cache model.
+
+The engine facts are in docs/engine-facts.md section 10; ``test_fidelity.py`` checks the
+model against the live engine request by request. Here: the rules on hand-derived cases,
+the block accounting (copies, moved keys, duplicate keys) and properties on random traces.
+"""
+
+import random
+
+import pytest
+from conftest import chained_hashes
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
+from vllm_admission.core.cache import HybridPrefixCache
+from vllm_admission.core.eviction import get_eviction
+from vllm_admission.sim.simulator import cache_requests
+
+U = 32
+GROUPS = ("state", "attention", "attention")
+
+
+def make_cache(B, unit=U, admission="vllm", eviction="lru", num_blocks=10_000, chunk=4096,
+               groups=GROUPS):
+    ev = get_eviction(eviction)
+    extra = {}
+    if ev.needs_values:
+        extra = {"segment_flops": lambda end, start: float(end * end - start * start),
+                 "bytes_per_block": 1}
+    return HybridPrefixCache(num_blocks=num_blocks, block_size=B, group_kinds=groups,
+                             admission=get_admission(admission), eviction=ev, chunk_size=chunk,
+                             hash_block_size=unit, **extra)
+
+
+def serve_all(cache, prompts, outputs=8):
+    """Serve token lists one at a time; return ``(hit tokens, prefill steps)`` per prompt."""
+    B, u = cache.block_size, cache.unit or cache.block_size
+    out = []
+    for r, tokens in enumerate(prompts):
+        res = cache.serve(chained_hashes(tokens, B), len(tokens), outputs, r, float(r),
+                          chained_hashes(tokens, u))
+        out.append((res.hit_tokens, res.prefill_steps))
+        assert cache.pool.num_used == 0
+    return out
+
+
+def tokens(n, label):
+    return [(label, i) for i in range(n)]
+
+
+def tail(P, unit):
+    return (P - 1) // unit * unit
+
+
+@pytest.mark.parametrize("B", [128, 256])
+@pytest.mark.parametrize("P", [100, 300, 1000, 3740])
+def test_a_resend_hits_the_prompts_tail_unit(B, P):
+    """The same prompt three times: the second and third hit at ``T = (P - 1) // u * u``
+    (a full block boundary when T is one), where whole blocks give ``(P - 1) // B * B``."""
+    prompt = tokens(P, "a")
+    hits = [h for h, _ in serve_all(make_cache(B), [prompt] * 3)]
+    assert hits == [0, tail(P, U), tail(P, U)]
+    whole = [h for h, _ in serve_all(make_cache(B, unit=None), [prompt] * 3)]
+    assert whole == [0, tail(P, B), tail(P, B)]
+
+
+@pytest.mark.parametrize("B", [128, 256])
+def test_the_first_sighting_pays_one_more_prefill_step_only_when_the_tail_is_inside_a_block(B):
+    for P in (300, 1000, 3740):
+        (_, with_unit), = serve_all(make_cache(B), [tokens(P, "a")])
+        (_, without), = serve_all(make_cache(B, unit=None), [tokens(P, "a")])
+        inside = tail(P, U) % B != 0
+        assert with_unit == without + inside
+
+
+@pytest.mark.parametrize("B", [128, 256])
+def test_a_prompt_sharing_part_of_a_block_hits_only_an_earlier_prompts_tail(B):
+    """980 tokens of a 1,000-token prompt: the attention lookup finds no key inside the
+    block the two share in part, so the hit stays at the block boundary; the chat's next
+    turn (the prompt, 4 output tokens, 200 more) hits the first turn's tail."""
+    first = tokens(1000, "a")
+    assert serve_all(make_cache(B), [first, first[:980] + tokens(40, "b")])[1][0] == 1000 // B * B
+    chat = tokens(700, "c")
+    assert serve_all(make_cache(B), [chat, chat + tokens(204, "d")])[1][0] == tail(700, U)
+
+
+@pytest.mark.parametrize("B", [128, 256])
+def test_junctions_stay_on_block_boundaries(B):
+    """Siblings sharing 1,500 tokens: the junction is the block boundary below the shared
+    part with or without a unit (vLLM floors ``shared_prefix_boundary`` to the block)."""
+    prompts = [tokens(1500, "s") + [("x", r)] + tokens(300, "t") for r in range(5)]
+    with_unit = [h for h, _ in serve_all(make_cache(B), prompts)]
+    assert with_unit == [h for h, _ in serve_all(make_cache(B, unit=None), prompts)]
+    assert with_unit[2:] == [1500 // B * B] * 3
+
+
+def test_a_sub_block_hit_copies_the_shared_block_in_every_group_and_leaves_one_more_key():
+    """Each identical resend hits the tail, takes a private copy of the tail block in
+    every group and keys its attention copy with the tail key again (one more cached
+    attention entry per attention group); the state key stays on one block."""
+    B, P = 128, 300
+    cache = make_cache(B)
+    prompt = tokens(P, "a")
+    serve_all(cache, [prompt])
+    pool = cache.pool
+    key = chained_hashes(prompt, U)[tail(P, U) // U - 1]
+    entries = pool.num_cached_entries
+    for k in range(1, 4):
+        serve_all(cache, [prompt])
+        assert pool.num_cached_entries == entries + k * len(cache.attn_groups)
+        assert all(pool.index[g].get(key) is not None for g in range(len(GROUPS)))
+    assert pool.evictions_by_group == [0, 0, 0]
+
+
+def test_marconi_keeps_no_tail_state_but_vllm_ends_a_chunk_there_all_the_same():
+    B, P = 128, 300
+    prompt = tokens(P, "a")
+    marconi = serve_all(make_cache(B, admission="marconi"), [prompt] * 2)
+    assert marconi[1][0] % B == 0  # no hit inside a block without a tail state
+    assert marconi[0][1] == serve_all(make_cache(B), [prompt])[0][1]
+
+
+def test_the_unit_must_divide_the_block_and_needs_unit_keys():
+    with pytest.raises(ValueError, match="prefix_match_unit"):
+        make_cache(128, unit=48)
+    with pytest.raises(ValueError, match="split"):
+        HybridPrefixCache(num_blocks=100, block_size=128, group_kinds=GROUPS,
+                          admission=get_admission("vllm"), eviction=get_eviction("lru"),
+                          chunk_size=4096, hash_block_size=32, checkpoint="inpass")
+    cache = make_cache(128)
+    prompt = tokens(300, "a")
+    with pytest.raises(ValueError, match="unit keys"):
+        cache.serve(chained_hashes(prompt, 128), 300, 4, 0, 0.0)
+    assert make_cache(128, unit=128).unit == 0  # the block size itself: whole blocks
+
+
+def test_cache_requests_carry_unit_keys_that_extend_the_block_chain():
+    from vllm_admission.core.traces import load_trace
+
+    trace = load_trace("synthetic", num_requests=6)
+    reqs = cache_requests(trace, 128, "unique", 32)
+    for req, r in zip(reqs, trace.requests):
+        assert len(req.units) == r.prompt_len // 32
+    assert all(req.units is None for req in cache_requests(trace, 128, "unique"))
+
+
+def random_prompts(rng, n=30):
+    out = []
+    for r in range(n):
+        p = rng.randrange(3)
+        shared = rng.randint(0, 900)
+        prompt = tokens(shared, ("p", p)) + tokens(rng.randint(1, 400), ("u", r))
+        if rng.random() < 0.3 and out:
+            prompt = list(rng.choice(out))  # an identical resend
+        out.append(prompt)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), policy=st.sampled_from(sorted(ADMISSION_POLICIES)),
+       eviction=st.sampled_from(["lru", "flop", "reuse"]), blocks=st.integers(14, 60),
+       B=st.sampled_from([64, 128]))
+def test_no_leak_consistent_index_and_hits_above_whole_blocks_only_at_tails(seed, policy,
+                                                                           eviction, blocks, B):
+    rng = random.Random(seed)
+    cache = make_cache(B, admission=policy, eviction=eviction, num_blocks=blocks, chunk=256)
+    pool = cache.pool
+    tails = set()
+    for r, prompt in enumerate(random_prompts(rng)):
+        P = len(prompt)
+        if not cache.fits(P, 8):
+            continue
+        hit = cache.serve(chained_hashes(prompt, B), P, 8, r, float(r),
+                          chained_hashes(prompt, U)).hit_tokens
+        if hit % B:
+            # Only an earlier prompt's tail has a key inside a block.
+            assert (tuple(prompt[:hit]), hit) in tails
+        t = tail(P, U)
+        tails.add((tuple(prompt[:t]), t))
+        assert pool.num_used == 0
+        # Every index entry names a block holding that key, in its group.
+        for g, idx in enumerate(pool.index):
+            for h, b in idx.items():
+                assert pool.group[b] == g and h in pool.keys_of(b)
+        assert all(e >= 0 for e in pool.evictions_by_group)
+        assert len(pool.free_blocks) == blocks - 1
