@@ -356,3 +356,39 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
                        eviction="lru", num_blocks=40, block_size=B, chunk_size=512,
                        outputs="unique", retention_interval=0)
     assert rec["simulator"]["checkpoints"] > default.state_checkpoints
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("arch, ssm_dtype, pairs", [
+    ("qwen3-next", "bfloat16", (("vllm", "lru"), ("marconi", "lru"), ("dense", "flop"))),
+    ("nemotron-h", "float32", (("vllm", "lru"), ("last", "lru"))),
+])
+def test_a_sub_block_hash_unit_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny_model_of,
+                                                   engine_env):
+    """vLLM's ``prefix_match_unit`` of 32 tokens, given to the engine and read back by the
+    simulator: every request's cached tokens (hits inside blocks among them), prefill
+    steps and the evictions agree, for stock vLLM and the plugin's admissions. 40 blocks
+    and a 512-token prefill budget make the pool evict and the chunks end below the
+    prompt end; the SSM dtype is pinned so the block size is the same on every CPU."""
+    from conftest import predicted_block_size
+
+    from vllm_admission.fidelity import FidelitySpec, run_fidelity
+
+    model = tiny_model_of(arch)
+    B = predicted_block_size(model, ssm_dtype)
+    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,), pairs=pairs,
+                        max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype=ssm_dtype,
+                        engine_args={"prefix_match_unit": 32, "max_num_batched_tokens": 512})
+    records = run_fidelity(spec)["records"]
+    assert len(records) == len(pairs)
+    inside = 0
+    for rec in records:
+        assert rec["block_size"] == B
+        pr = rec["per_request"]
+        assert rec["requests"] == len(pr["engine"]) >= 20
+        assert pr["engine"] == pr["simulator"], (rec["admission"], rec["first_difference"])
+        assert pr["engine_prefill_steps"] == pr["simulator_prefill_steps"], rec["admission"]
+        assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
+        inside += sum(1 for h in pr["engine"] if h and h % B)
+    assert inside > 0  # the case has hits inside a block

@@ -218,10 +218,11 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
     ``skip_tokenizer_init=True``, ``enforce_eager=True`` and statistics
     logging on (so :func:`prefix_cache_counters` works). On vLLM's CPU
     platform it first installs
-    :func:`vllm_admission.plugin.register.install_cpu_kernels` (Mamba2 layers
+    :func:`vllm_admission.plugin.register.install_vllm_fixes` (Mamba2 layers
     declare no prefill-checkpoint export, which the CPU kernels cannot write;
-    the speculative-decoding state copies; in this process only, so an engine
-    core in another process needs the general plugin loaded and asked). Takes about 6 s of
+    the speculative-decoding state copies; on any platform, block copies of
+    whole pages; in this process only, so an engine core in another process
+    needs the general plugin loaded and asked). Takes about 6 s of
     engine construction plus ~20 s of first vLLM import on a 2-core CPU
     machine.
 
@@ -248,12 +249,13 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
     import vllm
     import vllm.envs as vllm_envs
 
-    from vllm_admission.plugin.register import install_cpu_kernels
+    from vllm_admission.plugin.register import install_vllm_fixes
 
     # Stock engines run with VLLM_PLUGINS="" (no general plugin): a Mamba2 model on
-    # vLLM's CPU platform still needs its prefill-checkpoint export off, and MTP drafts
-    # need the state kernels the CPU build lacks.
-    install_cpu_kernels()
+    # vLLM's CPU platform still needs its prefill-checkpoint export off, MTP drafts
+    # need the state kernels the CPU build lacks, and a hit inside a block needs its
+    # copied block whole.
+    install_vllm_fixes()
 
     # The in-process engine core freezes vllm.envs after its start; a second
     # engine in the same process must see the environment as it is now.

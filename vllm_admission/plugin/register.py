@@ -5,7 +5,7 @@ core, workers). It does nothing unless the user asked for the plugin
 (:func:`asked`: the command line names the AdmissionScheduler, a
 ``VLLM_ADMISSION_*`` setting is set, or the process that started this one was
 asked, ``VLLM_ADMISSION_ACTIVE``); ``VLLM_ADMISSION_CPU_FIXES=1`` alone asks for
-the CPU kernels below and nothing else. Where asked, it runs before vLLM
+vLLM's fixes below and nothing else. Where asked, it runs before vLLM
 validates the environment
 (``vllm/engine/arg_utils.py``: ``EngineArgs.__post_init__`` loads the general
 plugins; ``create_engine_config`` then runs
@@ -19,12 +19,13 @@ hashes the value of every registered variable into the ``torch.compile``
 cache key, and scheduler settings must not force a recompile. The plugin
 reads its settings through :class:`vllm_admission.plugin.config.AdmissionConfig`.
 
-Where asked, in every process it also installs the CPU kernels
-(:func:`install_cpu_kernels`: :func:`vllm_admission.plugin.cpu_mamba2.install`, on
+Where asked, in every process it also installs vLLM's fixes
+(:func:`install_vllm_fixes`: :func:`vllm_admission.plugin.cpu_mamba2.install`, on
 vLLM's CPU platform only, Mamba2 layers declare no prefill-checkpoint export there,
 which the CPU kernels cannot write; :func:`vllm_admission.plugin.cpu_spec_decode.install`,
 CPU only, the speculative-decoding state kernels the CPU build lacks, so MTP runs
-there; no effect elsewhere).
+there; :func:`vllm_admission.plugin.block_copy.install`, any platform, block copies of
+whole pages, so a hit inside a block reads the copied attention block intact).
 
 Where asked, in the process that starts vLLM (``MainProcess``), :func:`register` also
 
@@ -85,7 +86,7 @@ from vllm_admission.plugin.snapshots import (
     remove_stale_snapshot_dirs,
 )
 
-__all__ = ["asked", "check_before_load", "install_cpu_kernels", "register"]
+__all__ = ["asked", "check_before_load", "install_vllm_fixes", "register"]
 
 logger = logging.getLogger("vllm_admission")
 
@@ -171,16 +172,19 @@ def _exit_if_serving(exc: AdmissionConfigError) -> None:
         raise SystemExit(2) from None
 
 
-def install_cpu_kernels() -> None:
-    """The kernels vLLM 0.32's CPU platform lacks (each a no-op elsewhere): the Mamba2
-    prefill export off (the engine core builds the KV cache specs) and the
-    speculative-decoding state copies (the model runner uses them under drafts).
-    :func:`register` installs them where asked,
+def install_vllm_fixes() -> None:
+    """What vLLM 0.32 needs to run the plugin's settings correctly: the kernels its CPU
+    platform lacks (each a no-op elsewhere: the Mamba2 prefill export off, since the
+    engine core builds the KV cache specs; the speculative-decoding state copies, which
+    the model runner uses under drafts) and, on any platform, block copies of whole pages
+    (:mod:`~vllm_admission.plugin.block_copy`: a hit inside a block copies a page that an
+    attention and a Mamba layer share). :func:`register` installs them where asked,
     :func:`vllm_admission.engine.llm.build_llm` before every engine it starts."""
-    from vllm_admission.plugin import cpu_mamba2, cpu_spec_decode
+    from vllm_admission.plugin import block_copy, cpu_mamba2, cpu_spec_decode
 
     cpu_mamba2.install()
     cpu_spec_decode.install()
+    block_copy.install()
 
 
 def asked() -> bool:
@@ -199,10 +203,9 @@ def register() -> None:
 
     Installing the package changes no vLLM behaviour by itself: where :func:`asked` is
     false this returns at once, touching nothing of vLLM. ``VLLM_ADMISSION_CPU_FIXES=1``
-    alone asks for the CPU platform's kernels only
-    (:mod:`~vllm_admission.plugin.cpu_mamba2`, :mod:`~vllm_admission.plugin.cpu_spec_decode`).
+    alone asks for vLLM's fixes only (:func:`install_vllm_fixes`).
     Where asked, in every process: the plugin's variables are registered with vLLM's
-    environment validation and the CPU kernels installed; in the process that starts vLLM
+    environment validation and vLLM's fixes installed; in the process that starts vLLM
     it also marks the process tree as asked (``VLLM_ADMISSION_ACTIVE=1``, which the engine
     core and worker processes inherit), sets the metrics snapshot directory, installs the
     check before the model loads and checks the settings (module docstring). Idempotent.
@@ -217,7 +220,7 @@ def register() -> None:
     if not plugin and os.environ.get(ENV_CPU_FIXES) != "1":
         return
     register_env_vars(ENV_VARS, _unset)
-    install_cpu_kernels()  # every process (engine core, workers)
+    install_vllm_fixes()  # every process (engine core, workers)
     if not plugin or multiprocessing.current_process().name != "MainProcess":
         return
     os.environ[ENV_ACTIVE] = "1"

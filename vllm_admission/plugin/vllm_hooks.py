@@ -58,7 +58,9 @@ __all__ = [
     "cached_blocks",
     "inprocess_scheduler",
     "install",
+    "block_copy_installed",
     "cpu_spec_decode_installed",
+    "install_block_copy",
     "install_cpu_spec_decode",
     "install_inpass_runner",
     "install_preflight",
@@ -453,6 +455,42 @@ def install_cpu_spec_decode() -> None:
                                       causal_conv1d_update)):
         new._admission_original = getattr(cls_or_module, name)  # type: ignore[attr-defined]
         setattr(cls_or_module, name, new)
+
+
+#: The modules whose model runner calls vLLM's block copy by this name (the V1 runner and
+#: the newer ``v1/worker/gpu`` one).
+_BLOCK_COPY_CALLERS = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
+
+
+def install_block_copy(copy: Any) -> None:
+    """Make the model runners call ``copy`` instead of vLLM's
+    ``copy_kv_cache_blocks_inplace`` (same signature), process-wide, once;
+    :mod:`vllm_admission.plugin.block_copy` says why."""
+    import importlib
+
+    if block_copy_installed():
+        return
+    for name in _BLOCK_COPY_CALLERS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # pragma: no cover - a build without that runner
+            continue
+        original = getattr(module, "copy_kv_cache_blocks_inplace", None)
+        if original is None:  # pragma: no cover
+            continue
+
+        def replaced(kv_caches: Any, num_blocks: int, copies: Any, _copy=copy) -> None:
+            _copy(kv_caches, num_blocks, copies)
+        replaced._admission_original = original  # type: ignore[attr-defined]
+        module.copy_kv_cache_blocks_inplace = replaced
+
+
+def block_copy_installed() -> bool:
+    """Whether :func:`install_block_copy` has run in this process."""
+    from vllm.v1.worker import gpu_model_runner
+
+    return getattr(gpu_model_runner.copy_kv_cache_blocks_inplace, "_admission_original",
+                   None) is not None
 
 
 def cpu_spec_decode_installed() -> bool:

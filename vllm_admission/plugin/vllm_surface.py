@@ -44,6 +44,8 @@ SUPPORTED_VLLM: tuple[str, ...] = ("0.32", "0.33")
 #: ``(file under vllm/, qualified member, how the plugin uses it)`` for every
 #: private (or undocumented) member of vLLM the plugin overrides, calls or reads.
 PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
+    ("v1/worker/gpu_model_runner.py", "copy_kv_cache_blocks_inplace",
+     "replaced (the name the runner calls): block copies of whole shared pages"),
     ("v1/worker/mamba_utils.py", "MambaSpecDecodeGPUContext._populate_metadata",
      "wrapped on the CPU platform: keeps the state tensors and block tables"),
     ("v1/worker/mamba_utils.py", "MambaSpecDecodeGPUContext.run_fused_precopy",
