@@ -61,6 +61,10 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--retention-interval", "--prefix-cache-retention-interval",
                    dest="retention_interval", default="0", metavar="0|N|none",
                    help=RETENTION_HELP)
+    p.add_argument("--block-size", type=int, default=None, metavar="T",
+                   help="vLLM's --block-size before its hybrid alignment (default 16, the CUDA "
+                        "default); the aligned block is a multiple of it, so a --prefix-match-unit "
+                        "that does not divide the default block can divide this one")
     p.add_argument("--prefix-match-unit", type=int, default=None, metavar="T",
                    help="vLLM's prefix_match_unit: tokens per block hash, a divisor of the "
                         "block size; below it a hit may end inside a block (default: the block "
@@ -120,6 +124,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         jobs = getattr(args, "process_jobs", 1)
     if args.chunk_size is not None and args.chunk_size < 1:
         raise ValueError(f"--chunk-size must be >= 1 token, got {args.chunk_size}")
+    if args.block_size is not None and args.block_size < 1:
+        raise ValueError(f"--block-size must be >= 1 token, got {args.block_size}")
     if args.auto_interval < 1:
         raise ValueError(f"--auto-interval must be >= 1 request, got {args.auto_interval}")
     check_checkpoint_mode(args.checkpoint)
@@ -133,7 +139,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
         tune_grid=args.tune_grid, auto_interval=args.auto_interval,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint,
-        retention_interval=retention, prefix_match_unit=args.prefix_match_unit)
+        retention_interval=retention, prefix_match_unit=args.prefix_match_unit,
+        block_size=args.block_size)
     if args.alpha is not None:
         if not args.alpha >= 0:
             raise ValueError(f"--alpha must be >= 0, got {args.alpha}")

@@ -469,7 +469,8 @@ def check_hash_block_size(unit: int | None, block_size: int) -> int:
         return 0
     if isinstance(unit, bool) or not isinstance(unit, int) or unit < 1 or block_size % unit:
         raise ValueError(f"prefix_match_unit ({unit!r}) must be a positive divisor of the "
-                         f"block size ({block_size})")
+                         f"block size ({block_size}), as vLLM requires; a --block-size that is "
+                         f"a multiple of it makes the aligned block one too")
     return unit if unit < block_size else 0
 
 

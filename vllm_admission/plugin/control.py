@@ -395,6 +395,18 @@ class AdmissionControl:
                 record((i + 1) * B)
                 self.checkpoints += 1
 
+    def keeps_tail(self, track: _Track, num_tokens: int) -> bool:
+        """Whether the state written at ``num_tokens`` is the prompt's tail unit
+        inside a block (a hash unit finer than the block) and the policy keeps it
+        (:attr:`RequestAdmission.tail <vllm_admission.core.admission.RequestAdmission.tail>`)."""
+        adm = track.adm
+        return bool(adm.tail) and num_tokens == adm.tail and adm.decide(adm.tail) == ADMIT
+
+    def observe_tail(self, track: _Track) -> None:
+        """The first state group cached the request's tail-unit state."""
+        track.adm.record(track.adm.tail)
+        self.checkpoints += 1
+
     # -- values for value-aware eviction (needs_values) -------------------
     def _is_cached_state(self, track: _Track) -> Callable[[int], bool]:
         """``f(i)``: whether vLLM's pool holds the first state group's state after

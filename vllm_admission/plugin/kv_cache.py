@@ -45,7 +45,6 @@ from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_group_id
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
 
-from vllm_admission.core.admission import ADMIT
 from vllm_admission.core.geometry import ATTENTION, STATE
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.free_queue import PolicyFreeBlockQueue
@@ -238,13 +237,12 @@ class PolicyMambaManager(MambaManager):
         # kept where the policy keeps prompt ends; at a block boundary it is the
         # prompt-end state, which the policy has just decided about in cache_blocks.
         ctl = self._admission
-        adm = ctl.track(request).adm
-        if not adm.tail or num_tokens != adm.tail or adm.decide(adm.tail) != ADMIT:
+        track = ctl.track(request)
+        if not ctl.keeps_tail(track, num_tokens):
             return None
         key = super()._cache_partial_tail_block(request, num_tokens, retention_interval)
         if key is not None and self.kv_cache_group_id == ctl.first_state:
-            adm.record(adm.tail)
-            ctl.checkpoints += 1
+            ctl.observe_tail(track)
         return key
 
 

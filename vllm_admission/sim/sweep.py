@@ -61,7 +61,9 @@ class SweepSpec:
     every run (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`).
     ``retention_interval`` is vLLM's ``prefix_cache_retention_interval`` of
     every run (what the ``vllm`` admission policy keeps), ``prefix_match_unit``
-    vLLM's hash unit of every run (``None``: the block size). ``pairs``
+    vLLM's hash unit of every run (``None``: the block size), ``block_size``
+    vLLM's ``--block-size`` before the hybrid alignment (``None``: its default; a
+    multiple of a coarser hash unit keeps the aligned block a multiple of it). ``pairs``
     are (admission, eviction) pairs run at every capacity besides the
     ``admissions`` x ``evictions`` grid (the demo's ``auto`` + ``auto``).
     """
@@ -83,6 +85,13 @@ class SweepSpec:
     pairs: tuple[tuple[str, str], ...] = ()
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None
+    block_size: int | None = None
+
+    def geometry(self, costs: ModelCosts, capacity: int) -> Any:
+        """The pool a capacity gives with this spec's ``block_size`` (vLLM's
+        ``--block-size`` before the hybrid alignment; ``None``: vLLM's default):
+        :func:`~vllm_admission.core.geometry.block_geometry`, whose errors it raises."""
+        return block_geometry(costs, capacity, block_size=self.block_size)
 
     def load_costs(self) -> ModelCosts:
         """The cost model of ``model`` with this spec's SSM state dtype.
@@ -108,7 +117,7 @@ _STATE: dict[str, Any] = {}
 def _load(spec: SweepSpec) -> tuple[Trace, ModelCosts]:
     # Everything the trace, the costs and the cached requests depend on.
     key = (spec.trace, spec.model, spec.max_requests, spec.seed, spec.mamba_ssm_cache_dtype,
-           spec.outputs)
+           spec.outputs, spec.prefix_match_unit)
     if _STATE.get("key") != key:
         _STATE.clear()
         _STATE["key"] = key
@@ -129,7 +138,7 @@ def _requests(spec: SweepSpec, block_size: int):
 
 def _run_one(spec: SweepSpec, admission: str, eviction: str, capacity: int) -> dict[str, Any]:
     trace, costs = _load(spec)
-    geo = block_geometry(costs, capacity)
+    geo = spec.geometry(costs, capacity)
     return _run_with(spec, trace, costs, _requests(spec, geo.block_size), admission, eviction,
                      capacity)
 
@@ -138,7 +147,8 @@ def _run_with(spec: SweepSpec, trace: Trace, costs: ModelCosts, requests: list,
               admission: str, eviction: str, capacity: int) -> dict[str, Any]:
     """One run's record, from inputs already in hand (``requests`` at the run's block size)."""
     result = simulate(trace, costs, admission=admission, eviction=eviction,
-                      capacity_bytes=capacity, chunk_size=spec.chunk_size, alpha=spec.alpha,
+                      capacity_bytes=capacity, block_size=spec.block_size,
+                      chunk_size=spec.chunk_size, alpha=spec.alpha,
                       outputs=spec.outputs, tune_grid=spec.tune_grid,
                       auto_interval=spec.auto_interval, checkpoint=spec.checkpoint,
                       retention_interval=spec.retention_interval,
@@ -213,7 +223,7 @@ def _ray_runs(spec: SweepSpec, runs: list[tuple[str, str, int]], trace: Trace, c
         # requests ready made), the costs, and the cache requests per block size.
         trace_ref = ray.put(dataclasses.replace(trace))
         costs_ref = ray.put(costs)
-        sizes = {cap: block_geometry(costs, cap).block_size for cap in spec.capacities}
+        sizes = {cap: spec.geometry(costs, cap).block_size for cap in spec.capacities}
         request_refs = {b: ray.put(_requests(spec, b)) for b in sorted(set(sizes.values()))}
         task = ray.remote(num_cpus=1, max_retries=0)(_ray_task)
         order = sorted(runs, key=lambda run: AUTO not in run[:2])  # the long auto runs first
@@ -282,7 +292,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         import_ray()  # fail before loading anything
     trace, costs = _load(spec)
     for cap in spec.capacities:
-        geo = block_geometry(costs, cap)  # raises CapacityError early
+        geo = spec.geometry(costs, cap)  # raises CapacityError early
         check_retention_interval(spec.retention_interval, geo.block_size)
         check_hash_block_size(spec.prefix_match_unit, geo.block_size)
     if spec.prefix_match_unit and spec.checkpoint != "split":
@@ -317,6 +327,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         "checkpoint": spec.checkpoint,
         "retention_interval": spec.retention_interval,
         "prefix_match_unit": spec.prefix_match_unit,
+        "block_size_flag": spec.block_size,
         "outputs": spec.outputs,
         "bound": [trace_bound(_requests(spec, b), b) for b in block_sizes],
         "runs": [results[r] for r in runs],

@@ -4,7 +4,11 @@ One pool of block ids serves every KV cache group. A block gets its hash
 through one insertion path (:meth:`BlockPool.cache_position`, behind
 :meth:`~BlockPool.cache` and :meth:`~BlockPool.cache_many`) and loses it
 through one drop path (:meth:`BlockPool._evict`, when an allocation takes a
-cached free block). The free blocks wait in a
+cached free block). Under a hash unit finer than the block a block may hold
+further keys (vLLM's partial entries): :meth:`~BlockPool.add_key` adds one,
+:meth:`~BlockPool.drop_keys` removes a block's keys when it is keyed again under
+a longer prefix, :meth:`~BlockPool.move_keys` hands them to a copy; eviction drops
+them all. The free blocks wait in a
 :class:`~vllm_admission.core.free_blocks.FreeBlocks`: uncached ones first, then
 the cached ones in the eviction policy's order.
 """

@@ -1,0 +1,75 @@
+"""Stock vLLM against ``auto`` under vLLM's ``prefix_match_unit`` (issue 31's study).
+
+For the Mooncake conversation trace and the synthetic workload, Qwen3-Next-80B-A3B and
+Nemotron-3-Nano-30B-A3B: hit rates of ``vllm``+``lru`` and ``auto``+``auto`` with hash
+units of 16 tokens (which divide both models' default blocks, 544 and 2,096 tokens) and of
+64 tokens (with ``--block-size 64``, which makes the aligned blocks 576 and 2,112 tokens,
+beside the same block without a unit), at the same bytes. The whole-block baseline at the
+default block size is the retention study's ``0`` setting (``docs/results/retention``).
+Writes ``docs/results/prefix-match-unit/<trace>-<model>-<setting>/results.json`` and
+prints the tables ``docs/results.md`` section 3.7 quotes.
+
+Run: ``python simulations/prefix_match_unit_study.py --jobs 2`` (about 30 minutes on 2
+cores, most of it ``auto`` on Mooncake). Deterministic but for wall times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from vllm_admission.core.geometry import parse_bytes
+from vllm_admission.sim.report import format_table, write_results
+from vllm_admission.sim.sweep import SweepSpec, run_sweep
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+MOONCAKE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
+MODELS = {
+    "qwen3next": "qwen3-next-80b-a3b",
+    "nemotron3nano": str(SHARED / "model_configs" / "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json"),
+}
+CAPACITIES = {
+    ("mooncake", "qwen3next"): ("64GiB", "128GiB"),
+    ("mooncake", "nemotron3nano"): ("32GiB", "64GiB"),
+    ("synthetic", "qwen3next"): ("2GiB", "4GiB", "8GiB"),
+    ("synthetic", "nemotron3nano"): ("1GiB", "2GiB", "4GiB"),
+}
+#: name -> (prefix_match_unit, --block-size)
+SETTINGS = {"u16": (16, None), "b64": (None, 64), "u64-b64": (64, 64)}
+PAIRS = (("vllm", "lru"), ("auto", "auto"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--traces", default="synthetic,mooncake")
+    ap.add_argument("--settings", default=",".join(SETTINGS))
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results" / "prefix-match-unit"))
+    args = ap.parse_args(argv)
+    if "mooncake" in args.traces and not MOONCAKE.exists():
+        print(f"mooncake trace not found at {MOONCAKE}", file=sys.stderr)
+        return 2
+    for trace in args.traces.split(","):
+        for model_key, model in MODELS.items():
+            for name in args.settings.split(","):
+                unit, block = SETTINGS[name]
+                spec = SweepSpec(trace=str(MOONCAKE) if trace == "mooncake" else "synthetic",
+                                 model=model,
+                                 capacities=tuple(parse_bytes(c)
+                                                  for c in CAPACITIES[trace, model_key]),
+                                 admissions=(), evictions=(), pairs=PAIRS, chunk_size=8192,
+                                 prefix_match_unit=unit, block_size=block)
+                doc = run_sweep(spec, jobs=args.jobs, progress=False)
+                if trace == "mooncake":
+                    doc["trace"] = "mooncake/conversation_trace.jsonl"
+                print(f"\n## {trace} {model_key} {name}\n")
+                print(format_table(doc), flush=True)
+                res, _ = write_results(doc, Path(args.out) / f"{trace}-{model_key}-{name}")
+                print(f"wrote {res}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
