@@ -1,7 +1,7 @@
 """Stock vLLM against ``auto`` under vLLM's ``prefix_match_unit`` (issue 31's study).
 
 For the Mooncake conversation trace and the synthetic workload, Qwen3-Next-80B-A3B and
-Nemotron-3-Nano-30B-A3B: hit rates of ``vllm``+``lru`` and ``auto``+``auto`` with hash
+Nemotron-3-Nano-30B-A3B: hit rates of ``vllm``+``lru``, ``block``+``lru`` and ``auto``+``auto`` with hash
 units of 16 tokens (which divide both models' default blocks, 544 and 2,096 tokens) and of
 64 tokens (with ``--block-size 64``, which makes the aligned blocks 576 and 2,112 tokens,
 beside the same block without a unit), at the same bytes. The whole-block baseline at the
@@ -38,7 +38,7 @@ CAPACITIES = {
 }
 #: name -> (prefix_match_unit, --block-size)
 SETTINGS = {"u16": (16, None), "b64": (None, 64), "u64-b64": (64, 64)}
-PAIRS = (("vllm", "lru"), ("auto", "auto"))
+PAIRS = (("vllm", "lru"), ("block", "lru"), ("auto", "auto"))
 
 
 def main(argv: list[str] | None = None) -> int:

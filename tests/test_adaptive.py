@@ -364,7 +364,12 @@ def test_candidate_policies():
     assert "none" not in AUTO_ADMISSIONS and "belady" not in AUTO_EVICTIONS
     # auto's candidates are the policies that declare themselves so, in registry order;
     # a policy that does not (flop: tuned; lfu: a baseline) never joins by being registered.
-    assert AUTO_ADMISSIONS == tuple(n for n, c in ADMISSION_POLICIES.items() if c.auto_candidate)
+    assert AUTO_ADMISSIONS == tuple(n for n, c in ADMISSION_POLICIES.items()
+                                    if c.auto_candidate and not c.sub_block_only)
+    # Under a hash unit finer than the block auto also weighs the policies that differ there.
+    with_unit, _ = candidate_policies(AUTO, AUTO, sub_block=True)
+    assert with_unit == tuple(n for n, c in ADMISSION_POLICIES.items() if c.auto_candidate)
+    assert "block" in with_unit and "block" not in AUTO_ADMISSIONS
     assert AUTO_EVICTIONS == tuple(n for n, c in EVICTION_POLICIES.items()
                                    if c.auto_candidate and not c.needs_future)
     assert not {"flop", "lfu"} & set(AUTO_EVICTIONS)

@@ -361,7 +361,7 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
 @pytest.mark.engine
 @pytest.mark.parametrize("arch, ssm_dtype, pairs", [
     ("qwen3-next", "bfloat16", (("vllm", "lru"), ("marconi", "lru"), ("dense", "flop"))),
-    ("nemotron-h", "float32", (("vllm", "lru"), ("last", "lru"))),
+    ("nemotron-h", "float32", (("vllm", "lru"), ("last", "lru"), ("block", "lru"))),
 ])
 def test_a_sub_block_hash_unit_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny_model_of,
                                                    engine_env):

@@ -19,7 +19,7 @@ def run(argv, capsys):
 
 @pytest.mark.parametrize("extra,message", [
     (["--admission", "bogus"],
-     "vllm-admission: error: unknown admission policy 'bogus'; valid: none, last, vllm, "
+     "vllm-admission: error: unknown admission policy 'bogus'; valid: none, last, vllm, block, "
      "marconi, dense"),
     (["--eviction", "belady"],
      "vllm-admission: error: eviction policy 'belady' cannot run in an engine; "

@@ -185,3 +185,24 @@ def test_no_leak_consistent_index_and_hits_above_whole_blocks_only_at_tails(seed
                 assert pool.group[b] == g and h in pool.keys_of(b)
         assert all(e >= 0 for e in pool.evictions_by_group)
         assert len(pool.free_blocks) == blocks - 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), blocks=st.integers(14, 60), B=st.sampled_from([64, 128]))
+def test_block_admission_under_a_unit_is_stock_without_it(seed, blocks, B):
+    """``block`` keys no tail unit (neither the state nor the attention block), so under a
+    unit it hits, evicts and checkpoints exactly as stock ``vllm`` does without one; only
+    the chunk that vLLM ends at each tail adds a prefill step."""
+    prompts = random_prompts(random.Random(seed))
+    with_unit = make_cache(B, admission="block", num_blocks=blocks, chunk=256)
+    whole = make_cache(B, unit=None, admission="vllm", num_blocks=blocks, chunk=256)
+    for r, prompt in enumerate(prompts):
+        P = len(prompt)
+        if not with_unit.fits(P, 8):
+            continue
+        a = with_unit.serve(chained_hashes(prompt, B), P, 8, r, float(r), chained_hashes(prompt, U))
+        b = whole.serve(chained_hashes(prompt, B), P, 8, r, float(r))
+        assert (a.hit_tokens, a.checkpoints, a.evictions) == (b.hit_tokens, b.checkpoints,
+                                                             b.evictions)
+        assert a.prefill_steps - b.prefill_steps == (tail(P, U) % B != 0 and a.hit_tokens < tail(P, U))
+    assert not with_unit.pool._more

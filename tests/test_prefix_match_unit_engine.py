@@ -1,6 +1,6 @@
 """vLLM's ``prefix_match_unit`` below the block size on the CPU engine (issue 31).
 
-Both tiny models, a 32-token hash unit: stock vLLM, and the plugin with ``marconi``,
+Both tiny models, a 32-token hash unit: stock vLLM, and the plugin with ``marconi``, ``block``,
 ``dense`` and ``auto``, serve the same prompts one at a time. Greedy outputs are the
 same everywhere; each run's cached tokens are what the core's cache model predicts for
 that policy under the same unit (docs/engine-facts.md section 10), and on the junction
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.engine
 UNIT = 32
 SSM_DTYPE = "float32"
 OUTPUT = 8
-POLICIES = (("marconi", "lru"), ("dense", "lru"), ("auto", "auto"))
+POLICIES = (("marconi", "lru"), ("dense", "lru"), ("block", "lru"), ("auto", "auto"))
 
 
 def _prompts(vocab: int = 512) -> list[list[int]]:

@@ -184,7 +184,7 @@ def test_demo_takes_the_ssm_cache_dtype_too():
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--admission", "nope"], "unknown admission policy 'nope'; valid: none, last, vllm, marconi, dense"),
+    (["--admission", "nope"], "unknown admission policy 'nope'; valid: none, last, vllm, block, marconi, dense"),
     (["--eviction", "arc"], f"unknown eviction policy 'arc'; valid: {', '.join(EVICTION_POLICIES)}"),
     (["--capacity", "1KiB"], "too small"),
     (["--capacity", "12 parsecs"], "unknown unit 'parsecs'"),

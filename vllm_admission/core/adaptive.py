@@ -121,11 +121,15 @@ AUTO = "auto"
 DEFAULT_INTERVAL = 50
 
 
-def auto_admissions() -> tuple[str, ...]:
+def auto_admissions(sub_block: bool = False) -> tuple[str, ...]:
     """Admission policies ``auto`` chooses among: every one registered now that declares
     ``auto_candidate`` (all built-ins but ``none``, which keeps no state, so it never
-    hits). ``AUTO_ADMISSIONS`` is the same, read as an attribute."""
-    return tuple(n for n, c in ADMISSION_POLICIES.items() if c.auto_candidate)
+    hits), less, unless ``sub_block`` (the engine hashes in units finer than the block,
+    vLLM's ``prefix_match_unit``), those that differ from the others only there
+    (``sub_block_only``: ``tail``). ``AUTO_ADMISSIONS`` is ``auto_admissions()``, read as
+    an attribute."""
+    return tuple(n for n, c in ADMISSION_POLICIES.items()
+                 if c.auto_candidate and (sub_block or not c.sub_block_only))
 
 
 def auto_evictions() -> tuple[str, ...]:
@@ -210,9 +214,13 @@ class Decision:
                 "to": str(self.after), "scores": dict(self.scores)}
 
 
-def candidate_policies(admission: str, eviction: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def candidate_policies(admission: str, eviction: str, *, sub_block: bool = False
+                       ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The admission and eviction names a run chooses among: every ``auto`` candidate
-    where the name is ``"auto"``, else just that name.
+    where the name is ``"auto"``, else just that name. ``sub_block``: the engine
+    hashes in units finer than the block (vLLM's ``prefix_match_unit``); without it
+    the admissions that differ from the others only there
+    (:attr:`~vllm_admission.core.admission.AdmissionPolicy.sub_block_only`) are left out.
 
     Raises:
         UnknownPolicyError: an unknown name.
@@ -220,7 +228,10 @@ def candidate_policies(admission: str, eviction: str) -> tuple[tuple[str, ...], 
             together with ``auto`` admission (the controller could not replay it
             from a snapshot).
     """
-    admissions = auto_admissions() if admission == AUTO else (get_admission(admission).name,)
+    if admission == AUTO:
+        admissions = auto_admissions(sub_block)
+    else:
+        admissions = (get_admission(admission).name,)
     if eviction == AUTO:
         evictions = auto_evictions()
     else:

@@ -53,6 +53,7 @@ __all__ = [
     "NoAdmission",
     "RequestAdmission",
     "SegmentCosts",
+    "BlockAdmission",
     "UnknownPolicyError",
     "checkpoint_kinds",
     "VllmAdmission",
@@ -89,6 +90,11 @@ class CheckpointKind(enum.Enum):
     #: ``prefix_cache_retention_interval`` when that is positive
     #: (``MambaManager.reachable_block_mask``, ``vllm/v1/core/single_type_kv_cache_manager.py``).
     PERIODIC = "periodic"
+    #: The prompt's last reusable position at the engine's hash unit: the tail unit
+    #: boundary ``(prompt_len - 1) // u * u`` under a ``prefix_match_unit`` ``u`` finer
+    #: than the block when that lies inside a block (vLLM keys the state written there,
+    #: ``MambaManager._cache_partial_tail_block``), else the PROMPT_END position.
+    TAIL = "tail"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +150,8 @@ class HitProbe:
 
 
 def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
-                     block_size: int, junction: int, period: int = 0) -> frozenset[CheckpointKind]:
+                     block_size: int, junction: int, period: int = 0,
+                     tail: int | None = None) -> frozenset[CheckpointKind]:
     """Every :class:`CheckpointKind` that a block-aligned state position has.
 
     Args:
@@ -160,26 +167,30 @@ def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
         period: the engine's periodic retention interval in tokens (vLLM's
             ``prefix_cache_retention_interval`` when positive; 0: no periodic
             positions).
+        tail: the request's TAIL position (:attr:`RequestAdmission.tail` when the
+            hash unit puts one inside a block); ``None``: the PROMPT_END position.
 
     Returns:
         A non-empty frozenset: CHUNK_END or DECODE always, plus JUNCTION,
-        PROMPT_END, SEQUENCE_END and PERIODIC where they apply.
+        PROMPT_END, SEQUENCE_END, PERIODIC and TAIL where they apply.
     """
+    prompt_end = (prompt_len - 1) // block_size * block_size
     return _KIND_SETS[(
         position <= prompt_len,
         bool(junction) and position == junction,
-        position == (prompt_len - 1) // block_size * block_size,
+        position == prompt_end,
         total_len is not None and position == (total_len - 1) // block_size * block_size,
         bool(period) and position % period == 0,
+        position == (prompt_end if tail is None else tail),
     )]
 
 
 def _kind_set(in_prompt: bool, junction: bool, prompt_end: bool,
-              sequence_end: bool, periodic: bool) -> frozenset[CheckpointKind]:
+              sequence_end: bool, periodic: bool, tail: bool) -> frozenset[CheckpointKind]:
     kinds = {CheckpointKind.CHUNK_END if in_prompt else CheckpointKind.DECODE}
     for flag, kind in ((junction, CheckpointKind.JUNCTION), (prompt_end, CheckpointKind.PROMPT_END),
                        (sequence_end, CheckpointKind.SEQUENCE_END),
-                       (periodic, CheckpointKind.PERIODIC)):
+                       (periodic, CheckpointKind.PERIODIC), (tail, CheckpointKind.TAIL)):
         if flag:
             kinds.add(kind)
     return frozenset(kinds)
@@ -187,7 +198,7 @@ def _kind_set(in_prompt: bool, junction: bool, prompt_end: bool,
 
 #: :func:`checkpoint_kinds`' answers, built once (a request asks for up to three,
 #: and hashing enum members in Python is what a fresh set would cost).
-_KIND_SETS = {flags: _kind_set(*flags) for flags in itertools.product((False, True), repeat=5)}
+_KIND_SETS = {flags: _kind_set(*flags) for flags in itertools.product((False, True), repeat=6)}
 
 
 class AdmissionPolicy(ABC):
@@ -228,6 +239,10 @@ class AdmissionPolicy(ABC):
     vllm_native: ClassVar[bool] = False
     #: Declared: whether ``auto`` chooses among this policy (off unless declared).
     auto_candidate: ClassVar[bool] = False
+    #: Declared: the policy differs from the others only where the engine hashes in
+    #: units finer than the block (vLLM's ``prefix_match_unit``); ``auto`` leaves it
+    #: out of its candidates elsewhere (:func:`~vllm_admission.core.adaptive.candidate_policies`).
+    sub_block_only: ClassVar[bool] = False
     #: Declared: a state at every block boundary: :meth:`stops` ends a prefill chunk
     #: at each one between the hit and the prompt end (``dense``); the cache model
     #: then prefills block by block in one pass.
@@ -361,7 +376,9 @@ class VllmAdmission(AdmissionPolicy):
       stop for them);
     * ``None``: every state written (dense).
 
-    The junction is a chunk stop in all three (``_mamba_block_aligned_split``).
+    With a ``prefix_match_unit`` finer than the block the prompt's tail unit
+    (TAIL) is kept besides its last block boundary (PROMPT_END). The junction is a
+    chunk stop in all three (``_mamba_block_aligned_split``).
 
     Args:
         retention_interval: as above. A positive value must be a multiple of
@@ -377,7 +394,7 @@ class VllmAdmission(AdmissionPolicy):
                "junction (prefix_cache_retention_interval=0; N adds every N tokens, None all)")
     vllm_native = True
     auto_candidate = True
-    admitted = frozenset({CheckpointKind.JUNCTION, CheckpointKind.PROMPT_END})
+    admitted = frozenset({CheckpointKind.JUNCTION, CheckpointKind.PROMPT_END, CheckpointKind.TAIL})
 
     def __init__(self, retention_interval: int | None = 0) -> None:
         check_retention_interval(retention_interval)
@@ -410,6 +427,33 @@ class MarconiAdmission(AdmissionPolicy):
         return probe.junction
 
 
+class BlockAdmission(AdmissionPolicy):
+    """Stock vLLM's admission with prompt ends on block boundaries only: the
+    junction and the prompt's last block boundary (PROMPT_END), never the tail
+    hash unit inside a block (TAIL).
+
+    Without a ``prefix_match_unit`` finer than the block this is ``vllm`` at
+    retention 0. With one, vLLM keeps each prompt's tail-unit state besides its
+    block-boundary one, and keys the attention block there; hits on those land
+    only on resends and on prompts that extend a whole earlier prompt, and where
+    memory is short the extra states and the kept partial blocks push out what
+    would have hit (docs/results.md, section 3.7). This keeps what stock keeps
+    without the unit, so the unit costs no cache space; ``auto`` weighs it against
+    ``vllm`` only where the engine hashes finer than the block
+    (:attr:`sub_block_only`).
+    """
+
+    name = "block"
+    summary = ("stock vLLM with prompt ends on block boundaries only: under a "
+               "prefix_match_unit no tail-unit state (hits stay whole blocks, no extra memory)")
+    auto_candidate = True
+    sub_block_only = True
+    admitted = frozenset({CheckpointKind.JUNCTION, CheckpointKind.PROMPT_END})
+
+    def junction(self, probe: HitProbe) -> int:
+        return probe.junction
+
+
 class DenseAdmission(AdmissionPolicy):
     name = "dense"
     summary = "a state at every block boundary (vLLM's older 'all' mode): most hits, most memory"
@@ -423,8 +467,8 @@ class DenseAdmission(AdmissionPolicy):
 
 #: The kinds of the prompt's tail unit boundary inside a block
 #: (:attr:`RequestAdmission.tail`): a chunk end that is the prompt's last
-#: reusable position.
-_TAIL_KINDS = frozenset({CheckpointKind.CHUNK_END, CheckpointKind.PROMPT_END})
+#: reusable position at the hash unit.
+_TAIL_KINDS = frozenset({CheckpointKind.CHUNK_END, CheckpointKind.TAIL})
 
 #: :meth:`RequestAdmission.decide` results.
 SKIP, ADMIT, TENTATIVE = 0, 1, 2
@@ -525,8 +569,9 @@ class RequestAdmission:
         tail: with a finer hash unit ``u``, the prompt's tail unit boundary
             ``(prompt_len - 1) // u * u`` when it lies inside a block, else 0.
             vLLM ends a chunk there and keys the state written there by the
-            hash unit (``MambaManager._cache_partial_tail_block``); it has the
-            kinds of a prompt end, so a policy that keeps prompt ends keeps it.
+            hash unit (``MambaManager._cache_partial_tail_block``); its kind is
+            TAIL (else TAIL goes with PROMPT_END), so a policy that keeps TAIL
+            keeps it.
         stops: ascending chunk stops (the junction included when used).
         admitted: ascending positions cached in the first state group.
     """
@@ -556,7 +601,7 @@ class RequestAdmission:
             if pos > 0 and pos not in special:
                 special[pos] = policy.admit(checkpoint_kinds(
                     pos, prompt_len=P, total_len=total_len, block_size=B, junction=junction,
-                    period=period))
+                    period=period, tail=self.tail or None))
         if self.tail:
             special[self.tail] = policy.admit(_TAIL_KINDS)
         self._special = special
@@ -615,7 +660,8 @@ class RequestAdmission:
         probe = self.probe
         return not policy.admit(checkpoint_kinds(
             position, prompt_len=probe.prompt_len, total_len=None,
-            block_size=probe.block_size, junction=self.junction, period=policy.period))
+            block_size=probe.block_size, junction=self.junction, period=policy.period,
+            tail=self.tail or None))
 
     def checkpoints(self, is_cached_state: Callable[[int], bool]) -> list[int]:
         """Ascending cached-state positions along the request's sequence.
@@ -714,7 +760,8 @@ def stock_admission() -> str:
     return names[0]
 
 
-for _cls in (NoAdmission, LastAdmission, VllmAdmission, MarconiAdmission, DenseAdmission):
+for _cls in (NoAdmission, LastAdmission, VllmAdmission, BlockAdmission, MarconiAdmission,
+             DenseAdmission):
     register_admission(_cls)
 del _cls
 

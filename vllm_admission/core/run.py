@@ -78,15 +78,17 @@ class RunPlan:
 
     @classmethod
     def from_settings(cls, admission: str, eviction: str, *, alpha: float | None = None,
-                      checkpoint: str = "split") -> RunPlan:
-        """The plan for the names a user gives (either may be ``"auto"``).
+                      checkpoint: str = "split", sub_block: bool = False) -> RunPlan:
+        """The plan for the names a user gives (either may be ``"auto"``);
+        ``sub_block``: the engine hashes finer than the block
+        (:func:`~vllm_admission.core.adaptive.candidate_policies`).
 
         Raises:
             UnknownPolicyError: an unknown name.
             ValueError: an eviction policy that needs the future with ``auto``
                 admission.
         """
-        admissions, evictions = candidate_policies(admission, eviction)
+        admissions, evictions = candidate_policies(admission, eviction, sub_block=sub_block)
         return cls(admissions, evictions, AUTO in (admission, eviction), alpha, checkpoint)
 
     @classmethod

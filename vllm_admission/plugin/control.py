@@ -395,12 +395,13 @@ class AdmissionControl:
                 record((i + 1) * B)
                 self.checkpoints += 1
 
-    def keeps_tail(self, track: _Track, num_tokens: int) -> bool:
-        """Whether the state written at ``num_tokens`` is the prompt's tail unit
-        inside a block (a hash unit finer than the block) and the policy keeps it
-        (:attr:`RequestAdmission.tail <vllm_admission.core.admission.RequestAdmission.tail>`)."""
+    def keeps_tail(self, track: _Track) -> bool:
+        """Whether the request's prompt has a tail unit inside a block (a hash unit
+        finer than the block) whose state the policy keeps
+        (:attr:`RequestAdmission.tail <vllm_admission.core.admission.RequestAdmission.tail>`):
+        only then do its attention block and that state get the tail's key."""
         adm = track.adm
-        return bool(adm.tail) and num_tokens == adm.tail and adm.decide(adm.tail) == ADMIT
+        return bool(adm.tail) and adm.decide(adm.tail) == ADMIT
 
     def observe_tail(self, track: _Track) -> None:
         """The first state group cached the request's tail-unit state."""

@@ -61,7 +61,8 @@ def group_kinds(managers: Sequence[Any]) -> tuple[str, ...]:
     ``vllm/v1/core/single_type_kv_cache_manager.py`` maps several specs to one
     manager): a group run by ``FullAttentionManager`` (full attention, and also
     MLA and hidden-state specs) is ``"attention"``, reusable at any cached
-    block; one run by ``MambaManager`` (or this module's subclass) is
+    block (``PolicyAttentionManager`` too); one run by ``MambaManager`` (or this
+    module's subclass) is
     ``"state"``, reusable only where a state was saved. Any other manager
     (sliding window, chunked local attention, ...) is named by its class, which
     the plugin then treats as unsupported.
@@ -74,7 +75,7 @@ def group_kinds(managers: Sequence[Any]) -> tuple[str, ...]:
         cls = type(m)
         if cls is MambaManager or cls is PolicyMambaManager:
             kinds.append(STATE)
-        elif cls is FullAttentionManager:
+        elif cls is FullAttentionManager or cls is PolicyAttentionManager:
             kinds.append(ATTENTION)
         else:
             kinds.append(cls.__name__)
@@ -238,12 +239,26 @@ class PolicyMambaManager(MambaManager):
         # prompt-end state, which the policy has just decided about in cache_blocks.
         ctl = self._admission
         track = ctl.track(request)
-        if not ctl.keeps_tail(track, num_tokens):
+        if num_tokens != track.adm.tail or not ctl.keeps_tail(track):
             return None
         key = super()._cache_partial_tail_block(request, num_tokens, retention_interval)
         if key is not None and self.kv_cache_group_id == ctl.first_state:
             ctl.observe_tail(track)
         return key
+
+
+class PolicyAttentionManager(FullAttentionManager):
+    """A full-attention group that keys a prompt's tail hash unit (a hash unit finer
+    than the block) only where the admission policy keeps the state there (every
+    policy but ``vllm``, which keeps ``FullAttentionManager``): without that state a
+    hit at the tail cannot happen, and the key would only keep the block cached."""
+
+    _admission: AdmissionControl | None = None
+
+    def _cache_partial_tail_block(self, request: Any, num_tokens: int) -> None:
+        ctl = self._admission
+        if ctl.keeps_tail(ctl.track(request)):
+            super()._cache_partial_tail_block(request, num_tokens)
 
 
 class AdmissionCoordinator(HybridKVCacheCoordinator):

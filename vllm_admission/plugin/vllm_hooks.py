@@ -82,17 +82,24 @@ def _retype(obj: Any, base: type, cls: type) -> None:
 
 
 def use_policy_managers(coordinator: Any, control: Any) -> None:
-    """Give the state groups the manager class the control's current policy needs:
-    vLLM's own ``MambaManager`` for a ``vllm_native`` policy,
-    :class:`~vllm_admission.plugin.kv_cache.PolicyMambaManager` otherwise."""
-    from vllm.v1.core.single_type_kv_cache_manager import MambaManager
+    """Give the state and full-attention groups the manager classes the control's
+    current policy needs: vLLM's own ``MambaManager`` and ``FullAttentionManager`` for a
+    ``vllm_native`` policy, :class:`~vllm_admission.plugin.kv_cache.PolicyMambaManager`
+    and :class:`~vllm_admission.plugin.kv_cache.PolicyAttentionManager` otherwise
+    (subclasses of the full-attention manager, sliding window and the like, keep
+    their class)."""
+    from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
 
-    from vllm_admission.plugin.kv_cache import PolicyMambaManager
+    from vllm_admission.plugin.kv_cache import PolicyAttentionManager, PolicyMambaManager
 
-    cls = MambaManager if control.stock else PolicyMambaManager
+    state = MambaManager if control.stock else PolicyMambaManager
+    attention = FullAttentionManager if control.stock else PolicyAttentionManager
     for manager in coordinator.single_type_managers:
         if isinstance(manager, MambaManager):
-            manager.__class__ = cls
+            manager.__class__ = state
+            manager._admission = control
+        elif type(manager) in (FullAttentionManager, PolicyAttentionManager):
+            manager.__class__ = attention
             manager._admission = control
 
 

@@ -83,7 +83,9 @@ PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
     ("v1/core/single_type_kv_cache_manager.py", "MambaManager.cache_blocks",
      "overridden: caches only the admitted states (replay_boundaries)"),
     ("v1/core/single_type_kv_cache_manager.py", "MambaManager._cache_partial_tail_block",
-     "overridden: off"),
+     "overridden: the tail unit's state keyed only where the policy keeps it"),
+    ("v1/core/single_type_kv_cache_manager.py", "FullAttentionManager._cache_partial_tail_block",
+     "overridden: the tail unit's attention key only where the policy keeps its state"),
     ("v1/core/block_pool.py", "BlockPool.cache_full_blocks",
      "overridden: records the states that got a hash"),
     ("v1/core/block_pool.py", "BlockPool.get_new_blocks",
@@ -255,6 +257,8 @@ OVERRIDES: tuple[tuple[str, str], ...] = (
     ("MambaManager.cache_blocks", "vllm_admission.plugin.kv_cache:PolicyMambaManager.cache_blocks"),
     ("MambaManager._cache_partial_tail_block",
      "vllm_admission.plugin.kv_cache:PolicyMambaManager._cache_partial_tail_block"),
+    ("FullAttentionManager._cache_partial_tail_block",
+     "vllm_admission.plugin.kv_cache:PolicyAttentionManager._cache_partial_tail_block"),
     ("BlockPool.cache_full_blocks", "vllm_admission.plugin.kv_cache:AdmissionBlockPool.cache_full_blocks"),
     ("BlockPool.get_new_blocks", "vllm_admission.plugin.kv_cache:AdmissionBlockPool.get_new_blocks"),
     ("BlockPool._maybe_evict_cached_block",
@@ -315,7 +319,8 @@ def override_mismatches() -> list[str]:
 
     owners = {"Scheduler": scheduler.Scheduler, "BlockPool": block_pool.BlockPool,
               "HybridKVCacheCoordinator": kv_cache_coordinator.HybridKVCacheCoordinator,
-              "MambaManager": stkm.MambaManager}
+              "MambaManager": stkm.MambaManager,
+              "FullAttentionManager": stkm.FullAttentionManager}
     out = []
     for member, target in OVERRIDES:
         cls_name, meth = member.split(".")

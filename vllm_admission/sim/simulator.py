@@ -254,6 +254,9 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                          chunk_size=chunk_size, checkpoint=checkpoint,
                          retention_interval=retention_interval,
                          hash_block_size=prefix_match_unit)
+    if layout.unit:  # auto's candidates include those that differ only here
+        plan = RunPlan.from_settings(admission, eviction, alpha=alpha, checkpoint=checkpoint,
+                                     sub_block=True)
     t0, c0 = time.perf_counter(), time.process_time()
     if requests is None:
         requests = cache_requests(trace, geo.block_size, outputs, prefix_match_unit)

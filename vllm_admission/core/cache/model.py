@@ -136,13 +136,14 @@ class HybridPrefixCache:
 
             * each prompt's tail unit boundary ``T = (P - 1) // u * u``, when it
               lies inside a block, ends a prefill chunk
-              (``_mamba_block_aligned_split``, ``tail_boundary``); the attention
-              block holding ``T`` gets ``T``'s hash-unit key besides its own
-              (``FullAttentionManager._cache_partial_tail_block``), and the state
-              written there, where the admission policy keeps prompt ends, gets
-              it too and moves to a block of its own at the next allocation
-              (``MambaManager._cache_partial_tail_block``,
-              ``BlockPool.move_block_hashes``);
+              (``_mamba_block_aligned_split``, ``tail_boundary``); where the
+              admission policy keeps its state (kind TAIL), the attention block
+              holding ``T`` gets ``T``'s hash-unit key besides its own
+              (``FullAttentionManager._cache_partial_tail_block``) and the state
+              written there gets it too, moved to a block of its own at the next
+              allocation (``MambaManager._cache_partial_tail_block``,
+              ``BlockPool.move_block_hashes``); the plugin leaves both keys out
+              for a policy that does not keep that state;
             * a lookup extends the run of cached attention blocks by the longest
               keyed unit boundary inside the next block, and takes the longest
               cached state at any unit boundary below that
@@ -440,7 +441,11 @@ class HybridPrefixCache:
                              blocks=[[] for _ in self.group_kinds],
                              num_cached=probe.state_hit // B, live=[])
         if self.unit:
-            run.units, run.tail = units, adm.tail
+            # The tail unit's keys (attention and state) only where the policy keeps
+            # its state: without one, a hit there is impossible and the key would
+            # only keep the block cached. The chunk still ends there (vLLM's stop).
+            run.units = units
+            run.tail = adm.tail if adm.tail and adm.decide(adm.tail) == ADMIT else 0
         if last_keys is not None:
             run.cow = probe.state_hit // B
             self._touch_hit(run, run.cow + 1, now, last_keys)
@@ -524,7 +529,7 @@ class HybridPrefixCache:
         if run.tail and end >= run.tail and not run.tail_keyed:
             self._key_tail(run, self.attn_groups)
             run.tail_keyed = True
-            if end == run.tail and run.adm.decide(run.tail) == ADMIT:
+            if end == run.tail:
                 self._key_tail(run, self.state_groups)
                 run.adm.record(run.tail)
                 self.checkpoints += 1
