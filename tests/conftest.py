@@ -140,3 +140,35 @@ def predicted_block_size(model_dir, ssm_dtype: str) -> int:
 def engine_block_size(llm) -> int:
     """Tokens per KV block of a started ``vllm.LLM``."""
     return int(llm.llm_engine.vllm_config.cache_config.block_size)
+
+
+def greedy_one_at_a_time(model, scheduler: str | None, env: dict, *, engine_args: dict,
+                         prompts: Sequence[Sequence[int]], max_tokens: int,
+                         ssm_dtype: str = "float32", check=None) -> list[tuple[int, list[int]]]:
+    """Start an in-process engine on ``model`` (stock vLLM when ``scheduler`` is None:
+    no general plugin), serve ``prompts`` one at a time with greedy decoding, shut it
+    down. ``check(llm)`` runs on the started engine first. Returns ``(cached tokens,
+    output token ids)`` per prompt."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from vllm_admission.engine.llm import EngineSettings, build_llm, shutdown_llm
+
+    settings = EngineSettings(model=str(model), scheduler_cls=scheduler, max_model_len=4096,
+                              mamba_ssm_cache_dtype=ssm_dtype, engine_args=dict(engine_args),
+                              env={"VLLM_PLUGINS": "" if scheduler is None else None, **env})
+    llm = build_llm(settings)
+    try:
+        if check is not None:
+            check(llm)
+        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                            detokenize=False)
+        out = []
+        for p in prompts:  # one at a time: each finishes before the next arrives
+            (o,) = llm.generate([TokensPrompt(prompt_token_ids=list(p))], sp, use_tqdm=False)
+            out.append((int(o.num_cached_tokens), list(o.outputs[0].token_ids)))
+        return out
+    finally:
+        shutdown_llm(llm)
+        del llm
+        gc.collect()

@@ -9,9 +9,8 @@ same cached tokens; the settings it cannot run yet are refused before the model 
 
 from __future__ import annotations
 
-import gc
-
 import pytest
+from conftest import greedy_one_at_a_time
 
 pytestmark = pytest.mark.engine
 
@@ -29,26 +28,8 @@ def _prompts(vocab: int = 512) -> list[list[int]]:
 
 
 def _run(model, scheduler: str | None, engine_args: dict, env: dict) -> list:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from vllm_admission.engine.llm import EngineSettings, build_llm, shutdown_llm
-
-    settings = EngineSettings(model=str(model), scheduler_cls=scheduler, max_model_len=4096,
-                              mamba_ssm_cache_dtype="float32", engine_args=dict(engine_args),
-                              env={"VLLM_PLUGINS": "" if scheduler is None else None, **env})
-    llm = build_llm(settings)
-    try:
-        sp = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, detokenize=False)
-        out = []
-        for p in _prompts():  # one at a time: each finishes before the next arrives
-            (o,) = llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)
-            out.append((int(o.num_cached_tokens), list(o.outputs[0].token_ids)))
-        return out
-    finally:
-        shutdown_llm(llm)
-        del llm
-        gc.collect()
+    return greedy_one_at_a_time(model, scheduler, env, engine_args=engine_args,
+                                prompts=_prompts(), max_tokens=24)
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,10 @@ case every policy hits at least what stock vLLM hits.
 
 from __future__ import annotations
 
-import gc
 import random
 
 import pytest
-from conftest import chained_hashes, predicted_block_size
+from conftest import chained_hashes, greedy_one_at_a_time, predicted_block_size
 
 pytestmark = pytest.mark.engine
 
@@ -38,29 +37,14 @@ def _prompts(vocab: int = 512) -> list[list[int]]:
 
 
 def _run(model, scheduler: str | None, env: dict) -> list[tuple[int, list[int]]]:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm_admission.engine.llm import engine_geometry
 
-    from vllm_admission.engine.llm import EngineSettings, build_llm, engine_geometry, shutdown_llm
-
-    settings = EngineSettings(model=str(model), scheduler_cls=scheduler, max_model_len=4096,
-                              mamba_ssm_cache_dtype=SSM_DTYPE,
-                              engine_args={"prefix_match_unit": UNIT},
-                              env={"VLLM_PLUGINS": "" if scheduler is None else None, **env})
-    llm = build_llm(settings)
-    try:
+    def unit_is_set(llm):
         assert engine_geometry(llm)["prefix_match_unit"] == UNIT
-        sp = SamplingParams(max_tokens=OUTPUT, temperature=0.0, ignore_eos=True,
-                            detokenize=False)
-        out = []
-        for p in _prompts():  # one at a time: each finishes before the next arrives
-            (o,) = llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)
-            out.append((int(o.num_cached_tokens), list(o.outputs[0].token_ids)))
-        return out
-    finally:
-        shutdown_llm(llm)
-        del llm
-        gc.collect()
+
+    return greedy_one_at_a_time(model, scheduler, env, engine_args={"prefix_match_unit": UNIT},
+                                prompts=_prompts(), max_tokens=OUTPUT, ssm_dtype=SSM_DTYPE,
+                                check=unit_is_set)
 
 
 def _predicted(policy: str, block_size: int) -> list[int]:
