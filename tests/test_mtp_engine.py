@@ -27,9 +27,41 @@ def _prompts(vocab: int = 512) -> list[list[int]]:
     return prompts + [prompts[0]]
 
 
-def _run(model, scheduler: str | None, engine_args: dict, env: dict) -> list:
+def _junction_prompts(vocab: int = 512) -> list[list[int]]:
+    """Four siblings sharing 1,500 tokens (one distinct token, then 300 shared), a
+    300-token prompt twice and one of exactly three blocks of 256 twice."""
+    import random
+
+    rng = random.Random(3)
+
+    def draw(n):
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    prefix, suffix, short, aligned = draw(1500), draw(300), draw(300), draw(768)
+    return [prefix + draw(1) + suffix for _ in range(4)] + [short] * 2 + [aligned] * 2
+
+
+def _run(model, scheduler: str | None, engine_args: dict, env: dict, prompts=None,
+         max_tokens: int = 24) -> list:
     return greedy_one_at_a_time(model, scheduler, env, engine_args=engine_args,
-                                prompts=_prompts(), max_tokens=24)
+                                prompts=_prompts() if prompts is None else prompts,
+                                max_tokens=max_tokens)
+
+
+def _predicted(policy: str, block_size: int, prompts, output: int) -> list[int]:
+    """The core's hits under EAGLE/MTP with one draft token, room to spare."""
+    from conftest import chained_hashes
+
+    from vllm_admission.core.admission import get_admission
+    from vllm_admission.core.cache import HybridPrefixCache
+    from vllm_admission.core.eviction import get_eviction
+
+    cache = HybridPrefixCache(num_blocks=4096, block_size=block_size,
+                              group_kinds=("state", "attention", "attention"),
+                              admission=get_admission(policy), eviction=get_eviction("lru"),
+                              chunk_size=8192, num_speculative_tokens=1)
+    return [cache.serve(chained_hashes(p, block_size), len(p), output, r, float(r)).hit_tokens
+            for r, p in enumerate(prompts)]
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +95,43 @@ def test_mtp_runs_on_the_cpu_engine_and_the_plugin_changes_nothing(mtp_model, en
     assert all(p > m for p, m in zip(cached_plain[2:], cached_mtp[2:]))
 
 
+@pytest.mark.parametrize("mtp_model", ["qwen3-next", "nemotron-h"], indirect=True)
+def test_every_admission_runs_under_mtp_as_the_core_predicts(mtp_model, engine_env):
+    """MTP with one draft token: ``marconi``, ``dense``, ``last`` and ``auto`` run, give
+    stock's greedy tokens (the Mamba2 model's only in length: its outputs depend on the
+    chunking, docs/engine-facts.md section 0b) and the hits the core predicts under
+    EAGLE's rules (the lookup's dropped block, prompt checkpoints a block lower); on the
+    junction case every policy that keeps junctions hits at least what stock does."""
+    from conftest import predicted_block_size
+
+    B = predicted_block_size(mtp_model, "float32")
+    prompts, output = _junction_prompts(), 8
+    stock = _run(mtp_model, None, MTP, {}, prompts, output)
+    assert [c for c, _ in stock] == _predicted("vllm", B, prompts, output)
+    exact = "nemotron" not in str(mtp_model)
+    for policy, eviction in (("marconi", "lru"), ("dense", "lru"), ("last", "lru"),
+                             ("auto", "auto")):
+        plugin = _run(mtp_model, "vllm_admission.AdmissionScheduler", MTP,
+                      {"VLLM_ADMISSION_POLICY": policy, "VLLM_ADMISSION_EVICTION": eviction},
+                      prompts, output)
+        cached = [c for c, _ in plugin]
+        if exact:
+            assert [t for _, t in plugin] == [t for _, t in stock], policy
+        assert [len(t) for _, t in plugin] == [output] * len(prompts)
+        assert cached == _predicted("vllm" if policy == "auto" else policy, B, prompts,
+                                    output), policy
+        if policy != "last":  # last keeps no junction state, by design
+            assert all(c >= s for c, (s, _) in zip(cached[:4], stock[:4])), policy
+
+
 @pytest.mark.parametrize("mtp_model", ["qwen3-next"], indirect=True)
 def test_what_mtp_cannot_run_yet_is_refused_before_the_model_loads(mtp_model, engine_env):
+    """Eviction that hears block keys: speculative state blocks move their hashes
+    outside ``cache_full_blocks``."""
     from vllm_admission.plugin.config import AdmissionConfigError
 
     with pytest.raises(AdmissionConfigError) as info:
         _run(mtp_model, "vllm_admission.AdmissionScheduler", MTP,
-             {"VLLM_ADMISSION_POLICY": "marconi"})
-    assert str(info.value) == ("VLLM_ADMISSION_POLICY=marconi cannot run with Mamba speculative "
-                               "blocks; EAGLE/MTP speculative decoding (valid here: vllm)")
+             {"VLLM_ADMISSION_POLICY": "marconi", "VLLM_ADMISSION_EVICTION": "reuse"})
+    assert str(info.value).startswith("VLLM_ADMISSION_EVICTION=reuse cannot run with Mamba "
+                                      "speculative blocks (valid here: ")

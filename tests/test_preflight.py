@@ -57,7 +57,10 @@ def fake_config(*, spec=None, tokens=0, connector=None, unit=None, block=128, ca
 
 
 @pytest.mark.parametrize("config, named, feature", [
-    (dict(spec="mtp", tokens=1), "VLLM_ADMISSION_POLICY=marconi", "EAGLE/MTP speculative decoding"),
+    (dict(spec="ngram", tokens=2), "VLLM_ADMISSION_POLICY=marconi",
+     "speculative decoding other than EAGLE/MTP"),
+    (dict(spec="mtp", tokens=1, unit=32), "VLLM_ADMISSION_POLICY=marconi",
+     "EAGLE/MTP speculative decoding with a prefix_match_unit below the block size"),
     (dict(connector=object()), "VLLM_ADMISSION_POLICY=marconi", "a KV connector"),
 ])
 def test_a_refusal_comes_from_the_config_before_the_model_loads(config, named, feature):
@@ -95,18 +98,22 @@ def test_what_the_config_cannot_tell_is_left_to_the_scheduler():
     preflight(fake_config(spec="mtp", tokens=2, connector=object(), unit=32), settings())
 
 
-def test_speculative_blocks_refuse_hash_keyed_eviction_and_auto_narrows(caplog):
+def test_mtp_runs_every_admission_and_refuses_hash_keyed_eviction(caplog):
+    """EAGLE/MTP: the core models its lookup and checkpoints, so every admission runs
+    and ``auto`` keeps its admission candidates; eviction that hears block keys is
+    refused (speculative state blocks move their hashes) and left out of ``auto``."""
     facts = EngineFacts.from_vllm_config(fake_config(spec="mtp", tokens=1))
     assert facts.eagle and facts.key_problems == ("Mamba speculative blocks",)
+    for policy in ("marconi", "dense", "last", "block"):
+        plan_for(settings(policy), facts)
     with pytest.raises(AdmissionConfigError, match="VLLM_ADMISSION_EVICTION=reuse cannot run "
                                                    "with Mamba speculative blocks"):
         plan_for(settings(eviction="reuse"), facts)
     plan, lines = plugin_lines(caplog, lambda: plan_for(settings(AUTO, AUTO), facts))
-    assert plan.admissions == ("vllm",) and "reuse" not in plan.evictions
+    assert plan.admissions == AUTO_ADMISSIONS and "reuse" not in plan.evictions
     assert set(plan.evictions) == set(AUTO_EVICTIONS) - {"reuse"} and plan.adaptive
     text = " ".join(message for _, message in lines)
-    assert "auto admission leaves out" in text and "auto eviction leaves out reuse" in text
-    assert "marconi" in AUTO_ADMISSIONS
+    assert "auto admission leaves out" not in text and "auto eviction leaves out reuse" in text
 
 
 def test_auto_without_a_flop_model_scores_by_tokens_and_flop_is_refused():

@@ -69,6 +69,11 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="vLLM's prefix_match_unit: tokens per block hash, a divisor of the "
                         "block size; below it a hit may end inside a block (default: the block "
                         "size; split checkpoint mode only)")
+    p.add_argument("--num-speculative-tokens", type=int, default=0, metavar="K",
+                   help="EAGLE/MTP speculative decoding with K draft tokens per step, as in "
+                        "vLLM's --speculative-config (the lookup drops the last matched block, "
+                        "prompt checkpoints move a block lower, K more state blocks and "
+                        "lookahead slots per request; default 0: none)")
     p.add_argument("--alpha", type=float, default=None,
                    help="fix flop eviction's alpha instead of tuning it online")
     p.add_argument("--tune-grid", choices=("coarse", "paper"), default="coarse",
@@ -124,6 +129,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         jobs = getattr(args, "process_jobs", 1)
     if args.chunk_size is not None and args.chunk_size < 1:
         raise ValueError(f"--chunk-size must be >= 1 token, got {args.chunk_size}")
+    if args.num_speculative_tokens < 0:
+        raise ValueError(f"--num-speculative-tokens must be >= 0, got {args.num_speculative_tokens}")
+    if args.num_speculative_tokens and args.prefix_match_unit:
+        raise ValueError("--num-speculative-tokens with --prefix-match-unit is not modelled")
     if args.block_size is not None and args.block_size < 1:
         raise ValueError(f"--block-size must be >= 1 token, got {args.block_size}")
     if args.auto_interval < 1:
@@ -140,7 +149,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         tune_grid=args.tune_grid, auto_interval=args.auto_interval,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint,
         retention_interval=retention, prefix_match_unit=args.prefix_match_unit,
-        block_size=args.block_size)
+        block_size=args.block_size, num_speculative_tokens=args.num_speculative_tokens)
     if args.alpha is not None:
         if not args.alpha >= 0:
             raise ValueError(f"--alpha must be >= 0, got {args.alpha}")

@@ -60,6 +60,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "get_admission",
     "load_policy_entry_points",
+    "prompt_ends",
     "register_admission",
     "stock_admission",
 ]
@@ -149,9 +150,28 @@ class HitProbe:
         return self.kv_hit - self.state_hit
 
 
+def prompt_ends(prompt_len: int, block_size: int, eagle: bool = False) -> tuple[int, ...]:
+    """The block boundaries where a later request can resume a prompt: vLLM's
+    ``replay_boundaries`` (``vllm/v1/core/kv_cache_coordinator.py``), ascending,
+    positive ones only.
+
+    Without EAGLE: ``(prompt_len - 1) // B * B`` (a resend hits at most
+    ``prompt_len - 1`` tokens). With EAGLE/MTP, whose lookup drops the last matched
+    block: one block below each of the resend's ``(prompt_len - 1) // B * B`` and a
+    longer sibling's ``prompt_len // B * B``; the higher one is where vLLM ends a
+    chunk (``get_mamba_prefill_checkpoint_position`` with ``drop_eagle_block``).
+    """
+    B = block_size
+    if not eagle:
+        end = (prompt_len - 1) // B * B
+        return (end,) if end > 0 else ()
+    return tuple(sorted({p for p in ((prompt_len - 1) // B * B - B, prompt_len // B * B - B)
+                         if p > 0}))
+
+
 def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
                      block_size: int, junction: int, period: int = 0,
-                     tail: int | None = None) -> frozenset[CheckpointKind]:
+                     tail: int | None = None, eagle: bool = False) -> frozenset[CheckpointKind]:
     """Every :class:`CheckpointKind` that a block-aligned state position has.
 
     Args:
@@ -168,17 +188,26 @@ def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
             ``prefix_cache_retention_interval`` when positive; 0: no periodic
             positions).
         tail: the request's TAIL position (:attr:`RequestAdmission.tail` when the
-            hash unit puts one inside a block); ``None``: the PROMPT_END position.
+            hash unit puts one inside a block); ``None``: the PROMPT_END position
+            where vLLM ends a chunk.
+        eagle: EAGLE/MTP speculative decoding: PROMPT_END is each of
+            :func:`prompt_ends` (one block lower).
 
     Returns:
         A non-empty frozenset: CHUNK_END or DECODE always, plus JUNCTION,
         PROMPT_END, SEQUENCE_END, PERIODIC and TAIL where they apply.
     """
-    prompt_end = (prompt_len - 1) // block_size * block_size
+    if eagle:
+        ends = prompt_ends(prompt_len, block_size, True)
+        prompt_end = ends[-1] if ends else 0
+        at_end = position in ends
+    else:
+        prompt_end = (prompt_len - 1) // block_size * block_size
+        at_end = position == prompt_end
     return _KIND_SETS[(
         position <= prompt_len,
         bool(junction) and position == junction,
-        position == prompt_end,
+        at_end,
         total_len is not None and position == (total_len - 1) // block_size * block_size,
         bool(period) and position % period == 0,
         position == (prompt_end if tail is None else tail),
@@ -562,10 +591,14 @@ class RequestAdmission:
             value for a ``vllm_native`` policy.
         hash_block_size: tokens per block hash when finer than the block
             (vLLM's ``prefix_match_unit``); ``None``: the block size.
+        eagle: EAGLE/MTP speculative decoding: the prompt checkpoints are one
+            block lower (:func:`prompt_ends`).
 
     Attributes:
         junction: the junction (tokens; 0: none).
-        prompt_end: ``(prompt_len - 1) // B * B``, the prompt checkpoint.
+        prompt_end: the prompt checkpoint, where vLLM ends a chunk:
+            ``(prompt_len - 1) // B * B``, with EAGLE ``prompt_len // B * B - B``
+            (0 when there is none).
         tail: with a finer hash unit ``u``, the prompt's tail unit boundary
             ``(prompt_len - 1) // u * u`` when it lies inside a block, else 0.
             vLLM ends a chunk there and keys the state written there by the
@@ -576,32 +609,33 @@ class RequestAdmission:
         admitted: ascending positions cached in the first state group.
     """
 
-    __slots__ = ("policy", "probe", "junction", "prompt_end", "tail", "stops", "admitted",
+    __slots__ = ("policy", "probe", "junction", "prompt_end", "tail", "eagle", "stops", "admitted",
                  "_special", "_plain_chunk", "_plain_decode", "_period", "_periodic_chunk",
                  "_periodic_decode", "_tail_ok", "_below_hit", "_values", "_version")
 
     def __init__(self, policy: AdmissionPolicy, probe: HitProbe, *, total_len: int | None,
-                 junction: int | None = None, hash_block_size: int | None = None) -> None:
+                 junction: int | None = None, hash_block_size: int | None = None,
+                 eagle: bool = False) -> None:
         B, P = probe.block_size, probe.prompt_len
         self.policy = policy
         self.probe = probe
         if junction is None:
             junction = policy.junction(probe)
         self.junction = junction
-        self.prompt_end = (P - 1) // B * B
+        self.eagle = eagle
+        ends = prompt_ends(P, B, eagle)
+        self.prompt_end = ends[-1] if ends else 0
         tail = (P - 1) // hash_block_size * hash_block_size if hash_block_size else 0
         self.tail = tail if tail % B else 0
         self.stops = policy.stops(probe)
         self.admitted: list[int] = []
         special = {}
         period = policy.period
-        ends = (junction, self.prompt_end,
-                (total_len - 1) // B * B if total_len is not None else 0)
-        for pos in ends:
+        for pos in (junction, *ends, (total_len - 1) // B * B if total_len is not None else 0):
             if pos > 0 and pos not in special:
                 special[pos] = policy.admit(checkpoint_kinds(
                     pos, prompt_len=P, total_len=total_len, block_size=B, junction=junction,
-                    period=period, tail=self.tail or None))
+                    period=period, tail=self.tail or None, eagle=eagle))
         if self.tail:
             special[self.tail] = policy.admit(_TAIL_KINDS)
         self._special = special
@@ -661,7 +695,7 @@ class RequestAdmission:
         return not policy.admit(checkpoint_kinds(
             position, prompt_len=probe.prompt_len, total_len=None,
             block_size=probe.block_size, junction=self.junction, period=policy.period,
-            tail=self.tail or None))
+            tail=self.tail or None, eagle=self.eagle))
 
     def checkpoints(self, is_cached_state: Callable[[int], bool]) -> list[int]:
         """Ascending cached-state positions along the request's sequence.

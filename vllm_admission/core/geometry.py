@@ -130,6 +130,8 @@ class CacheLayout:
             of ``block_size``, or ``None`` (dense). Only the ``vllm`` admission
             policy follows it (:meth:`AdmissionPolicy.for_engine
             <vllm_admission.core.admission.AdmissionPolicy.for_engine>`).
+        num_speculative_tokens: EAGLE/MTP draft tokens per step (0: no
+            speculative decoding; ``HybridPrefixCache``'s option of that name).
 
     Raises:
         ValueError: a retention interval vLLM would refuse (its message is
@@ -147,6 +149,7 @@ class CacheLayout:
     checkpoint: str = "split"
     prompt_end_export: bool = False
     retention_interval: int | None = 0
+    num_speculative_tokens: int = 0
 
     def __post_init__(self) -> None:
         check_retention_interval(self.retention_interval, self.block_size)
@@ -569,7 +572,7 @@ def _states_per_request(mamba_cache_mode: str) -> int:
 
 def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_attention_groups: int,
                   num_state_groups: int, mamba_cache_mode: str = "align",
-                  hash_block_size: int | None = None) -> int:
+                  hash_block_size: int | None = None, num_speculative_tokens: int = 0) -> int:
     """Most pool blocks one request holds at once in vLLM 0.32 (one pool for every group).
 
     KV exists for ``prompt_len + output_len - 1`` tokens (the last output
@@ -587,17 +590,24 @@ def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_atte
     ``get_num_blocks_to_allocate``), so an attention group may hold
     ``(prompt_len - 1) // block_size + 2`` blocks for a moment.
 
+    With EAGLE/MTP speculative decoding of ``num_speculative_tokens`` K, each
+    attention group holds slots for K more tokens (``num_lookahead_tokens``) and
+    each state group K more blocks in ``align`` mode (``MambaSpec.num_speculative_blocks``,
+    ``MambaManager.get_num_blocks_to_allocate``).
+
     Raises:
         ValueError: non-positive lengths or block size, or an unknown mode.
     """
     if prompt_len < 1 or output_len < 1:
         raise ValueError(f"prompt_len and output_len must be >= 1, got {prompt_len}, {output_len}")
     _check_positive(block_size, "block_size")
-    attention = _cdiv(prompt_len + output_len - 1, block_size)
+    attention = _cdiv(prompt_len + output_len - 1 + num_speculative_tokens, block_size)
     if check_hash_block_size(hash_block_size, block_size):
         attention = max(attention, (prompt_len - 1) // block_size + 2)
-    return (num_attention_groups * attention
-            + num_state_groups * _states_per_request(mamba_cache_mode))
+    states = _states_per_request(mamba_cache_mode)
+    if mamba_cache_mode == "align":
+        states += num_speculative_tokens
+    return num_attention_groups * attention + num_state_groups * states
 
 
 def inpass_capture_limit(prompt_len: int, output_len: int, *, num_blocks: int, block_size: int,

@@ -67,7 +67,8 @@ class CacheSetup:
             segment_flops=self.segment_flops, bytes_per_block=lay.bytes_per_block,
             next_use=next_use, switchable=switchable, track_values=track_values,
             checkpoint=lay.checkpoint, prompt_end_export=lay.prompt_end_export,
-            hash_block_size=lay.hash_block_size)
+            hash_block_size=lay.hash_block_size,
+            num_speculative_tokens=lay.num_speculative_tokens)
 
 
 class NextUseOracle:

@@ -135,6 +135,8 @@ class AdmissionControl:
         #: Tokens per hash unit when finer than the block (vLLM's partial hash
         #: hits), else 0: the prompt's tail unit is then a checkpoint.
         self._unit = geometry.unit
+        #: EAGLE/MTP speculative decoding: the prompt checkpoints are a block lower.
+        self._eagle = geometry.num_speculative_tokens > 0
         self.state_groups = geometry.state_groups
         self.first_state = self.state_groups[0]
         self._state_set = frozenset(self.state_groups)
@@ -246,7 +248,7 @@ class AdmissionControl:
             self._pending[rid] = probe
         adm = RequestAdmission(self.policy, probe, total_len=None,
                                junction=shared_prefix_boundary if self.stock else None,
-                               hash_block_size=self._unit or None)
+                               hash_block_size=self._unit or None, eagle=self._eagle)
         stops = () if self.stock else tuple(s for s in adm.stops if s != adm.junction)
         old = self.tracks.get(rid)
         if old is None:
@@ -295,7 +297,7 @@ class AdmissionControl:
         if track is None:
             probe = HitProbe(request.num_prompt_tokens, self.B, 0, 0)
             adm = RequestAdmission(self.policy, probe, total_len=None, junction=0,
-                                   hash_block_size=self._unit or None)
+                                   hash_block_size=self._unit or None, eagle=self._eagle)
             track = _Track(request=request, adm=adm, stops=())
             self.tracks[request.request_id] = track
         return track

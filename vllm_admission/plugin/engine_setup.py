@@ -52,7 +52,7 @@ from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.kv_cache import group_kinds, smallest_cacheable_prefix
 
 __all__ = ["EngineFacts", "EngineSetup", "plan_for", "preflight", "prefill_tokens",
-           "SUB_BLOCK_PROBLEMS", "support_problems"]
+           "SPECULATIVE_PROBLEM", "SUB_BLOCK_PROBLEMS", "support_problems"]
 
 logger = logging.getLogger("vllm_admission")
 
@@ -64,6 +64,11 @@ HASH_UNIT_PROBLEM = "a prefix_match_unit below the block size (sub-block hash ke
 #: them for admission (``HybridPrefixCache``'s ``hash_block_size``); only the policies
 #: that hear block keys (hash-keyed eviction) and ``inpass`` still cannot run there.
 SUB_BLOCK_PROBLEMS = (HASH_UNIT_PROBLEM, "partial hash hits")
+
+#: The key problem of speculative decoding (Mamba speculative blocks take hashes outside
+#: ``cache_full_blocks`` as they move): modelled for admission under EAGLE/MTP
+#: (``HybridPrefixCache``'s ``num_speculative_tokens``), not for hash-keyed eviction.
+SPECULATIVE_PROBLEM = "Mamba speculative blocks"
 
 
 @dataclass(frozen=True)
@@ -110,7 +115,7 @@ class EngineFacts:
             keys.append(HASH_UNIT_PROBLEM)
         if spec is not None and int(getattr(vllm_config, "num_speculative_tokens", 0) or 0) > 0 \
                 and not getattr(cc, "use_replayssm", False):
-            keys.append("Mamba speculative blocks")
+            keys.append(SPECULATIVE_PROBLEM)
         return cls(mamba_cache_mode=str(cc.mamba_cache_mode),
                    eagle=spec is not None and spec.use_eagle(),
                    connector=vllm_config.kv_transfer_config is not None,
@@ -135,9 +140,13 @@ def support_problems(facts: EngineFacts, policy: str) -> list[str]:
     problems = []
     if facts.mamba_cache_mode != "align":
         problems.append(f"mamba_cache_mode={facts.mamba_cache_mode!r} (needs 'align')")
-    problems += [p for p in facts.key_problems if p not in SUB_BLOCK_PROBLEMS]
-    if facts.eagle:
-        problems.append("EAGLE/MTP speculative decoding")
+    problems += [p for p in facts.key_problems
+                 if p not in SUB_BLOCK_PROBLEMS and p != SPECULATIVE_PROBLEM]
+    if facts.eagle and HASH_UNIT_PROBLEM in facts.key_problems:
+        problems.append("EAGLE/MTP speculative decoding with a prefix_match_unit below the "
+                        "block size")
+    elif SPECULATIVE_PROBLEM in facts.key_problems and not facts.eagle:
+        problems.append("speculative decoding other than EAGLE/MTP")
     if facts.connector:
         problems.append("a KV connector")
     if facts.odd_groups:
@@ -318,7 +327,9 @@ class EngineSetup:
                            chunk_size=int(self.scheduler_config.max_num_batched_tokens),
                            checkpoint=config.checkpoint,
                            prompt_end_export=self._admission_vllm_exports_checkpoint(),
-                           retention_interval=self.cache_config.prefix_cache_retention_interval)
+                           retention_interval=self.cache_config.prefix_cache_retention_interval,
+                           num_speculative_tokens=(int(self.num_spec_tokens)
+                                                   if self._admission_facts().eagle else 0))
 
     def _admission_log_smallest_prefix(self, geometry: CacheLayout) -> None:
         """Log the shortest prefix that can hit, per KV cache group; warn when a
@@ -372,7 +383,7 @@ class EngineSetup:
         for g in self.kv_cache_config.kv_cache_groups:
             spec = g.kv_cache_spec
             if isinstance(spec, MambaSpec) and spec.num_speculative_blocks:
-                problems.append("Mamba speculative blocks")
+                problems.append(SPECULATIVE_PROBLEM)
                 break
         return problems
 

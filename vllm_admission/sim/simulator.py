@@ -70,7 +70,8 @@ class RunResult:
     ``retention_interval`` is the engine's ``prefix_cache_retention_interval``
     the ``vllm`` admission policy followed (0, N tokens, or ``None``: dense);
     ``prefix_match_unit`` the engine's hash unit when finer than the block
-    (``None``: whole blocks).
+    (``None``: whole blocks), ``num_speculative_tokens`` the EAGLE/MTP draft
+    tokens per step (0: no speculative decoding).
     ``state_miss_tokens`` sums, over the requests that ran, the prompt tokens
     whose attention KV was cached past the hybrid hit but recomputed because no
     recurrent state was kept at their end (attention-KV hit minus hybrid hit,
@@ -111,6 +112,7 @@ class RunResult:
     state_miss_tokens: int = 0
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None
+    num_speculative_tokens: int = 0
     per_request_hits: list[int] | None = field(default=None, repr=False)
     per_request_prefill_steps: list[int] | None = field(default=None, repr=False)
 
@@ -182,7 +184,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
              tune_grid: str = "coarse", auto_interval: int = DEFAULT_INTERVAL,
              retune_every: int | None = None, per_request: bool = False,
              checkpoint: str = "split", retention_interval: int | None = 0,
-             prefix_match_unit: int | None = None,
+             prefix_match_unit: int | None = None, num_speculative_tokens: int = 0,
              requests: list[CacheRequest] | None = None,
              on_request: Callable[[int], None] | None = None) -> RunResult:
     """Replay ``trace`` through the cache for one policy pair and one capacity.
@@ -219,6 +221,10 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             a divisor of the block size; below it hits may end inside a block
             (see :class:`~vllm_admission.core.cache.HybridPrefixCache`,
             ``hash_block_size``). ``None``: the block size.
+        num_speculative_tokens: EAGLE/MTP speculative decoding with this many
+            draft tokens per step (0: none); see
+            :class:`~vllm_admission.core.cache.HybridPrefixCache`. The draft
+            model's own KV (an MTP layer) is not added to the layout.
         requests: pre-built cache requests at the right block size (sweeps
             share them); built from ``trace`` when ``None``.
         on_request: called with the request index after each request.
@@ -253,7 +259,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                          group_kinds=group_kinds(costs, geo), bytes_per_block=geo.bytes_per_block,
                          chunk_size=chunk_size, checkpoint=checkpoint,
                          retention_interval=retention_interval,
-                         hash_block_size=prefix_match_unit)
+                         hash_block_size=prefix_match_unit,
+                         num_speculative_tokens=num_speculative_tokens)
     if layout.unit:  # auto's candidates include those that differ only here
         plan = RunPlan.from_settings(admission, eviction, alpha=alpha, checkpoint=checkpoint,
                                      sub_block=True)
@@ -317,7 +324,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         final_policy=str(controller.pair) if controller else None,
         prefill_steps=totals.prefill_steps, checkpoint=checkpoint,
         state_miss_tokens=totals.state_miss_tokens, retention_interval=retention_interval,
-        prefix_match_unit=layout.unit or None,
+        prefix_match_unit=layout.unit or None, num_speculative_tokens=num_speculative_tokens,
         per_request_hits=hits if per_request else None,
         per_request_prefill_steps=steps if per_request else None)
 

@@ -61,7 +61,8 @@ class SweepSpec:
     every run (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`).
     ``retention_interval`` is vLLM's ``prefix_cache_retention_interval`` of
     every run (what the ``vllm`` admission policy keeps), ``prefix_match_unit``
-    vLLM's hash unit of every run (``None``: the block size), ``block_size``
+    vLLM's hash unit of every run (``None``: the block size),
+    ``num_speculative_tokens`` EAGLE/MTP draft tokens per step (0: none), ``block_size``
     vLLM's ``--block-size`` before the hybrid alignment (``None``: its default; a
     multiple of a coarser hash unit keeps the aligned block a multiple of it). ``pairs``
     are (admission, eviction) pairs run at every capacity besides the
@@ -86,6 +87,7 @@ class SweepSpec:
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None
     block_size: int | None = None
+    num_speculative_tokens: int = 0
 
     def geometry(self, costs: ModelCosts, capacity: int) -> Any:
         """The pool a capacity gives with this spec's ``block_size`` (vLLM's
@@ -152,7 +154,8 @@ def _run_with(spec: SweepSpec, trace: Trace, costs: ModelCosts, requests: list,
                       outputs=spec.outputs, tune_grid=spec.tune_grid,
                       auto_interval=spec.auto_interval, checkpoint=spec.checkpoint,
                       retention_interval=spec.retention_interval,
-                      prefix_match_unit=spec.prefix_match_unit, requests=requests)
+                      prefix_match_unit=spec.prefix_match_unit,
+                      num_speculative_tokens=spec.num_speculative_tokens, requests=requests)
     return result.to_record()
 
 
@@ -328,6 +331,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         "retention_interval": spec.retention_interval,
         "prefix_match_unit": spec.prefix_match_unit,
         "block_size_flag": spec.block_size,
+        "num_speculative_tokens": spec.num_speculative_tokens,
         "outputs": spec.outputs,
         "bound": [trace_bound(_requests(spec, b), b) for b in block_sizes],
         "runs": [results[r] for r in runs],

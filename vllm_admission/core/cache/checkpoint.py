@@ -102,6 +102,8 @@ def _checkpoint_positions(run: RunningRequest) -> tuple[int, ...]:
     ends = adm.stops
     if not ends or ends[-1] != adm.prompt_end:
         ends = (*ends, adm.prompt_end)
+        if len(ends) > 1 and ends[-2] > ends[-1]:  # EAGLE: the checkpoint is a block lower
+            ends = tuple(sorted(set(ends)))
     if adm.tail:
         ends = (*ends, adm.tail)
     return tuple(ends)

@@ -74,6 +74,9 @@ class RunningRequest:
     #: Index of the block a sub-block hit shares with the cache: every group
     #: replaces it by a private copy at the first allocation (-1: none).
     cow: int = -1
+    #: Speculative decoding: per state group, the speculative blocks held from
+    #: the first allocation (``None``: none taken yet).
+    spec_blocks: list[list[int]] | None = None
 
 
 class KVGroups:

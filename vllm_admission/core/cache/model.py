@@ -51,21 +51,25 @@ def _is_output_key(block_hash: object) -> bool:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _decode_events(first: int, last: int, block_size: int) -> tuple[int, ...]:
+def _decode_events(first: int, last: int, block_size: int, lookahead: int = 0) -> tuple[int, ...]:
     """The decode steps that change the cache: computing token ``first`` (the
     first output token), then the tokens next to each block boundary up to
-    ``last`` (memoised: requests of equal lengths share them, as do shadow caches)."""
+    ``last``, and, with ``lookahead`` slots (speculative decoding), the token whose
+    step makes the attention groups reach past a boundary (memoised: requests of
+    equal lengths share them, as do shadow caches)."""
     if first > last:
         return ()
     B = block_size
     events = [first]
     m = first // B + 1
-    while m * B - 1 <= last:
-        for t in (m * B - 1, m * B, m * B + 1):
-            if first < t <= last:
+    while m * B - 1 - lookahead <= last:
+        near = (m * B - lookahead, m * B - 1, m * B, m * B + 1) if lookahead else (
+            m * B - 1, m * B, m * B + 1)
+        for t in near:
+            if first < t <= last and t != events[-1]:
                 events.append(t)
         m += 1
-    return tuple(events)
+    return tuple(sorted(set(events)))
 
 @dataclass(frozen=True, slots=True)
 class RequestOutcome:
@@ -154,11 +158,32 @@ class HybridPrefixCache:
               ``Scheduler._free_cow_retained_blocks``).
 
             :meth:`serve` then needs the prompt's hash-unit keys.
+        num_speculative_tokens: EAGLE/MTP speculative decoding with K draft
+            tokens (0: none), as vLLM 0.32 runs it in align mode:
+
+            * the lookup matches attention blocks up to the prompt's last full
+              block and drops the last one matched before the state lookup
+              (``find_longest_cache_hit``, ``drop_eagle_block``), so the junction
+              is one block lower too;
+            * the prompt checkpoints are one block lower
+              (:func:`~vllm_admission.core.admission.prompt_ends`; vLLM's
+              ``replay_boundaries`` with ``use_eagle``), the higher of them a
+              chunk stop;
+            * each state group holds K more blocks from the request's first
+              allocation to its end (``num_speculative_blocks``), never cached;
+            * attention groups hold slots for K more tokens at every step
+              (``num_lookahead_tokens``).
+
+            Decode is modelled one accepted token per step: how many drafts the
+            target accepts is the model's, unknown here, and moves only when
+            blocks are allocated, not what is cached.
 
     Raises:
         ValueError: bad geometry, a missing callback for the chosen eviction,
-            an unknown checkpoint mode, or a hash unit that does not divide the
-            block size or comes with ``inpass`` mode or ``prompt_end_export``.
+            an unknown checkpoint mode, a hash unit that does not divide the
+            block size or comes with ``inpass`` mode or ``prompt_end_export``, or
+            speculative tokens below 0 or with a hash unit, ``inpass`` or
+            ``prompt_end_export``.
     """
 
     def __init__(self, *, num_blocks: int, block_size: int, group_kinds: Sequence[str],
@@ -168,13 +193,22 @@ class HybridPrefixCache:
                  next_use: Callable[[int, float], float] | None = None,
                  switchable: bool = False, track_values: bool = False,
                  checkpoint: str = "split", prompt_end_export: bool = False,
-                 hash_block_size: int | None = None) -> None:
+                 hash_block_size: int | None = None, num_speculative_tokens: int = 0) -> None:
         check_checkpoint_mode(checkpoint)
         #: Tokens per hash unit when finer than the block, else 0.
         self.unit = check_hash_block_size(hash_block_size, block_size)
         if self.unit and (checkpoint != "split" or prompt_end_export):
             raise ValueError("a hash unit finer than the block is modelled in 'split' "
                              "checkpoint mode without prompt_end_export only")
+        if (isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int)
+                or num_speculative_tokens < 0):
+            raise ValueError(f"num_speculative_tokens must be an integer >= 0, got "
+                             f"{num_speculative_tokens!r}")
+        if num_speculative_tokens and (self.unit or checkpoint != "split" or prompt_end_export):
+            raise ValueError("speculative decoding is modelled in 'split' checkpoint mode, "
+                             "without prompt_end_export or a hash unit finer than the block")
+        #: EAGLE/MTP draft tokens per step (0: no speculative decoding).
+        self.spec = num_speculative_tokens
         #: The checkpoint mode's strategy: how prefill is cut into steps.
         self._mode = CHECKPOINT_STRATEGIES[checkpoint](prompt_end_export=prompt_end_export)
         if block_size < 1 or chunk_size < 1:
@@ -320,7 +354,8 @@ class HybridPrefixCache:
         return blocks_needed(prompt_len, output_len, block_size=self.block_size,
                              num_attention_groups=len(self.attn_groups),
                              num_state_groups=len(self.state_groups),
-                             hash_block_size=self.unit or None)
+                             hash_block_size=self.unit or None,
+                             num_speculative_tokens=self.spec)
 
     def inpass_capture_limit(self, prompt_len: int, output_len: int) -> int:
         """``inpass`` mode: most states one prefill step of this request captures
@@ -347,7 +382,12 @@ class HybridPrefixCache:
         With a hash unit finer than the block, ``units`` (the prompt's keys per
         unit) extend both to unit boundaries (:class:`HybridPrefixCache`)."""
         B = self.block_size
-        kv_blocks = self.attention.longest_hit(hashes, min((prompt_len - 1) // B, len(hashes)))
+        if self.spec:
+            # EAGLE: match up to the last full prompt block, then drop one.
+            kv_blocks = self.attention.longest_hit(hashes, min(prompt_len // B, len(hashes)))
+            kv_blocks = kv_blocks - 1 if kv_blocks else 0
+        else:
+            kv_blocks = self.attention.longest_hit(hashes, min((prompt_len - 1) // B, len(hashes)))
         if self.unit:
             return self._lookup_units(hashes, prompt_len, units, kv_blocks)[0]
         hit_blocks = self.state.longest_hit(hashes, kv_blocks)
@@ -436,7 +476,7 @@ class HybridPrefixCache:
             self.junctions += 1
         total = prompt_len + output_len
         adm = RequestAdmission(self.admission, probe, total_len=total,
-                               hash_block_size=self.unit or None)
+                               hash_block_size=self.unit or None, eagle=bool(self.spec))
         run = RunningRequest(rid=rid, hashes=hashes, prompt_len=prompt_len, adm=adm,
                              blocks=[[] for _ in self.group_kinds],
                              num_cached=probe.state_hit // B, live=[])
@@ -455,7 +495,7 @@ class HybridPrefixCache:
         # Decode: the step computing token t has t + 1 tokens in the request; only
         # steps next to a block boundary change the cache, so only those run.
         step = self._step
-        for t in _decode_events(prompt_len, total - 2, B):
+        for t in _decode_events(prompt_len, total - 2, B, self.spec):
             step(run, t, 1, t + 1, now)
         self._finish(run, now)
         return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=probe.state_hit,
@@ -502,9 +542,14 @@ class HybridPrefixCache:
         end = start + n
         need = -(-end // B)
         tables = run.blocks
-        if (captures or need > len(tables[self.attn_groups[0]])
-                or need > len(tables[self.state_groups[0]]) or run.cow >= 0 or run.move_tail):
-            self._allocate(run, need, now, [p // B - 1 for p in captures] if captures else ())
+        spec = self.spec
+        # Attention holds the draft tokens' slots too (vLLM's num_lookahead_tokens).
+        need_attn = -(-(end + spec) // B) if spec else need
+        if (captures or need_attn > len(tables[self.attn_groups[0]])
+                or need > len(tables[self.state_groups[0]]) or run.cow >= 0 or run.move_tail
+                or (spec and run.spec_blocks is None)):
+            self._allocate(run, need, now, [p // B - 1 for p in captures] if captures else (),
+                           need_attn)
         written = run.written
         if written is not None:
             written.update(p // B - 1 for p in captures)
@@ -544,7 +589,7 @@ class HybridPrefixCache:
             add_key(g, tables[g][i], key)
 
     def _allocate(self, run: RunningRequest, need: int, now: float,
-                  captures: Sequence[int] = ()) -> None:
+                  captures: Sequence[int] = (), need_attn: int | None = None) -> None:
         """``allocate_new_blocks``: every attention group grows to ``need`` blocks,
         every state group gets one new block at index ``need - 1`` (if it has
         none there yet) and one at each ascending index in ``captures`` it has
@@ -555,7 +600,7 @@ class HybridPrefixCache:
         (:class:`~vllm_admission.core.cache.groups.RunningRequest`)."""
         tables = run.blocks
         attn_groups, state_groups = self.attn_groups, self.state_groups
-        grow = need - len(tables[attn_groups[0]])
+        grow = (need if need_attn is None else need_attn) - len(tables[attn_groups[0]])
         if grow < 0:
             grow = 0
         have = len(tables[state_groups[0]])
@@ -568,11 +613,17 @@ class HybridPrefixCache:
         total = grow * self._num_attn + len(indexes) * self._num_state
         extra = (len(self.group_kinds) if run.cow >= 0 else 0) + (
             self._num_state if run.move_tail else 0)
-        if not total + extra:
+        spec = self.spec * self._num_state if run.spec_blocks is None and self.spec else 0
+        if not total + extra + spec:
             return
-        new = self.pool.allocate(total + extra, now)
+        new = self.pool.allocate(total + extra + spec, now)
+        if spec:
+            # EAGLE's speculative state blocks: held from the first allocation on.
+            k = total + extra
+            run.spec_blocks = [new[k + i * self.spec:k + (i + 1) * self.spec]
+                               for i in range(self._num_state)]
         if extra:
-            self._copy_blocks(run, new[total:], now)
+            self._copy_blocks(run, new[total:total + extra], now)
         k = 0
         if grow:
             for g in attn_groups:
@@ -622,7 +673,12 @@ class HybridPrefixCache:
 
     def _finish(self, run: RunningRequest, now: float) -> None:
         """Free every block: group after group in vLLM's order, each group's
-        latest first (``SingleTypeKVCacheManager.free``)."""
-        self.pool.free_each([part.release(run, g) for g, part in enumerate(self._part_of)], now)
+        latest first (``SingleTypeKVCacheManager.free``); a state group's
+        speculative blocks (never cached) before its held ones."""
+        lists = [part.release(run, g) for g, part in enumerate(self._part_of)]
+        if run.spec_blocks:
+            for i, g in enumerate(self.state_groups):
+                lists[g] = run.spec_blocks[i][::-1] + lists[g]
+        self.pool.free_each(lists, now)
         run.blocks = [[] for _ in run.blocks]
         run.live = []
