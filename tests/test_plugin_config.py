@@ -140,10 +140,12 @@ import vllm.envs as envs
 from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 from vllm.v1.worker.mamba_utils import MambaSpecDecodeGPUContext
+from vllm.v1.worker import gpu_model_runner
 print(json.dumps({
     "create_engine_config": hasattr(EngineArgs.create_engine_config, "_admission_original"),
     "mamba2_spec": hasattr(MambaMixer2.get_kv_cache_spec, "_admission_original"),
     "spec_decode": hasattr(MambaSpecDecodeGPUContext.run_fused_precopy, "_admission_original"),
+    "block_copy": hasattr(gpu_model_runner.copy_kv_cache_blocks_inplace, "_admission_original"),
     "env_vars": "VLLM_ADMISSION_POLICY" in envs.environment_variables,
     "environ": sorted(k for k in os.environ if k.startswith("VLLM_ADMISSION_")),
 }))
@@ -152,12 +154,13 @@ print(json.dumps({
 
 @pytest.mark.parametrize("setting, expected", [
     ({}, {"create_engine_config": False, "mamba2_spec": False, "spec_decode": False,
-          "env_vars": False, "environ": []}),
+          "block_copy": False, "env_vars": False, "environ": []}),
     ({"VLLM_ADMISSION_CPU_FIXES": "1"},
      {"create_engine_config": False, "mamba2_spec": True, "spec_decode": True,
-      "env_vars": True, "environ": ["VLLM_ADMISSION_CPU_FIXES"]}),
+      "block_copy": True, "env_vars": True, "environ": ["VLLM_ADMISSION_CPU_FIXES"]}),
     ({"VLLM_ADMISSION_POLICY": "vllm"},
-     {"create_engine_config": True, "mamba2_spec": True, "spec_decode": True, "env_vars": True,
+     {"create_engine_config": True, "mamba2_spec": True, "spec_decode": True,
+      "block_copy": True, "env_vars": True,
       "environ": ["VLLM_ADMISSION_ACTIVE", "VLLM_ADMISSION_METRICS_DIR",
                   "VLLM_ADMISSION_POLICY"]}),
 ], ids=["not-asked", "cpu-fixes-only", "asked"])
@@ -165,7 +168,7 @@ print(json.dumps({
 def test_installing_the_package_changes_no_vllm_behaviour_until_asked(setting, expected):
     """vLLM loads the general plugin in every process. Without the AdmissionScheduler on the
     command line and without a plugin setting, vLLM's classes and methods stay its own and
-    nothing is written to the environment (issue 34); the CPU kernels alone on request; all
+    nothing is written to the environment (issue 34); vLLM's fixes alone on request; all
     of it where the plugin is asked for (on vLLM's CPU platform, where this suite runs)."""
     pytest.importorskip("vllm")
     import json
