@@ -392,3 +392,42 @@ def test_a_sub_block_hash_unit_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny_
         assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
         inside += sum(1 for h in pr["engine"] if h and h % B)
     assert inside > 0  # the case has hits inside a block
+
+
+@pytest.mark.engine
+def test_mtp_is_mirrored_exactly(tmp_path_factory, engine_env):
+    """MTP with one draft token on the tiny Qwen3-Next with an MTP layer, given to the
+    engine as vLLM's ``speculative_config`` and read back by the simulator (EAGLE's
+    dropped block, the prompt checkpoints a block lower, the speculative state blocks,
+    the lookahead slots, the MTP layer's KV): every request's cached tokens, prefill
+    steps and the evictions agree for stock, ``marconi`` and ``dense``, in a 40-block
+    pool that evicts. The SSM dtype is pinned so the block size is the same on every CPU."""
+    from vllm_admission.engine.tiny_model import make_tiny_model
+    from vllm_admission.fidelity import FidelitySpec, run_fidelity
+
+    model = make_tiny_model(tmp_path_factory.mktemp("tiny_mtp_fidelity"), arch="qwen3-next",
+                            mtp=True)
+    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    pairs = (("vllm", "lru"), ("marconi", "lru"), ("dense", "lru"))
+    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,), pairs=pairs,
+                        max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
+                        engine_args={"max_num_batched_tokens": 512, "speculative_config":
+                                     {"method": "mtp", "num_speculative_tokens": 1}})
+    records = run_fidelity(spec)["records"]
+    assert len(records) == len(pairs)
+    for rec in records:
+        pr = rec["per_request"]
+        assert rec["requests"] == len(pr["engine"]) >= 20
+        assert pr["engine"] == pr["simulator"], (rec["admission"], rec["first_difference"])
+        assert pr["engine_prefill_steps"] == pr["simulator_prefill_steps"], rec["admission"]
+        assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
+
+
+def test_a_speculative_method_the_simulator_does_not_mirror_is_refused(tiny_model_dir):
+    from vllm_admission.fidelity import FidelitySpec
+    from vllm_admission.fidelity.spec import FidelityError
+
+    with pytest.raises(FidelityError, match="method mtp only"):
+        FidelitySpec(model=str(tiny_model_dir), trace="synthetic",
+                     engine_args={"speculative_config": {"method": "ngram",
+                                                         "num_speculative_tokens": 2}}).check()

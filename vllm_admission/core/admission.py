@@ -61,6 +61,7 @@ __all__ = [
     "get_admission",
     "load_policy_entry_points",
     "prompt_ends",
+    "sequence_end",
     "register_admission",
     "stock_admission",
 ]
@@ -81,7 +82,8 @@ class CheckpointKind(enum.Enum):
     #: The prompt's last reusable position, ``(prompt_len - 1) // B * B``.
     PROMPT_END = "prompt_end"
     #: The last block boundary the whole sequence reaches,
-    #: ``(prompt_len + output_len - 1) // B * B`` (Marconi's "sequence end").
+    #: ``(prompt_len + output_len - 1) // B * B`` (Marconi's "sequence end"; with
+    #: EAGLE/MTP the last one with a state written, :func:`sequence_end`).
     SEQUENCE_END = "sequence_end"
     #: A state written during prefill (a prefill chunk end).
     CHUNK_END = "chunk_end"
@@ -169,6 +171,20 @@ def prompt_ends(prompt_len: int, block_size: int, eagle: bool = False) -> tuple[
                          if p > 0}))
 
 
+def sequence_end(prompt_len: int, total_len: int, block_size: int, eagle: bool = False) -> int:
+    """The SEQUENCE_END position: the last block boundary where the whole sequence
+    (``total_len`` tokens, prompt and output) has a state written,
+    ``(total_len - 1) // B * B``. With EAGLE/MTP no prefill chunk ends at the prompt's
+    last block boundary (the checkpoint is a block lower, :func:`prompt_ends`), so
+    where decode crosses no boundary the last state written is that checkpoint: what
+    a live engine, which keeps a request's latest state as its possible end, keeps."""
+    last = (total_len - 1) // block_size * block_size
+    if not eagle or last >= prompt_len:
+        return last
+    ends = prompt_ends(prompt_len, block_size, True)
+    return ends[-1] if ends else 0
+
+
 def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
                      block_size: int, junction: int, period: int = 0,
                      tail: int | None = None, eagle: bool = False) -> frozenset[CheckpointKind]:
@@ -208,7 +224,8 @@ def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
         position <= prompt_len,
         bool(junction) and position == junction,
         at_end,
-        total_len is not None and position == (total_len - 1) // block_size * block_size,
+        total_len is not None and position == sequence_end(prompt_len, total_len, block_size,
+                                                           eagle),
         bool(period) and position % period == 0,
         position == (prompt_end if tail is None else tail),
     )]
@@ -631,7 +648,8 @@ class RequestAdmission:
         self.admitted: list[int] = []
         special = {}
         period = policy.period
-        for pos in (junction, *ends, (total_len - 1) // B * B if total_len is not None else 0):
+        for pos in (junction, *ends,
+                    sequence_end(P, total_len, B, eagle) if total_len is not None else 0):
             if pos > 0 and pos not in special:
                 special[pos] = policy.admit(checkpoint_kinds(
                     pos, prompt_len=P, total_len=total_len, block_size=B, junction=junction,
@@ -639,14 +657,14 @@ class RequestAdmission:
         if self.tail:
             special[self.tail] = policy.admit(_TAIL_KINDS)
         self._special = special
-        self._plain_chunk, self._plain_decode, sequence_end = policy.plain_decisions
+        self._plain_chunk, self._plain_decode, keeps_sequence_end = policy.plain_decisions
         self._period = period
         if period:
             self._periodic_chunk = policy.admit(
                 frozenset({CheckpointKind.CHUNK_END, CheckpointKind.PERIODIC}))
             self._periodic_decode = policy.admit(
                 frozenset({CheckpointKind.DECODE, CheckpointKind.PERIODIC}))
-        self._tail_ok = total_len is None and policy.supersede_tail and sequence_end
+        self._tail_ok = total_len is None and policy.supersede_tail and keeps_sequence_end
         self._below_hit: list[int] | None = None
         self._values: tuple | None = None
         self._version = 0  # bumped whenever admitted changes (the values' memo key)

@@ -430,6 +430,8 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
       a multiple of the block size, or ``None`` for dense retention),
     * ``prefix_match_unit`` (vLLM's ``CacheConfig`` value: tokens per block
       hash, ``None`` for the block size),
+    * ``speculative_method`` and ``num_speculative_tokens`` (vLLM's
+      ``speculative_config``: ``None`` and 0 without speculative decoding),
     * ``enable_chunked_prefill``, ``async_scheduling``, ``max_num_seqs``,
     * ``scheduler_cls`` (qualified name, ``None`` for vLLM's default),
     * ``kv_cache_groups``: list of ``{"kind", "num_layers", "block_size",
@@ -454,6 +456,10 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
         "mamba_ssm_cache_dtype": str(cc.mamba_ssm_cache_dtype),
         "prefix_cache_retention_interval": cc.prefix_cache_retention_interval,
         "prefix_match_unit": getattr(cc, "prefix_match_unit", None),
+        "speculative_method": (None if vc.speculative_config is None
+                               else str(vc.speculative_config.method)),
+        "num_speculative_tokens": (0 if vc.speculative_config is None
+                                   else int(vc.speculative_config.num_speculative_tokens or 0)),
         "enable_chunked_prefill": bool(getattr(sc, "enable_chunked_prefill", True)),
         "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
         "max_num_seqs": int(sc.max_num_seqs),

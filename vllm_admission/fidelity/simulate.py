@@ -44,7 +44,8 @@ def costs_like_engine(config: str | os.PathLike | dict[str, Any],
         ModelConfigError: unreadable config or unknown dtype name.
     """
     kwargs = {key: str(geometry[key]) for key in _DTYPE_KEYS if geometry.get(key) is not None}
-    costs = ModelCosts.from_config(config, **kwargs)
+    costs = ModelCosts.from_config(config, mtp=geometry.get("speculative_method") == "mtp",
+                                   **kwargs)
     _check_ssm_dtype(costs, geometry)
     return costs
 
@@ -66,8 +67,10 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
 
     ``checkpoint``: the engine's checkpoint mode (``VLLM_ADMISSION_CHECKPOINT``).
     The retention interval the ``vllm`` policy follows is the engine's
-    (``geometry["prefix_cache_retention_interval"]``), and so is the hash unit
-    (``geometry["prefix_match_unit"]``).
+    (``geometry["prefix_cache_retention_interval"]``), and so are the hash unit
+    (``geometry["prefix_match_unit"]``) and MTP's draft tokens
+    (``geometry["num_speculative_tokens"]``; the MTP layers' KV is in ``costs``,
+    :func:`costs_like_engine`).
 
     ``geometry`` is :func:`vllm_admission.engine.llm.engine_geometry` of the
     engine (in-process); ``costs`` should come from :func:`costs_like_engine`
@@ -103,4 +106,5 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
                     tune_multiplier=tune_multiplier, tune_grid=tune_grid,
                     auto_interval=auto_interval, checkpoint=checkpoint,
                     retention_interval=geometry.get("prefix_cache_retention_interval", 0),
-                    prefix_match_unit=geometry.get("prefix_match_unit"))
+                    prefix_match_unit=geometry.get("prefix_match_unit"),
+                    num_speculative_tokens=int(geometry.get("num_speculative_tokens") or 0))

@@ -29,7 +29,11 @@ ENGINE_CHECKPOINT_MODES = ("split", "inpass")
 #: simulator models; it reads their values from the live engine
 #: (:func:`~vllm_admission.engine.llm.engine_geometry`).
 SIMULATED_ENGINE_ARGS = ("max_num_batched_tokens", "prefix_cache_retention_interval",
-                         "prefix_match_unit")
+                         "prefix_match_unit", "speculative_config")
+
+#: The speculative methods the simulator mirrors (``speculative_config["method"]``): MTP,
+#: whose drafter layers the cost model reads from the model's config.
+SIMULATED_SPECULATIVE_METHODS = ("mtp",)
 
 
 class FidelityError(ValueError):
@@ -142,6 +146,11 @@ class FidelitySpec:
                                 f"{', '.join(unknown)}; it mirrors: "
                                 f"{', '.join(SIMULATED_ENGINE_ARGS)}")
         check_retention_interval(self.engine_args.get("prefix_cache_retention_interval"))
+        spec = self.engine_args.get("speculative_config")
+        if spec is not None and (not isinstance(spec, dict)
+                                 or spec.get("method") not in SIMULATED_SPECULATIVE_METHODS):
+            raise FidelityError(f"the simulator mirrors speculative_config with method "
+                                f"{', '.join(SIMULATED_SPECULATIVE_METHODS)} only, got {spec!r}")
         if not (Path(self.model) / "config.json").is_file():
             raise ValueError(f"model {self.model}: no config.json there "
                              f"(make one with 'vllm-admission make-tiny-model DIR')")

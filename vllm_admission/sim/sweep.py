@@ -96,13 +96,15 @@ class SweepSpec:
         return block_geometry(costs, capacity, block_size=self.block_size)
 
     def load_costs(self) -> ModelCosts:
-        """The cost model of ``model`` with this spec's SSM state dtype.
+        """The cost model of ``model`` with this spec's SSM state dtype (and, with
+        speculative tokens, the MTP layers its config declares).
 
         Raises:
             ModelConfigError: unknown model, unreadable or invalid config, or
                 an unknown dtype name.
         """
-        return load_model(self.model, mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype)
+        return load_model(self.model, mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,
+                          mtp=self.num_speculative_tokens > 0)
 
     def runs(self) -> list[tuple[str, str, int]]:
         """``(admission, eviction, capacity)`` of every run: the grid, then the extra pairs."""
@@ -119,7 +121,7 @@ _STATE: dict[str, Any] = {}
 def _load(spec: SweepSpec) -> tuple[Trace, ModelCosts]:
     # Everything the trace, the costs and the cached requests depend on.
     key = (spec.trace, spec.model, spec.max_requests, spec.seed, spec.mamba_ssm_cache_dtype,
-           spec.outputs, spec.prefix_match_unit)
+           spec.outputs, spec.prefix_match_unit, spec.num_speculative_tokens)
     if _STATE.get("key") != key:
         _STATE.clear()
         _STATE["key"] = key

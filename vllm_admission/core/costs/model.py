@@ -209,8 +209,15 @@ class ModelCosts:
         kv_cache_dtype: str = "auto",
         mamba_cache_dtype: str = "auto",
         mamba_ssm_cache_dtype: str = "auto",
+        mtp: bool = False,
     ) -> "ModelCosts":
         """Build the cost model from a Hugging Face ``config.json`` (path or parsed dict).
+
+        ``mtp``: the model serves with its MTP drafter (vLLM's ``speculative_config``
+        method ``mtp``), whose layers vLLM gives KV cache too: one attention layer
+        per ``num_nextn_predict_layers`` of the config (``models/qwen3_next_mtp.py``,
+        ``models/nemotron_h_mtp.py``), a copy of the first attention layer's costs
+        appended after the decoder layers; none where the config declares none.
 
         The keyword arguments mirror vLLM's engine flags of the same names
         (``--dtype``, ``--kv-cache-dtype``, ``--mamba-cache-dtype``,
@@ -261,6 +268,11 @@ class ModelCosts:
             top, text, dtype, kv_cache_dtype, mamba_cache_dtype, mamba_ssm_cache_dtype, architecture
         )
         layers, num_decoder_layers = builder(text, dtypes)
+        if mtp:
+            first = next((layer for layer in layers if layer.is_attention), None)
+            count = text.int("num_nextn_predict_layers", 0, minimum=0)
+            if first is not None and count > 0:
+                layers = [*layers, *([first] * count)]
         return cls(
             name=name or _display_name(raw, path, architecture),
             architecture=architecture,
