@@ -124,12 +124,18 @@ def test_fidelity_refuses_what_the_simulator_does_not_mirror(tmp_path, capsys):
     model.mkdir()
     (model / "config.json").write_text("{}")
     rc, _, err = run(["fidelity", "--model", str(model), "--out", str(tmp_path / "out"),
-                      "--speculative-config", '{"method": "mtp", "num_speculative_tokens": 1}'],
+                      "--kv-transfer-config", '{"kv_connector": "ExampleConnector"}'],
                      capsys)
     assert rc == 2 and err.count("\n") == 1
     assert err.startswith("vllm-admission: error: the simulator does not mirror the engine "
-                          "argument(s) speculative_config; it mirrors: max_num_batched_tokens, "
-                          "prefix_cache_retention_interval")
+                          "argument(s) kv_transfer_config; it mirrors: max_num_batched_tokens, "
+                          "prefix_cache_retention_interval, prefix_match_unit, speculative_config")
+    rc, _, err = run(["fidelity", "--model", str(model), "--out", str(tmp_path / "out"),
+                      "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'],
+                     capsys)
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("vllm-admission: error: the simulator mirrors speculative_config "
+                          "with method mtp only")
 
 
 def test_without_vllm_the_engine_commands_say_so_in_one_line(tmp_path, capsys, monkeypatch):
