@@ -217,15 +217,18 @@ def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
         ends = prompt_ends(prompt_len, block_size, True)
         prompt_end = ends[-1] if ends else 0
         at_end = position in ends
+        seq_end = total_len is not None and position == sequence_end(prompt_len, total_len,
+                                                                     block_size, True)
     else:
         prompt_end = (prompt_len - 1) // block_size * block_size
         at_end = position == prompt_end
+        seq_end = (total_len is not None
+                   and position == (total_len - 1) // block_size * block_size)
     return _KIND_SETS[(
         position <= prompt_len,
         bool(junction) and position == junction,
         at_end,
-        total_len is not None and position == sequence_end(prompt_len, total_len, block_size,
-                                                           eagle),
+        seq_end,
         bool(period) and position % period == 0,
         position == (prompt_end if tail is None else tail),
     )]
@@ -640,16 +643,25 @@ class RequestAdmission:
             junction = policy.junction(probe)
         self.junction = junction
         self.eagle = eagle
-        ends = prompt_ends(P, B, eagle)
-        self.prompt_end = ends[-1] if ends else 0
+        if eagle:
+            ends = prompt_ends(P, B, True)
+            self.prompt_end = ends[-1] if ends else 0
+        else:
+            self.prompt_end = (P - 1) // B * B
+            ends = (self.prompt_end,)
         tail = (P - 1) // hash_block_size * hash_block_size if hash_block_size else 0
         self.tail = tail if tail % B else 0
         self.stops = policy.stops(probe)
         self.admitted: list[int] = []
         special = {}
         period = policy.period
-        for pos in (junction, *ends,
-                    sequence_end(P, total_len, B, eagle) if total_len is not None else 0):
+        if total_len is None:
+            seq = 0
+        elif eagle:
+            seq = sequence_end(P, total_len, B, True)
+        else:
+            seq = (total_len - 1) // B * B
+        for pos in (junction, *ends, seq):
             if pos > 0 and pos not in special:
                 special[pos] = policy.admit(checkpoint_kinds(
                     pos, prompt_len=P, total_len=total_len, block_size=B, junction=junction,
