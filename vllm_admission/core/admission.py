@@ -213,22 +213,14 @@ def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
         A non-empty frozenset: CHUNK_END or DECODE always, plus JUNCTION,
         PROMPT_END, SEQUENCE_END, PERIODIC and TAIL where they apply.
     """
-    if eagle:
-        ends = prompt_ends(prompt_len, block_size, True)
-        prompt_end = ends[-1] if ends else 0
-        at_end = position in ends
-        seq_end = total_len is not None and position == sequence_end(prompt_len, total_len,
-                                                                     block_size, True)
-    else:
-        prompt_end = (prompt_len - 1) // block_size * block_size
-        at_end = position == prompt_end
-        seq_end = (total_len is not None
-                   and position == (total_len - 1) // block_size * block_size)
+    ends = prompt_ends(prompt_len, block_size, eagle)
+    prompt_end = ends[-1] if ends else 0
     return _KIND_SETS[(
         position <= prompt_len,
         bool(junction) and position == junction,
-        at_end,
-        seq_end,
+        position in ends,
+        total_len is not None and position == sequence_end(prompt_len, total_len, block_size,
+                                                           eagle),
         bool(period) and position % period == 0,
         position == (prompt_end if tail is None else tail),
     )]
@@ -643,24 +635,15 @@ class RequestAdmission:
             junction = policy.junction(probe)
         self.junction = junction
         self.eagle = eagle
-        if eagle:
-            ends = prompt_ends(P, B, True)
-            self.prompt_end = ends[-1] if ends else 0
-        else:
-            self.prompt_end = (P - 1) // B * B
-            ends = (self.prompt_end,)
+        ends = prompt_ends(P, B, eagle)
+        self.prompt_end = ends[-1] if ends else 0
         tail = (P - 1) // hash_block_size * hash_block_size if hash_block_size else 0
         self.tail = tail if tail % B else 0
         self.stops = policy.stops(probe)
         self.admitted: list[int] = []
         special = {}
         period = policy.period
-        if total_len is None:
-            seq = 0
-        elif eagle:
-            seq = sequence_end(P, total_len, B, True)
-        else:
-            seq = (total_len - 1) // B * B
+        seq = sequence_end(P, total_len, B, eagle) if total_len is not None else 0
         for pos in (junction, *ends, seq):
             if pos > 0 and pos not in special:
                 special[pos] = policy.admit(checkpoint_kinds(

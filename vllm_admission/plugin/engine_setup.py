@@ -286,12 +286,16 @@ class EngineSetup:
         kinds = group_kinds(self.kv_cache_manager.coordinator.single_type_managers)
         return EngineFacts(
             mamba_cache_mode=str(self.cache_config.mamba_cache_mode),
-            eagle=bool(self.use_eagle_block_drop
-                       or self.kv_cache_manager.coordinator.eagle_group_ids),
+            eagle=self._admission_eagle(),
             connector=self.connector is not None,
             key_problems=tuple(self._admission_key_problems()),
             odd_groups=tuple(k for k in kinds if k not in (STATE, ATTENTION)),
             flop_model_error=_flop_model_error(self.vllm_config.model_config.hf_config))
+
+    def _admission_eagle(self) -> bool:
+        """Whether the engine runs EAGLE/MTP speculative decoding (vLLM drops the last
+        matched block and keeps EAGLE groups, ``kv_cache_coordinator.py``)."""
+        return bool(self.use_eagle_block_drop or self.kv_cache_manager.coordinator.eagle_group_ids)
 
     def _admission_plan(self, config: AdmissionConfig) -> RunPlan:
         """:func:`plan_for` this engine (its :meth:`_admission_facts`).
@@ -329,7 +333,7 @@ class EngineSetup:
                            prompt_end_export=self._admission_vllm_exports_checkpoint(),
                            retention_interval=self.cache_config.prefix_cache_retention_interval,
                            num_speculative_tokens=(int(self.num_spec_tokens)
-                                                   if self._admission_facts().eagle else 0))
+                                                   if self._admission_eagle() else 0))
 
     def _admission_log_smallest_prefix(self, geometry: CacheLayout) -> None:
         """Log the shortest prefix that can hit, per KV cache group; warn when a

@@ -274,15 +274,20 @@ class BlockPool:
         self.cache_position(((key[0], block),), key[1], report=report)
 
     def cache_position(self, blocks: Sequence[tuple[int, int]], block_hash, *,
-                       report: bool = True) -> None:
+                       report: bool = True, further: bool = False) -> None:
         """Give each in-use ``(group, block)`` of ``blocks`` the key ``(group,
         block_hash)``, in order (one position, every group of a kind): the one
         insertion path. A later duplicate of a key waits in ``_dups`` behind the
-        first (``BlockHashToBlockMap.insert``); ``report`` as for :meth:`cache`."""
+        first (``BlockHashToBlockMap.insert``); ``report`` as for :meth:`cache`.
+        ``further``: the blocks already have a key and this one is added beside
+        it (:meth:`add_key`; vLLM's ``cached_block_hashes_by_block``)."""
         keys, groups, index, inserted = self.key, self.group, self.index, self.insertions_by_group
         for g, b in blocks:
-            keys[b] = block_hash
-            groups[b] = g
+            if further:
+                self._more.setdefault(b, []).append(block_hash)
+            else:
+                keys[b] = block_hash
+                groups[b] = g
             idx = index[g]
             if block_hash in idx:
                 self._dups.setdefault((g, block_hash), []).append(b)
@@ -314,6 +319,8 @@ class BlockPool:
                     for h in more.pop(b):
                         self._index_remove(g, b, h)
         if dups:
+            # _index_remove of each victim's key, written out: this is the eviction
+            # hot path (a call per victim costs the plain run about 3 %).
             for b in victims:
                 key = (groups[b], keys[b])
                 if key in dups:
@@ -336,15 +343,6 @@ class BlockPool:
                 next_use[b] = math.inf
 
     # -- sub-block keys (a hash unit finer than the block) ---------------------
-    def _index_insert(self, g: int, b: int, block_hash) -> None:
-        """Index ``(g, block_hash) -> b`` behind any block that already has it."""
-        idx = self.index[g]
-        if block_hash in idx:
-            self._dups.setdefault((g, block_hash), []).append(b)
-            self._num_dups[g] += 1
-        else:
-            idx[block_hash] = b
-
     def _index_remove(self, g: int, b: int, block_hash) -> None:
         """Remove the entry ``(g, block_hash) -> b``; the first duplicate, if
         any, takes the index entry."""
@@ -363,14 +361,10 @@ class BlockPool:
         """Make in-use ``block`` of ``group`` reachable under ``block_hash`` too
         (``BlockPool.cache_partial_block`` / ``_insert_block_hash``): its key if
         it has none, else one more key; nothing if it already has this one."""
-        if self.key[block] is not None and self._has_entry(group, block, block_hash):
-            return
         if self.key[block] is None:
             self.cache_position(((group, block),), block_hash)
-            return
-        self._more.setdefault(block, []).append(block_hash)
-        self._index_insert(group, block, block_hash)
-        self.insertions_by_group[group] += 1
+        elif not self._has_entry(group, block, block_hash):
+            self.cache_position(((group, block),), block_hash, report=False, further=True)
 
     def keys_of(self, block: int) -> list:
         """Every key of ``block``: its key first, then its further keys."""
@@ -383,14 +377,13 @@ class BlockPool:
         """Remove every key of in-use ``block`` (``_remove_cached_block_hashes``:
         a block about to be cached under a longer prefix) and return them."""
         hashes = self.keys_of(block)
-        if not hashes:
-            return hashes
-        g = self.group[block]
-        self._more.pop(block, None)
-        for h in hashes:
-            self._index_remove(g, block, h)
-        self.key[block] = None
-        self._removed_by_group[g] += len(hashes)
+        if hashes:
+            g = self.group[block]
+            self._more.pop(block, None)
+            for h in hashes:
+                self._index_remove(g, block, h)
+            self.key[block] = None
+            self._removed_by_group[g] += len(hashes)
         return hashes
 
     def move_keys(self, src: int, dst: int) -> None:
@@ -403,7 +396,7 @@ class BlockPool:
             self.add_key(g, dst, h)
 
     def _drop_duplicated(self, block: int, key: tuple) -> None:
-        """:meth:`_evict` of one block whose key has waiting duplicates: the
+        """:meth:`_index_remove` of an entry whose key has waiting duplicates: the
         first duplicate takes the index entry if ``block`` held it."""
         g, h = key
         idx = self.index[g]

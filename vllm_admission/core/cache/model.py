@@ -60,16 +60,14 @@ def _decode_events(first: int, last: int, block_size: int, lookahead: int = 0) -
     if first > last:
         return ()
     B = block_size
-    events = [first]
+    events = {first}
     m = first // B + 1
     while m * B - 1 - lookahead <= last:
-        near = (m * B - lookahead, m * B - 1, m * B, m * B + 1) if lookahead else (
-            m * B - 1, m * B, m * B + 1)
-        for t in near:
-            if first < t <= last and t != events[-1]:
-                events.append(t)
+        for t in (m * B - lookahead, m * B - 1, m * B, m * B + 1):
+            if first < t <= last:
+                events.add(t)
         m += 1
-    return tuple(sorted(set(events)))
+    return tuple(sorted(events))
 
 @dataclass(frozen=True, slots=True)
 class RequestOutcome:
@@ -381,6 +379,12 @@ class HybridPrefixCache:
         longest prefix within it whose state is cached in every state group.
         With a hash unit finer than the block, ``units`` (the prompt's keys per
         unit) extend both to unit boundaries (:class:`HybridPrefixCache`)."""
+        return self._lookup(hashes, prompt_len, units)[0]
+
+    def _lookup(self, hashes: Sequence[int], prompt_len: int, units: Sequence | None
+                ) -> tuple[HitProbe, tuple | None]:
+        """:meth:`lookup`, and, when the hit ends inside a block, the keys its
+        last attention block and its state were found under (else ``None``)."""
         B = self.block_size
         if self.spec:
             # EAGLE: match up to the last full prompt block, then drop one.
@@ -389,15 +393,15 @@ class HybridPrefixCache:
         else:
             kv_blocks = self.attention.longest_hit(hashes, min((prompt_len - 1) // B, len(hashes)))
         if self.unit:
-            return self._lookup_units(hashes, prompt_len, units, kv_blocks)[0]
+            return self._lookup_units(hashes, prompt_len, units, kv_blocks)
         hit_blocks = self.state.longest_hit(hashes, kv_blocks)
-        return HitProbe(prompt_len, B, kv_blocks * B, hit_blocks * B)
+        return HitProbe(prompt_len, B, kv_blocks * B, hit_blocks * B), None
 
     def _lookup_units(self, hashes: Sequence[int], prompt_len: int, units: Sequence | None,
-                      kv_blocks: int) -> tuple[HitProbe, object, object]:
-        """:meth:`lookup` with a hash unit ``u`` finer than the block. Returns
+                      kv_blocks: int) -> tuple[HitProbe, tuple | None]:
+        """:meth:`_lookup` with a hash unit ``u`` finer than the block. Returns
         the probe and, when the hit ends inside a block, the keys its last
-        attention block and its state were found under (else ``None``, ``None``).
+        attention block and its state were found under (else ``None``).
 
         Attention (``FullAttentionManager.find_longest_cache_hit``, phase 2):
         after ``kv_blocks`` cached blocks, the highest unit boundary inside the
@@ -431,10 +435,10 @@ class HybridPrefixCache:
                     state_key = h
                 break
         if hit % B == 0:
-            return HitProbe(prompt_len, B, kv, hit), None, None
+            return HitProbe(prompt_len, B, kv, hit), None
         # The attention block under the hit: a full block, or the one found inside it.
         last_attn = hashes[hit // B] if hit // B < kv_blocks else kv_key
-        return HitProbe(prompt_len, B, kv, hit), last_attn, state_key
+        return HitProbe(prompt_len, B, kv, hit), (last_attn, state_key)
 
     # -- one request -----------------------------------------------------
     def serve(self, hashes: Sequence[int], prompt_len: int, output_len: int,
@@ -463,15 +467,7 @@ class HybridPrefixCache:
             # The prompt's full blocks only, as the engine can know them at the lookup
             # (``AdmissionControl.on_request``): ``hashes`` may run on through the output.
             pool.eviction.on_request(hashes[:prompt_len // B], now)
-        last_keys = None
-        if self.unit:
-            kv_blocks = self.attention.longest_hit(
-                hashes, min((prompt_len - 1) // B, len(hashes)))
-            probe, attn_key, state_key = self._lookup_units(hashes, prompt_len, units, kv_blocks)
-            if state_key is not None:
-                last_keys = (attn_key, state_key)
-        else:
-            probe = self.lookup(hashes, prompt_len)
+        probe, last_keys = self._lookup(hashes, prompt_len, units)
         if probe.junction:
             self.junctions += 1
         total = prompt_len + output_len
@@ -509,13 +505,9 @@ class HybridPrefixCache:
         """Reference the hit's blocks, group by group (``add_local_computed_blocks``).
         ``last_keys``: ``(attention key, state key)`` of the last block when the
         hit ends inside it."""
-        if last_keys is None:
-            for g, part in enumerate(self._part_of):
-                part.touch_hit(run, g, hit_blocks, now)
-        else:
-            for g, part in enumerate(self._part_of):
-                part.touch_hit(run, g, hit_blocks, now,
-                               last_keys[0] if part is self.attention else last_keys[1])
+        for g, part in enumerate(self._part_of):
+            key = None if last_keys is None else last_keys[part is not self.attention]
+            part.touch_hit(run, g, hit_blocks, now, key)
         run.live.append(hit_blocks - 1)
 
     def _step(self, run: RunningRequest, start: int, n: int, num_tokens: int, now: float,
