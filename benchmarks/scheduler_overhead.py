@@ -1,7 +1,7 @@
 """Scheduler overhead of the AdmissionScheduler against vLLM's stock Scheduler.
 
 vLLM 0.32's ``Scheduler`` is driven without a model
-(:class:`vllm_admission.testing.FakeEngine`: made-up model-runner
+(:class:`vllm_admission_testing.harness.FakeEngine`: made-up model-runner
 outputs, as vLLM's own scheduler tests do) on a hand-built hybrid KV cache
 (one GDN state group and one full-attention group, block size 256), over the
 first requests of the Mooncake conversation trace re-blocked at that size (or
@@ -91,7 +91,7 @@ def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_block
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from vllm_admission.plugin.scheduler import AdmissionScheduler
-    from vllm_admission.testing import FakeEngine, make_kv_cache_config, make_scheduler
+    from vllm_admission_testing.harness import FakeEngine, make_kv_cache_config, make_scheduler
 
     for name in ("VLLM_ADMISSION_POLICY", "VLLM_ADMISSION_EVICTION", "VLLM_ADMISSION_ALPHA"):
         os.environ.pop(name, None)
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
 
     logging.getLogger("vllm_admission").setLevel(logging.WARNING)
-    from vllm_admission.testing import make_vllm_config, write_config_only_model
+    from vllm_admission_testing.harness import make_vllm_config, write_config_only_model
 
     t0 = time.perf_counter()
     trace_name, workload = load_workload(args.requests, args.trace)

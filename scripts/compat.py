@@ -81,7 +81,7 @@ CONFTEST = '''\
 
 A stand-in for vLLM's tests/conftest.py with the two fixtures the scheduler
 tests use. The swap of the plugin's classes into vLLM's test helpers is
-``vllm_admission.plugin.peer_swap``, loaded with ``-p`` (the same pytest
+``vllm_admission_testing.peer_swap``, loaded with ``-p`` (the same pytest
 plugin ``scripts/vllm_peer_tests.py`` runs vLLM 0.32's tests with).
 """
 import logging
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             env = layer_env(layer, [tests_dir, REPO])
             env.update(HF_HOME=str(tests_dir / "hf_home"), HF_HUB_OFFLINE="1")
             results[name] = run_suite(name, args.python,
-                                      ["-p", "vllm_admission.plugin.peer_swap",
+                                      ["-p", "vllm_admission_testing.peer_swap",
                                        "tests/v1/core/test_async_scheduler.py"], env,
                                       tests_dir, reports / f"{name}.xml")
         else:

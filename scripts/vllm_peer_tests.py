@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     if (root / "hf_home").is_dir():
         env.setdefault("HF_HOME", str(root / "hf_home"))
         env.setdefault("HF_HUB_OFFLINE", "1")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "vllm_admission.plugin.peer_swap",
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "vllm_admission_testing.peer_swap",
            "-p", "no:cacheprovider", "--rootdir", str(root), args.test_file, *args.pytest_args]
     return subprocess.call(cmd, cwd=root, env=env)
 

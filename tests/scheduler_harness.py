@@ -1,6 +1,6 @@
 """What the scheduler-level tests share: vLLM's real scheduler driven without a model.
 
-``vllm_admission.testing.FakeEngine`` runs vLLM's ``Scheduler`` (or, with
+``vllm_admission_testing.harness.FakeEngine`` runs vLLM's ``Scheduler`` (or, with
 async scheduling on, the plugin's ``AsyncScheduler`` variant under a queue of two
 batches) with made-up model outputs, on a hand-built hybrid KV cache layout
 identical to the tiny Qwen3-Next engine's (block size 128, group 0 = GDN state,
@@ -50,7 +50,7 @@ EVICTION_CASES = [(name, alpha) for name in ENGINE_EVICTION_POLICIES
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from vllm_admission.testing import write_config_only_model
+    from vllm_admission_testing.harness import write_config_only_model
 
     return write_config_only_model(tmp_path_factory.mktemp("tiny_config"))
 
@@ -67,7 +67,7 @@ def async_config(model_dir):
 
 
 def scheduler_config(model_dir, *, async_scheduling):
-    from vllm_admission.testing import make_vllm_config
+    from vllm_admission_testing.harness import make_vllm_config
 
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192,
                            max_num_batched_tokens=CHUNK, async_scheduling=async_scheduling)
@@ -108,7 +108,7 @@ def build(vllm_config, monkeypatch, *, policy="vllm", eviction="lru", alpha=None
     ``prefill_checkpoint_alignment`` of vLLM's one-checkpoint export on the state groups
     (``None``: no export)."""
     from vllm_admission.plugin.scheduler import AdmissionScheduler
-    from vllm_admission.testing import (
+    from vllm_admission_testing.harness import (
         FakeEngine,
         make_kv_cache_config,
         make_scheduler,
@@ -181,7 +181,7 @@ def assert_counters_match(engine, cache):
     assert stats.evictions_by_group == {"state0": cache.pool.evictions_by_group[0],
                                         "attention1": cache.pool.evictions_by_group[1]}
     assert stats.evictions > 0
-    assert stats.checkpoints == cache.checkpoints
+    assert stats.state_checkpoints == cache.state_checkpoints
     assert stats.junctions == cache.junctions
     assert free_equals_usable(engine)
 
@@ -207,7 +207,7 @@ def free_equals_usable(engine):
 def mamba_positions(engine):
     from vllm.v1.core.kv_cache_utils import get_group_id
 
-    from vllm_admission.plugin.vllm_hooks import cached_blocks
+    from vllm_admission.plugin.boundary.hooks import cached_blocks
 
     pool = engine.scheduler.kv_cache_manager.block_pool
     return sorted(b.block_hash_num_tokens for key, b in cached_blocks(pool)

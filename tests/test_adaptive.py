@@ -355,7 +355,7 @@ def test_every_candidate_pair_has_a_shadow_that_ran_it_all_along():
         alone = dataclasses.replace(alone, admission=pair.admission, eviction=pair.eviction).build()
         for r, req in enumerate(reqs):
             alone.serve(req.hashes, req.prompt_len, req.output_len, rid=r, now=float(r))
-        assert shadow.checkpoints == alone.checkpoints and shadow.junctions == alone.junctions
+        assert shadow.state_checkpoints == alone.state_checkpoints and shadow.junctions == alone.junctions
 
 
 def test_candidate_policies():

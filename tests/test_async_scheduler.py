@@ -144,7 +144,7 @@ def test_requests_one_after_another_get_the_synchronous_hits(vllm_config, async_
         hits = run_engine(engine, reqs)
         stats = engine.scheduler.stats()
         assert free_equals_usable(engine)
-        runs.append((hits, stats.evictions_by_group, stats.checkpoints, stats.junctions,
+        runs.append((hits, stats.evictions_by_group, stats.state_checkpoints, stats.junctions,
                      stats.superseded, mamba_positions(engine)))
     assert runs[1] == runs[0]
     assert runs[1][0] == simulate(policy, eviction, reqs, blocks=60, costs=costs,
@@ -158,7 +158,7 @@ def test_inpass_checkpoints_under_async_scheduling(vllm_config, async_config, mo
     """``VLLM_ADMISSION_CHECKPOINT=inpass``: the same hits and the same forward passes per
     request as the synchronous in-pass run, and each step carries its own checkpoint plan
     (two plans are in flight at once)."""
-    from vllm_admission.plugin.vllm_hooks import step_checkpoints_of
+    from vllm_admission.plugin.boundary.hooks import step_checkpoints_of
 
     reqs = random_workload(3, n=20)
     runs = []
@@ -268,5 +268,5 @@ def test_overlapping_waves_leak_nothing_and_count_every_hit(async_config, monkey
     stats = engine.scheduler.stats()
     assert free_equals_usable(engine)
     assert stats.requests >= len(reqs)
-    assert stats.tokens_saved >= sum(hits)   # a request admitted again counts again
+    assert stats.hit_tokens >= sum(hits)   # a request admitted again counts again
     assert sum(stats.evictions_by_group.values()) > 0

@@ -79,7 +79,7 @@ def _engine_geometry(num_blocks, kinds=("state", "attention"), page=65536, block
 @pytest.fixture(scope="module")
 def tiny_config(tmp_path_factory):
     pytest.importorskip("transformers")
-    from vllm_admission.testing import write_config_only_model
+    from vllm_admission_testing.harness import write_config_only_model
 
     return write_config_only_model(tmp_path_factory.mktemp("tiny_cfg")) / "config.json"
 
@@ -355,7 +355,7 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
     default = simulate(_load(spec), costs, admission="vllm",
                        eviction="lru", num_blocks=40, block_size=B, chunk_size=512,
                        outputs="unique", retention_interval=0)
-    assert rec["simulator"]["checkpoints"] > default.state_checkpoints
+    assert rec["simulator"]["state_checkpoints"] > default.state_checkpoints
 
 
 @pytest.mark.engine

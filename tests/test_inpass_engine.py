@@ -64,7 +64,7 @@ def state_rows(llm):
 
     from vllm_admission.engine.llm import inprocess_scheduler
     from vllm_admission.plugin.kv_cache import group_kinds
-    from vllm_admission.plugin.vllm_hooks import cached_blocks
+    from vllm_admission.plugin.boundary.hooks import cached_blocks
 
     sched = inprocess_scheduler(llm)
     kinds = group_kinds(sched.kv_cache_manager.coordinator.single_type_managers)

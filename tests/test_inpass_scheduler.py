@@ -27,7 +27,7 @@ from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission  # n
 from vllm_admission.core.cache import HybridPrefixCache  # noqa: E402
 from vllm_admission.core.eviction import get_eviction  # noqa: E402
 from vllm_admission.plugin.inpass import inpass_split, split_stops  # noqa: E402
-from vllm_admission.plugin.vllm_hooks import INPASS_ATTR  # noqa: E402
+from vllm_admission.plugin.boundary.hooks import INPASS_ATTR  # noqa: E402
 
 B = 128
 CHUNK = 4096
@@ -36,7 +36,7 @@ POLICIES = list(ADMISSION_POLICIES)
 
 @pytest.fixture(scope="module")
 def vllm_config(tmp_path_factory):
-    from vllm_admission.testing import make_vllm_config, write_config_only_model
+    from vllm_admission_testing.harness import make_vllm_config, write_config_only_model
 
     model_dir = write_config_only_model(tmp_path_factory.mktemp("tiny_config"))
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192, max_num_batched_tokens=CHUNK)
@@ -48,7 +48,7 @@ def vllm_config(tmp_path_factory):
 def build(vllm_config, monkeypatch, policy, *, blocks=160, checkpoint="inpass",
           state_layer="GDN_ATTN"):
     from vllm_admission.plugin.scheduler import AdmissionScheduler
-    from vllm_admission.testing import (
+    from vllm_admission_testing.harness import (
         FakeEngine,
         make_kv_cache_config,
         make_scheduler,

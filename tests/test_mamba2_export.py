@@ -270,7 +270,7 @@ def test_cpu_pieces_accept_what_vllm_passes(monkeypatch):
 
     from vllm.model_executor.layers.mamba.ops import ssd_checkpoint, ssd_combined
 
-    from vllm_admission.plugin.vllm_surface import accepts
+    from vllm_admission.plugin.boundary.surface import accepts
 
     assert accepts(ssd_checkpoint.store_prefill_checkpoint, store_checkpoints) == []
     # record the call vLLM's mamba_chunk_scan_combined_varlen makes, and bind it to the wrapped scan

@@ -81,7 +81,7 @@ def test_register_makes_vllm_accept_the_variables(monkeypatch):
     import vllm.envs as envs
     from vllm.platforms import current_platform
 
-    from vllm_admission.plugin.register import register
+    from vllm_admission.plugin.boundary.register import register
 
     for name in ENV_VARS:
         monkeypatch.setenv(name, "")
@@ -99,7 +99,7 @@ def test_register_makes_vllm_accept_the_variables(monkeypatch):
 
 def test_register_warns_once_about_an_invalid_value(monkeypatch, caplog):
     pytest.importorskip("vllm")
-    from vllm_admission.plugin.register import register
+    from vllm_admission.plugin.boundary.register import register
 
     monkeypatch.setenv("VLLM_ADMISSION_EVICTION", "belady")
     monkeypatch.setenv("VLLM_ADMISSION_METRICS_DIR", "")  # register() names it: restored after
@@ -119,7 +119,7 @@ def test_entry_point_is_declared():
     from importlib.metadata import entry_points
 
     eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
-    assert eps.get("vllm_admission") == "vllm_admission.plugin.register:register"
+    assert eps.get("vllm_admission") == "vllm_admission.plugin.boundary.register:register"
 
 
 def test_scheduler_is_exported_lazily():

@@ -293,8 +293,8 @@ def test_junction_case_outputs_and_metrics(engines, reference, policy):
     assert queries1 - queries0 == sum(len(p) for p in JUNCTION_PROMPTS)
     after = admission_stats(llm)
     assert after.admission == policy
-    assert after.tokens_saved - before.tokens_saved == sum(hits)
-    assert after.state_hits - before.state_hits == sum(h > 0 for h in hits)
+    assert after.hit_tokens - before.hit_tokens == sum(hits)
+    assert after.hit_requests - before.hit_requests == sum(h > 0 for h in hits)
     assert after.requests - before.requests == 10
     assert_no_leak(llm)
 

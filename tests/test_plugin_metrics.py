@@ -8,13 +8,13 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from vllm_admission.plugin.metrics import (  # noqa: E402
+from vllm_admission.plugin.metrics.prometheus import (  # noqa: E402
     COUNTERS,
     AdmissionCollector,
     StatsPublisher,
     read_snapshots,
 )
-from vllm_admission.plugin.stats import AdmissionStats  # noqa: E402
+from vllm_admission.plugin.metrics.stats import AdmissionStats  # noqa: E402
 
 
 class FakeClock:
@@ -27,8 +27,8 @@ class FakeClock:
 
 def stats(**kw) -> AdmissionStats:
     base = dict(active=True, admission="marconi", eviction="flop", alpha=0.5, requests=7,
-                prompt_tokens=9000, junctions=2, checkpoints=5, superseded=1, state_hits=4,
-                tokens_saved=3072, evictions=11, evictions_by_group={"state0": 3, "attention1": 8},
+                prompt_tokens=9000, junctions=2, state_checkpoints=5, superseded=1, hit_requests=4,
+                hit_tokens=3072, evictions=11, evictions_by_group={"state0": 3, "attention1": 8},
                 free_blocks=40, usable_blocks=63, adaptive=True,
                 policy_switches=[{"at": 49, "window": 50, "from": "vllm+lru", "to": "marconi+lru",
                                   "scores": {"vllm+lru": 1.0, "marconi+lru": 2.0}},
@@ -82,10 +82,14 @@ def test_collector_exports_every_counter_with_vllm_conventions(tmp_path):
     e0 = (("engine", "0"), ("model_name", "my-model"))
     e1 = (("engine", "1"), ("model_name", "my-model"))
     s = stats()
-    for name in COUNTERS:
-        want = getattr(s, name)
+    for name, (field, _) in COUNTERS.items():
+        want = getattr(s, field)
         want = len(want) if isinstance(want, list) else want
         assert got[(f"vllm:hybrid_prefix_cache_{name}_total", e0)] == want
+    # The published names stay as dashboards know them, whatever the field is called now.
+    assert got[("vllm:hybrid_prefix_cache_tokens_saved_total", e0)] == s.hit_tokens == 3072
+    assert got[("vllm:hybrid_prefix_cache_state_hits_total", e0)] == s.hit_requests == 4
+    assert got[("vllm:hybrid_prefix_cache_checkpoints_total", e0)] == s.state_checkpoints == 5
     assert got[("vllm:hybrid_prefix_cache_policy_switches_total", e0)] == 2
     assert got[("vllm:hybrid_prefix_cache_requests_total", e1)] == 2
     info = [k for k in got if k[0] == "vllm:hybrid_prefix_cache_policy_info"]
@@ -117,13 +121,13 @@ def test_collector_without_snapshots_exports_nothing(tmp_path):
     (["script.py"], False),
 ])
 def test_command_line_naming_the_scheduler(argv, named):
-    from vllm_admission.plugin.register import names_admission_scheduler
+    from vllm_admission.plugin.boundary.register import names_admission_scheduler
 
     assert names_admission_scheduler(argv) is named
 
 
 def test_register_sets_the_metrics_dir_and_refuses_bad_settings_for_the_server(monkeypatch, capsys):
-    from vllm_admission.plugin import register as reg
+    from vllm_admission.plugin.boundary import register as reg
 
     # register() sets the variable in os.environ: make monkeypatch restore it (a bare
     # delenv of an unset variable records nothing, and the value leaked into later tests).
@@ -163,7 +167,7 @@ def _dead_pid() -> int:
 def test_stale_snapshot_dirs_of_dead_processes_are_removed(tmp_path):
     import os
 
-    from vllm_admission.plugin.metrics import remove_stale_snapshot_dirs
+    from vllm_admission.plugin.metrics.prometheus import remove_stale_snapshot_dirs
 
     dead = _dead_pid()
     stale = tmp_path / f"vllm_admission-{dead}"
@@ -192,9 +196,9 @@ import os, signal, sys, time
 # Ctrl-C as in a shell: a test run started in the background without job control (bash,
 # `pytest &`) hands its children SIGINT ignored, and Python then installs no handler for it.
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from vllm_admission.plugin.register import register
-from vllm_admission.plugin.metrics import StatsPublisher
-from vllm_admission.plugin.stats import AdmissionStats
+from vllm_admission.plugin.boundary.register import register
+from vllm_admission.plugin.metrics.prometheus import StatsPublisher
+from vllm_admission.plugin.metrics.stats import AdmissionStats
 register()
 StatsPublisher.from_env().publish(AdmissionStats(active=True, admission="vllm", eviction="lru"))
 print(os.environ["VLLM_ADMISSION_METRICS_DIR"], sorted(os.listdir(os.environ["VLLM_ADMISSION_METRICS_DIR"])),

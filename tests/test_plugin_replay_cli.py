@@ -95,7 +95,7 @@ def test_replay_writes_results(tmp_path_factory, capsys, engine_env):
     assert doc["engine_prefix_cache_hits"] == 2 * hit
     assert doc["admission_stats"]["eviction"] == "flop"
     assert doc["admission_stats"]["alpha"] == 0.5
-    assert doc["admission_stats"]["tokens_saved"] == 2 * hit
+    assert doc["admission_stats"]["hit_tokens"] == 2 * hit
     assert doc["geometry"]["num_gpu_blocks"] == 64
     assert doc["wall_seconds"] > 0
 

@@ -1,6 +1,6 @@
 """AdmissionScheduler inside vLLM's real scheduler, driven without a model.
 
-``vllm_admission.testing.FakeEngine`` runs vLLM 0.32's ``Scheduler``
+``vllm_admission_testing.harness.FakeEngine`` runs vLLM 0.32's ``Scheduler``
 (``schedule()`` + ``update_from_output()``) with made-up model outputs, on a
 hand-built hybrid KV cache layout identical to the tiny Qwen3-Next engine's
 (block size 128, group 0 = GDN state, group 1 = full attention, 128 KiB per
@@ -82,8 +82,8 @@ def test_junction_case_exact_hits(vllm_config, monkeypatch, costs, policy, evict
     assert list(counter.counts.values()) == expected_junction_prefill_steps(B)[policy]
     assert sim_steps == expected_junction_prefill_steps(B)[policy]
     stats = engine.scheduler.stats()
-    assert stats.tokens_saved == sum(hits)
-    assert stats.state_hits == sum(h > 0 for h in hits)
+    assert stats.hit_tokens == sum(hits)
+    assert stats.hit_requests == sum(h > 0 for h in hits)
     assert stats.requests == 10
     assert stats.state_miss_tokens == sum(misses)
     assert free_equals_usable(engine)
@@ -110,8 +110,8 @@ def test_cached_states_per_policy(vllm_config, monkeypatch, costs, policy):
     run_engine(engine, [(toks(4, 1000), 300)])
     assert mamba_positions(engine) == states
     _, cache = simulate(policy, "lru", [(toks(4, 1000), 300)], blocks=160, costs=costs)
-    assert cache.checkpoints == len(states)
-    assert engine.scheduler.stats().checkpoints == len(states)
+    assert cache.state_checkpoints == len(states)
+    assert engine.scheduler.stats().state_checkpoints == len(states)
     # marconi: 896, 1024 and 1152 were kept tentatively, then replaced
     assert engine.scheduler.stats().superseded == expected_superseded(policy, 1000, 300, B)
     assert free_equals_usable(engine)
@@ -219,7 +219,7 @@ def test_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy, evi
     vllm_counts = engine.prefix_cache
     assert vllm_counts["preempted_requests"] > 0
     stats = sched.stats()
-    assert (stats.requests, stats.prompt_tokens, stats.tokens_saved) == (
+    assert (stats.requests, stats.prompt_tokens, stats.hit_tokens) == (
         vllm_counts["requests"], vllm_counts["queries"], vllm_counts["hits"]) == (
         9, 2600 + 8 * 700, sum(engine.cached_tokens.values()))
     assert all(len(r.output_token_ids) == 500 for r in reqs)
@@ -259,7 +259,7 @@ def test_settings_given_as_an_object_win_over_the_environment(vllm_config, async
 
     from vllm_admission.plugin.config import AdmissionConfig
     from vllm_admission.plugin.scheduler import AdmissionScheduler
-    from vllm_admission.testing import make_kv_cache_config, make_scheduler
+    from vllm_admission_testing.harness import make_kv_cache_config, make_scheduler
 
     cfg = async_config if asynchronous else vllm_config
     monkeypatch.setenv("VLLM_ADMISSION_POLICY", "bogus")       # would refuse to start
@@ -303,15 +303,15 @@ def test_model_without_recurrent_layers_runs_stock(vllm_config, monkeypatch, cap
 
 def test_an_unsupported_vllm_refuses_changes_and_runs_truly_stock_otherwise(vllm_config,
                                                                            monkeypatch, caplog):
-    """vllm_surface's version gate: a release line outside 0.32/0.33 gets one line, and with
+    """surface.py's version gate: a release line outside 0.32/0.33 gets one line, and with
     vLLM's own settings the scheduler built is vLLM's own class, so no override of the
     plugin's runs (0.33's new ``_get_local_prefix_cache_hit`` argument broke exactly that)."""
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from vllm_admission.plugin import vllm_surface
+    from vllm_admission.plugin.boundary import surface
 
-    monkeypatch.setattr(vllm_surface, "installed_version", lambda: "0.34.0")
-    with pytest.raises(vllm_surface.UnsupportedVllmError) as info:
+    monkeypatch.setattr(surface, "installed_version", lambda: "0.34.0")
+    with pytest.raises(surface.UnsupportedVllmError) as info:
         build(vllm_config, monkeypatch, policy="marconi", eviction="lru")
     assert str(info.value) == (
         "vllm_admission supports vLLM 0.32.x and 0.33.x, found 0.34.0; the AdmissionScheduler "
@@ -353,14 +353,14 @@ def test_only_a_policy_that_reads_values_replaces_vllms_coordinator(vllm_config,
 
 
 def test_every_private_vllm_member_the_plugin_relies_on_exists():
-    from vllm_admission.plugin import vllm_surface
+    from vllm_admission.plugin.boundary import surface
 
-    assert vllm_surface.check_version()  # the suite runs against a supported release
-    assert vllm_surface.check_version("0.32.3+cpu") and vllm_surface.check_version("0.33.0")
-    assert not vllm_surface.check_version("0.34.0") and not vllm_surface.check_version("0.31.9")
-    assert vllm_surface.missing_members() == []
+    assert surface.check_version()  # the suite runs against a supported release
+    assert surface.check_version("0.32.3+cpu") and surface.check_version("0.33.0")
+    assert not surface.check_version("0.34.0") and not surface.check_version("0.31.9")
+    assert surface.missing_members() == []
     # Every override takes what the installed release passes (make compat: 0.33's).
-    assert vllm_surface.override_mismatches() == []
+    assert surface.override_mismatches() == []
 
 
 def test_every_instance_member_the_plugin_relies_on_exists(vllm_config, monkeypatch):
@@ -369,7 +369,7 @@ def test_every_instance_member_the_plugin_relies_on_exists(vllm_config, monkeypa
     import vllm.envs
     from vllm.v1.core.single_type_kv_cache_manager import MambaManager
 
-    from vllm_admission.plugin import vllm_surface
+    from vllm_admission.plugin.boundary import surface
 
     engine = build(vllm_config, monkeypatch, policy="dense", eviction="flop", alpha=0.0,
                    checkpoint="inpass")
@@ -383,14 +383,14 @@ def test_every_instance_member_the_plugin_relies_on_exists(vllm_config, monkeypa
                                        if isinstance(m, MambaManager)],
     }
     engine_side = {"LLMEngine.engine_core", "InprocClient.engine_core", "EngineCore.scheduler"}
-    assert set(present) | engine_side == set(vllm_surface._INSTANCE_ATTRIBUTES)  # noqa: SLF001
+    assert set(present) | engine_side == set(surface._INSTANCE_ATTRIBUTES)  # noqa: SLF001
     assert all(v is not None for v in present.values()) and present["MambaManager.req_to_blocks"]
 
 
 def test_an_override_that_cannot_take_vllms_arguments_is_reported(monkeypatch):
     """The 0.33 failure of issue 21: an override taking only ``request`` where vLLM passes
     ``(request, max_cache_hit_length)``; and one requiring what vLLM never passes."""
-    from vllm_admission.plugin import vllm_surface
+    from vllm_admission.plugin.boundary import surface
 
     class Theirs:
         def hit(self, request, max_cache_hit_length=None): ...
@@ -404,11 +404,11 @@ def test_an_override_that_cannot_take_vllms_arguments_is_reported(monkeypatch):
     class Open:
         def hit(self, request, *args, **kwargs): ...
 
-    assert vllm_surface.accepts(Theirs.hit, Narrow.hit) == [
+    assert surface.accepts(Theirs.hit, Narrow.hit) == [
         "positional 'max_cache_hit_length' (argument 2)"]
-    assert vllm_surface.accepts(Theirs.hit, Greedy.hit) == [
+    assert surface.accepts(Theirs.hit, Greedy.hit) == [
         "requires 'extra', which vLLM does not pass"]
-    assert vllm_surface.accepts(Theirs.hit, Open.hit) == []
+    assert surface.accepts(Theirs.hit, Open.hit) == []
 
 
 def test_switching_policy_needs_an_idle_scheduler(vllm_config, monkeypatch):
@@ -560,7 +560,7 @@ def test_start_up_names_the_smallest_cacheable_prefix(vllm_config, monkeypatch, 
 
 
 def test_start_up_warns_when_short_prompts_can_never_hit(model_dir, monkeypatch, caplog):
-    from vllm_admission.testing import make_vllm_config
+    from vllm_admission_testing.harness import make_vllm_config
 
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=4 * B,
                            max_num_batched_tokens=CHUNK)
@@ -576,7 +576,7 @@ def connector_config(model_dir, tmp_path_factory):
     (vLLM's ``DecodeBenchConnector``; any connector makes the scheduler build one)."""
     from vllm.config import KVTransferConfig
 
-    from vllm_admission.testing import make_vllm_config
+    from vllm_admission_testing.harness import make_vllm_config
 
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192,
                            max_num_batched_tokens=CHUNK)

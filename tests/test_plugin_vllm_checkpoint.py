@@ -44,14 +44,14 @@ EXPORT = B
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from vllm_admission.testing import write_config_only_model
+    from vllm_admission_testing.harness import write_config_only_model
 
     return write_config_only_model(tmp_path_factory.mktemp("tiny_config_export"))
 
 
 @pytest.fixture(scope="module")
 def vllm_config(model_dir):
-    from vllm_admission.testing import make_vllm_config
+    from vllm_admission_testing.harness import make_vllm_config
 
     cfg = make_vllm_config(model_dir, block_size=B, max_model_len=8192,
                            max_num_batched_tokens=CHUNK)
@@ -95,7 +95,7 @@ def test_the_spec_is_the_one_vllm_builds_for_qwen_gdn_on_flashinfer(vllm_config)
     vLLM 0.33 the FlashInfer kernel's alignment divides the grid the spec carries."""
     from vllm.v1.kv_cache_interface import MambaSpec
 
-    from vllm_admission.testing import make_kv_cache_config
+    from vllm_admission_testing.harness import make_kv_cache_config
 
     kv = make_kv_cache_config(vllm_config, 40, prefill_checkpoint_alignment=EXPORT)
     spec = kv.kv_cache_groups[0].kv_cache_spec
@@ -143,7 +143,7 @@ def test_exported_state_is_the_prompt_end_checkpoint(vllm_config, monkeypatch, c
     engine = build(vllm_config, monkeypatch, policy=policy)
     run_engine(engine, [(toks(4, 1000), 300)])
     assert mamba_positions(engine) == states
-    assert engine.scheduler.stats().checkpoints == len(states)
+    assert engine.scheduler.stats().state_checkpoints == len(states)
     assert free_equals_usable(engine)
     # A resend of the prompt hits the exported state where it was kept.
     rid = engine.add(toks(4, 1000), 3)

@@ -1,4 +1,4 @@
-"""One decision for what an engine can run (``plugin/engine_setup.py``: ``plan_for`` on
+"""One decision for what an engine can run (``plugin/boundary/engine_setup.py``: ``plan_for`` on
 ``EngineFacts``), taken before the model loads from vLLM's ``VllmConfig`` and again in the
 scheduler from the live engine; ``auto`` on an architecture without a FLOP model."""
 
@@ -20,7 +20,7 @@ from scheduler_harness import (  # noqa: E402,F401 - fixtures are used by name
 
 from vllm_admission.core.adaptive import AUTO, AUTO_ADMISSIONS, AUTO_EVICTIONS  # noqa: E402
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError  # noqa: E402
-from vllm_admission.plugin.engine_setup import (  # noqa: E402
+from vllm_admission.plugin.boundary.engine_setup import (  # noqa: E402
     EngineFacts,
     plan_for,
     prefill_tokens,

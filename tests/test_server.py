@@ -6,7 +6,7 @@ AdmissionScheduler, and spoken to over HTTP with the ``openai`` client and ``htt
 SSM state is pinned to bf16 (``--mamba-ssm-cache-dtype``), so the block size B is the core's
 derivation on any CPU. The Mamba2 model's engine core runs in its own process, where only
 the general plugin can turn off the prefill-checkpoint export vLLM's CPU kernels cannot
-write (``plugin/cpu_mamba2.py``): its server run checks that path.
+write (``plugin/boundary/cpu_mamba2.py``): its server run checks that path.
 
 Three text completions share a long prefix and differ after it (vLLM's stock admission,
 ``vllm``): with S = the shared tokens rounded down to a block,
@@ -212,7 +212,7 @@ def test_ctrl_c_leaves_no_metrics_folder_behind(server):
     """vLLM force-kills the engine core at Ctrl-C (``--shutdown-timeout 0``), before the
     scheduler can delete its snapshot; the API server, whose general plugin named the
     folder, removes it on its way out. (Runs after the test above: it stops the server.)"""
-    from vllm_admission.plugin.metrics import default_metrics_dir
+    from vllm_admission.plugin.metrics.prometheus import default_metrics_dir
 
     _, _, log_path, proc = server
     folder = default_metrics_dir(proc.pid)

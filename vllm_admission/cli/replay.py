@@ -16,7 +16,7 @@ Writes ``<out>/results.json``:
   ``wall_seconds``, ``skipped`` (reason -> count, the trace loader's filters
   included) and ``mode``;
 * the engine's ``geometry``, vLLM's prefix-cache counters over the replay and
-  the plugin's :class:`~vllm_admission.plugin.stats.AdmissionStats`.
+  the plugin's :class:`~vllm_admission.plugin.metrics.stats.AdmissionStats`.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import HybridPrefixCache, RequestOutcome
+from vllm_admission.core.counters import CacheCounters
 from vllm_admission.core.eviction import get_eviction
 from vllm_admission.core.geometry import CacheLayout
 from vllm_admission.core.traces.trace import capacity_bound
@@ -105,29 +106,26 @@ def infinite_capacity_bound(requests: Sequence[CacheRequest], block_size: int) -
     return capacity_bound(((r.hashes, r.prompt_len, r.output_len) for r in requests), block_size)
 
 
-@dataclass
-class ReplayTotals:
-    """Sums over a replay. Tokens, FLOPs and counts."""
+@dataclass(kw_only=True)
+class ReplayTotals(CacheCounters):
+    """Sums over a replay: the request-side :class:`CacheCounters` (``junctions``,
+    ``state_checkpoints`` and ``evictions`` stay 0 here: the cache counts them, over its
+    whole life) plus what only a replay knows.
 
-    requests: int = 0
-    skipped: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    hit_requests: int = 0
-    #: Attention-KV hit tokens recomputed for want of a state
-    #: (:attr:`RequestOutcome.state_miss_tokens`).
-    state_miss_tokens: int = 0
+    Attributes:
+        skipped_requests: requests that could not fit the cache and did not run.
+        prefill_steps: prefill chunks (engine steps with prompt tokens when run alone).
+        flops_total: prefill FLOPs of the requests that ran, without any cache.
+        flops_saved: the part of ``flops_total`` their hits saved.
+    """
+
+    skipped_requests: int = 0
+    prefill_steps: int = 0
     flops_total: float = 0.0
     flops_saved: float = 0.0
-    #: Prefill chunks (engine steps with prompt tokens when run alone).
-    prefill_steps: int = 0
 
     def add(self, out: RequestOutcome, flops_total: float, flops_saved: float) -> None:
-        self.requests += 1
-        self.prompt_tokens += out.prompt_tokens
-        self.hit_tokens += out.hit_tokens
-        self.hit_requests += out.hit_tokens > 0
-        self.state_miss_tokens += out.state_miss_tokens
+        self.count_request(out.prompt_tokens, out.hit_tokens, out.state_miss_tokens)
         self.prefill_steps += out.prefill_steps
         self.flops_total += flops_total
         self.flops_saved += flops_saved
@@ -152,7 +150,7 @@ def replay_requests(cache: HybridPrefixCache, requests: Sequence[CacheRequest], 
     for k, req in enumerate(requests):
         r = first_index + k
         if not cache.fits(req.prompt_len, req.output_len):
-            totals.skipped += 1
+            totals.skipped_requests += 1
             if on_outcome:
                 on_outcome(r, None)
             continue

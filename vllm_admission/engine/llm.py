@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllm_admission.plugin.vllm_hooks import inprocess_scheduler, wrap_schedule
+from vllm_admission.plugin.boundary.hooks import inprocess_scheduler, wrap_schedule
 
 if TYPE_CHECKING:  # pragma: no cover
     import vllm
@@ -173,8 +173,8 @@ def _scheduler_cls(settings: EngineSettings, environ: dict[str, str]) -> Any:
         return name
     config = AdmissionConfig.from_env(environ)
     # Settings the engine's configuration cannot run fail before the model loads.
-    from vllm_admission.plugin.register import check_before_load
-    from vllm_admission.plugin.vllm_hooks import install_preflight
+    from vllm_admission.plugin.boundary.register import check_before_load
+    from vllm_admission.plugin.boundary.hooks import install_preflight
 
     install_preflight(check_before_load)
     if not bool(int(os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1"))):
@@ -218,7 +218,7 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
     ``skip_tokenizer_init=True``, ``enforce_eager=True`` and statistics
     logging on (so :func:`prefix_cache_counters` works). On vLLM's CPU
     platform it first installs
-    :func:`vllm_admission.plugin.register.install_vllm_fixes` (Mamba2 layers
+    :func:`vllm_admission.plugin.boundary.register.install_vllm_fixes` (Mamba2 layers
     declare no prefill-checkpoint export, which the CPU kernels cannot write;
     the speculative-decoding state copies; on any platform, block copies of
     whole pages; in this process only, so an engine core in another process
@@ -249,7 +249,7 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
     import vllm
     import vllm.envs as vllm_envs
 
-    from vllm_admission.plugin.register import install_vllm_fixes
+    from vllm_admission.plugin.boundary.register import install_vllm_fixes
 
     # Stock engines run with VLLM_PLUGINS="" (no general plugin): a Mamba2 model on
     # vLLM's CPU platform still needs its prefill-checkpoint export off, MTP drafts
@@ -335,7 +335,7 @@ class PrefillStepCounter:
 
     Observes the live scheduler of an in-process engine core: while the
     counter is open, the scheduler's ``schedule`` is wrapped
-    (:func:`vllm_admission.plugin.vllm_hooks.wrap_schedule`: an instance
+    (:func:`vllm_admission.plugin.boundary.hooks.wrap_schedule`: an instance
     attribute shadowing the class method, which ``EngineCore.step`` calls).
     After each ``schedule()`` call, every request in the step's
     ``SchedulerOutput.num_scheduled_tokens`` whose computed tokens *before*
@@ -353,7 +353,7 @@ class PrefillStepCounter:
     Args:
         target: a ``vllm.LLM`` whose engine core runs in this process, or a
             vLLM 0.32 ``Scheduler`` itself (e.g. one driven without a model
-            by :class:`vllm_admission.testing.FakeEngine`).
+            by :class:`vllm_admission_testing.harness.FakeEngine`).
 
     Raises:
         RuntimeError: the engine core runs in another process
@@ -511,7 +511,7 @@ def cached_block_positions(llm: vllm.LLM) -> dict[str, list[int]]:
     from vllm.v1.core.kv_cache_utils import get_group_id
 
     from vllm_admission.plugin.kv_cache import group_kinds
-    from vllm_admission.plugin.vllm_hooks import cached_blocks
+    from vllm_admission.plugin.boundary.hooks import cached_blocks
 
     scheduler = inprocess_scheduler(llm)
     kinds = group_kinds(scheduler.kv_cache_manager.coordinator.single_type_managers)

@@ -71,11 +71,11 @@ ENV_TUNE_GRID = "VLLM_ADMISSION_TUNE_GRID"
 ENV_AUTO_INTERVAL = "VLLM_ADMISSION_AUTO_INTERVAL"
 ENV_CHECKPOINT = "VLLM_ADMISSION_CHECKPOINT"
 #: Not a user setting: where the engine core publishes the plugin's metrics
-#: (vllm_admission.plugin.snapshots).
+#: (vllm_admission.plugin.metrics.snapshots).
 ENV_METRICS_DIR = "VLLM_ADMISSION_METRICS_DIR"
 #: Not a user setting: set by the general plugin in the process that starts vLLM when the
 #: user asked for the plugin, so that the engine-core and worker processes know
-#: (vllm_admission.plugin.register).
+#: (vllm_admission.plugin.boundary.register).
 ENV_ACTIVE = "VLLM_ADMISSION_ACTIVE"
 #: ``1``: install only the CPU platform's kernels the plugin supplies (the Mamba2 prefill
 #: export off, the speculative-decoding state copies), without the scheduler.

@@ -49,13 +49,14 @@ from vllm_admission.core.admission import (
     SegmentCosts,
     get_admission,
 )
+from vllm_admission.core.counters import CacheCounters
 from vllm_admission.core.eviction import EvictionPolicy, get_eviction
 from vllm_admission.core.geometry import CacheLayout
 from vllm_admission.core.replay import CacheSetup
 from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
 from vllm_admission.plugin import translate
-from vllm_admission.plugin.stats import AdmissionStats
+from vllm_admission.plugin.metrics.stats import AdmissionStats
 from vllm_admission.plugin.worker import (
     ControllerThread,
     TunerThread,
@@ -153,15 +154,9 @@ class AdmissionControl:
         self.tracks: dict[str, _Track] = {}
         self._pending: dict[str, HitProbe] = {}
         self._output_keys = itertools.count()  # keys of blocks holding generated tokens
-        # metrics
-        self.requests = 0
-        self.prompt_tokens = 0
-        self.junctions = 0
-        self.checkpoints = 0
+        # metrics (evictions are counted by the block pool)
+        self.counters = CacheCounters()
         self.superseded = 0
-        self.state_hits = 0
-        self.tokens_saved = 0
-        self.state_miss_tokens = 0
         self._set_policy(get_admission(policy,
                                        retention_interval=geometry.retention_interval))
         # eviction: None keeps vLLM's own free-block queue (a policy in vLLM's order).
@@ -281,14 +276,8 @@ class AdmissionControl:
             return
         for rid in [r for r in pending if r in num_scheduled_tokens]:
             probe = pending.pop(rid)
-            self.requests += 1
-            self.prompt_tokens += probe.prompt_len
-            if probe.junction:
-                self.junctions += 1
-            if probe.state_hit:
-                self.state_hits += 1
-                self.tokens_saved += probe.state_hit
-            self.state_miss_tokens += probe.state_miss
+            self.counters.count_request(probe.prompt_len, probe.state_hit, probe.state_miss)
+            self.counters.junctions += bool(probe.junction)
 
     # -- caching ------------------------------------------------------------
     def track(self, request: Any) -> _Track:
@@ -383,7 +372,7 @@ class AdmissionControl:
             return  # never hashed, or evicted (and maybe reused) meanwhile: nothing to drop
         drop(old_block)
         if group == self.first_state:
-            self.checkpoints -= 1
+            self.counters.state_checkpoints -= 1
             self.superseded += 1
             track.adm.unrecord(old_pos)  # (absent after a preemption: a new track)
 
@@ -395,7 +384,7 @@ class AdmissionControl:
             b = blocks[i]
             if not b.is_null and b.block_hash is not None:
                 record((i + 1) * B)
-                self.checkpoints += 1
+                self.counters.state_checkpoints += 1
 
     def keeps_tail(self, track: _Track) -> bool:
         """Whether the request's prompt has a tail unit inside a block (a hash unit
@@ -408,7 +397,7 @@ class AdmissionControl:
     def observe_tail(self, track: _Track) -> None:
         """The first state group cached the request's tail-unit state."""
         track.adm.record(track.adm.tail)
-        self.checkpoints += 1
+        self.counters.state_checkpoints += 1
 
     # -- values for value-aware eviction (needs_values) -------------------
     def _is_cached_state(self, track: _Track) -> Callable[[int], bool]:
@@ -608,15 +597,13 @@ class AdmissionControl:
         """A snapshot of the metrics (see :class:`AdmissionStats`)."""
         kinds = self.geometry.group_kinds
         by_group = {f"{kinds[g]}{g}": int(n) for g, n in enumerate(evictions_by_group)}
+        counters = {**vars(self.counters), "evictions": sum(by_group.values()),
+                    "evictions_by_group": by_group}
         return AdmissionStats(
             active=True, admission=self.policy.name, eviction=self.eviction,
             alpha=self.eviction_policy.alpha
             if self.eviction_policy is not None and self.eviction_policy.tunable else None,
-            requests=self.requests, prompt_tokens=self.prompt_tokens, junctions=self.junctions,
-            checkpoints=self.checkpoints, superseded=self.superseded,
-            state_hits=self.state_hits, tokens_saved=self.tokens_saved,
-            state_miss_tokens=self.state_miss_tokens,
-            evictions=sum(by_group.values()), evictions_by_group=by_group,
+            **counters, superseded=self.superseded,
             free_blocks=free_blocks, usable_blocks=self.geometry.num_blocks - 1,
             tuning=list(self.tuner.events) if self.tuner is not None else [],
             adaptive=self.controller is not None,

@@ -13,9 +13,9 @@ those positions are written during the same forward pass:
   the stock ``cache_blocks`` path exactly as in split mode, and the step's list
   ``{running state block: ((offset in chunk, checkpoint block), ...)}`` rides on
   the step's ``SchedulerOutput``
-  (:func:`vllm_admission.plugin.vllm_hooks.attach_step_checkpoints`).
+  (:func:`vllm_admission.plugin.boundary.hooks.attach_step_checkpoints`).
 * **runner** (:mod:`vllm_admission.plugin.runner.inpass_runner`, installed by
-  :func:`vllm_admission.plugin.vllm_hooks.install_inpass_runner`):
+  :func:`vllm_admission.plugin.boundary.hooks.install_inpass_runner`):
   ``GPUModelRunner.execute_model`` (CPUModelRunner inherits it) is wrapped to
   publish that list for the step, and
   ``vllm.model_executor.layers.mamba.ops.cpu.gdn_attention._cpu_gdn_attention_nonspec``
@@ -30,7 +30,7 @@ those positions are written during the same forward pass:
   attention and MLP run once, as in vLLM.
 
 This module changes no vLLM object: every hook is installed by
-:mod:`vllm_admission.plugin.vllm_hooks`.
+:mod:`vllm_admission.plugin.boundary.hooks`.
 
 Mamba2 layers take the same list through vLLM's own prefill-checkpoint export
 (:mod:`~vllm_admission.plugin.runner.mamba2_export`).
@@ -122,7 +122,7 @@ def _checkpoint_indices(manager: Any, plan: dict, request_id: str, num_tokens: i
 class InpassAllocation:
     """A state-group manager's allocation with a real block at every planned checkpoint.
 
-    :func:`vllm_admission.plugin.vllm_hooks.bind_inpass_managers` shadows the
+    :func:`vllm_admission.plugin.boundary.hooks.bind_inpass_managers` shadows the
     manager's ``get_num_blocks_to_allocate`` and ``allocate_new_blocks``
     (``MambaManager``, ``vllm/v1/core/single_type_kv_cache_manager.py``) with
     this object's methods, which take vLLM's arguments: the checkpoint blocks

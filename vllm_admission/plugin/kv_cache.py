@@ -3,7 +3,7 @@
 vLLM builds its KV cache objects inside ``KVCacheManager.__init__``
 (``vllm/v1/core/kv_cache_manager.py``: ``get_kv_cache_coordinator`` picks the
 coordinator, which builds the ``BlockPool`` and one manager per KV cache group).
-:func:`vllm_admission.plugin.vllm_hooks.install` turns those live, still empty
+:func:`vllm_admission.plugin.boundary.hooks.install` turns those live, still empty
 objects into the subclasses below (by re-typing them, so every field vLLM set
 up stays as it is):
 

@@ -21,7 +21,7 @@ Overridden ``vllm.v1.core.sched.scheduler.Scheduler`` methods:
 * ``schedule``: applies a newly tuned alpha before the step allocates blocks;
 * ``_update_after_schedule``: counts admitted requests, writes the periodic
   metric line and the metrics snapshot for ``/metrics``
-  (:mod:`vllm_admission.plugin.metrics`);
+  (:mod:`vllm_admission.plugin.metrics.prometheus`);
 * ``_free_blocks``: forgets a finished request, feeds the alpha tuner,
   publishes the snapshot when the last running request ends;
 * ``shutdown``: stops the tuner thread, removes the snapshot.
@@ -41,14 +41,15 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_admission.core.geometry import inpass_capture_limit
-from vllm_admission.plugin import inpass, vllm_hooks, vllm_surface
+from vllm_admission.plugin import inpass
+from vllm_admission.plugin.boundary import hooks, surface
 from vllm_admission.plugin.config import AdmissionConfig
 from vllm_admission.plugin.control import AdmissionControl
-from vllm_admission.plugin.engine_setup import EngineSetup
+from vllm_admission.plugin.boundary.engine_setup import EngineSetup
 from vllm_admission.plugin.kv_cache import PolicyMambaManager
-from vllm_admission.plugin.logs import ensure_log_output
-from vllm_admission.plugin.snapshots import StatsPublisher
-from vllm_admission.plugin.stats import AdmissionStats
+from vllm_admission.plugin.metrics.logs import ensure_log_output
+from vllm_admission.plugin.metrics.snapshots import StatsPublisher
+from vllm_admission.plugin.metrics.stats import AdmissionStats
 
 __all__ = ["AdmissionScheduler", "AsyncAdmissionScheduler", "admission_stats"]
 
@@ -107,7 +108,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
           :class:`AsyncAdmissionScheduler`, so the engine's two batches in
           flight (``EngineCore.step_with_batch_queue``) get vLLM's output
           placeholders, as with vLLM's own ``AsyncScheduler``;
-        * an unsupported vLLM release (:func:`vllm_surface.check_version`): vLLM's
+        * an unsupported vLLM release (:func:`surface.check_version`): vLLM's
           own ``Scheduler`` or ``AsyncScheduler``, built and returned as is, so
           no override of this class is active; or one line refusing a setting
           that asks for anything but vLLM's behaviour.
@@ -120,9 +121,9 @@ class AdmissionScheduler(EngineSetup, Scheduler):
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         scheduler_config = getattr(vllm_config, "scheduler_config", None)
         is_async = bool(getattr(scheduler_config, "async_scheduling", False))
-        if not vllm_surface.check_version():
+        if not surface.check_version():
             config = cls._admission_read_config()
-            reason = vllm_surface.unsupported_reason(vllm_surface.installed_version(),
+            reason = surface.unsupported_reason(surface.installed_version(),
                                                      config.wants_changes())
             ensure_log_output()
             stock = AsyncScheduler if is_async else Scheduler
@@ -165,10 +166,10 @@ class AdmissionScheduler(EngineSetup, Scheduler):
         self._admission_inpass: dict[str, tuple[int, list[int]]] | None = None
         if config.checkpoint == "inpass":
             self._admission_setup_inpass()
-        vllm_hooks.install(self.kv_cache_manager, control)
+        hooks.install(self.kv_cache_manager, control)
         self._admission = control
         if self._admission_inpass is not None:
-            vllm_hooks.bind_inpass_managers(self._admission_state_managers(),
+            hooks.bind_inpass_managers(self._admission_state_managers(),
                                             self._admission_inpass)
         self._admission_bind_split()
         self._admission_last_log = time.monotonic()
@@ -283,16 +284,16 @@ class AdmissionScheduler(EngineSetup, Scheduler):
     def _admission_bind_split(self) -> None:
         ctl = self._admission
         if getattr(self, "_admission_inpass", None) is not None:
-            vllm_hooks.bind_chunk_split(self, self._admission_inpass_split)
+            hooks.bind_chunk_split(self, self._admission_inpass_split)
             return
-        vllm_hooks.bind_chunk_split(
+        hooks.bind_chunk_split(
             self, self._admission_split if ctl is not None and ctl.has_stops else None)
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         ctl = self._admission
         plan = getattr(self, "_admission_inpass", None)
         if plan is not None:
-            vllm_hooks.attach_step_checkpoints(scheduler_output, inpass.step_checkpoints(
+            hooks.attach_step_checkpoints(scheduler_output, inpass.step_checkpoints(
                 self._admission_state_managers(), self.requests,
                 scheduler_output.num_scheduled_tokens, plan))
         if ctl is not None:
@@ -370,7 +371,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
     def _admission_use_admission(self, name: str) -> None:
         ctl = self._admission
         ctl.set_policy(name)
-        vllm_hooks.use_policy_managers(self.kv_cache_manager.coordinator, ctl)
+        hooks.use_policy_managers(self.kv_cache_manager.coordinator, ctl)
         self._admission_bind_split()
 
 
@@ -420,7 +421,7 @@ def admission_stats(llm: Any) -> AdmissionStats:
             (``VLLM_ENABLE_V1_MULTIPROCESSING=1``), or its scheduler is not an
             :class:`AdmissionScheduler`.
     """
-    scheduler = vllm_hooks.inprocess_scheduler(llm)
+    scheduler = hooks.inprocess_scheduler(llm)
     if not isinstance(scheduler, AdmissionScheduler):
         raise RuntimeError(f"the engine's scheduler is {type(scheduler).__name__}, "
                            f"not AdmissionScheduler")

@@ -28,6 +28,7 @@ from vllm_admission.core.geometry import (
     check_hash_block_size,
     geometry_from_blocks,
 )
+from vllm_admission.core.counters import CacheCounters, ratio
 from vllm_admission.core.replay import (
     CacheRequest,
     NextUseOracle,
@@ -45,9 +46,11 @@ __all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "RunResult", "cache_requests", 
 DEFAULT_CHUNK_SIZE = 8192
 
 
-@dataclass
-class RunResult:
-    """One simulated run. Tokens, FLOPs, bytes, seconds.
+@dataclass(kw_only=True)
+class RunResult(CacheCounters):
+    """One simulated run: the :class:`~vllm_admission.core.counters.CacheCounters` over
+    the requests that ran, and the run's settings and derived figures. Tokens, FLOPs,
+    bytes, seconds.
 
     ``token_hit_rate = hit_tokens / prompt_tokens`` over the requests that ran;
     ``request_hit_rate`` is the fraction of those with a non-zero hit;
@@ -72,12 +75,7 @@ class RunResult:
     ``prefix_match_unit`` the engine's hash unit when finer than the block
     (``None``: whole blocks), ``num_speculative_tokens`` the EAGLE/MTP draft
     tokens per step (0: no speculative decoding).
-    ``state_miss_tokens`` sums, over the requests that ran, the prompt tokens
-    whose attention KV was cached past the hybrid hit but recomputed because no
-    recurrent state was kept at their end (attention-KV hit minus hybrid hit,
-    whole blocks: :attr:`HitProbe.state_miss
-    <vllm_admission.core.admission.HitProbe.state_miss>`, the plugin's
-    ``state_miss_tokens`` metric).
+    ``skipped_requests`` counts the requests that could not fit the cache.
     """
 
     trace: str
@@ -89,17 +87,10 @@ class RunResult:
     num_blocks: int
     mamba_ssm_cache_dtype: str
     ssm_dtype: str | None
-    requests: int
-    skipped_requests: int
-    prompt_tokens: int
-    hit_tokens: int
+    skipped_requests: int = 0
     token_hit_rate: float
     request_hit_rate: float
     flops_saved_fraction: float
-    state_checkpoints: int
-    junctions: int
-    evictions: int
-    evictions_by_group: dict[str, int]
     alpha: float | None
     alpha_events: list[dict[str, Any]]
     wall_seconds: float
@@ -109,7 +100,6 @@ class RunResult:
     final_policy: str | None = None
     prefill_steps: int = 0
     checkpoint: str = "split"
-    state_miss_tokens: int = 0
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None
     num_speculative_tokens: int = 0
@@ -307,12 +297,13 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         capacity_bytes=capacity_bytes if num_blocks is None else None,
         block_size=geo.block_size, num_blocks=geo.num_blocks,
         mamba_ssm_cache_dtype=costs.mamba_ssm_cache_dtype, ssm_dtype=costs.ssm_dtype,
-        requests=totals.requests, skipped_requests=totals.skipped,
+        requests=totals.requests, skipped_requests=totals.skipped_requests,
         prompt_tokens=totals.prompt_tokens, hit_tokens=totals.hit_tokens,
-        token_hit_rate=_ratio(totals.hit_tokens, totals.prompt_tokens),
-        request_hit_rate=_ratio(totals.hit_requests, totals.requests),
-        flops_saved_fraction=_ratio(totals.flops_saved, totals.flops_total),
-        state_checkpoints=cache.checkpoints, junctions=cache.junctions,
+        hit_requests=totals.hit_requests,
+        token_hit_rate=ratio(totals.hit_tokens, totals.prompt_tokens),
+        request_hit_rate=ratio(totals.hit_requests, totals.requests),
+        flops_saved_fraction=ratio(totals.flops_saved, totals.flops_total),
+        state_checkpoints=cache.state_checkpoints, junctions=cache.junctions,
         evictions=cache.pool.evictions,
         evictions_by_group=dict(zip(names, cache.pool.evictions_by_group)),
         alpha=(tuner.alpha if tuner else alpha) if plan.tunable else None,
@@ -328,7 +319,4 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         per_request_hits=hits if per_request else None,
         per_request_prefill_steps=steps if per_request else None)
 
-
-def _ratio(a: float, b: float) -> float:
-    return a / b if b else 0.0
 

@@ -245,7 +245,7 @@ class HybridPrefixCache:
             segment_flops=segment_flops)
         self._wire()
         #: State checkpoints admitted (cumulative, counted once per position).
-        self.checkpoints = 0
+        self.state_checkpoints = 0
         #: Requests whose KV hit ran past their state hit (shared prefixes seen).
         self.junctions = 0
 
@@ -562,14 +562,14 @@ class HybridPrefixCache:
                 self._key_tail(run, self.attn_groups)
             # A state block can be cached only if one is held in [nc, full).
             if live and live[-1] >= nc and live[0] < full:
-                self.checkpoints += self.state.cache_full(run, nc, full)
+                self.state_checkpoints += self.state.cache_full(run, nc, full)
         if run.tail and end >= run.tail and not run.tail_keyed:
             self._key_tail(run, self.attn_groups)
             run.tail_keyed = True
             if end == run.tail:
                 self._key_tail(run, self.state_groups)
                 run.adm.record(run.tail)
-                self.checkpoints += 1
+                self.state_checkpoints += 1
                 run.move_tail = True
 
     def _key_tail(self, run: RunningRequest, groups: Sequence[int]) -> None:

@@ -13,5 +13,5 @@
   CPU SSD scan returning chunk-end states, and a torch checkpoint store;
 * :mod:`~vllm_admission.plugin.runner.inpass_runner`: what the wrapped GDN core and the
   wrapped Mamba2 metadata builder run in ``inpass`` mode (the hooks themselves are installed by
-  :func:`vllm_admission.plugin.vllm_hooks.install_inpass_runner`). See ``docs/checkpoints.md``.
+  :func:`vllm_admission.plugin.boundary.hooks.install_inpass_runner`). See ``docs/checkpoints.md``.
 """

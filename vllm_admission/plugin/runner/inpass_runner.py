@@ -1,6 +1,6 @@
 """The runner side of ``inpass`` checkpoints: what the wrapped GDN core and Mamba2 builder run.
 
-:func:`vllm_admission.plugin.vllm_hooks.install_inpass_runner` wraps vLLM's
+:func:`vllm_admission.plugin.boundary.hooks.install_inpass_runner` wraps vLLM's
 ``GPUModelRunner.execute_model`` and the CPU GDN core
 ``_cpu_gdn_attention_nonspec``; the wrappers talk through one
 :class:`StepCheckpoints` (the explicit channel: ``execute_model`` publishes

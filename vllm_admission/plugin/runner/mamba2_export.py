@@ -35,7 +35,7 @@ per row. Three pieces, each the part of the contract vLLM lacks:
   (:func:`store_checkpoints_triton`, row starts gathered per entry); that path is checked
   under Triton's interpreter on CPU, not wired into a GPU engine and not run on a GPU.
 
-:func:`vllm_admission.plugin.vllm_hooks.install_inpass_runner` wires them in: the
+:func:`vllm_admission.plugin.boundary.hooks.install_inpass_runner` wires them in: the
 Mamba2 metadata builder gets the step's checkpoints (from the same
 :class:`~vllm_admission.plugin.runner.inpass_runner.StepCheckpoints` as the GDN core),
 and vLLM's ``conv_ssm_forward`` then runs unchanged. This module imports torch, never vLLM.

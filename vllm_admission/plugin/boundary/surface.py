@@ -1,6 +1,6 @@
 """What of vLLM the plugin relies on, and the checks that the installed vLLM still has it.
 
-:mod:`vllm_admission.plugin.vllm_hooks` makes every change to a vLLM object; this module
+:mod:`vllm_admission.plugin.boundary.hooks` makes every change to a vLLM object; this module
 lists what those changes (and the plugin's reads and overrides) rely on, and checks it:
 
 * :func:`check_version`, :func:`unsupported_reason`: vLLM 0.32.x and 0.33.x are supported.

@@ -1,6 +1,6 @@
 """A pytest plugin that runs vLLM's own scheduler tests on the AdmissionScheduler.
 
-Loaded with ``-p vllm_admission.plugin.peer_swap`` by ``scripts/vllm_peer_tests.py``
+Loaded with ``-p vllm_admission_testing.peer_swap`` by ``scripts/vllm_peer_tests.py``
 (see there). It rebinds ``Scheduler`` and ``AsyncScheduler`` in vLLM's test helper
 module ``tests.v1.core.utils`` (whose ``create_scheduler`` builds the scheduler under
 test by those names) to the plugin's classes (``AsyncAdmissionScheduler`` for

@@ -20,11 +20,11 @@ cache key, and scheduler settings must not force a recompile. The plugin
 reads its settings through :class:`vllm_admission.plugin.config.AdmissionConfig`.
 
 Where asked, in every process it also installs vLLM's fixes
-(:func:`install_vllm_fixes`: :func:`vllm_admission.plugin.cpu_mamba2.install`, on
+(:func:`install_vllm_fixes`: :func:`vllm_admission.plugin.boundary.cpu_mamba2.install`, on
 vLLM's CPU platform only, Mamba2 layers declare no prefill-checkpoint export there,
-which the CPU kernels cannot write; :func:`vllm_admission.plugin.cpu_spec_decode.install`,
+which the CPU kernels cannot write; :func:`vllm_admission.plugin.boundary.cpu_spec_decode.install`,
 CPU only, the speculative-decoding state kernels the CPU build lacks, so MTP runs
-there; :func:`vllm_admission.plugin.block_copy.install`, any platform, block copies of
+there; :func:`vllm_admission.plugin.boundary.block_copy.install`, any platform, block copies of
 whole pages, so a hit inside a block reads the copied attention block intact).
 
 Where asked, in the process that starts vLLM (``MainProcess``), :func:`register` also
@@ -39,7 +39,7 @@ Where asked, in the process that starts vLLM (``MainProcess``), :func:`register`
   vLLM spawns (the only variable the plugin sets for a child; the policy
   settings are the user's own variables, or, for an in-process engine built by
   :func:`vllm_admission.engine.llm.build_llm`, an ``AdmissionConfig`` object)
-  (:mod:`vllm_admission.plugin.metrics`). That process owns the directory: it
+  (:mod:`vllm_admission.plugin.metrics.prometheus`). That process owns the directory: it
   removes it when it exits (``atexit``: ``vllm serve`` stopped with Ctrl-C or
   SIGTERM exits normally, but force-kills its engine core first, with
   ``--shutdown-timeout 0`` by default, so the scheduler's own clean-up in
@@ -79,7 +79,7 @@ from vllm_admission.plugin.config import (
     AdmissionConfig,
     AdmissionConfigError,
 )
-from vllm_admission.plugin.snapshots import (
+from vllm_admission.plugin.metrics.snapshots import (
     ENV_METRICS_DIR,
     default_metrics_dir,
     remove_snapshot_dir,
@@ -129,7 +129,7 @@ def _remove_at_exit(pid: int, directory: str) -> None:
 
 
 def check_before_load(vllm_config: object) -> None:
-    """:func:`~vllm_admission.plugin.engine_setup.preflight` for an engine whose
+    """:func:`~vllm_admission.plugin.boundary.engine_setup.preflight` for an engine whose
     ``scheduler_cls`` is the AdmissionScheduler (by name, or a
     :meth:`~vllm_admission.plugin.scheduler.AdmissionScheduler.configured` class),
     on a supported vLLM release; nothing otherwise.
@@ -139,7 +139,7 @@ def check_before_load(vllm_config: object) -> None:
             or ``SystemExit(2)`` with that line on stderr when the command line
             names the AdmissionScheduler (``vllm serve``).
     """
-    from vllm_admission.plugin import vllm_surface
+    from vllm_admission.plugin.boundary import surface
 
     named = vllm_config.scheduler_config.scheduler_cls
     if isinstance(named, str):
@@ -152,9 +152,9 @@ def check_before_load(vllm_config: object) -> None:
         if not (isinstance(named, type) and issubclass(named, AdmissionScheduler)):
             return
         config = named.admission_settings
-    if not vllm_surface.check_version():
+    if not surface.check_version():
         return  # the scheduler builds vLLM's own class, or refuses, itself
-    from vllm_admission.plugin.engine_setup import preflight
+    from vllm_admission.plugin.boundary.engine_setup import preflight
 
     try:
         preflight(vllm_config, config or AdmissionConfig.from_env())
@@ -177,10 +177,10 @@ def install_vllm_fixes() -> None:
     platform lacks (each a no-op elsewhere: the Mamba2 prefill export off, since the
     engine core builds the KV cache specs; the speculative-decoding state copies, which
     the model runner uses under drafts) and, on any platform, block copies of whole pages
-    (:mod:`~vllm_admission.plugin.block_copy`: a hit inside a block copies a page that an
+    (:mod:`~vllm_admission.plugin.boundary.block_copy`: a hit inside a block copies a page that an
     attention and a Mamba layer share). :func:`register` installs them where asked,
     :func:`vllm_admission.engine.llm.build_llm` before every engine it starts."""
-    from vllm_admission.plugin import block_copy, cpu_mamba2, cpu_spec_decode
+    from vllm_admission.plugin.boundary import block_copy, cpu_mamba2, cpu_spec_decode
 
     cpu_mamba2.install()
     cpu_spec_decode.install()
@@ -214,7 +214,7 @@ def register() -> None:
         SystemExit: (status 2) an invalid setting while the command line
             names the AdmissionScheduler.
     """
-    from vllm_admission.plugin.vllm_hooks import register_env_vars
+    from vllm_admission.plugin.boundary.hooks import register_env_vars
 
     plugin = asked()
     if not plugin and os.environ.get(ENV_CPU_FIXES) != "1":
@@ -226,14 +226,14 @@ def register() -> None:
     os.environ[ENV_ACTIVE] = "1"
     if not os.environ.get(ENV_METRICS_DIR):
         os.environ[ENV_METRICS_DIR] = _own_metrics_dir()
-    from vllm_admission.plugin.vllm_hooks import install_preflight
+    from vllm_admission.plugin.boundary.hooks import install_preflight
 
     install_preflight(check_before_load)
     try:
         AdmissionConfig.from_env()
     except AdmissionConfigError as exc:
         _exit_if_serving(exc)
-        from vllm_admission.plugin.logs import ensure_log_output
+        from vllm_admission.plugin.metrics.logs import ensure_log_output
 
         ensure_log_output()
         logger.warning("vllm_admission: %s (the AdmissionScheduler will refuse to start)", exc)

@@ -1,11 +1,11 @@
 """The engine-core half of the ``/metrics`` path: stats snapshots in a directory.
 
 The scheduler (engine-core process) writes its
-:class:`~vllm_admission.plugin.stats.AdmissionStats` as JSON to
+:class:`~vllm_admission.plugin.metrics.stats.AdmissionStats` as JSON to
 ``$VLLM_ADMISSION_METRICS_DIR/engine-<index>.json`` with :class:`StatsPublisher`;
-the API server's collector (:mod:`vllm_admission.plugin.metrics`) reads them
+the API server's collector (:mod:`vllm_admission.plugin.metrics.prometheus`) reads them
 with :func:`read_snapshots`. The general plugin
-(:mod:`vllm_admission.plugin.register`) names the directory
+(:mod:`vllm_admission.plugin.boundary.register`) names the directory
 (:func:`default_metrics_dir`) and removes it, and those of dead processes
 (:func:`remove_stale_snapshot_dirs`).
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_admission.plugin.config import ENV_METRICS_DIR
-from vllm_admission.plugin.stats import AdmissionStats
+from vllm_admission.plugin.metrics.stats import AdmissionStats
 
 __all__ = ["ENV_METRICS_DIR", "PUBLISH_INTERVAL_S", "StatsPublisher", "default_metrics_dir",
            "read_snapshots", "remove_snapshot_dir", "remove_stale_snapshot_dirs"]

@@ -5,7 +5,7 @@ The plugin enters vLLM through two documented doors, ``--scheduler-cls``
 vLLM's ``Scheduler``) and the ``vllm.general_plugins`` /
 ``vllm.stat_logger_plugins`` entry points. Everything beyond that, the live
 objects it changes and the private members it reads, is done here, behind the
-version check of :mod:`vllm_admission.plugin.vllm_surface`:
+version check of :mod:`vllm_admission.plugin.boundary.surface`:
 
 * :func:`install`: re-types the freshly built block pool, Mamba managers and
   hybrid coordinator into the subclasses of
@@ -23,10 +23,10 @@ version check of :mod:`vllm_admission.plugin.vllm_surface`:
   Mamba2 metadata builder, SSD scan and checkpoint store; all share one
   :class:`~vllm_admission.plugin.runner.inpass_runner.StepCheckpoints`);
 * :func:`wrap_mamba2_spec`: ``MambaMixer2.get_kv_cache_spec`` on vLLM's CPU
-  platform (:mod:`vllm_admission.plugin.cpu_mamba2`: no prefill-checkpoint export);
+  platform (:mod:`vllm_admission.plugin.boundary.cpu_mamba2`: no prefill-checkpoint export);
 * :func:`install_cpu_spec_decode`: on vLLM's CPU platform, the speculative-decoding
   state copies and the Mamba2 conv update under drafts, which the CPU build lacks
-  (:mod:`vllm_admission.plugin.cpu_spec_decode`);
+  (:mod:`vllm_admission.plugin.boundary.cpu_spec_decode`);
 * :func:`wrap_schedule`: observes each step's output on one scheduler
   instance (:class:`vllm_admission.engine.llm.PrefillStepCounter`);
 * :func:`install_preflight`: ``EngineArgs.create_engine_config``, so that the
@@ -37,7 +37,7 @@ version check of :mod:`vllm_admission.plugin.vllm_surface`:
 * :func:`cached_blocks`: iterates vLLM's block-hash map (no public iterator);
   :func:`inprocess_scheduler`: the live scheduler of an in-process ``LLM``.
 
-:data:`vllm_admission.plugin.vllm_surface.PRIVATE_MEMBERS` lists every private
+:data:`vllm_admission.plugin.boundary.surface.PRIVATE_MEMBERS` lists every private
 member these changes (and the plugin's reads and overrides) rely on, with the
 vLLM file it comes from; ``vllm_surface`` also checks that the installed vLLM
 still has each one and that every override accepts the arguments vLLM passes.
@@ -339,7 +339,7 @@ def _install_mamba2_export(channel: Any) -> None:
 
 def wrap_mamba2_spec(transform: Callable[[Any], Any]) -> None:
     """Wrap ``MambaMixer2.get_kv_cache_spec`` (process-wide, once) so that it returns
-    ``transform(spec)``; :func:`vllm_admission.plugin.cpu_mamba2.install` decides when."""
+    ``transform(spec)``; :func:`vllm_admission.plugin.boundary.cpu_mamba2.install` decides when."""
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 
     if mamba2_spec_wrapped():
@@ -360,7 +360,7 @@ def install_preflight(check: Callable[[Any], None]) -> None:
     build their config there: ``vllm/engine/arg_utils.py``). ``check`` may raise;
     the config is returned unchanged otherwise.
 
-    Installed by :func:`vllm_admission.plugin.register.register` only when the
+    Installed by :func:`vllm_admission.plugin.boundary.register.register` only when the
     user asked for the plugin (module docstring there), and by
     :func:`vllm_admission.engine.llm.build_llm` for its own engines.
     """
@@ -393,7 +393,7 @@ def install_cpu_spec_decode() -> None:
     kernels the CPU build has not; ``_populate_metadata`` is wrapped to keep the state
     tensors and block tables they copy between) and ``mamba_mixer2.causal_conv1d_update``
     with ``num_accepted_tokens`` (the CPU version drops it; without it the call goes to
-    vLLM's function unchanged). :func:`vllm_admission.plugin.cpu_spec_decode.install`
+    vLLM's function unchanged). :func:`vllm_admission.plugin.boundary.cpu_spec_decode.install`
     decides when."""
     from vllm.model_executor.layers.mamba import mamba_mixer2
     from vllm.model_executor.layers.mamba.mamba_utils import (
@@ -472,7 +472,7 @@ _BLOCK_COPY_CALLERS = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.mo
 def install_block_copy(copy: Any) -> None:
     """Make the model runners call ``copy`` instead of vLLM's
     ``copy_kv_cache_blocks_inplace`` (same signature), process-wide, once;
-    :mod:`vllm_admission.plugin.block_copy` says why."""
+    :mod:`vllm_admission.plugin.boundary.block_copy` says why."""
     import importlib
 
     if block_copy_installed():

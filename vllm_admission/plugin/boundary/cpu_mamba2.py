@@ -26,7 +26,7 @@ prompt-end checkpoint and the state is written at that chunk end, as for the GDN
 the pool's per-request peak is 2 state blocks per group (``MambaSpec.max_memory_usage_bytes``)
 instead of 3. On any other platform :func:`install` changes nothing.
 
-The patch is process-wide and idempotent. The general plugin (:mod:`vllm_admission.plugin.register`)
+The patch is process-wide and idempotent. The general plugin (:mod:`vllm_admission.plugin.boundary.register`)
 installs it in every vLLM process, and :func:`vllm_admission.engine.llm.build_llm` before
 each engine it builds (its stock engines run with ``VLLM_PLUGINS=""``).
 """
@@ -54,7 +54,7 @@ def spec_without_export(spec: Any) -> Any:
 def install() -> bool:
     """On vLLM's CPU platform, make ``MambaMixer2`` declare no prefill-checkpoint export.
 
-    The wrap itself is :func:`vllm_admission.plugin.vllm_hooks.wrap_mamba2_spec`
+    The wrap itself is :func:`vllm_admission.plugin.boundary.hooks.wrap_mamba2_spec`
     (every change to a vLLM object is made there).
 
     Returns:
@@ -68,7 +68,7 @@ def install() -> bool:
 
     if not current_platform.is_cpu():
         return False
-    from vllm_admission.plugin.vllm_hooks import wrap_mamba2_spec
+    from vllm_admission.plugin.boundary.hooks import wrap_mamba2_spec
 
     wrap_mamba2_spec(spec_without_export)
     return True
@@ -76,6 +76,6 @@ def install() -> bool:
 
 def installed() -> bool:
     """Whether ``MambaMixer2.get_kv_cache_spec`` is wrapped in this process."""
-    from vllm_admission.plugin.vllm_hooks import mamba2_spec_wrapped
+    from vllm_admission.plugin.boundary.hooks import mamba2_spec_wrapped
 
     return mamba2_spec_wrapped()

@@ -6,9 +6,9 @@ vLLM's CPU build loads MTP drafters for hybrid models (``Qwen3NextMTP``,
 and gives wrong Mamba2 outputs under drafts (the CPU conv update drops
 ``num_accepted_tokens``). :func:`install` supplies torch versions
 (:mod:`vllm_admission.plugin.runner.spec_decode_cpu`); the wraps themselves are
-:func:`vllm_admission.plugin.vllm_hooks.install_cpu_spec_decode`. Only paths that fail or
+:func:`vllm_admission.plugin.boundary.hooks.install_cpu_spec_decode`. Only paths that fail or
 are wrong on CPU change: without drafts nothing here runs, and on any other platform
-:func:`install` changes nothing. Installed where :mod:`vllm_admission.plugin.cpu_mamba2`
+:func:`install` changes nothing. Installed where :mod:`vllm_admission.plugin.boundary.cpu_mamba2`
 is (the general plugin, :func:`vllm_admission.engine.llm.build_llm`). Facts:
 docs/engine-facts.md, section 9.
 """
@@ -31,7 +31,7 @@ def install() -> bool:
 
     if not current_platform.is_cpu():
         return False
-    from vllm_admission.plugin.vllm_hooks import install_cpu_spec_decode
+    from vllm_admission.plugin.boundary.hooks import install_cpu_spec_decode
 
     install_cpu_spec_decode()
     return True
@@ -39,6 +39,6 @@ def install() -> bool:
 
 def installed() -> bool:
     """Whether the kernels are installed in this process."""
-    from vllm_admission.plugin.vllm_hooks import cpu_spec_decode_installed
+    from vllm_admission.plugin.boundary.hooks import cpu_spec_decode_installed
 
     return cpu_spec_decode_installed()

@@ -5,8 +5,8 @@
 scheduler's own numbers between the two (``SchedulerStats`` is a fixed
 dataclass, serialised field by field). So the two halves meet in a file:
 
-* engine core: :class:`~vllm_admission.plugin.snapshots.StatsPublisher` writes the scheduler's
-  :class:`~vllm_admission.plugin.stats.AdmissionStats` as JSON to
+* engine core: :class:`~vllm_admission.plugin.metrics.snapshots.StatsPublisher` writes the scheduler's
+  :class:`~vllm_admission.plugin.metrics.stats.AdmissionStats` as JSON to
   ``$VLLM_ADMISSION_METRICS_DIR/engine-<index>.json`` (atomic replace), at
   most once per :data:`PUBLISH_INTERVAL_S` while requests run and always when
   the last running request finishes, so an idle server shows final values;
@@ -17,12 +17,12 @@ dataclass, serialised field by field). So the two halves meet in a file:
   Prometheus registry (``vllm/v1/metrics/prometheus.py``
   ``get_prometheus_registry``); each scrape reads the files.
 
-The general plugin (:mod:`vllm_admission.plugin.register`) sets
+The general plugin (:mod:`vllm_admission.plugin.boundary.register`) sets
 ``VLLM_ADMISSION_METRICS_DIR`` in the process that starts vLLM, before the
 engine core is spawned (it inherits the environment). Metric names follow
 vLLM's (``vllm:`` prefix, ``model_name`` and ``engine`` labels; counters are
-exposed with ``_total``) and the field names of ``AdmissionStats``, so the log
-line, ``stats()``, ``results.json`` and ``/metrics`` use one name per count:
+exposed with ``_total``). Three counters keep names older than the shared counter
+schema; the table gives the ``AdmissionStats`` field each one reads:
 
 ==========================================  =======  =====================================
 metric                                      type     meaning (``AdmissionStats`` field)
@@ -33,10 +33,10 @@ metric                                      type     meaning (``AdmissionStats``
                                                      (first admissions, as vLLM's counters)
 ``vllm:hybrid_prefix_cache_prompt_tokens``  counter  their prompt tokens
 ``vllm:hybrid_prefix_cache_junctions``      counter  requests whose KV hit ran past the state hit
-``vllm:hybrid_prefix_cache_checkpoints``    counter  recurrent states admitted (given a block hash)
+``vllm:hybrid_prefix_cache_checkpoints``    counter  ``state_checkpoints``: recurrent states admitted
 ``vllm:hybrid_prefix_cache_superseded``     counter  tentative sequence-end states replaced
-``vllm:hybrid_prefix_cache_state_hits``     counter  requests with a hybrid hit > 0
-``vllm:hybrid_prefix_cache_tokens_saved``   counter  prompt tokens served from the cache
+``vllm:hybrid_prefix_cache_state_hits``     counter  ``hit_requests``: requests with a hybrid hit > 0
+``vllm:hybrid_prefix_cache_tokens_saved``   counter  ``hit_tokens``: prompt tokens served from the cache
 ``vllm:hybrid_prefix_cache_state_miss_tokens`` counter attention-KV hit tokens recomputed
                                                      for want of a state at their end
 ``vllm:hybrid_prefix_cache_policy_switches`` counter switches made by ``auto``
@@ -58,7 +58,7 @@ from typing import Any
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from vllm_admission.plugin.snapshots import (
+from vllm_admission.plugin.metrics.snapshots import (
     ENV_METRICS_DIR,
     PUBLISH_INTERVAL_S,
     StatsPublisher,
@@ -85,23 +85,29 @@ __all__ = [
 logger = logging.getLogger("vllm_admission")
 
 METRIC_PREFIX = "vllm:hybrid_prefix_cache_"
-#: ``AdmissionStats`` fields exported as counters, with their help text.
-COUNTERS: dict[str, str] = {
-    "requests": "Requests admitted into the running batch after a prefix lookup (first "
-                "admissions only: a request admitted again after a preemption is left out, "
-                "as in vllm:prefix_cache_queries).",
-    "prompt_tokens": "Prompt tokens of the admitted requests (first admissions only).",
-    "junctions": "Admitted requests whose attention-KV hit ran past their hybrid hit "
-                 "(a shared prefix without a saved recurrent state).",
-    "checkpoints": "Recurrent-state checkpoints admitted into the prefix cache (given a block hash).",
-    "superseded": "Tentative sequence-end states replaced by a later state of the same request.",
-    "state_hits": "Admitted requests with a hybrid prefix hit > 0.",
-    "tokens_saved": "Prompt tokens served from the hybrid prefix cache.",
-    "state_miss_tokens": "Prompt tokens whose attention KV was cached past the hybrid hit but "
-                         "recomputed because no recurrent state was kept at their end "
-                         "(attention-KV hit minus hybrid hit, whole blocks).",
-    "policy_switches": "Switches of the admission/eviction pair made by auto (the length of "
-                       "AdmissionStats.policy_switches).",
+#: Counters on ``/metrics``: metric name (after :data:`METRIC_PREFIX`) ->
+#: ``(AdmissionStats field, help text)``. The published names came before the shared
+#: counter schema (:class:`~vllm_admission.core.counters.CacheCounters`) and stay, so
+#: dashboards keep working; three differ from their field.
+COUNTERS: dict[str, tuple[str, str]] = {
+    "requests": ("requests", "Requests admitted into the running batch after a prefix lookup "
+                 "(first admissions only: a request admitted again after a preemption is left "
+                 "out, as in vllm:prefix_cache_queries)."),
+    "prompt_tokens": ("prompt_tokens", "Prompt tokens of the admitted requests (first admissions "
+                      "only)."),
+    "junctions": ("junctions", "Admitted requests whose attention-KV hit ran past their hybrid hit "
+                  "(a shared prefix without a saved recurrent state)."),
+    "checkpoints": ("state_checkpoints", "Recurrent-state checkpoints admitted into the prefix "
+                    "cache (given a block hash)."),
+    "superseded": ("superseded", "Tentative sequence-end states replaced by a later state of the "
+                   "same request."),
+    "state_hits": ("hit_requests", "Admitted requests with a hybrid prefix hit > 0."),
+    "tokens_saved": ("hit_tokens", "Prompt tokens served from the hybrid prefix cache."),
+    "state_miss_tokens": ("state_miss_tokens", "Prompt tokens whose attention KV was cached past "
+                          "the hybrid hit but recomputed because no recurrent state was kept at "
+                          "their end (attention-KV hit minus hybrid hit, whole blocks)."),
+    "policy_switches": ("policy_switches", "Switches of the admission/eviction pair made by auto "
+                        "(the length of AdmissionStats.policy_switches)."),
 }
 _GAUGES: dict[str, str] = {
     "alpha": "Alpha of the FLOP-aware eviction (recency weight).",
@@ -142,8 +148,8 @@ class AdmissionCollector:
         info = InfoMetricFamily(f"{METRIC_PREFIX}policy",
                                 "Admission and eviction policies of the AdmissionScheduler.",
                                 labels=base)
-        counters = {name: CounterMetricFamily(f"{METRIC_PREFIX}{name}", text, labels=base)
-                    for name, text in COUNTERS.items()}
+        counters = {field: CounterMetricFamily(f"{METRIC_PREFIX}{name}", text, labels=base)
+                    for name, (field, text) in COUNTERS.items()}
         evictions = CounterMetricFamily(f"{METRIC_PREFIX}evictions",
                                         "Cached KV blocks evicted, by KV cache group.",
                                         labels=[*base, "kind", "group"])
@@ -155,8 +161,8 @@ class AdmissionCollector:
                                      "eviction": str(stats.get("eviction")),
                                      "active": str(bool(stats.get("active"))).lower(),
                                      "auto": str(bool(stats.get("adaptive"))).lower()})
-            for name, family in counters.items():
-                value = stats.get(name, 0)
+            for field, family in counters.items():
+                value = stats.get(field, 0)
                 family.add_metric(labels, float(len(value) if isinstance(value, list) else value))
             for key, count in stats.get("evictions_by_group", {}).items():
                 m = _GROUP_KEY.match(key)

@@ -47,7 +47,8 @@ from vllm_admission.core.eviction import (
 )
 from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout
 from vllm_admission.core.run import RunPlan
-from vllm_admission.plugin import inpass, vllm_hooks
+from vllm_admission.plugin import inpass
+from vllm_admission.plugin.boundary import hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.kv_cache import group_kinds, smallest_cacheable_prefix
 
@@ -440,5 +441,5 @@ class EngineSetup:
             problems.append("vLLM's own prefill checkpoint export "
                             "(num_prefill_checkpoint_blocks)")
         _refuse_inpass(problems)
-        vllm_hooks.install_inpass_runner()
+        hooks.install_inpass_runner()
         self._admission_inpass = {}

@@ -17,8 +17,8 @@ from the first token on; with whole pages copied they are the cold run's
 
 :func:`copy_pages` is the copy with whole pages: one copy per distinct page region
 (storage, offset, page stride), each block's full page. :func:`install` puts it in the
-runner's place (:func:`vllm_admission.plugin.vllm_hooks.install_block_copy`), where the
-other vLLM fixes go (:func:`vllm_admission.plugin.register.install_vllm_fixes`).
+runner's place (:func:`vllm_admission.plugin.boundary.hooks.install_block_copy`), where the
+other vLLM fixes go (:func:`vllm_admission.plugin.boundary.register.install_vllm_fixes`).
 """
 
 from __future__ import annotations
@@ -70,13 +70,13 @@ def copy_pages(kv_caches: Iterable[Any], num_blocks: int, copies: Sequence[Any])
 def install() -> None:
     """Put :func:`copy_pages` where vLLM's model runners call the block copy (once per
     process)."""
-    from vllm_admission.plugin.vllm_hooks import install_block_copy
+    from vllm_admission.plugin.boundary.hooks import install_block_copy
 
     install_block_copy(copy_pages)
 
 
 def installed() -> bool:
     """Whether the runners copy whole pages in this process."""
-    from vllm_admission.plugin.vllm_hooks import block_copy_installed
+    from vllm_admission.plugin.boundary.hooks import block_copy_installed
 
     return block_copy_installed()
