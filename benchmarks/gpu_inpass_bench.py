@@ -40,7 +40,7 @@ Build the tree here, then on the GPU machine (no network, no vLLM needed)::
     python benchmarks/gpu/make_kernel_tree.py                     # writes .gpu/kernels
     PYTHONPATH=.:.gpu/kernels python3 benchmarks/gpu_inpass_bench.py --json $OUT/gpu_inpass.json
 
-Check it end to end on a CPU with Triton's interpreter (tiny shapes, one repeat, a few minutes)::
+Check it end to end on a CPU with Triton's interpreter (tiny shapes, one repeat, about a minute)::
 
     TRITON_INTERPRET=1 PYTHONPATH=.:.gpu/kernels python benchmarks/gpu_inpass_bench.py --small \\
         --json /tmp/gpu_small.json
@@ -127,6 +127,13 @@ NEMOTRON_NANO_SSM_DTYPE = torch.float32
 #: vLLM's hybrid block for Nemotron-3-Nano with --block-size 64 (``aligned_block_size``).
 NEMOTRON_NANO_BLOCK = 2112
 
+#: What the JSON records of the model constants above.
+MODELS = {"Qwen/Qwen3-Next-80B-A3B-Instruct": {**asdict(QWEN3_NEXT), "gdn_layers": QWEN3_NEXT_GDN_LAYERS,
+                                               "block": QWEN3_NEXT_BLOCK, "ssm_dtype": "bfloat16"},
+          "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": {**asdict(NEMOTRON_NANO),
+                                                         "mamba_layers": NEMOTRON_NANO_MAMBA_LAYERS,
+                                                         "block": NEMOTRON_NANO_BLOCK, "ssm_dtype": "float32"}}
+
 SMALL_GDN = GDNShape(hk=1, hv=2, dk=64, dv=64, width=4)
 SMALL_MAMBA = Mamba2Shape(heads=4, head_dim=16, state=16, groups=2, chunk=32, width=4)
 
@@ -174,6 +181,22 @@ def meta(args: argparse.Namespace, device: torch.device) -> dict:
 
 
 # -- Triton set-up ------------------------------------------------------------------
+def ensure_packaging() -> str | None:
+    """Three Mamba2 kernel files import ``packaging.version``; where ``packaging`` is missing,
+    the copy the kernel tree carries (``<tree>/fallback``) goes at the end of ``sys.path``."""
+    import importlib.util
+
+    found = importlib.util.find_spec("packaging")
+    if found is not None and found.origin is not None:         # a real package, not a bare folder
+        return None                                            # (the repository has a packaging/)
+    spec = importlib.util.find_spec("vllm")
+    fallback = Path(spec.origin).resolve().parents[1] / "fallback" if spec and spec.origin else None
+    if fallback is None or not (fallback / "packaging").is_dir():
+        return None
+    sys.path.append(str(fallback))
+    return str(fallback)
+
+
 def import_kernels() -> None:
     """Import the kernel modules (so that the autotune and interpreter patches see them) and
     check that they come from the kernel tree, not from an installed vLLM."""
@@ -227,6 +250,8 @@ def force_first_valid_config() -> None:
 
     def run(self, *args, **kwargs):
         configs = full.setdefault(id(self), list(self.configs))
+        if not hasattr(self, "_all_configs"):
+            self._all_configs = len(configs)
         if len(configs) <= 1:
             return original(self, *args, **kwargs)
         last = None
@@ -247,15 +272,19 @@ def force_first_valid_config() -> None:
     Autotuner.run = run
 
 
-def chosen_configs() -> dict[str, str]:
+def chosen_configs() -> dict[str, dict]:
+    """Per autotuned kernel: how many configs it has, the config per tuned key (``full``) and
+    the one its last launch used; kernels never launched are left out."""
     out = {}
     for name, tuner in autotuners().items():
         best = getattr(tuner, "best_config", None)
+        if best is None:
+            continue
+        entry = {"configs": getattr(tuner, "_all_configs", len(tuner.configs)), "last_used": str(best)}
         cache = getattr(tuner, "cache", None) or {}
-        if best is None and len(tuner.configs) == 1:
-            best = tuner.configs[0]
-        out[name] = {"configs": len(tuner.configs), "chosen": str(best) if best is not None else None,
-                     "tuned_keys": len(cache)}
+        if cache:
+            entry["tuned"] = {str(k): str(v) for k, v in cache.items()}
+        out[name] = entry
     return out
 
 
@@ -324,10 +353,10 @@ def cu_seqlens(lengths: list[int]) -> list[int]:
 
 def even_offsets(length: int, k: int, block: int) -> list[int]:
     """``k`` checkpoint offsets, multiples of ``block``, spread evenly inside ``(0, length)``."""
-    offs = sorted({max(block, (length * (j + 1) // (k + 1)) // block * block) for j in range(k)})
-    if len(offs) != k or offs[-1] >= length:
+    slots = (length - 1) // block                   # multiples of block strictly inside
+    if k > slots:
         raise ValueError(f"cannot place {k} checkpoints at multiples of {block} inside {length} tokens")
-    return offs
+    return [round((j + 1) * (slots + 1) / (k + 1)) * block for j in range(k)]
 
 
 def compare(got: torch.Tensor, ref: torch.Tensor) -> dict:
@@ -1022,6 +1051,24 @@ def mamba2_time(args: argparse.Namespace, device: torch.device) -> dict:
 
 
 # -- main ---------------------------------------------------------------------------
+def key_figures(result: dict) -> str:
+    """The figures of a check worth a log line (the JSON has them all)."""
+    out = []
+    items = list(result.items())
+    for name, value in list(items):
+        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            items += [(f"{name}.{k}", v) for k, v in value.items()]      # one level down (copy_check)
+    for name, value in items:
+        if not isinstance(value, dict):
+            continue
+        picked = {k: (f"{v:.3g}" if isinstance(v, float) else v) for k, v in value.items()
+                  if k in ("bit_identical", "max_rel_err", "max_bf16_steps", "max_abs_err", "tolerance_abs")
+                  or (isinstance(v, bool) and k not in ("bit_identical",))}
+        if picked:
+            out.append(f"{name} {picked}")
+    return "; ".join(out)
+
+
 PARTS: dict[str, tuple[str, Callable]] = {
     "gdn_check": ("correctness", gdn_check),
     "copy_check": ("correctness", copy_check),
@@ -1058,13 +1105,22 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: run on a GPU, or with TRITON_INTERPRET=1 (and --small) on a CPU", file=sys.stderr)
         return 2
     torch.manual_seed(args.seed)
-    import_kernels()
-    if args.autotune == "first" or INTERPRET:
-        force_first_valid_config()
-    if INTERPRET:
-        interpreter_shims()
-    data: dict = {"meta": meta(args, device), "autotune": "first" if INTERPRET else args.autotune,
-                  "correctness": {}, "timing": {}, "errors": {}, "part_seconds": {}}
+    data: dict = {"meta": {"argv": sys.argv, "torch": torch.__version__, "device": str(device)},
+                  "models": MODELS, "autotune": "first" if INTERPRET else args.autotune,
+                  "correctness": {}, "timing": {}, "errors": {}, "part_seconds": {}, "part_peak_gib": {}}
+    try:
+        packaging_fallback = ensure_packaging()
+        import_kernels()
+        if args.autotune == "first" or INTERPRET:
+            force_first_valid_config()
+        if INTERPRET:
+            interpreter_shims()
+        data["meta"] = {**meta(args, device), "packaging_fallback": packaging_fallback}
+    except Exception as exc:  # noqa: BLE001 - nothing can run; say why in the JSON too
+        traceback.print_exc()
+        data["errors"]["setup"] = f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        write_json(args.json, data)
+        return 1
     log(f"device {data['meta'].get('device_name', device)}, torch {torch.__version__}, "
         f"triton {data['meta']['triton']}, autotune {data['autotune']}, parts {' '.join(args.parts)}")
     write_json(args.json, data)
@@ -1076,7 +1132,7 @@ def main(argv: list[str] | None = None) -> int:
             with torch.inference_mode():
                 data[section][name] = fn(args, device)
             if section == "correctness":
-                log(f"{name}: {'PASS' if data[section][name]['passed'] else 'FAIL'}")
+                log(f"{name}: {'PASS' if data[section][name]['passed'] else 'FAIL'} {key_figures(data[section][name])}")
         except Exception as exc:  # noqa: BLE001 - a failing part is recorded, the others still run
             traceback.print_exc()
             sys.stderr.flush()
@@ -1084,7 +1140,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name}: ERROR {type(exc).__name__}: {exc}")
         data["part_seconds"][name] = round(time.perf_counter() - t0, 2)
         if device.type == "cuda":
-            data["part_seconds"][f"{name}_peak_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+            data["part_peak_gib"][name] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
             torch.cuda.reset_peak_memory_stats(device)
             torch.cuda.empty_cache()
         data["kernel_configs"] = chosen_configs()
