@@ -353,6 +353,38 @@ def wrap_mamba2_spec(transform: Callable[[Any], Any]) -> None:
     MambaMixer2.get_kv_cache_spec = get_kv_cache_spec
 
 
+def wrap_platform_config_check(wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]]) -> None:
+    """Replace ``CpuPlatform.check_and_update_config`` (process-wide, once) by
+    ``wrap(original)``; :mod:`vllm_admission.plugin.boundary.cpu_block_size` says why."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    if platform_config_check_wrapped():
+        return
+    original = CpuPlatform.check_and_update_config  # bound to the class
+
+    def check_and_update_config(cls: Any, vllm_config: Any) -> None:
+        wrapped(vllm_config)
+
+    wrapped = wrap(original)
+    check_and_update_config._admission_original = original  # type: ignore[attr-defined]
+    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+
+
+def platform_config_check_wrapped() -> bool:
+    """Whether :func:`wrap_platform_config_check` has run in this process."""
+    from vllm.platforms.cpu import CpuPlatform
+
+    return getattr(CpuPlatform.check_and_update_config, "_admission_original", None) is not None
+
+
+def restore_cache_sizes(cache_config: Any, sizes: dict[str, Any]) -> None:
+    """Set ``cache_config``'s fields named in ``sizes`` back to those values (the CPU
+    block-size keeper, :mod:`vllm_admission.plugin.boundary.cpu_block_size`)."""
+    for name, value in sizes.items():
+        if getattr(cache_config, name) != value:
+            setattr(cache_config, name, value)
+
+
 def install_preflight(check: Callable[[Any], None]) -> None:
     """Wrap ``EngineArgs.create_engine_config`` (process-wide, once) so that
     ``check(vllm_config)`` runs on every ``VllmConfig`` it returns, before the

@@ -20,7 +20,9 @@ cache key, and scheduler settings must not force a recompile. The plugin
 reads its settings through :class:`vllm_admission.plugin.config.AdmissionConfig`.
 
 Where asked, in every process it also installs vLLM's fixes
-(:func:`install_vllm_fixes`: :func:`vllm_admission.plugin.boundary.cpu_mamba2.install`, on
+(:func:`install_vllm_fixes`: :func:`vllm_admission.plugin.boundary.cpu_block_size.install`,
+CPU only, the engine core's block size kept through the config re-check its handshake
+runs; :func:`vllm_admission.plugin.boundary.cpu_mamba2.install`, on
 vLLM's CPU platform only, Mamba2 layers declare no prefill-checkpoint export there,
 which the CPU kernels cannot write; :func:`vllm_admission.plugin.boundary.cpu_spec_decode.install`,
 CPU only, the speculative-decoding state kernels the CPU build lacks, so MTP runs
@@ -174,14 +176,21 @@ def _exit_if_serving(exc: AdmissionConfigError) -> None:
 
 def install_vllm_fixes() -> None:
     """What vLLM 0.32 needs to run the plugin's settings correctly: the kernels its CPU
-    platform lacks (each a no-op elsewhere: the Mamba2 prefill export off, since the
+    platform lacks (each a no-op elsewhere: the block size kept through the engine core's
+    config re-check, :mod:`~vllm_admission.plugin.boundary.cpu_block_size`; the Mamba2 prefill export off, since the
     engine core builds the KV cache specs; the speculative-decoding state copies, which
     the model runner uses under drafts) and, on any platform, block copies of whole pages
     (:mod:`~vllm_admission.plugin.boundary.block_copy`: a hit inside a block copies a page that an
     attention and a Mamba layer share). :func:`register` installs them where asked,
     :func:`vllm_admission.engine.llm.build_llm` before every engine it starts."""
-    from vllm_admission.plugin.boundary import block_copy, cpu_mamba2, cpu_spec_decode
+    from vllm_admission.plugin.boundary import (
+        block_copy,
+        cpu_block_size,
+        cpu_mamba2,
+        cpu_spec_decode,
+    )
 
+    cpu_block_size.install()
     cpu_mamba2.install()
     cpu_spec_decode.install()
     block_copy.install()

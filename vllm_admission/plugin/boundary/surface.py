@@ -59,6 +59,11 @@ PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
     ("engine/arg_utils.py", "EngineArgs.create_engine_config",
      "wrapped where the user asks for the plugin: its settings are checked against the "
      "VllmConfig before the model loads"),
+    ("platforms/cpu.py", "CpuPlatform.check_and_update_config",
+     "wrapped on the CPU platform: once the KV cache is sized, a re-check keeps the block "
+     "size (EngineCoreProc re-runs VllmConfig.__post_init__ after its handshake)"),
+    ("v1/engine/core.py", "EngineCoreProc._perform_handshakes",
+     "read (the re-check it runs is why the block size needs keeping)"),
     ("model_executor/layers/mamba/mamba_mixer2.py", "MambaMixer2.get_kv_cache_spec",
      "wrapped on the CPU platform: the spec declares no prefill-checkpoint export"),
     ("v1/core/sched/scheduler.py", "Scheduler._get_local_prefix_cache_hit",
