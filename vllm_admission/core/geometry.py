@@ -52,6 +52,8 @@ from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
+from vllm_admission.core.errors import UserError
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from vllm_admission.core.costs import ModelCosts
 
@@ -177,7 +179,7 @@ class CacheLayout:
         return self.block_size // (self.hash_block_size or self.block_size)
 
 
-class CapacityError(ValueError):
+class CapacityError(UserError):
     """The KV cache capacity cannot hold the blocks needed to serve one request."""
 
 

@@ -10,6 +10,7 @@ from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
 from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import check_retention_interval
 from vllm_admission.core.eviction import engine_eviction_policies
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
@@ -36,7 +37,7 @@ SIMULATED_ENGINE_ARGS = ("max_num_batched_tokens", "prefix_cache_retention_inter
 SIMULATED_SPECULATIVE_METHODS = ("mtp",)
 
 
-class FidelityError(ValueError):
+class FidelityError(UserError):
     """The simulator cannot be configured like the engine (e.g. a group layout it does not model)."""
 
 

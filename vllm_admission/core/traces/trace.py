@@ -7,12 +7,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.traces.prompts import Prompt, SpanPrompt
 
 __all__ = ["TraceError", "Request", "Trace", "PrefixReuse", "capacity_bound"]
 
 
-class TraceError(ValueError):
+class TraceError(UserError):
     """A trace cannot be read or built.
 
     For a malformed line the message is ``"<file>:<line>: field '<name>': <what is wrong>"``
