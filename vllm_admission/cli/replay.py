@@ -33,6 +33,7 @@ from vllm_admission.core.admission import (
     UnknownPolicyError,
     get_admission,
 )
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import engine_eviction_policies
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
 
@@ -81,14 +82,14 @@ def _check_args(args: argparse.Namespace) -> dict[str, Any]:
         raise UnknownPolicyError(f"eviction policy {args.eviction!r} cannot run in an engine; "
                                  f"valid: {', '.join([*engine_eviction_policies(), AUTO])}")
     if args.alpha is not None and not args.alpha >= 0:
-        raise ValueError(f"--alpha must be >= 0, got {args.alpha}")
+        raise UserError(f"--alpha must be >= 0, got {args.alpha}")
     for name in ("num_gpu_blocks", "max_model_len", "max_requests", "max_output_len",
                  "mooncake_block_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if not Path(args.model).is_dir():
-        raise ValueError(f"--model {args.model}: not a directory")
+        raise UserError(f"--model {args.model}: not a directory")
     return engine_args_from(args)
 
 
@@ -110,8 +111,9 @@ def run_replay(args: argparse.Namespace) -> int:
     """Handler of ``vllm-admission replay``; returns the exit status.
 
     Raises:
-        UnknownPolicyError, TraceError, ValueError, OSError: bad input (the CLI
-            prints them as one ``vllm-admission: error:`` line).
+        UserError (UnknownPolicyError, TraceError, ...), FileNotFoundError,
+            PermissionError: bad input (the CLI prints them as one
+            ``vllm-admission: error:`` line).
     """
     engine_args = _check_args(args)
     from vllm_admission.core.traces import load_trace
