@@ -95,6 +95,7 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         run_fidelity,
         write_fidelity,
     )
+    from vllm_admission.sim.report import check_writable
 
     blocks: tuple = (None,)
     if args.num_gpu_blocks is not None:
@@ -125,6 +126,8 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
               f"({100 * rec['abs_diff_fraction']:.3f}% of prompt tokens); engine hit rate "
               f"{100 * rec['engine']['token_hit_rate']:.2f}%", flush=True)
 
+    spec.check()  # run_fidelity checks it too; here, so that bad input leaves no --out
+    check_writable(args.out)  # a bad --out is one error line, before any engine starts
     doc = run_fidelity(spec, on_record=progress)
     print(format_fidelity(doc))
     js, png = write_fidelity(doc, args.out)

@@ -117,12 +117,13 @@ def run_replay(args: argparse.Namespace) -> int:
     """
     engine_args = _check_args(args)
     from vllm_admission.core.traces import load_trace
+    from vllm_admission.sim.report import check_writable
 
     trace = load_trace(args.trace, max_requests=args.max_requests, seed=args.seed,
                        mooncake_block_tokens=args.mooncake_block_tokens
                        ).with_max_output_len(args.max_output_len)
     out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_writable(out_dir)  # a bad --out is one error line, before the engine starts
 
     from vllm_admission.engine.llm import engine_geometry, shutdown_llm
     from vllm_admission.engine.replay import replay
