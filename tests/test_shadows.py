@@ -54,7 +54,7 @@ def test_child_decides_exactly_as_in_process():
 
 
 def test_child_errors_come_back_as_one_exception():
-    with pytest.raises(ShadowProcessError, match="ValueError: the decision interval"):
+    with pytest.raises(ShadowProcessError, match="UserError: the decision interval"):
         ShadowProcess(**{**controller_kwargs(), "min_window": 0})
     child = ShadowProcess(**controller_kwargs())
     child._proc.kill()                          # noqa: SLF001 - the child dies

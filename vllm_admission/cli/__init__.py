@@ -12,7 +12,12 @@ One module per subcommand family: :mod:`~vllm_admission.cli.simulate`,
 :mod:`~vllm_admission.cli.replay`, :mod:`~vllm_admission.cli.fidelity`.
 
 Bad input (unknown policy, impossible capacity, malformed trace, non-hybrid
-model) ends with one ``vllm-admission: error: ...`` line and exit status 2.
+model, a path that is missing or not allowed) ends with one
+``vllm-admission: error: ...`` line and exit status 2: the errors of
+:data:`USER_ERRORS`, whose base is :class:`~vllm_admission.core.errors.UserError`.
+Any other exception is a bug, not the input's fault: it propagates with its
+traceback (exit status 1), a plain ``ValueError`` from a broken internal
+invariant included. Argparse's own usage errors keep their exit status 2.
 """
 
 from __future__ import annotations
@@ -25,16 +30,18 @@ from collections.abc import Sequence
 from vllm_admission.cli.fidelity import add_fidelity_parser, run_fidelity_cli
 from vllm_admission.cli.replay import add_replay_parser, run_replay
 from vllm_admission.cli.simulate import add_simulate_args, run_simulate
-from vllm_admission.core.admission import UnknownPolicyError
-from vllm_admission.core.costs import ModelConfigError
-from vllm_admission.core.geometry import CapacityError
-from vllm_admission.core.traces import TraceError
+from vllm_admission.core.errors import UserError
 from vllm_admission.sim.sweep import RayUnavailableError
 
 log = logging.getLogger("vllm_admission")
 
-USER_ERRORS = (UnknownPolicyError, ModelConfigError, CapacityError, TraceError, ValueError, OSError,
-               RayUnavailableError)
+#: What ``main`` prints as one ``vllm-admission: error:`` line (exit status 2): errors in
+#: what the user gave (``UserError``: unknown policy, model config, capacity, trace, flag
+#: values, ...), Ray missing for ``--executor ray``, and the OS errors of a path the user
+#: named. Not bare ``ValueError`` or ``OSError``: those, like every other exception, keep
+#: their traceback, so that a broken invariant is seen as the bug it is.
+USER_ERRORS = (UserError, RayUnavailableError, FileNotFoundError, PermissionError,
+               IsADirectoryError, NotADirectoryError)
 
 #: The packages the engine side needs (vLLM and what it brings); a missing one is a
 #: one-line error, not a traceback.

@@ -8,6 +8,7 @@ import sys
 from vllm_admission.cli.options import add_engine_args, engine_args_from
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
+from vllm_admission.core.errors import UserError
 
 __all__ = ["add_fidelity_parser", "run_fidelity_cli"]
 
@@ -74,12 +75,12 @@ def _synthetic_params(items: list[str]) -> dict:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--synthetic {item!r}: expected KEY=VALUE")
+            raise UserError(f"--synthetic {item!r}: expected KEY=VALUE")
         try:
             params[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
-            raise ValueError(f"--synthetic {item!r}: the value is not JSON "
-                             f"(numbers as 3 or 0.5, lists as [600,0.5,200,1500])") from None
+            raise UserError(f"--synthetic {item!r}: the value is not JSON "
+                            f"(numbers as 3 or 0.5, lists as [600,0.5,200,1500])") from None
     return params
 
 
@@ -94,18 +95,19 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         run_fidelity,
         write_fidelity,
     )
+    from vllm_admission.sim.report import check_writable
 
     blocks: tuple = (None,)
     if args.num_gpu_blocks is not None:
         try:
             blocks = tuple(int(b) for b in args.num_gpu_blocks.split(",") if b.strip())
         except ValueError:
-            raise ValueError(f"--num-gpu-blocks {args.num_gpu_blocks!r}: expected a comma list "
-                             f"of integers") from None
+            raise UserError(f"--num-gpu-blocks {args.num_gpu_blocks!r}: expected a comma list "
+                            f"of integers") from None
     for name in ("max_requests", "max_prompt_tokens", "max_output_len"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     spec = FidelitySpec(
         model=args.model, trace=args.trace,
         admissions=parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, "auto"]),
@@ -124,6 +126,8 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
               f"({100 * rec['abs_diff_fraction']:.3f}% of prompt tokens); engine hit rate "
               f"{100 * rec['engine']['token_hit_rate']:.2f}%", flush=True)
 
+    spec.check()  # run_fidelity checks it too; here, so that bad input leaves no --out
+    check_writable(args.out)  # a bad --out is one error line, before any engine starts
     doc = run_fidelity(spec, on_record=progress)
     print(format_fidelity(doc))
     js, png = write_fidelity(doc, args.out)

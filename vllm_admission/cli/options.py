@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from vllm_admission.core.errors import UserError
+
 __all__ = ["RETENTION_HELP", "add_engine_args", "engine_args_from", "parse_list",
            "parse_retention_interval"]
 
@@ -33,7 +35,7 @@ def parse_retention_interval(text: str) -> int | None:
     vLLM's ``None`` (dense retention).
 
     Raises:
-        ValueError: anything else (one line; the block-size multiple is
+        UserError: anything else (one line; the block-size multiple is
             checked where the block size is known).
     """
     word = text.strip()
@@ -44,8 +46,8 @@ def parse_retention_interval(text: str) -> int | None:
     except ValueError:
         value = -1
     if value < 0:
-        raise ValueError(f"--prefix-cache-retention-interval must be an integer >= 0 or "
-                         f"'none', got {text!r}")
+        raise UserError(f"--prefix-cache-retention-interval must be an integer >= 0 or "
+                        f"'none', got {text!r}")
     return value
 
 
@@ -79,9 +81,9 @@ def _json_object(flag: str, text: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{flag}: not JSON ({exc.msg} at character {exc.pos})") from None
+        raise UserError(f"{flag}: not JSON ({exc.msg} at character {exc.pos})") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{flag}: expected a JSON object, got {text!r}")
+        raise UserError(f"{flag}: expected a JSON object, got {text!r}")
     return value
 
 
@@ -90,13 +92,13 @@ def engine_args_from(args) -> dict:
     ``fidelity``), by vLLM's names; only those given.
 
     Raises:
-        ValueError: a malformed value (one line).
+        UserError: a malformed value (one line).
     """
     out: dict = {}
     budget = getattr(args, "max_num_batched_tokens", None)
     if budget is not None:
         if budget < 1:
-            raise ValueError(f"--max-num-batched-tokens must be >= 1, got {budget}")
+            raise UserError(f"--max-num-batched-tokens must be >= 1, got {budget}")
         out["max_num_batched_tokens"] = budget
     retention = getattr(args, "prefix_cache_retention_interval", None)
     if retention is not None:
@@ -104,7 +106,7 @@ def engine_args_from(args) -> dict:
     unit = getattr(args, "prefix_match_unit", None)
     if unit is not None:
         if unit < 1:
-            raise ValueError(f"--prefix-match-unit must be >= 1, got {unit}")
+            raise UserError(f"--prefix-match-unit must be >= 1, got {unit}")
         out["prefix_match_unit"] = unit
     for flag, name in (("--speculative-config", "speculative_config"),
                        ("--kv-transfer-config", "kv_transfer_config")):

@@ -33,6 +33,7 @@ from vllm_admission.core.admission import (
     UnknownPolicyError,
     get_admission,
 )
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import engine_eviction_policies
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
 
@@ -81,14 +82,14 @@ def _check_args(args: argparse.Namespace) -> dict[str, Any]:
         raise UnknownPolicyError(f"eviction policy {args.eviction!r} cannot run in an engine; "
                                  f"valid: {', '.join([*engine_eviction_policies(), AUTO])}")
     if args.alpha is not None and not args.alpha >= 0:
-        raise ValueError(f"--alpha must be >= 0, got {args.alpha}")
+        raise UserError(f"--alpha must be >= 0, got {args.alpha}")
     for name in ("num_gpu_blocks", "max_model_len", "max_requests", "max_output_len",
                  "mooncake_block_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if not Path(args.model).is_dir():
-        raise ValueError(f"--model {args.model}: not a directory")
+        raise UserError(f"--model {args.model}: not a directory")
     return engine_args_from(args)
 
 
@@ -110,17 +111,19 @@ def run_replay(args: argparse.Namespace) -> int:
     """Handler of ``vllm-admission replay``; returns the exit status.
 
     Raises:
-        UnknownPolicyError, TraceError, ValueError, OSError: bad input (the CLI
-            prints them as one ``vllm-admission: error:`` line).
+        UserError (UnknownPolicyError, TraceError, ...), FileNotFoundError,
+            PermissionError: bad input (the CLI prints them as one
+            ``vllm-admission: error:`` line).
     """
     engine_args = _check_args(args)
     from vllm_admission.core.traces import load_trace
+    from vllm_admission.sim.report import check_writable
 
     trace = load_trace(args.trace, max_requests=args.max_requests, seed=args.seed,
                        mooncake_block_tokens=args.mooncake_block_tokens
                        ).with_max_output_len(args.max_output_len)
     out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    check_writable(out_dir)  # a bad --out is one error line, before the engine starts
 
     from vllm_admission.engine.llm import engine_geometry, shutdown_llm
     from vllm_admission.engine.replay import replay

@@ -10,6 +10,7 @@ from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import EVICTION_POLICIES
 from vllm_admission.core.geometry import parse_bytes
 from vllm_admission.sim.sweep import EXECUTORS, RAY_INSTALL_HINT
@@ -119,24 +120,24 @@ def run_simulate(args: argparse.Namespace) -> int:
 
     capacities = tuple(parse_bytes(c.strip()) for c in args.capacity.split(",") if c.strip())
     if not capacities:
-        raise ValueError("no capacity given, e.g. --capacity 4GiB,16GiB")
+        raise UserError("no capacity given, e.g. --capacity 4GiB,16GiB")
     if args.jobs is not None and args.jobs < 1:
-        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+        raise UserError(f"--jobs must be >= 1, got {args.jobs}")
     if args.ray_address and args.executor != "ray":
-        raise ValueError("--ray-address needs --executor ray")
+        raise UserError("--ray-address needs --executor ray")
     jobs = args.jobs
     if args.executor == "process" and jobs is None:
         jobs = getattr(args, "process_jobs", 1)
     if args.chunk_size is not None and args.chunk_size < 1:
-        raise ValueError(f"--chunk-size must be >= 1 token, got {args.chunk_size}")
+        raise UserError(f"--chunk-size must be >= 1 token, got {args.chunk_size}")
     if args.num_speculative_tokens < 0:
-        raise ValueError(f"--num-speculative-tokens must be >= 0, got {args.num_speculative_tokens}")
+        raise UserError(f"--num-speculative-tokens must be >= 0, got {args.num_speculative_tokens}")
     if args.num_speculative_tokens and args.prefix_match_unit:
-        raise ValueError("--num-speculative-tokens with --prefix-match-unit is not modelled")
+        raise UserError("--num-speculative-tokens with --prefix-match-unit is not modelled")
     if args.block_size is not None and args.block_size < 1:
-        raise ValueError(f"--block-size must be >= 1 token, got {args.block_size}")
+        raise UserError(f"--block-size must be >= 1 token, got {args.block_size}")
     if args.auto_interval < 1:
-        raise ValueError(f"--auto-interval must be >= 1 request, got {args.auto_interval}")
+        raise UserError(f"--auto-interval must be >= 1 request, got {args.auto_interval}")
     check_checkpoint_mode(args.checkpoint)
     retention = parse_retention_interval(args.retention_interval)
     spec = SweepSpec(
@@ -152,7 +153,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         block_size=args.block_size, num_speculative_tokens=args.num_speculative_tokens)
     if args.alpha is not None:
         if not args.alpha >= 0:
-            raise ValueError(f"--alpha must be >= 0, got {args.alpha}")
+            raise UserError(f"--alpha must be >= 0, got {args.alpha}")
         names = {e for _, e, _ in spec.runs()} - {AUTO}
         if not any(eviction_class(e).tunable for e in names):
             print(f"vllm-admission: --alpha {args.alpha:g} has no effect: no eviction policy run "

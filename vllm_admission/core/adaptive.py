@@ -97,6 +97,7 @@ from vllm_admission.core.admission import (
     stock_admission,
 )
 from vllm_admission.core.cache import HybridPrefixCache
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import (
     engine_eviction_policies,
     EvictionPolicy,
@@ -224,7 +225,7 @@ def candidate_policies(admission: str, eviction: str, *, sub_block: bool = False
 
     Raises:
         UnknownPolicyError: an unknown name.
-        ValueError: a fixed eviction policy that needs future knowledge
+        UserError: a fixed eviction policy that needs future knowledge
             together with ``auto`` admission (the controller could not replay it
             from a snapshot).
     """
@@ -236,8 +237,8 @@ def candidate_policies(admission: str, eviction: str, *, sub_block: bool = False
         evictions = auto_evictions()
     else:
         if admission == AUTO and eviction_class(eviction).needs_future:
-            raise ValueError(f"eviction {eviction!r} needs future knowledge; "
-                             f"it cannot be combined with admission 'auto'")
+            raise UserError(f"eviction {eviction!r} needs future knowledge; "
+                            f"it cannot be combined with admission 'auto'")
         evictions = (eviction,)
     return admissions, evictions
 
@@ -316,7 +317,8 @@ class PolicyController:
     applied to ``live``), else ``None``.
 
     Raises:
-        ValueError: no candidates, or a decision interval that is not an integer >= 1.
+        UserError: a decision interval that is not an integer >= 1.
+        ValueError: no candidates.
     """
 
     live: HybridPrefixCache | None
@@ -335,8 +337,8 @@ class PolicyController:
         if not self.admissions or not self.evictions:
             raise ValueError("the controller needs at least one admission and one eviction policy")
         if not (isinstance(self.min_window, int) and self.min_window >= 1):
-            raise ValueError(f"the decision interval must be an integer >= 1 request, "
-                             f"got {self.min_window!r}")
+            raise UserError(f"the decision interval must be an integer >= 1 request, "
+                            f"got {self.min_window!r}")
         self.max_window = max(self.max_window, self.min_window)
         self.admissions = tuple(self.admissions)
         self.evictions = tuple(self.evictions)

@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import check_retention_interval
 
 __all__ = [
@@ -67,7 +68,7 @@ __all__ = [
 ]
 
 
-class UnknownPolicyError(ValueError):
+class UnknownPolicyError(UserError):
     """An admission or eviction policy name that is not registered."""
 
 

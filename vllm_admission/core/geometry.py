@@ -52,6 +52,8 @@ from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
+from vllm_admission.core.errors import UserError
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from vllm_admission.core.costs import ModelCosts
 
@@ -134,7 +136,7 @@ class CacheLayout:
             speculative decoding; ``HybridPrefixCache``'s option of that name).
 
     Raises:
-        ValueError: a retention interval vLLM would refuse (its message is
+        UserError: a retention interval vLLM would refuse (its message is
             ``_validate_prefix_cache_retention_interval``'s,
             ``vllm/v1/core/kv_cache_coordinator.py``), or a hash block size that
             does not divide the block size.
@@ -177,7 +179,7 @@ class CacheLayout:
         return self.block_size // (self.hash_block_size or self.block_size)
 
 
-class CapacityError(ValueError):
+class CapacityError(UserError):
     """The KV cache capacity cannot hold the blocks needed to serve one request."""
 
 
@@ -265,7 +267,7 @@ def aligned_block_size(
     returned unchanged.
 
     Raises:
-        ValueError: non-positive sizes, or attention layers whose per-token
+        UserError: non-positive sizes, or attention layers whose per-token
             pages differ (not supported here).
     """
     start = CUDA_BLOCK_SIZE if block_size is None else block_size
@@ -312,11 +314,11 @@ def block_geometry(
     Raises:
         CapacityError: the capacity is below the null block plus the blocks one
             request needs; the message states the minimum in bytes.
-        ValueError: invalid arguments, or a model without attention or
+        UserError: invalid arguments, or a model without attention or
             recurrent layers.
     """
     if isinstance(capacity_bytes, bool) or not isinstance(capacity_bytes, int):
-        raise ValueError(f"capacity_bytes must be an integer number of bytes, got {capacity_bytes!r}")
+        raise UserError(f"capacity_bytes must be an integer number of bytes, got {capacity_bytes!r}")
     geometry = _layout(costs, block_size, kernel_block_size, num_blocks=0)
     minimum = minimum_capacity_bytes(geometry, max_model_len=max_model_len, mamba_cache_mode=mamba_cache_mode)
     if capacity_bytes < minimum:
@@ -344,18 +346,18 @@ def geometry_from_blocks(
     computes it with :func:`aligned_block_size`.
 
     Raises:
-        ValueError: ``num_blocks < 1``, or a ``block_size`` whose attention
+        UserError: ``num_blocks < 1``, or a ``block_size`` whose attention
             page is smaller than one recurrent-state page (vLLM would have
             grown it; the message gives the size it would use).
     """
     if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
-        raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
+        raise UserError(f"num_blocks must be a positive integer, got {num_blocks!r}")
     if block_size is not None:
         _check_positive(block_size, "block_size")
         attn_page = _attention_page_per_token(costs)
         state_page = _state_page(costs)
         if attn_page and state_page and block_size * attn_page < state_page:
-            raise ValueError(
+            raise UserError(
                 f"block_size {block_size} gives {block_size * attn_page}-byte attention pages, smaller "
                 f"than one {state_page}-byte state page of {costs.name}; vLLM would use "
                 f"{aligned_block_size(costs, block_size, kernel_block_size=kernel_block_size)}"
@@ -410,31 +412,31 @@ def parse_bytes(text: str) -> int:
     (powers of 1024). A fractional result is rounded down to whole bytes.
 
     Raises:
-        ValueError: empty or malformed text, negative numbers, unknown units,
+        UserError: empty or malformed text, negative numbers, unknown units,
             and the ambiguous bare ``K``/``M``/``G``/``T`` (the message says to
             write ``GiB`` or ``GB``).
     """
     if not isinstance(text, str):
-        raise ValueError(f"byte size must be a string such as '4GiB', got {text!r}")
+        raise UserError(f"byte size must be a string such as '4GiB', got {text!r}")
     match = _BYTES_RE.match(text)
     if match is None:
-        raise ValueError(
+        raise UserError(
             f"cannot parse byte size {text!r}: expected a number and an optional unit, "
             f"e.g. '4GiB', '512MiB', '1.5GB' or '123456'"
         )
     number, unit = match.group(1), match.group(2)
     key = unit.lower()
     if key in ("k", "m", "g", "t"):
-        raise ValueError(
+        raise UserError(
             f"ambiguous unit {unit!r} in {text!r}: write {unit.upper()}iB (powers of 1024) "
             f"or {unit.upper()}B (powers of 1000)"
         )
     if key not in _UNITS:
-        raise ValueError(f"unknown unit {unit!r} in {text!r}; use B, kB, MB, GB, TB, KiB, MiB, GiB or TiB")
+        raise UserError(f"unknown unit {unit!r} in {text!r}; use B, kB, MB, GB, TB, KiB, MiB, GiB or TiB")
     try:
         value = Decimal(number.replace("_", "")) * _UNITS[key]
     except InvalidOperation:  # pragma: no cover - the regex only lets digits through
-        raise ValueError(f"cannot parse byte size {text!r}") from None
+        raise UserError(f"cannot parse byte size {text!r}") from None
     return int(value)
 
 
@@ -451,11 +453,11 @@ def check_retention_interval(interval: int | None, block_size: int | None = None
     if interval is None:
         return
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
-        raise ValueError(f"prefix_cache_retention_interval ({interval!r}) must be None or an "
-                         f"integer >= 0")
+        raise UserError(f"prefix_cache_retention_interval ({interval!r}) must be None or an "
+                        f"integer >= 0")
     if block_size is not None and interval % block_size:
-        raise ValueError(f"prefix_cache_retention_interval ({interval!r}) must be None or a "
-                         f"non-negative multiple of the block size ({block_size})")
+        raise UserError(f"prefix_cache_retention_interval ({interval!r}) must be None or a "
+                        f"non-negative multiple of the block size ({block_size})")
 
 
 def check_hash_block_size(unit: int | None, block_size: int) -> int:
@@ -466,14 +468,14 @@ def check_hash_block_size(unit: int | None, block_size: int) -> int:
     ``vllm/v1/core/kv_cache_utils.py``): it must divide every group's block size.
 
     Raises:
-        ValueError: ``unit`` is not a positive integer dividing ``block_size``.
+        UserError: ``unit`` is not a positive integer dividing ``block_size``.
     """
     if unit is None:
         return 0
     if isinstance(unit, bool) or not isinstance(unit, int) or unit < 1 or block_size % unit:
-        raise ValueError(f"prefix_match_unit ({unit!r}) must be a positive divisor of the "
-                         f"block size ({block_size}), as vLLM requires; a --block-size that is "
-                         f"a multiple of it makes the aligned block one too")
+        raise UserError(f"prefix_match_unit ({unit!r}) must be a positive divisor of the "
+                        f"block size ({block_size}), as vLLM requires; a --block-size that is "
+                        f"a multiple of it makes the aligned block one too")
     return unit if unit < block_size else 0
 
 
@@ -483,13 +485,13 @@ def _cdiv(a: int, b: int) -> int:
 
 def _check_positive(value: int, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise UserError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _attention_page_per_token(costs: "ModelCosts") -> int:
     pages = {layer.kv_bytes_per_token for layer in costs.attention_layers}
     if len(pages) > 1:
-        raise ValueError(
+        raise UserError(
             f"{costs.name}: attention layers with different KV bytes per token "
             f"({sorted(pages)}) are not supported by this geometry model"
         )
@@ -528,7 +530,7 @@ def _layout(
     state_page = _state_page(costs)
     buckets = _buckets(costs)
     if not buckets:
-        raise ValueError(f"{costs.name}: no attention or recurrent layer, so there is no KV cache")
+        raise UserError(f"{costs.name}: no attention or recurrent layer, so there is no KV cache")
     if aligned:
         assert block_size is not None
         size = block_size
@@ -566,7 +568,7 @@ def _replace_blocks(geometry: CacheGeometry, num_blocks: int) -> CacheGeometry:
 
 def _states_per_request(mamba_cache_mode: str) -> int:
     if mamba_cache_mode not in _MAMBA_CACHE_MODES:
-        raise ValueError(f"mamba_cache_mode must be one of {_MAMBA_CACHE_MODES}, got {mamba_cache_mode!r}")
+        raise UserError(f"mamba_cache_mode must be one of {_MAMBA_CACHE_MODES}, got {mamba_cache_mode!r}")
     return 2 if mamba_cache_mode == "align" else 1
 
 

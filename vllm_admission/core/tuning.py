@@ -31,6 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_admission.core.errors import UserError
+
 __all__ = ["GRIDS", "AlphaTuner", "TuningEvent", "paper_grid"]
 
 
@@ -96,7 +98,7 @@ class AlphaTuner:
 
     def __post_init__(self) -> None:
         if self.multiplier < 1:
-            raise ValueError(f"multiplier must be >= 1, got {self.multiplier}")
+            raise UserError(f"multiplier must be >= 1, got {self.multiplier}")
         if not self.grid or min(self.grid) < 0:
             raise ValueError(f"grid must be non-empty and >= 0, got {self.grid}")
         self._seen = 0

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from vllm_admission.core.errors import UserError
 from vllm_admission.plugin.boundary.hooks import inprocess_scheduler, wrap_schedule
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -286,8 +287,8 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
         kwargs["block_size"] = int(settings.block_size)
     clash = sorted(set(kwargs) & set(settings.engine_args))
     if clash:
-        raise ValueError(f"engine_args repeats {', '.join(clash)}, which EngineSettings sets "
-                         f"itself; use its field instead")
+        raise UserError(f"engine_args repeats {', '.join(clash)}, which EngineSettings sets "
+                        f"itself; use its field instead")
     kwargs.update(settings.engine_args)
     return vllm.LLM(**kwargs)
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from vllm_admission.core.errors import UserError
 from vllm_admission.engine.llm import PrefillStepCounter, engine_geometry, prefix_cache_counters
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -190,17 +191,18 @@ def replay(
         A :class:`ReplayResult`.
 
     Raises:
-        ValueError: for an unknown ``mode``, a non-positive ``vocab_size``, a
-            negative ``time_scale``, a request without ``arrival_s`` in
-            ``"timed"`` mode, or a request whose ``token_ids`` length differs
-            from ``prompt_len``.
+        UserError: for an unknown ``mode``, a non-positive ``vocab_size``, a
+            negative ``time_scale``, or a request without ``arrival_s`` in
+            ``"timed"`` mode.
+        ValueError: a request whose ``token_ids`` length differs from
+            ``prompt_len`` (the trace model's bug, not the input's).
     """
     if mode not in _MODES:
-        raise ValueError(f"unknown replay mode {mode!r}; known: {sorted(_MODES)}")
+        raise UserError(f"unknown replay mode {mode!r}; known: {sorted(_MODES)}")
     if vocab_size <= 0:
-        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+        raise UserError(f"vocab_size must be positive, got {vocab_size}")
     if not time_scale >= 0:
-        raise ValueError(f"time_scale must be >= 0, got {time_scale}")
+        raise UserError(f"time_scale must be >= 0, got {time_scale}")
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -230,7 +232,7 @@ def replay(
             skipped[reason] = skipped.get(reason, 0) + 1
             continue
         if mode == "timed" and getattr(req, "arrival_s", None) is None:
-            raise ValueError(f"request {req.request_id!r} has no arrival time; timed replay needs one")
+            raise UserError(f"request {req.request_id!r} has no arrival time; timed replay needs one")
         ids = list(req.token_ids(vocab_size))
         if len(ids) != prompt_len:
             raise ValueError(

@@ -48,6 +48,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vllm_admission.core.errors import UserError
+
 __all__ = [
     "TINY_MODEL_ARCHS",
     "TINY_MODEL_PARAMS",
@@ -126,7 +128,7 @@ def _recipe(arch: str) -> tuple[str, dict[str, Any]]:
     try:
         return _ARCHS[arch]
     except KeyError:
-        raise ValueError(f"unknown tiny model arch {arch!r} (valid: {', '.join(TINY_MODEL_ARCHS)})") from None
+        raise UserError(f"unknown tiny model arch {arch!r} (valid: {', '.join(TINY_MODEL_ARCHS)})") from None
 
 
 def tiny_model_config_kwargs(max_position_embeddings: int = 131072, *,
@@ -145,7 +147,7 @@ def tiny_model_config_kwargs(max_position_embeddings: int = 131072, *,
         A fresh dict (safe to modify).
 
     Raises:
-        ValueError: unknown ``arch``.
+        UserError: unknown ``arch``.
     """
     kw = json.loads(json.dumps(_recipe(arch)[1]))
     kw["max_position_embeddings"] = int(max_position_embeddings)
@@ -192,13 +194,13 @@ def train_tiny_tokenizer(vocab_size: int = TINY_MODEL_PARAMS["vocab_size"], *, s
         ``<eos>`` = 1, ``<pad>`` = 2 and a minimal chat template.
 
     Raises:
-        ValueError: ``vocab_size`` below 256 bytes + 3 special tokens.
+        UserError: ``vocab_size`` below 256 bytes + 3 special tokens.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     if vocab_size < 256 + len(_SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size must be at least {256 + len(_SPECIAL_TOKENS)}, got {vocab_size}")
+        raise UserError(f"vocab_size must be at least {256 + len(_SPECIAL_TOKENS)}, got {vocab_size}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -265,12 +267,12 @@ def make_tiny_model(
         ``out_dir`` as a ``Path``, usable as ``vllm.LLM(model=str(path))``.
 
     Raises:
-        ValueError: if ``max_position_embeddings`` is not positive or ``arch``
+        UserError: if ``max_position_embeddings`` is not positive or ``arch``
             is unknown.
         ImportError: if ``torch`` or ``transformers`` is missing.
     """
     if int(max_position_embeddings) <= 0:
-        raise ValueError(f"max_position_embeddings must be positive, got {max_position_embeddings}")
+        raise UserError(f"max_position_embeddings must be positive, got {max_position_embeddings}")
     config_name = _recipe(arch)[0]
     out = Path(out_dir)
     marker = out / _MARKER

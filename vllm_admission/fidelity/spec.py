@@ -10,6 +10,7 @@ from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
 from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import check_retention_interval
 from vllm_admission.core.eviction import engine_eviction_policies
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
@@ -36,7 +37,7 @@ SIMULATED_ENGINE_ARGS = ("max_num_batched_tokens", "prefix_cache_retention_inter
 SIMULATED_SPECULATIVE_METHODS = ("mtp",)
 
 
-class FidelityError(ValueError):
+class FidelityError(UserError):
     """The simulator cannot be configured like the engine (e.g. a group layout it does not model)."""
 
 
@@ -107,7 +108,7 @@ class FidelitySpec:
         Raises:
             UnknownPolicyError: an unknown policy, or an eviction the engine cannot run.
             FidelityError: a checkpoint mode the engine does not have.
-            ValueError: a bad number, mode, checkpoint mode or model directory.
+            UserError: a bad number, mode, checkpoint mode or model directory.
         """
         check_checkpoint_mode(self.checkpoint)
         if self.checkpoint not in ENGINE_CHECKPOINT_MODES:
@@ -125,21 +126,21 @@ class FidelitySpec:
                 raise UnknownPolicyError(f"eviction policy {e!r} cannot run in an engine; "
                                          f"valid: {', '.join([*engine_eviction_policies(), AUTO])}")
         if self.mamba_ssm_cache_dtype not in (None, *MAMBA_SSM_CACHE_DTYPES):
-            raise ValueError(f"unknown mamba_ssm_cache_dtype {self.mamba_ssm_cache_dtype!r}; "
-                             f"valid: {', '.join(MAMBA_SSM_CACHE_DTYPES)}")
+            raise UserError(f"unknown mamba_ssm_cache_dtype {self.mamba_ssm_cache_dtype!r}; "
+                            f"valid: {', '.join(MAMBA_SSM_CACHE_DTYPES)}")
         if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
+            raise UserError(f"unknown mode {self.mode!r}; valid: {', '.join(MODES)}")
         if not self.time_scale >= 0:
-            raise ValueError(f"time scale must be >= 0, got {self.time_scale}")
+            raise UserError(f"time scale must be >= 0, got {self.time_scale}")
         if self.alpha is not None and not self.alpha >= 0:
-            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+            raise UserError(f"alpha must be >= 0, got {self.alpha}")
         if self.auto_interval < 1:
-            raise ValueError(f"the auto interval must be >= 1 request, got {self.auto_interval}")
+            raise UserError(f"the auto interval must be >= 1 request, got {self.auto_interval}")
         for n in self.num_gpu_blocks:
             if n is not None and n < 2:
-                raise ValueError(f"a pool needs at least 2 blocks (one is vLLM's null block), got {n}")
+                raise UserError(f"a pool needs at least 2 blocks (one is vLLM's null block), got {n}")
         if self.max_output_len is not None and self.max_output_len < 1:
-            raise ValueError(f"max output length must be >= 1, got {self.max_output_len}")
+            raise UserError(f"max output length must be >= 1, got {self.max_output_len}")
         unknown = sorted(set(self.engine_args) - set(SIMULATED_ENGINE_ARGS))
         if unknown:
             raise FidelityError(f"the simulator does not mirror the engine argument(s) "
@@ -152,5 +153,5 @@ class FidelitySpec:
             raise FidelityError(f"the simulator mirrors speculative_config with method "
                                 f"{', '.join(SIMULATED_SPECULATIVE_METHODS)} only, got {spec!r}")
         if not (Path(self.model) / "config.json").is_file():
-            raise ValueError(f"model {self.model}: no config.json there "
-                             f"(make one with 'vllm-admission make-tiny-model DIR')")
+            raise UserError(f"model {self.model}: no config.json there "
+                            f"(make one with 'vllm-admission make-tiny-model DIR')")

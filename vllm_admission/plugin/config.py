@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, stock_pair
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import engine_eviction_policies, eviction_class
 from vllm_admission.core.tuning import GRIDS
 
@@ -113,7 +114,7 @@ ENV_VARS: dict[str, str] = {
 }
 
 
-class AdmissionConfigError(ValueError):
+class AdmissionConfigError(UserError):
     """A plugin environment variable has a value the plugin cannot use.
 
     The message is a single line: ``"<VAR>=<value> is invalid; valid: ..."``.

@@ -8,9 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from vllm_admission.core.adaptive import stock_pair
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import EVICTION_POLICIES
 
-__all__ = ["format_table", "plot_hit_rates", "write_results"]
+__all__ = ["OutputDirError", "check_writable", "format_table", "plot_hit_rates", "write_results"]
+
+
+class OutputDirError(UserError, OSError):
+    """An output directory (``--out``) that cannot be created or written: the user's
+    path, so a :class:`~vllm_admission.core.errors.UserError`, and still an ``OSError``."""
 
 
 def format_table(doc: dict[str, Any]) -> str:
@@ -129,7 +135,8 @@ def check_writable(out_dir: str | os.PathLike) -> None:
     sweep fails before it runs, not after.
 
     Raises:
-        OSError: the directory cannot be created or written (the message names it).
+        OutputDirError: the directory cannot be created or written (the message names
+            it); a UserError and an OSError.
     """
     import tempfile
 
@@ -139,7 +146,7 @@ def check_writable(out_dir: str | os.PathLike) -> None:
         with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):
             pass
     except OSError as exc:
-        raise OSError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+        raise OutputDirError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
 
 
 def write_results(doc: dict[str, Any], out_dir: str | os.PathLike) -> tuple[Path, Path]:

@@ -21,6 +21,7 @@ from typing import Any
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL, PolicyController
 from vllm_admission.core.cache import ATTENTION, STATE, check_checkpoint_mode
 from vllm_admission.core.costs import ModelCosts
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import (
     CacheGeometry,
     CacheLayout,
@@ -144,10 +145,10 @@ def cache_requests(trace: Trace, block_size: int, outputs: str = "trace",
     also carries its prompt's keys per hash unit.
 
     Raises:
-        ValueError: unknown ``outputs`` mode.
+        UserError: unknown ``outputs`` mode.
     """
     if outputs not in OUTPUT_MODES:
-        raise ValueError(f"unknown outputs mode {outputs!r}; valid: {', '.join(OUTPUT_MODES)}")
+        raise UserError(f"unknown outputs mode {outputs!r}; valid: {', '.join(OUTPUT_MODES)}")
     hashes = (trace.sequence_block_hashes(block_size) if outputs == "trace"
               else trace.block_hashes(block_size))
     if check_hash_block_size(hash_block_size, block_size):
@@ -226,7 +227,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     Raises:
         UnknownPolicyError: a policy name is not registered.
         CapacityError: the capacity cannot hold a single block set.
-        ValueError: the model is not hybrid, neither capacity nor blocks,
+        UserError: the model is not hybrid, neither capacity nor blocks,
             ``auto`` with an ``auto_interval`` below 1, an unknown
             checkpoint mode, a retention interval that is not a multiple
             of the block size, or a prefix match unit that does not divide it
@@ -236,15 +237,15 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     plan = RunPlan.from_settings(admission, eviction, alpha=alpha,
                                  checkpoint=checkpoint)  # validates names first
     if tune_grid not in GRIDS:
-        raise ValueError(f"unknown tuning grid {tune_grid!r}; valid: {', '.join(GRIDS)}")
+        raise UserError(f"unknown tuning grid {tune_grid!r}; valid: {', '.join(GRIDS)}")
     if not costs.is_hybrid:
-        raise ValueError(f"model {costs.name!r} has no recurrent layers: nothing to simulate")
+        raise UserError(f"model {costs.name!r} has no recurrent layers: nothing to simulate")
     if num_blocks is not None:
         geo = geometry_from_blocks(costs, num_blocks, block_size)
     elif capacity_bytes is not None:
         geo = block_geometry(costs, capacity_bytes, block_size=block_size)
     else:
-        raise ValueError("give capacity_bytes or num_blocks")
+        raise UserError("give capacity_bytes or num_blocks")
     layout = CacheLayout(num_blocks=geo.num_blocks, block_size=geo.block_size,
                          group_kinds=group_kinds(costs, geo), bytes_per_block=geo.bytes_per_block,
                          chunk_size=chunk_size, checkpoint=checkpoint,

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.costs import ModelCosts, load_model
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import (
     block_geometry,
     check_hash_block_size,
@@ -278,7 +279,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         Only the runs' ``wall_seconds`` and ``cpu_seconds`` depend on the executor.
 
     Raises:
-        ValueError: an unknown checkpoint mode or executor, ``jobs`` below 1,
+        UserError: an unknown checkpoint mode or executor, ``jobs`` below 1,
             a retention interval that is not a multiple of the block size, or a
             prefix match unit that does not divide it or comes with ``inpass``
             (before any run).
@@ -286,9 +287,9 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
     """
     check_checkpoint_mode(spec.checkpoint)
     if executor not in EXECUTORS:
-        raise ValueError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
+        raise UserError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
     if jobs is not None and jobs < 1:
-        raise ValueError(f"jobs must be >= 1, got {jobs}")
+        raise UserError(f"jobs must be >= 1, got {jobs}")
     runs = spec.runs()
     for admission, eviction, _ in runs:
         # Every cell's names and combination, before any run (auto x belady cannot run).
@@ -301,8 +302,8 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         check_retention_interval(spec.retention_interval, geo.block_size)
         check_hash_block_size(spec.prefix_match_unit, geo.block_size)
     if spec.prefix_match_unit and spec.checkpoint != "split":
-        raise ValueError(f"--prefix-match-unit is modelled in 'split' checkpoint mode only, "
-                         f"not {spec.checkpoint!r}")
+        raise UserError(f"--prefix-match-unit is modelled in 'split' checkpoint mode only, "
+                        f"not {spec.checkpoint!r}")
     results: dict[tuple[str, str, int], dict[str, Any]] = {}
     bar = tqdm(total=len(runs), desc="simulating", unit="run", disable=not progress)
     if executor == "ray":

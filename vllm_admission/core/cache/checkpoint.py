@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from vllm_admission.core.admission import ADMIT
+from vllm_admission.core.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
     from vllm_admission.core.cache.groups import RunningRequest
@@ -47,10 +48,10 @@ def check_checkpoint_mode(mode: str) -> str:
     """Return ``mode`` if it is one of :data:`CHECKPOINT_MODES`.
 
     Raises:
-        ValueError: an unknown mode; the message lists the valid ones.
+        UserError: an unknown mode; the message lists the valid ones.
     """
     if mode not in CHECKPOINT_MODES:
-        raise ValueError(f"unknown checkpoint mode {mode!r}; valid: {', '.join(CHECKPOINT_MODES)}")
+        raise UserError(f"unknown checkpoint mode {mode!r}; valid: {', '.join(CHECKPOINT_MODES)}")
     return mode
 
 

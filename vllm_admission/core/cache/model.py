@@ -31,6 +31,7 @@ from vllm_admission.core.cache.checkpoint import (
 )
 from vllm_admission.core.cache.groups import GROUP_PARTS, RunningRequest
 from vllm_admission.core.cache.values import FreedBlockMeta
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import EvictionPolicy
 from vllm_admission.core.geometry import (
     ATTENTION,
@@ -177,11 +178,13 @@ class HybridPrefixCache:
             blocks are allocated, not what is cached.
 
     Raises:
-        ValueError: bad geometry, a missing callback for the chosen eviction,
-            an unknown checkpoint mode, a hash unit that does not divide the
-            block size or comes with ``inpass`` mode or ``prompt_end_export``, or
-            speculative tokens below 0 or with a hash unit, ``inpass`` or
-            ``prompt_end_export``.
+        UserError: a block or chunk size below 1, an unknown checkpoint mode,
+            a hash unit that does not divide the block size or comes with
+            ``inpass`` mode or ``prompt_end_export``, or speculative tokens
+            below 0 or with a hash unit, ``inpass`` or ``prompt_end_export``.
+        ValueError: group kinds that do not mix attention and state, or a
+            missing callback for the chosen eviction (the package's own setup
+            supplies them).
     """
 
     def __init__(self, *, num_blocks: int, block_size: int, group_kinds: Sequence[str],
@@ -196,21 +199,21 @@ class HybridPrefixCache:
         #: Tokens per hash unit when finer than the block, else 0.
         self.unit = check_hash_block_size(hash_block_size, block_size)
         if self.unit and (checkpoint != "split" or prompt_end_export):
-            raise ValueError("a hash unit finer than the block is modelled in 'split' "
-                             "checkpoint mode without prompt_end_export only")
+            raise UserError("a hash unit finer than the block is modelled in 'split' "
+                            "checkpoint mode without prompt_end_export only")
         if (isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int)
                 or num_speculative_tokens < 0):
-            raise ValueError(f"num_speculative_tokens must be an integer >= 0, got "
-                             f"{num_speculative_tokens!r}")
+            raise UserError(f"num_speculative_tokens must be an integer >= 0, got "
+                            f"{num_speculative_tokens!r}")
         if num_speculative_tokens and (self.unit or checkpoint != "split" or prompt_end_export):
-            raise ValueError("speculative decoding is modelled in 'split' checkpoint mode, "
-                             "without prompt_end_export or a hash unit finer than the block")
+            raise UserError("speculative decoding is modelled in 'split' checkpoint mode, "
+                            "without prompt_end_export or a hash unit finer than the block")
         #: EAGLE/MTP draft tokens per step (0: no speculative decoding).
         self.spec = num_speculative_tokens
         #: The checkpoint mode's strategy: how prefill is cut into steps.
         self._mode = CHECKPOINT_STRATEGIES[checkpoint](prompt_end_export=prompt_end_export)
         if block_size < 1 or chunk_size < 1:
-            raise ValueError(f"block_size and chunk_size must be >= 1, got {block_size}, {chunk_size}")
+            raise UserError(f"block_size and chunk_size must be >= 1, got {block_size}, {chunk_size}")
         kinds = tuple(group_kinds)
         if ATTENTION not in kinds or STATE not in kinds or set(kinds) - set(GROUP_PARTS):
             raise ValueError(f"group_kinds must mix 'attention' and 'state' groups, got {kinds}")

@@ -7,10 +7,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vllm_admission.core.errors import UserError
+
 if TYPE_CHECKING:  # config.py imports this module
     from vllm_admission.core.costs.config import _Dtypes
 
-class ModelConfigError(ValueError):
+class ModelConfigError(UserError):
     """A model config cannot be read or describes something this module cannot cost.
 
     The message is one line and names the file (or ``<dict>``) and the field.

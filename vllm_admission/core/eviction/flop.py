@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from sortedcontainers import SortedList
 
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction.base import EvictionPolicy
 
 __all__ = ["FlopEviction"]
@@ -105,14 +106,14 @@ class FlopEviction(EvictionPolicy):
         """Weight of the FLOP-efficiency term (>= 0): the tuning hook.
 
         Raises:
-            ValueError: (setting) a value that is not a finite number >= 0.
+            UserError: (setting) a value that is not a finite number >= 0.
         """
         return self._alpha
 
     @alpha.setter
     def alpha(self, value: float) -> None:
         if not (isinstance(value, (int, float)) and value >= 0.0 and math.isfinite(value)):
-            raise ValueError(f"alpha must be a finite number >= 0, got {value!r}")
+            raise UserError(f"alpha must be a finite number >= 0, got {value!r}")
         self._alpha = float(value)
 
     def clone(self) -> "FlopEviction":

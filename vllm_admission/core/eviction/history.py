@@ -8,6 +8,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.fifo import room
 
@@ -52,7 +53,7 @@ class ReuseHistory:
         history: ghost keys kept, as a multiple of the most blocks ever cached.
 
     Raises:
-        ValueError: ``history`` is negative or not finite.
+        UserError: ``history`` is negative or not finite.
     """
 
     __slots__ = ("history", "key_of", "num_keys", "live", "refs", "queue", "num_ghosts", "cap",
@@ -60,7 +61,7 @@ class ReuseHistory:
 
     def __init__(self, history: float = 4.0) -> None:
         if not (history >= 0 and math.isfinite(history)):
-            raise ValueError(f"history must be a finite number >= 0, got {history!r}")
+            raise UserError(f"history must be a finite number >= 0, got {history!r}")
         self.history = history
         self.key_of: list = []                    # block id -> its hash key (None: none)
         self.num_keys = 0                         # blocks with a key

@@ -57,6 +57,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.frequency import LFUEviction
 from vllm_admission.core.eviction.history import ReuseHistory
@@ -111,7 +112,7 @@ class ExpertMixEviction(EvictionPolicy):
         shared: a history to use and keep up to date instead of a new one (``auto``).
 
     Raises:
-        ValueError: an unknown or repeated expert, fewer than two, or a parameter out
+        UserError: an unknown or repeated expert, fewer than two, or a parameter out
             of range.
     """
 
@@ -127,19 +128,19 @@ class ExpertMixEviction(EvictionPolicy):
         names = tuple(experts.split(",")) if isinstance(experts, str) else tuple(experts)
         unknown = [n for n in names if n not in EXPERTS]
         if unknown:
-            raise ValueError(f"unknown expert {unknown[0]!r}; valid: {', '.join(EXPERTS)}")
+            raise UserError(f"unknown expert {unknown[0]!r}; valid: {', '.join(EXPERTS)}")
         if len(names) < 2 or len(set(names)) != len(names):
-            raise ValueError(f"a mix needs at least two distinct experts, got {names}")
+            raise UserError(f"a mix needs at least two distinct experts, got {names}")
         if not (learning_rate > 0 and math.isfinite(learning_rate)):
-            raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
+            raise UserError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
         if discount is not None and not 0.0 < discount <= 1.0:
-            raise ValueError(f"discount must be in (0, 1], got {discount!r}")
+            raise UserError(f"discount must be in (0, 1], got {discount!r}")
         if not (ghost_factor > 0 and math.isfinite(ghost_factor)):
-            raise ValueError(f"ghost_factor must be a finite number > 0, got {ghost_factor!r}")
+            raise UserError(f"ghost_factor must be a finite number > 0, got {ghost_factor!r}")
         if not 0.0 <= min_weight < 1.0 / len(names):
-            raise ValueError(f"min_weight must be in [0, 1 / experts), got {min_weight!r}")
+            raise UserError(f"min_weight must be in [0, 1 / experts), got {min_weight!r}")
         if choice not in CHOICES:
-            raise ValueError(f"unknown choice {choice!r}; valid: {', '.join(CHOICES)}")
+            raise UserError(f"unknown choice {choice!r}; valid: {', '.join(CHOICES)}")
         self.expert_names = names
         self.learning_rate = self.start_rate = float(learning_rate)
         self.discount = discount

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction.base import EvictionPolicy
 
 __all__ = ["S3FifoEviction"]
@@ -44,7 +45,7 @@ class S3FifoEviction(EvictionPolicy):
             paper's ghost queue is as large as the cache: 1).
 
     Raises:
-        ValueError: ``small_fraction`` outside (0, 1), ``promote_hits`` below 1 or a
+        UserError: ``small_fraction`` outside (0, 1), ``promote_hits`` below 1 or a
             ``ghost_factor`` that is not positive.
     """
 
@@ -53,11 +54,11 @@ class S3FifoEviction(EvictionPolicy):
 
     def __init__(self, small_fraction: float = 0.1, promote_hits: int = 1, ghost_factor: float = 1.0) -> None:
         if not 0.0 < small_fraction < 1.0:
-            raise ValueError(f"small_fraction must be in (0, 1), got {small_fraction}")
+            raise UserError(f"small_fraction must be in (0, 1), got {small_fraction}")
         if promote_hits < 1:
-            raise ValueError(f"promote_hits must be at least 1, got {promote_hits}")
+            raise UserError(f"promote_hits must be at least 1, got {promote_hits}")
         if ghost_factor <= 0:
-            raise ValueError(f"ghost_factor must be positive, got {ghost_factor}")
+            raise UserError(f"ghost_factor must be positive, got {ghost_factor}")
         self.small_fraction = small_fraction
         self.promote_hits = promote_hits
         self.ghost_factor = ghost_factor

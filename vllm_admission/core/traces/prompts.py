@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from vllm_admission.core.errors import UserError
+
 __all__ = ["Prompt", "TokenPrompt", "SpanPrompt", "span_token"]
 
 _MASK64 = (1 << 64) - 1
@@ -99,11 +101,11 @@ class TokenPrompt:
         return out
 
     def token_ids(self, vocab_size: int) -> list[int]:
-        """The tokens themselves. Raises ValueError if one is ``>= vocab_size``."""
+        """The tokens themselves. Raises UserError if one is ``>= vocab_size``."""
         _check_vocab_size(vocab_size)
         top = max(self.tokens)
         if top >= vocab_size:
-            raise ValueError(f"token id {top} does not fit a vocabulary of {vocab_size}")
+            raise UserError(f"token id {top} does not fit a vocabulary of {vocab_size}")
         return list(self.tokens)
 
 

@@ -7,12 +7,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.traces.prompts import Prompt, SpanPrompt
 
 __all__ = ["TraceError", "Request", "Trace", "PrefixReuse", "capacity_bound"]
 
 
-class TraceError(ValueError):
+class TraceError(UserError):
     """A trace cannot be read or built.
 
     For a malformed line the message is ``"<file>:<line>: field '<name>': <what is wrong>"``
@@ -125,12 +126,12 @@ class Trace:
         (``None``: this trace itself).
 
         Raises:
-            ValueError: ``cap`` below 1.
+            UserError: ``cap`` below 1.
         """
         if cap is None:
             return self
         if cap < 1:
-            raise ValueError(f"max output length must be >= 1, got {cap}")
+            raise UserError(f"max output length must be >= 1, got {cap}")
         return Trace(name=self.name, source=self.source, skipped=dict(self.skipped),
                      requests=[dataclasses.replace(r, output_len=min(r.output_len, cap))
                                for r in self.requests])
