@@ -591,7 +591,16 @@ def gdn_time(args: argparse.Namespace, device: torch.device) -> dict:
                                               chunk_indices=ci, chunk_offsets=co, use_qk_l2norm_in_kernel=False)
             ssm[running] = final.to(ssm.dtype)
 
-        variants: dict[str, Callable[[], None]] = {"baseline": baseline}
+        def states_only():
+            # in-pass without its checkpoint writes: what keeping h and calling vLLM's stages
+            # one by one costs by itself
+            init = ssm[running]
+            init[~has_init] = 0
+            res = cap.chunk_gated_delta_rule_with_states(*qkvgb, initial_state=init, cu_seqlens=cu,
+                                                         chunk_indices=ci, chunk_offsets=co)
+            ssm[running] = res.final_state.to(ssm.dtype)
+
+        variants: dict[str, Callable[[], None]] = {"baseline": baseline, "states_only": states_only}
         rows_by_k = {}
         for k in ks:
             offs = [even_offsets(L, k, block) for L in lengths]
@@ -639,14 +648,17 @@ def gdn_time(args: argparse.Namespace, device: torch.device) -> dict:
         timing = time_variants(variants, device, repeats=args.repeats, warmup=args.warmup)
         med = timing["median_ms"]
         base = med["baseline"]
-        rows_out = [["baseline", f"{base:.3f}", "1.000", "-"]]
-        summary = {}
+        so = med["states_only"]
+        rows_out = [["baseline", f"{base:.3f}", "1.000", "-"],
+                    ["states_only", f"{so:.3f}", f"{so / base:.3f}", f"{so - base:+.3f}"]]
+        summary = {"states_only_ratio": so / base}
         for k in ks:
             for kind in ("inpass", "split"):
                 name = f"{kind}_{k}"
                 rows_out.append([name, f"{med[name]:.3f}", f"{med[name] / base:.3f}", f"{med[name] - base:+.3f}"])
             summary[k] = {"inpass_overhead_ms": med[f"inpass_{k}"] - base, "split_overhead_ms": med[f"split_{k}"] - base,
-                          "inpass_ratio": med[f"inpass_{k}"] / base, "split_ratio": med[f"split_{k}"] / base}
+                          "inpass_ratio": med[f"inpass_{k}"] / base, "split_ratio": med[f"split_{k}"] / base,
+                          "checkpoint_write_ms": med[f"inpass_{k}"] - so}
         print_table(f"GDN one layer ({shape.hk}/{shape.hv} heads, {shape.dk}x{shape.dv}), batch {label} tokens, "
                     f"checkpoints at multiples of {block}", rows_out, ["variant", "median ms", "x baseline", "overhead ms"])
         agree = inpass_vs_split(variants, ks, rows_by_k, running, ssm, device, bf16_steps=True)
@@ -1003,6 +1015,12 @@ def mamba2_time(args: argparse.Namespace, device: torch.device) -> dict:
                 store_checkpoints_triton(ck_meta, chunk_idx, x, conv, states, ssm, qsl, state_len=width1)
                 ssm[running] = states[last]
 
+            def scan_only(lt=lt, last=last):
+                # in-pass without its checkpoint store: the chunk layout with an end at every
+                # checkpoint, and the chunk states returned
+                states = scan(lt, init=initial(running, has_init), intermediate=True)
+                ssm[running] = states[last]
+
             starts = cu_seqlens(lengths)
             bounds = [[0, *o, L] for o, L in zip(offs, lengths)]
             rounds = []
@@ -1025,6 +1043,7 @@ def mamba2_time(args: argparse.Namespace, device: torch.device) -> dict:
                     ssm[dst_r] = final
 
             variants[f"inpass_{k}"] = inpass
+            variants[f"scan_only_{k}"] = scan_only
             variants[f"split_{k}"] = split
         log(f"mamba2_time {label}: {len(variants)} variants, warmup {args.warmup}, repeats {args.repeats}")
         timing = time_variants(variants, device, repeats=args.repeats, warmup=args.warmup)
@@ -1033,11 +1052,12 @@ def mamba2_time(args: argparse.Namespace, device: torch.device) -> dict:
         table = [["baseline", f"{base:.3f}", "1.000", "-"]]
         summary = {}
         for k in ks:
-            for kind in ("inpass", "split"):
+            for kind in ("scan_only", "inpass", "split"):
                 name = f"{kind}_{k}"
                 table.append([name, f"{med[name]:.3f}", f"{med[name] / base:.3f}", f"{med[name] - base:+.3f}"])
             summary[k] = {"inpass_overhead_ms": med[f"inpass_{k}"] - base, "split_overhead_ms": med[f"split_{k}"] - base,
-                          "inpass_ratio": med[f"inpass_{k}"] / base, "split_ratio": med[f"split_{k}"] / base}
+                          "inpass_ratio": med[f"inpass_{k}"] / base, "split_ratio": med[f"split_{k}"] / base,
+                          "store_ms": med[f"inpass_{k}"] - med[f"scan_only_{k}"]}
         print_table(f"Mamba2 one layer SSD scan ({shape.heads} heads x {shape.head_dim}, state {shape.state}, "
                     f"chunk {shape.chunk}), batch {label}, checkpoints at multiples of {block}", table,
                     ["variant", "median ms", "x baseline", "overhead ms"])

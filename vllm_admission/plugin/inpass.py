@@ -238,7 +238,7 @@ def inpass_problems(vllm_config: Any) -> list[str]:
     problems = []
     if not current_platform.is_cpu():
         problems.append(f"platform {current_platform.device_type!r} (the in-pass runner hook is CPU only; "
-                        "the GPU capture, runner/gdn_chunk_capture.py, is not wired in nor run on a GPU)")
+                        "the GPU capture, runner/gdn_chunk_capture.py, is not wired into the engine yet)")
     if vllm_config.cache_config.mamba_cache_mode != "align":
         problems.append(f"mamba_cache_mode={vllm_config.cache_config.mamba_cache_mode!r} (needs 'align')")
     if vllm_config.speculative_config is not None:

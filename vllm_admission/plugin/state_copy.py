@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["BACKENDS", "StateRowCopier", "as_int_list", "copy_state_rows", "rows_are_dense", "write_state_rows"]
+__all__ = ["BACKENDS", "StateRowCopier", "as_int_list", "copy_state_rows", "device_index", "rows_are_dense",
+           "write_state_rows"]
 
 #: Valid ``backend`` values of :func:`copy_state_rows`.
 BACKENDS = ("auto", "torch", "triton")
@@ -209,13 +210,23 @@ def write_state_rows(tensors: Sequence[torch.Tensor], rows: Sequence[int] | torc
             raise ValueError(f"values on {val.device}, state tensor on {t.device}")
     if not dst:
         return
+    index = None if tensors[0].device.type == "cpu" else device_index(dst, tensors[0].device)
     for t, val in zip(tensors, values):
         val = val.to(t.dtype)
-        if t.device.type == "cpu":
+        if index is None:
             for i, row in enumerate(dst):
                 t[row].copy_(val[i])
         else:
-            t.index_copy_(0, torch.tensor(dst, dtype=torch.long, device=t.device), val)
+            t.index_copy_(0, index, val)
+
+
+def device_index(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``, copied from pinned host memory without
+    waiting (on CUDA), so building an index adds no host-device sync to the step."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 # -- the GPU path ------------------------------------------------------------------

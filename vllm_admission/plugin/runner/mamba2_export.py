@@ -33,7 +33,8 @@ per row. Three pieces, each the part of the contract vLLM lacks:
   builds them as a ``MambaPrefillCheckpointMetadata`` with a ``prefill_rows`` field). On
   a GPU the same entries go to vLLM's own Triton kernel
   (:func:`store_checkpoints_triton`, row starts gathered per entry); that path is checked
-  under Triton's interpreter on CPU, not wired into a GPU engine and not run on a GPU.
+  under Triton's interpreter on CPU and on an H200 (``benchmarks/gpu_inpass_bench.py``),
+  not wired into a GPU engine.
 
 :func:`vllm_admission.plugin.boundary.hooks.install_inpass_runner` wires them in: the
 Mamba2 metadata builder gets the step's checkpoints (from the same
@@ -49,7 +50,7 @@ from typing import Any
 
 import torch
 
-from vllm_admission.plugin.state_copy import as_int_list, write_state_rows
+from vllm_admission.plugin.state_copy import as_int_list, device_index, write_state_rows
 
 __all__ = ["ChunkLayout", "checkpoint_chunk_layout", "checkpoint_entries", "scan_with_chunk_states",
            "store_checkpoints", "store_checkpoints_triton"]
@@ -285,8 +286,8 @@ def store_checkpoints_triton(checkpoint: Any, chunk_idx: torch.Tensor, x: torch.
         _check_offsets(host, state_len)
 
     rows = getattr(checkpoint, "prefill_rows", None)
-    starts = query_start_loc if rows is None else query_start_loc[
-        torch.as_tensor(rows, dtype=torch.long, device=query_start_loc.device)].contiguous()
+    starts = query_start_loc if rows is None else query_start_loc.index_select(
+        0, device_index(as_int_list("prefill_rows", rows), query_start_loc.device))
     store_prefill_checkpoint(checkpoint, chunk_idx, x, conv_state, chunk_states, ssm_state, starts,
                              state_len=state_len)
 
