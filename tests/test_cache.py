@@ -69,6 +69,21 @@ def test_junction_case_exact_hits(policy):
     assert hits == EXPECTED_JUNCTION[policy]
 
 
+# --- the same prompt twice: the second sighting ------------------------------------
+# A 3,740-token prompt (14 full blocks and 156 tokens) sent twice. Its last block boundary,
+# 3,584, is where vLLM 0.32 ends its first prefill chunk (the prompt's last cacheable
+# position), so every policy that keeps the prompt-end state hits all of it on the second
+# sighting; `none` keeps no state. (The engine agrees once its block size survives the
+# engine-core handshake: docs/engine-facts.md section 11, tests/test_second_sighting.py.)
+@pytest.mark.parametrize("policy", sorted(ADMISSION_POLICIES))
+def test_a_prompt_sent_twice_hits_on_its_second_sighting(policy):
+    tokens = [("p", k) for k in range(14 * B + 156)]
+    cache = make_cache(policy)
+    hits = [cache.serve(chained(tokens), len(tokens), 4, rid=r, now=float(r)).hit_tokens
+            for r in range(2)]
+    assert hits == [0, 0 if policy == "none" else 14 * B]
+
+
 def test_junction_is_reported_and_checkpointed_once():
     cache = make_cache("vllm")
     outs = [cache.serve(*sibling(r), 4, rid=r, now=float(r)) for r in range(3)]
