@@ -157,6 +157,7 @@ ALLOWED_STORES = {
     ("control.py", "self.eviction_policy.alpha"),  # a core policy object
     ("control.py", "self.counters.junctions"),           # the plugin's own CacheCounters
     ("control.py", "self.counters.state_checkpoints"),
+    ("control.py", "self.counters.prefill_steps"),
     ("free_queue.py", "b.prev_free_block"),        # the free queue's own links (vLLM's
     ("free_queue.py", "b.next_free_block"),        # FreeKVCacheBlockQueue contract)
     ("logs.py", "logger.propagate"),               # the plugin's own logger

@@ -85,6 +85,7 @@ def test_junction_case_exact_hits(vllm_config, monkeypatch, costs, policy, evict
     assert stats.hit_tokens == sum(hits)
     assert stats.hit_requests == sum(h > 0 for h in hits)
     assert stats.requests == 10
+    assert stats.prefill_steps == sum(expected_junction_prefill_steps(B)[policy])
     assert stats.state_miss_tokens == sum(misses)
     assert free_equals_usable(engine)
 

@@ -34,6 +34,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -74,16 +75,15 @@ def server_model_dir(request, tiny_model_of):
     return tiny_model_of(request.param)
 
 
-@pytest.fixture(scope="module")
-def server(server_model_dir, tmp_path_factory):
-    """``(base_url, block_size, log path, process)`` of a running ``vllm serve`` with the plugin."""
-    httpx = pytest.importorskip("httpx")
+@contextmanager
+def running_server(model_dir, env: dict[str, str], log_path: Path, *extra: str):
+    """``(base_url, process)`` of ``vllm serve`` on ``model_dir`` with the plugin, healthy;
+    stopped on exit."""
+    import httpx
+
     port = free_port()
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(serve_command(server_model_dir, port),
-                                env=server_env(VLLM_ADMISSION_POLICY="vllm",
-                                               VLLM_ADMISSION_EVICTION="lru"),
+        proc = subprocess.Popen([*serve_command(model_dir, port), *extra], env=env,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -100,7 +100,7 @@ def server(server_model_dir, tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail("vllm serve did not become healthy:\n" + log_path.read_text()[-4000:])
             time.sleep(1)
-        yield base, predicted_block_size(server_model_dir, "bfloat16"), log_path, proc
+        yield base, proc
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -109,6 +109,16 @@ def server(server_model_dir, tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(server_model_dir, tmp_path_factory):
+    """``(base_url, block_size, log path, process)`` of a running ``vllm serve`` with the plugin."""
+    pytest.importorskip("httpx")
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    env = server_env(VLLM_ADMISSION_POLICY="vllm", VLLM_ADMISSION_EVICTION="lru")
+    with running_server(server_model_dir, env, log_path) as (base, proc):
+        yield base, predicted_block_size(server_model_dir, "bfloat16"), log_path, proc
 
 
 def scrape(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -247,3 +257,48 @@ def test_a_setting_the_engine_cannot_run_stops_the_server_before_the_model_loads
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines[-1] == ("vllm_admission: error: VLLM_ADMISSION_POLICY=marconi cannot run with a "
                          "KV connector (valid here: vllm)")
+
+
+@pytest.mark.parametrize("arch", TINY_MODEL_ARCHS)
+def test_inpass_serves_with_one_prefill_step_per_prompt(arch, tiny_model_of, tmp_path):
+    """``VLLM_ADMISSION_CHECKPOINT=inpass`` under ``vllm serve``, whose model runner lives in
+    a worker process of its own: the general plugin installs the runner hooks there and the
+    step's checkpoints travel on the ``SchedulerOutput`` vLLM sends it. The junction case
+    (four prompts sharing a 1,500-token prefix, as token ids, ``vllm`` admission) gets the
+    same cached tokens and greedy text as split mode, in one prefill step per prompt where
+    split mode ends chunks at the prompt checkpoint and the junction
+    (``vllm:hybrid_prefix_cache_prefill_steps_total``)."""
+    import random
+
+    import httpx
+
+    model_dir = tiny_model_of(arch)
+    rng = random.Random(5)
+    prefix = [rng.randrange(3, 500) for _ in range(1500)]
+    prompts = [prefix + [3 + i] + [rng.randrange(3, 500) for _ in range(300)] for i in range(4)]
+    runs = {}
+    for mode in ("split", "inpass"):
+        env = server_env(VLLM_ADMISSION_POLICY="vllm", VLLM_ADMISSION_CHECKPOINT=mode)
+        with running_server(model_dir, env, tmp_path / f"{mode}.log") as (base, _):
+            got = []
+            for ids in prompts:
+                r = httpx.post(f"{base}/v1/completions", timeout=300, json={
+                    "model": MODEL_NAME, "prompt": ids, "max_tokens": 4, "temperature": 0.0}).json()
+                got.append((r["usage"]["prompt_tokens_details"]["cached_tokens"],
+                            r["choices"][0]["text"]))
+            deadline = time.monotonic() + 30
+            while True:  # the engine core publishes when its last running request ends
+                samples = scrape(base)
+                if value(samples, "vllm:hybrid_prefix_cache_requests_total",
+                         engine="0") >= len(prompts):
+                    break
+                assert time.monotonic() < deadline, "the plugin's counters did not reach /metrics"
+                time.sleep(0.5)
+            steps = value(samples, "vllm:hybrid_prefix_cache_prefill_steps_total", engine="0")
+            runs[mode] = (got, steps)
+    (split, split_steps), (inpass, inpass_steps) = runs["split"], runs["inpass"]
+    B = predicted_block_size(model_dir, "bfloat16")  # noqa: N806
+    S = 1500 // B * B                                    # noqa: N806  (the shared prefix, whole blocks)
+    assert [c for c, _ in split] == [0, 0, S, S]          # prompt 2 is the junction
+    assert inpass == split
+    assert inpass_steps == len(prompts) < split_steps

@@ -39,6 +39,10 @@ class CacheCounters:
         evictions: cached blocks whose hash was dropped to reuse the block.
         evictions_by_group: ``evictions`` per KV cache group, keyed
             ``"<kind><group index>"`` (``"state0"``, ``"attention1"``).
+        prefill_steps: prefill chunks: engine steps that scheduled a request's prompt
+            tokens, summed over requests (the simulator predicts them for requests run one
+            at a time; the engine counts them as they run, a preempted request's
+            recomputation included).
     """
 
     requests: int = 0
@@ -50,6 +54,7 @@ class CacheCounters:
     state_checkpoints: int = 0
     evictions: int = 0
     evictions_by_group: dict[str, int] = field(default_factory=dict)
+    prefill_steps: int = 0
 
     def count_request(self, prompt_tokens: int, hit_tokens: int, state_miss_tokens: int) -> None:
         """Add one served request's prompt length, hybrid hit and state-miss tokens."""

@@ -114,13 +114,11 @@ class ReplayTotals(CacheCounters):
 
     Attributes:
         skipped_requests: requests that could not fit the cache and did not run.
-        prefill_steps: prefill chunks (engine steps with prompt tokens when run alone).
         flops_total: prefill FLOPs of the requests that ran, without any cache.
         flops_saved: the part of ``flops_total`` their hits saved.
     """
 
     skipped_requests: int = 0
-    prefill_steps: int = 0
     flops_total: float = 0.0
     flops_saved: float = 0.0
 

@@ -267,10 +267,16 @@ class AdmissionControl:
                 break
         return num_new_tokens
 
-    def on_scheduled(self, num_scheduled_tokens: dict[str, int]) -> None:
+    def on_scheduled(self, num_scheduled_tokens: dict[str, int], requests: dict[str, Any]) -> None:
         """Count the requests admitted this step (those looked up and scheduled),
         first admissions only
-        (:func:`~vllm_admission.plugin.translate.counts_in_prefix_cache_stats`)."""
+        (:func:`~vllm_admission.plugin.translate.counts_in_prefix_cache_stats`), and the
+        step's prefill chunks (requests given prompt tokens; called before vLLM advances
+        ``num_computed_tokens``)."""
+        self.counters.prefill_steps += sum(
+            1 for rid, n in num_scheduled_tokens.items()
+            if n > 0 and (r := requests.get(rid)) is not None
+            and r.num_computed_tokens < r.num_prompt_tokens)
         pending = self._pending
         if not pending:
             return

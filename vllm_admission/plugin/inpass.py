@@ -35,8 +35,13 @@ This module changes no vLLM object: every hook is installed by
 Mamba2 layers take the same list through vLLM's own prefill-checkpoint export
 (:mod:`~vllm_admission.plugin.runner.mamba2_export`).
 
+Under a multi-process executor (``vllm serve`` on the CPU build, tensor parallelism) the
+runner lives in a worker process: the general plugin installs the same hooks there
+(:func:`vllm_admission.plugin.boundary.register.install_inpass_runner_if_asked`), and the
+list travels on the ``SchedulerOutput`` vLLM sends the workers each step.
+
 Limits: CPU platform, Gated DeltaNet and Mamba2 layers, align mode, no speculative
-decoding, the model runner in the scheduler's process (``uni`` executor).
+decoding.
 """
 
 from __future__ import annotations
@@ -243,9 +248,6 @@ def inpass_problems(vllm_config: Any) -> list[str]:
         problems.append(f"mamba_cache_mode={vllm_config.cache_config.mamba_cache_mode!r} (needs 'align')")
     if vllm_config.speculative_config is not None:
         problems.append("speculative decoding")
-    backend = vllm_config.parallel_config.distributed_executor_backend
-    if backend not in (None, "uni"):
-        problems.append(f"executor {backend!r} (the runner must share the scheduler's process)")
     try:
         from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner

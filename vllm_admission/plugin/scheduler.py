@@ -297,7 +297,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
                 self._admission_state_managers(), self.requests,
                 scheduler_output.num_scheduled_tokens, plan))
         if ctl is not None:
-            ctl.on_scheduled(scheduler_output.num_scheduled_tokens)
+            ctl.on_scheduled(scheduler_output.num_scheduled_tokens, self.requests)
             interval = self.admission_config.log_interval
             if interval:
                 now = time.monotonic()

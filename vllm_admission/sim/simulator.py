@@ -99,7 +99,6 @@ class RunResult(CacheCounters):
     policy_switches: list[dict[str, Any]] = field(default_factory=list)
     policy_decisions: int = 0
     final_policy: str | None = None
-    prefill_steps: int = 0
     checkpoint: str = "split"
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None

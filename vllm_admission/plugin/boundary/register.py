@@ -76,6 +76,7 @@ from collections.abc import Sequence
 
 from vllm_admission.plugin.config import (
     ENV_ACTIVE,
+    ENV_CHECKPOINT,
     ENV_CPU_FIXES,
     ENV_VARS,
     AdmissionConfig,
@@ -196,6 +197,30 @@ def install_vllm_fixes() -> None:
     block_copy.install()
 
 
+def install_inpass_runner_if_asked() -> bool:
+    """Install the in-pass runner hooks in this process when ``VLLM_ADMISSION_CHECKPOINT``
+    asks for ``inpass`` and the platform is vLLM's CPU one.
+
+    The model runner lives in a worker process of its own under a multi-process executor
+    (what ``vllm serve`` runs here): the scheduler installs the hooks in its process, and
+    this, run by the general plugin in every process vLLM starts, installs them where the
+    runner is. The step's checkpoint list reaches it on the ``SchedulerOutput`` that vLLM
+    itself sends each step (an instance attribute, pickled with it). An invalid value is
+    left to the scheduler, which refuses it in one line.
+
+    Returns:
+        True when the hooks are in place in this process.
+    """
+    from vllm.platforms import current_platform
+
+    if os.environ.get(ENV_CHECKPOINT, "").strip() != "inpass" or not current_platform.is_cpu():
+        return False
+    from vllm_admission.plugin.boundary.hooks import install_inpass_runner
+
+    install_inpass_runner()
+    return True
+
+
 def asked() -> bool:
     """Whether the user asked for the plugin in this process tree: the command line names
     the AdmissionScheduler (``vllm serve ... --scheduler-cls``), one of the plugin's
@@ -230,6 +255,8 @@ def register() -> None:
         return
     register_env_vars(ENV_VARS, _unset)
     install_vllm_fixes()  # every process (engine core, workers)
+    if plugin:
+        install_inpass_runner_if_asked()
     if not plugin or multiprocessing.current_process().name != "MainProcess":
         return
     os.environ[ENV_ACTIVE] = "1"

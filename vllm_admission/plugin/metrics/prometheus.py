@@ -39,6 +39,7 @@ metric                                      type     meaning (``AdmissionStats``
 ``vllm:hybrid_prefix_cache_tokens_saved``   counter  ``hit_tokens``: prompt tokens served from the cache
 ``vllm:hybrid_prefix_cache_state_miss_tokens`` counter attention-KV hit tokens recomputed
                                                      for want of a state at their end
+``vllm:hybrid_prefix_cache_prefill_steps``  counter  prefill chunks (steps with a request's prompt tokens)
 ``vllm:hybrid_prefix_cache_policy_switches`` counter switches made by ``auto``
 ``vllm:hybrid_prefix_cache_evictions``      counter  cached blocks evicted, labels ``kind``, ``group``
 ``vllm:hybrid_prefix_cache_alpha``          gauge    ``flop``'s alpha (absent with ``lru``)
@@ -106,6 +107,9 @@ COUNTERS: dict[str, tuple[str, str]] = {
     "state_miss_tokens": ("state_miss_tokens", "Prompt tokens whose attention KV was cached past "
                           "the hybrid hit but recomputed because no recurrent state was kept at "
                           "their end (attention-KV hit minus hybrid hit, whole blocks)."),
+    "prefill_steps": ("prefill_steps", "Prefill chunks: engine steps that scheduled a request's "
+                      "prompt tokens, summed over requests (split mode ends a chunk at every "
+                      "kept state; inpass does not)."),
     "policy_switches": ("policy_switches", "Switches of the admission/eviction pair made by auto "
                         "(the length of AdmissionStats.policy_switches)."),
 }
