@@ -102,13 +102,16 @@ print(json.dumps(hits))
 
 
 def _scratch_copy(root: Path) -> Path:
-    """The package, the tests and pyproject copied under ``root``, the two policies appended."""
+    """The package, its test helpers, the tests and pyproject copied under ``root``, the two
+    policies appended."""
     src = Path(vllm_admission.__file__).resolve().parent
     repo = root / "repo"
     shutil.copytree(src, repo / "vllm_admission",
                     ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyd"))
     shutil.copytree(Path(__file__).resolve().parent, repo / "tests",
                     ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
+    shutil.copytree(src.parent / "vllm_admission_testing", repo / "vllm_admission_testing",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(src.parent / "pyproject.toml", repo / "pyproject.toml")
     with open(repo / "vllm_admission/core/eviction/registry.py", "a") as f:
         f.write(EVICTION_CLASS)

@@ -59,6 +59,9 @@ def fake_config(*, spec=None, tokens=0, connector=None, unit=None, block=128, ca
 @pytest.mark.parametrize("config, named, feature", [
     (dict(spec="ngram", tokens=2), "VLLM_ADMISSION_POLICY=marconi",
      "speculative decoding other than EAGLE/MTP"),
+    # vLLM's hidden-state cache: a per-token KV cache group the core does not model yet
+    (dict(spec="extract_hidden_states", tokens=1), "VLLM_ADMISSION_POLICY=marconi",
+     "speculative decoding other than EAGLE/MTP"),
     (dict(spec="mtp", tokens=1, unit=32), "VLLM_ADMISSION_POLICY=marconi",
      "EAGLE/MTP speculative decoding with a prefix_match_unit below the block size"),
     (dict(connector=object()), "VLLM_ADMISSION_POLICY=marconi", "a KV connector"),
