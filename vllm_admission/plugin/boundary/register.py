@@ -255,7 +255,9 @@ def register() -> None:
         return
     register_env_vars(ENV_VARS, _unset)
     install_vllm_fixes()  # every process (engine core, workers)
-    if plugin:
+    if plugin and multiprocessing.current_process().name != "MainProcess":
+        # engine-core and worker processes (an engine core in the main process installs
+        # the hooks itself, when its scheduler is built; the API server runs no model)
         install_inpass_runner_if_asked()
     if not plugin or multiprocessing.current_process().name != "MainProcess":
         return
