@@ -108,9 +108,9 @@ ENV_VARS: dict[str, str] = {
     ENV_METRICS_DIR: ("directory where the scheduler publishes its counters for the server's "
                       "/metrics (set by the plugin in the process that starts vLLM)"),
     ENV_ACTIVE: "1 = the user asked for the plugin (set by the plugin for its child processes)",
-    ENV_CPU_FIXES: ("1 = install vLLM's fixes (the CPU platform's Mamba2 and "
-                    "speculative-decoding kernels, whole-page block copies) without the "
-                    "scheduler"),
+    ENV_CPU_FIXES: ("1 = install vLLM's fixes (on the CPU platform the engine core's block "
+                    "size kept and the Mamba2 and speculative-decoding kernels; whole-page "
+                    "block copies) without the scheduler"),
 }
 
 
