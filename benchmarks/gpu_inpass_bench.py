@@ -177,6 +177,13 @@ def meta(args: argparse.Namespace, device: torch.device) -> dict:
                                           text=True, timeout=10, check=False).stdout.strip() or None
     except OSError:
         info["git_head"] = None
+    # The .git that travels with a working tree can be older than the files that ran, so
+    # the code measured is identified by the SHA-256 of its own sources too.
+    import hashlib
+    sources = [Path(__file__), *sorted((ROOT / "vllm_admission" / "plugin" / "runner").glob("*.py")),
+               ROOT / "vllm_admission" / "plugin" / "state_copy.py"]
+    info["source_sha256"] = {str(f.relative_to(ROOT)): hashlib.sha256(f.read_bytes()).hexdigest()
+                             for f in sources if f.exists()}
     return info
 
 
