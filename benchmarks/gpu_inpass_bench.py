@@ -429,6 +429,22 @@ def print_table(title: str, rows: list[list[str]], header: list[str]) -> None:
     print(flush=True)
 
 
+def overhead_rows(med: dict[str, float], names: list[str]) -> list[list[str]]:
+    """Table rows: the baseline, then each named variant's median (ms), its ratio to the
+    baseline and the time it adds."""
+    base = med["baseline"]
+    return [["baseline", f"{base:.3f}", "1.000", "-"],
+            *([n, f"{med[n]:.3f}", f"{med[n] / base:.3f}", f"{med[n] - base:+.3f}"] for n in names)]
+
+
+def inpass_split_summary(med: dict[str, float], k: int) -> dict[str, float]:
+    """With ``k`` checkpoints per sequence: what in-pass and split each add to the baseline
+    (ms) and their ratios to it."""
+    base = med["baseline"]
+    return {"inpass_overhead_ms": med[f"inpass_{k}"] - base, "split_overhead_ms": med[f"split_{k}"] - base,
+            "inpass_ratio": med[f"inpass_{k}"] / base, "split_ratio": med[f"split_{k}"] / base}
+
+
 def inpass_vs_split(variants: dict, ks: list[int], rows_by_k: dict, running: torch.Tensor, ssm: torch.Tensor,
                     device: torch.device, *, bf16_steps: bool) -> dict:
     """Run each in-pass and split variant once more from a zeroed cache and compare the SSM
@@ -656,16 +672,10 @@ def gdn_time(args: argparse.Namespace, device: torch.device) -> dict:
         med = timing["median_ms"]
         base = med["baseline"]
         so = med["states_only"]
-        rows_out = [["baseline", f"{base:.3f}", "1.000", "-"],
-                    ["states_only", f"{so:.3f}", f"{so / base:.3f}", f"{so - base:+.3f}"]]
-        summary = {"states_only_ratio": so / base}
-        for k in ks:
-            for kind in ("inpass", "split"):
-                name = f"{kind}_{k}"
-                rows_out.append([name, f"{med[name]:.3f}", f"{med[name] / base:.3f}", f"{med[name] - base:+.3f}"])
-            summary[k] = {"inpass_overhead_ms": med[f"inpass_{k}"] - base, "split_overhead_ms": med[f"split_{k}"] - base,
-                          "inpass_ratio": med[f"inpass_{k}"] / base, "split_ratio": med[f"split_{k}"] / base,
-                          "checkpoint_write_ms": med[f"inpass_{k}"] - so}
+        rows_out = overhead_rows(med, ["states_only", *(f"{kind}_{k}" for k in ks for kind in ("inpass", "split"))])
+        summary = {"states_only_ratio": so / base,
+                   **{k: {**inpass_split_summary(med, k), "checkpoint_write_ms": med[f"inpass_{k}"] - so}
+                      for k in ks}}
         print_table(f"GDN one layer ({shape.hk}/{shape.hv} heads, {shape.dk}x{shape.dv}), batch {label} tokens, "
                     f"checkpoints at multiples of {block}", rows_out, ["variant", "median ms", "x baseline", "overhead ms"])
         agree = inpass_vs_split(variants, ks, rows_by_k, running, ssm, device, bf16_steps=True)
@@ -1056,15 +1066,9 @@ def mamba2_time(args: argparse.Namespace, device: torch.device) -> dict:
         timing = time_variants(variants, device, repeats=args.repeats, warmup=args.warmup)
         med = timing["median_ms"]
         base = med["baseline"]
-        table = [["baseline", f"{base:.3f}", "1.000", "-"]]
-        summary = {}
-        for k in ks:
-            for kind in ("scan_only", "inpass", "split"):
-                name = f"{kind}_{k}"
-                table.append([name, f"{med[name]:.3f}", f"{med[name] / base:.3f}", f"{med[name] - base:+.3f}"])
-            summary[k] = {"inpass_overhead_ms": med[f"inpass_{k}"] - base, "split_overhead_ms": med[f"split_{k}"] - base,
-                          "inpass_ratio": med[f"inpass_{k}"] / base, "split_ratio": med[f"split_{k}"] / base,
-                          "store_ms": med[f"inpass_{k}"] - med[f"scan_only_{k}"]}
+        table = overhead_rows(med, [f"{kind}_{k}" for k in ks for kind in ("scan_only", "inpass", "split")])
+        summary = {k: {**inpass_split_summary(med, k), "store_ms": med[f"inpass_{k}"] - med[f"scan_only_{k}"]}
+                   for k in ks}
         print_table(f"Mamba2 one layer SSD scan ({shape.heads} heads x {shape.head_dim}, state {shape.state}, "
                     f"chunk {shape.chunk}), batch {label}, checkpoints at multiples of {block}", table,
                     ["variant", "median ms", "x baseline", "overhead ms"])

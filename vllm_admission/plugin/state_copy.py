@@ -290,7 +290,7 @@ class _TritonRowCopy:
         self.device = device
 
     def __call__(self, src: list[int], dst: list[int]) -> None:
-        rows = torch.tensor([src, dst], dtype=torch.int64).pin_memory().to(self.device, non_blocking=True)
+        rows = device_index([*src, *dst], self.device).view(2, len(src))
         meta = self.meta
         _row_copy_kernel()[(len(src) * self.num_tensors, self.chunks)](
             meta[0], meta[1], meta[2], rows[0], rows[1], self.num_tensors,

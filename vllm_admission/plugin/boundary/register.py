@@ -255,11 +255,12 @@ def register() -> None:
         return
     register_env_vars(ENV_VARS, _unset)
     install_vllm_fixes()  # every process (engine core, workers)
-    if plugin and multiprocessing.current_process().name != "MainProcess":
+    if not plugin:
+        return
+    if multiprocessing.current_process().name != "MainProcess":
         # engine-core and worker processes (an engine core in the main process installs
         # the hooks itself, when its scheduler is built; the API server runs no model)
         install_inpass_runner_if_asked()
-    if not plugin or multiprocessing.current_process().name != "MainProcess":
         return
     os.environ[ENV_ACTIVE] = "1"
     if not os.environ.get(ENV_METRICS_DIR):
