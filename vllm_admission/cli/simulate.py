@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from vllm_admission.cli.options import RETENTION_HELP, parse_retention_interval
-from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
+from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, parse_shadow_rate
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
@@ -83,6 +83,10 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--auto-interval", type=int, default=DEFAULT_INTERVAL,
                    help=f"with '{AUTO}': requests between two policy decisions "
                         f"(default {DEFAULT_INTERVAL})")
+    p.add_argument("--shadow-rate", default="auto", metavar="auto|R",
+                   help=f"with '{AUTO}': the fraction of requests its shadow caches serve, on "
+                        f"pools scaled alike: 'auto' (default) chooses it from the trace, a number "
+                        f"in (0, 1] fixes it, 1 runs full shadows (docs/simulator.md)")
     p.add_argument("--max-requests", type=int, default=None,
                    help="replay only the first K requests (the rest are counted as skipped)")
     p.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
@@ -139,6 +143,7 @@ def run_simulate(args: argparse.Namespace) -> int:
     if args.auto_interval < 1:
         raise UserError(f"--auto-interval must be >= 1 request, got {args.auto_interval}")
     check_checkpoint_mode(args.checkpoint)
+    shadow_rate = parse_shadow_rate(args.shadow_rate)
     retention = parse_retention_interval(args.retention_interval)
     spec = SweepSpec(
         trace=args.trace, model=args.model, capacities=capacities,
@@ -147,7 +152,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         pairs=parse_pairs(args.pairs),
         chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
         max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
-        tune_grid=args.tune_grid, auto_interval=args.auto_interval,
+        tune_grid=args.tune_grid, auto_interval=args.auto_interval, shadow_rate=shadow_rate,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint,
         retention_interval=retention, prefix_match_unit=args.prefix_match_unit,
         block_size=args.block_size, num_speculative_tokens=args.num_speculative_tokens)

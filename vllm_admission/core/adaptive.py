@@ -108,8 +108,10 @@ from vllm_admission.core.eviction import (
     stock_eviction,
 )
 from vllm_admission.core.replay import CacheRequest, CacheSetup
+from vllm_admission.core.sampling import PrefixSampler
 
-__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "auto_admissions",
+__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "DEFAULT_MIN_SAMPLES",
+           "MIN_SHADOW_REQUESTS", "auto_admissions", "parse_shadow_rate",
            "auto_evictions",
            "Decision", "LiveEvictions", "Pair", "PolicyController", "candidate_policies",
            "stock_pair"]
@@ -120,6 +122,36 @@ AUTO = "auto"
 #: Requests between two decisions (``PolicyController.min_window``), unless the
 #: user sets another (``--auto-interval``, ``VLLM_ADMISSION_AUTO_INTERVAL``).
 DEFAULT_INTERVAL = 50
+
+#: With sampled shadows: sampled requests the compared scores rest on, at least
+#: (``PolicyController.min_samples``).
+DEFAULT_MIN_SAMPLES = 256
+
+#: With sampled shadows: mean-sized requests a scaled shadow pool holds, at least.
+#: A miniature cache that holds only a few of the trace's requests no longer
+#: behaves like the full one (on the Mooncake trace, Qwen3-Next, 64 GiB: a pool
+#: scaled to 1/16, about 14 requests, delayed ``auto``'s first switch from
+#: request 199 to 2,649 and cost 0.65 points).
+MIN_SHADOW_REQUESTS = 64
+
+
+def parse_shadow_rate(text: str | float | None) -> float | None:
+    """A shadow sample rate as the user gives it: ``"auto"`` (or ``None``) for the
+    rate chosen from the trace (``None``), else a number in ``(0, 1]`` (1: full
+    shadows).
+
+    Raises:
+        UserError: anything else.
+    """
+    if text is None or (isinstance(text, str) and text.strip().lower() == AUTO):
+        return None
+    try:
+        rate = float(text)
+    except (TypeError, ValueError):
+        rate = math.nan
+    if not 0.0 < rate <= 1.0:
+        raise UserError(f"the shadow sample rate must be 'auto' or a number in (0, 1], got {text!r}")
+    return rate
 
 
 def auto_admissions(sub_block: bool = False) -> tuple[str, ...]:
@@ -194,6 +226,8 @@ class Decision:
             turnovers (what the decision compared).
         held: for a switch, per KV cache group, the prompt block hashes the new
             pair's shadow holds (``None`` otherwise; not in :meth:`as_dict`).
+        error: the sampling error (one standard error, in the scores' unit) of
+            the best pair's score minus the live pair's; 0 with full shadows.
     """
 
     at: int
@@ -201,6 +235,7 @@ class Decision:
     before: Pair
     after: Pair
     scores: dict[str, float]
+    error: float = 0.0
     # From HybridPrefixCache.held_keys: the live cache hands its other free
     # cached blocks to the new eviction policy first.
     held: tuple[frozenset, ...] | None = field(default=None, compare=False, repr=False)
@@ -212,7 +247,7 @@ class Decision:
     def as_dict(self) -> dict[str, Any]:
         """The record written to ``results.json`` (``policy_switches``)."""
         return {"at": self.at, "window": self.window, "from": str(self.before),
-                "to": str(self.after), "scores": dict(self.scores)}
+                "to": str(self.after), "scores": dict(self.scores), "error": self.error}
 
 
 def candidate_policies(admission: str, eviction: str, *, sub_block: bool = False
@@ -307,6 +342,18 @@ class PolicyController:
         half_life: in pool turnovers, how long until a request's saving counts
             half in the scores compared; 0 compares the last ``min_window``
             requests alone.
+        shadow_rate: the fraction of requests the shadows serve
+            (:class:`~vllm_admission.core.sampling.PrefixSampler`), on pools
+            scaled by the same fraction; 1 runs full shadows; ``None`` (default)
+            chooses it from the trace (:meth:`sample_rate`).
+        min_samples: with ``shadow_rate=None``: the sampled requests the
+            compared scores should rest on (the rate is raised until the score
+            horizon holds that many).
+        z: with sampled shadows, a switch also needs the best pair's lead over
+            the live pair to exceed ``z`` standard errors of its sampling error
+            (1: on the Mooncake trace, Qwen3-Next, 256 GiB, sampled at 7 %,
+            ``z`` 0 switched 5 times and reached 20.44 %, ``z`` 1 switched 3
+            times, as full shadows do, and reached 20.84 %).
 
     The controller serves ``live`` with its own policy objects
     (:class:`LiveEvictions`), from the start on.
@@ -316,8 +363,25 @@ class PolicyController:
     returns the :class:`Decision` when a decision switches the pair (already
     applied to ``live``), else ``None``.
 
+    **Sampled shadows** (miniature simulation, ``core/sampling.py``): each
+    shadow is a cache of ``rate`` times the live pool's blocks that serves only
+    the requests of the sampled prefix subtrees, so the shadows cost about
+    ``rate`` times what full shadows cost, in time and memory. The main cache
+    is never sampled. With ``shadow_rate=None`` the first ``min_window``
+    requests are kept aside; from their mean length the controller estimates
+    the requests one pool turnover takes (at least ``min_window``, at most
+    ``max_window``), sets the rate so that ``half_life`` turnovers hold
+    ``min_samples`` sampled requests (but a scaled pool holds at least
+    :data:`MIN_SHADOW_REQUESTS` requests of that mean length), builds the shadows and serves them the
+    requests kept aside: the first decision comes where it always did, and a
+    rate of 1 gives exactly the decisions of full shadows. A sampled switch
+    also needs a lead larger than ``z`` standard errors: the error of a sum
+    over a Bernoulli sample of sampling units (Horvitz-Thompson; each unit's
+    savings summed within a decision window).
+
     Raises:
-        UserError: a decision interval that is not an integer >= 1.
+        UserError: a decision interval that is not an integer >= 1, or a
+            ``shadow_rate`` outside ``(0, 1]``.
         ValueError: no candidates.
     """
 
@@ -331,6 +395,9 @@ class PolicyController:
     max_window: int = 1000
     min_gain: float = 0.01
     half_life: float = 4.0
+    shadow_rate: float | None = None
+    min_samples: int = DEFAULT_MIN_SAMPLES
+    z: float = 1.0
     decisions: list[Decision] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -339,6 +406,9 @@ class PolicyController:
         if not (isinstance(self.min_window, int) and self.min_window >= 1):
             raise UserError(f"the decision interval must be an integer >= 1 request, "
                             f"got {self.min_window!r}")
+        if self.shadow_rate is not None and not (
+                isinstance(self.shadow_rate, (int, float)) and 0.0 < self.shadow_rate <= 1.0):
+            raise UserError(f"the shadow sample rate must be in (0, 1], got {self.shadow_rate!r}")
         self.max_window = max(self.max_window, self.min_window)
         self.admissions = tuple(self.admissions)
         self.evictions = tuple(self.evictions)
@@ -353,11 +423,7 @@ class PolicyController:
                      or self.live.eviction.name != self.pair.eviction)
             self.live.switch(admission=self._admission(self.pair.admission),
                              eviction=self.live_evictions.make(self.pair.eviction) if fresh else None)
-        pairs = [Pair(a, e) for a in self.admissions for e in self.evictions]
-        # Nothing to choose with one pair: no shadows at all.
-        self.shadows: dict[Pair, HybridPrefixCache] = {} if len(pairs) == 1 else {
-            p: dataclasses.replace(self.setup, admission=p.admission, eviction=p.eviction).build()
-            for p in pairs}
+        self.pairs = tuple(Pair(a, e) for a in self.admissions for e in self.evictions)
         lay = self.setup.layout
         self._pool_tokens = (lay.num_blocks - 1) * lay.block_size
         self._tokens_seen = 0
@@ -365,12 +431,22 @@ class PolicyController:
         self.window_len: int | None = None
         self._count = 0          # requests seen
         self._since = 0          # requests since the last decision
-        self._scores = dict.fromkeys(self.shadows, 0.0)
-        # Savings so far, each request's weighed down by half every
-        # ``half_life`` pool turnovers.
-        self._history = dict.fromkeys(self.shadows, 0.0)
         #: Index of the request after which a shadow first evicted (``None``: not yet).
         self.pressure_at: int | None = None
+        #: The shadow caches, per candidate pair (empty with one pair, or until the
+        #: rate is chosen).
+        self.shadows: dict[Pair, HybridPrefixCache] = {}
+        #: Who decides which requests the shadows serve (``None`` until the rate is chosen).
+        self.sampler: PrefixSampler | None = None
+        # Requests kept aside until the rate is chosen (shadow_rate=None).
+        self._kept: list[tuple[int, CacheRequest]] | None = None
+        self._reset_scores()
+        if len(self.pairs) == 1:
+            return               # nothing to choose with one pair: no shadows at all
+        if self.shadow_rate is None:
+            self._kept = []
+        else:
+            self._build_shadows(self.shadow_rate)
 
     @staticmethod
     def default_start(admissions: Sequence[str], evictions: Sequence[str],
@@ -406,22 +482,61 @@ class PolicyController:
         """The decisions that changed the pair."""
         return [d for d in self.decisions if d.switched]
 
+    @property
+    def rate(self) -> float | None:
+        """The shadows' sample rate (``None`` until chosen, or with one pair)."""
+        return None if self.sampler is None else self.sampler.rate
+
+    # -- sampling ------------------------------------------------------------
+    def sample_rate(self, mean_tokens: float) -> float:
+        """The rate ``shadow_rate=None`` chooses, from the mean prompt + output
+        tokens of the requests seen so far.
+
+        A pool turnover is estimated as ``pool tokens / mean_tokens`` requests,
+        clipped to ``[min_window, max_window]``; the scores remember about
+        ``half_life`` turnovers (``min_window`` requests when ``half_life`` is
+        0). The rate is ``min_samples`` over that horizon, raised so that a
+        scaled pool holds :data:`MIN_SHADOW_REQUESTS` requests of
+        ``mean_tokens``, and at most 1.
+        """
+        mean_tokens = max(mean_tokens, 1.0)
+        turnover = self._pool_tokens / mean_tokens
+        turnover = min(max(turnover, self.min_window), self.max_window)
+        horizon = self.half_life * turnover if self.half_life > 0 else self.min_window
+        rate = self.min_samples / horizon
+        lay = self.setup.layout
+        request_blocks = math.ceil(mean_tokens / lay.block_size) + len(lay.group_kinds)
+        floor = MIN_SHADOW_REQUESTS * request_blocks / (lay.num_blocks - 1)
+        return min(1.0, max(rate, floor))
+
+    def _build_shadows(self, rate: float) -> None:
+        lay = self.setup.layout
+        if rate < 1.0:
+            usable = max(1, round(rate * (lay.num_blocks - 1)))
+            lay = dataclasses.replace(lay, num_blocks=usable + 1)
+        setup = dataclasses.replace(self.setup, layout=lay)
+        self.shadows = {p: dataclasses.replace(setup, admission=p.admission,
+                                               eviction=p.eviction).build()
+                        for p in self.pairs}
+        self.sampler = PrefixSampler(rate, max_nodes=max(1 << 16, 8 * (lay.num_blocks - 1)))
+        self._reset_scores()
+
+    def _reset_scores(self) -> None:
+        n = len(self.pairs)
+        self._scores = [0.0] * n            # this window's savings, per pair
+        self._history = [0.0] * n           # decayed savings, per pair
+        self._units: dict[int, list[float]] = {}     # this window's savings per sampling unit
+        self._moments = [[0.0] * n for _ in range(n)]  # decayed sum over units of x_p * x_q
+
     # -- serving -----------------------------------------------------------------
     def observe(self, index: int, request: CacheRequest) -> Decision | None:
         """Serve ``request`` (number ``index``) on every shadow; decide every ``min_window``."""
-        if not self.shadows:
+        if len(self.pairs) == 1:
             return None
-        flops = self.prefill_flops
-        prompt_len, output_len, hashes = request.prompt_len, request.output_len, request.hashes
-        # The shadows share one layout: a request fits all of them or none.
-        if next(iter(self.shadows.values())).fits(prompt_len, output_len):
-            full = flops(prompt_len, 0)
-            scores = self._scores
-            now = float(index)
-            for pair, shadow in self.shadows.items():
-                hit = shadow.serve(hashes, prompt_len, output_len, index, now,
-                                   request.units).hit_tokens
-                scores[pair] += full - flops(prompt_len, hit)
+        if self._kept is not None:
+            self._kept.append((index, request))
+        else:
+            self._serve_shadows(index, request)
         self._count += 1
         self._since += 1
         if self.window_len is None:
@@ -432,19 +547,61 @@ class PolicyController:
                 self.window_len = n
         decision = None
         if self._since >= self.min_window:
+            if self._kept is not None:
+                self._start_sampled()
             decision = self._decide(index)
             self._since = 0
-            self._scores = dict.fromkeys(self.shadows, 0.0)
+            self._scores = [0.0] * len(self.pairs)
+            self._units = {}
+        self._check_pressure(index)
+        return decision if decision is not None and decision.switched else None
+
+    def _start_sampled(self) -> None:
+        """Choose the rate from the requests kept aside, build the shadows and
+        serve them those requests, as if they had been there all along."""
+        kept, self._kept = self._kept, None
+        mean = sum(r.prompt_len + r.output_len for _, r in kept) / len(kept)
+        self._build_shadows(self.sample_rate(mean))
+        for k, (i, req) in enumerate(kept):
+            self._serve_shadows(i, req)
+            if k < len(kept) - 1:
+                self._check_pressure(i)
+
+    def _serve_shadows(self, index: int, request: CacheRequest) -> None:
+        unit = self.sampler.sampled(request.hashes, index)
+        if unit is None:
+            return
+        prompt_len, output_len, hashes = request.prompt_len, request.output_len, request.hashes
+        # The shadows share one layout: a request fits all of them or none.
+        if not next(iter(self.shadows.values())).fits(prompt_len, output_len):
+            return
+        flops = self.prefill_flops
+        full = flops(prompt_len, 0)
+        now = float(index)
+        saved = [full - flops(prompt_len, shadow.serve(hashes, prompt_len, output_len, index, now,
+                                                        request.units).hit_tokens)
+                 for shadow in self.shadows.values()]
+        scores = self._scores
+        for j, v in enumerate(saved):
+            scores[j] += v
+        if self.sampler.rate < 1.0:
+            acc = self._units.get(unit)
+            if acc is None:
+                self._units[unit] = saved
+            else:
+                for j, v in enumerate(saved):
+                    acc[j] += v
+
+    def _check_pressure(self, index: int) -> None:
         if self.pressure_at is None and any(s.pool.evictions for s in self.shadows.values()):
             # Savings so far were made by caches that never had to evict: they say
             # which pair hits most in unbounded memory, not under this pool's pressure.
             self.pressure_at = index
-            self._scores = dict.fromkeys(self.shadows, 0.0)
-            self._history = dict.fromkeys(self.shadows, 0.0)
-        return decision if decision is not None and decision.switched else None
+            self._reset_scores()
 
     def _decide(self, index: int) -> Decision:
         live = self.pair
+        pairs = self.pairs
         history = self._history
         # Until one pool's worth of traffic was seen, nothing is old: no decay.
         if self.half_life <= 0:
@@ -453,16 +610,34 @@ class PolicyController:
             decay = 1.0
         else:
             decay = 0.5 ** (self._since / (self.half_life * self.window_len))
-        for p, v in self._scores.items():
-            history[p] = history[p] * decay + v
-        scores = history
-        live_score = scores[live]
-        best = max(scores, key=lambda p: (scores[p], p == live))
-        gain = (scores[best] - live_score) / live_score if live_score > 0 else math.inf
-        after = best if scores[best] > live_score and gain > self.min_gain else live
+        for j, v in enumerate(self._scores):
+            history[j] = history[j] * decay + v
+        rate = self.sampler.rate
+        li = pairs.index(live)
+        bi = max(range(len(pairs)), key=lambda j: (history[j], j == li))
+        gain = (history[bi] - history[li]) / history[li] if history[li] > 0 else math.inf
+        error = 0.0
+        if rate < 1.0:
+            # Each unit's savings enter with its weight squared (the decay applies to both).
+            moments, d2 = self._moments, decay * decay
+            for row in moments:
+                for q in range(len(row)):
+                    row[q] *= d2
+            for x in self._units.values():
+                for p, xp in enumerate(x):
+                    if xp:
+                        row = moments[p]
+                        for q, xq in enumerate(x):
+                            row[q] += xp * xq
+            spread = moments[bi][bi] - 2.0 * moments[bi][li] + moments[li][li]
+            error = math.sqrt(max(0.0, (1.0 - rate) * spread))
+        lead = history[bi] - history[li]
+        switch = lead > 0 and gain > self.min_gain and lead > self.z * error
+        after = pairs[bi] if switch else live
         held = self.shadows[after].held_keys() if after != live else None
         decision = Decision(at=index, window=self._since, before=live, after=after,
-                            scores={str(p): v for p, v in scores.items()}, held=held)
+                            scores={str(p): v / rate for p, v in zip(pairs, history)},
+                            error=error / rate, held=held)
         self.decisions.append(decision)
         if after != live:
             if self.live is not None:

@@ -183,14 +183,18 @@ def alpha_tuner(setup: CacheSetup, prefill_flops: Callable[[int, int], float], *
 
 def controller_kwargs(plan: RunPlan, layout: CacheLayout,
                       prefill_flops: Callable[[int, int], float], *,
-                      interval: int = DEFAULT_INTERVAL) -> dict[str, Any]:
+                      interval: int = DEFAULT_INTERVAL,
+                      shadow_rate: float | None = None) -> dict[str, Any]:
     """The arguments of ``PolicyController(live, **kwargs)`` for an ``auto`` run
     (they pickle, for a controller in a child process:
     :class:`~vllm_admission.core.shadows.ShadowProcess`).
 
     Args:
         interval: requests between two decisions (``min_window``).
+        shadow_rate: the shadows' sample rate; ``None`` chooses it from the
+            trace (:meth:`~vllm_admission.core.adaptive.PolicyController.sample_rate`),
+            1 runs full shadows.
     """
     return {"setup": plan.setup(layout, prefill_flops), "admissions": plan.admissions,
             "evictions": plan.evictions, "prefill_flops": prefill_flops, "start": plan.start,
-            "min_window": interval}
+            "min_window": interval, "shadow_rate": shadow_rate}

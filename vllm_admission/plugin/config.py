@@ -23,6 +23,10 @@ variable                       default      valid values
                                             tries at bootstrap
 ``VLLM_ADMISSION_AUTO_INTERVAL`` ``50``     integer >= 1: with ``auto``, finished requests
                                             between two policy decisions
+``VLLM_ADMISSION_SHADOW_RATE`` ``auto``    with ``auto``: the fraction of finished requests
+                                            its shadow caches serve (``auto``: chosen from
+                                            the traffic; a number in (0, 1]; 1: full
+                                            shadows)
 ``VLLM_ADMISSION_CHECKPOINT``  ``split``    ``split`` (a chunk ends at every kept state, as
                                             vLLM) or ``inpass`` (states written inside the
                                             forward pass; Gated DeltaNet and Mamba2 on
@@ -40,7 +44,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, stock_pair
+from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, parse_shadow_rate, stock_pair
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES
 from vllm_admission.core.errors import UserError
@@ -51,6 +55,7 @@ __all__ = [
     "ENV_ACTIVE",
     "ENV_ALPHA",
     "ENV_AUTO_INTERVAL",
+    "ENV_SHADOW_RATE",
     "ENV_CHECKPOINT",
     "ENV_CPU_FIXES",
     "ENV_EVICTION",
@@ -70,6 +75,7 @@ ENV_LOG_INTERVAL = "VLLM_ADMISSION_LOG_INTERVAL"
 ENV_TUNE_MULTIPLIER = "VLLM_ADMISSION_TUNE_MULTIPLIER"
 ENV_TUNE_GRID = "VLLM_ADMISSION_TUNE_GRID"
 ENV_AUTO_INTERVAL = "VLLM_ADMISSION_AUTO_INTERVAL"
+ENV_SHADOW_RATE = "VLLM_ADMISSION_SHADOW_RATE"
 ENV_CHECKPOINT = "VLLM_ADMISSION_CHECKPOINT"
 #: Not a user setting: where the engine core publishes the plugin's metrics
 #: (vllm_admission.plugin.metrics.snapshots).
@@ -103,6 +109,8 @@ ENV_VARS: dict[str, str] = {
     ENV_TUNE_GRID: f"alpha tuner bootstrap grid, one of {', '.join(GRIDS)} (default {DEFAULT_TUNE_GRID})",
     ENV_AUTO_INTERVAL: (f"auto: finished requests between two policy decisions, integer >= 1 "
                         f"(default {DEFAULT_INTERVAL})"),
+    ENV_SHADOW_RATE: ("auto: the fraction of finished requests its shadow caches serve, 'auto' "
+                      "(chosen from the traffic; default) or a number in (0, 1] (1: full shadows)"),
     ENV_CHECKPOINT: (f"where recurrent states are written, one of {', '.join(CHECKPOINT_MODES)} "
                      f"(default {DEFAULT_CHECKPOINT})"),
     ENV_METRICS_DIR: ("directory where the scheduler publishes its counters for the server's "
@@ -134,6 +142,8 @@ class AdmissionConfig:
         tune_multiplier: bootstrap window multiplier of the alpha tuner.
         tune_grid: name of the tuner's bootstrap grid (a key of ``GRIDS``).
         auto_interval: with ``auto``, finished requests between two decisions.
+        shadow_rate: with ``auto``, the shadows' sample rate (``None``: chosen
+            from the traffic; 1: full shadows).
         checkpoint: ``split`` (a prefill chunk ends at every state kept) or
             ``inpass`` (states at block boundaries inside a chunk are written
             during its forward pass).
@@ -146,6 +156,7 @@ class AdmissionConfig:
     tune_multiplier: int = DEFAULT_TUNE_MULTIPLIER
     tune_grid: str = DEFAULT_TUNE_GRID
     auto_interval: int = DEFAULT_INTERVAL
+    shadow_rate: float | None = None
     checkpoint: str = DEFAULT_CHECKPOINT
 
     @classmethod
@@ -192,12 +203,17 @@ class AdmissionConfig:
         if grid not in GRIDS:
             raise _invalid(ENV_TUNE_GRID, grid, ", ".join(GRIDS))
         interval = _positive_int(ENV_AUTO_INTERVAL, raw(ENV_AUTO_INTERVAL), DEFAULT_INTERVAL)
+        text = raw(ENV_SHADOW_RATE)
+        try:
+            shadow_rate = parse_shadow_rate(text)
+        except UserError:
+            raise _invalid(ENV_SHADOW_RATE, text, "auto, or a number in (0, 1] (1 = full shadows)") from None
         checkpoint = raw(ENV_CHECKPOINT) or DEFAULT_CHECKPOINT
         if checkpoint not in CHECKPOINT_MODES:
             raise _invalid(ENV_CHECKPOINT, checkpoint, ", ".join(CHECKPOINT_MODES))
         return cls(policy=policy, eviction=eviction, alpha=alpha, log_interval=log_interval,
                    tune_multiplier=multiplier, tune_grid=grid, auto_interval=interval,
-                   checkpoint=checkpoint)
+                   shadow_rate=shadow_rate, checkpoint=checkpoint)
 
     def wants_changes(self) -> bool:
         """Whether these settings ask for anything but vLLM's own behaviour."""
@@ -213,6 +229,8 @@ class AdmissionConfig:
         text = f"admission={self.policy} eviction={self.eviction}"
         if AUTO in (self.policy, self.eviction):
             text += f" decisions every {self.auto_interval} requests"
+            if self.shadow_rate is not None:
+                text += f" shadow rate {self.shadow_rate:g}"
         if self.eviction != AUTO and eviction_class(self.eviction).tunable:
             text += f" alpha={'tuned online' if self.alpha is None else f'{self.alpha:g}'}"
         if self.checkpoint != DEFAULT_CHECKPOINT:

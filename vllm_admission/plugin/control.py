@@ -106,6 +106,8 @@ class AdmissionControl:
             :mod:`~vllm_admission.core.shadows`) or inline
             (:mod:`~vllm_admission.plugin.worker`).
         auto_interval: with ``plan.adaptive``, finished requests between decisions.
+        shadow_rate: with ``plan.adaptive``, the shadows' sample rate
+            (``None``: chosen from the traffic; 1: full shadows).
 
     Raises:
         UnknownPolicyError: unknown policy name.
@@ -120,7 +122,8 @@ class AdmissionControl:
                  is_cached_state: Callable[[Any, int], bool] | None = None,
                  group_of: Callable[[Any], int] | None = None,
                  tune_in_thread: bool = True,
-                 auto_interval: int = DEFAULT_INTERVAL) -> None:
+                 auto_interval: int = DEFAULT_INTERVAL,
+                 shadow_rate: float | None = None) -> None:
         policy, eviction = plan.start.admission, plan.start.eviction
         policy_cls = plan.eviction_cls
         if plan.adaptive and prefill_flops is None:
@@ -169,7 +172,8 @@ class AdmissionControl:
         self._finished = 0
         if plan.adaptive:
             self.controller = ControllerThread(policy_controller(
-                controller_kwargs(plan, geometry, prefill_flops, interval=auto_interval),
+                controller_kwargs(plan, geometry, prefill_flops, interval=auto_interval,
+                                  shadow_rate=shadow_rate),
                 in_child=tune_in_thread))
         #: Whether an eviction policy this control may run (``auto``: any it may
         #: switch to) reads FLOP values. Only then must each freeing call open a

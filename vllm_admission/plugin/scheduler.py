@@ -161,7 +161,8 @@ class AdmissionScheduler(EngineSetup, Scheduler):
         control = AdmissionControl(plan=plan, geometry=geometry, prefill_flops=prefill_flops,
                                    tune_multiplier=config.tune_multiplier,
                                    tune_grid=config.tune_grid,
-                                   auto_interval=config.auto_interval)
+                                   auto_interval=config.auto_interval,
+                                   shadow_rate=config.shadow_rate)
         self._admission_pending_pair = None
         self._admission_inpass: dict[str, tuple[int, list[int]]] | None = None
         if config.checkpoint == "inpass":

@@ -63,7 +63,9 @@ class RunResult(CacheCounters):
     (:meth:`Decision.as_dict <vllm_admission.core.adaptive.Decision.as_dict>`:
     request index ``at``, ``from``, ``to``, the window's scores),
     ``policy_decisions`` counts the windows decided and ``final_policy`` is
-    the pair serving at the end. ``checkpoint`` is the checkpoint mode
+    the pair serving at the end; ``shadow_rate`` the fraction of requests its
+    shadow caches served (1: full shadows; ``None`` without ``auto`` or
+    before the rate was chosen). ``checkpoint`` is the checkpoint mode
     (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`). ``prefill_steps`` is the number of prefill
     chunks over the requests that ran (the engine steps that schedule prompt
     tokens when requests run one at a time: the token budget ``chunk_size``
@@ -99,6 +101,7 @@ class RunResult(CacheCounters):
     policy_switches: list[dict[str, Any]] = field(default_factory=list)
     policy_decisions: int = 0
     final_policy: str | None = None
+    shadow_rate: float | None = None
     checkpoint: str = "split"
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None
@@ -172,7 +175,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
              block_size: int | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
              alpha: float | None = None, tune_multiplier: int = 5, outputs: str = "trace",
              tune_grid: str = "coarse", auto_interval: int = DEFAULT_INTERVAL,
-             retune_every: int | None = None, per_request: bool = False,
+             shadow_rate: float | None = None, retune_every: int | None = None, per_request: bool = False,
              checkpoint: str = "split", retention_interval: int | None = 0,
              prefix_match_unit: int | None = None, num_speculative_tokens: int = 0,
              requests: list[CacheRequest] | None = None,
@@ -196,6 +199,9 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         tune_multiplier: bootstrap window multiplier (Marconi: 5).
         tune_grid: bootstrap alpha grid, a key of ``GRIDS`` ("coarse", "paper").
         auto_interval: with ``auto``, requests between two policy decisions.
+        shadow_rate: with ``auto``, the fraction of requests its shadow caches
+            serve, on pools scaled alike (``None``: chosen from the trace; 1:
+            full shadows); see :class:`~vllm_admission.core.adaptive.PolicyController`.
         retune_every: see :class:`AlphaTuner`.
         outputs: "trace" or "unique" (see :data:`OUTPUT_MODES`).
         per_request: keep every request's hit tokens and prefill steps in the result.
@@ -264,7 +270,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     if plan.adaptive:
         cache = setup.build(switchable=True, track_values=plan.reads_values)
         controller = PolicyController(cache, **controller_kwargs(plan, layout, flops,
-                                                                 interval=auto_interval))
+                                                                 interval=auto_interval,
+                                                                 shadow_rate=shadow_rate))
     else:
         oracle = NextUseOracle(requests) if plan.eviction_cls.needs_future else None
         cache = setup.build(alpha=plan.start_alpha, next_use=oracle)
@@ -313,6 +320,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         policy_switches=[d.as_dict() for d in controller.switches] if controller else [],
         policy_decisions=len(controller.decisions) if controller else 0,
         final_policy=str(controller.pair) if controller else None,
+        shadow_rate=controller.rate if controller else None,
         prefill_steps=totals.prefill_steps, checkpoint=checkpoint,
         state_miss_tokens=totals.state_miss_tokens, retention_interval=retention_interval,
         prefix_match_unit=layout.unit or None, num_speculative_tokens=num_speculative_tokens,

@@ -67,7 +67,8 @@ class SweepSpec:
     vLLM's ``--block-size`` before the hybrid alignment (``None``: its default; a
     multiple of a coarser hash unit keeps the aligned block a multiple of it). ``pairs``
     are (admission, eviction) pairs run at every capacity besides the
-    ``admissions`` x ``evictions`` grid (the demo's ``auto`` + ``auto``).
+    ``admissions`` x ``evictions`` grid (the demo's ``auto`` + ``auto``). ``shadow_rate``
+    is ``auto``'s shadow sample rate (``None``: chosen from the trace; 1: full shadows).
     """
 
     trace: str
@@ -80,6 +81,7 @@ class SweepSpec:
     outputs: str = "trace"
     tune_grid: str = "coarse"
     auto_interval: int = DEFAULT_INTERVAL
+    shadow_rate: float | None = None
     max_requests: int | None = None
     seed: int = 0
     mamba_ssm_cache_dtype: str = "auto"
@@ -155,7 +157,8 @@ def _run_with(spec: SweepSpec, trace: Trace, costs: ModelCosts, requests: list,
                       capacity_bytes=capacity, block_size=spec.block_size,
                       chunk_size=spec.chunk_size, alpha=spec.alpha,
                       outputs=spec.outputs, tune_grid=spec.tune_grid,
-                      auto_interval=spec.auto_interval, checkpoint=spec.checkpoint,
+                      auto_interval=spec.auto_interval, shadow_rate=spec.shadow_rate,
+                      checkpoint=spec.checkpoint,
                       retention_interval=spec.retention_interval,
                       prefix_match_unit=spec.prefix_match_unit,
                       num_speculative_tokens=spec.num_speculative_tokens, requests=requests)

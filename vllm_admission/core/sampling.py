@@ -1,0 +1,166 @@
+"""Which requests ``auto``'s shadow caches serve: a hashed sample of prefix subtrees.
+
+Miniature simulation (Waldspurger et al., "Efficient MRC Construction with
+SHARDS", FAST'15; "Cache Modeling and Optimization using Miniature
+Simulations", ATC'17) predicts a cache of ``C`` blocks from a cache of
+``R * C`` blocks that sees only the references whose key hashes below
+``R * 2**64``: a key is either in the sample with all its references or not
+at all, so each sampled key's reuse pattern is kept whole, and the scaled cache
+keeps the same pressure.
+
+A prefix cache's references are not independent keys: a request's hit depends
+on every earlier request that shares a prefix with it. Sampling single blocks
+would break every prefix apart; sampling by a request's first block would put
+every request under one system prompt in or out together (on the Mooncake
+conversation trace all 12,031 requests share their first 512-token block). So
+the sampling unit here is a **prefix subtree**: the subtree under the deepest
+*branch point* on the request's chain of block hashes, a block that has been
+followed by at least ``fanout`` distinct next blocks (a system prompt, a few-shot
+template, an agent's shared context). A conversation or an agent loop, whose
+turns extend one chain, stays one unit; the popular prefixes above the branch
+points are reached from many units, so the sample sees them as often as the
+rate says and the scaled cache keeps them as the full cache would.
+
+What it costs: one dictionary lookup per prompt block, and a table of at most
+``max_nodes`` block hashes (the cold ones are dropped when it is full; branch
+points are kept), so memory stays bounded whatever the trace's length.
+
+A unit is in the sample when the hash (:func:`mix64`) of the index of the
+request that opened it, its first request, falls below ``rate * 2**64``. The
+index, not the block hash itself, so that the sample depends only on the shape
+of the request sequence: the simulator (the trace's block keys) and the engine
+(vLLM's block hashes) pick the same requests, and ``fidelity`` stays exact
+with sampled shadows. A unit not seen among the last ``max_nodes`` units is
+opened again by its next request.
+
+A branch point is only known once ``fanout`` requests went through it: until
+then the requests under it are sampled as one unit (the first few requests of
+each popular prefix).
+
+This module imports neither vLLM nor torch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from vllm_admission.core.errors import UserError
+
+__all__ = ["PrefixSampler", "mix64"]
+
+_MASK = (1 << 64) - 1
+_HOT = object()          # marks a branch point in the table
+
+
+def mix64(key: int) -> int:
+    """A 64-bit integer hash of ``key`` (the splitmix64 finaliser, Steele et al.,
+    "Fast splittable pseudorandom number generators", OOPSLA'14): the same in
+    every process, unlike Python's ``hash`` of bytes. Keys are the core's
+    integer block keys."""
+    z = (key + 0x9E3779B97F4A7C15) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
+
+
+class PrefixSampler:
+    """Decides, request by request, whether a request is in the sample.
+
+    Args:
+        rate: the fraction of sampling units kept, in ``(0, 1]``.
+        fanout: distinct next blocks that make a block a branch point (>= 2).
+        max_nodes: most block hashes the branch table holds, and most units
+            whose first request is remembered (>= 1).
+
+    Raises:
+        UserError: a rate outside ``(0, 1]``, a fanout below 2 or ``max_nodes`` below 1.
+
+    Use: :meth:`sampled` once per request, in serving order.
+    """
+
+    def __init__(self, rate: float, *, fanout: int = 4, max_nodes: int = 1 << 18) -> None:
+        if not (isinstance(rate, (int, float)) and 0.0 < rate <= 1.0):
+            raise UserError(f"the shadow sample rate must be in (0, 1], got {rate!r}")
+        if not (isinstance(fanout, int) and fanout >= 2):
+            raise UserError(f"a branch point needs a fanout >= 2, got {fanout!r}")
+        if not (isinstance(max_nodes, int) and max_nodes >= 1):
+            raise UserError(f"the branch table needs max_nodes >= 1, got {max_nodes!r}")
+        self.rate = float(rate)
+        self.fanout = fanout
+        self.max_nodes = max_nodes
+        self._threshold = min(_MASK + 1, round(self.rate * (_MASK + 1)))
+        # block hash -> its one next block, a set of fewer than ``fanout`` next blocks,
+        # or _HOT (a branch point).
+        self._next: dict[int, object] = {}
+        # unit key -> index of its first request, least recently seen first
+        self._opened: OrderedDict[int, int] = OrderedDict()
+        #: Requests seen, and those in the sample.
+        self.seen = 0
+        self.kept = 0
+
+    def unit(self, hashes: Sequence[int]) -> int | None:
+        """The key of the request's sampling unit, after recording its chain: the
+        block after the deepest branch point on ``hashes`` (the request's first
+        block when none is a branch point, the last when it ends on one);
+        ``None`` for a prompt without a full block."""
+        if not hashes:
+            return None
+        table = self._next
+        deepest = -1
+        last = len(hashes) - 1
+        for i in range(last):
+            h, child = hashes[i], hashes[i + 1]
+            known = table.get(h)
+            if known is _HOT:
+                deepest = i
+            elif known is None:
+                table[h] = child
+            elif isinstance(known, set):
+                known.add(child)
+                if len(known) >= self.fanout:
+                    table[h] = _HOT
+                    deepest = i
+            elif known != child:
+                if self.fanout == 2:
+                    table[h] = _HOT
+                    deepest = i
+                else:
+                    table[h] = {known, child}
+        if table.get(hashes[last]) is _HOT:
+            deepest = last
+        if len(table) > self.max_nodes:
+            self._forget()
+        return hashes[min(deepest + 1, last)]
+
+    def sampled(self, hashes: Sequence[int], index: int) -> int | None:
+        """The sampling unit's key (:meth:`unit`; a prompt without a full block is
+        its own unit, keyed by its ``index``) when request ``index`` with prompt
+        block keys ``hashes`` is in the sample, else ``None``. With ``rate`` 1
+        every request is kept, under its ``index``, and nothing is recorded."""
+        self.seen += 1
+        if self.rate >= 1.0:
+            self.kept += 1
+            return index
+        key = self.unit(hashes)
+        if key is None:
+            key = first = index
+        else:
+            opened = self._opened
+            first = opened.get(key)
+            if first is None:
+                opened[key] = first = index
+                if len(opened) > self.max_nodes:
+                    opened.popitem(last=False)
+            else:
+                opened.move_to_end(key)
+        if mix64(first) < self._threshold:
+            self.kept += 1
+            return key
+        return None
+
+    def _forget(self) -> None:
+        """Drop every block of the table that is not a branch point."""
+        self._next = {h: v for h, v in self._next.items() if v is _HOT}
+        if len(self._next) > self.max_nodes // 2:
+            self.max_nodes *= 2      # branch points alone fill it: let it grow
