@@ -342,7 +342,7 @@ def test_switching_with_held_keys_demotes_the_rest_and_leaks_nothing():
 
 def test_a_single_pair_runs_no_shadow():
     ctl, _ = run_controller(("vllm",), ("lru",), shared_prefix_workload(n=60))
-    assert ctl.shadows == {} and ctl.decisions == [] and ctl.pair == Pair("vllm", "lru")
+    assert ctl.shadows == {} and not ctl.decisions and ctl.pair == Pair("vllm", "lru")
 
 
 def test_every_candidate_pair_has_a_shadow_that_ran_it_all_along():

@@ -15,7 +15,8 @@ from vllm_admission.core.adaptive import (
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import CacheLayout
 from vllm_admission.core.replay import CacheRequest, CacheSetup
-from vllm_admission.core.sampling import PrefixSampler, mix64
+from vllm_admission.core.hashing import mix64
+from vllm_admission.core.sampling import PrefixSampler
 
 B = 16
 

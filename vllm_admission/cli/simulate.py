@@ -87,6 +87,10 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help=f"with '{AUTO}': the fraction of requests its shadow caches serve, on "
                         f"pools scaled alike: 'auto' (default) chooses it from the trace, a number "
                         f"in (0, 1] fixes it, 1 runs full shadows (docs/simulator.md)")
+    p.add_argument("--resample", type=int, default=None, metavar="N",
+                   help="replay N requests: the trace repeated pass after pass, its content "
+                        "renamed in each pass except shared prefixes (a long trace with the "
+                        "trace's statistics, streamed: memory bounded by the trace, not N)")
     p.add_argument("--max-requests", type=int, default=None,
                    help="replay only the first K requests (the rest are counted as skipped)")
     p.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
@@ -140,6 +144,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UserError("--num-speculative-tokens with --prefix-match-unit is not modelled")
     if args.block_size is not None and args.block_size < 1:
         raise UserError(f"--block-size must be >= 1 token, got {args.block_size}")
+    if args.resample is not None and args.resample < 1:
+        raise UserError(f"--resample must be >= 1 request, got {args.resample}")
     if args.auto_interval < 1:
         raise UserError(f"--auto-interval must be >= 1 request, got {args.auto_interval}")
     check_checkpoint_mode(args.checkpoint)
@@ -152,6 +158,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         pairs=parse_pairs(args.pairs),
         chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
         max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
+        resample=args.resample,
         tune_grid=args.tune_grid, auto_interval=args.auto_interval, shadow_rate=shadow_rate,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint,
         retention_interval=retention, prefix_match_unit=args.prefix_match_unit,

@@ -72,8 +72,9 @@ policy first (:meth:`HybridPrefixCache.held_keys
 <vllm_admission.core.cache.HybridPrefixCache.held_keys>`, carried by the
 :class:`Decision` to the plugin's block pool).
 
-Every decision is kept as a :class:`Decision` (request index, window, scores,
-the pair before and after).
+Every decision is a :class:`Decision` (request index, window, scores, the pair
+before and after); the controller keeps every switch and the latest
+:data:`DECISIONS_KEPT` decisions, so that its memory does not grow with the trace.
 
 Cost: one cache-model run per candidate pair beside the live one (8 with the
 default candidates: 4 admissions x 2 evictions); the memory of as many block
@@ -86,6 +87,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,7 +112,7 @@ from vllm_admission.core.eviction import (
 from vllm_admission.core.replay import CacheRequest, CacheSetup
 from vllm_admission.core.sampling import PrefixSampler
 
-__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "DEFAULT_MIN_SAMPLES",
+__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "DEFAULT_MIN_SAMPLES", "DECISIONS_KEPT",
            "MIN_SHADOW_REQUESTS", "auto_admissions", "parse_shadow_rate",
            "auto_evictions",
            "Decision", "LiveEvictions", "Pair", "PolicyController", "candidate_policies",
@@ -122,6 +124,9 @@ AUTO = "auto"
 #: Requests between two decisions (``PolicyController.min_window``), unless the
 #: user sets another (``--auto-interval``, ``VLLM_ADMISSION_AUTO_INTERVAL``).
 DEFAULT_INTERVAL = 50
+
+#: Decisions a controller keeps (``PolicyController.decisions``); every switch is kept.
+DECISIONS_KEPT = 1000
 
 #: With sampled shadows: sampled requests the compared scores rest on, at least
 #: (``PolicyController.min_samples``).
@@ -398,8 +403,6 @@ class PolicyController:
     shadow_rate: float | None = None
     min_samples: int = DEFAULT_MIN_SAMPLES
     z: float = 1.0
-    decisions: list[Decision] = field(default_factory=list)
-
     def __post_init__(self) -> None:
         if not self.admissions or not self.evictions:
             raise ValueError("the controller needs at least one admission and one eviction policy")
@@ -410,6 +413,12 @@ class PolicyController:
                 isinstance(self.shadow_rate, (int, float)) and 0.0 < self.shadow_rate <= 1.0):
             raise UserError(f"the shadow sample rate must be in (0, 1], got {self.shadow_rate!r}")
         self.max_window = max(self.max_window, self.min_window)
+        #: The latest :data:`DECISIONS_KEPT` decisions (memory must not grow with the trace).
+        self.decisions: deque[Decision] = deque(maxlen=DECISIONS_KEPT)
+        #: Every decision that changed the pair, in order.
+        self.switches: list[Decision] = []
+        #: Decisions made in all.
+        self.num_decisions = 0
         self.admissions = tuple(self.admissions)
         self.evictions = tuple(self.evictions)
         if self.start is None:
@@ -476,11 +485,6 @@ class PolicyController:
     def _admission(self, name: str) -> AdmissionPolicy:
         """The admission policy ``name`` on this run's engine settings."""
         return get_admission(name, retention_interval=self.setup.layout.retention_interval)
-
-    @property
-    def switches(self) -> list[Decision]:
-        """The decisions that changed the pair."""
-        return [d for d in self.decisions if d.switched]
 
     @property
     def rate(self) -> float | None:
@@ -639,7 +643,9 @@ class PolicyController:
                             scores={str(p): v / rate for p, v in zip(pairs, history)},
                             error=error / rate, held=held)
         self.decisions.append(decision)
+        self.num_decisions += 1
         if after != live:
+            self.switches.append(decision)
             if self.live is not None:
                 # A fresh eviction policy even when only the admission changes:
                 # the candidates are handed over again, what ``after`` does not hold first.

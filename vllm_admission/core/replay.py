@@ -9,7 +9,7 @@ hashes, prompt length and output length.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -129,7 +129,7 @@ class ReplayTotals(CacheCounters):
         self.flops_saved += flops_saved
 
 
-def replay_requests(cache: HybridPrefixCache, requests: Sequence[CacheRequest], *,
+def replay_requests(cache: HybridPrefixCache, requests: Iterable[CacheRequest], *,
                     prefill_flops: Callable[[int, int], float],
                     first_index: int = 0,
                     on_outcome: Callable[[int, RequestOutcome | None], None] | None = None,
@@ -138,7 +138,7 @@ def replay_requests(cache: HybridPrefixCache, requests: Sequence[CacheRequest], 
 
     Args:
         cache: the cache to run them through (mutated).
-        requests: the requests, in order.
+        requests: the requests, in order (any iterable: consumed once).
         prefill_flops: ``f(end, start)``: FLOPs of prefilling ``[start, end)``.
         first_index: logical time of ``requests[0]`` (request numbering).
         on_outcome: called with ``(index, outcome)`` after each request;

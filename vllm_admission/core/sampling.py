@@ -25,7 +25,7 @@ What it costs: one dictionary lookup per prompt block, and a table of at most
 ``max_nodes`` block hashes (the cold ones are dropped when it is full; branch
 points are kept), so memory stays bounded whatever the trace's length.
 
-A unit is in the sample when the hash (:func:`mix64`) of the index of the
+A unit is in the sample when the hash (:func:`~vllm_admission.core.hashing.mix64`) of the index of the
 request that opened it, its first request, falls below ``rate * 2**64``. The
 index, not the block hash itself, so that the sample depends only on the shape
 of the request sequence: the simulator (the trace's block keys) and the engine
@@ -46,22 +46,12 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from vllm_admission.core.errors import UserError
+from vllm_admission.core.hashing import MASK64, mix64
 
-__all__ = ["PrefixSampler", "mix64"]
+__all__ = ["PrefixSampler"]
 
-_MASK = (1 << 64) - 1
+_MASK = MASK64
 _HOT = object()          # marks a branch point in the table
-
-
-def mix64(key: int) -> int:
-    """A 64-bit integer hash of ``key`` (the splitmix64 finaliser, Steele et al.,
-    "Fast splittable pseudorandom number generators", OOPSLA'14): the same in
-    every process, unlike Python's ``hash`` of bytes. Keys are the core's
-    integer block keys."""
-    z = (key + 0x9E3779B97F4A7C15) & _MASK
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
-    return z ^ (z >> 31)
 
 
 class PrefixSampler:

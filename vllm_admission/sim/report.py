@@ -28,6 +28,8 @@ def format_table(doc: dict[str, Any]) -> str:
                   f"(--mamba-ssm-cache-dtype {doc.get('mamba_ssm_cache_dtype', 'auto')})")
     if doc.get("checkpoint", "split") != "split":
         title += f"; checkpoint mode {doc['checkpoint']} (prefill chunks end at the budget only)"
+    if doc.get("resample"):
+        title += f"; {doc['resample']:,} requests: {doc['trace']} resampled, streamed"
     retention = doc.get("retention_interval", 0)
     if retention != 0:
         title += (f"; stock retention interval {'none (dense)' if retention is None else retention}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,10 +37,11 @@ from vllm_admission.core.replay import (
     replay_requests,
 )
 from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
-from vllm_admission.core.traces import Trace
+from vllm_admission.core.traces import Request, Trace
 from vllm_admission.core.tuning import GRIDS
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "RunResult", "cache_requests", "group_kinds", "simulate", "trace_bound"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "RunResult", "cache_requests", "group_kinds", "simulate", "stream_cache_requests",
+           "trace_bound"]
 
 #: vLLM's default ``max_num_batched_tokens`` for the offline ``LLM`` engine
 #: (``vllm/engine/arg_utils.py``: 8192 unless the platform says otherwise).
@@ -160,6 +161,23 @@ def cache_requests(trace: Trace, block_size: int, outputs: str = "trace",
     return [CacheRequest(h, r.prompt_len, r.output_len) for h, r in zip(hashes, trace.requests)]
 
 
+def stream_cache_requests(requests: Iterable[Request], block_size: int, outputs: str = "trace",
+                          hash_block_size: int | None = None) -> Iterator[CacheRequest]:
+    """:func:`cache_requests` of trace requests as they come, without holding them: for
+    a long trace streamed (:func:`~vllm_admission.core.traces.resample.resample`).
+
+    Raises:
+        UserError: unknown ``outputs`` mode (at the first ``next``).
+    """
+    if outputs not in OUTPUT_MODES:
+        raise UserError(f"unknown outputs mode {outputs!r}; valid: {', '.join(OUTPUT_MODES)}")
+    unit = check_hash_block_size(hash_block_size, block_size)
+    for r in requests:
+        hashes = r.sequence_block_hashes(block_size) if outputs == "trace" else r.block_hashes(block_size)
+        yield CacheRequest(hashes, r.prompt_len, r.output_len,
+                           r.block_hashes(hash_block_size) if unit else None)
+
+
 def trace_bound(requests: list[CacheRequest], block_size: int) -> dict[str, Any]:
     """Infinite-capacity bound at ``block_size`` (a state at every block, nothing evicted).
 
@@ -178,7 +196,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
              shadow_rate: float | None = None, retune_every: int | None = None, per_request: bool = False,
              checkpoint: str = "split", retention_interval: int | None = 0,
              prefix_match_unit: int | None = None, num_speculative_tokens: int = 0,
-             requests: list[CacheRequest] | None = None,
+             requests: Iterable[CacheRequest] | None = None,
              on_request: Callable[[int], None] | None = None) -> RunResult:
     """Replay ``trace`` through the cache for one policy pair and one capacity.
 
@@ -222,7 +240,10 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             :class:`~vllm_admission.core.cache.HybridPrefixCache`. The draft
             model's own KV (an MTP layer) is not added to the layout.
         requests: pre-built cache requests at the right block size (sweeps
-            share them); built from ``trace`` when ``None``.
+            share them); built from ``trace`` when ``None``. Any iterable: a
+            generator is served as it comes (a long trace streamed,
+            :func:`stream_cache_requests`), and then only ``trace.name`` is read;
+            ``belady`` needs the whole list and makes one.
         on_request: called with the request index after each request.
 
     ``admission`` and/or ``eviction`` may be ``"auto"``: the run starts as
@@ -263,7 +284,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     t0, c0 = time.perf_counter(), time.process_time()
     if requests is None:
         requests = cache_requests(trace, geo.block_size, outputs, prefix_match_unit)
-    flops = functools.lru_cache(maxsize=1 << 20)(costs.prefill_flops)
+    # Bounded: a long trace has ever more (end, start) pairs.
+    flops = functools.lru_cache(maxsize=1 << 16)(costs.prefill_flops)
     setup = plan.setup(layout, flops)
     controller = None
     tuner = None
@@ -273,22 +295,31 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                                                                  interval=auto_interval,
                                                                  shadow_rate=shadow_rate))
     else:
-        oracle = NextUseOracle(requests) if plan.eviction_cls.needs_future else None
+        oracle = None
+        if plan.eviction_cls.needs_future:
+            requests = requests if isinstance(requests, Sequence) else list(requests)
+            oracle = NextUseOracle(requests)
         cache = setup.build(alpha=plan.start_alpha, next_use=oracle)
         if plan.tuned:
             tuner = alpha_tuner(setup, flops, grid=GRIDS[tune_grid], multiplier=tune_multiplier,
                                 snapshot=cache.clone, retune_every=retune_every)
     hits: list[int] = []
     steps: list[int] = []
+    current: list[CacheRequest] = []      # the request being served
+
+    def feed() -> Iterator[CacheRequest]:
+        for req in requests:
+            current[:] = (req,)
+            yield req
 
     def on_outcome(r: int, out) -> None:
         if per_request:
             hits.append(-1 if out is None else out.hit_tokens)
             steps.append(-1 if out is None else out.prefill_steps)
         if controller is not None and out is not None:
-            controller.observe(r, requests[r])
+            controller.observe(r, current[0])
         elif tuner is not None and out is not None:
-            req = requests[r]
+            req = current[0]
             saved = flops(req.prompt_len, 0) - flops(req.prompt_len, out.hit_tokens)
             new = tuner.observe((r, req), cache.pool.evictions > 0, saved)
             if new is not None:
@@ -296,7 +327,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         if on_request:
             on_request(r)
 
-    totals = replay_requests(cache, requests, prefill_flops=flops, on_outcome=on_outcome)
+    totals = replay_requests(cache, feed(), prefill_flops=flops, on_outcome=on_outcome)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     names = [f"{k}{g}" for g, k in enumerate(layout.group_kinds)]
     return RunResult(
@@ -318,7 +349,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                       for e in tuner.events] if tuner else [],
         wall_seconds=wall, cpu_seconds=cpu,
         policy_switches=[d.as_dict() for d in controller.switches] if controller else [],
-        policy_decisions=len(controller.decisions) if controller else 0,
+        policy_decisions=controller.num_decisions if controller else 0,
         final_policy=str(controller.pair) if controller else None,
         shadow_rate=controller.rate if controller else None,
         prefill_steps=totals.prefill_steps, checkpoint=checkpoint,

@@ -30,7 +30,13 @@ from vllm_admission.core.geometry import (
 )
 from vllm_admission.core.run import RunPlan
 from vllm_admission.core.traces import Trace, load_trace
-from vllm_admission.sim.simulator import cache_requests, simulate, trace_bound
+from vllm_admission.core.traces.resample import resample
+from vllm_admission.sim.simulator import (
+    cache_requests,
+    simulate,
+    stream_cache_requests,
+    trace_bound,
+)
 
 __all__ = ["EXECUTORS", "LOCAL_RAY_OBJECT_STORE_BYTES", "RAY_INSTALL_HINT", "RayUnavailableError",
            "SweepSpec", "import_ray", "run_sweep"]
@@ -69,6 +75,9 @@ class SweepSpec:
     are (admission, eviction) pairs run at every capacity besides the
     ``admissions`` x ``evictions`` grid (the demo's ``auto`` + ``auto``). ``shadow_rate``
     is ``auto``'s shadow sample rate (``None``: chosen from the trace; 1: full shadows).
+    ``resample``: replay that many requests made of the trace repeated with its private
+    content renamed (:func:`~vllm_admission.core.traces.resample.resample`), streamed to
+    each run (no infinite-capacity bound is computed then).
     """
 
     trace: str
@@ -83,6 +92,7 @@ class SweepSpec:
     auto_interval: int = DEFAULT_INTERVAL
     shadow_rate: float | None = None
     max_requests: int | None = None
+    resample: int | None = None
     seed: int = 0
     mamba_ssm_cache_dtype: str = "auto"
     checkpoint: str = "split"
@@ -136,6 +146,10 @@ def _load(spec: SweepSpec) -> tuple[Trace, ModelCosts]:
 
 def _requests(spec: SweepSpec, block_size: int):
     trace, _ = _load(spec)
+    if spec.resample:
+        # A fresh stream for each run: a long trace is never held.
+        return stream_cache_requests(resample(trace, spec.resample), block_size, spec.outputs,
+                                     spec.prefix_match_unit)
     cached = _STATE["requests"]
     if block_size not in cached:
         cached[block_size] = cache_requests(trace, block_size, spec.outputs,
@@ -298,6 +312,9 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         # Every cell's names and combination, before any run (auto x belady cannot run).
         RunPlan.from_settings(admission, eviction, alpha=spec.alpha, checkpoint=spec.checkpoint)
     if executor == "ray":
+        if spec.resample:
+            raise UserError("a resampled trace is streamed to each run; run it with the "
+                            "process executor, not Ray")
         import_ray()  # fail before loading anything
     trace, costs = _load(spec)
     for cap in spec.capacities:
@@ -339,6 +356,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         "block_size_flag": spec.block_size,
         "num_speculative_tokens": spec.num_speculative_tokens,
         "outputs": spec.outputs,
-        "bound": [trace_bound(_requests(spec, b), b) for b in block_sizes],
+        "resample": spec.resample,
+        "bound": [] if spec.resample else [trace_bound(_requests(spec, b), b) for b in block_sizes],
         "runs": [results[r] for r in runs],
     }

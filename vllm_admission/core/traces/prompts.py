@@ -18,26 +18,19 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from vllm_admission.core.errors import UserError
+from vllm_admission.core.hashing import MASK64, mix64
 
 __all__ = ["Prompt", "TokenPrompt", "SpanPrompt", "span_token"]
 
-_MASK64 = (1 << 64) - 1
+_MASK64 = MASK64
 # Distinct chain roots so that a token prompt and a span prompt never share a chain by construction.
 _TOKEN_ROOT = 0x746F6B656E73  # "tokens"
 _SPAN_ROOT = 0x7370616E73  # "spans"
 
 
-def _mix64(x: int) -> int:
-    """splitmix64 finaliser: a bijective, well-scrambling map of 64-bit integers."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
 def span_token(key: int, offset: int, vocab_size: int) -> int:
     """Token id at ``offset`` (0-based) inside a span with ``key``: an integer in ``[0, vocab_size)``."""
-    return _mix64(_mix64(key & _MASK64) ^ offset) % vocab_size
+    return mix64(mix64(key & _MASK64) ^ offset) % vocab_size
 
 
 def _check_block_size(block_size: int) -> None:
@@ -186,7 +179,7 @@ class SpanPrompt:
         """``num_tokens`` ids in ``[0, vocab_size)``, deterministic in the spans alone."""
         _check_vocab_size(vocab_size)
         out: list[int] = []
-        mix = _mix64
+        mix = mix64
         for key, length in self.spans:
             base = mix(key & _MASK64)
             out.extend(mix(base ^ o) % vocab_size for o in range(length))
