@@ -53,7 +53,8 @@ def run_cell(trace_name: str, model_name: str, cap: str) -> dict:
                      capacity_bytes=capacity, requests=requests, **kw)
         return {"hit": r.token_hit_rate, "flops_saved": r.flops_saved_fraction,
                 "wall_s": r.wall_seconds, "final": r.final_policy,
-                "switches": len(r.policy_switches), "rate": r.shadow_rate}
+                "switches": len(r.policy_switches), "rate": r.shadow_rate,
+                "handover": r.shadow_handover, "requests": r.requests}
 
     stock = run("vllm", "lru")
     full = run("auto", "auto", shadow_rate=1.0)
@@ -66,14 +67,16 @@ def run_cell(trace_name: str, model_name: str, cap: str) -> dict:
 
 def table(rows: list[dict]) -> str:
     lines = ["| capacity | stock | auto, full shadows | auto, sampled | sampled − full | rate "
-             "| sampled − stock | wall: sampled / full | sampled / pair served | full / pair served "
-             "| pair served (sampled) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| handover at | sampled − stock | wall: sampled / full | sampled / pair served "
+             "| full / pair served | pair served (sampled) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         st, fu, sa, se = r["stock"], r["full"], r["sampled"], r["served"]
+        handover = "–" if sa["handover"] is None else f"{sa['handover'] + 1:,}"
         lines.append(
             f"| {r['capacity']} | {100 * st['hit']:.2f} | {100 * fu['hit']:.2f} | "
             f"{100 * sa['hit']:.2f} | {100 * (sa['hit'] - fu['hit']):+.2f} | {sa['rate']:.3f} | "
+            f"{handover} | "
             f"{100 * (sa['hit'] - st['hit']):+.2f} | {sa['wall_s'] / fu['wall_s']:.2f} | "
             f"{sa['wall_s'] / se['wall_s']:.2f}x | {fu['wall_s'] / se['wall_s']:.1f}x | "
             f"{sa['final']} |")

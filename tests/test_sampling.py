@@ -223,3 +223,19 @@ def test_engine_and_simulator_keys_give_the_same_sampled_decisions():
     b, _ = drive(relabel(reqs), num_blocks=1201, shadow_rate=0.3)
     assert [d.as_dict() for d in a.decisions] == [d.as_dict() for d in b.decisions]
     assert a.sampler.kept == b.sampler.kept < len(reqs)
+
+
+def test_full_shadows_decide_until_the_sample_holds_enough_then_hand_over():
+    reqs, _ = conversations(n_convs=2500, turns=4, seed=6)
+    chosen, _ = drive(reqs, num_blocks=4001, min_samples=64)
+    full, _ = drive(reqs, num_blocks=4001, shadow_rate=1.0)
+    assert 0 < chosen.rate < 1 and chosen.handover_at is not None
+    before = [d.as_dict() for d in chosen.decisions if d.at <= chosen.handover_at]
+    assert before == [d.as_dict() for d in full.decisions if d.at <= chosen.handover_at]
+    # After the handover the shadows decided on are the scaled ones.
+    assert all(s.pool.num_blocks < 4001 for s in chosen.shadows.values())
+    assert chosen._full is None and chosen.sampler.kept < len(reqs)
+    # A sample that never holds enough keeps the full shadows to the end.
+    never, _ = drive(reqs, num_blocks=4001, min_samples=10**9)
+    assert never.rate == 1.0 or never.handover_at is None
+    assert [d.as_dict() for d in never.decisions] == [d.as_dict() for d in full.decisions]

@@ -324,6 +324,93 @@ class LiveEvictions:
         return HistoryKeeper(cls(**options), self.history)
 
 
+class _ShadowSet:
+    """One shadow cache per candidate pair, fed the requests its sampler keeps, on pools
+    scaled by the same rate, and the savings they score (``PolicyController``)."""
+
+    def __init__(self, setup: CacheSetup, pairs: Sequence[Pair], rate: float) -> None:
+        lay = setup.layout
+        if rate < 1.0:
+            lay = dataclasses.replace(lay, num_blocks=max(1, round(rate * (lay.num_blocks - 1))) + 1)
+        setup = dataclasses.replace(setup, layout=lay)
+        self.rate = rate
+        self.sampler = PrefixSampler(rate, max_nodes=max(1 << 16, 8 * (lay.num_blocks - 1)))
+        self.shadows = {p: dataclasses.replace(setup, admission=p.admission,
+                                               eviction=p.eviction).build() for p in pairs}
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every saving (at the first eviction under pressure)."""
+        n = len(self.shadows)
+        self.scores = [0.0] * n             # this window's savings, per pair
+        self.history = [0.0] * n            # decayed savings, per pair
+        self.units: dict[int, list[float]] = {}          # this window's savings per unit
+        self.moments = [[0.0] * n for _ in range(n)]     # decayed sum over units of x_p * x_q
+        self.count = 0                      # sampled requests this window
+        self.weight = 0.0                   # decayed sampled requests
+
+    @property
+    def evicted(self) -> bool:
+        return any(s.pool.evictions for s in self.shadows.values())
+
+    def serve(self, index: int, request: CacheRequest,
+              flops: Callable[[int, int], float]) -> None:
+        """Serve ``request`` on every shadow if the sampler keeps it; score the savings."""
+        unit = self.sampler.sampled(request.hashes, index)
+        if unit is None:
+            return
+        prompt_len, output_len, hashes = request.prompt_len, request.output_len, request.hashes
+        # The shadows share one layout: a request fits all of them or none.
+        if not next(iter(self.shadows.values())).fits(prompt_len, output_len):
+            return
+        full = flops(prompt_len, 0)
+        now = float(index)
+        saved = [full - flops(prompt_len, shadow.serve(hashes, prompt_len, output_len, index, now,
+                                                        request.units).hit_tokens)
+                 for shadow in self.shadows.values()]
+        scores = self.scores
+        for j, v in enumerate(saved):
+            scores[j] += v
+        self.count += 1
+        if self.rate < 1.0:
+            acc = self.units.get(unit)
+            if acc is None:
+                self.units[unit] = saved
+            else:
+                for j, v in enumerate(saved):
+                    acc[j] += v
+
+    def fold(self, decay: float) -> None:
+        """End a decision window: its savings join the history, which fades by ``decay``."""
+        history = self.history
+        for j, v in enumerate(self.scores):
+            history[j] = history[j] * decay + v
+        self.weight = self.weight * decay + self.count
+        if self.rate < 1.0:
+            # Each unit's savings enter with its weight squared (the decay applies to both).
+            moments, d2 = self.moments, decay * decay
+            for row in moments:
+                for q in range(len(row)):
+                    row[q] *= d2
+            for x in self.units.values():
+                for p, xp in enumerate(x):
+                    if xp:
+                        row = moments[p]
+                        for q, xq in enumerate(x):
+                            row[q] += xp * xq
+        self.scores = [0.0] * len(history)
+        self.units = {}
+        self.count = 0
+
+    def error(self, p: int, q: int) -> float:
+        """One standard error of ``history[p] - history[q]`` from sampling (0 at rate 1):
+        Horvitz-Thompson over a Bernoulli sample of units, ``(1 - rate) * sum (x_p - x_q)^2``."""
+        if self.rate >= 1.0:
+            return 0.0
+        m = self.moments
+        return math.sqrt(max(0.0, (1.0 - self.rate) * (m[p][p] - 2.0 * m[p][q] + m[q][q])))
+
+
 @dataclass
 class PolicyController:
     """Serves as one policy pair and switches to the pair its shadow caches show is better.
@@ -368,21 +455,27 @@ class PolicyController:
     returns the :class:`Decision` when a decision switches the pair (already
     applied to ``live``), else ``None``.
 
-    **Sampled shadows** (miniature simulation, ``core/sampling.py``): each
-    shadow is a cache of ``rate`` times the live pool's blocks that serves only
-    the requests of the sampled prefix subtrees, so the shadows cost about
-    ``rate`` times what full shadows cost, in time and memory. The main cache
-    is never sampled. With ``shadow_rate=None`` the first ``min_window``
-    requests are kept aside; from their mean length the controller estimates
-    the requests one pool turnover takes (at least ``min_window``, at most
-    ``max_window``), sets the rate so that ``half_life`` turnovers hold
-    ``min_samples`` sampled requests (but a scaled pool holds at least
-    :data:`MIN_SHADOW_REQUESTS` requests of that mean length), builds the shadows and serves them the
-    requests kept aside: the first decision comes where it always did, and a
-    rate of 1 gives exactly the decisions of full shadows. A sampled switch
-    also needs a lead larger than ``z`` standard errors: the error of a sum
-    over a Bernoulli sample of sampling units (Horvitz-Thompson; each unit's
-    savings summed within a decision window).
+    **Sampled shadows** (miniature simulation, ``core/sampling.py``): a set of
+    shadows, each a cache of ``rate`` times the live pool's blocks, serves only
+    the requests of the sampled prefix subtrees, so it costs about ``rate``
+    times what full shadows cost, in time and memory. The main cache is never
+    sampled. A sampled switch also needs a lead larger than ``z`` standard
+    errors: the error of a sum over a Bernoulli sample of sampling units
+    (Horvitz-Thompson; each unit's savings summed within a decision window).
+
+    With ``shadow_rate=None`` the run starts on full shadows. The first
+    ``min_window`` requests are kept aside; from their mean length the
+    controller estimates the requests one pool turnover takes (at least
+    ``min_window``, at most ``max_window``) and sets the rate so that
+    ``half_life`` turnovers hold ``min_samples`` sampled requests (but a scaled
+    pool holds at least :data:`MIN_SHADOW_REQUESTS` requests of that mean
+    length). Below 1, it builds the sampled shadows beside the full ones and
+    serves them the requests kept aside. The full shadows decide until the
+    sampled ones have scored ``min_samples`` requests (decayed as the scores
+    are, counted from the first eviction under pressure), then stop
+    (:attr:`handover_at`): a short trace is decided as on full shadows, a long
+    one costs the rate. With a fixed ``shadow_rate`` below 1 the sampled
+    shadows decide from the start.
 
     Raises:
         UserError: a decision interval that is not an integer >= 1, or a
@@ -442,20 +535,26 @@ class PolicyController:
         self._since = 0          # requests since the last decision
         #: Index of the request after which a shadow first evicted (``None``: not yet).
         self.pressure_at: int | None = None
-        #: The shadow caches, per candidate pair (empty with one pair, or until the
-        #: rate is chosen).
-        self.shadows: dict[Pair, HybridPrefixCache] = {}
-        #: Who decides which requests the shadows serve (``None`` until the rate is chosen).
-        self.sampler: PrefixSampler | None = None
+        #: The sample rate chosen (1: full shadows only; ``None`` until chosen).
+        self.rate: float | None = None
+        #: Index of the decision after which the sampled shadows took over from the
+        #: full ones (``None``: not, or not yet).
+        self.handover_at: int | None = None
+        self._full: _ShadowSet | None = None        # full shadows
+        self._sampled: _ShadowSet | None = None     # sampled shadows
         # Requests kept aside until the rate is chosen (shadow_rate=None).
         self._kept: list[tuple[int, CacheRequest]] | None = None
-        self._reset_scores()
         if len(self.pairs) == 1:
             return               # nothing to choose with one pair: no shadows at all
         if self.shadow_rate is None:
+            self._full = _ShadowSet(self.setup, self.pairs, 1.0)
             self._kept = []
+        elif self.shadow_rate >= 1.0:
+            self._full = _ShadowSet(self.setup, self.pairs, 1.0)
+            self.rate = 1.0
         else:
-            self._build_shadows(self.shadow_rate)
+            self._sampled = _ShadowSet(self.setup, self.pairs, float(self.shadow_rate))
+            self.rate = float(self.shadow_rate)
 
     @staticmethod
     def default_start(admissions: Sequence[str], evictions: Sequence[str],
@@ -486,11 +585,6 @@ class PolicyController:
         """The admission policy ``name`` on this run's engine settings."""
         return get_admission(name, retention_interval=self.setup.layout.retention_interval)
 
-    @property
-    def rate(self) -> float | None:
-        """The shadows' sample rate (``None`` until chosen, or with one pair)."""
-        return None if self.sampler is None else self.sampler.rate
-
     # -- sampling ------------------------------------------------------------
     def sample_rate(self, mean_tokens: float) -> float:
         """The rate ``shadow_rate=None`` chooses, from the mean prompt + output
@@ -513,34 +607,34 @@ class PolicyController:
         floor = MIN_SHADOW_REQUESTS * request_blocks / (lay.num_blocks - 1)
         return min(1.0, max(rate, floor))
 
-    def _build_shadows(self, rate: float) -> None:
-        lay = self.setup.layout
-        if rate < 1.0:
-            usable = max(1, round(rate * (lay.num_blocks - 1)))
-            lay = dataclasses.replace(lay, num_blocks=usable + 1)
-        setup = dataclasses.replace(self.setup, layout=lay)
-        self.shadows = {p: dataclasses.replace(setup, admission=p.admission,
-                                               eviction=p.eviction).build()
-                        for p in self.pairs}
-        self.sampler = PrefixSampler(rate, max_nodes=max(1 << 16, 8 * (lay.num_blocks - 1)))
-        self._reset_scores()
+    @property
+    def _deciding(self) -> _ShadowSet | None:
+        """The shadows decisions are made on: the full ones while they run."""
+        return self._full if self._full is not None else self._sampled
 
-    def _reset_scores(self) -> None:
-        n = len(self.pairs)
-        self._scores = [0.0] * n            # this window's savings, per pair
-        self._history = [0.0] * n           # decayed savings, per pair
-        self._units: dict[int, list[float]] = {}     # this window's savings per sampling unit
-        self._moments = [[0.0] * n for _ in range(n)]  # decayed sum over units of x_p * x_q
+    @property
+    def shadows(self) -> dict[Pair, HybridPrefixCache]:
+        """The shadow caches decisions are made on, per candidate pair (empty with one pair)."""
+        deciding = self._deciding
+        return {} if deciding is None else deciding.shadows
+
+    @property
+    def sampler(self) -> PrefixSampler | None:
+        """The sampler of the sampled shadows (``None`` without them)."""
+        return None if self._sampled is None else self._sampled.sampler
 
     # -- serving -----------------------------------------------------------------
     def observe(self, index: int, request: CacheRequest) -> Decision | None:
         """Serve ``request`` (number ``index``) on every shadow; decide every ``min_window``."""
         if len(self.pairs) == 1:
             return None
+        flops = self.prefill_flops
+        if self._full is not None:
+            self._full.serve(index, request, flops)
         if self._kept is not None:
             self._kept.append((index, request))
-        else:
-            self._serve_shadows(index, request)
+        elif self._sampled is not None:
+            self._sampled.serve(index, request, flops)
         self._count += 1
         self._since += 1
         if self.window_len is None:
@@ -555,58 +649,29 @@ class PolicyController:
                 self._start_sampled()
             decision = self._decide(index)
             self._since = 0
-            self._scores = [0.0] * len(self.pairs)
-            self._units = {}
-        self._check_pressure(index)
-        return decision if decision is not None and decision.switched else None
-
-    def _start_sampled(self) -> None:
-        """Choose the rate from the requests kept aside, build the shadows and
-        serve them those requests, as if they had been there all along."""
-        kept, self._kept = self._kept, None
-        mean = sum(r.prompt_len + r.output_len for _, r in kept) / len(kept)
-        self._build_shadows(self.sample_rate(mean))
-        for k, (i, req) in enumerate(kept):
-            self._serve_shadows(i, req)
-            if k < len(kept) - 1:
-                self._check_pressure(i)
-
-    def _serve_shadows(self, index: int, request: CacheRequest) -> None:
-        unit = self.sampler.sampled(request.hashes, index)
-        if unit is None:
-            return
-        prompt_len, output_len, hashes = request.prompt_len, request.output_len, request.hashes
-        # The shadows share one layout: a request fits all of them or none.
-        if not next(iter(self.shadows.values())).fits(prompt_len, output_len):
-            return
-        flops = self.prefill_flops
-        full = flops(prompt_len, 0)
-        now = float(index)
-        saved = [full - flops(prompt_len, shadow.serve(hashes, prompt_len, output_len, index, now,
-                                                        request.units).hit_tokens)
-                 for shadow in self.shadows.values()]
-        scores = self._scores
-        for j, v in enumerate(saved):
-            scores[j] += v
-        if self.sampler.rate < 1.0:
-            acc = self._units.get(unit)
-            if acc is None:
-                self._units[unit] = saved
-            else:
-                for j, v in enumerate(saved):
-                    acc[j] += v
-
-    def _check_pressure(self, index: int) -> None:
-        if self.pressure_at is None and any(s.pool.evictions for s in self.shadows.values()):
+        if self.pressure_at is None and self._deciding.evicted:
             # Savings so far were made by caches that never had to evict: they say
             # which pair hits most in unbounded memory, not under this pool's pressure.
             self.pressure_at = index
-            self._reset_scores()
+            for shadows in (self._full, self._sampled):
+                if shadows is not None:
+                    shadows.reset()
+        return decision if decision is not None and decision.switched else None
+
+    def _start_sampled(self) -> None:
+        """Choose the rate from the requests kept aside; below 1, build the sampled
+        shadows and serve them those requests, as if they had been there all along."""
+        kept, self._kept = self._kept, None
+        mean = sum(r.prompt_len + r.output_len for _, r in kept) / len(kept)
+        self.rate = self.sample_rate(mean)
+        if self.rate < 1.0:
+            self._sampled = _ShadowSet(self.setup, self.pairs, self.rate)
+            for i, req in kept:
+                self._sampled.serve(i, req, self.prefill_flops)
 
     def _decide(self, index: int) -> Decision:
         live = self.pair
         pairs = self.pairs
-        history = self._history
         # Until one pool's worth of traffic was seen, nothing is old: no decay.
         if self.half_life <= 0:
             decay = 0.0
@@ -614,31 +679,19 @@ class PolicyController:
             decay = 1.0
         else:
             decay = 0.5 ** (self._since / (self.half_life * self.window_len))
-        for j, v in enumerate(self._scores):
-            history[j] = history[j] * decay + v
-        rate = self.sampler.rate
+        for shadows in (self._full, self._sampled):
+            if shadows is not None:
+                shadows.fold(decay)
+        deciding = self._deciding
+        history, rate = deciding.history, deciding.rate
         li = pairs.index(live)
         bi = max(range(len(pairs)), key=lambda j: (history[j], j == li))
         gain = (history[bi] - history[li]) / history[li] if history[li] > 0 else math.inf
-        error = 0.0
-        if rate < 1.0:
-            # Each unit's savings enter with its weight squared (the decay applies to both).
-            moments, d2 = self._moments, decay * decay
-            for row in moments:
-                for q in range(len(row)):
-                    row[q] *= d2
-            for x in self._units.values():
-                for p, xp in enumerate(x):
-                    if xp:
-                        row = moments[p]
-                        for q, xq in enumerate(x):
-                            row[q] += xp * xq
-            spread = moments[bi][bi] - 2.0 * moments[bi][li] + moments[li][li]
-            error = math.sqrt(max(0.0, (1.0 - rate) * spread))
+        error = deciding.error(bi, li)
         lead = history[bi] - history[li]
         switch = lead > 0 and gain > self.min_gain and lead > self.z * error
         after = pairs[bi] if switch else live
-        held = self.shadows[after].held_keys() if after != live else None
+        held = deciding.shadows[after].held_keys() if after != live else None
         decision = Decision(at=index, window=self._since, before=live, after=after,
                             scores={str(p): v / rate for p, v in zip(pairs, history)},
                             error=error / rate, held=held)
@@ -654,4 +707,9 @@ class PolicyController:
                     if after.admission != live.admission else None,
                     eviction=self.live_evictions.make(after.eviction), held=held)
             self.pair = after
+        if (self._full is not None and self._sampled is not None
+                and self._sampled.weight >= self.min_samples):
+            # The sample now holds enough requests to decide on: the full shadows stop.
+            self._full = None
+            self.handover_at = index
         return decision

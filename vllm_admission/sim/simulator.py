@@ -64,9 +64,10 @@ class RunResult(CacheCounters):
     (:meth:`Decision.as_dict <vllm_admission.core.adaptive.Decision.as_dict>`:
     request index ``at``, ``from``, ``to``, the window's scores),
     ``policy_decisions`` counts the windows decided and ``final_policy`` is
-    the pair serving at the end; ``shadow_rate`` the fraction of requests its
-    shadow caches served (1: full shadows; ``None`` without ``auto`` or
-    before the rate was chosen). ``checkpoint`` is the checkpoint mode
+    the pair serving at the end; ``shadow_rate`` the sample rate of its
+    sampled shadows (1: full shadows only; ``None`` without ``auto`` or
+    before the rate was chosen) and ``shadow_handover`` the request after which
+    they took over from the full shadows (``None``: never). ``checkpoint`` is the checkpoint mode
     (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`). ``prefill_steps`` is the number of prefill
     chunks over the requests that ran (the engine steps that schedule prompt
     tokens when requests run one at a time: the token budget ``chunk_size``
@@ -103,6 +104,7 @@ class RunResult(CacheCounters):
     policy_decisions: int = 0
     final_policy: str | None = None
     shadow_rate: float | None = None
+    shadow_handover: int | None = None
     checkpoint: str = "split"
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None
@@ -352,6 +354,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         policy_decisions=controller.num_decisions if controller else 0,
         final_policy=str(controller.pair) if controller else None,
         shadow_rate=controller.rate if controller else None,
+        shadow_handover=controller.handover_at if controller else None,
         prefill_steps=totals.prefill_steps, checkpoint=checkpoint,
         state_miss_tokens=totals.state_miss_tokens, retention_interval=retention_interval,
         prefix_match_unit=layout.unit or None, num_speculative_tokens=num_speculative_tokens,
