@@ -111,6 +111,15 @@ def test_memory_stays_bounded_on_a_long_trace():
     for i in range(20_000):                      # 20,000 distinct chains of 5 blocks
         s.sampled(tuple(range(5 * i + 1, 5 * i + 6)), i)
     assert len(s._next) <= 501 and len(s._opened) <= 500
+    # Ever new branch points (each prefix followed by 4 different blocks) stay bounded too.
+    s = PrefixSampler(0.1, max_nodes=500)
+    for i in range(20_000):
+        s.sampled((10**6 + i // 4, i), i)
+    assert len(s._next) <= 501
+    # A popular branch point dropped with the old ones is found again.
+    for j in range(8):
+        s.sampled((7, 10**7 + j), 20_000 + j)
+    assert s.unit((7, 10**7 + 9)) == 10**7 + 9
 
 
 @pytest.mark.parametrize("bad", [0, -0.1, 1.5, float("nan"), "x"])

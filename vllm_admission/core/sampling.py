@@ -22,8 +22,9 @@ points are reached from many units, so the sample sees them as often as the
 rate says and the scaled cache keeps them as the full cache would.
 
 What it costs: one dictionary lookup per prompt block, and a table of at most
-``max_nodes`` block hashes (the cold ones are dropped when it is full; branch
-points are kept), so memory stays bounded whatever the trace's length.
+``max_nodes`` block hashes (when it is full the blocks that are not branch
+points are dropped, and the oldest branch points beyond half the table), so
+memory stays bounded whatever the trace's length.
 
 A unit is in the sample when the hash (:func:`~vllm_admission.core.hashing.mix64`) of the index of the
 request that opened it, its first request, falls below ``rate * 2**64``. The
@@ -109,10 +110,12 @@ class PrefixSampler:
             elif isinstance(known, set):
                 known.add(child)
                 if len(known) >= self.fanout:
+                    del table[h]             # to the end: the newest branch point
                     table[h] = _HOT
                     deepest = i
             elif known != child:
                 if self.fanout == 2:
+                    del table[h]
                     table[h] = _HOT
                     deepest = i
                 else:
@@ -150,7 +153,8 @@ class PrefixSampler:
         return None
 
     def _forget(self) -> None:
-        """Drop every block of the table that is not a branch point."""
-        self._next = {h: v for h, v in self._next.items() if v is _HOT}
-        if len(self._next) > self.max_nodes // 2:
-            self.max_nodes *= 2      # branch points alone fill it: let it grow
+        """Drop every block of the table that is not a branch point, and the oldest branch
+        points beyond half the table (a popular one is found again after ``fanout`` more
+        requests under it)."""
+        hot = [h for h, v in self._next.items() if v is _HOT]
+        self._next = dict.fromkeys(hot[-(self.max_nodes // 2):], _HOT)
