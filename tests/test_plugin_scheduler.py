@@ -511,7 +511,7 @@ def test_auto_switch_demotes_in_the_engine_what_the_simulator_demotes(vllm_confi
     engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
     hits = serve_deciding(engine, reqs)
     sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs)
-    assert sim.switches and all(d.held is not None for d in sim.switches)
+    assert sim.switches
     assert [d.as_dict() for d in sim.switches] == engine.scheduler.stats().policy_switches
     assert hits == sim_hits
     switch = HybridPrefixCache.switch

@@ -230,7 +230,9 @@ class Decision:
             each request's saving weighed down by half every ``half_life`` pool
             turnovers (what the decision compared).
         held: for a switch, per KV cache group, the prompt block hashes the new
-            pair's shadow holds (``None`` otherwise; not in :meth:`as_dict`).
+            pair's shadow holds (``None`` otherwise, and in the controller's records
+            ``decisions`` and ``switches``: only the decision ``observe`` returns
+            carries them; not in :meth:`as_dict`).
         error: the sampling error (one standard error, in the scores' unit) of
             the best pair's score minus the live pair's; 0 with full shadows.
     """
@@ -695,10 +697,13 @@ class PolicyController:
         decision = Decision(at=index, window=self._since, before=live, after=after,
                             scores={str(p): v / rate for p, v in zip(pairs, history)},
                             error=error / rate, held=held)
-        self.decisions.append(decision)
+        # The records leave out the held hashes (a set per group, as large as the shadow's
+        # pool): only the switch being applied needs them.
+        record = dataclasses.replace(decision, held=None) if held is not None else decision
+        self.decisions.append(record)
         self.num_decisions += 1
         if after != live:
-            self.switches.append(decision)
+            self.switches.append(record)
             if self.live is not None:
                 # A fresh eviction policy even when only the admission changes:
                 # the candidates are handed over again, what ``after`` does not hold first.
