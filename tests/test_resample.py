@@ -10,7 +10,7 @@ import pytest
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.traces import SpanPrompt, Trace, TraceError, load_trace
 from vllm_admission.core.traces.resample import resample, shared_prefix_keys
-from vllm_admission.sim.simulator import cache_requests, simulate, stream_cache_requests
+from vllm_admission.sim.simulator import simulate, stream_cache_requests
 
 B = 16
 
