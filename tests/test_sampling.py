@@ -103,19 +103,19 @@ def test_rate_one_keeps_everything_and_records_nothing():
     reqs, _ = conversations(n_convs=20)
     s = PrefixSampler(1.0)
     assert all(s.sampled(r.hashes, i) == i for i, r in enumerate(reqs))
-    assert s._next == {} and s.kept == s.seen == len(reqs)
+    assert len(s.branches) == 0 and s.kept == s.seen == len(reqs)
 
 
 def test_memory_stays_bounded_on_a_long_trace():
     s = PrefixSampler(0.1, max_nodes=500)
     for i in range(20_000):                      # 20,000 distinct chains of 5 blocks
         s.sampled(tuple(range(5 * i + 1, 5 * i + 6)), i)
-    assert len(s._next) <= 501 and len(s._opened) <= 500
+    assert len(s.branches) <= 501 and len(s._opened) <= 500
     # Ever new branch points (each prefix followed by 4 different blocks) stay bounded too.
     s = PrefixSampler(0.1, max_nodes=500)
     for i in range(20_000):
         s.sampled((10**6 + i // 4, i), i)
-    assert len(s._next) <= 501
+    assert len(s.branches) <= 501
     # A popular branch point dropped with the old ones is found again.
     for j in range(8):
         s.sampled((7, 10**7 + j), 20_000 + j)

@@ -132,7 +132,8 @@ class ReplayTotals(CacheCounters):
 def replay_requests(cache: HybridPrefixCache, requests: Iterable[CacheRequest], *,
                     prefill_flops: Callable[[int, int], float],
                     first_index: int = 0,
-                    on_outcome: Callable[[int, RequestOutcome | None], None] | None = None,
+                    on_outcome: Callable[[int, CacheRequest, RequestOutcome | None], None]
+                    | None = None,
                     ) -> ReplayTotals:
     """Serve ``requests`` one at a time; requests that cannot fit are skipped.
 
@@ -141,7 +142,7 @@ def replay_requests(cache: HybridPrefixCache, requests: Iterable[CacheRequest], 
         requests: the requests, in order (any iterable: consumed once).
         prefill_flops: ``f(end, start)``: FLOPs of prefilling ``[start, end)``.
         first_index: logical time of ``requests[0]`` (request numbering).
-        on_outcome: called with ``(index, outcome)`` after each request;
+        on_outcome: called with ``(index, request, outcome)`` after each request;
             ``outcome`` is ``None`` for a skipped request.
     """
     totals = ReplayTotals()
@@ -150,11 +151,11 @@ def replay_requests(cache: HybridPrefixCache, requests: Iterable[CacheRequest], 
         if not cache.fits(req.prompt_len, req.output_len):
             totals.skipped_requests += 1
             if on_outcome:
-                on_outcome(r, None)
+                on_outcome(r, req, None)
             continue
         out = cache.serve(req.hashes, req.prompt_len, req.output_len, r, float(r), req.units)
         full = prefill_flops(req.prompt_len, 0)
         totals.add(out, full, full - prefill_flops(req.prompt_len, out.hit_tokens))
         if on_outcome:
-            on_outcome(r, out)
+            on_outcome(r, req, out)
     return totals

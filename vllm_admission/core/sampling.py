@@ -49,10 +49,78 @@ from collections.abc import Sequence
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.hashing import MASK64, mix64
 
-__all__ = ["PrefixSampler"]
+__all__ = ["BranchTable", "PrefixSampler"]
 
-_MASK = MASK64
 _HOT = object()          # marks a branch point in the table
+
+
+class BranchTable:
+    """Branch points of the key chains seen so far: keys followed by at least ``fanout``
+    distinct next keys. The one definition of a branch point, used online by
+    :class:`PrefixSampler` (chains of block hashes) and offline by
+    :func:`~vllm_admission.core.traces.resample.shared_prefix_keys` (chains of span keys).
+
+    Args:
+        fanout: distinct next keys that make a key a branch point (>= 2).
+        max_nodes: most keys the table holds (``None``: no bound). When it is full the
+            keys that are not branch points are dropped, and the oldest branch points
+            beyond half the table (a popular one is found again after ``fanout`` more
+            chains through it).
+
+    Raises:
+        UserError: a fanout below 2, or ``max_nodes`` below 1.
+    """
+
+    def __init__(self, fanout: int = 4, max_nodes: int | None = None) -> None:
+        if not (isinstance(fanout, int) and fanout >= 2):
+            raise UserError(f"a branch point needs a fanout >= 2, got {fanout!r}")
+        if max_nodes is not None and not (isinstance(max_nodes, int) and max_nodes >= 1):
+            raise UserError(f"the branch table needs max_nodes >= 1, got {max_nodes!r}")
+        self.fanout = fanout
+        self.max_nodes = max_nodes
+        # key -> its one next key, a set of fewer than ``fanout`` next keys, or _HOT.
+        self._next: dict[int, object] = {}
+
+    def __len__(self) -> int:
+        return len(self._next)
+
+    def record(self, keys: Sequence[int]) -> int:
+        """Record the chain ``keys``; the index of the deepest branch point on it, this
+        chain counted (-1: none)."""
+        table = self._next
+        deepest = -1
+        last = len(keys) - 1
+        for i in range(last):
+            h, child = keys[i], keys[i + 1]
+            known = table.get(h)
+            if known is _HOT:
+                deepest = i
+            elif known is None:
+                table[h] = child
+            elif isinstance(known, set):
+                known.add(child)
+                if len(known) >= self.fanout:
+                    del table[h]             # to the end: the newest branch point
+                    table[h] = _HOT
+                    deepest = i
+            elif known != child:
+                if self.fanout == 2:
+                    del table[h]
+                    table[h] = _HOT
+                    deepest = i
+                else:
+                    table[h] = {known, child}
+        if last >= 0 and table.get(keys[last]) is _HOT:
+            deepest = last
+        if self.max_nodes is not None and len(table) > self.max_nodes:
+            hot = [h for h, v in table.items() if v is _HOT]
+            self._next = dict.fromkeys(hot[-(self.max_nodes // 2):], _HOT)
+        return deepest
+
+    def deepest(self, keys: Sequence[int]) -> int:
+        """The index of the deepest branch point on ``keys`` (-1: none), recording nothing."""
+        table = self._next
+        return max((i for i, k in enumerate(keys) if table.get(k) is _HOT), default=-1)
 
 
 class PrefixSampler:
@@ -73,17 +141,11 @@ class PrefixSampler:
     def __init__(self, rate: float, *, fanout: int = 4, max_nodes: int = 1 << 18) -> None:
         if not (isinstance(rate, (int, float)) and 0.0 < rate <= 1.0):
             raise UserError(f"the shadow sample rate must be in (0, 1], got {rate!r}")
-        if not (isinstance(fanout, int) and fanout >= 2):
-            raise UserError(f"a branch point needs a fanout >= 2, got {fanout!r}")
-        if not (isinstance(max_nodes, int) and max_nodes >= 1):
-            raise UserError(f"the branch table needs max_nodes >= 1, got {max_nodes!r}")
+        #: Branch points of the block-hash chains seen (bounded by ``max_nodes``).
+        self.branches = BranchTable(fanout, max_nodes)
         self.rate = float(rate)
-        self.fanout = fanout
         self.max_nodes = max_nodes
-        self._threshold = min(_MASK + 1, round(self.rate * (_MASK + 1)))
-        # block hash -> its one next block, a set of fewer than ``fanout`` next blocks,
-        # or _HOT (a branch point).
-        self._next: dict[int, object] = {}
+        self._threshold = min(MASK64 + 1, round(self.rate * (MASK64 + 1)))
         # unit key -> index of its first request, least recently seen first
         self._opened: OrderedDict[int, int] = OrderedDict()
         #: Requests seen, and those in the sample.
@@ -97,34 +159,7 @@ class PrefixSampler:
         ``None`` for a prompt without a full block."""
         if not hashes:
             return None
-        table = self._next
-        deepest = -1
-        last = len(hashes) - 1
-        for i in range(last):
-            h, child = hashes[i], hashes[i + 1]
-            known = table.get(h)
-            if known is _HOT:
-                deepest = i
-            elif known is None:
-                table[h] = child
-            elif isinstance(known, set):
-                known.add(child)
-                if len(known) >= self.fanout:
-                    del table[h]             # to the end: the newest branch point
-                    table[h] = _HOT
-                    deepest = i
-            elif known != child:
-                if self.fanout == 2:
-                    del table[h]
-                    table[h] = _HOT
-                    deepest = i
-                else:
-                    table[h] = {known, child}
-        if table.get(hashes[last]) is _HOT:
-            deepest = last
-        if len(table) > self.max_nodes:
-            self._forget()
-        return hashes[min(deepest + 1, last)]
+        return hashes[min(self.branches.record(hashes) + 1, len(hashes) - 1)]
 
     def sampled(self, hashes: Sequence[int], index: int) -> int | None:
         """The sampling unit's key (:meth:`unit`; a prompt without a full block is
@@ -151,10 +186,3 @@ class PrefixSampler:
             self.kept += 1
             return key
         return None
-
-    def _forget(self) -> None:
-        """Drop every block of the table that is not a branch point, and the oldest branch
-        points beyond half the table (a popular one is found again after ``fanout`` more
-        requests under it)."""
-        hot = [h for h, v in self._next.items() if v is _HOT]
-        self._next = dict.fromkeys(hot[-(self.max_nodes // 2):], _HOT)

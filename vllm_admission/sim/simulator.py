@@ -152,8 +152,7 @@ def cache_requests(trace: Trace, block_size: int, outputs: str = "trace",
     Raises:
         UserError: unknown ``outputs`` mode.
     """
-    if outputs not in OUTPUT_MODES:
-        raise UserError(f"unknown outputs mode {outputs!r}; valid: {', '.join(OUTPUT_MODES)}")
+    _check_outputs(outputs)
     hashes = (trace.sequence_block_hashes(block_size) if outputs == "trace"
               else trace.block_hashes(block_size))
     if check_hash_block_size(hash_block_size, block_size):
@@ -161,6 +160,11 @@ def cache_requests(trace: Trace, block_size: int, outputs: str = "trace",
         return [CacheRequest(h, r.prompt_len, r.output_len, k)
                 for h, r, k in zip(hashes, trace.requests, units)]
     return [CacheRequest(h, r.prompt_len, r.output_len) for h, r in zip(hashes, trace.requests)]
+
+
+def _check_outputs(outputs: str) -> None:
+    if outputs not in OUTPUT_MODES:
+        raise UserError(f"unknown outputs mode {outputs!r}; valid: {', '.join(OUTPUT_MODES)}")
 
 
 def stream_cache_requests(requests: Iterable[Request], block_size: int, outputs: str = "trace",
@@ -171,8 +175,7 @@ def stream_cache_requests(requests: Iterable[Request], block_size: int, outputs:
     Raises:
         UserError: unknown ``outputs`` mode (at the first ``next``).
     """
-    if outputs not in OUTPUT_MODES:
-        raise UserError(f"unknown outputs mode {outputs!r}; valid: {', '.join(OUTPUT_MODES)}")
+    _check_outputs(outputs)
     unit = check_hash_block_size(hash_block_size, block_size)
     for r in requests:
         hashes = r.sequence_block_hashes(block_size) if outputs == "trace" else r.block_hashes(block_size)
@@ -307,21 +310,14 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                                 snapshot=cache.clone, retune_every=retune_every)
     hits: list[int] = []
     steps: list[int] = []
-    current: list[CacheRequest] = []      # the request being served
 
-    def feed() -> Iterator[CacheRequest]:
-        for req in requests:
-            current[:] = (req,)
-            yield req
-
-    def on_outcome(r: int, out) -> None:
+    def on_outcome(r: int, req: CacheRequest, out) -> None:
         if per_request:
             hits.append(-1 if out is None else out.hit_tokens)
             steps.append(-1 if out is None else out.prefill_steps)
         if controller is not None and out is not None:
-            controller.observe(r, current[0])
+            controller.observe(r, req)
         elif tuner is not None and out is not None:
-            req = current[0]
             saved = flops(req.prompt_len, 0) - flops(req.prompt_len, out.hit_tokens)
             new = tuner.observe((r, req), cache.pool.evictions > 0, saved)
             if new is not None:
@@ -329,7 +325,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         if on_request:
             on_request(r)
 
-    totals = replay_requests(cache, feed(), prefill_flops=flops, on_outcome=on_outcome)
+    totals = replay_requests(cache, requests, prefill_flops=flops, on_outcome=on_outcome)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     names = [f"{k}{g}" for g, k in enumerate(layout.group_kinds)]
     return RunResult(

@@ -22,7 +22,6 @@ from vllm_admission.core.hashing import MASK64, mix64
 
 __all__ = ["Prompt", "TokenPrompt", "SpanPrompt", "span_token"]
 
-_MASK64 = MASK64
 # Distinct chain roots so that a token prompt and a span prompt never share a chain by construction.
 _TOKEN_ROOT = 0x746F6B656E73  # "tokens"
 _SPAN_ROOT = 0x7370616E73  # "spans"
@@ -30,7 +29,7 @@ _SPAN_ROOT = 0x7370616E73  # "spans"
 
 def span_token(key: int, offset: int, vocab_size: int) -> int:
     """Token id at ``offset`` (0-based) inside a span with ``key``: an integer in ``[0, vocab_size)``."""
-    return mix64(mix64(key & _MASK64) ^ offset) % vocab_size
+    return mix64(mix64(key & MASK64) ^ offset) % vocab_size
 
 
 def _check_block_size(block_size: int) -> None:
@@ -181,6 +180,6 @@ class SpanPrompt:
         out: list[int] = []
         mix = mix64
         for key, length in self.spans:
-            base = mix(key & _MASK64)
+            base = mix(key & MASK64)
             out.extend(mix(base ^ o) % vocab_size for o in range(length))
         return out

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from vllm_admission.core.sampling import BranchTable
 from vllm_admission.core.traces.prompts import SpanPrompt
 from vllm_admission.core.traces.trace import Request, Trace, TraceError
 
@@ -38,25 +39,21 @@ __all__ = ["resample", "shared_prefix_keys"]
 
 
 def shared_prefix_keys(trace: Trace, fanout: int = 4) -> frozenset[int]:
-    """The span keys of ``trace`` that are shared prefixes: followed by at least
-    ``fanout`` distinct next keys, and every key before one on a request's spans.
+    """The span keys of ``trace`` that are shared prefixes: branch points
+    (:class:`~vllm_admission.core.sampling.BranchTable`: followed by at least
+    ``fanout`` distinct next keys over the whole trace), and every key before one
+    on a request's spans.
 
     Raises:
         TraceError: a request whose prompt is not given as spans.
     """
-    following: dict[int, set[int]] = {}
+    table = BranchTable(fanout)
     for req in trace.requests:
-        keys = _keys(req)
-        for a, b in zip(keys, keys[1:]):
-            nxt = following.setdefault(a, set())
-            if len(nxt) < fanout:
-                nxt.add(b)
-    branch = {k for k, nxt in following.items() if len(nxt) >= fanout}
+        table.record(_keys(req))
     shared: set[int] = set()
     for req in trace.requests:
         keys = _keys(req)
-        deepest = max((i for i, k in enumerate(keys) if k in branch), default=-1)
-        shared.update(keys[:deepest + 1])
+        shared.update(keys[:table.deepest(keys) + 1])
     return frozenset(shared)
 
 
