@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                                  admissions=(), evictions=(),
                                  pairs=UNIT_PAIRS if unit or block else PAIRS,
                                  chunk_size=8192, prefix_match_unit=unit, block_size=block,
-                                 num_speculative_tokens=spec_tokens)
+                                 num_speculative_tokens=spec_tokens, shadow_rate=1.0)
                 doc = run_sweep(spec, jobs=args.jobs, progress=False)
                 if trace == "mooncake":
                     doc["trace"] = "mooncake/conversation_trace.jsonl"

@@ -360,14 +360,18 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
 
 @pytest.mark.engine
 @pytest.mark.parametrize("arch, ssm_dtype, pairs", [
-    ("qwen3-next", "bfloat16", (("vllm", "lru"), ("marconi", "lru"), ("dense", "flop"))),
-    ("nemotron-h", "float32", (("vllm", "lru"), ("last", "lru"), ("block", "lru"))),
+    ("qwen3-next", "bfloat16", (("vllm", "lru"), ("marconi", "lru"), ("dense", "flop"),
+                                ("dense", "s3fifo"))),
+    ("nemotron-h", "float32", (("vllm", "lru"), ("last", "lru"), ("block", "lru"),
+                               ("last", "reuse"))),
 ])
 def test_a_sub_block_hash_unit_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny_model_of,
                                                    engine_env):
     """vLLM's ``prefix_match_unit`` of 32 tokens, given to the engine and read back by the
     simulator: every request's cached tokens (hits inside blocks among them), prefill
-    steps and the evictions agree, for stock vLLM and the plugin's admissions. 40 blocks
+    steps and the evictions agree, for stock vLLM and the plugin's admissions, and for
+    evictions that hear block keys (the tail unit's keys and the keys a copied block
+    takes over reach them as in the simulator: ``s3fifo``'s ghosts, ``reuse``). 40 blocks
     and a 512-token prefill budget make the pool evict and the chunks end below the
     prompt end; the SSM dtype is pinned so the block size is the same on every CPU."""
     from conftest import predicted_block_size
@@ -399,16 +403,18 @@ def test_mtp_is_mirrored_exactly(tmp_path_factory, engine_env):
     """MTP with one draft token on the tiny Qwen3-Next with an MTP layer, given to the
     engine as vLLM's ``speculative_config`` and read back by the simulator (EAGLE's
     dropped block, the prompt checkpoints a block lower, the speculative state blocks,
-    the lookahead slots, the MTP layer's KV): every request's cached tokens, prefill
-    steps and the evictions agree for stock, ``marconi`` and ``dense``, in a 40-block
-    pool that evicts. The SSM dtype is pinned so the block size is the same on every CPU."""
+    the draft tokens each decode step verifies, the lookahead slots, the MTP layer's KV):
+    every request's cached tokens, prefill steps and the evictions agree for stock,
+    ``marconi`` and ``dense``, and with ``s3fifo`` (whose order depends on when a decode
+    step allocates), in a 40-block pool that evicts. The SSM dtype is pinned so the block
+    size is the same on every CPU."""
     from vllm_admission.engine.tiny_model import make_tiny_model
     from vllm_admission.fidelity import FidelitySpec, run_fidelity
 
     model = make_tiny_model(tmp_path_factory.mktemp("tiny_mtp_fidelity"), arch="qwen3-next",
                             mtp=True)
     synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
-    pairs = (("vllm", "lru"), ("marconi", "lru"), ("dense", "lru"))
+    pairs = (("vllm", "lru"), ("marconi", "lru"), ("dense", "lru"), ("last", "s3fifo"))
     spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,), pairs=pairs,
                         max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
                         engine_args={"max_num_batched_tokens": 512, "speculative_config":

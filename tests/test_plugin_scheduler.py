@@ -542,8 +542,8 @@ def test_auto_leaves_reuse_out_where_blocks_get_hashes_elsewhere(vllm_config, mo
     assert "reuse" in seen[-1]
     engine.scheduler.shutdown()
     monkeypatch.setattr(plugin_scheduler.AdmissionScheduler, "_admission_key_problems",
-                        lambda self: ["partial hash hits"])
-    with pytest.raises(AdmissionConfigError, match="partial hash hits"):
+                        lambda self: ["KV cache groups of different block sizes"])
+    with pytest.raises(AdmissionConfigError, match="KV cache groups of different block sizes"):
         build(vllm_config, monkeypatch, policy="vllm", eviction="reuse")
     caplog.set_level(logging.WARNING, logger="vllm_admission")
     logger = logging.getLogger("vllm_admission")
@@ -553,7 +553,8 @@ def test_auto_leaves_reuse_out_where_blocks_get_hashes_elsewhere(vllm_config, mo
     finally:
         logger.removeHandler(caplog.handler)
     assert set(seen[-1]) == set(AUTO_EVICTIONS) - {"reuse"}
-    assert any("leaves out reuse" in r.getMessage() and "partial hash hits" in r.getMessage()
+    assert any("leaves out reuse" in r.getMessage()
+               and "KV cache groups of different block sizes" in r.getMessage()
                for r in caplog.records)
     engine.scheduler.shutdown()
 

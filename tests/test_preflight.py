@@ -73,20 +73,35 @@ def test_a_refusal_comes_from_the_config_before_the_model_loads(config, named, f
     assert "\n" not in msg and msg.startswith(f"{named} cannot run with ") and feature in msg
 
 
-def test_a_sub_block_hash_unit_runs_every_admission_and_refuses_keyed_eviction_and_inpass():
-    """``prefix_match_unit`` below the block: the core models it for admission, so
-    ``marconi``, ``dense`` and ``auto`` run; eviction that hears block keys and ``inpass``
-    are refused before the model loads, in one line naming the unit."""
+def test_a_sub_block_hash_unit_runs_every_policy_and_refuses_inpass(caplog):
+    """``prefix_match_unit`` below the block: the core models it for admission and for the
+    keys a hash-keyed eviction hears, so every admission, every eviction and ``auto`` with
+    all its candidates run; ``inpass`` is refused before the model loads, in one line
+    naming the unit."""
     config = fake_config(unit=32)
     for policy in ("marconi", "dense", "last", AUTO):
         preflight(config, settings(policy))
-    for eviction, named in (("reuse", "VLLM_ADMISSION_EVICTION=reuse"),):
-        with pytest.raises(AdmissionConfigError) as info:
-            preflight(config, settings("marconi", eviction))
-        assert str(info.value).startswith(f"{named} cannot run with a prefix_match_unit below")
+    for eviction in ("reuse", "s3fifo", "conversation", "mix"):
+        preflight(config, settings("marconi", eviction))
+    plan, lines = plugin_lines(caplog, lambda: plan_for(
+        settings(AUTO, AUTO), EngineFacts.from_vllm_config(config)))
+    assert set(plan.evictions) == set(AUTO_EVICTIONS) and not lines
     with pytest.raises(AdmissionConfigError, match="VLLM_ADMISSION_CHECKPOINT=inpass cannot run "
                                                    ".*prefix_match_unit below"):
         preflight(config, settings("marconi", checkpoint="inpass"))
+
+
+def test_a_key_problem_the_core_does_not_model_refuses_hash_keyed_eviction(caplog):
+    """Blocks hashed in a way the core does not model (groups of different block sizes):
+    a fixed hash-keyed eviction is refused in one line naming it, and ``auto`` runs
+    without those candidates, saying so."""
+    facts = EngineFacts(key_problems=("KV cache groups of different block sizes",))
+    with pytest.raises(AdmissionConfigError, match="VLLM_ADMISSION_EVICTION=reuse cannot run "
+                                                   "with KV cache groups of different"):
+        plan_for(settings("vllm", "reuse"), facts)
+    plan, lines = plugin_lines(caplog, lambda: plan_for(settings("vllm", AUTO), facts))
+    assert "reuse" not in plan.evictions and plan.evictions
+    assert any("auto eviction leaves out" in message for _, message in lines)
 
 
 def test_what_the_config_cannot_tell_is_left_to_the_scheduler():
@@ -101,22 +116,20 @@ def test_what_the_config_cannot_tell_is_left_to_the_scheduler():
     preflight(fake_config(spec="mtp", tokens=2, connector=object(), unit=32), settings())
 
 
-def test_mtp_runs_every_admission_and_refuses_hash_keyed_eviction(caplog):
-    """EAGLE/MTP: the core models its lookup and checkpoints, so every admission runs
-    and ``auto`` keeps its admission candidates; eviction that hears block keys is
-    refused (speculative state blocks move their hashes) and left out of ``auto``."""
+def test_mtp_runs_every_admission_and_every_eviction(caplog):
+    """EAGLE/MTP: the core models its lookup, checkpoints, draft slots and speculative
+    state blocks, so every admission and every eviction runs, and ``auto`` keeps all its
+    candidates."""
     facts = EngineFacts.from_vllm_config(fake_config(spec="mtp", tokens=1))
     assert facts.eagle and facts.key_problems == ("Mamba speculative blocks",)
+    assert facts.unmodelled_key_problems == []
     for policy in ("marconi", "dense", "last", "block"):
         plan_for(settings(policy), facts)
-    with pytest.raises(AdmissionConfigError, match="VLLM_ADMISSION_EVICTION=reuse cannot run "
-                                                   "with Mamba speculative blocks"):
-        plan_for(settings(eviction="reuse"), facts)
+    for eviction in ("reuse", "s3fifo", "conversation", "mix", "flop"):
+        plan_for(settings("marconi", eviction), facts)
     plan, lines = plugin_lines(caplog, lambda: plan_for(settings(AUTO, AUTO), facts))
-    assert plan.admissions == AUTO_ADMISSIONS and "reuse" not in plan.evictions
-    assert set(plan.evictions) == set(AUTO_EVICTIONS) - {"reuse"} and plan.adaptive
-    text = " ".join(message for _, message in lines)
-    assert "auto admission leaves out" not in text and "auto eviction leaves out reuse" in text
+    assert plan.admissions == AUTO_ADMISSIONS and set(plan.evictions) == set(AUTO_EVICTIONS)
+    assert plan.adaptive and not lines
 
 
 def test_auto_without_a_flop_model_scores_by_tokens_and_flop_is_refused():

@@ -592,8 +592,9 @@ def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_atte
     ``get_num_blocks_to_allocate``), so an attention group may hold
     ``(prompt_len - 1) // block_size + 2`` blocks for a moment.
 
-    With EAGLE/MTP speculative decoding of ``num_speculative_tokens`` K, each
-    attention group holds slots for K more tokens (``num_lookahead_tokens``) and
+    With EAGLE/MTP speculative decoding of ``num_speculative_tokens`` K, the last
+    decode step verifies K draft tokens and each attention group holds slots for K
+    more beyond them (``num_lookahead_tokens``): 2K tokens past the KV above; and
     each state group K more blocks in ``align`` mode (``MambaSpec.num_speculative_blocks``,
     ``MambaManager.get_num_blocks_to_allocate``).
 
@@ -603,7 +604,7 @@ def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_atte
     if prompt_len < 1 or output_len < 1:
         raise ValueError(f"prompt_len and output_len must be >= 1, got {prompt_len}, {output_len}")
     _check_positive(block_size, "block_size")
-    attention = _cdiv(prompt_len + output_len - 1 + num_speculative_tokens, block_size)
+    attention = _cdiv(prompt_len + output_len - 1 + 2 * num_speculative_tokens, block_size)
     if check_hash_block_size(hash_block_size, block_size):
         attention = max(attention, (prompt_len - 1) // block_size + 2)
     states = _states_per_request(mamba_cache_mode)

@@ -488,8 +488,9 @@ class AdmissionControl:
         return policy is not None and policy.needs_keys
 
     def on_cache(self, request: Any, group: int, blocks: Sequence[Any]) -> None:
-        """``blocks`` of KV cache group ``group`` just got their hash
-        (``BlockPool.cache_full_blocks``); tell a policy that ``needs_keys``.
+        """``blocks`` of KV cache group ``group`` of ``request`` just got their first
+        hash (``BlockPool.cache_full_blocks``, or ``cache_partial_block`` with a hash
+        unit finer than the block); tell a policy that ``needs_keys``.
 
         The keys are the simulator's (``core.cache.groups``, the parts' ``cache_full``), so both
         tell the policy the same thing at the same moment:
@@ -518,6 +519,15 @@ class AdmissionControl:
             else:
                 key = (group, translate.hash_key(b.block_hash))
             policy.on_cache(b.block_id, key)
+
+    def on_keys_moved(self, block: Any) -> None:
+        """``block`` just took over another block's hashes (``BlockPool.move_block_hashes``:
+        the prefix cache keeps a copy of a tail or hit block its request writes on); tell
+        a policy that ``needs_keys`` its first one, as the simulator does
+        (``BlockPool.move_keys`` in ``core/cache/block_pool.py``). Only prompt blocks
+        move, so the key is the hash's."""
+        self.eviction_policy.on_cache(block.block_id, (self.group_of(block),
+                                                       translate.hash_key(block.block_hash)))
 
     def on_hash_dropped(self, block: Any) -> None:
         """``block`` lost its hash without an eviction (a superseded state)."""

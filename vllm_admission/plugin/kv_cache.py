@@ -160,6 +160,23 @@ class AdmissionBlockPool(BlockPool):
             # The first state group: record the states that just got a hash.
             ctl.observe_cached(ctl.track(request), blocks, num_cached_blocks, num_full_blocks)
 
+    def cache_partial_block(self, request: Any, block: KVCacheBlock, num_tokens: int,
+                            kv_cache_group_id: int, block_size: int,
+                            replace_existing_hashes: bool = False) -> Any:
+        before = block.block_hash
+        key = super().cache_partial_block(request, block, num_tokens, kv_cache_group_id,
+                                          block_size, replace_existing_hashes)
+        if block.block_hash is not None and block.block_hash != before \
+                and self._admission.wants_keys():
+            # A first key (a further one leaves the policy's key as it is).
+            self._admission.on_cache(request, kv_cache_group_id, [block])
+        return key
+
+    def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
+        super().move_block_hashes(src_block, dst_block)
+        if dst_block.block_hash is not None and self._admission.wants_keys():
+            self._admission.on_keys_moved(dst_block)
+
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         super().touch(blocks)
         self._admission.on_hit(blocks)

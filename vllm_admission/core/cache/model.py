@@ -52,19 +52,21 @@ def _is_output_key(block_hash: object) -> bool:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _decode_events(first: int, last: int, block_size: int, lookahead: int = 0) -> tuple[int, ...]:
+def _decode_events(first: int, last: int, block_size: int, spec: int = 0) -> tuple[int, ...]:
     """The decode steps that change the cache: computing token ``first`` (the
     first output token), then the tokens next to each block boundary up to
-    ``last``, and, with ``lookahead`` slots (speculative decoding), the token whose
-    step makes the attention groups reach past a boundary (memoised: requests of
-    equal lengths share them, as do shadow caches)."""
+    ``last``. With ``spec`` draft tokens (EAGLE/MTP) the step computing token ``t``
+    also verifies ``spec`` drafts and holds ``spec`` lookahead slots, so the state
+    groups reach past a boundary ``spec`` tokens early and the attention groups
+    ``2 * spec`` early. Memoised: requests of equal lengths share them, as do
+    shadow caches."""
     if first > last:
         return ()
     B = block_size
     events = {first}
     m = first // B + 1
-    while m * B - 1 - lookahead <= last:
-        for t in (m * B - lookahead, m * B - 1, m * B, m * B + 1):
+    while m * B - max(2 * spec, 1) <= last:
+        for t in (m * B - 2 * spec, m * B - spec, m * B - 1, m * B, m * B + 1):
             if first < t <= last:
                 events.add(t)
         m += 1
@@ -492,10 +494,12 @@ class HybridPrefixCache:
             self._touch_hit(run, run.num_cached, now)
         steps = self._mode.prefill(self, run, probe.state_hit, output_len, now)
         # Decode: the step computing token t has t + 1 tokens in the request; only
-        # steps next to a block boundary change the cache, so only those run.
-        step = self._step
+        # steps next to a block boundary change the cache, so only those run. Under
+        # EAGLE/MTP the step also verifies the K drafts (scheduled, never cached until
+        # accepted; the model's drafts are taken as rejected, one token a step).
+        step, width = self._step, 1 + self.spec
         for t in _decode_events(prompt_len, total - 2, B, self.spec):
-            step(run, t, 1, t + 1, now)
+            step(run, t, width, t + 1, now)
         self._finish(run, now)
         return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=probe.state_hit,
                               kv_hit_tokens=probe.kv_hit, junction=probe.junction,

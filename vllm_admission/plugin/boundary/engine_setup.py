@@ -53,7 +53,8 @@ from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.kv_cache import group_kinds, smallest_cacheable_prefix
 
 __all__ = ["EngineFacts", "EngineSetup", "plan_for", "preflight", "prefill_tokens",
-           "SPECULATIVE_PROBLEM", "SUB_BLOCK_PROBLEMS", "support_problems"]
+           "MODELLED_KEY_PROBLEMS", "SPECULATIVE_PROBLEM", "SUB_BLOCK_PROBLEMS",
+           "support_problems"]
 
 logger = logging.getLogger("vllm_admission")
 
@@ -62,14 +63,17 @@ logger = logging.getLogger("vllm_admission")
 HASH_UNIT_PROBLEM = "a prefix_match_unit below the block size (sub-block hash keys)"
 
 #: The key problems that come with a hash unit finer than the block. The core models
-#: them for admission (``HybridPrefixCache``'s ``hash_block_size``); only the policies
-#: that hear block keys (hash-keyed eviction) and ``inpass`` still cannot run there.
+#: them (``HybridPrefixCache``'s ``hash_block_size``); the plugin tells a hash-keyed
+#: eviction policy the keys ``cache_partial_block`` and ``move_block_hashes`` give, as
+#: the core does. Only ``inpass`` still cannot run there.
 SUB_BLOCK_PROBLEMS = (HASH_UNIT_PROBLEM, "partial hash hits")
 
-#: The key problem of speculative decoding (Mamba speculative blocks take hashes outside
-#: ``cache_full_blocks`` as they move): modelled for admission under EAGLE/MTP
-#: (``HybridPrefixCache``'s ``num_speculative_tokens``), not for hash-keyed eviction.
+#: The key problem of speculative decoding (Mamba speculative blocks, never cached):
+#: modelled under EAGLE/MTP (``HybridPrefixCache``'s ``num_speculative_tokens``).
 SPECULATIVE_PROBLEM = "Mamba speculative blocks"
+
+#: The key problems the core models, for every admission and eviction policy.
+MODELLED_KEY_PROBLEMS = (*SUB_BLOCK_PROBLEMS, SPECULATIVE_PROBLEM)
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,12 @@ class EngineFacts:
     key_problems: tuple[str, ...] = ()
     odd_groups: tuple[str, ...] = ()
     flop_model_error: str | None = None
+
+    @property
+    def unmodelled_key_problems(self) -> list[str]:
+        """The :attr:`key_problems` the core does not model (none of
+        :data:`MODELLED_KEY_PROBLEMS`): no policy but stock's runs with them."""
+        return [p for p in self.key_problems if p not in MODELLED_KEY_PROBLEMS]
 
     @classmethod
     def from_vllm_config(cls, vllm_config: Any) -> EngineFacts:
@@ -141,8 +151,7 @@ def support_problems(facts: EngineFacts, policy: str) -> list[str]:
     problems = []
     if facts.mamba_cache_mode != "align":
         problems.append(f"mamba_cache_mode={facts.mamba_cache_mode!r} (needs 'align')")
-    problems += [p for p in facts.key_problems
-                 if p not in SUB_BLOCK_PROBLEMS and p != SPECULATIVE_PROBLEM]
+    problems += facts.unmodelled_key_problems
     if facts.eagle and HASH_UNIT_PROBLEM in facts.key_problems:
         problems.append("EAGLE/MTP speculative decoding with a prefix_match_unit below the "
                         "block size")
@@ -196,19 +205,20 @@ def plan_for(config: AdmissionConfig, facts: EngineFacts) -> RunPlan:
             logger.warning("vllm_admission: auto eviction leaves out %s here (a KV connector)",
                            ", ".join(e for e in evictions if e not in kept))
         evictions = kept
-    if config.eviction == AUTO and facts.key_problems and any(
+    unmodelled = facts.unmodelled_key_problems
+    if config.eviction == AUTO and unmodelled and any(
             eviction_class(e).needs_keys for e in evictions):
         dropped = [e for e in evictions if eviction_class(e).needs_keys]
         evictions = tuple(e for e in evictions if e not in dropped)
         logger.warning("vllm_admission: auto eviction leaves out %s here (%s)",
-                       ", ".join(dropped), "; ".join(facts.key_problems))
+                       ", ".join(dropped), "; ".join(unmodelled))
     for name in evictions:
-        if eviction_class(name).needs_keys and facts.key_problems:
+        if eviction_class(name).needs_keys and unmodelled:
             valid = ", ".join(n for n in engine_eviction_policies()
                               if not eviction_class(n).needs_keys)
             raise AdmissionConfigError(
                 f"VLLM_ADMISSION_EVICTION={name} cannot run with "
-                f"{'; '.join(facts.key_problems)} (valid here: {valid})")
+                f"{'; '.join(unmodelled)} (valid here: {valid})")
     if adaptive and facts.connector and len(admissions) * len(evictions) == 1:
         # auto switches eviction through the plugin's free queue, which a
         # connector cannot walk; with one pair left there is nothing to switch.
