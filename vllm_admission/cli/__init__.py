@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="simulate the built-in synthetic workload on Qwen3-Next")
     add_simulate_args(demo, demo=True)
 
-    from vllm_admission.engine.tiny_model import TINY_MODEL_ARCHS
+    from vllm_admission.engine.tiny_model import TINY_MODEL_ARCHS, TINY_MODEL_SIZES
 
     tiny = sub.add_parser("make-tiny-model",
                           help="write a small random-weight hybrid (Qwen3-Next GDN or Nemotron-H "
@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--mtp", action="store_true",
                       help="also write one MTP layer (vLLM's speculative_config method 'mtp')")
+    tiny.add_argument("--size", choices=TINY_MODEL_SIZES, default=TINY_MODEL_SIZES[0],
+                      help="tiny: the smallest model that runs (default); bench: the same "
+                           "cache geometry with enough compute per token that prefill "
+                           "dominates time to first token (make bench-serve)")
 
     add_replay_parser(sub)
     add_fidelity_parser(sub)
@@ -85,8 +89,9 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
     from vllm_admission.engine.tiny_model import make_tiny_model
 
     path = make_tiny_model(args.dir, arch=args.arch, max_position_embeddings=args.max_model_len,
-                           seed=args.seed, mtp=args.mtp)
-    print(f"tiny {args.arch} hybrid model{' with an MTP layer' if args.mtp else ''} in {path}")
+                           seed=args.seed, mtp=args.mtp, size=args.size)
+    print(f"{args.size} {args.arch} hybrid model{' with an MTP layer' if args.mtp else ''} "
+          f"in {path}")
     return 0
 
 

@@ -53,6 +53,8 @@ from vllm_admission.core.errors import UserError
 __all__ = [
     "TINY_MODEL_ARCHS",
     "TINY_MODEL_PARAMS",
+    "TINY_MODEL_SIZES",
+    "BENCH_OVERRIDES",
     "TINY_NEMOTRON_H_PARAMS",
     "make_tiny_model",
     "tiny_model_config_kwargs",
@@ -123,16 +125,45 @@ _ARCHS: dict[str, tuple[str, dict[str, Any]]] = {
 #: The architectures :func:`make_tiny_model` builds; the first is the default.
 TINY_MODEL_ARCHS: tuple[str, ...] = tuple(_ARCHS)
 
+#: ``size="bench"``: what changes from each recipe for the serving benchmark
+#: (``benchmarks/serve_bench.py``). Wider and deeper feed-forward and projections, so that
+#: prefill, not serving overhead, dominates time to first token on a few CPU cores; the
+#: recurrent state and the attention heads are the tiny model's, so vLLM's aligned block
+#: (the state page over the attention page per token) and so the cache geometry stay the
+#: same: what a hit is worth grows, how hits happen does not.
+BENCH_OVERRIDES: dict[str, dict[str, Any]] = {
+    "qwen3-next": {
+        "hidden_size": 768,
+        "num_hidden_layers": 8,
+        "layer_types": ["linear_attention"] * 3 + ["full_attention"]
+        + ["linear_attention"] * 3 + ["full_attention"],
+        "intermediate_size": 1536,
+        "moe_intermediate_size": 768,
+        "shared_expert_intermediate_size": 768,
+    },
+    "nemotron-h": {
+        "hidden_size": 768,
+        "hybrid_override_pattern": "M-M-M*-M-M-M*-",
+        "intermediate_size": 3072,
+    },
+}
 
-def _recipe(arch: str) -> tuple[str, dict[str, Any]]:
+#: The model sizes :func:`make_tiny_model` builds; the first is the default.
+TINY_MODEL_SIZES: tuple[str, ...] = ("tiny", "bench")
+
+
+def _recipe(arch: str, size: str = "tiny") -> tuple[str, dict[str, Any]]:
     try:
-        return _ARCHS[arch]
+        name, params = _ARCHS[arch]
     except KeyError:
         raise UserError(f"unknown tiny model arch {arch!r} (valid: {', '.join(TINY_MODEL_ARCHS)})") from None
+    if size not in TINY_MODEL_SIZES:
+        raise UserError(f"unknown model size {size!r} (valid: {', '.join(TINY_MODEL_SIZES)})")
+    return name, ({**params, **BENCH_OVERRIDES[arch]} if size == "bench" else params)
 
 
 def tiny_model_config_kwargs(max_position_embeddings: int = 131072, *,
-                             arch: str = "qwen3-next") -> dict[str, Any]:
+                             arch: str = "qwen3-next", size: str = "tiny") -> dict[str, Any]:
     """Keyword arguments for the transformers config of the tiny model of ``arch``.
 
     ``transformers.Qwen3NextConfig`` for ``"qwen3-next"``,
@@ -142,14 +173,15 @@ def tiny_model_config_kwargs(max_position_embeddings: int = 131072, *,
         max_position_embeddings: longest context the model declares, in tokens.
             vLLM derives its default ``max_model_len`` from it.
         arch: one of :data:`TINY_MODEL_ARCHS`.
+        size: one of :data:`TINY_MODEL_SIZES` (``"bench"``: :data:`BENCH_OVERRIDES`).
 
     Returns:
         A fresh dict (safe to modify).
 
     Raises:
-        UserError: unknown ``arch``.
+        UserError: unknown ``arch`` or ``size``.
     """
-    kw = json.loads(json.dumps(_recipe(arch)[1]))
+    kw = json.loads(json.dumps(_recipe(arch, size)[1]))
     kw["max_position_embeddings"] = int(max_position_embeddings)
     # The tokenizer's special tokens (see train_tiny_tokenizer).
     kw["bos_token_id"] = 0
@@ -213,14 +245,18 @@ def train_tiny_tokenizer(vocab_size: int = TINY_MODEL_PARAMS["vocab_size"], *, s
                                    pad_token=pad, chat_template=_CHAT_TEMPLATE)
 
 
-def _marker_payload(arch: str, max_position_embeddings: int, seed: int) -> dict[str, Any]:
-    return {
+def _marker_payload(arch: str, max_position_embeddings: int, seed: int,
+                    size: str = "tiny") -> dict[str, Any]:
+    payload = {
         "recipe_version": _RECIPE_VERSION,
         "arch": arch,
         "max_position_embeddings": int(max_position_embeddings),
         "seed": int(seed),
-        "params": _recipe(arch)[1],
+        "params": _recipe(arch, size)[1],
     }
+    if size != "tiny":
+        payload["size"] = size
+    return payload
 
 
 def make_tiny_model(
@@ -230,6 +266,7 @@ def make_tiny_model(
     max_position_embeddings: int = 131072,
     seed: int = 0,
     mtp: bool = False,
+    size: str = "tiny",
 ) -> Path:
     """Write the tiny random-weight hybrid model of ``arch`` to ``out_dir`` (idempotent).
 
@@ -262,21 +299,26 @@ def make_tiny_model(
             which the CPU build runs) and the weights an MTP layer, a copy of
             the model's first attention layer plus a random projection of
             ``[embedding; hidden]`` (transformers builds no MTP module).
+        size: ``"tiny"`` (the default: the smallest model vLLM's CPU build runs) or
+            ``"bench"`` (:data:`BENCH_OVERRIDES`: the same cache geometry with
+            enough compute per token that prefill dominates time to first token).
 
     Returns:
         ``out_dir`` as a ``Path``, usable as ``vllm.LLM(model=str(path))``.
 
     Raises:
-        UserError: if ``max_position_embeddings`` is not positive or ``arch``
-            is unknown.
+        UserError: if ``max_position_embeddings`` is not positive, ``arch`` or
+            ``size`` is unknown, or ``mtp`` is asked for the ``"bench"`` size.
         ImportError: if ``torch`` or ``transformers`` is missing.
     """
     if int(max_position_embeddings) <= 0:
         raise UserError(f"max_position_embeddings must be positive, got {max_position_embeddings}")
-    config_name = _recipe(arch)[0]
+    config_name = _recipe(arch, size)[0]
+    if mtp and size != "tiny":
+        raise UserError("an MTP layer is made for the tiny size only")
     out = Path(out_dir)
     marker = out / _MARKER
-    want = _marker_payload(arch, max_position_embeddings, seed)
+    want = _marker_payload(arch, max_position_embeddings, seed, size)
     if mtp:
         want["mtp"] = True
     if marker.is_file():
@@ -297,7 +339,7 @@ def make_tiny_model(
     for stale in out.glob("*.safetensors"):
         stale.unlink()  # another arch's weights must not stay beside the new config
     config_cls = getattr(transformers, config_name)
-    config = config_cls(**tiny_model_config_kwargs(max_position_embeddings, arch=arch))
+    config = config_cls(**tiny_model_config_kwargs(max_position_embeddings, arch=arch, size=size))
     torch.manual_seed(int(seed))
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model = model.to(torch.bfloat16)
