@@ -429,6 +429,37 @@ def test_mtp_is_mirrored_exactly(tmp_path_factory, engine_env):
         assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
 
 
+@pytest.mark.engine
+def test_mtp_with_a_sub_block_hash_unit_is_mirrored_exactly(tmp_path_factory, engine_env):
+    """MTP and ``prefix_match_unit`` 32 together (the lookup drops one hash unit, the tail
+    state a unit lower, the attention tail key a unit above it, a block-aligned tail a
+    state of its own): every request's cached tokens, prefill steps and the evictions
+    agree for stock, ``marconi`` (whose tentative sequence end may be that tail),
+    ``dense`` and ``last`` + ``s3fifo``, in a 40-block pool that evicts."""
+    from vllm_admission.engine.tiny_model import make_tiny_model
+    from vllm_admission.fidelity import FidelitySpec, run_fidelity
+
+    model = make_tiny_model(tmp_path_factory.mktemp("tiny_mtp_unit"), arch="qwen3-next",
+                            mtp=True)
+    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    pairs = (("vllm", "lru"), ("marconi", "lru"), ("dense", "lru"), ("last", "s3fifo"))
+    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,), pairs=pairs,
+                        max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
+                        engine_args={"max_num_batched_tokens": 512, "prefix_match_unit": 32,
+                                     "speculative_config": {"method": "mtp",
+                                                            "num_speculative_tokens": 1}})
+    records = run_fidelity(spec)["records"]
+    assert len(records) == len(pairs)
+    for rec in records:
+        pr = rec["per_request"]
+        assert rec["requests"] == len(pr["engine"]) >= 18  # one may not fit at the peak
+        assert pr["engine"] == pr["simulator"], (rec["admission"], rec["first_difference"])
+        assert pr["engine_prefill_steps"] == pr["simulator_prefill_steps"], rec["admission"]
+        assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
+    assert any(h % 32 == 0 and h % 128 for rec in records for h in rec["per_request"]["engine"]
+               if h)  # hits inside a block
+
+
 def test_a_speculative_method_the_simulator_does_not_mirror_is_refused(tiny_model_dir):
     from vllm_admission.fidelity import FidelitySpec
     from vllm_admission.fidelity.spec import FidelityError

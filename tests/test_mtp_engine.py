@@ -125,13 +125,21 @@ def test_every_admission_runs_under_mtp_as_the_core_predicts(mtp_model, engine_e
 
 
 @pytest.mark.parametrize("mtp_model", ["qwen3-next"], indirect=True)
-def test_what_mtp_cannot_run_yet_is_refused_before_the_model_loads(mtp_model, engine_env):
-    """Eviction that hears block keys: speculative state blocks move their hashes
-    outside ``cache_full_blocks``."""
-    from vllm_admission.plugin.config import AdmissionConfigError
-
-    with pytest.raises(AdmissionConfigError) as info:
-        _run(mtp_model, "vllm_admission.AdmissionScheduler", MTP,
-             {"VLLM_ADMISSION_POLICY": "marconi", "VLLM_ADMISSION_EVICTION": "reuse"})
-    assert str(info.value).startswith("VLLM_ADMISSION_EVICTION=reuse cannot run with Mamba "
-                                      "speculative blocks (valid here: ")
+def test_mtp_with_a_finer_hash_unit_runs_every_policy(mtp_model, engine_env):
+    """MTP together with ``prefix_match_unit=32`` (vLLM then drops one hash unit, not a
+    block): every admission, with an eviction that hears block keys, runs without
+    refusal, gives stock's greedy tokens under the same settings, and on the junction
+    case hits at least what stock does where it keeps junctions. (That each request's
+    hit is the simulator's: ``tests/test_fidelity.py``.)"""
+    args = {**MTP, "prefix_match_unit": 32}
+    prompts, output = _junction_prompts(), 8
+    stock = _run(mtp_model, None, args, {}, prompts, output)
+    assert sum(c for c, _ in stock) > 0
+    for policy, eviction in (("marconi", "s3fifo"), ("dense", "reuse"), ("last", "lru"),
+                             ("auto", "auto")):
+        plugin = _run(mtp_model, "vllm_admission.AdmissionScheduler", args,
+                      {"VLLM_ADMISSION_POLICY": policy, "VLLM_ADMISSION_EVICTION": eviction},
+                      prompts, output)
+        assert [t for _, t in plugin] == [t for _, t in stock], policy
+        if policy != "last":  # last keeps no junction state, by design
+            assert all(c >= s for (c, _), (s, _) in zip(plugin[:4], stock[:4])), policy

@@ -62,8 +62,6 @@ def fake_config(*, spec=None, tokens=0, connector=None, unit=None, block=128, ca
     # vLLM's hidden-state cache: a per-token KV cache group the core does not model yet
     (dict(spec="extract_hidden_states", tokens=1), "VLLM_ADMISSION_POLICY=marconi",
      "speculative decoding other than EAGLE/MTP"),
-    (dict(spec="mtp", tokens=1, unit=32), "VLLM_ADMISSION_POLICY=marconi",
-     "EAGLE/MTP speculative decoding with a prefix_match_unit below the block size"),
     (dict(connector=object()), "VLLM_ADMISSION_POLICY=marconi", "a KV connector"),
 ])
 def test_a_refusal_comes_from_the_config_before_the_model_loads(config, named, feature):
@@ -114,6 +112,17 @@ def test_what_the_config_cannot_tell_is_left_to_the_scheduler():
     preflight(fake_config(spec="mtp", tokens=1, hybrid=False), settings("marconi"))
     # Stock settings run on any configuration.
     preflight(fake_config(spec="mtp", tokens=2, connector=object(), unit=32), settings())
+
+
+def test_mtp_with_a_finer_hash_unit_runs_every_policy_but_inpass():
+    """EAGLE/MTP together with a ``prefix_match_unit`` below the block: the core models
+    the lookup that drops one hash unit and the tail a unit lower, so nothing but
+    ``inpass`` is refused."""
+    config = fake_config(spec="mtp", tokens=1, unit=32)
+    for policy in ("marconi", "dense", "last", "block", AUTO):
+        preflight(config, settings(policy, AUTO if policy == AUTO else "s3fifo"))
+    with pytest.raises(AdmissionConfigError, match="VLLM_ADMISSION_CHECKPOINT=inpass"):
+        preflight(config, settings("marconi", checkpoint="inpass"))
 
 
 def test_mtp_runs_every_admission_and_every_eviction(caplog):

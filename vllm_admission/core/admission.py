@@ -172,18 +172,23 @@ def prompt_ends(prompt_len: int, block_size: int, eagle: bool = False) -> tuple[
                          if p > 0}))
 
 
-def sequence_end(prompt_len: int, total_len: int, block_size: int, eagle: bool = False) -> int:
+def sequence_end(prompt_len: int, total_len: int, block_size: int, eagle: bool = False,
+                 tail_stop: int = 0) -> int:
     """The SEQUENCE_END position: the last block boundary where the whole sequence
     (``total_len`` tokens, prompt and output) has a state written,
     ``(total_len - 1) // B * B``. With EAGLE/MTP no prefill chunk ends at the prompt's
     last block boundary (the checkpoint is a block lower, :func:`prompt_ends`), so
-    where decode crosses no boundary the last state written is that checkpoint: what
-    a live engine, which keeps a request's latest state as its possible end, keeps."""
-    last = (total_len - 1) // block_size * block_size
+    where decode crosses no boundary the last state written is that checkpoint, or
+    ``tail_stop`` when it is a higher block boundary (with a finer hash unit a chunk also
+    ends at the tail unit, :attr:`RequestAdmission.tail_stop`): what a live engine,
+    which keeps a request's latest state as its possible end, keeps."""
+    B = block_size
+    last = (total_len - 1) // B * B
     if not eagle or last >= prompt_len:
         return last
-    ends = prompt_ends(prompt_len, block_size, True)
-    return ends[-1] if ends else 0
+    ends = prompt_ends(prompt_len, B, True)
+    end = ends[-1] if ends else 0
+    return tail_stop if tail_stop > end and tail_stop % B == 0 else end
 
 
 def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
@@ -204,9 +209,10 @@ def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
         period: the engine's periodic retention interval in tokens (vLLM's
             ``prefix_cache_retention_interval`` when positive; 0: no periodic
             positions).
-        tail: the request's TAIL position (:attr:`RequestAdmission.tail` when the
-            hash unit puts one inside a block); ``None``: the PROMPT_END position
-            where vLLM ends a chunk.
+        tail: the request's TAIL position (:attr:`RequestAdmission.tail_stop`
+            with a finer hash unit: inside a block, or under EAGLE possibly a block
+            boundary of its own); ``None``: the PROMPT_END position where vLLM ends
+            a chunk.
         eagle: EAGLE/MTP speculative decoding: PROMPT_END is each of
             :func:`prompt_ends` (one block lower).
 
@@ -221,7 +227,7 @@ def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
         bool(junction) and position == junction,
         position in ends,
         total_len is not None and position == sequence_end(prompt_len, total_len, block_size,
-                                                           eagle),
+                                                           eagle, tail or 0),
         bool(period) and position % period == 0,
         position == (prompt_end if tail is None else tail),
     )]
@@ -613,18 +619,29 @@ class RequestAdmission:
             ``(prompt_len - 1) // B * B``, with EAGLE ``prompt_len // B * B - B``
             (0 when there is none).
         tail: with a finer hash unit ``u``, the prompt's tail unit boundary
-            ``(prompt_len - 1) // u * u`` when it lies inside a block, else 0.
-            vLLM ends a chunk there and keys the state written there by the
-            hash unit (``MambaManager._cache_partial_tail_block``); its kind is
-            TAIL (else TAIL goes with PROMPT_END), so a policy that keeps TAIL
-            keeps it.
+            ``(prompt_len - 1) // u * u`` when it lies inside a block, else 0
+            (with EAGLE ``prompt_len // u * u - u``, one unit below the last
+            boundary a lookup can reach, as the lookup drops one unit:
+            ``get_mamba_prefill_checkpoint_position``). vLLM ends a chunk there
+            and keys the state written there by the hash unit
+            (``MambaManager._cache_partial_tail_block``); its kind is TAIL (else
+            TAIL goes with PROMPT_END), so a policy that keeps TAIL keeps it.
+        attn_tail: where the attention groups key the prompt's tail unit when it
+            lies inside a block, else 0 (``FullAttentionManager._cache_partial_tail_block``):
+            :attr:`tail`, but with EAGLE ``prompt_len // u * u``, the unit a
+            lookup matches before it drops one.
+        tail_stop: with a finer hash unit, the tail unit boundary whether or not
+            it lies inside a block: vLLM ends a chunk there (``Scheduler._mamba_block_aligned_split``'s
+            ``tail_boundary``); without EAGLE a block-aligned one is :attr:`prompt_end`.
         stops: ascending chunk stops (the junction included when used).
         admitted: ascending positions cached in the first state group.
     """
 
-    __slots__ = ("policy", "probe", "junction", "prompt_end", "tail", "eagle", "stops", "admitted",
+    __slots__ = ("policy", "probe", "junction", "prompt_end", "tail", "attn_tail", "tail_stop",
+                 "eagle",
+                 "stops", "admitted",
                  "_special", "_plain_chunk", "_plain_decode", "_period", "_periodic_chunk",
-                 "_periodic_decode", "_tail_ok", "_below_hit", "_values", "_version")
+                 "_periodic_decode", "_tail_ok", "_may_end", "_below_hit", "_values", "_version")
 
     def __init__(self, policy: AdmissionPolicy, probe: HitProbe, *, total_len: int | None,
                  junction: int | None = None, hash_block_size: int | None = None,
@@ -638,20 +655,30 @@ class RequestAdmission:
         self.eagle = eagle
         ends = prompt_ends(P, B, eagle)
         self.prompt_end = ends[-1] if ends else 0
-        tail = (P - 1) // hash_block_size * hash_block_size if hash_block_size else 0
-        self.tail = tail if tail % B else 0
+        if hash_block_size:
+            u = hash_block_size
+            reach = (P if eagle else P - 1) // u * u
+            tail = reach - u if eagle else reach
+            self.tail = tail if tail > 0 and tail % B else 0
+            self.attn_tail = reach if reach % B else 0
+            self.tail_stop = max(tail, 0)
+        else:
+            self.tail = self.attn_tail = self.tail_stop = 0
         self.stops = policy.stops(probe)
         self.admitted: list[int] = []
         special = {}
         period = policy.period
-        seq = sequence_end(P, total_len, B, eagle) if total_len is not None else 0
+        seq = (sequence_end(P, total_len, B, eagle, self.tail_stop) if total_len is not None
+               else 0)
         for pos in (junction, *ends, seq):
             if pos > 0 and pos not in special:
                 special[pos] = policy.admit(checkpoint_kinds(
                     pos, prompt_len=P, total_len=total_len, block_size=B, junction=junction,
-                    period=period, tail=self.tail or None, eagle=eagle))
-        if self.tail:
-            special[self.tail] = policy.admit(_TAIL_KINDS)
+                    period=period, tail=self.tail_stop or None, eagle=eagle))
+        if self.tail_stop and self.tail_stop not in special:
+            # Inside a block, or (EAGLE) a block boundary where vLLM keys the state by
+            # the hash unit all the same (MambaManager._cache_partial_tail_block).
+            special[self.tail_stop] = policy.admit(_TAIL_KINDS)
         self._special = special
         self._plain_chunk, self._plain_decode, keeps_sequence_end = policy.plain_decisions
         self._period = period
@@ -660,7 +687,8 @@ class RequestAdmission:
                 frozenset({CheckpointKind.CHUNK_END, CheckpointKind.PERIODIC}))
             self._periodic_decode = policy.admit(
                 frozenset({CheckpointKind.DECODE, CheckpointKind.PERIODIC}))
-        self._tail_ok = total_len is None and policy.supersede_tail and keeps_sequence_end
+        self._may_end = policy.supersede_tail and keeps_sequence_end
+        self._tail_ok = total_len is None and self._may_end
         self._below_hit: list[int] | None = None
         self._values: tuple | None = None
         self._version = 0  # bumped whenever admitted changes (the values' memo key)
@@ -676,6 +704,24 @@ class RequestAdmission:
         if position in self.admitted:
             self.admitted.remove(position)
             self._version += 1
+
+    def keeps_tail(self) -> bool:
+        """Whether the policy keeps the state at the prompt's tail unit boundary
+        (:attr:`tail_stop`; a hash unit finer than the block): only then do the
+        attention groups key :attr:`attn_tail`, the unit a lookup that lands there
+        matches, and the state groups :attr:`tail` when it lies inside a block.
+
+        A block-aligned tail stop (EAGLE) that a ``supersede_tail`` policy may keep as
+        the sequence end counts as kept: a live engine caches it tentatively and keys
+        the attention tail before it knows, so the simulator, which knows, does too."""
+        t = self.tail_stop
+        if not t:
+            return False
+        d = self.decide(t)
+        if d == ADMIT:
+            return True
+        return (t % self.probe.block_size == 0 and self._may_end
+                and t >= self.prompt_end)
 
     def decide(self, position: int) -> int:
         """:data:`ADMIT` (cache the state at ``position``), :data:`TENTATIVE` (cache
@@ -709,7 +755,7 @@ class RequestAdmission:
         return not policy.admit(checkpoint_kinds(
             position, prompt_len=probe.prompt_len, total_len=None,
             block_size=probe.block_size, junction=self.junction, period=policy.period,
-            tail=self.tail or None, eagle=self.eagle))
+            tail=self.tail_stop or None, eagle=self.eagle))
 
     def checkpoints(self, is_cached_state: Callable[[int], bool]) -> list[int]:
         """Ascending cached-state positions along the request's sequence.

@@ -129,8 +129,8 @@ TINY_MODEL_ARCHS: tuple[str, ...] = tuple(_ARCHS)
 #: (``benchmarks/serve_bench.py``). Wider and deeper feed-forward and projections, so that
 #: prefill, not serving overhead, dominates time to first token on a few CPU cores; the
 #: recurrent state and the attention heads are the tiny model's, so vLLM's aligned block
-#: (the state page over the attention page per token) and so the cache geometry stay the
-#: same: what a hit is worth grows, how hits happen does not.
+#: (the state page over the attention page per token) stays the same: what a hit is worth
+#: grows, where hits can land does not (more layers make more KV cache groups).
 BENCH_OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen3-next": {
         "hidden_size": 768,

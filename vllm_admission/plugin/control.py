@@ -397,12 +397,12 @@ class AdmissionControl:
                 self.counters.state_checkpoints += 1
 
     def keeps_tail(self, track: _Track) -> bool:
-        """Whether the request's prompt has a tail unit inside a block (a hash unit
-        finer than the block) whose state the policy keeps
-        (:attr:`RequestAdmission.tail <vllm_admission.core.admission.RequestAdmission.tail>`):
-        only then do its attention block and that state get the tail's key."""
-        adm = track.adm
-        return bool(adm.tail) and adm.decide(adm.tail) == ADMIT
+        """Whether the policy keeps the state at the request's prompt tail unit (a hash
+        unit finer than the block; :meth:`RequestAdmission.keeps_tail
+        <vllm_admission.core.admission.RequestAdmission.keeps_tail>`): only then does its
+        attention block get the tail unit's key, and the state its own when the tail
+        lies inside a block."""
+        return track.adm.keeps_tail()
 
     def observe_tail(self, track: _Track) -> None:
         """The first state group cached the request's tail-unit state."""

@@ -105,8 +105,8 @@ def _checkpoint_positions(run: RunningRequest) -> tuple[int, ...]:
         ends = (*ends, adm.prompt_end)
         if len(ends) > 1 and ends[-2] > ends[-1]:  # EAGLE: the checkpoint is a block lower
             ends = tuple(sorted(set(ends)))
-    if adm.tail:
-        ends = (*ends, adm.tail)
+    if adm.tail_stop and adm.tail_stop not in ends:
+        ends = tuple(sorted((*ends, adm.tail_stop)))
     return tuple(ends)
 
 

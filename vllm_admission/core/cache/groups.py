@@ -63,10 +63,16 @@ class RunningRequest:
     #: A hash unit finer than the block (vLLM's ``prefix_match_unit``): the
     #: prompt's hash-unit keys, one per unit (``None``: no sub-block keys).
     units: Sequence | None = None
-    #: The prompt's tail unit boundary ``(P - 1) // u * u`` when it lies inside
-    #: a block (its sub-block key is registered), else 0.
+    #: The prompt's tail unit boundary (:attr:`RequestAdmission.tail
+    #: <vllm_admission.core.admission.RequestAdmission.tail>`) when its state is
+    #: kept (its sub-block key is registered), else 0.
     tail: int = 0
-    #: The attention groups' block holding ``tail`` has its sub-block key.
+    #: Where the attention groups key the prompt's tail unit
+    #: (:attr:`RequestAdmission.attn_tail
+    #: <vllm_admission.core.admission.RequestAdmission.attn_tail>`; ``tail`` but under
+    #: EAGLE), or 0.
+    attn_tail: int = 0
+    #: The attention groups' block holding ``attn_tail`` has its sub-block key.
     tail_keyed: bool = False
     #: The state at ``tail`` was cached; its key moves to a block of its own at
     #: the next allocation (``MambaManager.allocate_new_blocks``).

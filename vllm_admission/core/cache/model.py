@@ -207,9 +207,9 @@ class HybridPrefixCache:
                 or num_speculative_tokens < 0):
             raise UserError(f"num_speculative_tokens must be an integer >= 0, got "
                             f"{num_speculative_tokens!r}")
-        if num_speculative_tokens and (self.unit or checkpoint != "split" or prompt_end_export):
+        if num_speculative_tokens and (checkpoint != "split" or prompt_end_export):
             raise UserError("speculative decoding is modelled in 'split' checkpoint mode, "
-                            "without prompt_end_export or a hash unit finer than the block")
+                            "without prompt_end_export")
         #: EAGLE/MTP draft tokens per step (0: no speculative decoding).
         self.spec = num_speculative_tokens
         #: The checkpoint mode's strategy: how prefill is cut into steps.
@@ -391,7 +391,11 @@ class HybridPrefixCache:
         """:meth:`lookup`, and, when the hit ends inside a block, the keys its
         last attention block and its state were found under (else ``None``)."""
         B = self.block_size
-        if self.spec:
+        if self.spec and self.unit:
+            # EAGLE with a finer unit: match whole blocks up to the prompt's last full
+            # block; _lookup_units goes on by units and drops one unit.
+            kv_blocks = self.attention.longest_hit(hashes, min(prompt_len // B, len(hashes)))
+        elif self.spec:
             # EAGLE: match up to the last full prompt block, then drop one.
             kv_blocks = self.attention.longest_hit(hashes, min(prompt_len // B, len(hashes)))
             kv_blocks = kv_blocks - 1 if kv_blocks else 0
@@ -413,6 +417,10 @@ class HybridPrefixCache:
         next block, below ``prompt_len``, that has a key. State
         (``MambaManager.find_longest_cache_hit``): the highest unit boundary at
         or below that with a cached state, a block hash at block boundaries.
+        With EAGLE the units go up to ``prompt_len`` (no token is kept back for
+        the logits) and the attention hit then drops one unit
+        (``eagle_proof_margin``: one hash unit for a fine-grained lookup); the
+        block found stays the last one of the hit.
         """
         if units is None:
             raise ValueError("a hash unit finer than the block needs the prompt's unit keys")
@@ -420,7 +428,8 @@ class HybridPrefixCache:
         per = B // u
         kv = kv_blocks * B
         first = kv_blocks * per
-        last = min(first + per - 1, (prompt_len - 1) // u, len(units))
+        last = min(first + per - 1, (prompt_len if self.spec else prompt_len - 1) // u,
+                   len(units))
         attn = self.attention.indexes
         kv_key = None
         for f in range(last - 1, first - 1, -1):
@@ -428,6 +437,8 @@ class HybridPrefixCache:
             if all(h in d for d in attn):
                 kv, kv_key = (f + 1) * u, h
                 break
+        if self.spec and kv:
+            kv -= u
         state = self.state.indexes
         hit = 0
         state_key = None
@@ -486,7 +497,9 @@ class HybridPrefixCache:
             # its state: without one, a hit there is impossible and the key would
             # only keep the block cached. The chunk still ends there (vLLM's stop).
             run.units = units
-            run.tail = adm.tail if adm.tail and adm.decide(adm.tail) == ADMIT else 0
+            keeps = adm.keeps_tail()
+            run.tail = adm.tail if keeps else 0
+            run.attn_tail = adm.attn_tail if keeps else 0
         if last_keys is not None:
             run.cow = probe.state_hit // B
             self._touch_hit(run, run.cow + 1, now, last_keys)
@@ -557,7 +570,8 @@ class HybridPrefixCache:
         full = (end if end < num_tokens else num_tokens) // B
         if full > run.num_cached:
             nc, run.num_cached = run.num_cached, full
-            tail_block = run.tail // B if run.tail_keyed and nc <= run.tail // B < full else -1
+            tail_block = (run.attn_tail // B if run.tail_keyed and nc <= run.attn_tail // B < full
+                          else -1)
             if tail_block >= 0:
                 # The block holding the tail key fills: it is keyed again under
                 # its full hash, then the tail key is added back (``cache_full_blocks``'
@@ -566,23 +580,24 @@ class HybridPrefixCache:
                     self.pool.drop_keys(tables[g][tail_block])
             self.attention.cache_full(run, nc, full)
             if tail_block >= 0:
-                self._key_tail(run, self.attn_groups)
+                self._key_tail(run, self.attn_groups, run.attn_tail)
             # A state block can be cached only if one is held in [nc, full).
             if live and live[-1] >= nc and live[0] < full:
                 self.state_checkpoints += self.state.cache_full(run, nc, full)
-        if run.tail and end >= run.tail and not run.tail_keyed:
-            self._key_tail(run, self.attn_groups)
+        if run.tail and end == run.tail:
+            # The chunk stop at the tail (vLLM's tail_boundary): its state is keyed.
+            self._key_tail(run, self.state_groups, run.tail)
+            run.adm.record(run.tail)
+            self.state_checkpoints += 1
+            run.move_tail = True
+        if run.attn_tail and end >= run.attn_tail and not run.tail_keyed:
+            self._key_tail(run, self.attn_groups, run.attn_tail)
             run.tail_keyed = True
-            if end == run.tail:
-                self._key_tail(run, self.state_groups)
-                run.adm.record(run.tail)
-                self.state_checkpoints += 1
-                run.move_tail = True
 
-    def _key_tail(self, run: RunningRequest, groups: Sequence[int]) -> None:
+    def _key_tail(self, run: RunningRequest, groups: Sequence[int], position: int) -> None:
         """Give the block of each of ``groups`` holding the prompt's tail unit
-        boundary that boundary's key (``BlockPool.cache_partial_block``)."""
-        i, key = run.tail // self.block_size, run.units[run.tail // self.unit - 1]
+        boundary ``position`` that boundary's key (``BlockPool.cache_partial_block``)."""
+        i, key = position // self.block_size, run.units[position // self.unit - 1]
         tables, add_key = run.blocks, self.pool.add_key
         for g in groups:
             add_key(g, tables[g][i], key)

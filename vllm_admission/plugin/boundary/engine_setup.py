@@ -152,10 +152,7 @@ def support_problems(facts: EngineFacts, policy: str) -> list[str]:
     if facts.mamba_cache_mode != "align":
         problems.append(f"mamba_cache_mode={facts.mamba_cache_mode!r} (needs 'align')")
     problems += facts.unmodelled_key_problems
-    if facts.eagle and HASH_UNIT_PROBLEM in facts.key_problems:
-        problems.append("EAGLE/MTP speculative decoding with a prefix_match_unit below the "
-                        "block size")
-    elif SPECULATIVE_PROBLEM in facts.key_problems and not facts.eagle:
+    if SPECULATIVE_PROBLEM in facts.key_problems and not facts.eagle:
         problems.append("speculative decoding other than EAGLE/MTP")
     if facts.connector:
         problems.append("a KV connector")
