@@ -22,7 +22,7 @@ GROUPS = ("state", "attention", "attention")
 
 
 def make_cache(B, unit=U, admission="vllm", eviction="lru", num_blocks=10_000, chunk=4096,
-               groups=GROUPS):
+               groups=GROUPS, spec=0):
     ev = get_eviction(eviction)
     extra = {}
     if ev.needs_values:
@@ -30,7 +30,7 @@ def make_cache(B, unit=U, admission="vllm", eviction="lru", num_blocks=10_000, c
                  "bytes_per_block": 1}
     return HybridPrefixCache(num_blocks=num_blocks, block_size=B, group_kinds=groups,
                              admission=get_admission(admission), eviction=ev, chunk_size=chunk,
-                             hash_block_size=unit, **extra)
+                             hash_block_size=unit, num_speculative_tokens=spec, **extra)
 
 
 def serve_all(cache, prompts, outputs=8):
@@ -63,6 +63,19 @@ def test_a_resend_hits_the_prompts_tail_unit(B, P):
     assert hits == [0, tail(P, U), tail(P, U)]
     whole = [h for h, _ in serve_all(make_cache(B, unit=None), [prompt] * 3)]
     assert whole == [0, tail(P, B), tail(P, B)]
+
+
+@pytest.mark.parametrize("B", [128, 256])
+@pytest.mark.parametrize("P", [100, 300, 1000, 3740, 2 * 128 + 32 + 5])
+def test_under_eagle_a_resend_hits_one_unit_below_the_last_unit_it_can_match(B, P):
+    """EAGLE/MTP with a unit: the lookup matches up to ``P // u * u`` and drops one unit,
+    and the tail state is there, ``P // u * u - u``, inside a block or on a block
+    boundary (a state of its own then); without the unit the drop is a whole block."""
+    prompt = tokens(P, "a")
+    hits = [h for h, _ in serve_all(make_cache(B, spec=1), [prompt] * 3)]
+    assert hits == [0, P // U * U - U, P // U * U - U]
+    whole = [h for h, _ in serve_all(make_cache(B, unit=None, spec=1), [prompt] * 3)]
+    assert whole[1] == whole[2] == max(P // B * B - B, 0) and whole[1] < hits[1]
 
 
 @pytest.mark.parametrize("B", [128, 256])

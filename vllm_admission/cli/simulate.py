@@ -140,8 +140,6 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UserError(f"--chunk-size must be >= 1 token, got {args.chunk_size}")
     if args.num_speculative_tokens < 0:
         raise UserError(f"--num-speculative-tokens must be >= 0, got {args.num_speculative_tokens}")
-    if args.num_speculative_tokens and args.prefix_match_unit:
-        raise UserError("--num-speculative-tokens with --prefix-match-unit is not modelled")
     if args.block_size is not None and args.block_size < 1:
         raise UserError(f"--block-size must be >= 1 token, got {args.block_size}")
     if args.resample is not None and args.resample < 1:
