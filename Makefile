@@ -50,9 +50,10 @@ bench-scale: install
 	$(BIN)/python benchmarks/scale_bench.py
 
 # Time to first token under vllm serve, stock vLLM against the plugin, driven by vllm bench
-# serve (bench-size Qwen3-Next, the synthetic workload; about 25 minutes on 2 cores).
+# serve (bench-size Qwen3-Next and Nemotron-H, the synthetic workload; about an hour on 2 cores).
 bench-serve: install
-	$(BIN)/python benchmarks/serve_bench.py
+	$(BIN)/python benchmarks/serve_bench.py --arch qwen3-next
+	$(BIN)/python benchmarks/serve_bench.py --arch nemotron-h
 
 study: install
 	$(BIN)/python simulations/mooncake_study.py

@@ -9,7 +9,9 @@ Nemotron-3-Nano-30B-A3B, at the same bytes:
   and 2,112 tokens, beside the same block without a unit): ``vllm``+``lru``,
   ``block``+``lru`` and ``auto``+``auto`` (settings ``u16``, ``b64``, ``u64-b64``);
 * MTP with 1 and 2 draft tokens: ``vllm``+``lru`` and ``auto``+``auto`` (``mtp1``,
-  ``mtp2``).
+  ``mtp2``);
+* MTP with 1 draft token and hash units of 16 tokens together: ``vllm``+``lru``,
+  ``block``+``lru`` and ``auto``+``auto`` (``u16-mtp1``).
 
 The baseline without either is the retention study's ``0`` setting
 (``docs/results/retention``). Writes
@@ -46,7 +48,7 @@ CAPACITIES = {
 }
 #: name -> (prefix_match_unit, --block-size, num_speculative_tokens)
 SETTINGS = {"u16": (16, None, 0), "b64": (None, 64, 0), "u64-b64": (64, 64, 0),
-            "mtp1": (None, None, 1), "mtp2": (None, None, 2)}
+            "mtp1": (None, None, 1), "mtp2": (None, None, 2), "u16-mtp1": (16, None, 1)}
 UNIT_PAIRS = (("vllm", "lru"), ("block", "lru"), ("auto", "auto"))
 PAIRS = (("vllm", "lru"), ("auto", "auto"))
 

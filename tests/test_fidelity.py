@@ -358,6 +358,18 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
     assert rec["simulator"]["state_checkpoints"] > default.state_checkpoints
 
 
+def assert_mirrored(records: list, pairs: tuple, min_requests: int = 20) -> None:
+    """Each pair's record: at least ``min_requests`` requests, and every request's cached
+    tokens, every prefill step count and the evictions (some) equal on both sides."""
+    assert len(records) == len(pairs)
+    for rec in records:
+        pr = rec["per_request"]
+        assert rec["requests"] == len(pr["engine"]) >= min_requests
+        assert pr["engine"] == pr["simulator"], (rec["admission"], rec["first_difference"])
+        assert pr["engine_prefill_steps"] == pr["simulator_prefill_steps"], rec["admission"]
+        assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
+
+
 @pytest.mark.engine
 @pytest.mark.parametrize("arch, ssm_dtype, pairs", [
     ("qwen3-next", "bfloat16", (("vllm", "lru"), ("marconi", "lru"), ("dense", "flop"),
@@ -385,17 +397,9 @@ def test_a_sub_block_hash_unit_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny_
                         max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype=ssm_dtype,
                         engine_args={"prefix_match_unit": 32, "max_num_batched_tokens": 512})
     records = run_fidelity(spec)["records"]
-    assert len(records) == len(pairs)
-    inside = 0
-    for rec in records:
-        assert rec["block_size"] == B
-        pr = rec["per_request"]
-        assert rec["requests"] == len(pr["engine"]) >= 20
-        assert pr["engine"] == pr["simulator"], (rec["admission"], rec["first_difference"])
-        assert pr["engine_prefill_steps"] == pr["simulator_prefill_steps"], rec["admission"]
-        assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
-        inside += sum(1 for h in pr["engine"] if h and h % B)
-    assert inside > 0  # the case has hits inside a block
+    assert_mirrored(records, pairs)
+    assert {rec["block_size"] for rec in records} == {B}
+    assert any(h % B for rec in records for h in rec["per_request"]["engine"])  # inside a block
 
 
 @pytest.mark.engine
@@ -419,14 +423,7 @@ def test_mtp_is_mirrored_exactly(tmp_path_factory, engine_env):
                         max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
                         engine_args={"max_num_batched_tokens": 512, "speculative_config":
                                      {"method": "mtp", "num_speculative_tokens": 1}})
-    records = run_fidelity(spec)["records"]
-    assert len(records) == len(pairs)
-    for rec in records:
-        pr = rec["per_request"]
-        assert rec["requests"] == len(pr["engine"]) >= 20
-        assert pr["engine"] == pr["simulator"], (rec["admission"], rec["first_difference"])
-        assert pr["engine_prefill_steps"] == pr["simulator_prefill_steps"], rec["admission"]
-        assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
+    assert_mirrored(run_fidelity(spec)["records"], pairs)
 
 
 @pytest.mark.engine
@@ -449,13 +446,7 @@ def test_mtp_with_a_sub_block_hash_unit_is_mirrored_exactly(tmp_path_factory, en
                                      "speculative_config": {"method": "mtp",
                                                             "num_speculative_tokens": 1}})
     records = run_fidelity(spec)["records"]
-    assert len(records) == len(pairs)
-    for rec in records:
-        pr = rec["per_request"]
-        assert rec["requests"] == len(pr["engine"]) >= 18  # one may not fit at the peak
-        assert pr["engine"] == pr["simulator"], (rec["admission"], rec["first_difference"])
-        assert pr["engine_prefill_steps"] == pr["simulator_prefill_steps"], rec["admission"]
-        assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
+    assert_mirrored(records, pairs, min_requests=18)  # one request may not fit at its peak
     assert any(h % 32 == 0 and h % 128 for rec in records for h in rec["per_request"]["engine"]
                if h)  # hits inside a block
 
