@@ -402,6 +402,29 @@ def test_a_sub_block_hash_unit_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny_
     assert any(h % B for rec in records for h in rec["per_request"]["engine"])  # inside a block
 
 
+#: The pairs the MTP fidelity cases check: stock, two admissions, and an eviction that
+#: hears block keys and whose order depends on when a decode step allocates.
+MTP_PAIRS = (("vllm", "lru"), ("marconi", "lru"), ("dense", "lru"), ("last", "s3fifo"))
+
+
+def mtp_fidelity(tmp_path_factory, name: str, **engine_args) -> list:
+    """``run_fidelity``'s records for :data:`MTP_PAIRS` on the tiny Qwen3-Next with an MTP
+    layer, one draft token, ``engine_args`` besides: the SMALL synthetic trace, 40 blocks,
+    a 512-token budget, bf16 state (so the block size is the same on every CPU)."""
+    from vllm_admission.engine.tiny_model import make_tiny_model
+    from vllm_admission.fidelity import FidelitySpec, run_fidelity
+
+    model = make_tiny_model(tmp_path_factory.mktemp(name), arch="qwen3-next", mtp=True)
+    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,),
+                        pairs=MTP_PAIRS, max_output_len=8, synthetic=synthetic,
+                        mamba_ssm_cache_dtype="bfloat16",
+                        engine_args={"max_num_batched_tokens": 512, "speculative_config":
+                                     {"method": "mtp", "num_speculative_tokens": 1},
+                                     **engine_args})
+    return run_fidelity(spec)["records"]
+
+
 @pytest.mark.engine
 def test_mtp_is_mirrored_exactly(tmp_path_factory, engine_env):
     """MTP with one draft token on the tiny Qwen3-Next with an MTP layer, given to the
@@ -410,20 +433,8 @@ def test_mtp_is_mirrored_exactly(tmp_path_factory, engine_env):
     the draft tokens each decode step verifies, the lookahead slots, the MTP layer's KV):
     every request's cached tokens, prefill steps and the evictions agree for stock,
     ``marconi`` and ``dense``, and with ``s3fifo`` (whose order depends on when a decode
-    step allocates), in a 40-block pool that evicts. The SSM dtype is pinned so the block
-    size is the same on every CPU."""
-    from vllm_admission.engine.tiny_model import make_tiny_model
-    from vllm_admission.fidelity import FidelitySpec, run_fidelity
-
-    model = make_tiny_model(tmp_path_factory.mktemp("tiny_mtp_fidelity"), arch="qwen3-next",
-                            mtp=True)
-    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
-    pairs = (("vllm", "lru"), ("marconi", "lru"), ("dense", "lru"), ("last", "s3fifo"))
-    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,), pairs=pairs,
-                        max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
-                        engine_args={"max_num_batched_tokens": 512, "speculative_config":
-                                     {"method": "mtp", "num_speculative_tokens": 1}})
-    assert_mirrored(run_fidelity(spec)["records"], pairs)
+    step allocates), in a 40-block pool that evicts."""
+    assert_mirrored(mtp_fidelity(tmp_path_factory, "tiny_mtp_fidelity"), MTP_PAIRS)
 
 
 @pytest.mark.engine
@@ -433,20 +444,8 @@ def test_mtp_with_a_sub_block_hash_unit_is_mirrored_exactly(tmp_path_factory, en
     state of its own): every request's cached tokens, prefill steps and the evictions
     agree for stock, ``marconi`` (whose tentative sequence end may be that tail),
     ``dense`` and ``last`` + ``s3fifo``, in a 40-block pool that evicts."""
-    from vllm_admission.engine.tiny_model import make_tiny_model
-    from vllm_admission.fidelity import FidelitySpec, run_fidelity
-
-    model = make_tiny_model(tmp_path_factory.mktemp("tiny_mtp_unit"), arch="qwen3-next",
-                            mtp=True)
-    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
-    pairs = (("vllm", "lru"), ("marconi", "lru"), ("dense", "lru"), ("last", "s3fifo"))
-    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,), pairs=pairs,
-                        max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
-                        engine_args={"max_num_batched_tokens": 512, "prefix_match_unit": 32,
-                                     "speculative_config": {"method": "mtp",
-                                                            "num_speculative_tokens": 1}})
-    records = run_fidelity(spec)["records"]
-    assert_mirrored(records, pairs, min_requests=18)  # one request may not fit at its peak
+    records = mtp_fidelity(tmp_path_factory, "tiny_mtp_unit", prefix_match_unit=32)
+    assert_mirrored(records, MTP_PAIRS, min_requests=18)  # one request may not fit at its peak
     assert any(h % 32 == 0 and h % 128 for rec in records for h in rec["per_request"]["engine"]
                if h)  # hits inside a block
 

@@ -638,8 +638,7 @@ class RequestAdmission:
     """
 
     __slots__ = ("policy", "probe", "junction", "prompt_end", "tail", "attn_tail", "tail_stop",
-                 "eagle",
-                 "stops", "admitted",
+                 "eagle", "stops", "admitted",
                  "_special", "_plain_chunk", "_plain_decode", "_period", "_periodic_chunk",
                  "_periodic_decode", "_tail_ok", "_may_end", "_below_hit", "_values", "_version")
 
@@ -658,10 +657,9 @@ class RequestAdmission:
         if hash_block_size:
             u = hash_block_size
             reach = (P if eagle else P - 1) // u * u
-            tail = reach - u if eagle else reach
-            self.tail = tail if tail > 0 and tail % B else 0
+            self.tail_stop = max(reach - u, 0) if eagle else reach
+            self.tail = self.tail_stop if self.tail_stop % B else 0
             self.attn_tail = reach if reach % B else 0
-            self.tail_stop = max(tail, 0)
         else:
             self.tail = self.attn_tail = self.tail_stop = 0
         self.stops = policy.stops(probe)

@@ -396,14 +396,6 @@ class AdmissionControl:
                 record((i + 1) * B)
                 self.counters.state_checkpoints += 1
 
-    def keeps_tail(self, track: _Track) -> bool:
-        """Whether the policy keeps the state at the request's prompt tail unit (a hash
-        unit finer than the block; :meth:`RequestAdmission.keeps_tail
-        <vllm_admission.core.admission.RequestAdmission.keeps_tail>`): only then does its
-        attention block get the tail unit's key, and the state its own when the tail
-        lies inside a block."""
-        return track.adm.keeps_tail()
-
     def observe_tail(self, track: _Track) -> None:
         """The first state group cached the request's tail-unit state."""
         track.adm.record(track.adm.tail)

@@ -256,7 +256,7 @@ class PolicyMambaManager(MambaManager):
         # prompt-end state, which the policy has just decided about in cache_blocks.
         ctl = self._admission
         track = ctl.track(request)
-        if num_tokens != track.adm.tail or not ctl.keeps_tail(track):
+        if num_tokens != track.adm.tail or not track.adm.keeps_tail():
             return None
         key = super()._cache_partial_tail_block(request, num_tokens, retention_interval)
         if key is not None and self.kv_cache_group_id == ctl.first_state:
@@ -273,8 +273,7 @@ class PolicyAttentionManager(FullAttentionManager):
     _admission: AdmissionControl | None = None
 
     def _cache_partial_tail_block(self, request: Any, num_tokens: int) -> None:
-        ctl = self._admission
-        if ctl.keeps_tail(ctl.track(request)):
+        if self._admission.track(request).adm.keeps_tail():
             super()._cache_partial_tail_block(request, num_tokens)
 
 

@@ -391,14 +391,12 @@ class HybridPrefixCache:
         """:meth:`lookup`, and, when the hit ends inside a block, the keys its
         last attention block and its state were found under (else ``None``)."""
         B = self.block_size
-        if self.spec and self.unit:
-            # EAGLE with a finer unit: match whole blocks up to the prompt's last full
-            # block; _lookup_units goes on by units and drops one unit.
+        if self.spec:
+            # EAGLE: match up to the last full prompt block, then drop one block (with a
+            # finer unit _lookup_units goes on by units and drops one unit instead).
             kv_blocks = self.attention.longest_hit(hashes, min(prompt_len // B, len(hashes)))
-        elif self.spec:
-            # EAGLE: match up to the last full prompt block, then drop one.
-            kv_blocks = self.attention.longest_hit(hashes, min(prompt_len // B, len(hashes)))
-            kv_blocks = kv_blocks - 1 if kv_blocks else 0
+            if kv_blocks and not self.unit:
+                kv_blocks -= 1
         else:
             kv_blocks = self.attention.longest_hit(hashes, min((prompt_len - 1) // B, len(hashes)))
         if self.unit:

@@ -93,6 +93,12 @@ PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
      "overridden: the tail unit's attention key only where the policy keeps its state"),
     ("v1/core/block_pool.py", "BlockPool.cache_full_blocks",
      "overridden: records the states that got a hash"),
+    ("v1/core/block_pool.py", "BlockPool.cache_partial_block",
+     "overridden: reports a block's first key given there (a tail unit) to a hash-keyed "
+     "eviction policy"),
+    ("v1/core/block_pool.py", "BlockPool.move_block_hashes",
+     "overridden: reports the first key a block copy takes over to a hash-keyed eviction "
+     "policy"),
     ("v1/core/block_pool.py", "BlockPool.get_new_blocks",
      "overridden: marks allocation-time evictions"),
     ("v1/core/block_pool.py", "BlockPool._maybe_evict_cached_block",
@@ -265,6 +271,10 @@ OVERRIDES: tuple[tuple[str, str], ...] = (
     ("FullAttentionManager._cache_partial_tail_block",
      "vllm_admission.plugin.kv_cache:PolicyAttentionManager._cache_partial_tail_block"),
     ("BlockPool.cache_full_blocks", "vllm_admission.plugin.kv_cache:AdmissionBlockPool.cache_full_blocks"),
+    ("BlockPool.cache_partial_block",
+     "vllm_admission.plugin.kv_cache:AdmissionBlockPool.cache_partial_block"),
+    ("BlockPool.move_block_hashes",
+     "vllm_admission.plugin.kv_cache:AdmissionBlockPool.move_block_hashes"),
     ("BlockPool.get_new_blocks", "vllm_admission.plugin.kv_cache:AdmissionBlockPool.get_new_blocks"),
     ("BlockPool._maybe_evict_cached_block",
      "vllm_admission.plugin.kv_cache:AdmissionBlockPool._maybe_evict_cached_block"),
