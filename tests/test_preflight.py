@@ -40,6 +40,12 @@ class _Spec:
         return self.method in ("eagle", "eagle3", "mtp")
 
 
+#: n-gram speculative decoding (a method the core does not model) and its one-line refusal.
+NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}
+NGRAM_REFUSAL = ("VLLM_ADMISSION_POLICY=marconi cannot run with speculative decoding other "
+                 "than EAGLE/MTP and extract_hidden_states (valid here: vllm)")
+
+
 def fake_config(*, spec=None, tokens=0, connector=None, unit=None, block=128, caching=True,
                 hybrid=True, arch="Qwen3NextForCausalLM"):
     """A stand-in with exactly the VllmConfig fields the preflight reads."""
@@ -59,10 +65,6 @@ def fake_config(*, spec=None, tokens=0, connector=None, unit=None, block=128, ca
 @pytest.mark.parametrize("config, named, feature", [
     (dict(spec="ngram", tokens=2), "VLLM_ADMISSION_POLICY=marconi",
      "speculative decoding other than EAGLE/MTP"),
-    # vLLM's hidden-state cache: a per-token KV cache group the core does not model yet
-    (dict(spec="extract_hidden_states", tokens=1), "VLLM_ADMISSION_POLICY=marconi",
-     "speculative decoding other than EAGLE/MTP"),
-    (dict(connector=object()), "VLLM_ADMISSION_POLICY=marconi", "a KV connector"),
 ])
 def test_a_refusal_comes_from_the_config_before_the_model_loads(config, named, feature):
     with pytest.raises(AdmissionConfigError) as info:
@@ -111,7 +113,20 @@ def test_what_the_config_cannot_tell_is_left_to_the_scheduler():
     preflight(fake_config(spec="mtp", tokens=1, caching=False), settings("marconi"))
     preflight(fake_config(spec="mtp", tokens=1, hybrid=False), settings("marconi"))
     # Stock settings run on any configuration.
-    preflight(fake_config(spec="mtp", tokens=2, connector=object(), unit=32), settings())
+    preflight(fake_config(spec="ngram", tokens=2, connector=object(), unit=32), settings())
+
+
+@pytest.mark.parametrize("policy", ["marconi", "dense", "last", AUTO])
+def test_a_kv_connector_and_the_hidden_state_cache_refuse_nothing(policy, caplog):
+    """A KV connector (it reads vLLM's free queue, which the plugin's implements in
+    eviction order) and ``extract_hidden_states`` (a hidden-state group the core models,
+    one draft token without EAGLE's rules): every policy and ``auto`` with every
+    candidate run, without a warning."""
+    config = fake_config(spec="extract_hidden_states", tokens=1, connector=object())
+    preflight(config, settings(policy, AUTO))
+    plan, lines = plugin_lines(caplog, lambda: plan_for(
+        settings(policy, AUTO), EngineFacts.from_vllm_config(config)))
+    assert set(plan.evictions) == set(AUTO_EVICTIONS) and plan.adaptive and not lines
 
 
 def test_mtp_with_a_finer_hash_unit_runs_every_policy_but_inpass():
@@ -183,9 +198,9 @@ def test_the_scheduler_runs_auto_by_tokens_on_an_unknown_architecture(vllm_confi
 
 @pytest.mark.engine
 def test_build_llm_refuses_before_the_engine_core_starts(tiny_model_of, engine_env, monkeypatch):
-    """Through vLLM's own config path (``EngineArgs.create_engine_config``): a connector
-    and ``marconi`` fail with one line before vLLM builds the engine core (so before any
-    weight loads)."""
+    """Through vLLM's own config path (``EngineArgs.create_engine_config``): n-gram
+    speculative decoding and ``marconi`` fail with one line before vLLM builds the engine
+    core (so before any weight loads)."""
     import vllm.v1.engine.core as core
 
     from vllm_admission.engine.llm import build_llm, plugin_settings
@@ -195,10 +210,8 @@ def test_build_llm_refuses_before_the_engine_core_starts(tiny_model_of, engine_e
     monkeypatch.setattr(core.EngineCore, "__init__",
                         lambda self, *a, **k: started.append(1) or real(self, *a, **k))
     s = plugin_settings(str(tiny_model_of("qwen3-next")), admission="marconi", eviction="lru")
-    s.engine_args = {"kv_transfer_config": {"kv_connector": "DecodeBenchConnector",
-                                            "kv_role": "kv_both"}}
+    s.engine_args = {"speculative_config": NGRAM}
     with pytest.raises(AdmissionConfigError) as info:
         build_llm(s)
-    assert str(info.value) == ("VLLM_ADMISSION_POLICY=marconi cannot run with a KV connector "
-                               "(valid here: vllm)")
+    assert str(info.value) == NGRAM_REFUSAL
     assert not started

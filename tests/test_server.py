@@ -244,19 +244,20 @@ def test_invalid_policy_stops_the_server_with_one_line(tiny_model_dir):
 
 
 def test_a_setting_the_engine_cannot_run_stops_the_server_before_the_model_loads(tiny_model_dir):
-    """A KV connector with ``marconi``: one line naming the setting and the feature, exit
-    status 2, and no engine core started (its start-up line never appears)."""
-    connector = '{"kv_connector": "DecodeBenchConnector", "kv_role": "kv_both"}'
+    """n-gram speculative decoding with ``marconi``: one line naming the setting and the
+    feature, exit status 2, and no engine core started (its start-up line never appears)."""
+    ngram = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'
     proc = subprocess.run([*serve_command(tiny_model_dir, free_port()),
-                           "--kv-transfer-config", connector],
+                           "--speculative-config", ngram],
                           env=server_env(VLLM_ADMISSION_POLICY="marconi"),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stdout + proc.stderr
     assert "Initializing a V1 LLM engine" not in proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert lines[-1] == ("vllm_admission: error: VLLM_ADMISSION_POLICY=marconi cannot run with a "
-                         "KV connector (valid here: vllm)")
+    assert lines[-1] == ("vllm_admission: error: VLLM_ADMISSION_POLICY=marconi cannot run with "
+                         "speculative decoding other than EAGLE/MTP and extract_hidden_states "
+                         "(valid here: vllm)")
 
 
 @pytest.mark.parametrize("arch", TINY_MODEL_ARCHS)

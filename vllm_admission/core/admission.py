@@ -528,7 +528,9 @@ class SegmentCosts:
 
     Attributes:
         block_size: tokens per block.
-        num_attention_groups, num_state_groups: KV cache groups of each kind.
+        num_attention_groups, num_state_groups: KV cache groups of each kind
+            (per-token groups count as attention: hidden states hold a block per
+            ``block_size`` tokens too).
         bytes_per_block: bytes one block id holds (the largest group's page x layers).
         segment_flops: ``f(end, start) -> FLOPs`` of computing tokens
             ``[start, end)`` with ``start`` cached (``ModelCosts.prefill_flops``).

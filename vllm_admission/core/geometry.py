@@ -59,6 +59,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = [
     "ATTENTION",
+    "HIDDEN",
+    "PER_TOKEN_KINDS",
     "STATE",
     "CUDA_BLOCK_SIZE",
     "CUDA_KERNEL_BLOCK_SIZE",
@@ -90,9 +92,17 @@ CPU_KERNEL_BLOCK_SIZE = 32
 _MAMBA_CACHE_MODES = ("align", "none")
 
 
-#: The core's names of the two KV cache group kinds (vLLM: ``FullAttentionSpec``, ``MambaSpec``).
+#: The core's names of the KV cache group kinds: full attention (vLLM's ``FullAttentionSpec``),
+#: recurrent state (``MambaSpec``) and per-token hidden states (``HiddenStateCacheSpec``, the
+#: group ``extract_hidden_states`` speculative decoding writes, ``vllm/v1/kv_cache_interface.py``).
 ATTENTION = "attention"
 STATE = "state"
+HIDDEN = "hidden"
+
+#: The kinds reused at any cached block: a block per ``block_size`` tokens, every full block
+#: keyed (vLLM runs both with ``FullAttentionManager``). They differ in what a block holds
+#: (its bytes per token) and in what the counters name them.
+PER_TOKEN_KINDS = (ATTENTION, HIDDEN)
 
 
 @dataclass(frozen=True)
@@ -107,9 +117,9 @@ class CacheLayout:
     Attributes:
         num_blocks: blocks in vLLM's one ``BlockPool``, null block included.
         block_size: tokens per block (every group, and the hit alignment).
-        group_kinds: ``"attention"`` / ``"state"`` per KV cache group, in vLLM's
-            group order (an engine may report other kinds; the plugin refuses
-            policies that cannot run with them).
+        group_kinds: ``"attention"`` / ``"state"`` / ``"hidden"`` per KV cache
+            group, in vLLM's group order (an engine may report other kinds; the
+            plugin refuses policies that cannot run with them).
         bytes_per_block: bytes one block id holds (the largest group's page x
             its layers).
         chunk_size: prefill token budget per step (``max_num_batched_tokens``).
@@ -132,8 +142,11 @@ class CacheLayout:
             of ``block_size``, or ``None`` (dense). Only the ``vllm`` admission
             policy follows it (:meth:`AdmissionPolicy.for_engine
             <vllm_admission.core.admission.AdmissionPolicy.for_engine>`).
-        num_speculative_tokens: EAGLE/MTP draft tokens per step (0: no
-            speculative decoding; ``HybridPrefixCache``'s option of that name).
+        num_speculative_tokens: draft tokens per step (0: no speculative
+            decoding; ``HybridPrefixCache``'s option of that name).
+        eagle: the speculative method follows vLLM's EAGLE rules (EAGLE/MTP;
+            ``False`` for ``extract_hidden_states``); ``HybridPrefixCache``'s
+            option of that name.
 
     Raises:
         UserError: a retention interval vLLM would refuse (its message is
@@ -152,6 +165,7 @@ class CacheLayout:
     prompt_end_export: bool = False
     retention_interval: int | None = 0
     num_speculative_tokens: int = 0
+    eagle: bool = True
 
     def __post_init__(self) -> None:
         check_retention_interval(self.retention_interval, self.block_size)
@@ -172,6 +186,12 @@ class CacheLayout:
     def attention_groups(self) -> tuple[int, ...]:
         """Indexes of the attention groups."""
         return tuple(g for g, k in enumerate(self.group_kinds) if k == ATTENTION)
+
+    @property
+    def per_token_groups(self) -> tuple[int, ...]:
+        """Indexes of the groups that hold a block per ``block_size`` tokens
+        (attention and hidden states: :data:`PER_TOKEN_KINDS`)."""
+        return tuple(g for g, k in enumerate(self.group_kinds) if k in PER_TOKEN_KINDS)
 
     @property
     def hash_stride(self) -> int:
@@ -574,7 +594,8 @@ def _states_per_request(mamba_cache_mode: str) -> int:
 
 def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_attention_groups: int,
                   num_state_groups: int, mamba_cache_mode: str = "align",
-                  hash_block_size: int | None = None, num_speculative_tokens: int = 0) -> int:
+                  hash_block_size: int | None = None, num_speculative_tokens: int = 0,
+                  num_lookahead_tokens: int | None = None) -> int:
     """Most pool blocks one request holds at once in vLLM 0.32 (one pool for every group).
 
     KV exists for ``prompt_len + output_len - 1`` tokens (the last output
@@ -592,11 +613,13 @@ def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_atte
     ``get_num_blocks_to_allocate``), so an attention group may hold
     ``(prompt_len - 1) // block_size + 2`` blocks for a moment.
 
-    With EAGLE/MTP speculative decoding of ``num_speculative_tokens`` K, the last
-    decode step verifies K draft tokens and each attention group holds slots for K
-    more beyond them (``num_lookahead_tokens``): 2K tokens past the KV above; and
-    each state group K more blocks in ``align`` mode (``MambaSpec.num_speculative_blocks``,
-    ``MambaManager.get_num_blocks_to_allocate``).
+    With speculative decoding of ``num_speculative_tokens`` K, the last decode
+    step verifies K draft tokens and each attention group holds
+    ``num_lookahead_tokens`` L slots beyond them (``None``: K, EAGLE/MTP's;
+    ``extract_hidden_states`` has 0): K + L tokens past the KV above; and each
+    state group K more blocks in ``align`` mode (``MambaSpec.num_speculative_blocks``,
+    ``MambaManager.get_num_blocks_to_allocate``). ``num_attention_groups`` counts
+    every per-token group (attention and hidden states).
 
     Raises:
         ValueError: non-positive lengths or block size, or an unknown mode.
@@ -604,7 +627,9 @@ def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_atte
     if prompt_len < 1 or output_len < 1:
         raise ValueError(f"prompt_len and output_len must be >= 1, got {prompt_len}, {output_len}")
     _check_positive(block_size, "block_size")
-    attention = _cdiv(prompt_len + output_len - 1 + 2 * num_speculative_tokens, block_size)
+    lookahead = num_speculative_tokens if num_lookahead_tokens is None else num_lookahead_tokens
+    attention = _cdiv(prompt_len + output_len - 1 + num_speculative_tokens + lookahead,
+                      block_size)
     if check_hash_block_size(hash_block_size, block_size):
         attention = max(attention, (prompt_len - 1) // block_size + 2)
     states = _states_per_request(mamba_cache_mode)

@@ -69,7 +69,7 @@ class CacheSetup:
             next_use=next_use, switchable=switchable, track_values=track_values,
             checkpoint=lay.checkpoint, prompt_end_export=lay.prompt_end_export,
             hash_block_size=lay.hash_block_size,
-            num_speculative_tokens=lay.num_speculative_tokens)
+            num_speculative_tokens=lay.num_speculative_tokens, eagle=lay.eagle)
 
 
 class NextUseOracle:

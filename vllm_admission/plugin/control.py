@@ -140,12 +140,12 @@ class AdmissionControl:
         #: hits), else 0: the prompt's tail unit is then a checkpoint.
         self._unit = geometry.unit
         #: EAGLE/MTP speculative decoding: the prompt checkpoints are a block lower.
-        self._eagle = geometry.num_speculative_tokens > 0
+        self._eagle = geometry.num_speculative_tokens > 0 and geometry.eagle
         self.state_groups = geometry.state_groups
         self.first_state = self.state_groups[0]
         self._state_set = frozenset(self.state_groups)
         self._segment_costs = SegmentCosts(
-            block_size=geometry.block_size, num_attention_groups=len(geometry.attention_groups),
+            block_size=geometry.block_size, num_attention_groups=len(geometry.per_token_groups),
             num_state_groups=len(geometry.state_groups), bytes_per_block=geometry.bytes_per_block,
             segment_flops=prefill_flops)
         self.eviction = eviction

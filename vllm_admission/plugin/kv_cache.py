@@ -44,8 +44,9 @@ from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_group_id
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
+from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
 
-from vllm_admission.core.geometry import ATTENTION, STATE
+from vllm_admission.core.geometry import ATTENTION, HIDDEN, STATE
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.free_queue import PolicyFreeBlockQueue
 
@@ -60,9 +61,10 @@ def group_kinds(managers: Sequence[Any]) -> tuple[str, ...]:
     (vLLM's ``KVCacheSpecRegistry`` in
     ``vllm/v1/core/single_type_kv_cache_manager.py`` maps several specs to one
     manager): a group run by ``FullAttentionManager`` (full attention, and also
-    MLA and hidden-state specs) is ``"attention"``, reusable at any cached
-    block (``PolicyAttentionManager`` too); one run by ``MambaManager`` (or this
-    module's subclass) is
+    MLA specs) is ``"attention"``, reusable at any cached block
+    (``PolicyAttentionManager`` too), or ``"hidden"`` when its spec is a
+    ``HiddenStateCacheSpec`` (reused alike, named apart); one run by
+    ``MambaManager`` (or this module's subclass) is
     ``"state"``, reusable only where a state was saved. Any other manager
     (sliding window, chunked local attention, ...) is named by its class, which
     the plugin then treats as unsupported.
@@ -76,7 +78,8 @@ def group_kinds(managers: Sequence[Any]) -> tuple[str, ...]:
         if cls is MambaManager or cls is PolicyMambaManager:
             kinds.append(STATE)
         elif cls is FullAttentionManager or cls is PolicyAttentionManager:
-            kinds.append(ATTENTION)
+            hidden = isinstance(getattr(m, "kv_cache_spec", None), HiddenStateCacheSpec)
+            kinds.append(HIDDEN if hidden else ATTENTION)
         else:
             kinds.append(cls.__name__)
     return tuple(kinds)

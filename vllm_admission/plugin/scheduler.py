@@ -237,7 +237,18 @@ class AdmissionScheduler(EngineSetup, Scheduler):
             request, *args, **kwargs)
         ctl = self._admission
         if ctl is not None:
-            boundary = ctl.on_lookup(request, num_local, boundary)
+            if diverged:
+                # A connector that takes divergent hybrid hits (vLLM's
+                # ``supports_divergent_local_hybrid_hits``) was told the attention
+                # hit; the local cache's own hybrid hit and junction are the
+                # reconciled lookup's, which vLLM falls back to without external
+                # tokens. The policy plans from those. (On that fallback vLLM sets
+                # its own junction stop; the policy still decides which states
+                # stay, so at most a chunk ends there that would not have.)
+                _, local, junction = self.kv_cache_manager.get_computed_blocks(request)
+                boundary = ctl.on_lookup(request, local, junction)
+            else:
+                boundary = ctl.on_lookup(request, num_local, boundary)
         return blocks, num_local, boundary, diverged
 
     def _admission_split(self, request: Any, num_new_tokens: int,
@@ -276,7 +287,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
             layout = ctl.geometry
             limit = inpass_capture_limit(request.num_prompt_tokens, max(1, request.max_tokens),
                                          num_blocks=layout.num_blocks, block_size=layout.block_size,
-                                         num_attention_groups=len(layout.attention_groups),
+                                         num_attention_groups=len(layout.per_token_groups),
                                          num_state_groups=len(layout.state_groups))
         return inpass.inpass_split(self, split, self._admission_inpass, request, num_new_tokens,
                                    num_new_local_computed_tokens, num_external_computed_tokens,

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from vllm_admission.core.admission import ADMIT, RequestAdmission
 from vllm_admission.core.cache.block_pool import NULL, BlockPool
 from vllm_admission.core.cache.values import FreedBlockMeta
-from vllm_admission.core.geometry import ATTENTION, STATE
+from vllm_admission.core.geometry import ATTENTION, HIDDEN, STATE
 
 __all__ = ["GROUP_PARTS", "AttentionGroups", "KVGroups", "RunningRequest", "StateGroups"]
 
@@ -140,8 +140,9 @@ class KVGroups:
 
 
 class AttentionGroups(KVGroups):
-    """Full-attention groups (``FullAttentionManager``): a block per ``block_size``
-    tokens, all kept until the request ends; every full block is cached."""
+    """Full-attention groups, and hidden-state groups with them (``FullAttentionManager``):
+    a block per ``block_size`` tokens, all kept until the request ends; every full
+    block is cached."""
 
     kind = ATTENTION
 
@@ -272,5 +273,7 @@ class StateGroups(KVGroups):
         return self.freed(run, g, run.live[::-1])
 
 
-#: Registry: KV cache group kind -> the part that serves the groups of that kind.
-GROUP_PARTS: dict[str, type[KVGroups]] = {cls.kind: cls for cls in (AttentionGroups, StateGroups)}
+#: Registry: KV cache group kind -> the part that serves the groups of that kind. Hidden-state
+#: groups are served with the attention groups (one part: a hit needs every one of them).
+GROUP_PARTS: dict[str, type[KVGroups]] = {ATTENTION: AttentionGroups, HIDDEN: AttentionGroups,
+                                          STATE: StateGroups}

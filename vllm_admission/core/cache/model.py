@@ -35,6 +35,7 @@ from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import EvictionPolicy
 from vllm_admission.core.geometry import (
     ATTENTION,
+    PER_TOKEN_KINDS,
     STATE,
     blocks_needed,
     check_hash_block_size,
@@ -52,21 +53,22 @@ def _is_output_key(block_hash: object) -> bool:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _decode_events(first: int, last: int, block_size: int, spec: int = 0) -> tuple[int, ...]:
+def _decode_events(first: int, last: int, block_size: int, spec: int = 0,
+                   lookahead: int = 0) -> tuple[int, ...]:
     """The decode steps that change the cache: computing token ``first`` (the
     first output token), then the tokens next to each block boundary up to
-    ``last``. With ``spec`` draft tokens (EAGLE/MTP) the step computing token ``t``
-    also verifies ``spec`` drafts and holds ``spec`` lookahead slots, so the state
-    groups reach past a boundary ``spec`` tokens early and the attention groups
-    ``2 * spec`` early. Memoised: requests of equal lengths share them, as do
+    ``last``. With ``spec`` draft tokens the step computing token ``t`` also
+    verifies ``spec`` drafts, and holds ``lookahead`` more slots in the attention
+    groups (EAGLE/MTP: ``spec``), so the state groups reach past a boundary
+    ``spec`` tokens early and the attention groups ``spec + lookahead`` early. Memoised: requests of equal lengths share them, as do
     shadow caches."""
     if first > last:
         return ()
     B = block_size
     events = {first}
     m = first // B + 1
-    while m * B - max(2 * spec, 1) <= last:
-        for t in (m * B - 2 * spec, m * B - spec, m * B - 1, m * B, m * B + 1):
+    while m * B - max(spec + lookahead, 1) <= last:
+        for t in (m * B - spec - lookahead, m * B - spec, m * B - 1, m * B, m * B + 1):
             if first < t <= last:
                 events.add(t)
         m += 1
@@ -106,8 +108,14 @@ class HybridPrefixCache:
     Args:
         num_blocks: blocks in the pool (vLLM's ``num_gpu_blocks``).
         block_size: tokens per block (attention and state groups alike).
-        group_kinds: the KV cache groups in vLLM's order, each ``"attention"``
-            or ``"state"``; at least one of each.
+        group_kinds: the KV cache groups in vLLM's order, each ``"attention"``,
+            ``"state"`` or ``"hidden"``; at least one attention and one state
+            group. A hidden-state group (vLLM's ``HiddenStateCacheSpec``, written by
+            ``extract_hidden_states`` speculative decoding) is reused like
+            attention, a block per ``block_size`` tokens, every full block keyed
+            (vLLM runs it with ``FullAttentionManager``): it joins the attention
+            groups in every lookup, allocation and release, and is counted apart
+            (``pool.evictions_by_group``, the bytes it holds).
         admission: which states are checkpointed.
         eviction: which cached free blocks are evicted first.
         chunk_size: prefill token budget per step (``max_num_batched_tokens``).
@@ -159,8 +167,9 @@ class HybridPrefixCache:
               ``Scheduler._free_cow_retained_blocks``).
 
             :meth:`serve` then needs the prompt's hash-unit keys.
-        num_speculative_tokens: EAGLE/MTP speculative decoding with K draft
-            tokens (0: none), as vLLM 0.32 runs it in align mode:
+        num_speculative_tokens: speculative decoding with K draft tokens (0:
+            none), as vLLM 0.32 runs it in align mode. Under EAGLE/MTP
+            (``eagle``):
 
             * the lookup matches attention blocks up to the prompt's last full
               block and drops the last one matched before the state lookup
@@ -174,6 +183,12 @@ class HybridPrefixCache:
               allocation to its end (``num_speculative_blocks``), never cached;
             * attention groups hold slots for K more tokens at every step
               (``num_lookahead_tokens``).
+
+            Without ``eagle`` (``extract_hidden_states``, whose one "draft" is
+            the sampled token) only the scheduling rules stay: the K state blocks
+            and K more tokens per decode step, with no lookahead slots
+            (``VllmConfig.num_lookahead_tokens`` is 0), no dropped block and no
+            lower checkpoint.
 
             Decode is modelled one accepted token per step: how many drafts the
             target accepts is the model's, unknown here, and moves only when
@@ -196,7 +211,8 @@ class HybridPrefixCache:
                  next_use: Callable[[int, float], float] | None = None,
                  switchable: bool = False, track_values: bool = False,
                  checkpoint: str = "split", prompt_end_export: bool = False,
-                 hash_block_size: int | None = None, num_speculative_tokens: int = 0) -> None:
+                 hash_block_size: int | None = None, num_speculative_tokens: int = 0,
+                 eagle: bool = True) -> None:
         check_checkpoint_mode(checkpoint)
         #: Tokens per hash unit when finer than the block, else 0.
         self.unit = check_hash_block_size(hash_block_size, block_size)
@@ -210,15 +226,20 @@ class HybridPrefixCache:
         if num_speculative_tokens and (checkpoint != "split" or prompt_end_export):
             raise UserError("speculative decoding is modelled in 'split' checkpoint mode, "
                             "without prompt_end_export")
-        #: EAGLE/MTP draft tokens per step (0: no speculative decoding).
+        #: Draft tokens per step (0: no speculative decoding).
         self.spec = num_speculative_tokens
+        #: vLLM's EAGLE rules apply (dropped block, lower checkpoints, K lookahead slots).
+        self.eagle = bool(num_speculative_tokens) and bool(eagle)
+        #: Attention slots held past the scheduled tokens (``num_lookahead_tokens``).
+        self.lookahead = num_speculative_tokens if self.eagle else 0
         #: The checkpoint mode's strategy: how prefill is cut into steps.
         self._mode = CHECKPOINT_STRATEGIES[checkpoint](prompt_end_export=prompt_end_export)
         if block_size < 1 or chunk_size < 1:
             raise UserError(f"block_size and chunk_size must be >= 1, got {block_size}, {chunk_size}")
         kinds = tuple(group_kinds)
         if ATTENTION not in kinds or STATE not in kinds or set(kinds) - set(GROUP_PARTS):
-            raise ValueError(f"group_kinds must mix 'attention' and 'state' groups, got {kinds}")
+            raise ValueError(f"group_kinds must mix 'attention' and 'state' groups (and may "
+                             f"have 'hidden' ones), got {kinds}")
         if (eviction.needs_values or track_values) and segment_flops is None:
             raise ValueError(f"eviction {eviction.name!r} needs segment_flops")
         if eviction.needs_future and next_use is None:
@@ -230,7 +251,9 @@ class HybridPrefixCache:
         #: vLLM exports the prompt-end state from inside the last chunk (``split`` mode).
         self.prompt_end_export = prompt_end_export
         self.group_kinds = kinds
-        self.attn_groups = tuple(g for g, k in enumerate(kinds) if k == ATTENTION)
+        #: The per-token groups (attention and hidden states), allocated and
+        #: keyed alike.
+        self.attn_groups = tuple(g for g, k in enumerate(kinds) if k in PER_TOKEN_KINDS)
         self.state_groups = tuple(g for g, k in enumerate(kinds) if k == STATE)
         self._num_attn, self._num_state = len(self.attn_groups), len(self.state_groups)
         self.admission = admission
@@ -269,12 +292,13 @@ class HybridPrefixCache:
             meta = FreedBlockMeta(self.pool, self.state_groups[0], self.block_size,
                                   self._segment_costs if self._needs_values else None,
                                   self.next_use if needs_future else None)
-        parts = {kind: part([g for g, k in enumerate(self.group_kinds) if k == kind],
-                            self.pool, self.block_size, meta)
-                 for kind, part in GROUP_PARTS.items()}
-        #: The part serving the attention groups, and the one serving the state groups.
-        self.attention, self.state = parts[ATTENTION], parts[STATE]
-        self._part_of = tuple(parts[kind] for kind in self.group_kinds)
+        # One part per part class: attention and hidden-state groups share one.
+        parts = {cls: cls([g for g, k in enumerate(self.group_kinds) if GROUP_PARTS[k] is cls],
+                          self.pool, self.block_size, meta)
+                 for cls in dict.fromkeys(GROUP_PARTS[k] for k in self.group_kinds)}
+        #: The part serving the per-token groups, and the one serving the state groups.
+        self.attention, self.state = parts[GROUP_PARTS[ATTENTION]], parts[GROUP_PARTS[STATE]]
+        self._part_of = tuple(parts[GROUP_PARTS[kind]] for kind in self.group_kinds)
 
 
     def clone(self, *, alpha: float | None = None) -> HybridPrefixCache:
@@ -358,7 +382,7 @@ class HybridPrefixCache:
                              num_attention_groups=len(self.attn_groups),
                              num_state_groups=len(self.state_groups),
                              hash_block_size=self.unit or None,
-                             num_speculative_tokens=self.spec)
+                             num_speculative_tokens=self.spec, num_lookahead_tokens=self.lookahead)
 
     def inpass_capture_limit(self, prompt_len: int, output_len: int) -> int:
         """``inpass`` mode: most states one prefill step of this request captures
@@ -391,7 +415,7 @@ class HybridPrefixCache:
         """:meth:`lookup`, and, when the hit ends inside a block, the keys its
         last attention block and its state were found under (else ``None``)."""
         B = self.block_size
-        if self.spec:
+        if self.eagle:
             # EAGLE: match up to the last full prompt block, then drop one block (with a
             # finer unit _lookup_units goes on by units and drops one unit instead).
             kv_blocks = self.attention.longest_hit(hashes, min(prompt_len // B, len(hashes)))
@@ -426,7 +450,7 @@ class HybridPrefixCache:
         per = B // u
         kv = kv_blocks * B
         first = kv_blocks * per
-        last = min(first + per - 1, (prompt_len if self.spec else prompt_len - 1) // u,
+        last = min(first + per - 1, (prompt_len if self.eagle else prompt_len - 1) // u,
                    len(units))
         attn = self.attention.indexes
         kv_key = None
@@ -435,7 +459,7 @@ class HybridPrefixCache:
             if all(h in d for d in attn):
                 kv, kv_key = (f + 1) * u, h
                 break
-        if self.spec and kv:
+        if self.eagle and kv:
             kv -= u
         state = self.state.indexes
         hit = 0
@@ -486,7 +510,7 @@ class HybridPrefixCache:
             self.junctions += 1
         total = prompt_len + output_len
         adm = RequestAdmission(self.admission, probe, total_len=total,
-                               hash_block_size=self.unit or None, eagle=bool(self.spec))
+                               hash_block_size=self.unit or None, eagle=self.eagle)
         run = RunningRequest(rid=rid, hashes=hashes, prompt_len=prompt_len, adm=adm,
                              blocks=[[] for _ in self.group_kinds],
                              num_cached=probe.state_hit // B, live=[])
@@ -509,7 +533,7 @@ class HybridPrefixCache:
         # EAGLE/MTP the step also verifies the K drafts (scheduled, never cached until
         # accepted; the model's drafts are taken as rejected, one token a step).
         step, width = self._step, 1 + self.spec
-        for t in _decode_events(prompt_len, total - 2, B, self.spec):
+        for t in _decode_events(prompt_len, total - 2, B, self.spec, self.lookahead):
             step(run, t, width, t + 1, now)
         self._finish(run, now)
         return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=probe.state_hit,
@@ -553,8 +577,8 @@ class HybridPrefixCache:
         need = -(-end // B)
         tables = run.blocks
         spec = self.spec
-        # Attention holds the draft tokens' slots too (vLLM's num_lookahead_tokens).
-        need_attn = -(-(end + spec) // B) if spec else need
+        # Attention holds the drafter's slots too (vLLM's num_lookahead_tokens).
+        need_attn = -(-(end + self.lookahead) // B) if self.lookahead else need
         if (captures or need_attn > len(tables[self.attn_groups[0]])
                 or need > len(tables[self.state_groups[0]]) or run.cow >= 0 or run.move_tail
                 or (spec and run.spec_blocks is None)):

@@ -1,7 +1,7 @@
 """What an engine configuration lets the plugin run: the start-up checks and the run plan.
 
 One decision, :func:`plan_for`, from the plugin's settings and the
-:class:`EngineFacts` that matter to it (speculative decoding, a KV connector,
+:class:`EngineFacts` that matter to it (speculative decoding,
 how blocks get hashes, the KV cache group kinds, a FLOP model), taken twice
 with the same code: before the model loads, from vLLM's ``VllmConfig`` alone
 (:func:`preflight`, what a ``VllmConfig`` already tells), and when the
@@ -13,7 +13,7 @@ candidates it cannot run instead, with one warning.
 :class:`EngineSetup` is a mixin of
 :class:`~vllm_admission.plugin.scheduler.AdmissionScheduler`: its methods read
 the vLLM ``Scheduler`` they are mixed into (``cache_config``,
-``kv_cache_config``, ``kv_cache_manager``, ``connector``, ``vllm_config``,
+``kv_cache_config``, ``kv_cache_manager``, ``vllm_config``,
 ``block_size``, ``hash_block_size``, ``use_eagle_block_drop``) and decide, once,
 at ``__init__``:
 
@@ -41,11 +41,10 @@ from vllm_admission.core.adaptive import AUTO, candidate_policies
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES
 from vllm_admission.core.eviction import (
-    EVICTION_POLICIES,
     engine_eviction_policies,
     eviction_class,
 )
-from vllm_admission.core.geometry import ATTENTION, STATE, CacheLayout
+from vllm_admission.core.geometry import PER_TOKEN_KINDS, STATE, CacheLayout
 from vllm_admission.core.run import RunPlan
 from vllm_admission.plugin import inpass
 from vllm_admission.plugin.boundary import hooks
@@ -75,6 +74,11 @@ SPECULATIVE_PROBLEM = "Mamba speculative blocks"
 #: The key problems the core models, for every admission and eviction policy.
 MODELLED_KEY_PROBLEMS = (*SUB_BLOCK_PROBLEMS, SPECULATIVE_PROBLEM)
 
+#: The speculative method that caches per-token hidden states in a KV cache group of their
+#: own (vLLM's ``HiddenStateCacheSpec``) and drafts the sampled token: modelled without
+#: EAGLE's rules (``HybridPrefixCache``'s ``eagle=False``).
+HIDDEN_STATES_METHOD = "extract_hidden_states"
+
 
 @dataclass(frozen=True)
 class EngineFacts:
@@ -85,20 +89,20 @@ class EngineFacts:
             admission needs ``"align"``).
         eagle: EAGLE/MTP speculative decoding (vLLM drops the last matched
             block and keeps EAGLE groups, ``kv_cache_coordinator.py``).
-        connector: a KV connector drives the scheduler (it walks vLLM's free
-            queue every step).
+        speculative_method: vLLM's ``speculative_config.method`` (``None``:
+            no speculative decoding).
         key_problems: why blocks do not get exactly one hash per full block
             in ``BlockPool.cache_full_blocks`` (finer hash units, partial hash
             hits, Mamba speculative blocks), where the core keys by block.
-        odd_groups: KV cache group kinds besides full attention and Mamba/GDN
-            state (sliding window, ...).
+        odd_groups: KV cache group kinds besides full attention, Mamba/GDN
+            state and hidden states (sliding window, ...).
         flop_model_error: why there is no FLOP model of the architecture
             (``None``: there is one).
     """
 
     mamba_cache_mode: str = "align"
     eagle: bool = False
-    connector: bool = False
+    speculative_method: str | None = None
     key_problems: tuple[str, ...] = ()
     odd_groups: tuple[str, ...] = ()
     flop_model_error: str | None = None
@@ -129,7 +133,7 @@ class EngineFacts:
             keys.append(SPECULATIVE_PROBLEM)
         return cls(mamba_cache_mode=str(cc.mamba_cache_mode),
                    eagle=spec is not None and spec.use_eagle(),
-                   connector=vllm_config.kv_transfer_config is not None,
+                   speculative_method=None if spec is None else str(spec.method),
                    key_problems=tuple(keys),
                    flop_model_error=_flop_model_error(vllm_config.model_config.hf_config))
 
@@ -152,10 +156,9 @@ def support_problems(facts: EngineFacts, policy: str) -> list[str]:
     if facts.mamba_cache_mode != "align":
         problems.append(f"mamba_cache_mode={facts.mamba_cache_mode!r} (needs 'align')")
     problems += facts.unmodelled_key_problems
-    if SPECULATIVE_PROBLEM in facts.key_problems and not facts.eagle:
-        problems.append("speculative decoding other than EAGLE/MTP")
-    if facts.connector:
-        problems.append("a KV connector")
+    if SPECULATIVE_PROBLEM in facts.key_problems and not (
+            facts.eagle or facts.speculative_method == HIDDEN_STATES_METHOD):
+        problems.append(f"speculative decoding other than EAGLE/MTP and {HIDDEN_STATES_METHOD}")
     if facts.odd_groups:
         problems.append(f"KV cache groups {', '.join(sorted(set(facts.odd_groups)))}")
     return problems
@@ -172,7 +175,7 @@ def _check_supported(facts: EngineFacts, policy: str) -> None:
 def plan_for(config: AdmissionConfig, facts: EngineFacts) -> RunPlan:
     """The run's policy decisions (the core's :class:`RunPlan`) for ``config`` on an
     engine with ``facts``: ``auto``'s candidates less those the engine cannot run
-    (one warning each side), a fixed pair when one is left under a KV connector.
+    (one warning each side).
 
     Raises:
         AdmissionConfigError: a setting this engine cannot run (one line).
@@ -195,13 +198,6 @@ def plan_for(config: AdmissionConfig, facts: EngineFacts) -> RunPlan:
         admissions = tuple(name for name in admissions if not problems[name])
     for name in admissions:
         _check_supported(facts, name)
-    if config.eviction == AUTO and facts.connector:
-        # KV connectors (offloading) walk vLLM's free queue every step.
-        kept = tuple(e for e in evictions if eviction_class(e).vllm_order)
-        if kept != evictions:
-            logger.warning("vllm_admission: auto eviction leaves out %s here (a KV connector)",
-                           ", ".join(e for e in evictions if e not in kept))
-        evictions = kept
     unmodelled = facts.unmodelled_key_problems
     if config.eviction == AUTO and unmodelled and any(
             eviction_class(e).needs_keys for e in evictions):
@@ -216,23 +212,8 @@ def plan_for(config: AdmissionConfig, facts: EngineFacts) -> RunPlan:
             raise AdmissionConfigError(
                 f"VLLM_ADMISSION_EVICTION={name} cannot run with "
                 f"{'; '.join(unmodelled)} (valid here: {valid})")
-    if adaptive and facts.connector and len(admissions) * len(evictions) == 1:
-        # auto switches eviction through the plugin's free queue, which a
-        # connector cannot walk; with one pair left there is nothing to switch.
-        logger.warning("vllm_admission: auto has one runnable pair here, %s+%s; it runs as a "
-                       "fixed pair", admissions[0], evictions[0])
-        adaptive = False
     plan = RunPlan.of(admissions, evictions, adaptive=adaptive, alpha=config.alpha,
                       checkpoint=config.checkpoint)
-    if facts.connector and (adaptive or any(not eviction_class(e).vllm_order
-                                            for e in evictions)):
-        # KV connectors (offloading) walk vLLM's free queue every step;
-        # auto's free queue is the plugin's even while it serves lru.
-        setting = (f"VLLM_ADMISSION_POLICY={AUTO}" if adaptive and config.policy == AUTO
-                   else f"VLLM_ADMISSION_EVICTION={config.eviction}")
-        raise AdmissionConfigError(
-            f"{setting} cannot run with a KV connector "
-            f"(valid here: {', '.join(n for n, c in EVICTION_POLICIES.items() if c.vllm_order)})")
     if plan.needs_flops and facts.flop_model_error is not None and not scores_by_tokens(plan):
         flop_users = [e for e in plan.evictions if eviction_class(e).needs_values]
         valid = ", ".join(n for n in engine_eviction_policies()
@@ -295,9 +276,10 @@ class EngineSetup:
         return EngineFacts(
             mamba_cache_mode=str(self.cache_config.mamba_cache_mode),
             eagle=self._admission_eagle(),
-            connector=self.connector is not None,
+            speculative_method=(None if self.vllm_config.speculative_config is None
+                                else str(self.vllm_config.speculative_config.method)),
             key_problems=tuple(self._admission_key_problems()),
-            odd_groups=tuple(k for k in kinds if k not in (STATE, ATTENTION)),
+            odd_groups=tuple(k for k in kinds if k not in (STATE, *PER_TOKEN_KINDS)),
             flop_model_error=_flop_model_error(self.vllm_config.model_config.hf_config))
 
     def _admission_eagle(self) -> bool:
@@ -340,8 +322,8 @@ class EngineSetup:
                            checkpoint=config.checkpoint,
                            prompt_end_export=self._admission_vllm_exports_checkpoint(),
                            retention_interval=self.cache_config.prefix_cache_retention_interval,
-                           num_speculative_tokens=(int(self.num_spec_tokens)
-                                                   if self._admission_eagle() else 0))
+                           num_speculative_tokens=int(self.num_spec_tokens or 0),
+                           eagle=self._admission_eagle())
 
     def _admission_log_smallest_prefix(self, geometry: CacheLayout) -> None:
         """Log the shortest prefix that can hit, per KV cache group; warn when a

@@ -158,6 +158,24 @@ PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
      "read by inprocess_scheduler (instance attribute): the in-process EngineCore"),
     ("v1/engine/core.py", "EngineCore.scheduler",
      "read by inprocess_scheduler (instance attribute): the live scheduler"),
+    ("v1/core/kv_cache_manager.py", "KVCacheManager.get_computed_blocks",
+     "called by AdmissionScheduler._get_local_prefix_cache_hit when a connector took a "
+     "divergent hybrid hit: the local hybrid hit and junction the policy plans from"),
+    ("v1/kv_cache_interface.py", "HiddenStateCacheSpec",
+     "read by group_kinds: a FullAttentionManager group with this spec is 'hidden'"),
+    ("distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
+     "ExampleHiddenStatesConnector._submit_async_write",
+     "overridden by CPUHiddenStatesConnector (CPU copy); it reads the instance attributes "
+     "_is_tp_rank_zero, _kv_cache, _block_size, _req_futures, _lock_fds, _executor, "
+     "_req_copy_events, use_lock"),
+    ("distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
+     "ExampleHiddenStatesConnector._write_tensors",
+     "called by CPUHiddenStatesConnector: the writer thread's file write and lock release"),
+    ("distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
+     "ExampleHiddenStatesConnector._on_write_done",
+     "called by CPUHiddenStatesConnector: the write's completion callback"),
+    ("distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
+     "extract_from_kv_cache", "called by CPUHiddenStatesConnector: the states by slot"),
 )
 
 # Members that are instance attributes (checked on a live object, not the class).
@@ -288,7 +306,16 @@ OVERRIDES: tuple[tuple[str, str], ...] = (
      "vllm_admission.plugin.inpass:InpassAllocation.get_num_blocks_to_allocate"),
     ("MambaManager.allocate_new_blocks",
      "vllm_admission.plugin.inpass:InpassAllocation.allocate_new_blocks"),
+    ("ExampleHiddenStatesConnector._submit_async_write",
+     "vllm_admission.plugin.boundary.cpu_hidden_states:CPUHiddenStatesConnector."
+     "_submit_async_write"),
 )
+
+
+def _hidden_states_connector() -> Any:
+    from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector
+
+    return example_hidden_states_connector.ExampleHiddenStatesConnector
 
 
 def accepts(theirs: Any, ours: Any) -> list[str]:
@@ -335,7 +362,8 @@ def override_mismatches() -> list[str]:
     owners = {"Scheduler": scheduler.Scheduler, "BlockPool": block_pool.BlockPool,
               "HybridKVCacheCoordinator": kv_cache_coordinator.HybridKVCacheCoordinator,
               "MambaManager": stkm.MambaManager,
-              "FullAttentionManager": stkm.FullAttentionManager}
+              "FullAttentionManager": stkm.FullAttentionManager,
+              "ExampleHiddenStatesConnector": _hidden_states_connector()}
     out = []
     for member, target in OVERRIDES:
         cls_name, meth = member.split(".")

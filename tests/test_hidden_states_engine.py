@@ -1,0 +1,172 @@
+"""vLLM's hidden-state cache under the plugin, with a KV connector, on the CPU engine (issue 32).
+
+``speculative_config={"method": "extract_hidden_states"}`` gives a hybrid model a third
+kind of KV cache group: per-token hidden states (``HiddenStateCacheSpec``), written out
+per finished request by vLLM's hidden-states connector (on CPU through
+``vllm_admission.plugin.boundary.cpu_hidden_states``, which changes only the device copy).
+So one engine has attention, recurrent-state and hidden-state groups, and a KV connector
+that drives the scheduler and holds a finished request's blocks until its file is
+written. Here every admission policy, and ``auto``, runs there: stock's greedy tokens,
+at least stock's cached tokens on the junction case, the hits the core predicts with a
+hidden-state group (``HybridPrefixCache`` group kind ``"hidden"``), and hidden states
+read back from the connector's files that equal those of a cold run of the same prompt.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+#: The hidden states of layer 1 go to the cache (vLLM's ``eagle_aux_hidden_state_layer_ids``).
+HIDDEN = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+          "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1]}}}
+
+
+def _prompts(vocab: int = 512) -> list[list[int]]:
+    """Four siblings sharing 1,500 tokens (one distinct token, then 300 shared), a
+    300-token prompt twice and one of exactly three blocks of 256 twice (the junction
+    case of ``test_mtp_engine.py``)."""
+    import random
+
+    rng = random.Random(3)
+
+    def draw(n):
+        return [rng.randrange(3, vocab) for _ in range(n)]
+
+    prefix, suffix, short, aligned = draw(1500), draw(300), draw(300), draw(768)
+    return [prefix + draw(1) + suffix for _ in range(4)] + [short] * 2 + [aligned] * 2
+
+
+def _serve(model, scheduler: str | None, env: dict, prompts, store, max_tokens: int = 8,
+           check=None):
+    """Serve ``prompts`` one at a time with the hidden-states connector writing under
+    ``store``; returns ``(cached tokens, output ids, hidden states, token ids)`` per
+    prompt. The connector writes a request's file one engine step after it finishes,
+    so a last one-token request flushes the final file before they are read."""
+    from vllm import SamplingParams
+    from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
+        load_hidden_states,
+    )
+    from vllm.inputs import TokensPrompt
+
+    from vllm_admission.engine.llm import EngineSettings, build_llm, shutdown_llm
+    from vllm_admission.plugin.boundary.cpu_hidden_states import hidden_states_connector_config
+
+    args = {"speculative_config": HIDDEN,
+            "kv_transfer_config": hidden_states_connector_config(store)}
+    settings = EngineSettings(model=str(model), scheduler_cls=scheduler, max_model_len=4096,
+                              mamba_ssm_cache_dtype="float32", engine_args=args,
+                              env={"VLLM_PLUGINS": "" if scheduler is None else None, **env})
+    llm = build_llm(settings)
+    try:
+        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                            detokenize=False)
+        served = []
+        for p in prompts:
+            (o,) = llm.generate([TokensPrompt(prompt_token_ids=list(p))], sp, use_tqdm=False)
+            served.append((int(o.num_cached_tokens), list(o.outputs[0].token_ids),
+                           o.kv_transfer_params["hidden_states_path"]))
+        llm.generate([TokensPrompt(prompt_token_ids=[5] * 8)],
+                     SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+        if check is not None:
+            check(llm)
+        out = []
+        for cached, tokens, path in served:
+            data = load_hidden_states(path)
+            out.append((cached, tokens, data["hidden_states"], data["token_ids"].tolist()))
+        return out
+    finally:
+        shutdown_llm(llm)
+
+
+def _predicted(policy: str, block_size: int, prompts, output: int) -> list[int]:
+    """The core's hits with a hidden-state group: one draft token a step without EAGLE's
+    rules (``extract_hidden_states``), room to spare."""
+    from conftest import chained_hashes
+
+    from vllm_admission.core.admission import get_admission
+    from vllm_admission.core.cache import HybridPrefixCache
+    from vllm_admission.core.eviction import get_eviction
+
+    cache = HybridPrefixCache(num_blocks=4096, block_size=block_size,
+                              group_kinds=("state", "attention", "hidden"),
+                              admission=get_admission(policy), eviction=get_eviction("lru"),
+                              chunk_size=8192, num_speculative_tokens=1, eagle=False)
+    return [cache.serve(chained_hashes(p, block_size), len(p), output, r, float(r)).hit_tokens
+            for r, p in enumerate(prompts)]
+
+
+def _assert_hidden_states_match_cold(runs, prompts) -> None:
+    """Each request's file holds its prompt's tokens and one row of hidden states per
+    token. A request that hit the cache gets, over its cached tokens, exactly the hidden
+    states of the first request with that prefix (which ran it cold: nothing held it
+    before), and over the rest of the prefix they share, the same values recomputed
+    from the restored recurrent state, to bf16 rounding."""
+    import torch
+
+    for i, (cached, _, states, token_ids) in enumerate(runs):
+        assert token_ids == list(prompts[i])
+        assert states.shape[0] == len(prompts[i])
+        if not cached:
+            continue
+        cold = next(j for j in range(i) if prompts[j][:cached] == prompts[i][:cached])
+        assert runs[cold][0] < cached, (i, cold)
+        reference = runs[cold][2]
+        assert torch.equal(states[:cached], reference[:cached]), (i, cold)
+        shared = cached
+        limit = min(len(prompts[i]), len(prompts[cold]))
+        while shared < limit and prompts[i][shared] == prompts[cold][shared]:
+            shared += 1
+        assert torch.allclose(states[cached:shared].float(), reference[cached:shared].float(),
+                              atol=2e-2, rtol=2e-2), (i, cold)
+
+
+@pytest.fixture(scope="module")
+def hidden_model(tmp_path_factory, request):
+    from vllm_admission.engine.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_hidden"), arch=request.param)
+
+
+@pytest.mark.parametrize("hidden_model", ["qwen3-next", "nemotron-h"], indirect=True)
+def test_every_admission_runs_with_the_hidden_state_cache_and_its_connector(
+        hidden_model, engine_env, tmp_path):
+    """``marconi``, ``dense``, ``last`` and ``auto`` under ``extract_hidden_states`` and
+    the hidden-states connector: no refusal; the scheduler names the third group
+    ``hidden``; stock's greedy tokens (the Mamba2 model's in length: its outputs depend
+    on the chunking, docs/engine-facts.md section 0b); the hits the core predicts with a
+    hidden-state group; at least stock's cached tokens on the siblings wherever the
+    policy keeps junctions; hidden states equal to a cold run's over every shared prefix."""
+    from conftest import predicted_block_size
+
+    from vllm_admission.plugin.scheduler import admission_stats
+
+    B = predicted_block_size(hidden_model, "float32")
+    prompts, output = _prompts(), 8
+    stock = _serve(hidden_model, None, {}, prompts, tmp_path / "stock", output)
+    assert [c for c, *_ in stock] == _predicted("vllm", B, prompts, output)
+    assert sum(c for c, *_ in stock) > 0
+    _assert_hidden_states_match_cold(stock, prompts)
+    exact = "nemotron" not in str(hidden_model)
+    kinds = []
+
+    def group_kinds(llm):
+        stats = admission_stats(llm)
+        kinds.append(tuple(stats.evictions_by_group))
+
+    for policy, eviction in (("marconi", "lru"), ("dense", "s3fifo"), ("last", "lru"),
+                             ("auto", "auto")):
+        runs = _serve(hidden_model, "vllm_admission.AdmissionScheduler",
+                      {"VLLM_ADMISSION_POLICY": policy, "VLLM_ADMISSION_EVICTION": eviction},
+                      prompts, tmp_path / policy, output, check=group_kinds)
+        cached = [c for c, *_ in runs]
+        if exact:
+            assert [t for _, t, *_ in runs] == [t for _, t, *_ in stock], policy
+        assert [len(t) for _, t, *_ in runs] == [output] * len(prompts)
+        if policy != "auto":  # auto's first pair is stock's; its switches are its own
+            assert cached == _predicted(policy, B, prompts, output), policy
+        if policy != "last":  # last keeps no junction state, by design
+            assert all(c >= s for c, (s, *_) in zip(cached[:4], stock[:4])), policy
+        _assert_hidden_states_match_cold(runs, prompts)
+    assert set(kinds) == {("state0", "attention1", "hidden2")}
