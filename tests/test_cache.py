@@ -295,6 +295,45 @@ def test_request_that_cannot_fit_is_refused():
         cache.serve(chained(["z"] * 10 * B), 10 * B, 1, rid=0, now=0.0)
 
 
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), policy=st.sampled_from(sorted(ADMISSION_POLICIES)),
+       eviction=st.sampled_from(["lru", "flop", "s3fifo"]), blocks=st.integers(16, 60),
+       spec=st.integers(0, 2))
+def test_a_hidden_state_group_is_reused_like_attention_and_counted_apart(seed, policy, eviction,
+                                                                         blocks, spec):
+    """vLLM's hidden-state group (``HiddenStateCacheSpec``, run by ``FullAttentionManager``):
+    a cache with one is, request by request, the cache with one more attention group in
+    its place: the same hits, prefill steps and evictions, with the third group's
+    evictions counted under its own kind; also with draft tokens without EAGLE's rules
+    (``extract_hidden_states``)."""
+    reqs = random_trace(random.Random(seed))
+    hidden = make_cache(policy, eviction, num_blocks=blocks, num_speculative_tokens=spec,
+                        eagle=False, groups=("state", "attention", "hidden"))
+    twin = make_cache(policy, eviction, num_blocks=blocks, num_speculative_tokens=spec,
+                      eagle=False, groups=("state", "attention", "attention"))
+    assert hidden.group_kinds[2] == "hidden" and hidden.attn_groups == (1, 2)
+    for r, (hashes, n, out) in enumerate(reqs):
+        if not hidden.fits(n, out):
+            continue
+        got = hidden.serve(hashes, n, out, rid=r, now=float(r))
+        assert got == twin.serve(hashes, n, out, rid=r, now=float(r))
+    assert hidden.pool.evictions_by_group == twin.pool.evictions_by_group
+
+
+def test_without_eagle_rules_the_lookup_keeps_its_last_block():
+    """One draft token without EAGLE's rules (``extract_hidden_states``): the lookup does
+    not drop the last matched block and the prompt checkpoint stays at the last full
+    block, as without speculative decoding; under EAGLE/MTP both are a block lower."""
+    prompt = chained(["p"] * (3 * B + 10))
+    hits = {}
+    for eagle in (False, True):
+        cache = make_cache(num_speculative_tokens=1, eagle=eagle,
+                           groups=("state", "attention", "hidden"))
+        cache.serve(prompt, 3 * B + 10, 4, rid=0, now=0.0)
+        hits[eagle] = cache.serve(prompt, 3 * B + 10, 4, rid=1, now=1.0).hit_tokens
+    assert hits == {False: 3 * B, True: 2 * B}
+
+
 def test_group_kinds_must_mix_attention_and_state():
     with pytest.raises(ValueError, match="mix"):
         make_cache(groups=("attention", "attention"))

@@ -407,6 +407,36 @@ def test_a_sub_block_hash_unit_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny_
 MTP_PAIRS = (("vllm", "lru"), ("marconi", "lru"), ("dense", "lru"), ("last", "s3fifo"))
 
 
+#: vLLM's hidden-state cache on the tiny models: layer 1's hidden states, cached per token.
+HIDDEN_STATES = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                 "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1]}}}
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("arch, ssm_dtype, pairs", [
+    ("qwen3-next", "bfloat16", (("vllm", "lru"), ("marconi", "lru"), ("dense", "s3fifo"),
+                                ("last", "reuse"), ("auto", "auto"))),
+    ("nemotron-h", "float32", (("vllm", "lru"), ("marconi", "flop"), ("block", "lru"),
+                               ("dense", "conversation"))),
+])
+def test_the_hidden_state_cache_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny_model_of,
+                                                    engine_env):
+    """vLLM's ``extract_hidden_states``: a third KV cache group of per-token hidden states
+    (the core's kind ``"hidden"``), one draft token a step without EAGLE's rules. Every
+    request's cached tokens, prefill steps and the evictions agree, in a 40-block pool
+    that evicts from all three groups, for stock, every admission, key- and FLOP-valued
+    evictions and ``auto``."""
+    from vllm_admission.fidelity import FidelitySpec, run_fidelity
+
+    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    spec = FidelitySpec(model=str(tiny_model_of(arch)), trace="synthetic", num_gpu_blocks=(40,),
+                        pairs=pairs, max_output_len=8, synthetic=synthetic,
+                        mamba_ssm_cache_dtype=ssm_dtype,
+                        engine_args={"max_num_batched_tokens": 512,
+                                     "speculative_config": HIDDEN_STATES})
+    assert_mirrored(run_fidelity(spec)["records"], pairs)
+
+
 def mtp_fidelity(tmp_path_factory, name: str, **engine_args) -> list:
     """``run_fidelity``'s records for :data:`MTP_PAIRS` on the tiny Qwen3-Next with an MTP
     layer, one draft token, ``engine_args`` besides: the SMALL synthetic trace, 40 blocks,
@@ -454,7 +484,7 @@ def test_a_speculative_method_the_simulator_does_not_mirror_is_refused(tiny_mode
     from vllm_admission.fidelity import FidelitySpec
     from vllm_admission.fidelity.spec import FidelityError
 
-    with pytest.raises(FidelityError, match="method mtp only"):
+    with pytest.raises(FidelityError, match="method mtp, extract_hidden_states only"):
         FidelitySpec(model=str(tiny_model_dir), trace="synthetic",
                      engine_args={"speculative_config": {"method": "ngram",
                                                          "num_speculative_tokens": 2}}).check()

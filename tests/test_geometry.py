@@ -583,3 +583,32 @@ def test_grouping_matches_vllm(num_attention, num_state, vllm_model_dirs):
     assert geometry.group_size == max(len(g.layer_names) for g in groups)
     assert geometry.num_attention_groups == vllm_attention_groups
     assert geometry.num_state_groups == len(groups) - vllm_attention_groups
+
+
+@needs_shared
+@pytest.mark.parametrize("path", [p for p in REAL_CONFIGS if "unverified" not in str(p)],
+                         ids=lambda p: p.stem)
+@pytest.mark.parametrize("layers", [1, 3])
+def test_hidden_states_get_the_largest_dividing_block_that_fits_the_page(path, layers):
+    """vLLM's rule for the hidden-state group (``kv_cache_utils.get_kv_cache_groups``): the
+    largest divisor of the block size whose tokens fit one common page."""
+    from vllm_admission.core.geometry import hidden_state_block_size
+
+    costs = ModelCosts.from_config(path)
+    if not costs.is_hybrid:
+        pytest.skip("not hybrid")
+    geo = block_geometry(costs, 64 * GiB)
+    per_token = layers * costs.hidden_size * costs.dtype_bytes
+    size = hidden_state_block_size(geo, per_token)
+    assert geo.block_size % size == 0 and size * per_token <= geo.page_bytes
+    assert all(geo.block_size % d or d * per_token > geo.page_bytes
+               for d in range(size + 1, geo.block_size + 1))
+
+
+def test_hidden_states_wider_than_a_page_are_refused():
+    from vllm_admission.core.errors import UserError
+    from vllm_admission.core.geometry import hidden_state_block_size
+
+    geo = block_geometry(QWEN3_NEXT, 64 * GiB)
+    with pytest.raises(UserError, match="exceed the .*-byte page"):
+        hidden_state_block_size(geo, geo.page_bytes + 1)

@@ -21,7 +21,8 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from scheduler_harness import B, build, model_dir, toks, vllm_config  # noqa: E402,F401
+from junction_case import expected_junction, junction_prompts  # noqa: E402
+from scheduler_harness import POLICIES, B, build, model_dir, toks, vllm_config  # noqa: E402,F401
 
 VLLM_TESTS = Path(__file__).resolve().parents[2] / "shared" / "vllm-0.32.0-tests"
 
@@ -123,6 +124,21 @@ def test_a_connector_changes_nothing_the_plugin_decides(vllm_config, vllm_connec
     queue = sched.kv_cache_manager.block_pool.free_block_queue
     assert (type(queue).__name__ == "FreeKVCacheBlockQueue") == (eviction == "lru")
     assert_nothing_held(sched)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_connector_taking_divergent_hybrid_hits_leaves_the_junction_case_exact(
+        vllm_config, vllm_connector_helpers, monkeypatch, policy):
+    """A connector that takes divergent hybrid hits (``supports_divergent_local_hybrid_hits``,
+    as NIXL does) is told the attention hit where no state backs it, the junction case's
+    second sibling; with nothing to load vLLM falls back to the hybrid hit. The plugin
+    plans from the hybrid hit and its junction either way, so every policy gets the
+    junction case's hits (``tests/junction_case.py``) as without a connector."""
+    engine = build(with_connector(vllm_config, supports_divergent_local_hybrid_hits=True),
+                   monkeypatch, policy=policy, eviction="lru")
+    assert engine.scheduler.connector.supports_divergent_local_hybrid_hits
+    assert serve(engine, [(p, 4) for p in junction_prompts(toks)]) == expected_junction(B)[policy]
+    assert_nothing_held(engine.scheduler)
 
 
 @pytest.mark.parametrize("policy, eviction", PAIRS)

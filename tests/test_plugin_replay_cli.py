@@ -135,7 +135,7 @@ def test_fidelity_refuses_what_the_simulator_does_not_mirror(tmp_path, capsys):
                      capsys)
     assert rc == 2 and err.count("\n") == 1
     assert err.startswith("vllm-admission: error: the simulator mirrors speculative_config "
-                          "with method mtp only")
+                          "with method mtp, extract_hidden_states only")
 
 
 def test_without_vllm_the_engine_commands_say_so_in_one_line(tmp_path, capsys, monkeypatch):

@@ -195,6 +195,11 @@ def test_demo_takes_the_ssm_cache_dtype_too():
     (["--retention-interval", "-512"], "must be an integer >= 0 or 'none'"),
     (["--retention-interval", "1000"], "(1000) must be None or a non-negative multiple of the "
                                        "block size"),
+    (["--hidden-states", "-1"], "--hidden-states must be >= 0, got -1"),
+    (["--hidden-states", "1", "--num-speculative-tokens", "1"],
+     "--hidden-states is vLLM's extract_hidden_states speculative method"),
+    # Qwen3-Next's 2048-wide hidden states get 272-token blocks beside 544-token ones.
+    (["--hidden-states", "1"], "KV cache groups of different block sizes are not modelled"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, capsys, argv, message):
     rc = main(["simulate", "--trace", "synthetic", "--max-requests", "20", "--out", str(tmp_path),
@@ -360,3 +365,29 @@ def test_an_alpha_nothing_uses_is_said(tmp_path, capsys):
     assert rc == 0
     assert ("vllm-admission: --alpha 0.5 has no effect: no eviction policy run here has an "
             "alpha (lru; flop has one)") in err
+
+
+def test_the_hidden_state_cache_takes_its_own_group_and_blocks(small_trace):
+    """``hidden_state_bytes_per_token`` (``--hidden-states N`` on the command line): a KV
+    cache group of kind ``hidden`` beside the model's own, which holds a block per
+    ``block_size`` tokens out of the same pool, so the hit rate falls where the pool is
+    short, and its evictions are counted under its kind. The tiny Qwen3-Next's hidden
+    states fit its page at its own block size (vLLM's rule, ``hidden_state_block_size``),
+    as on the CPU engine (``tests/test_fidelity.py``)."""
+    from vllm_admission.core.costs import ModelCosts
+    from vllm_admission.engine.tiny_model import TINY_MODEL_PARAMS
+
+    tiny = ModelCosts.from_config({"architectures": ["Qwen3NextForCausalLM"],
+                                   "model_type": "qwen3_next", "torch_dtype": "bfloat16",
+                                   **TINY_MODEL_PARAMS})
+    capacity = 64 * 2**20
+    geo = block_geometry(tiny, capacity)
+    per_token = tiny.hidden_size * tiny.dtype_bytes
+    runs = {n: simulate(small_trace, tiny, admission="marconi", eviction="lru",
+                        capacity_bytes=capacity, hidden_state_bytes_per_token=n * per_token)
+            for n in (0, 1)}
+    assert runs[1].num_blocks == runs[0].num_blocks == geo.num_blocks
+    kinds = [k.rstrip("0123456789") for k in runs[1].evictions_by_group]
+    assert kinds == [k.rstrip("0123456789") for k in runs[0].evictions_by_group] + ["hidden"]
+    assert runs[1].evictions_by_group[f"hidden{len(kinds) - 1}"] > 0
+    assert runs[1].token_hit_rate < runs[0].token_hit_rate

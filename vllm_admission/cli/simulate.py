@@ -75,6 +75,10 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                         "vLLM's --speculative-config (the lookup drops the last matched block, "
                         "prompt checkpoints move a block lower, K more state blocks and "
                         "lookahead slots per request; default 0: none)")
+    p.add_argument("--hidden-states", type=int, default=0, metavar="N",
+                   help="vLLM's hidden-state cache (--speculative-config method "
+                        "extract_hidden_states) with N hidden-state layers: a KV cache group "
+                        "of kind 'hidden', N x hidden_size values per token (default 0: none)")
     p.add_argument("--alpha", type=float, default=None,
                    help="fix flop eviction's alpha instead of tuning it online")
     p.add_argument("--tune-grid", choices=("coarse", "paper"), default="coarse",
@@ -140,6 +144,11 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UserError(f"--chunk-size must be >= 1 token, got {args.chunk_size}")
     if args.num_speculative_tokens < 0:
         raise UserError(f"--num-speculative-tokens must be >= 0, got {args.num_speculative_tokens}")
+    if args.hidden_states < 0:
+        raise UserError(f"--hidden-states must be >= 0, got {args.hidden_states}")
+    if args.hidden_states and args.num_speculative_tokens:
+        raise UserError("--hidden-states is vLLM's extract_hidden_states speculative method; "
+                        "it cannot run beside --num-speculative-tokens (another method)")
     if args.block_size is not None and args.block_size < 1:
         raise UserError(f"--block-size must be >= 1 token, got {args.block_size}")
     if args.resample is not None and args.resample < 1:
@@ -160,7 +169,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         tune_grid=args.tune_grid, auto_interval=args.auto_interval, shadow_rate=shadow_rate,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint,
         retention_interval=retention, prefix_match_unit=args.prefix_match_unit,
-        block_size=args.block_size, num_speculative_tokens=args.num_speculative_tokens)
+        block_size=args.block_size, num_speculative_tokens=args.num_speculative_tokens,
+        hidden_states=args.hidden_states)
     if args.alpha is not None:
         if not args.alpha >= 0:
             raise UserError(f"--alpha must be >= 0, got {args.alpha}")

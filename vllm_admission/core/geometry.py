@@ -75,6 +75,7 @@ __all__ = [
     "check_hash_block_size",
     "check_retention_interval",
     "geometry_from_blocks",
+    "hidden_state_block_size",
     "inpass_capture_limit",
     "minimum_capacity_bytes",
     "parse_bytes",
@@ -386,6 +387,39 @@ def geometry_from_blocks(
     else:
         geometry = _layout(costs, None, kernel_block_size, num_blocks=num_blocks)
     return geometry
+
+
+def hidden_state_block_size(geometry: CacheGeometry, bytes_per_token: int) -> int:
+    """Tokens per block vLLM 0.32 gives a hidden-state KV cache group.
+
+    ``extract_hidden_states`` speculative decoding caches ``bytes_per_token`` bytes
+    per token (its hidden-state layers x ``hidden_size`` x the KV cache dtype's bytes)
+    in one group of its own, added after the others with its page padded to the common
+    page: the largest divisor of the groups' block size whose page fits the common page
+    (``vllm/v1/core/kv_cache_utils.py``, ``get_kv_cache_groups``; when a single token
+    is larger than the common page, ``_ensure_min_page_size`` first scales every group's
+    block size up).
+
+    Args:
+        geometry: the layout without the hidden-state group.
+        bytes_per_token: hidden-state bytes per token (>= 1).
+
+    Returns:
+        The hidden-state group's block size in tokens.
+
+    Raises:
+        UserError: ``bytes_per_token`` below 1, or above the common page (vLLM then
+            changes every group's block size, which is not modelled here).
+    """
+    _check_positive(bytes_per_token, "hidden-state bytes per token")
+    page = geometry.page_bytes
+    if bytes_per_token > page:
+        raise UserError(f"{bytes_per_token} hidden-state bytes per token exceed the "
+                        f"{page}-byte page; vLLM then scales every group's block size, "
+                        f"which this geometry model does not")
+    fits = page // bytes_per_token
+    return max(d for d in range(1, geometry.block_size + 1)
+               if geometry.block_size % d == 0 and d <= fits)
 
 
 def minimum_capacity_bytes(

@@ -436,10 +436,13 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
     * ``enable_chunked_prefill``, ``async_scheduling``, ``max_num_seqs``,
     * ``scheduler_cls`` (qualified name, ``None`` for vLLM's default),
     * ``kv_cache_groups``: list of ``{"kind", "num_layers", "block_size",
-      "page_size_bytes", "layers"}``; ``kind`` is the core's ``"attention"``
-      or ``"state"``, from the group's vLLM manager
+      "page_size_bytes", "layers"}``; ``kind`` is the core's ``"attention"``,
+      ``"state"`` or ``"hidden"``, from the group's vLLM manager and spec
       (:func:`vllm_admission.plugin.kv_cache.group_kinds`); ``None`` when
       the engine core runs in another process,
+    * ``hidden_state_bytes_per_token``: bytes per token of the hidden-state
+      groups (``extract_hidden_states``; 0 without; absent when the engine core
+      runs in another process),
     * ``inprocess`` (bool: whether :func:`inprocess_scheduler` works).
 
     Raises:
@@ -489,11 +492,22 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
         }
         for g, kind in zip(kvc.kv_cache_groups, kinds)
     ]
+    geo["hidden_state_bytes_per_token"] = sum(
+        _hidden_bytes_per_token(g.kv_cache_spec)
+        for g, kind in zip(kvc.kv_cache_groups, kinds) if kind == "hidden")
     state_dtypes = {str(g.kv_cache_spec.dtypes[-1]).removeprefix("torch.")
                     for g in kvc.kv_cache_groups if hasattr(g.kv_cache_spec, "dtypes")}
     if state_dtypes:
         geo["ssm_state_dtype"] = ",".join(sorted(state_dtypes))
     return geo
+
+
+def _hidden_bytes_per_token(spec: Any) -> int:
+    """Bytes one token takes in a ``HiddenStateCacheSpec`` group, before its page is
+    padded (one head per hidden-state layer, ``head_size`` = ``hidden_size``)."""
+    from vllm.utils.torch_utils import get_dtype_size
+
+    return int(spec.num_kv_heads * spec.head_size * get_dtype_size(spec.dtype))
 
 
 def cached_block_positions(llm: vllm.LLM) -> dict[str, list[int]]:

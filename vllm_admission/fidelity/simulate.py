@@ -68,9 +68,10 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
     ``checkpoint``: the engine's checkpoint mode (``VLLM_ADMISSION_CHECKPOINT``).
     The retention interval the ``vllm`` policy follows is the engine's
     (``geometry["prefix_cache_retention_interval"]``), and so are the hash unit
-    (``geometry["prefix_match_unit"]``) and MTP's draft tokens
+    (``geometry["prefix_match_unit"]``), MTP's draft tokens
     (``geometry["num_speculative_tokens"]``; the MTP layers' KV is in ``costs``,
-    :func:`costs_like_engine`).
+    :func:`costs_like_engine`) and the hidden-state group of ``extract_hidden_states``
+    (``geometry["hidden_state_bytes_per_token"]``).
 
     ``geometry`` is :func:`vllm_admission.engine.llm.engine_geometry` of the
     engine (in-process); ``costs`` should come from :func:`costs_like_engine`
@@ -93,7 +94,8 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
     engine_kinds = tuple(g["kind"] for g in groups)
     bs, nb = int(geometry["block_size"]), int(geometry["num_gpu_blocks"])
     geo = geometry_from_blocks(costs, nb, bs)
-    sim_kinds = group_kinds(costs, geo)
+    hidden = int(geometry.get("hidden_state_bytes_per_token") or 0)
+    sim_kinds = group_kinds(costs, geo) + (("hidden",) if hidden else ())
     engine_bpb = max(g["page_size_bytes"] * g["num_layers"] for g in groups)
     if sim_kinds != engine_kinds or geo.bytes_per_block != engine_bpb:
         raise FidelityError(
@@ -107,4 +109,6 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
                     auto_interval=auto_interval, checkpoint=checkpoint,
                     retention_interval=geometry.get("prefix_cache_retention_interval", 0),
                     prefix_match_unit=geometry.get("prefix_match_unit"),
-                    num_speculative_tokens=int(geometry.get("num_speculative_tokens") or 0))
+                    num_speculative_tokens=0 if hidden else int(
+                        geometry.get("num_speculative_tokens") or 0),
+                    hidden_state_bytes_per_token=hidden)

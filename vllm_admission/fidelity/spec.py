@@ -33,8 +33,9 @@ SIMULATED_ENGINE_ARGS = ("max_num_batched_tokens", "prefix_cache_retention_inter
                          "prefix_match_unit", "speculative_config")
 
 #: The speculative methods the simulator mirrors (``speculative_config["method"]``): MTP,
-#: whose drafter layers the cost model reads from the model's config.
-SIMULATED_SPECULATIVE_METHODS = ("mtp",)
+#: whose drafter layers the cost model reads from the model's config, and vLLM's
+#: hidden-state cache, a KV cache group of kind ``"hidden"``.
+SIMULATED_SPECULATIVE_METHODS = ("mtp", "extract_hidden_states")
 
 
 class FidelityError(UserError):

@@ -169,6 +169,10 @@ class AdmissionScheduler(EngineSetup, Scheduler):
             self._admission_setup_inpass()
         hooks.install(self.kv_cache_manager, control)
         self._admission = control
+        self._admission_fallback_junctions: dict[str, int] = {}
+        if self.connector is not None and self.connector.supports_divergent_local_hybrid_hits:
+            hooks.bind_fallback_junction(self.kv_cache_manager,
+                                         self._admission_fallback_junctions)
         if self._admission_inpass is not None:
             hooks.bind_inpass_managers(self._admission_state_managers(),
                                             self._admission_inpass)
@@ -241,12 +245,12 @@ class AdmissionScheduler(EngineSetup, Scheduler):
                 # A connector that takes divergent hybrid hits (vLLM's
                 # ``supports_divergent_local_hybrid_hits``) was told the attention
                 # hit; the local cache's own hybrid hit and junction are the
-                # reconciled lookup's, which vLLM falls back to without external
-                # tokens. The policy plans from those. (On that fallback vLLM sets
-                # its own junction stop; the policy still decides which states
-                # stay, so at most a chunk ends there that would not have.)
+                # reconciled lookup's, which vLLM falls back to when the connector
+                # loads nothing. The policy plans from those, and that fallback
+                # gets the policy's junction (hooks.bind_fallback_junction).
                 _, local, junction = self.kv_cache_manager.get_computed_blocks(request)
                 boundary = ctl.on_lookup(request, local, junction)
+                self._admission_fallback_junctions[request.request_id] = boundary
             else:
                 boundary = ctl.on_lookup(request, num_local, boundary)
         return blocks, num_local, boundary, diverged
@@ -309,6 +313,8 @@ class AdmissionScheduler(EngineSetup, Scheduler):
                 self._admission_state_managers(), self.requests,
                 scheduler_output.num_scheduled_tokens, plan))
         if ctl is not None:
+            # A fallback junction not taken this step (the connector loaded tokens).
+            self._admission_fallback_junctions.clear()
             ctl.on_scheduled(scheduler_output.num_scheduled_tokens, self.requests)
             interval = self.admission_config.log_interval
             if interval:

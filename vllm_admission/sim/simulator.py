@@ -23,11 +23,13 @@ from vllm_admission.core.cache import ATTENTION, STATE, check_checkpoint_mode
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import (
+    HIDDEN,
     CacheGeometry,
     CacheLayout,
     block_geometry,
     check_hash_block_size,
     geometry_from_blocks,
+    hidden_state_block_size,
 )
 from vllm_admission.core.counters import CacheCounters, ratio
 from vllm_admission.core.replay import (
@@ -201,6 +203,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
              shadow_rate: float | None = None, retune_every: int | None = None, per_request: bool = False,
              checkpoint: str = "split", retention_interval: int | None = 0,
              prefix_match_unit: int | None = None, num_speculative_tokens: int = 0,
+             hidden_state_bytes_per_token: int = 0,
              requests: Iterable[CacheRequest] | None = None,
              on_request: Callable[[int], None] | None = None) -> RunResult:
     """Replay ``trace`` through the cache for one policy pair and one capacity.
@@ -244,6 +247,11 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             draft tokens per step (0: none); see
             :class:`~vllm_admission.core.cache.HybridPrefixCache`. The draft
             model's own KV (an MTP layer) is not added to the layout.
+        hidden_state_bytes_per_token: vLLM's hidden-state cache
+            (``extract_hidden_states`` speculative decoding): this many bytes per
+            token in a KV cache group of kind ``"hidden"`` after the others, at
+            the block size :func:`~vllm_admission.core.geometry.hidden_state_block_size`
+            gives, with one draft token a step and none of EAGLE's rules (0: none).
         requests: pre-built cache requests at the right block size (sweeps
             share them); built from ``trace`` when ``None``. Any iterable: a
             generator is served as it comes (a long trace streamed,
@@ -262,7 +270,9 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             ``auto`` with an ``auto_interval`` below 1, an unknown
             checkpoint mode, a retention interval that is not a multiple
             of the block size, or a prefix match unit that does not divide it
-            (or comes with ``inpass``).
+            (or comes with ``inpass``); hidden states with speculative tokens of
+            another method, or at a block size other than the others' (KV cache
+            groups of different block sizes are not modelled).
     """
     check_checkpoint_mode(checkpoint)
     plan = RunPlan.from_settings(admission, eviction, alpha=alpha,
@@ -277,12 +287,26 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         geo = block_geometry(costs, capacity_bytes, block_size=block_size)
     else:
         raise UserError("give capacity_bytes or num_blocks")
+    kinds = group_kinds(costs, geo)
+    eagle = True
+    if hidden_state_bytes_per_token:
+        if num_speculative_tokens:
+            raise UserError("hidden states come from vLLM's extract_hidden_states speculative "
+                            "method; it cannot run beside another (num_speculative_tokens)")
+        hidden_block = hidden_state_block_size(geo, hidden_state_bytes_per_token)
+        if hidden_block != geo.block_size:
+            raise UserError(
+                f"{costs.name}: vLLM gives {hidden_state_bytes_per_token} hidden-state bytes per "
+                f"token {hidden_block}-token blocks beside the others' {geo.block_size}; KV "
+                f"cache groups of different block sizes are not modelled")
+        kinds += (HIDDEN,)
+        num_speculative_tokens, eagle = 1, False
     layout = CacheLayout(num_blocks=geo.num_blocks, block_size=geo.block_size,
-                         group_kinds=group_kinds(costs, geo), bytes_per_block=geo.bytes_per_block,
+                         group_kinds=kinds, bytes_per_block=geo.bytes_per_block,
                          chunk_size=chunk_size, checkpoint=checkpoint,
                          retention_interval=retention_interval,
                          hash_block_size=prefix_match_unit,
-                         num_speculative_tokens=num_speculative_tokens)
+                         num_speculative_tokens=num_speculative_tokens, eagle=eagle)
     if layout.unit:  # auto's candidates include those that differ only here
         plan = RunPlan.from_settings(admission, eviction, alpha=alpha, checkpoint=checkpoint,
                                      sub_block=True)

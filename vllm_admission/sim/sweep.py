@@ -69,7 +69,9 @@ class SweepSpec:
     ``retention_interval`` is vLLM's ``prefix_cache_retention_interval`` of
     every run (what the ``vllm`` admission policy keeps), ``prefix_match_unit``
     vLLM's hash unit of every run (``None``: the block size),
-    ``num_speculative_tokens`` EAGLE/MTP draft tokens per step (0: none), ``block_size``
+    ``num_speculative_tokens`` EAGLE/MTP draft tokens per step (0: none),
+    ``hidden_states`` the hidden-state layers vLLM's ``extract_hidden_states`` caches
+    (0: none; see :meth:`hidden_state_bytes_per_token`), ``block_size``
     vLLM's ``--block-size`` before the hybrid alignment (``None``: its default; a
     multiple of a coarser hash unit keeps the aligned block a multiple of it). ``pairs``
     are (admission, eviction) pairs run at every capacity besides the
@@ -101,6 +103,14 @@ class SweepSpec:
     prefix_match_unit: int | None = None
     block_size: int | None = None
     num_speculative_tokens: int = 0
+    hidden_states: int = 0
+
+    def hidden_state_bytes_per_token(self, costs: ModelCosts) -> int:
+        """Bytes per token of the hidden-state group: ``hidden_states x hidden_size x``
+        the model dtype's bytes (vLLM's ``CacheOnlyAttentionLayer`` holds one head per
+        hidden-state layer, ``hidden_size`` wide, in the KV cache dtype:
+        ``model_executor/models/extract_hidden_states.py``); 0 without hidden states."""
+        return self.hidden_states * costs.hidden_size * costs.dtype_bytes
 
     def geometry(self, costs: ModelCosts, capacity: int) -> Any:
         """The pool a capacity gives with this spec's ``block_size`` (vLLM's
@@ -175,7 +185,9 @@ def _run_with(spec: SweepSpec, trace: Trace, costs: ModelCosts, requests: list,
                       checkpoint=spec.checkpoint,
                       retention_interval=spec.retention_interval,
                       prefix_match_unit=spec.prefix_match_unit,
-                      num_speculative_tokens=spec.num_speculative_tokens, requests=requests)
+                      num_speculative_tokens=spec.num_speculative_tokens,
+                      hidden_state_bytes_per_token=spec.hidden_state_bytes_per_token(costs),
+                      requests=requests)
     return result.to_record()
 
 
@@ -355,6 +367,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         "prefix_match_unit": spec.prefix_match_unit,
         "block_size_flag": spec.block_size,
         "num_speculative_tokens": spec.num_speculative_tokens,
+        "hidden_states": spec.hidden_states,
         "outputs": spec.outputs,
         "resample": spec.resample,
         "bound": [] if spec.resample else [trace_bound(_requests(spec, b), b) for b in block_sizes],

@@ -58,6 +58,7 @@ __all__ = [
     "cached_blocks",
     "inprocess_scheduler",
     "install",
+    "bind_fallback_junction",
     "block_copy_installed",
     "cpu_spec_decode_installed",
     "install_block_copy",
@@ -172,6 +173,23 @@ def bind_chunk_split(scheduler: Any, split: Callable[..., int] | None) -> None:
         scheduler._mamba_block_aligned_split = split
     else:
         scheduler.__dict__.pop("_mamba_block_aligned_split", None)
+
+
+def bind_fallback_junction(kv_cache_manager: Any, pending: dict[str, int]) -> None:
+    """Shadow ``KVCacheManager.get_computed_blocks`` on one instance so that the lookup
+    vLLM's scheduler falls back to after a divergent hybrid hit the connector did not
+    back (``scheduler.py``: ``hit_diverged and num_external_computed_tokens == 0``)
+    stores the policy's junction on the request, not vLLM's: a request id in
+    ``pending`` gets that junction once (the entry is popped); any other lookup is
+    vLLM's unchanged."""
+    original = kv_cache_manager.get_computed_blocks
+
+    def get_computed_blocks(request: Any, *args: Any, **kwargs: Any) -> Any:
+        blocks, num_local, boundary = original(request, *args, **kwargs)
+        junction = pending.pop(request.request_id, None)
+        return blocks, num_local, boundary if junction is None else junction
+
+    kv_cache_manager.get_computed_blocks = get_computed_blocks
 
 
 def wrap_schedule(scheduler: Any, after: Callable[[Any], None]) -> Callable[[], None]:

@@ -160,7 +160,11 @@ PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
      "read by inprocess_scheduler (instance attribute): the live scheduler"),
     ("v1/core/kv_cache_manager.py", "KVCacheManager.get_computed_blocks",
      "called by AdmissionScheduler._get_local_prefix_cache_hit when a connector took a "
-     "divergent hybrid hit: the local hybrid hit and junction the policy plans from"),
+     "divergent hybrid hit (the local hybrid hit and junction the policy plans from), and "
+     "shadowed on the instance under such a connector (hooks.bind_fallback_junction)"),
+    ("v1/core/kv_cache_manager.py", "KVCacheManager.get_computed_blocks_for_connector",
+     "relied on: vLLM's lookup for a connector with supports_divergent_local_hybrid_hits, "
+     "whose fallback calls get_computed_blocks"),
     ("v1/kv_cache_interface.py", "HiddenStateCacheSpec",
      "read by group_kinds: a FullAttentionManager group with this spec is 'hidden'"),
     ("distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
