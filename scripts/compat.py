@@ -69,7 +69,7 @@ REPO_SUITES: dict[str, list[str]] = {
     "scheduler": ["tests/test_plugin_scheduler.py", "tests/test_plugin_config.py",
                   "tests/test_plugin_free_queue.py", "tests/test_inpass_scheduler.py",
                   "tests/test_plugin_metrics.py", "tests/test_async_scheduler.py",
-                  "tests/test_plugin_vllm_checkpoint.py"],
+                  "tests/test_plugin_vllm_checkpoint.py", "tests/test_plugin_connectors.py"],
     # The core's geometry and cost model cross-checked against vLLM's own code
     # (block-size alignment, KV cache grouping, the model registry).
     "geometry": ["tests/test_geometry.py", "tests/test_costs.py"],

@@ -34,14 +34,17 @@ PAIRS = [("vllm", "lru"), ("last", "s3fifo"), ("marconi", "flop"), ("dense", "re
 
 @pytest.fixture(scope="module")
 def vllm_connector_helpers():
-    """vLLM 0.32's connector unit-test helpers (they register ``MockKVConnector``)."""
-    if not (VLLM_TESTS / "tests" / "v1" / "kv_connector" / "unit" / "utils.py").is_file():
+    """vLLM's connector unit-test helpers (they register ``MockKVConnector``): those on the
+    path (``make compat`` puts the tested release's there), else 0.32's from ``shared/``."""
+    helpers = Path("tests", "v1", "kv_connector", "unit", "utils.py")
+    root = next((Path(p) for p in sys.path if p and (Path(p) / helpers).is_file()), VLLM_TESTS)
+    if not (root / helpers).is_file():
         pytest.skip(f"vLLM's connector test helpers are not in the shared checkout ({VLLM_TESTS})")
-    sys.path.insert(0, str(VLLM_TESTS))
+    sys.path.insert(0, str(root))
     try:
         from tests.v1.kv_connector.unit import utils
     finally:
-        sys.path.remove(str(VLLM_TESTS))
+        sys.path.remove(str(root))
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
 

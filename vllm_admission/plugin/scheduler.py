@@ -13,7 +13,11 @@ Overridden ``vllm.v1.core.sched.scheduler.Scheduler`` methods:
   into the freshly built ``KVCacheManager``;
 * ``_get_local_prefix_cache_hit``: reports the request's attention-KV hit and
   hybrid hit to the admission policy and stores the policy's junction in
-  ``request.shared_prefix_boundary`` (vLLM's own value for ``vllm``);
+  ``request.shared_prefix_boundary`` (vLLM's own value for ``vllm``); under a
+  KV connector that takes divergent hybrid hits, the policy plans from the
+  reconciled local hit, and vLLM's fallback lookup (when the connector loads
+  nothing) is shadowed to store the policy's junction too
+  (:func:`~vllm_admission.plugin.boundary.hooks.bind_fallback_junction`);
 * ``_mamba_block_aligned_split``: also ends prefill chunks at the policy's
   other stops (every block boundary for ``dense``; bound on the instance only
   for such a policy);
