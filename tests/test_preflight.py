@@ -4,6 +4,7 @@ scheduler from the live engine; ``auto`` on an architecture without a FLOP model
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -33,8 +34,10 @@ def settings(policy="vllm", eviction="lru", **kw) -> AdmissionConfig:
 
 
 class _Spec:
-    def __init__(self, method):
+    def __init__(self, method, hidden_layers=(1,)):
         self.method = method
+        self.draft_model_config = SimpleNamespace(
+            hf_config=SimpleNamespace(eagle_aux_hidden_state_layer_ids=list(hidden_layers)))
 
     def use_eagle(self):
         return self.method in ("eagle", "eagle3", "mtp")
@@ -215,3 +218,26 @@ def test_build_llm_refuses_before_the_engine_core_starts(tiny_model_of, engine_e
         build_llm(s)
     assert str(info.value) == NGRAM_REFUSAL
     assert not started
+
+
+def test_hidden_states_in_smaller_blocks_are_refused_before_the_model_loads(caplog):
+    """``extract_hidden_states`` on Qwen3-Next-80B: one 2,048-wide hidden state per token
+    is larger than one token's KV in an attention layer (2 KV heads of 256), so vLLM gives
+    the hidden-state group half-size blocks; groups of different block sizes are not
+    modelled, so ``marconi`` is refused in one line from the config alone, and ``auto``
+    runs stock's admission, saying so."""
+    import json
+
+    from vllm_admission.core.costs import load_model
+
+    qwen = json.loads(Path(load_model("qwen3-next-80b-a3b").source).read_text())
+    config = fake_config(spec="extract_hidden_states", tokens=1)
+    config.model_config.hf_config = SimpleNamespace(to_dict=lambda: qwen)
+    with pytest.raises(AdmissionConfigError) as info:
+        preflight(config, settings("marconi"))
+    assert str(info.value).startswith("VLLM_ADMISSION_POLICY=marconi cannot run with KV cache "
+                                      "groups of different block sizes")
+    plan, lines = plugin_lines(caplog, lambda: plan_for(
+        settings(AUTO, AUTO), EngineFacts.from_vllm_config(config)))
+    assert plan.admissions == ("vllm",)
+    assert any("auto admission leaves out" in message for _, message in lines)

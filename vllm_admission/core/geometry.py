@@ -76,6 +76,7 @@ __all__ = [
     "check_retention_interval",
     "geometry_from_blocks",
     "hidden_state_block_size",
+    "hidden_states_share_the_block",
     "inpass_capture_limit",
     "minimum_capacity_bytes",
     "parse_bytes",
@@ -420,6 +421,17 @@ def hidden_state_block_size(geometry: CacheGeometry, bytes_per_token: int) -> in
     fits = page // bytes_per_token
     return max(d for d in range(1, geometry.block_size + 1)
                if geometry.block_size % d == 0 and d <= fits)
+
+
+def hidden_states_share_the_block(costs: "ModelCosts", bytes_per_token: int) -> bool:
+    """Whether vLLM gives a hidden-state group of ``bytes_per_token`` the block size of
+    the model's groups (:func:`hidden_state_block_size` returns the block size).
+
+    The common page is ``block_size`` tokens of one attention layer, so the whole block
+    fits exactly when one token's hidden states are no larger than one token's KV in
+    one attention layer, whatever the block size.
+    """
+    return bytes_per_token <= _attention_page_per_token(costs)
 
 
 def minimum_capacity_bytes(

@@ -52,8 +52,8 @@ from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.kv_cache import group_kinds, smallest_cacheable_prefix
 
 __all__ = ["EngineFacts", "EngineSetup", "plan_for", "preflight", "prefill_tokens",
-           "MODELLED_KEY_PROBLEMS", "SPECULATIVE_PROBLEM", "SUB_BLOCK_PROBLEMS",
-           "support_problems"]
+           "BLOCK_SIZES_PROBLEM", "HIDDEN_STATES_METHOD", "MODELLED_KEY_PROBLEMS",
+           "SPECULATIVE_PROBLEM", "SUB_BLOCK_PROBLEMS", "support_problems"]
 
 logger = logging.getLogger("vllm_admission")
 
@@ -70,6 +70,10 @@ SUB_BLOCK_PROBLEMS = (HASH_UNIT_PROBLEM, "partial hash hits")
 #: The key problem of speculative decoding (Mamba speculative blocks, never cached):
 #: modelled under EAGLE/MTP (``HybridPrefixCache``'s ``num_speculative_tokens``).
 SPECULATIVE_PROBLEM = "Mamba speculative blocks"
+
+#: The key problem of KV cache groups of different block sizes (the hidden-state group of
+#: ``extract_hidden_states`` on most real models): not modelled.
+BLOCK_SIZES_PROBLEM = "KV cache groups of different block sizes"
 
 #: The key problems the core models, for every admission and eviction policy.
 MODELLED_KEY_PROBLEMS = (*SUB_BLOCK_PROBLEMS, SPECULATIVE_PROBLEM)
@@ -131,11 +135,33 @@ class EngineFacts:
         if spec is not None and int(getattr(vllm_config, "num_speculative_tokens", 0) or 0) > 0 \
                 and not getattr(cc, "use_replayssm", False):
             keys.append(SPECULATIVE_PROBLEM)
+        if spec is not None and str(spec.method) == HIDDEN_STATES_METHOD \
+                and not _hidden_states_share_the_block(vllm_config):
+            keys.append(BLOCK_SIZES_PROBLEM)
         return cls(mamba_cache_mode=str(cc.mamba_cache_mode),
                    eagle=spec is not None and spec.use_eagle(),
                    speculative_method=None if spec is None else str(spec.method),
                    key_problems=tuple(keys),
                    flop_model_error=_flop_model_error(vllm_config.model_config.hf_config))
+
+
+def _hidden_states_share_the_block(vllm_config: Any) -> bool:
+    """Whether ``extract_hidden_states``'s group gets the model's block size
+    (:func:`~vllm_admission.core.geometry.hidden_states_share_the_block`, with the
+    KV cache in the model dtype); ``True`` where the cost model cannot tell (the
+    scheduler then checks the live groups)."""
+    from vllm_admission.core.costs import ModelConfigError, ModelCosts
+    from vllm_admission.core.geometry import hidden_states_share_the_block
+
+    draft = getattr(vllm_config.speculative_config, "draft_model_config", None)
+    layers = getattr(getattr(draft, "hf_config", None), "eagle_aux_hidden_state_layer_ids",
+                     None) or ()
+    try:
+        costs = ModelCosts.from_config(vllm_config.model_config.hf_config.to_dict())
+    except ModelConfigError:
+        return True
+    return hidden_states_share_the_block(costs, len(layers) * costs.hidden_size
+                                         * costs.dtype_bytes)
 
 
 def _flop_model_error(hf_config: Any) -> str | None:
@@ -366,7 +392,7 @@ class EngineSetup:
                                False))
         if any(g.kv_cache_spec.block_size != self.block_size
                for g in self.kv_cache_config.kv_cache_groups):
-            problems.append("KV cache groups of different block sizes")
+            problems.append(BLOCK_SIZES_PROBLEM)
         elif self.hash_block_size != self.block_size:
             problems.append(HASH_UNIT_PROBLEM if partial
                             else "a hash block size below the block size without partial hits")
