@@ -128,6 +128,13 @@ def download(python: str, version: str, dl: Path) -> tuple[Path, Path]:
         wheels = sorted(dl.glob(f"vllm-{version}-*.whl"))
     if not wheels:
         raise SystemExit(f"compat: no vllm {version} wheel in {dl}")
+    return wheels[0], download_sdist(version, dl)
+
+
+def download_sdist(version: str, dl: Path) -> Path:
+    """vLLM's source distribution (its tests are in it), from PyPI's simple index, once,
+    checked against the index's sha256."""
+    dl.mkdir(parents=True, exist_ok=True)
     sdist = dl / f"vllm-{version}.tar.gz"
     if not sdist.exists():
         log(f"downloading vllm-{version}.tar.gz from PyPI (about 47 MB, once)")
@@ -146,7 +153,7 @@ def download(python: str, version: str, dl: Path) -> tuple[Path, Path]:
             part.unlink()
             raise SystemExit(f"compat: sha256 mismatch for {sdist.name}")
         part.rename(sdist)
-    return wheels[0], sdist
+    return sdist
 
 
 def build_layer(wheel: Path, base: Path, layer: Path) -> None:

@@ -2,8 +2,8 @@
 
 Loaded with ``-p vllm_admission_testing.peer_swap`` by ``scripts/vllm_peer_tests.py``
 (see there). It rebinds ``Scheduler`` and ``AsyncScheduler`` in vLLM's test helper
-module ``tests.v1.core.utils`` (whose ``create_scheduler`` builds the scheduler under
-test by those names) to the plugin's classes (``AsyncAdmissionScheduler`` for
+modules ``tests.v1.core.utils`` and ``tests.v1.kv_connector.unit.utils`` (whose
+``create_scheduler`` builds the scheduler under test by those names) to the plugin's classes (``AsyncAdmissionScheduler`` for
 ``AsyncScheduler``, ``AdmissionScheduler`` for ``Scheduler``), and checks after each
 test that every scheduler it built was the plugin's.
 
@@ -36,9 +36,26 @@ def _hybrid_groups(groups: list[Any]) -> list[Any]:
     return [*groups, KVCacheGroupSpec(["peer_state_layer"], state)]
 
 
-def pytest_configure(config: Any) -> None:
-    from tests.v1.core import utils
+def _helper_modules() -> list[Any]:
+    """vLLM's test helper modules that build schedulers: ``tests.v1.core.utils`` and,
+    where the tree has it, ``tests.v1.kv_connector.unit.utils`` (the connector tests')."""
+    import importlib
 
+    modules = []
+    for name in ("tests.v1.core.utils", "tests.v1.kv_connector.unit.utils"):
+        try:
+            modules.append(importlib.import_module(name))
+        except ModuleNotFoundError:
+            continue
+    return modules
+
+
+def pytest_configure(config: Any) -> None:
+    for utils in _helper_modules():
+        _swap(utils)
+
+
+def _swap(utils: Any) -> None:
     from vllm_admission.plugin.scheduler import AdmissionScheduler, AsyncAdmissionScheduler
 
     hybrid = os.environ.get("VLLM_ADMISSION_PEER_LAYOUT", "stock") == "hybrid"
