@@ -150,7 +150,8 @@ def _hidden_states_share_the_block(vllm_config: Any) -> bool:
     (:func:`~vllm_admission.core.geometry.hidden_states_share_the_block`, with the
     KV cache in the model dtype); ``True`` where the cost model cannot tell (the
     scheduler then checks the live groups)."""
-    from vllm_admission.core.costs import ModelConfigError, ModelCosts
+    from vllm_admission.core.costs import ModelCosts
+    from vllm_admission.core.errors import UserError
     from vllm_admission.core.geometry import hidden_states_share_the_block
 
     draft = getattr(vllm_config.speculative_config, "draft_model_config", None)
@@ -158,10 +159,10 @@ def _hidden_states_share_the_block(vllm_config: Any) -> bool:
                      None) or ()
     try:
         costs = ModelCosts.from_config(vllm_config.model_config.hf_config.to_dict())
-    except ModelConfigError:
+        return hidden_states_share_the_block(costs, len(layers) * costs.hidden_size
+                                             * costs.dtype_bytes)
+    except UserError:  # no cost model, or attention pages the geometry model does not take
         return True
-    return hidden_states_share_the_block(costs, len(layers) * costs.hidden_size
-                                         * costs.dtype_bytes)
 
 
 def _flop_model_error(hf_config: Any) -> str | None:
