@@ -3,7 +3,8 @@
 Loaded with ``-p vllm_admission_testing.peer_swap`` by ``scripts/vllm_peer_tests.py``
 (see there). It rebinds ``Scheduler`` and ``AsyncScheduler`` in vLLM's test helper
 modules ``tests.v1.core.utils`` and ``tests.v1.kv_connector.unit.utils`` (whose
-``create_scheduler`` builds the scheduler under test by those names) to the plugin's classes (``AsyncAdmissionScheduler`` for
+``create_scheduler`` builds the scheduler under test by those names) to the plugin's
+classes (``AsyncAdmissionScheduler`` for
 ``AsyncScheduler``, ``AdmissionScheduler`` for ``Scheduler``), and checks after each
 test that every scheduler it built was the plugin's.
 
@@ -41,12 +42,11 @@ def _helper_modules() -> list[Any]:
     where the tree has it, ``tests.v1.kv_connector.unit.utils`` (the connector tests')."""
     import importlib
 
-    modules = []
-    for name in ("tests.v1.core.utils", "tests.v1.kv_connector.unit.utils"):
-        try:
-            modules.append(importlib.import_module(name))
-        except ModuleNotFoundError:
-            continue
+    modules = [importlib.import_module("tests.v1.core.utils")]
+    try:
+        modules.append(importlib.import_module("tests.v1.kv_connector.unit.utils"))
+    except ModuleNotFoundError:
+        pass
     return modules
 
 

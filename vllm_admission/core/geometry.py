@@ -185,11 +185,6 @@ class CacheLayout:
         return tuple(g for g, k in enumerate(self.group_kinds) if k == STATE)
 
     @property
-    def attention_groups(self) -> tuple[int, ...]:
-        """Indexes of the attention groups."""
-        return tuple(g for g, k in enumerate(self.group_kinds) if k == ATTENTION)
-
-    @property
     def per_token_groups(self) -> tuple[int, ...]:
         """Indexes of the groups that hold a block per ``block_size`` tokens
         (attention and hidden states: :data:`PER_TOKEN_KINDS`)."""

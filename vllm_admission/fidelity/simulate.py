@@ -95,7 +95,7 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
     bs, nb = int(geometry["block_size"]), int(geometry["num_gpu_blocks"])
     geo = geometry_from_blocks(costs, nb, bs)
     hidden = int(geometry.get("hidden_state_bytes_per_token") or 0)
-    sim_kinds = group_kinds(costs, geo) + (("hidden",) if hidden else ())
+    sim_kinds = group_kinds(costs, geo, hidden=bool(hidden))
     engine_bpb = max(g["page_size_bytes"] * g["num_layers"] for g in groups)
     if sim_kinds != engine_kinds or geo.bytes_per_block != engine_bpb:
         raise FidelityError(

@@ -252,7 +252,8 @@ class AdmissionScheduler(EngineSetup, Scheduler):
                 # reconciled lookup's, which vLLM falls back to when the connector
                 # loads nothing. The policy plans from those, and that fallback
                 # gets the policy's junction (hooks.bind_fallback_junction).
-                _, local, junction = self.kv_cache_manager.get_computed_blocks(request)
+                _, local, junction = self.kv_cache_manager.get_computed_blocks(
+                    request, *args, **kwargs)
                 boundary = ctl.on_lookup(request, local, junction)
                 self._admission_fallback_junctions[request.request_id] = boundary
             else:

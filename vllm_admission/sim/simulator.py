@@ -122,13 +122,16 @@ class RunResult(CacheCounters):
         return rec
 
 
-def group_kinds(costs: ModelCosts, geometry: CacheGeometry) -> tuple[str, ...]:
-    """The KV cache groups in vLLM's order, as ``"attention"`` / ``"state"``.
+def group_kinds(costs: ModelCosts, geometry: CacheGeometry, *,
+                hidden: bool = False) -> tuple[str, ...]:
+    """The KV cache groups in vLLM's order, as ``"attention"`` / ``"state"``, and with
+    ``hidden`` a last ``"hidden"`` group (``extract_hidden_states``).
 
     vLLM buckets layers by KV cache spec in the order the specs first appear in
     the model's layers, then cuts each bucket into groups of ``group_size``
     layers (``vllm/v1/core/kv_cache_utils.py``,
-    ``_get_kv_cache_groups_uniform_page_size``).
+    ``_get_kv_cache_groups_uniform_page_size``); the hidden-state layer gets a group
+    of its own after those (``get_kv_cache_groups``).
     """
     order = []
     for layer in costs.layers:
@@ -136,7 +139,8 @@ def group_kinds(costs: ModelCosts, geometry: CacheGeometry) -> tuple[str, ...]:
         if kind and kind not in order:
             order.append(kind)
     count = {ATTENTION: geometry.num_attention_groups, STATE: geometry.num_state_groups}
-    return tuple(k for kind in order for k in [kind] * count[kind])
+    kinds = tuple(k for kind in order for k in [kind] * count[kind])
+    return (*kinds, HIDDEN) if hidden else kinds
 
 
 #: How output blocks are hashed: "trace" continues the chain through the output
@@ -287,7 +291,6 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         geo = block_geometry(costs, capacity_bytes, block_size=block_size)
     else:
         raise UserError("give capacity_bytes or num_blocks")
-    kinds = group_kinds(costs, geo)
     eagle = True
     if hidden_state_bytes_per_token:
         if num_speculative_tokens:
@@ -299,10 +302,11 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                 f"{costs.name}: vLLM gives {hidden_state_bytes_per_token} hidden-state bytes per "
                 f"token {hidden_block}-token blocks beside the others' {geo.block_size}; KV "
                 f"cache groups of different block sizes are not modelled")
-        kinds += (HIDDEN,)
         num_speculative_tokens, eagle = 1, False
     layout = CacheLayout(num_blocks=geo.num_blocks, block_size=geo.block_size,
-                         group_kinds=kinds, bytes_per_block=geo.bytes_per_block,
+                         group_kinds=group_kinds(costs, geo,
+                                                 hidden=bool(hidden_state_bytes_per_token)),
+                         bytes_per_block=geo.bytes_per_block,
                          chunk_size=chunk_size, checkpoint=checkpoint,
                          retention_interval=retention_interval,
                          hash_block_size=prefix_match_unit,

@@ -106,11 +106,9 @@ class SweepSpec:
     hidden_states: int = 0
 
     def hidden_state_bytes_per_token(self, costs: ModelCosts) -> int:
-        """Bytes per token of the hidden-state group: ``hidden_states x hidden_size x``
-        the model dtype's bytes (vLLM's ``CacheOnlyAttentionLayer`` holds one head per
-        hidden-state layer, ``hidden_size`` wide, in the KV cache dtype:
-        ``model_executor/models/extract_hidden_states.py``); 0 without hidden states."""
-        return self.hidden_states * costs.hidden_size * costs.dtype_bytes
+        """Bytes per token of the hidden-state group
+        (:meth:`ModelCosts.hidden_state_bytes_per_token`); 0 without hidden states."""
+        return costs.hidden_state_bytes_per_token(self.hidden_states)
 
     def geometry(self, costs: ModelCosts, capacity: int) -> Any:
         """The pool a capacity gives with this spec's ``block_size`` (vLLM's

@@ -60,8 +60,8 @@ def _decode_events(first: int, last: int, block_size: int, spec: int = 0,
     ``last``. With ``spec`` draft tokens the step computing token ``t`` also
     verifies ``spec`` drafts, and holds ``lookahead`` more slots in the attention
     groups (EAGLE/MTP: ``spec``), so the state groups reach past a boundary
-    ``spec`` tokens early and the attention groups ``spec + lookahead`` early. Memoised: requests of equal lengths share them, as do
-    shadow caches."""
+    ``spec`` tokens early and the attention groups ``spec + lookahead`` early.
+    Memoised: requests of equal lengths share them, as do shadow caches."""
     if first > last:
         return ()
     B = block_size

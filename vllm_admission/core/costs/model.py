@@ -86,6 +86,13 @@ class ModelCosts:
         """
         return sum(layer.kv_bytes_per_token for layer in self.attention_layers)
 
+    def hidden_state_bytes_per_token(self, num_layers: int) -> int:
+        """Bytes per token vLLM's ``extract_hidden_states`` caches for ``num_layers``
+        hidden-state layers: ``num_layers x hidden_size x`` the model dtype's bytes (its
+        ``CacheOnlyAttentionLayer`` holds one head per layer, ``hidden_size`` wide, in
+        the KV cache dtype, here the model's: ``model_executor/models/extract_hidden_states.py``)."""
+        return num_layers * self.hidden_size * self.dtype_bytes
+
     @property
     def state_bytes(self) -> int:
         """Bytes of one sequence's recurrent state over all recurrent layers (SSM + conv)."""

@@ -128,6 +128,7 @@ class EngineFacts:
         """
         cc = vllm_config.cache_config
         spec = vllm_config.speculative_config
+        costs, flop_model_error = _cost_model(vllm_config.model_config.hf_config)
         keys = []
         unit = getattr(cc, "prefix_match_unit", None)
         if unit is not None and unit < cc.block_size:
@@ -136,43 +137,45 @@ class EngineFacts:
                 and not getattr(cc, "use_replayssm", False):
             keys.append(SPECULATIVE_PROBLEM)
         if spec is not None and str(spec.method) == HIDDEN_STATES_METHOD \
-                and not _hidden_states_share_the_block(vllm_config):
+                and not _hidden_states_share_the_block(costs, spec):
             keys.append(BLOCK_SIZES_PROBLEM)
         return cls(mamba_cache_mode=str(cc.mamba_cache_mode),
                    eagle=spec is not None and spec.use_eagle(),
                    speculative_method=None if spec is None else str(spec.method),
                    key_problems=tuple(keys),
-                   flop_model_error=_flop_model_error(vllm_config.model_config.hf_config))
+                   flop_model_error=flop_model_error)
 
 
-def _hidden_states_share_the_block(vllm_config: Any) -> bool:
-    """Whether ``extract_hidden_states``'s group gets the model's block size
-    (:func:`~vllm_admission.core.geometry.hidden_states_share_the_block`, with the
-    KV cache in the model dtype); ``True`` where the cost model cannot tell (the
-    scheduler then checks the live groups)."""
-    from vllm_admission.core.costs import ModelCosts
+def _hidden_states_share_the_block(costs: Any, spec: Any) -> bool:
+    """Whether ``extract_hidden_states``'s group (``spec``: vLLM's speculative config)
+    gets the block size of the model's groups
+    (:func:`~vllm_admission.core.geometry.hidden_states_share_the_block`, with the KV
+    cache in the model dtype); ``True`` where the cost model cannot tell (``costs``
+    ``None``, or attention pages the geometry model does not take: the scheduler then
+    checks the live groups)."""
     from vllm_admission.core.errors import UserError
     from vllm_admission.core.geometry import hidden_states_share_the_block
 
-    draft = getattr(vllm_config.speculative_config, "draft_model_config", None)
+    if costs is None:
+        return True
+    draft = getattr(spec, "draft_model_config", None)
     layers = getattr(getattr(draft, "hf_config", None), "eagle_aux_hidden_state_layer_ids",
                      None) or ()
     try:
-        costs = ModelCosts.from_config(vllm_config.model_config.hf_config.to_dict())
-        return hidden_states_share_the_block(costs, len(layers) * costs.hidden_size
-                                             * costs.dtype_bytes)
-    except UserError:  # no cost model, or attention pages the geometry model does not take
+        return hidden_states_share_the_block(costs,
+                                             costs.hidden_state_bytes_per_token(len(layers)))
+    except UserError:
         return True
 
 
-def _flop_model_error(hf_config: Any) -> str | None:
+def _cost_model(hf_config: Any) -> tuple[Any, str | None]:
+    """The architecture's ``ModelCosts`` and ``None``, or ``None`` and why there is none."""
     from vllm_admission.core.costs import ModelConfigError, ModelCosts
 
     try:
-        ModelCosts.from_config(hf_config.to_dict())
+        return ModelCosts.from_config(hf_config.to_dict()), None
     except ModelConfigError as exc:
-        return str(exc)
-    return None
+        return None, str(exc)
 
 
 def support_problems(facts: EngineFacts, policy: str) -> list[str]:
@@ -307,7 +310,7 @@ class EngineSetup:
                                 else str(self.vllm_config.speculative_config.method)),
             key_problems=tuple(self._admission_key_problems()),
             odd_groups=tuple(k for k in kinds if k not in (STATE, *PER_TOKEN_KINDS)),
-            flop_model_error=_flop_model_error(self.vllm_config.model_config.hf_config))
+            flop_model_error=_cost_model(self.vllm_config.model_config.hf_config)[1])
 
     def _admission_eagle(self) -> bool:
         """Whether the engine runs EAGLE/MTP speculative decoding (vLLM drops the last
