@@ -9,6 +9,7 @@ from vllm_admission.cli.options import RETENTION_HELP, parse_retention_interval
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, parse_shadow_rate
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
+from vllm_admission.core.cache.host import HOST_POLICIES
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import EVICTION_POLICIES
@@ -79,6 +80,17 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="vLLM's hidden-state cache (--speculative-config method "
                         "extract_hidden_states) with N hidden-state layers: a KV cache group "
                         "of kind 'hidden', N x hidden_size values per token (default 0: none)")
+    p.add_argument("--host-capacity", default="0", metavar="BYTES",
+                   help="a second tier in host memory beside every capacity, as vLLM's "
+                        "OffloadingConnector runs it (cpu_bytes_to_use), e.g. 1TiB: prompt "
+                        "blocks and the states the GPU cache keeps are copied there and loaded "
+                        "back on a hit (default 0: none; docs/simulator.md)")
+    p.add_argument("--host-policy", choices=sorted(HOST_POLICIES), default="lru",
+                   help="the host tier's eviction policy, the connector's eviction_policy "
+                        "(default lru)")
+    p.add_argument("--host-bandwidth", default="64GB", metavar="BYTES",
+                   help="host-to-device bytes per second that prices the host tier's loads "
+                        "(default 64GB: an H100's PCIe 5.0 x16 link, one direction)")
     p.add_argument("--alpha", type=float, default=None,
                    help="fix flop eviction's alpha instead of tuning it online")
     p.add_argument("--tune-grid", choices=("coarse", "paper"), default="coarse",
@@ -120,6 +132,13 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="output directory for results.json and hit_rate.png")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(process_jobs=2 if demo else 1)
+
+
+def _bandwidth(text: str) -> float:
+    value = parse_bytes(text)
+    if value <= 0:
+        raise UserError(f"--host-bandwidth must be > 0 bytes per second, got {text!r}")
+    return float(value)
 
 
 def run_simulate(args: argparse.Namespace) -> int:
@@ -170,7 +189,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint,
         retention_interval=retention, prefix_match_unit=args.prefix_match_unit,
         block_size=args.block_size, num_speculative_tokens=args.num_speculative_tokens,
-        hidden_states=args.hidden_states)
+        hidden_states=args.hidden_states, host_bytes=parse_bytes(args.host_capacity),
+        host_policy=args.host_policy, host_bandwidth=_bandwidth(args.host_bandwidth))
     if args.alpha is not None:
         if not args.alpha >= 0:
             raise UserError(f"--alpha must be >= 0, got {args.alpha}")

@@ -333,7 +333,9 @@ class _ShadowSet:
     def __init__(self, setup: CacheSetup, pairs: Sequence[Pair], rate: float) -> None:
         lay = setup.layout
         if rate < 1.0:
-            lay = dataclasses.replace(lay, num_blocks=max(1, round(rate * (lay.num_blocks - 1))) + 1)
+            lay = dataclasses.replace(lay, num_blocks=max(1, round(rate * (lay.num_blocks - 1))) + 1,
+                                      host_chunks=max(1, round(rate * lay.host_chunks))
+                                      if lay.host_chunks else 0)
         setup = dataclasses.replace(setup, layout=lay)
         self.rate = rate
         self.sampler = PrefixSampler(rate, max_nodes=max(1 << 16, 8 * (lay.num_blocks - 1)))

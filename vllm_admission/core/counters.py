@@ -39,6 +39,8 @@ class CacheCounters:
         evictions: cached blocks whose hash was dropped to reuse the block.
         evictions_by_group: ``evictions`` per KV cache group, keyed
             ``"<kind><group index>"`` (``"state0"``, ``"attention1"``).
+        host_hit_tokens: the part of ``hit_tokens`` loaded from a host tier (vLLM's
+            ``OffloadingConnector``: ``vllm:prompt_tokens_cached_by_source{source="host"}``).
         prefill_steps: prefill chunks: engine steps that scheduled a request's prompt
             tokens, summed over requests (the simulator predicts them for requests run one
             at a time; the engine counts them as they run, a preempted request's
@@ -55,6 +57,7 @@ class CacheCounters:
     evictions: int = 0
     evictions_by_group: dict[str, int] = field(default_factory=dict)
     prefill_steps: int = 0
+    host_hit_tokens: int = 0
 
     def count_request(self, prompt_tokens: int, hit_tokens: int, state_miss_tokens: int) -> None:
         """Add one served request's prompt length, hybrid hit and state-miss tokens."""

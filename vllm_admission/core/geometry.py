@@ -149,6 +149,11 @@ class CacheLayout:
         eagle: the speculative method follows vLLM's EAGLE rules (EAGLE/MTP;
             ``False`` for ``extract_hidden_states``); ``HybridPrefixCache``'s
             option of that name.
+        host_chunks: chunks of a host tier (vLLM's ``OffloadingConnector``; one
+            block each, :func:`~vllm_admission.core.cache.host.host_chunks`); 0: none.
+        host_policy: the host tier's eviction policy (the connector's
+            ``eviction_policy``), a name in
+            :data:`~vllm_admission.core.cache.host.HOST_POLICIES`.
 
     Raises:
         UserError: a retention interval vLLM would refuse (its message is
@@ -168,6 +173,8 @@ class CacheLayout:
     retention_interval: int | None = 0
     num_speculative_tokens: int = 0
     eagle: bool = True
+    host_chunks: int = 0
+    host_policy: str = "lru"
 
     def __post_init__(self) -> None:
         check_retention_interval(self.retention_interval, self.block_size)

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import HybridPrefixCache, RequestOutcome
+from vllm_admission.core.cache.host import HostTier
 from vllm_admission.core.counters import CacheCounters
 from vllm_admission.core.eviction import get_eviction
 from vllm_admission.core.geometry import CacheLayout
@@ -69,7 +70,9 @@ class CacheSetup:
             next_use=next_use, switchable=switchable, track_values=track_values,
             checkpoint=lay.checkpoint, prompt_end_export=lay.prompt_end_export,
             hash_block_size=lay.hash_block_size,
-            num_speculative_tokens=lay.num_speculative_tokens, eagle=lay.eagle)
+            num_speculative_tokens=lay.num_speculative_tokens, eagle=lay.eagle,
+            host=HostTier(lay.host_chunks, lay.host_policy, lay.bytes_per_block)
+            if lay.host_chunks else None)
 
 
 class NextUseOracle:
@@ -125,6 +128,7 @@ class ReplayTotals(CacheCounters):
     def add(self, out: RequestOutcome, flops_total: float, flops_saved: float) -> None:
         self.count_request(out.prompt_tokens, out.hit_tokens, out.state_miss_tokens)
         self.prefill_steps += out.prefill_steps
+        self.host_hit_tokens += out.host_hit_tokens
         self.flops_total += flops_total
         self.flops_saved += flops_saved
 

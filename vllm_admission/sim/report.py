@@ -47,6 +47,16 @@ def format_table(doc: dict[str, Any]) -> str:
             f"{r['num_blocks']:>7} {r['token_hit_rate']:>8.2%} {r['request_hit_rate']:>7.1%} "
             f"{miss:>7} {r['flops_saved_fraction']:>11.2%} {r['state_checkpoints']:>7} {r['evictions']:>9} "
             f"{alpha:>5} {r['wall_seconds']:>6.2f}")
+    if doc.get("host_bytes"):
+        lines.append(f"host tier: {_fmt_bytes(doc['host_bytes'])} ({doc.get('host_policy')}) beside "
+                     f"each capacity; loads priced at {doc['host_bandwidth'] / 1e9:g} GB/s")
+        lines.extend(
+            f"  {r['admission']:<9} {r['eviction']:<8} {_fmt_bytes(r['capacity_bytes']):>10}: "
+            f"{r['host_hit_tokens'] / r['prompt_tokens'] if r['prompt_tokens'] else 0:.2%} of "
+            f"prompt tokens from the host, {_fmt_bytes(r['host_bytes_loaded'])} loaded "
+            f"({r['host_load_seconds']:.1f} s), {_fmt_bytes(r['host_bytes_stored'])} stored, "
+            f"{r['host_evictions']} chunks evicted"
+            for r in doc["runs"])
     lines.extend(_against_stock(doc["runs"]))
     for b in doc["bound"]:
         lines.append(f"infinite-capacity bound (block size {b['block_size']}): "

@@ -20,6 +20,8 @@ from typing import Any
 
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL, PolicyController
 from vllm_admission.core.cache import ATTENTION, STATE, check_checkpoint_mode
+from vllm_admission.core.cache.host import H2D_BYTES_PER_SECOND
+from vllm_admission.core.cache.host import host_chunks as host_chunks_of
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import (
@@ -83,6 +85,13 @@ class RunResult(CacheCounters):
     (``None``: whole blocks), ``num_speculative_tokens`` the EAGLE/MTP draft
     tokens per step (0: no speculative decoding).
     ``skipped_requests`` counts the requests that could not fit the cache.
+    With a host tier (``host_chunks`` > 0, ``host_bytes`` of them, run by
+    ``host_policy``): ``host_hit_tokens`` is the part of ``hit_tokens`` loaded from
+    it; ``host_stored_chunks`` / ``host_loaded_chunks`` / ``host_evictions`` count
+    chunks (one block of one KV cache group each), ``host_failed_stores`` the store
+    calls refused for want of room; ``host_bytes_stored`` / ``host_bytes_loaded``
+    are those chunks in bytes (one block id's bytes each) and ``host_load_seconds``
+    the loads at ``host_bandwidth`` bytes per second.
     """
 
     trace: str
@@ -111,6 +120,17 @@ class RunResult(CacheCounters):
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None
     num_speculative_tokens: int = 0
+    host_chunks: int = 0
+    host_policy: str | None = None
+    host_bytes: int = 0
+    host_stored_chunks: int = 0
+    host_loaded_chunks: int = 0
+    host_evictions: int = 0
+    host_failed_stores: int = 0
+    host_bytes_stored: int = 0
+    host_bytes_loaded: int = 0
+    host_bandwidth: float | None = None
+    host_load_seconds: float = 0.0
     per_request_hits: list[int] | None = field(default=None, repr=False)
     per_request_prefill_steps: list[int] | None = field(default=None, repr=False)
 
@@ -208,6 +228,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
              checkpoint: str = "split", retention_interval: int | None = 0,
              prefix_match_unit: int | None = None, num_speculative_tokens: int = 0,
              hidden_state_bytes_per_token: int = 0,
+             host_bytes: int = 0, host_chunks: int | None = None, host_policy: str = "lru",
+             host_bandwidth: float = H2D_BYTES_PER_SECOND,
              requests: Iterable[CacheRequest] | None = None,
              on_request: Callable[[int], None] | None = None) -> RunResult:
     """Replay ``trace`` through the cache for one policy pair and one capacity.
@@ -256,6 +278,16 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             token in a KV cache group of kind ``"hidden"`` after the others, at
             the block size :func:`~vllm_admission.core.geometry.hidden_state_block_size`
             gives, with one draft token a step and none of EAGLE's rules (0: none).
+        host_bytes: a host tier of this many bytes, as vLLM's ``OffloadingConnector``
+            runs it (``cpu_bytes_to_use``; :class:`~vllm_admission.core.cache.host.HostTier`;
+            0: none). It holds ``host_bytes // bytes per block`` chunks (the block
+            rounded up to a 4 KiB page, :func:`~vllm_admission.core.cache.host.host_chunks`).
+        host_chunks: the host tier's chunks as an engine reports them (overrides
+            ``host_bytes``).
+        host_policy: the host tier's eviction policy (the connector's
+            ``eviction_policy``; :data:`~vllm_admission.core.cache.host.HOST_POLICIES`).
+        host_bandwidth: host-to-device bytes per second, for ``host_load_seconds``
+            (default :data:`H2D_BYTES_PER_SECOND`).
         requests: pre-built cache requests at the right block size (sweeps
             share them); built from ``trace`` when ``None``. Any iterable: a
             generator is served as it comes (a long trace streamed,
@@ -276,7 +308,9 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             of the block size, or a prefix match unit that does not divide it
             (or comes with ``inpass``); hidden states with speculative tokens of
             another method, or at a block size other than the others' (KV cache
-            groups of different block sizes are not modelled).
+            groups of different block sizes are not modelled); a host tier with
+            speculative decoding or a hash unit finer than the block, a negative
+            size, or an unknown host policy.
     """
     check_checkpoint_mode(checkpoint)
     plan = RunPlan.from_settings(admission, eviction, alpha=alpha,
@@ -310,7 +344,18 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                          chunk_size=chunk_size, checkpoint=checkpoint,
                          retention_interval=retention_interval,
                          hash_block_size=prefix_match_unit,
-                         num_speculative_tokens=num_speculative_tokens, eagle=eagle)
+                         num_speculative_tokens=num_speculative_tokens, eagle=eagle,
+                         host_chunks=host_chunks if host_chunks is not None else host_chunks_of(
+                             host_bytes, geo.bytes_per_block),
+                         host_policy=host_policy)
+    if layout.host_chunks and (layout.unit or num_speculative_tokens):
+        raise UserError("a host tier is modelled without speculative decoding and with "
+                        "whole-block hashes only")
+    if host_bytes and not layout.host_chunks:
+        raise UserError(f"a host tier of {host_bytes} bytes holds no {geo.bytes_per_block}-byte "
+                        f"block of {costs.name}")
+    if not host_bandwidth > 0:
+        raise UserError(f"the host-to-device bandwidth must be > 0 bytes/s, got {host_bandwidth}")
     if layout.unit:  # auto's candidates include those that differ only here
         plan = RunPlan.from_settings(admission, eviction, alpha=alpha, checkpoint=checkpoint,
                                      sub_block=True)
@@ -383,6 +428,21 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         state_miss_tokens=totals.state_miss_tokens, retention_interval=retention_interval,
         prefix_match_unit=layout.unit or None, num_speculative_tokens=num_speculative_tokens,
         per_request_hits=hits if per_request else None,
-        per_request_prefill_steps=steps if per_request else None)
+        per_request_prefill_steps=steps if per_request else None,
+        **_host_figures(cache, layout, host_bandwidth, totals.host_hit_tokens))
+
+
+def _host_figures(cache, layout: CacheLayout, bandwidth: float, hit_tokens: int) -> dict[str, Any]:
+    """The host tier's fields of :class:`RunResult` (all zero without one)."""
+    host = cache.host
+    if host is None:
+        return {}
+    return {"host_chunks": host.num_chunks, "host_policy": host.policy_name,
+            "host_bytes": host.num_chunks * layout.bytes_per_block,
+            "host_hit_tokens": hit_tokens, "host_stored_chunks": host.stored,
+            "host_loaded_chunks": host.loaded, "host_evictions": host.evicted,
+            "host_failed_stores": host.failed_stores,
+            "host_bytes_stored": host.bytes_stored, "host_bytes_loaded": host.bytes_loaded,
+            "host_bandwidth": bandwidth, "host_load_seconds": host.bytes_loaded / bandwidth}
 
 

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.cache import check_checkpoint_mode
+from vllm_admission.core.cache.host import H2D_BYTES_PER_SECOND, HOST_POLICIES, host_chunks
 from vllm_admission.core.costs import ModelCosts, load_model
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import (
@@ -79,7 +80,9 @@ class SweepSpec:
     is ``auto``'s shadow sample rate (``None``: chosen from the trace; 1: full shadows).
     ``resample``: replay that many requests made of the trace repeated with its private
     content renamed (:func:`~vllm_admission.core.traces.resample.resample`), streamed to
-    each run (no infinite-capacity bound is computed then).
+    each run (no infinite-capacity bound is computed then). ``host_bytes``: a host tier
+    of that many bytes beside every capacity (vLLM's ``OffloadingConnector``; 0: none),
+    run by ``host_policy``; ``host_bandwidth`` prices its loads (bytes per second).
     """
 
     trace: str
@@ -104,6 +107,9 @@ class SweepSpec:
     block_size: int | None = None
     num_speculative_tokens: int = 0
     hidden_states: int = 0
+    host_bytes: int = 0
+    host_policy: str = "lru"
+    host_bandwidth: float = H2D_BYTES_PER_SECOND
 
     def hidden_state_bytes_per_token(self, costs: ModelCosts) -> int:
         """Bytes per token of the hidden-state group
@@ -185,7 +191,8 @@ def _run_with(spec: SweepSpec, trace: Trace, costs: ModelCosts, requests: list,
                       prefix_match_unit=spec.prefix_match_unit,
                       num_speculative_tokens=spec.num_speculative_tokens,
                       hidden_state_bytes_per_token=spec.hidden_state_bytes_per_token(costs),
-                      requests=requests)
+                      host_bytes=spec.host_bytes, host_policy=spec.host_policy,
+                      host_bandwidth=spec.host_bandwidth, requests=requests)
     return result.to_record()
 
 
@@ -331,6 +338,16 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         geo = spec.geometry(costs, cap)  # raises CapacityError early
         check_retention_interval(spec.retention_interval, geo.block_size)
         check_hash_block_size(spec.prefix_match_unit, geo.block_size)
+        if spec.host_bytes and not host_chunks(spec.host_bytes, geo.bytes_per_block):
+            raise UserError(f"--host-capacity {spec.host_bytes} bytes holds no block of "
+                            f"{costs.name} ({geo.bytes_per_block} bytes)")
+    if spec.host_bytes and (spec.prefix_match_unit or spec.num_speculative_tokens
+                            or spec.hidden_states):
+        raise UserError("a host tier is modelled without speculative decoding, hidden states "
+                        "or a --prefix-match-unit")
+    if spec.host_policy not in HOST_POLICIES:
+        raise UserError(f"unknown host policy {spec.host_policy!r}; valid: "
+                        f"{', '.join(HOST_POLICIES)}")
     if spec.prefix_match_unit and spec.checkpoint != "split":
         raise UserError(f"--prefix-match-unit is modelled in 'split' checkpoint mode only, "
                         f"not {spec.checkpoint!r}")
@@ -366,6 +383,9 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         "block_size_flag": spec.block_size,
         "num_speculative_tokens": spec.num_speculative_tokens,
         "hidden_states": spec.hidden_states,
+        "host_bytes": spec.host_bytes,
+        "host_policy": spec.host_policy if spec.host_bytes else None,
+        "host_bandwidth": spec.host_bandwidth if spec.host_bytes else None,
         "outputs": spec.outputs,
         "resample": spec.resample,
         "bound": [] if spec.resample else [trace_bound(_requests(spec, b), b) for b in block_sizes],

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vllm_admission.core.admission import ADMIT, RequestAdmission
 from vllm_admission.core.cache.block_pool import NULL, BlockPool
@@ -83,6 +83,12 @@ class RunningRequest:
     #: Speculative decoding: per state group, the speculative blocks held from
     #: the first allocation (``None``: none taken yet).
     spec_blocks: list[list[int]] | None = None
+    #: With a host tier: the request's dealings with it
+    #: (:class:`~vllm_admission.core.cache.host.HostRequest`), else ``None``.
+    host: object = None
+    #: With a host tier: indexes of the state blocks cached since the last store
+    #: (the Mamba manager's hand-offs to the connector).
+    cached_states: list[int] = field(default_factory=list)
 
 
 class KVGroups:
@@ -266,6 +272,8 @@ class StateGroups(KVGroups):
             h = hashes[i] if i < len(hashes) else ("out", run.rid, i)
             report = not (pool.reports_keys and adm.kept_as_sequence_end(pos))
             pool.cache_position([(g, tables[g][i]) for g in self.groups], h, report=report)
+            if run.host is not None:
+                run.cached_states.append(i)
         return admitted
 
     def release(self, run: RunningRequest, g: int) -> list[int]:

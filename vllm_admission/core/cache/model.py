@@ -30,6 +30,7 @@ from vllm_admission.core.cache.checkpoint import (
     check_checkpoint_mode,
 )
 from vllm_admission.core.cache.groups import GROUP_PARTS, RunningRequest
+from vllm_admission.core.cache.host import HostRequest, HostTier
 from vllm_admission.core.cache.values import FreedBlockMeta
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import EvictionPolicy
@@ -78,7 +79,8 @@ def _decode_events(first: int, last: int, block_size: int, spec: int = 0,
 class RequestOutcome:
     """What one request got from the cache. Lengths in tokens.
 
-    ``hit_tokens`` is what vLLM reports as ``num_cached_tokens``.
+    ``hit_tokens`` is what vLLM reports as ``num_cached_tokens``: the engine's own
+    hit plus ``host_hit_tokens``, the part loaded from a host tier.
     ``prefill_steps`` is the number of prefill chunks the request's prompt
     took (engine steps with prompt tokens scheduled when it runs alone): the
     chunks of ``[hit_tokens, prompt_tokens)`` after the token budget and, in
@@ -94,6 +96,7 @@ class RequestOutcome:
     checkpoints: int
     evictions: int
     prefill_steps: int = 0
+    host_hit_tokens: int = 0
 
     @property
     def state_miss_tokens(self) -> int:
@@ -212,7 +215,7 @@ class HybridPrefixCache:
                  switchable: bool = False, track_values: bool = False,
                  checkpoint: str = "split", prompt_end_export: bool = False,
                  hash_block_size: int | None = None, num_speculative_tokens: int = 0,
-                 eagle: bool = True) -> None:
+                 eagle: bool = True, host: HostTier | None = None) -> None:
         check_checkpoint_mode(checkpoint)
         #: Tokens per hash unit when finer than the block, else 0.
         self.unit = check_hash_block_size(hash_block_size, block_size)
@@ -228,6 +231,11 @@ class HybridPrefixCache:
                             "without prompt_end_export")
         #: Draft tokens per step (0: no speculative decoding).
         self.spec = num_speculative_tokens
+        if host is not None and (self.unit or num_speculative_tokens):
+            raise UserError("a host tier is modelled without speculative decoding and with "
+                            "whole-block hashes only")
+        #: The host tier (vLLM's ``OffloadingConnector``), or ``None``.
+        self.host = host
         #: vLLM's EAGLE rules apply (dropped block, lower checkpoints, K lookahead slots).
         self.eagle = bool(num_speculative_tokens) and bool(eagle)
         #: Attention slots held past the scheduled tokens (``num_lookahead_tokens``).
@@ -313,6 +321,8 @@ class HybridPrefixCache:
         if alpha is not None:
             other.eviction.alpha = alpha
         other.pool = self.pool.clone(other.eviction)
+        if self.host is not None:
+            other.host = self.host.clone()
         other._bind_future()
         other._wire()
         return other
@@ -527,7 +537,15 @@ class HybridPrefixCache:
             self._touch_hit(run, run.cow + 1, now, last_keys)
         elif run.num_cached:
             self._touch_hit(run, run.num_cached, now)
-        steps = self._mode.prefill(self, run, probe.state_hit, output_len, now)
+        start = probe.state_hit
+        host = self.host
+        if host is not None:
+            run.host = HostRequest()
+            end = host.hit_end(hashes, start, prompt_len, B, self.attn_groups, self.state_groups)
+            if end > start:
+                self._load(run, start, end, now)
+                start = end
+        steps = self._mode.prefill(self, run, start, output_len, now)
         # Decode: the step computing token t has t + 1 tokens in the request; only
         # steps next to a block boundary change the cache, so only those run. Under
         # EAGLE/MTP the step also verifies the K drafts (scheduled, never cached until
@@ -535,12 +553,18 @@ class HybridPrefixCache:
         step, width = self._step, 1 + self.spec
         for t in _decode_events(prompt_len, total - 2, B, self.spec, self.lookahead):
             step(run, t, width, t + 1, now)
+        if host is not None:
+            # The pass at the finish (prompt chunks only, so a retry of a refused store),
+            # then the request's keys are used, head last.
+            host.store_chunks(run.host, hashes, min(prompt_len // B, len(hashes)),
+                              self.attn_groups, B)
+            host.finish(run.host)
         self._finish(run, now)
-        return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=probe.state_hit,
-                              kv_hit_tokens=probe.kv_hit, junction=probe.junction,
+        return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=start,
+                              kv_hit_tokens=max(probe.kv_hit, start), junction=probe.junction,
                               checkpoints=len(adm.admitted),
                               evictions=self.pool.evictions - evictions_before,
-                              prefill_steps=steps)
+                              prefill_steps=steps, host_hit_tokens=start - probe.state_hit)
 
     def _touch_hit(self, run: RunningRequest, hit_blocks: int, now: float,
                    last_keys: tuple | None = None) -> None:
@@ -606,6 +630,8 @@ class HybridPrefixCache:
             # A state block can be cached only if one is held in [nc, full).
             if live and live[-1] >= nc and live[0] < full:
                 self.state_checkpoints += self.state.cache_full(run, nc, full)
+            if run.host is not None:
+                self._offload(run, nc, full)
         if run.tail and end == run.tail:
             # The chunk stop at the tail (vLLM's tail_boundary): its state is keyed.
             self._key_tail(run, self.state_groups, run.tail)
@@ -615,6 +641,40 @@ class HybridPrefixCache:
         if run.attn_tail and end >= run.attn_tail and not run.tail_keyed:
             self._key_tail(run, self.attn_groups, run.attn_tail)
             run.tail_keyed = True
+
+    def _load(self, run: RunningRequest, start: int, end: int, now: float) -> None:
+        """A host-tier hit ``[start, end)``: the load step. Blocks are allocated for the
+        loaded tokens (every attention block, the state block at ``end``), the host
+        chunks are loaded, and the blocks are cached as computed ones once the load
+        is done (the scheduler's ``allocate_slots`` with external tokens, then
+        ``cache_blocks`` in ``_update_waiting_for_remote_kv``); the state at ``end``
+        only where the admission policy admits it. Stores to the host then begin at
+        ``end`` (``update_state_after_alloc``)."""
+        B = self.block_size
+        self._allocate(run, end // B, now)
+        self.host.load(run.host, run.hashes, start, end, B, self.attn_groups, self.state_groups)
+        nc, full = run.num_cached, end // B
+        run.num_cached = full
+        self.attention.cache_full(run, nc, full)
+        self.state_checkpoints += self.state.cache_full(run, nc, full)
+
+    def _offload(self, run: RunningRequest, nc: int, full: int) -> None:
+        """The host stores of one step whose blocks ``[nc, full)`` just got cached
+        (``build_connector_meta``): first each state cached here inside the prompt,
+        one call per state group (the Mamba manager's boundary hand-offs,
+        ``_build_aligned_boundary_store_jobs``), then the prompt's attention chunks
+        not yet stored (``_build_store_jobs``; output blocks are not offloaded)."""
+        host, B, req = self.host, self.block_size, run.host
+        hashes = run.hashes
+        top = min(full, run.prompt_len // B, len(hashes))
+        states = run.cached_states
+        if states:
+            for g in self.state_groups:
+                for i in states:
+                    if i < top:
+                        host.store(req, (((hashes[i], g), (i + 1) * B),))
+            states.clear()
+        host.store_chunks(req, hashes, top, self.attn_groups, B)
 
     def _key_tail(self, run: RunningRequest, groups: Sequence[int], position: int) -> None:
         """Give the block of each of ``groups`` holding the prompt's tail unit

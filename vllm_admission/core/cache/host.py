@@ -1,0 +1,282 @@
+"""A second cache tier in host memory: vLLM 0.32's ``OffloadingConnector``, scheduler side.
+
+vLLM's ``OffloadingConnector`` (``distributed/kv_transfer/kv_connector/v1/offloading/
+scheduler.py``) with its CPU manager (``v1/kv_offload/cpu/manager.py``) keeps copies of
+KV blocks and recurrent states in host memory and loads them back on a prefix hit. This
+module models what decides hits there, one request at a time, with one engine block per
+host chunk (the connector's default ``blocks_per_chunk=1``); docs/engine-facts.md
+section 14 lists the facts with their sources, and :class:`HostTier` states them where
+they are used.
+
+* A **key** is ``(block hash, KV cache group index)``: the GPU block hash of the chunk's
+  last block, per group (``make_offload_key``).
+* Every chunk costs the same host bytes, one block id's stride of the KV cache (all
+  layer slots), rounded up to the host page (``CPUOffloadingSpec``:
+  ``cpu_bytes_to_use // round_up(bytes per block, page size)`` chunks).
+* The **host policy** is vLLM's ``CachePolicy`` interface
+  (``v1/kv_offload/cpu/policies/base.py``); :class:`HostLRU` is vLLM's ``lru``. A policy
+  learns of use only when a chunk is inserted and when a request finishes (the keys it
+  loaded, stored or found stored, head of the prompt last), never at a lookup.
+
+Pure Python: no vLLM, no torch.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from vllm_admission.core.errors import UserError
+
+__all__ = ["H2D_BYTES_PER_SECOND", "HOST_PAGE_BYTES", "HOST_POLICIES", "HostLRU", "HostRequest",
+           "HostTier", "host_chunks"]
+
+#: Host-to-device bytes per second the load times assume: an H100's PCIe 5.0 x16 link,
+#: nominal, one direction (32 GT/s x 16 lanes / 8 bits = 64 GB/s; NVIDIA's H100 datasheet
+#: gives "PCIe Gen5: 128 GB/s", both directions together).
+H2D_BYTES_PER_SECOND = 64e9
+
+#: The host page a chunk is rounded up to (vLLM's ``SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT``
+#: is ``mmap.PAGESIZE``: 4 KiB on x86-64 and most Arm servers).
+HOST_PAGE_BYTES = 4096
+
+
+def host_chunks(host_bytes: int, bytes_per_block: int, page_bytes: int = HOST_PAGE_BYTES) -> int:
+    """Chunks a host tier of ``host_bytes`` holds, one engine block each
+    (``CPUOffloadingSpec.__init__``: ``cpu_bytes_to_use // round_up(kv_bytes_per_chunk,
+    BLOCK_SIZE_ALIGNMENT)``).
+
+    Args:
+        host_bytes: the tier's bytes (vLLM's ``cpu_bytes_to_use``), >= 0.
+        bytes_per_block: bytes of one block id across every layer slot (the
+            ``CacheLayout.bytes_per_block``), >= 1.
+        page_bytes: the host page a chunk is rounded up to.
+
+    Raises:
+        UserError: a negative ``host_bytes`` or a block size below one byte.
+    """
+    if isinstance(host_bytes, bool) or not isinstance(host_bytes, int) or host_bytes < 0:
+        raise UserError(f"the host tier's bytes must be an integer >= 0, got {host_bytes!r}")
+    if bytes_per_block < 1 or page_bytes < 1:
+        raise UserError(f"bytes per block and host page must be >= 1, got {bytes_per_block}, "
+                        f"{page_bytes}")
+    chunk = -(-bytes_per_block // page_bytes) * page_bytes
+    return host_bytes // chunk
+
+
+class HostLRU:
+    """vLLM's ``lru`` host policy (``v1/kv_offload/cpu/policies/lru.py``
+    ``LRUCachePolicy``): evicts the least recently used idle chunk.
+
+    A use is an insertion, or a request's finish, which uses its keys from the tail of
+    the prompt to its head (so a shared head outlives the tails). The order is kept in
+    an ``OrderedDict`` (oldest first) instead of vLLM's ranked heap; the order is the
+    same.
+    """
+
+    name = "lru"
+
+    def __init__(self) -> None:
+        self._order: OrderedDict = OrderedDict()
+
+    def __contains__(self, key) -> bool:
+        return key in self._order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def insert(self, key) -> None:
+        self._order[key] = None
+
+    def touch(self, keys: Iterable) -> None:
+        """Use ``keys``, the last one most recently."""
+        order = self._order
+        for key in keys:
+            if key in order:
+                order.move_to_end(key)
+
+    def on_request_finished(self, keys_head_first: Sequence) -> None:
+        self.touch(reversed(keys_head_first))
+
+    def evict(self, n: int, protected: set) -> list | None:
+        """The ``n`` least recently used keys not in ``protected``, removed; ``None``
+        (nothing removed) when there are fewer."""
+        chosen = []
+        for key in self._order:
+            if len(chosen) == n:
+                break
+            if key not in protected:
+                chosen.append(key)
+        if len(chosen) < n:
+            return None
+        for key in chosen:
+            del self._order[key]
+        return chosen
+
+    def clone(self) -> HostLRU:
+        other = HostLRU()
+        other._order = self._order.copy()
+        return other
+
+
+#: Host policies by vLLM's ``eviction_policy`` name.
+HOST_POLICIES = {HostLRU.name: HostLRU}
+
+
+@dataclass(slots=True)
+class HostRequest:
+    """One request's dealings with the host tier (the connector's ``RequestOffloadState``
+    and the manager's ``_RequestCacheAccess``).
+
+    Attributes:
+        next_chunk: index of the next attention chunk to offer for storing.
+        seen: the keys the request loaded, stored or found stored, first-seen order,
+            each with its position (tokens up to its end).
+    """
+
+    next_chunk: int = 0
+    seen: dict = field(default_factory=dict)
+
+
+class HostTier:
+    """The host tier of an ``OffloadingConnector`` with ``num_chunks`` chunks.
+
+    Args:
+        num_chunks: capacity in chunks (:func:`host_chunks`), >= 1.
+        policy: a host policy name in :data:`HOST_POLICIES`.
+        bytes_per_chunk: bytes one chunk moves (for the byte counters).
+
+    Counters (cumulative): ``stored``, ``loaded`` and ``evicted`` chunks, ``failed_stores``
+    (store calls refused for want of idle chunks: vLLM's
+    ``vllm:kv_offload_allocation_failure``), ``hit_tokens`` (tokens loaded).
+
+    Raises:
+        UserError: fewer than one chunk, or an unknown policy name.
+    """
+
+    def __init__(self, num_chunks: int, policy: str = "lru", bytes_per_chunk: int = 0) -> None:
+        if num_chunks < 1:
+            raise UserError(f"a host tier of {num_chunks} chunks holds nothing; give it at "
+                            f"least one block's bytes")
+        if policy not in HOST_POLICIES:
+            raise UserError(f"unknown host policy {policy!r}; choose from "
+                            f"{', '.join(sorted(HOST_POLICIES))}")
+        self.num_chunks = num_chunks
+        self.policy_name = policy
+        self.policy = HOST_POLICIES[policy]()
+        self.bytes_per_chunk = bytes_per_chunk
+        self.stored = self.loaded = self.evicted = self.failed_stores = self.hit_tokens = 0
+
+    def clone(self) -> HostTier:
+        other = HostTier.__new__(HostTier)
+        other.__dict__.update(self.__dict__)
+        other.policy = self.policy.clone()
+        return other
+
+    def __len__(self) -> int:
+        return len(self.policy)
+
+    @property
+    def bytes_stored(self) -> int:
+        return self.stored * self.bytes_per_chunk
+
+    @property
+    def bytes_loaded(self) -> int:
+        return self.loaded * self.bytes_per_chunk
+
+    # -- lookup ----------------------------------------------------------
+    def hit_end(self, hashes: Sequence, start: int, prompt_len: int, block_size: int,
+                attn_groups: Sequence[int], state_groups: Sequence[int]) -> int:
+        """Where a prefix hit ends with the host tier, in tokens: ``start`` (the engine's
+        own hit, block-aligned) or more.
+
+        ``_lookup_complete_chunks``: the hit may reach ``prompt_len - 1`` tokens floored
+        to the block (the state groups are "sliding window" groups there, and align
+        mode rounds to the chunk); each attention group extends it by consecutive host
+        chunks from ``start``; then it ends at the highest block boundary above
+        ``start`` where every state group has a host state. A hit shorter than one
+        block beyond ``start`` counts as none.
+        """
+        B = block_size
+        last = min((prompt_len - 1) // B, len(hashes))
+        first = start // B
+        if last <= first:
+            return start
+        policy = self.policy
+        for g in attn_groups:
+            k = first
+            while k < last and (hashes[k], g) in policy:
+                k += 1
+            last = k
+            if last <= first:
+                return start
+        for i in range(last - 1, first - 1, -1):
+            h = hashes[i]
+            if all((h, g) in policy for g in state_groups):
+                return (i + 1) * B
+        return start
+
+    def load(self, req: HostRequest, hashes: Sequence, start: int, end: int, block_size: int,
+             attn_groups: Sequence[int], state_groups: Sequence[int]) -> int:
+        """Load ``[start, end)``: the attention chunks there and the states at ``end``
+        (``update_state_after_alloc``, ``prepare_load``); they count as the request's
+        reuses. Later stores of the request begin at ``end``. Returns the chunks loaded."""
+        B = block_size
+        keys = [((hashes[i], g), (i + 1) * B) for g in attn_groups
+                for i in range(start // B, end // B)]
+        keys += [((hashes[end // B - 1], g), end) for g in state_groups]
+        for key, pos in keys:
+            req.seen.setdefault(key, pos)
+        req.next_chunk = end // B
+        self.loaded += len(keys)
+        self.hit_tokens += end - start
+        return len(keys)
+
+    # -- stores ----------------------------------------------------------
+    def store(self, req: HostRequest, keys: Sequence[tuple]) -> bool:
+        """One ``prepare_store`` call: ``keys`` are ``(key, position)`` pairs. Keys
+        already held count as the request's reuses; the missing ones are inserted, all or
+        none, evicting idle chunks the policy picks (never one of ``keys``). Returns
+        ``False`` when they do not fit (nothing stored; vLLM retries at the request's
+        next step)."""
+        policy = self.policy
+        new = []
+        for key, pos in keys:
+            req.seen.setdefault(key, pos)
+            if key not in policy:
+                new.append(key)
+        if not new:
+            return True
+        over = len(new) - (self.num_chunks - len(policy))
+        if over > 0:
+            evicted = policy.evict(over, {key for key, _ in keys})
+            if evicted is None:
+                self.failed_stores += 1
+                return False
+            self.evicted += len(evicted)
+        for key in new:
+            policy.insert(key)
+        self.stored += len(new)
+        return True
+
+    def store_chunks(self, req: HostRequest, hashes: Sequence, upto: int,
+                     attn_groups: Sequence[int], block_size: int) -> None:
+        """Offer the attention chunks ``[req.next_chunk, upto)`` of every attention
+        group, one call (``_build_store_jobs``); on success the next offer starts at
+        ``upto``, else the same chunks are offered again next time."""
+        first = req.next_chunk
+        if upto <= first:
+            return
+        B = block_size
+        keys = [((hashes[i], g), (i + 1) * B) for g in attn_groups for i in range(first, upto)]
+        if self.store(req, keys):
+            req.next_chunk = upto
+
+    def finish(self, req: HostRequest) -> None:
+        """The request is done: its keys, ordered by position (ties in group order), are
+        used from the tail to the head (``CPUOffloadingManager.on_request_finished``,
+        ``order_request_keys``)."""
+        ordered = sorted(req.seen.items(), key=lambda kv: (kv[1], kv[0][1]))
+        self.policy.on_request_finished([key for key, _ in ordered])
+        req.seen.clear()
