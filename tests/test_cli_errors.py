@@ -88,6 +88,10 @@ def test_the_cli_raises_no_bare_value_error():
     (["--capacity", "4K"], "ambiguous unit 'K'"),
     (["--chunk-size", "0"], "--chunk-size must be >= 1 token, got 0"),
     (["--alpha", "inf", "--eviction", "flop"], "alpha must be a finite number >= 0, got inf"),
+    (["--host-capacity", "1KiB"], "--host-capacity 1024 bytes holds no block"),
+    (["--host-bandwidth", "0"], "--host-bandwidth must be > 0 bytes per second"),
+    (["--host-capacity", "1TiB", "--num-speculative-tokens", "1"],
+     "a host tier is modelled without speculative decoding"),
 ])
 def test_a_user_error_is_one_line_and_status_2(tmp_path, capsys, argv, message):
     rc = main([*SIMULATE, "--out", str(tmp_path / "out"), *argv])

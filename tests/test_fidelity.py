@@ -437,6 +437,38 @@ def test_the_hidden_state_cache_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny
     assert_mirrored(run_fidelity(spec)["records"], pairs)
 
 
+HOST_PAIRS = (("none", "lru"), ("last", "lru"), ("vllm", "lru"), ("block", "lru"),
+              ("marconi", "lru"), ("dense", "lru"), ("dense", "s3fifo"), ("auto", "auto"))
+
+
+@pytest.mark.engine
+def test_the_host_tier_is_mirrored_exactly(tiny_model_of, engine_env):
+    """vLLM's ``OffloadingConnector`` with a 24-chunk host tier (``fidelity --offload``;
+    the project's CPU worker), against the simulator's host tier of the chunks the engine
+    reports: every request's cached tokens (host loads among them), prefill steps and GPU
+    evictions agree for every admission with ``lru``, a key-reading eviction and
+    ``auto``, with both tiers evicting."""
+    from vllm_admission.core.geometry import geometry_from_blocks
+    from vllm_admission.fidelity import FidelitySpec, run_fidelity
+
+    model = tiny_model_of("qwen3-next")
+    costs = ModelCosts.from_config(model / "config.json", mamba_ssm_cache_dtype="bfloat16")
+    B = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)  # noqa: N806
+    bytes_per_block = geometry_from_blocks(costs, 40, B).bytes_per_block
+    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,),
+                        pairs=HOST_PAIRS, max_output_len=8, synthetic=synthetic,
+                        mamba_ssm_cache_dtype="bfloat16", offload=24 * bytes_per_block,
+                        engine_args={"max_num_batched_tokens": 512})
+    records = run_fidelity(spec)["records"]
+    assert_mirrored(records, HOST_PAIRS)
+    for rec in records:
+        assert rec["host_chunks"] == 24 and rec["host_policy"] == "lru"
+        assert rec["simulator_host_evictions"] > 0, rec["admission"]
+        if rec["admission"] != "none":
+            assert rec["simulator_host_hit_tokens"] > 0, rec["admission"]
+
+
 def mtp_fidelity(tmp_path_factory, name: str, **engine_args) -> list:
     """``run_fidelity``'s records for :data:`MTP_PAIRS` on the tiny Qwen3-Next with an MTP
     layer, one draft token, ``engine_args`` besides: the SMALL synthetic trace, 40 blocks,

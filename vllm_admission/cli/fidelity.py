@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vllm_admission.cli.options import add_engine_args, engine_args_from
+from vllm_admission.cli.options import add_engine_args, engine_args_from, offload_bytes
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.errors import UserError
@@ -68,6 +68,14 @@ def add_fidelity_parser(sub) -> None:
     p.add_argument("--out", required=True, help="output directory")
 
 
+def _without_offload(engine_args: dict, args) -> dict:
+    """The engine arguments less the connector ``--offload`` stands for (the spec
+    carries the host tier as ``offload``)."""
+    if offload_bytes(args) is not None:
+        engine_args = {k: v for k, v in engine_args.items() if k != "kv_transfer_config"}
+    return engine_args
+
+
 def _synthetic_params(items: list[str]) -> dict:
     import json
 
@@ -118,7 +126,8 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         synthetic=_synthetic_params(args.synthetic), mode=args.mode, time_scale=args.time_scale,
         alpha=args.alpha, auto_interval=args.auto_interval, seed=args.seed,
         checkpoint=args.checkpoint, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
-        engine_args=engine_args_from(args))
+        engine_args=_without_offload(engine_args_from(args), args),
+        offload=offload_bytes(args))
 
     def progress(rec: dict) -> None:
         print(f"{rec['admission']}+{rec['eviction']} at {rec['num_blocks']} blocks: "

@@ -73,6 +73,11 @@ def add_engine_args(p) -> None:
                         '"num_speculative_tokens": 1}\'')
     p.add_argument("--kv-transfer-config", default=None, metavar="JSON",
                    help="vLLM's kv_transfer_config (a KV connector)")
+    p.add_argument("--offload", default=None, metavar="BYTES",
+                   help="a host tier of BYTES (e.g. 1GiB): vLLM's OffloadingConnector with "
+                        "cpu_bytes_to_use=BYTES, its worker run by this project's "
+                        "HostCopyOffloadingSpec (copies on the host, so it runs on CPU); the "
+                        "short form of that --kv-transfer-config")
 
 
 def _json_object(flag: str, text: str) -> dict:
@@ -113,4 +118,29 @@ def engine_args_from(args) -> dict:
         text = getattr(args, name, None)
         if text is not None:
             out[name] = _json_object(flag, text)
+    host = offload_bytes(args)
+    if host is not None:
+        if "kv_transfer_config" in out:
+            raise UserError("--offload is a kv_transfer_config of its own; give it or "
+                            "--kv-transfer-config, not both")
+        from vllm_admission.plugin.offload_config import offloading_connector_config
+
+        out["kv_transfer_config"] = offloading_connector_config(host)
     return out
+
+
+def offload_bytes(args) -> int | None:
+    """``--offload`` in bytes (``None`` when not given).
+
+    Raises:
+        UserError: a malformed or zero size (one line).
+    """
+    text = getattr(args, "offload", None)
+    if text is None:
+        return None
+    from vllm_admission.core.geometry import parse_bytes
+
+    value = parse_bytes(text)
+    if value < 1:
+        raise UserError(f"--offload needs a positive size, got {text!r}")
+    return value

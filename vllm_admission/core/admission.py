@@ -739,6 +739,15 @@ class RequestAdmission:
             return TENTATIVE
         return SKIP
 
+    def cached_live(self, position: int) -> bool:
+        """Whether a live engine, which does not know the request's length, caches the
+        state at ``position`` when it is written: :meth:`decide` admits it, or a
+        ``supersede_tail`` policy keeps it tentatively as a possible sequence end (at
+        or after the prompt end) until a later state replaces it. What a KV connector
+        is handed (a host tier stores every state the engine caches, the tentative
+        ones included)."""
+        return self.decide(position) == ADMIT or (self._may_end and position >= self.prompt_end)
+
     def kept_as_sequence_end(self, position: int) -> bool:
         """Whether the state at ``position`` is admitted only as the sequence end
         of a ``supersede_tail`` policy (``marconi``): a live engine, which does

@@ -443,6 +443,9 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
     * ``hidden_state_bytes_per_token``: bytes per token of the hidden-state
       groups (``extract_hidden_states``; 0 without; absent when the engine core
       runs in another process),
+    * ``host_chunks`` and ``host_policy``: the host tier of vLLM's
+      ``OffloadingConnector`` (its CPU manager's chunks and ``eviction_policy``);
+      0 and ``None`` without one (absent when the engine core runs in another process),
     * ``inprocess`` (bool: whether :func:`inprocess_scheduler` works).
 
     Raises:
@@ -499,6 +502,9 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
                     for g in kvc.kv_cache_groups if hasattr(g.kv_cache_spec, "dtypes")}
     if state_dtypes:
         geo["ssm_state_dtype"] = ",".join(sorted(state_dtypes))
+    from vllm_admission.plugin.offload_config import host_tier
+
+    geo["host_chunks"], geo["host_policy"] = host_tier(scheduler)
     return geo
 
 

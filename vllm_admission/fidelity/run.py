@@ -41,6 +41,11 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
     settings.env["VLLM_ADMISSION_CHECKPOINT"] = spec.checkpoint
     settings.mamba_ssm_cache_dtype = spec.mamba_ssm_cache_dtype
     settings.engine_args = dict(spec.engine_args)
+    if spec.offload is not None:
+        from vllm_admission.plugin.offload_config import offloading_connector_config
+
+        settings.engine_args["kv_transfer_config"] = offloading_connector_config(
+            spec.offload, eviction_policy=spec.host_policy)
     # The comparison reads the live scheduler: the engine core must run in this process.
     settings.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     llm, note = build_llm_fitting(settings)
@@ -99,6 +104,10 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
                                eviction=eviction, alpha=spec.alpha,
                                auto_interval=spec.auto_interval, checkpoint=spec.checkpoint)
     rows = [result.requests[i] for i in ran]
+    host = {"host_chunks": int(geometry.get("host_chunks") or 0),
+            "host_policy": geometry.get("host_policy"),
+            "simulator_host_hit_tokens": sim.host_hit_tokens,
+            "simulator_host_evictions": sim.host_evictions} if spec.offload else {}
     sim_hits = [None if h < 0 else h for h in sim.per_request_hits]
     sim_steps = [None if n < 0 else n for n in sim.per_request_prefill_steps]
     engine_steps = [r["prefill_steps"] for r in rows]
@@ -119,6 +128,7 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
         "mode": spec.mode,
         "checkpoint": spec.checkpoint,
         "prefix_cache_retention_interval": geometry.get("prefix_cache_retention_interval", 0),
+        **host,
         **{k: cmp[k] for k in ("requests", "requests_differing", "abs_diff_tokens",
                                 "abs_diff_fraction", "first_difference")},
         "prefill_steps_differing": sum(e != s for e, s in zip(engine_steps, sim_steps)),

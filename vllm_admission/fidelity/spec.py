@@ -9,6 +9,7 @@ from typing import Any
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
 from vllm_admission.core.cache import check_checkpoint_mode
+from vllm_admission.core.cache.host import HOST_POLICIES
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import check_retention_interval
@@ -75,6 +76,11 @@ class FidelitySpec:
         engine_args: more of vLLM's engine arguments for the engine, by vLLM's
             names (:data:`SIMULATED_ENGINE_ARGS`: those the simulator mirrors,
             reading their values from the live engine).
+        offload: a host tier of this many bytes: vLLM's ``OffloadingConnector`` on
+            the engine (run on CPU by
+            :class:`~vllm_admission.plugin.boundary.cpu_offload.HostCopyOffloadingSpec`),
+            the simulator's host tier with the chunks the engine reports (``None``: none).
+        host_policy: the host tier's eviction policy (the connector's ``eviction_policy``).
     """
 
     model: str
@@ -96,6 +102,8 @@ class FidelitySpec:
     checkpoint: str = "split"
     mamba_ssm_cache_dtype: str | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)
+    offload: int | None = None
+    host_policy: str = "lru"
 
     def policy_pairs(self) -> list[tuple[str, str]]:
         """The ``(admission, eviction)`` pairs to run, in order."""
@@ -153,6 +161,17 @@ class FidelitySpec:
                                  or spec.get("method") not in SIMULATED_SPECULATIVE_METHODS):
             raise FidelityError(f"the simulator mirrors speculative_config with method "
                                 f"{', '.join(SIMULATED_SPECULATIVE_METHODS)} only, got {spec!r}")
+        if self.offload is not None:
+            if isinstance(self.offload, bool) or not isinstance(self.offload, int) \
+                    or self.offload < 1:
+                raise UserError(f"the host tier needs a positive number of bytes, got "
+                                f"{self.offload!r}")
+            if self.engine_args.get("prefix_match_unit") or spec is not None:
+                raise FidelityError("the simulator models a host tier without speculative "
+                                    "decoding and with whole-block hashes only")
+            if self.host_policy not in HOST_POLICIES:
+                raise UnknownPolicyError(f"unknown host policy {self.host_policy!r}; valid: "
+                                         f"{', '.join(HOST_POLICIES)}")
         if not (Path(self.model) / "config.json").is_file():
             raise UserError(f"model {self.model}: no config.json there "
                             f"(make one with 'vllm-admission make-tiny-model DIR')")

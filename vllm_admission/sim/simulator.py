@@ -61,8 +61,8 @@ class RunResult(CacheCounters):
     ``token_hit_rate = hit_tokens / prompt_tokens`` over the requests that ran;
     ``request_hit_rate`` is the fraction of those with a non-zero hit;
     ``flops_saved_fraction`` is prefill FLOPs saved over prefill FLOPs without
-    any cache. ``mamba_ssm_cache_dtype`` is the SSM state dtype the model was
-    built with as requested (``"auto"`` unresolved) and ``ssm_dtype`` what it
+    any cache, ``prefill_flops_saved`` the FLOPs saved. ``mamba_ssm_cache_dtype``
+    is the SSM state dtype the model was built with as requested (``"auto"`` unresolved) and ``ssm_dtype`` what it
     resolved to (:attr:`ModelCosts.ssm_dtype`); both shape ``block_size`` and
     ``num_blocks``. With ``auto``, ``policy_switches`` lists every switch
     (:meth:`Decision.as_dict <vllm_admission.core.adaptive.Decision.as_dict>`:
@@ -120,6 +120,7 @@ class RunResult(CacheCounters):
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None
     num_speculative_tokens: int = 0
+    prefill_flops_saved: float = 0.0
     host_chunks: int = 0
     host_policy: str | None = None
     host_bytes: int = 0
@@ -412,6 +413,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         token_hit_rate=ratio(totals.hit_tokens, totals.prompt_tokens),
         request_hit_rate=ratio(totals.hit_requests, totals.requests),
         flops_saved_fraction=ratio(totals.flops_saved, totals.flops_total),
+        prefill_flops_saved=totals.flops_saved,
         state_checkpoints=cache.state_checkpoints, junctions=cache.junctions,
         evictions=cache.pool.evictions,
         evictions_by_group=dict(zip(names, cache.pool.evictions_by_group)),

@@ -266,6 +266,10 @@ class StateGroups(KVGroups):
             pos = (i + 1) * B
             # The length is known here, so a decision is never tentative.
             if adm.decide(pos) != ADMIT:
+                if run.host is not None and adm.cached_live(pos):
+                    # The engine caches it for a while (a tentative sequence end), long
+                    # enough to hand it to the host tier.
+                    run.cached_states.append(i)
                 continue
             adm.record(pos)
             admitted += 1

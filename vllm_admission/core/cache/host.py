@@ -167,11 +167,16 @@ class HostTier:
         self.policy = HOST_POLICIES[policy]()
         self.bytes_per_chunk = bytes_per_chunk
         self.stored = self.loaded = self.evicted = self.failed_stores = self.hit_tokens = 0
+        #: The last finished request's deferred work (:meth:`finish`), or ``None``.
+        self._finished: tuple | None = None
 
     def clone(self) -> HostTier:
         other = HostTier.__new__(HostTier)
         other.__dict__.update(self.__dict__)
         other.policy = self.policy.clone()
+        if self._finished is not None:
+            req, *rest = self._finished
+            other._finished = (HostRequest(req.next_chunk, dict(req.seen)), *rest)
         return other
 
     def __len__(self) -> int:
@@ -273,10 +278,24 @@ class HostTier:
         if self.store(req, keys):
             req.next_chunk = upto
 
-    def finish(self, req: HostRequest) -> None:
-        """The request is done: its keys, ordered by position (ties in group order), are
-        used from the tail to the head (``CPUOffloadingManager.on_request_finished``,
-        ``order_request_keys``)."""
+    def finish(self, req: HostRequest, hashes: Sequence, upto: int,
+               attn_groups: Sequence[int], block_size: int) -> None:
+        """The request is done. Its last store pass (the prompt's attention chunks, so a
+        retry of a refused store) and the policy's use of its keys wait for the engine's
+        next step (``build_connector_meta`` handles ``finished_req_ids`` then): the next
+        request's first step (:meth:`flush`), after that step's own stores."""
+        self.flush()
+        self._finished = (req, hashes, upto, tuple(attn_groups), block_size)
+
+    def flush(self) -> None:
+        """Run the finished request's deferred work, if any: its last store pass, then its
+        keys, ordered by position (ties in group order), used from the tail to the head
+        (``CPUOffloadingManager.on_request_finished``, ``order_request_keys``)."""
+        pending, self._finished = self._finished, None
+        if pending is None:
+            return
+        req, hashes, upto, attn_groups, block_size = pending
+        self.store_chunks(req, hashes, upto, attn_groups, block_size)
         ordered = sorted(req.seen.items(), key=lambda kv: (kv[1], kv[0][1]))
         self.policy.on_request_finished([key for key, _ in ordered])
         req.seen.clear()

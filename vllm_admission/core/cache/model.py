@@ -554,11 +554,9 @@ class HybridPrefixCache:
         for t in _decode_events(prompt_len, total - 2, B, self.spec, self.lookahead):
             step(run, t, width, t + 1, now)
         if host is not None:
-            # The pass at the finish (prompt chunks only, so a retry of a refused store),
-            # then the request's keys are used, head last.
-            host.store_chunks(run.host, hashes, min(prompt_len // B, len(hashes)),
-                              self.attn_groups, B)
-            host.finish(run.host)
+            # Its last store pass and the use of its keys happen in the next request's
+            # first step (HostTier.finish).
+            host.finish(run.host, hashes, min(prompt_len // B, len(hashes)), self.attn_groups, B)
         self._finish(run, now)
         return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=start,
                               kv_hit_tokens=max(probe.kv_hit, start), junction=probe.junction,
@@ -630,8 +628,6 @@ class HybridPrefixCache:
             # A state block can be cached only if one is held in [nc, full).
             if live and live[-1] >= nc and live[0] < full:
                 self.state_checkpoints += self.state.cache_full(run, nc, full)
-            if run.host is not None:
-                self._offload(run, nc, full)
         if run.tail and end == run.tail:
             # The chunk stop at the tail (vLLM's tail_boundary): its state is keyed.
             self._key_tail(run, self.state_groups, run.tail)
@@ -641,6 +637,11 @@ class HybridPrefixCache:
         if run.attn_tail and end >= run.attn_tail and not run.tail_keyed:
             self._key_tail(run, self.attn_groups, run.attn_tail)
             run.tail_keyed = True
+        if run.host is not None:
+            # Every step offers the host what it has not taken yet (a hit's blocks in the
+            # first one); the last request's deferred work follows (once).
+            self._offload(run, full)
+            self.host.flush()
 
     def _load(self, run: RunningRequest, start: int, end: int, now: float) -> None:
         """A host-tier hit ``[start, end)``: the load step. Blocks are allocated for the
@@ -653,17 +654,22 @@ class HybridPrefixCache:
         B = self.block_size
         self._allocate(run, end // B, now)
         self.host.load(run.host, run.hashes, start, end, B, self.attn_groups, self.state_groups)
+        # The load step schedules nothing of this request: the last request's deferred
+        # work runs now.
+        self.host.flush()
         nc, full = run.num_cached, end // B
         run.num_cached = full
         self.attention.cache_full(run, nc, full)
         self.state_checkpoints += self.state.cache_full(run, nc, full)
 
-    def _offload(self, run: RunningRequest, nc: int, full: int) -> None:
-        """The host stores of one step whose blocks ``[nc, full)`` just got cached
-        (``build_connector_meta``): first each state cached here inside the prompt,
-        one call per state group (the Mamba manager's boundary hand-offs,
-        ``_build_aligned_boundary_store_jobs``), then the prompt's attention chunks
-        not yet stored (``_build_store_jobs``; output blocks are not offloaded)."""
+    def _offload(self, run: RunningRequest, full: int) -> None:
+        """The host stores of one step after which the request's first ``full`` blocks
+        are computed (``build_connector_meta``, every step of a scheduled request):
+        first each state cached since the last step inside the prompt, one call per
+        state group (the Mamba manager's boundary hand-offs,
+        ``_build_aligned_boundary_store_jobs``), then the prompt's attention chunks not
+        stored yet, from the first one (a hit's too) unless a host load set the start
+        (``_build_store_jobs``; output blocks are not offloaded)."""
         host, B, req = self.host, self.block_size, run.host
         hashes = run.hashes
         top = min(full, run.prompt_len // B, len(hashes))

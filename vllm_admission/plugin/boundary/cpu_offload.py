@@ -20,7 +20,8 @@ factory.py``), so nothing in vLLM is patched::
             "spec_name": "HostCopyOffloadingSpec",
             "spec_module_path": "vllm_admission.plugin.boundary.cpu_offload"}}'
 
-:func:`offloading_connector_config` builds that dictionary (the CLI's ``--offload BYTES``).
+:func:`~vllm_admission.plugin.offload_config.offloading_connector_config` builds that
+dictionary (the CLI's ``--offload BYTES``).
 The copies are synchronous, so a load finishes within the step that submits it; the
 connector still reports it one ``get_finished`` later, as it would an asynchronous one.
 On a CUDA or XPU build the spec defers to vLLM's own worker.
@@ -29,9 +30,6 @@ On a CUDA or XPU build the spec defers to vLLM's own worker.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
-
 import numpy as np
 import torch
 from vllm.platforms import current_platform
@@ -44,6 +42,8 @@ from vllm.v1.kv_offload.base import (
     TransferResult,
 )
 from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
+
+from vllm_admission.plugin.offload_config import offloading_connector_config
 
 __all__ = ["HostCopyOffloadingSpec", "HostCopyWorker", "offloading_connector_config"]
 
@@ -152,29 +152,3 @@ class HostCopyOffloadingSpec(CPUOffloadingSpec):
         if self._worker is None:
             self._worker = HostCopyWorker(kv_caches, self.blocks_per_chunk, self.num_chunks)
         return self._worker
-
-
-def offloading_connector_config(host_bytes: int, *, eviction_policy: str | None = None,
-                                extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """vLLM's ``kv_transfer_config`` for the ``OffloadingConnector`` with a host tier of
-    ``host_bytes`` bytes run by :class:`HostCopyOffloadingSpec`.
-
-    Args:
-        host_bytes: host-tier capacity in bytes (vLLM's ``cpu_bytes_to_use``; the tier
-            holds ``host_bytes // bytes per chunk`` chunks).
-        eviction_policy: vLLM's host policy name (``"lru"``, its default, or ``"arc"``).
-        extra: further ``kv_connector_extra_config`` keys, kept as given.
-
-    Raises:
-        ValueError: ``host_bytes`` is not a positive integer.
-    """
-    if isinstance(host_bytes, bool) or not isinstance(host_bytes, int) or host_bytes <= 0:
-        raise ValueError(f"the host tier needs a positive number of bytes, got {host_bytes!r}")
-    config: dict[str, Any] = {"cpu_bytes_to_use": host_bytes,
-                              "spec_name": HostCopyOffloadingSpec.__name__,
-                              "spec_module_path": __name__}
-    if eviction_policy is not None:
-        config["eviction_policy"] = eviction_policy
-    config.update(extra or {})
-    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-            "kv_connector_extra_config": config}

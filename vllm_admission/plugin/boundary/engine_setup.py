@@ -40,6 +40,7 @@ from vllm.v1.kv_cache_interface import MambaSpec
 from vllm_admission.core.adaptive import AUTO, candidate_policies
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES
+from vllm_admission.core.cache.host import HOST_POLICIES
 from vllm_admission.core.eviction import (
     engine_eviction_policies,
     eviction_class,
@@ -50,6 +51,7 @@ from vllm_admission.plugin import inpass
 from vllm_admission.plugin.boundary import hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.kv_cache import group_kinds, smallest_cacheable_prefix
+from vllm_admission.plugin.offload_config import host_tier
 
 __all__ = ["EngineFacts", "EngineSetup", "plan_for", "preflight", "prefill_tokens",
            "BLOCK_SIZES_PROBLEM", "HIDDEN_STATES_METHOD", "MODELLED_KEY_PROBLEMS",
@@ -345,6 +347,16 @@ class EngineSetup:
         kinds = group_kinds(self.kv_cache_manager.coordinator.single_type_managers)
         groups = self.kv_cache_config.kv_cache_groups
         bytes_per_block = max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
+        host_chunks, host_policy = host_tier(self)
+        spec = int(self.num_spec_tokens or 0)
+        if host_chunks and (spec or self.hash_block_size != self.block_size
+                            or host_policy not in HOST_POLICIES):
+            # The core models a host tier without these: auto's shadows run without it.
+            logger.warning("vllm_admission: the host tier (%d chunks) is left out of the "
+                           "policy replays: they model it without speculative decoding, with "
+                           "whole-block hashes and the host policies %s", host_chunks,
+                           ", ".join(HOST_POLICIES))
+            host_chunks = 0
         return CacheLayout(block_size=self.block_size, hash_block_size=self.hash_block_size,
                            num_blocks=self.kv_cache_config.num_blocks, group_kinds=kinds,
                            bytes_per_block=int(bytes_per_block),
@@ -352,8 +364,8 @@ class EngineSetup:
                            checkpoint=config.checkpoint,
                            prompt_end_export=self._admission_vllm_exports_checkpoint(),
                            retention_interval=self.cache_config.prefix_cache_retention_interval,
-                           num_speculative_tokens=int(self.num_spec_tokens or 0),
-                           eagle=self._admission_eagle())
+                           num_speculative_tokens=spec, eagle=self._admission_eagle(),
+                           host_chunks=host_chunks, host_policy=host_policy or "lru")
 
     def _admission_log_smallest_prefix(self, geometry: CacheLayout) -> None:
         """Log the shortest prefix that can hit, per KV cache group; warn when a

@@ -1,0 +1,221 @@
+"""The host tier (vLLM's ``OffloadingConnector`` with its CPU manager), as the core models it.
+
+Hand-derived cases for each rule :class:`~vllm_admission.core.cache.host.HostTier` takes from
+vLLM 0.32's connector (``offloading/scheduler.py``, ``kv_offload/cpu/manager.py``,
+``cpu/policies/lru.py``), then the cache model with a host tier: what reaches the host is
+what the GPU's admission policy cached, and a prefix evicted from the GPU comes back from
+the host. The engine side of the same rules is ``tests/test_offload_engine.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from conftest import chained_hashes
+
+from vllm_admission.core.admission import get_admission
+from vllm_admission.core.cache import HybridPrefixCache
+from vllm_admission.core.cache.host import HostLRU, HostRequest, HostTier, host_chunks
+from vllm_admission.core.costs import load_model
+from vllm_admission.core.errors import UserError
+from vllm_admission.core.eviction import get_eviction
+from vllm_admission.core.traces import load_trace
+from vllm_admission.sim.simulator import simulate
+
+B = 256
+GROUPS = ("state", "attention")  # vLLM's order for the tiny Qwen3-Next: group 0 state
+
+
+def tokens(tag, n):
+    return [(tag, i) for i in range(n)]
+
+
+# -- capacity --------------------------------------------------------------------------
+
+def test_a_chunk_is_one_block_rounded_up_to_the_host_page():
+    assert host_chunks(10 * 8192, 8192) == 10
+    assert host_chunks(10 * 8192, 8000) == 10          # 8000 -> 8192
+    assert host_chunks(10 * 8192, 8193) == 6           # 8193 -> 12288
+    assert host_chunks(0, 4096) == 0
+    with pytest.raises(UserError):
+        host_chunks(-1, 4096)
+    with pytest.raises(UserError):
+        HostTier(0)
+    with pytest.raises(UserError, match="unknown host policy 'fifo'"):
+        HostTier(4, "fifo")
+
+
+# -- the lru host policy -----------------------------------------------------------------
+
+def test_lru_uses_a_finished_request_from_tail_to_head():
+    lru = HostLRU()
+    for k in "abcdef":
+        lru.insert(k)
+    lru.on_request_finished(["d", "e", "f"])  # head d is used last: most recent
+    assert lru.evict(3, set()) == ["a", "b", "c"]
+    assert lru.evict(1, set()) == ["f"]
+    assert lru.evict(1, {"e"}) == ["d"]
+    assert lru.evict(2, set()) is None and len(lru) == 1  # too few: nothing removed
+
+
+# -- lookup ------------------------------------------------------------------------------
+
+def _tier_with(keys, n=100):
+    tier = HostTier(n)
+    tier.store(HostRequest(), [(k, 0) for k in keys])
+    return tier
+
+
+def test_a_host_hit_needs_consecutive_kv_chunks_and_a_state_at_its_end():
+    h = list(range(10))  # 10 full blocks
+    attn, state = (1,), (0,)
+    tier = _tier_with([(h[i], 1) for i in range(6)] + [(h[3], 0), (h[5], 0)])
+    # Prompt of 10 blocks + 1 token: may reach 10 blocks; KV runs to 6 blocks; the
+    # highest state at or below is at 6 blocks.
+    assert tier.hit_end(h, 0, 10 * B + 1, B, attn, state) == 6 * B
+    # From an engine hit of 4 blocks: the state at 6 blocks is still the end.
+    assert tier.hit_end(h, 4 * B, 10 * B + 1, B, attn, state) == 6 * B
+    # An engine hit at 6 blocks: nothing beyond.
+    assert tier.hit_end(h, 6 * B, 10 * B + 1, B, attn, state) == 6 * B
+    # A hole in the KV at block 2: only the state at 2 blocks... none there, so none.
+    holed = _tier_with([(h[i], 1) for i in (0, 1, 3, 4, 5)] + [(h[3], 0), (h[5], 0)])
+    assert holed.hit_end(h, 0, 10 * B + 1, B, attn, state) == 0
+
+
+def test_a_host_hit_keeps_the_last_prompt_token_back():
+    h = list(range(4))
+    tier = _tier_with([(x, g) for x in h for g in (0, 1)])
+    # A 4-block prompt may hit 3 blocks only ((P - 1) // B); one token more reaches 4.
+    assert tier.hit_end(h, 0, 4 * B, B, (1,), (0,)) == 3 * B
+    assert tier.hit_end(h, 0, 4 * B + 1, B, (1,), (0,)) == 4 * B
+
+
+# -- stores -------------------------------------------------------------------------------
+
+def test_a_store_is_all_or_nothing_and_never_evicts_its_own_keys():
+    tier = HostTier(4)
+    req = HostRequest()
+    assert tier.store(req, [(("a", 0), 1), (("b", 0), 2), (("c", 0), 3)])
+    # Three new keys into one free chunk: two of a, b, c must go; c is offered again
+    # (protected), so a and b are evicted.
+    assert tier.store(req, [(("c", 0), 3), (("d", 0), 4), (("e", 0), 5), (("f", 0), 6)])
+    assert [k in tier.policy for k in (("a", 0), ("b", 0), ("c", 0))] == [False, False, True]
+    assert tier.evicted == 2
+    # Five keys cannot fit four chunks: refused, nothing inserted or evicted.
+    assert not tier.store(req, [((x, 0), 9) for x in "vwxyz"])
+    assert tier.failed_stores == 1 and len(tier) == 4 and tier.evicted == 2
+
+
+# -- the cache model with a host tier --------------------------------------------------------
+
+def make_cache(admission, host=None, num_blocks=14):
+    return HybridPrefixCache(num_blocks=num_blocks, block_size=B, group_kinds=GROUPS,
+                             admission=get_admission(admission), eviction=get_eviction("lru"),
+                             chunk_size=4096, host=host)
+
+
+def _serve(cache, prompts, output_len=8):
+    out = []
+    for r, p in enumerate(prompts):
+        o = cache.serve(chained_hashes(p, B), len(p), output_len, r, float(r))
+        out.append((o.hit_tokens, o.host_hit_tokens))
+    return out
+
+
+# A, B, C of 1,500 tokens each (5 full blocks, a state kept at the prompt end 1,280 by
+# every policy but none) through a 13-block pool: A is evicted from the GPU by B and C.
+PROMPTS = [tokens("A", 1500), tokens("B", 1500), tokens("C", 1500),
+           tokens("A", 1500) + tokens("a", 50), tokens("B", 1500)]
+
+
+@pytest.mark.parametrize("admission", ["vllm", "last", "marconi", "dense"])
+def test_a_prefix_evicted_from_the_gpu_comes_back_from_the_host(admission):
+    assert _serve(make_cache(admission), PROMPTS)[3:] == [(0, 0), (0, 0)]
+    host = HostTier(64)
+    got = _serve(make_cache(admission, host), PROMPTS)
+    assert got[3:] == [(1280, 1280), (1280, 1280)]
+    # Loads: 5 KV chunks and 1 state, twice.
+    assert host.loaded == 12 and host.hit_tokens == 2 * 1280
+
+
+def test_no_state_on_the_gpu_means_no_state_on_the_host():
+    host = HostTier(64)
+    assert _serve(make_cache("none", host), PROMPTS) == [(0, 0)] * 5
+    assert host.stored == 16 and host.loaded == 0  # KV chunks only: 5 + 5 + 5 + 1
+
+
+def test_dense_admission_sends_every_prompt_state_to_the_host_and_output_stays_behind():
+    host = HostTier(200)
+    cache = make_cache("dense", host)
+    p = tokens("P", 1300)  # 5 full prompt blocks; output runs into block 6
+    cache.serve(chained_hashes(p, B), len(p), 300, 0, 0.0)
+    state_keys = {k for k in host.policy._order if k[1] == 0}
+    assert len(state_keys) == 5 and len(host) == 10  # 5 states + 5 KV chunks, none of output
+
+
+def test_the_host_tier_is_cloned_with_the_cache():
+    host = HostTier(64)
+    cache = make_cache("vllm", host)
+    _serve(cache, PROMPTS[:1])
+    copy = cache.clone()
+    _serve(copy, PROMPTS[1:3])
+    assert len(copy.host) > len(cache.host) and copy.host is not cache.host
+
+
+# -- the simulator ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def synthetic():
+    return load_trace("synthetic", max_requests=300, seed=0)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    return load_model("qwen3-next-80b-a3b")
+
+
+def test_simulate_reports_hits_by_tier_and_bytes_moved(synthetic, qwen):
+    gpu = simulate(synthetic, qwen, admission="vllm", eviction="lru", capacity_bytes=2 << 30)
+    both = simulate(synthetic, qwen, admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+                    host_bytes=64 << 30, host_bandwidth=50e9)
+    assert gpu.host_chunks == 0 and gpu.host_hit_tokens == 0
+    assert both.host_chunks == host_chunks(64 << 30, qwen_bytes_per_block(both, qwen))
+    assert both.hit_tokens > gpu.hit_tokens
+    assert 0 < both.host_hit_tokens <= both.hit_tokens
+    # The GPU part of the hits can only shrink: loads allocate GPU blocks too.
+    assert both.hit_tokens - both.host_hit_tokens <= gpu.hit_tokens
+    assert both.host_bytes_loaded == both.host_loaded_chunks * qwen_bytes_per_block(both, qwen)
+    assert both.host_load_seconds == pytest.approx(both.host_bytes_loaded / 50e9)
+    # A chunk stored once may be loaded many times.
+    assert both.host_stored_chunks > 0 and both.host_loaded_chunks > 0
+
+
+def qwen_bytes_per_block(result, costs):
+    from vllm_admission.core.geometry import geometry_from_blocks
+
+    return geometry_from_blocks(costs, result.num_blocks, result.block_size).bytes_per_block
+
+
+def test_simulate_refuses_what_the_host_tier_does_not_model(synthetic, qwen):
+    with pytest.raises(UserError, match="holds no"):
+        simulate(synthetic, qwen, admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+                 host_bytes=1024)
+    with pytest.raises(UserError, match="speculative decoding"):
+        simulate(synthetic, load_model("qwen3-next-80b-a3b", mtp=True), admission="vllm",
+                 eviction="lru", capacity_bytes=2 << 30, host_bytes=64 << 30,
+                 num_speculative_tokens=1)
+    with pytest.raises(UserError, match="unknown host policy"):
+        simulate(synthetic, qwen, admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+                 host_bytes=64 << 30, host_policy="mru")
+
+
+def test_auto_scales_the_host_tier_of_its_sampled_shadows(synthetic, qwen):
+    res = simulate(synthetic, qwen, admission="auto", eviction="lru", capacity_bytes=2 << 30,
+                   host_bytes=64 << 30, shadow_rate=0.5)
+    assert res.host_chunks > 0 and res.host_hit_tokens > 0
+    from vllm_admission.core.geometry import CacheLayout
+
+    lay = CacheLayout(num_blocks=101, block_size=B, group_kinds=GROUPS, bytes_per_block=1,
+                      chunk_size=4096, host_chunks=40)
+    assert dataclasses.replace(lay, host_chunks=20).host_chunks == 20
