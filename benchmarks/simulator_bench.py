@@ -41,6 +41,8 @@ CASES = {
     "dense+lru": ("dense", "lru", {}),
     "vllm+belady": ("vllm", "belady", {}),
     "auto+auto (8 shadow caches)": ("auto", "auto", {}),
+    "vllm+lru, 1 TiB host tier": ("vllm", "lru", {"host_bytes": 1 << 40}),
+    "last+lru, 1 TiB host tier": ("last", "lru", {"host_bytes": 1 << 40}),
 }
 
 
