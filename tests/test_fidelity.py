@@ -443,7 +443,7 @@ HOST_PAIRS = (("none", "lru"), ("last", "lru"), ("vllm", "lru"), ("block", "lru"
 
 @pytest.mark.engine
 def test_the_host_tier_is_mirrored_exactly(tiny_model_of, engine_env):
-    """vLLM's ``OffloadingConnector`` with a 24-chunk host tier (``fidelity --offload``;
+    """vLLM's ``OffloadingConnector`` with a 48-chunk host tier (``fidelity --offload``;
     the project's CPU worker), against the simulator's host tier of the chunks the engine
     reports: every request's cached tokens (host loads among them), prefill steps and GPU
     evictions agree for every admission with ``lru``, a key-reading eviction and
@@ -458,12 +458,12 @@ def test_the_host_tier_is_mirrored_exactly(tiny_model_of, engine_env):
     synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
     spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,),
                         pairs=HOST_PAIRS, max_output_len=8, synthetic=synthetic,
-                        mamba_ssm_cache_dtype="bfloat16", offload=24 * bytes_per_block,
+                        mamba_ssm_cache_dtype="bfloat16", offload=48 * bytes_per_block,
                         engine_args={"max_num_batched_tokens": 512})
     records = run_fidelity(spec)["records"]
     assert_mirrored(records, HOST_PAIRS)
     for rec in records:
-        assert rec["host_chunks"] == 24 and rec["host_policy"] == "lru"
+        assert rec["host_chunks"] == 48 and rec["host_policy"] == "lru"
         assert rec["simulator_host_evictions"] > 0, rec["admission"]
         if rec["admission"] != "none":
             assert rec["simulator_host_hit_tokens"] > 0, rec["admission"]
