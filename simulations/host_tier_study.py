@@ -1,7 +1,8 @@
 """Two-tier study: GPU and host memory, stock vLLM + OffloadingConnector against ``auto`` (issue 33).
 
 For each model (Qwen3-Next-80B-A3B, Nemotron-3-Nano-30B-A3B) and trace (the whole Mooncake
-conversation trace, the seeded synthetic workload), every GPU capacity (32 / 64 / 128 GiB)
+conversation trace, the seeded synthetic workload, and that workload again where memory is short: GPU 2 / 4 / 8 GiB
+with host 0 / 16 / 64 GiB), every GPU capacity (32 / 64 / 128 GiB)
 with every host tier (none / 256 GiB / 1 TiB, vLLM's ``OffloadingConnector`` with its ``lru``
 host policy) runs stock vLLM (``vllm`` + ``lru``), ``auto`` + ``auto`` (its shadows run the
 host tier too) and, for reference, the best fixed pair of the single-tier study (``last`` +
@@ -31,13 +32,16 @@ from vllm_admission.sim.sweep import SweepSpec, run_sweep
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 TRACES = {"mooncake": SHARED / "traces" / "mooncake" / "conversation_trace.jsonl",
-          "synthetic": "synthetic"}
+          "synthetic": "synthetic", "synthetic-small": "synthetic"}
 MODELS = {
     "qwen3-next": "qwen3-next-80b-a3b",
     "nemotron-3-nano": str(SHARED / "model_configs" / "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json"),
 }
 GPU = ("32GiB", "64GiB", "128GiB")
 HOST = ("0", "256GiB", "1TiB")
+#: Grids other than (GPU, HOST): the synthetic workload fits a 32 GiB GPU, so it is also run
+#: where memory is short, as the single-tier demo runs it.
+GRIDS = {"synthetic-small": (("2GiB", "4GiB", "8GiB"), ("0", "16GiB", "64GiB"))}
 STOCK = ("vllm", "lru")
 PAIRS = (("auto", "auto"), ("last", "lru"))
 #: Effective prefill FLOP/s the net figures assume.
@@ -45,14 +49,15 @@ PREFILL_FLOPS = 400e12
 
 
 def _label(n: int) -> str:
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30)):
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20)):
         if n >= size:
             return f"{n / size:g} {unit}"
     return "none" if n == 0 else f"{n} B"
 
 
-def run_cell(trace: str, model: str, host: int, jobs: int, seed: int) -> list[dict]:
-    spec = SweepSpec(trace=str(trace), model=model, capacities=tuple(parse_bytes(c) for c in GPU),
+def run_cell(trace: str, model: str, gpu: tuple[str, ...], host: int, jobs: int,
+             seed: int) -> tuple[list[dict], dict]:
+    spec = SweepSpec(trace=str(trace), model=model, capacities=tuple(parse_bytes(c) for c in gpu),
                      admissions=(STOCK[0],), evictions=(STOCK[1],), pairs=PAIRS,
                      chunk_size=8192, seed=seed, host_bytes=host)
     doc = run_sweep(spec, jobs=jobs, progress=False)
@@ -101,7 +106,7 @@ def plot(runs: list[dict], title: str, path: Path) -> None:
             ax.plot([x / (1 << 30) for x, _ in pts], [y for _, y in pts], styles[pair],
                     label=f"{pair[0]}+{pair[1]}, host {_label(host)}", alpha=0.85)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("GPU + host bytes (GiB; GPU 32 / 64 / 128 GiB along each line)")
+    ax.set_xlabel("GPU + host bytes (GiB; the GPU grows along each line)")
     ax.set_ylabel("token hit rate (%)")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
@@ -129,12 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     for model_key in args.models.split(","):
         for trace_key in args.traces.split(","):
             runs, doc = [], None
-            for host in HOST:
-                cell, doc = run_cell(TRACES[trace_key], MODELS[model_key], parse_bytes(host),
+            gpu, hosts = GRIDS.get(trace_key, (GPU, HOST))
+            for host in hosts:
+                cell, doc = run_cell(TRACES[trace_key], MODELS[model_key], gpu, parse_bytes(host),
                                      args.jobs, args.seed)
                 runs += cell
             name = f"{model_key}-{trace_key}"
-            record = {"model": doc["model"], "trace": trace_key, "gpu": GPU, "host": HOST,
+            record = {"model": doc["model"], "trace": trace_key, "gpu": gpu, "host": hosts,
                       "pairs": [list(STOCK), *map(list, PAIRS)], "bound": doc["bound"],
                       "host_bandwidth": H2D_BYTES_PER_SECOND, "prefill_flops": args.prefill_flops,
                       "runs": runs}

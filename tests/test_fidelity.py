@@ -520,3 +520,42 @@ def test_a_speculative_method_the_simulator_does_not_mirror_is_refused(tiny_mode
         FidelitySpec(model=str(tiny_model_dir), trace="synthetic",
                      engine_args={"speculative_config": {"method": "ngram",
                                                          "num_speculative_tokens": 2}}).check()
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"engine_args": {"kv_transfer_config": {"kv_connector": "NixlConnector",
+                                             "kv_role": "kv_both"}}},
+     "FidelityError", "connector OffloadingConnector only"),
+    ({"offload": 1 << 20, "engine_args": {"kv_transfer_config": {
+        "kv_connector": "OffloadingConnector", "kv_role": "kv_both"}}},
+     "FidelityError", "give it or kv_transfer_config, not both"),
+    ({"offload": 0}, "UserError", "positive number of bytes"),
+    ({"offload": 1 << 20, "host_policy": "arc"}, "UnknownPolicyError", "got 'arc'"),
+    ({"engine_args": {"kv_transfer_config": {
+        "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 20, "eviction_policy": "arc"}}}},
+     "UnknownPolicyError", "got 'arc'"),
+    ({"offload": 1 << 20, "engine_args": {"prefix_match_unit": 32}},
+     "FidelityError", "without speculative decoding and with whole-block hashes only"),
+])
+def test_a_host_tier_the_simulator_does_not_model_is_refused(tiny_model_dir, kwargs, error,
+                                                             message):
+    from vllm_admission.core.admission import UnknownPolicyError
+    from vllm_admission.core.errors import UserError
+    from vllm_admission.fidelity import FidelitySpec
+    from vllm_admission.fidelity.spec import FidelityError
+
+    cls = {"FidelityError": FidelityError, "UserError": UserError,
+           "UnknownPolicyError": UnknownPolicyError}[error]
+    with pytest.raises(cls, match=message):
+        FidelitySpec(model=str(tiny_model_dir), trace="synthetic", **kwargs).check()
+
+
+def test_an_offloading_connector_config_is_mirrored_as_given(tiny_model_dir):
+    """``--kv-transfer-config`` naming vLLM's OffloadingConnector (the long form of
+    ``--offload``) passes the check; the host tier is read from the engine."""
+    from vllm_admission.fidelity import FidelitySpec
+    from vllm_admission.plugin.offload_config import offloading_connector_config
+
+    FidelitySpec(model=str(tiny_model_dir), trace="synthetic",
+                 engine_args={"kv_transfer_config": offloading_connector_config(1 << 20)}).check()

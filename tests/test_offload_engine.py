@@ -160,6 +160,10 @@ def test_every_admission_gives_stock_tokens_and_the_predicted_hits(model_dir, ge
     try:
         geo = engine_geometry(llm)
         assert geo["block_size"] == B and geo["host_chunks"] == HOST_CHUNKS
+        # The connector members the plugin reads (surface.PRIVATE_MEMBERS), on a live engine.
+        from vllm_admission.plugin.offload_config import host_tier
+
+        assert host_tier(_scheduler(llm)) == (HOST_CHUNKS, "lru")
         assert [g["kind"] for g in geo["kv_cache_groups"]] == ["state", "attention"]
         sched = _scheduler(llm)
         host_hits = {}

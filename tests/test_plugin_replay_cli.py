@@ -127,9 +127,17 @@ def test_fidelity_refuses_what_the_simulator_does_not_mirror(tmp_path, capsys):
                       "--kv-transfer-config", '{"kv_connector": "ExampleConnector"}'],
                      capsys)
     assert rc == 2 and err.count("\n") == 1
-    assert err.startswith("vllm-admission: error: the simulator does not mirror the engine "
-                          "argument(s) kv_transfer_config; it mirrors: max_num_batched_tokens, "
-                          "prefix_cache_retention_interval, prefix_match_unit, speculative_config")
+    assert err.startswith("vllm-admission: error: the simulator mirrors kv_transfer_config "
+                          "with connector OffloadingConnector only, got {'kv_connector': "
+                          "'ExampleConnector'}")
+    rc, _, err = run(["fidelity", "--model", str(model), "--out", str(tmp_path / "out"),
+                      "--offload", "1GiB", "--prefix-match-unit", "32"], capsys)
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith("vllm-admission: error: the simulator models a host tier without "
+                          "speculative decoding and with whole-block hashes only")
+    rc, _, err = run(["fidelity", "--model", str(model), "--out", str(tmp_path / "out"),
+                      "--offload", "lots"], capsys)
+    assert rc == 2 and err.count("\n") == 1 and "cannot parse byte size 'lots'" in err
     rc, _, err = run(["fidelity", "--model", str(model), "--out", str(tmp_path / "out"),
                       "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}'],
                      capsys)

@@ -107,7 +107,7 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
     host = {"host_chunks": int(geometry.get("host_chunks") or 0),
             "host_policy": geometry.get("host_policy"),
             "simulator_host_hit_tokens": sim.host_hit_tokens,
-            "simulator_host_evictions": sim.host_evictions} if spec.offload else {}
+            "simulator_host_evictions": sim.host_evictions} if geometry.get("host_chunks") else {}
     sim_hits = [None if h < 0 else h for h in sim.per_request_hits]
     sim_steps = [None if n < 0 else n for n in sim.per_request_prefill_steps]
     engine_steps = [r["prefill_steps"] for r in rows]

@@ -31,7 +31,10 @@ ENGINE_CHECKPOINT_MODES = ("split", "inpass")
 #: simulator models; it reads their values from the live engine
 #: (:func:`~vllm_admission.engine.llm.engine_geometry`).
 SIMULATED_ENGINE_ARGS = ("max_num_batched_tokens", "prefix_cache_retention_interval",
-                         "prefix_match_unit", "speculative_config")
+                         "prefix_match_unit", "speculative_config", "kv_transfer_config")
+#: The KV connector the simulator mirrors (``kv_transfer_config["kv_connector"]``): vLLM's
+#: ``OffloadingConnector``, whose host tier it reads from the live engine.
+SIMULATED_CONNECTORS = ("OffloadingConnector",)
 
 #: The speculative methods the simulator mirrors (``speculative_config["method"]``): MTP,
 #: whose drafter layers the cost model reads from the model's config, and vLLM's
@@ -156,22 +159,34 @@ class FidelitySpec:
                                 f"{', '.join(unknown)}; it mirrors: "
                                 f"{', '.join(SIMULATED_ENGINE_ARGS)}")
         check_retention_interval(self.engine_args.get("prefix_cache_retention_interval"))
+        transfer = self.engine_args.get("kv_transfer_config")
+        if transfer is not None:
+            if (not isinstance(transfer, dict)
+                    or transfer.get("kv_connector") not in SIMULATED_CONNECTORS):
+                raise FidelityError(f"the simulator mirrors kv_transfer_config with connector "
+                                    f"{', '.join(SIMULATED_CONNECTORS)} only, got {transfer!r}")
+            if self.offload is not None:
+                raise FidelityError("offload is a kv_transfer_config of its own; give it or "
+                                    "kv_transfer_config, not both")
         spec = self.engine_args.get("speculative_config")
         if spec is not None and (not isinstance(spec, dict)
                                  or spec.get("method") not in SIMULATED_SPECULATIVE_METHODS):
             raise FidelityError(f"the simulator mirrors speculative_config with method "
                                 f"{', '.join(SIMULATED_SPECULATIVE_METHODS)} only, got {spec!r}")
-        if self.offload is not None:
-            if isinstance(self.offload, bool) or not isinstance(self.offload, int) \
-                    or self.offload < 1:
+        if self.offload is not None or transfer is not None:
+            if self.offload is not None and (isinstance(self.offload, bool)
+                                             or not isinstance(self.offload, int)
+                                             or self.offload < 1):
                 raise UserError(f"the host tier needs a positive number of bytes, got "
                                 f"{self.offload!r}")
             if self.engine_args.get("prefix_match_unit") or spec is not None:
                 raise FidelityError("the simulator models a host tier without speculative "
                                     "decoding and with whole-block hashes only")
-            if self.host_policy not in HOST_POLICIES:
-                raise UnknownPolicyError(f"unknown host policy {self.host_policy!r}; valid: "
-                                         f"{', '.join(HOST_POLICIES)}")
+            extra = (transfer or {}).get("kv_connector_extra_config") or {}
+            policy = extra.get("eviction_policy", "lru") if transfer else self.host_policy
+            if policy not in HOST_POLICIES or (transfer and extra.get("cache_policy_module_path")):
+                raise UnknownPolicyError(f"the simulator models the host policies "
+                                         f"{', '.join(HOST_POLICIES)}, got {policy!r}")
         if not (Path(self.model) / "config.json").is_file():
             raise UserError(f"model {self.model}: no config.json there "
                             f"(make one with 'vllm-admission make-tiny-model DIR')")

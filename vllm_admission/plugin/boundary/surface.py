@@ -180,6 +180,14 @@ PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
      "called by CPUHiddenStatesConnector: the write's completion callback"),
     ("distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
      "extract_from_kv_cache", "called by CPUHiddenStatesConnector: the states by slot"),
+    ("v1/kv_offload/cpu/spec.py", "CPUOffloadingSpec.get_worker",
+     "overridden by HostCopyOffloadingSpec (host copies off CUDA/XPU); it reads the instance "
+     "attributes _worker, num_chunks, blocks_per_chunk"),
+    ("distributed/kv_transfer/kv_connector/v1/offloading_connector.py",
+     "OffloadingConnector.connector_scheduler",
+     "read by offload_config.host_tier (instance attribute): the connector's scheduler side"),
+    ("v1/kv_offload/cpu/manager.py", "CPUOffloadingManager._num_chunks",
+     "read by offload_config.host_tier (instance attribute): the host tier's chunks"),
 )
 
 # Members that are instance attributes (checked on a live object, not the class).
@@ -187,6 +195,7 @@ _INSTANCE_ATTRIBUTES = frozenset({
     "HybridKVCacheCoordinator.single_type_managers", "BlockPool.free_block_queue",
     "BlockHashToBlockMap._cache", "environment_variables", "MambaManager.req_to_blocks",
     "LLMEngine.engine_core", "InprocClient.engine_core", "EngineCore.scheduler",
+    "OffloadingConnector.connector_scheduler", "CPUOffloadingManager._num_chunks",
 })
 
 
@@ -313,6 +322,8 @@ OVERRIDES: tuple[tuple[str, str], ...] = (
     ("ExampleHiddenStatesConnector._submit_async_write",
      "vllm_admission.plugin.boundary.cpu_hidden_states:CPUHiddenStatesConnector."
      "_submit_async_write"),
+    ("CPUOffloadingSpec.get_worker",
+     "vllm_admission.plugin.boundary.cpu_offload:HostCopyOffloadingSpec.get_worker"),
 )
 
 
@@ -320,6 +331,12 @@ def _hidden_states_connector() -> Any:
     from vllm.distributed.kv_transfer.kv_connector.v1 import example_hidden_states_connector
 
     return example_hidden_states_connector.ExampleHiddenStatesConnector
+
+
+def _cpu_offloading_spec() -> Any:
+    from vllm.v1.kv_offload.cpu import spec
+
+    return spec.CPUOffloadingSpec
 
 
 def accepts(theirs: Any, ours: Any) -> list[str]:
@@ -367,7 +384,8 @@ def override_mismatches() -> list[str]:
               "HybridKVCacheCoordinator": kv_cache_coordinator.HybridKVCacheCoordinator,
               "MambaManager": stkm.MambaManager,
               "FullAttentionManager": stkm.FullAttentionManager,
-              "ExampleHiddenStatesConnector": _hidden_states_connector()}
+              "ExampleHiddenStatesConnector": _hidden_states_connector(),
+              "CPUOffloadingSpec": _cpu_offloading_spec()}
     out = []
     for member, target in OVERRIDES:
         cls_name, meth = member.split(".")
