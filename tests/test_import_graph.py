@@ -158,6 +158,7 @@ ALLOWED_STORES = {
     ("control.py", "self.counters.junctions"),           # the plugin's own CacheCounters
     ("control.py", "self.counters.state_checkpoints"),
     ("control.py", "self.counters.prefill_steps"),
+    ("control.py", "self.counters.host_hit_tokens"),
     ("free_queue.py", "b.prev_free_block"),        # the free queue's own links (vLLM's
     ("free_queue.py", "b.next_free_block"),        # FreeKVCacheBlockQueue contract)
     ("logs.py", "logger.propagate"),               # the plugin's own logger

@@ -170,11 +170,16 @@ def test_every_admission_gives_stock_tokens_and_the_predicted_hits(model_dir, ge
         for policy in POLICIES:
             assert llm.reset_prefix_cache(reset_connector=True)
             sched.set_admission_policy(policy)
+            before = sched.stats()
             got = _one_at_a_time(llm, PROMPTS)
+            after = sched.stats()
             assert [t for _, t in got] == [t for _, t in reference], policy
             hits, from_host, host = _predicted(policy, B, geo["num_gpu_blocks"], HOST_CHUNKS)
             assert [h for h, _ in got] == hits, policy
             host_hits[policy] = sum(from_host)
+            # The plugin's counters: num_cached_tokens, with the host tier's part apart.
+            assert after.hit_tokens - before.hit_tokens == sum(hits), policy
+            assert after.host_hit_tokens - before.host_hit_tokens == sum(from_host), policy
             assert host.evicted > 0, policy  # the host tier is full at some point
         # The case reaches the host tier: a policy that keeps prompt-end states loads them
         # back; none keeps no state to load, and dense fills the 18 chunks with states

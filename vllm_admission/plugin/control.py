@@ -273,7 +273,8 @@ class AdmissionControl:
 
     def on_scheduled(self, num_scheduled_tokens: dict[str, int], requests: dict[str, Any]) -> None:
         """Count the requests admitted this step (those looked up and scheduled),
-        first admissions only
+        with the tokens a KV connector loaded for them (``host_hit_tokens``, part of
+        ``hit_tokens``), first admissions only
         (:func:`~vllm_admission.plugin.translate.counts_in_prefix_cache_stats`), and the
         step's prefill chunks (requests given prompt tokens; called before vLLM advances
         ``num_computed_tokens``)."""
@@ -286,7 +287,13 @@ class AdmissionControl:
             return
         for rid in [r for r in pending if r in num_scheduled_tokens]:
             probe = pending.pop(rid)
-            self.counters.count_request(probe.prompt_len, probe.state_hit, probe.state_miss)
+            # Tokens a KV connector loaded beyond the local hit (a host tier's): the
+            # request starts past the probe's hit, and vLLM's num_cached_tokens counts them.
+            r = requests.get(rid)
+            loaded = max(0, r.num_computed_tokens - probe.state_hit) if r is not None else 0
+            self.counters.count_request(probe.prompt_len, probe.state_hit + loaded,
+                                        probe.state_miss)
+            self.counters.host_hit_tokens += loaded
             self.counters.junctions += bool(probe.junction)
 
     # -- caching ------------------------------------------------------------

@@ -21,6 +21,9 @@ class AdmissionStats(CacheCounters):
     lookup, is left out
     (:func:`~vllm_admission.plugin.translate.counts_in_prefix_cache_stats`), so
     ``hit_tokens / prompt_tokens`` and vLLM's hit rate have the same denominator.
+    Under a KV connector ``hit_tokens`` is vLLM's ``num_cached_tokens``, the tokens the
+    connector loaded included; ``host_hit_tokens`` is that part (a host tier's loads with
+    the ``OffloadingConnector``), which vLLM's ``vllm:prefix_cache_hits`` leaves out.
     ``state_checkpoints`` does not count tentative sequence-end states that a later one
     of the same request replaced (``marconi``); ``superseded`` counts those.
 
@@ -65,7 +68,8 @@ class AdmissionStats(CacheCounters):
         return (f"admission={self.admission} eviction={self.eviction}{alpha}{auto} "
                 f"requests={self.requests} junctions={self.junctions} "
                 f"state_checkpoints={self.state_checkpoints} hit_requests={self.hit_requests} "
-                f"hit_tokens={self.hit_tokens}/{self.prompt_tokens} "
+                f"hit_tokens={self.hit_tokens}/{self.prompt_tokens}"
+                f"{f' (host {self.host_hit_tokens})' if self.host_hit_tokens else ''} "
                 f"state_miss_tokens={self.state_miss_tokens} "
                 f"evictions={self.evictions} ({groups}) "
                 f"free_blocks={self.free_blocks}/{self.usable_blocks}")
