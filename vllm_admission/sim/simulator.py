@@ -349,9 +349,6 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                          host_chunks=host_chunks if host_chunks is not None else host_chunks_of(
                              host_bytes, geo.bytes_per_block),
                          host_policy=host_policy)
-    if layout.host_chunks and (layout.unit or num_speculative_tokens):
-        raise UserError("a host tier is modelled without speculative decoding and with "
-                        "whole-block hashes only")
     if host_bytes and not layout.host_chunks:
         raise UserError(f"a host tier of {host_bytes} bytes holds no {geo.bytes_per_block}-byte "
                         f"block of {costs.name}")

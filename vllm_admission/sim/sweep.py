@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.cache import check_checkpoint_mode
-from vllm_admission.core.cache.host import H2D_BYTES_PER_SECOND, HOST_POLICIES, host_chunks
+from vllm_admission.core.cache.host import H2D_BYTES_PER_SECOND, check_host_tier, host_chunks
 from vllm_admission.core.costs import ModelCosts, load_model
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import (
@@ -341,13 +341,11 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         if spec.host_bytes and not host_chunks(spec.host_bytes, geo.bytes_per_block):
             raise UserError(f"--host-capacity {spec.host_bytes} bytes holds no block of "
                             f"{costs.name} ({geo.bytes_per_block} bytes)")
-    if spec.host_bytes and (spec.prefix_match_unit or spec.num_speculative_tokens
-                            or spec.hidden_states):
-        raise UserError("a host tier is modelled without speculative decoding, hidden states "
-                        "or a --prefix-match-unit")
-    if spec.host_policy not in HOST_POLICIES:
-        raise UserError(f"unknown host policy {spec.host_policy!r}; valid: "
-                        f"{', '.join(HOST_POLICIES)}")
+    # Hidden states come from a speculative method (extract_hidden_states).
+    check_host_tier(spec.host_policy,
+                    hash_unit=spec.prefix_match_unit if spec.host_bytes else 0,
+                    speculative_tokens=(spec.num_speculative_tokens + spec.hidden_states
+                                        if spec.host_bytes else 0))
     if spec.prefix_match_unit and spec.checkpoint != "split":
         raise UserError(f"--prefix-match-unit is modelled in 'split' checkpoint mode only, "
                         f"not {spec.checkpoint!r}")

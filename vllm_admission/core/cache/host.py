@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from vllm_admission.core.errors import UserError
 
 __all__ = ["H2D_BYTES_PER_SECOND", "HOST_PAGE_BYTES", "HOST_POLICIES", "HostLRU", "HostRequest",
-           "HostTier", "host_chunks"]
+           "HostTier", "check_host_tier", "host_chunks"]
 
 #: Host-to-device bytes per second the load times assume: an H100's PCIe 5.0 x16 link,
 #: nominal, one direction (32 GT/s x 16 lanes / 8 bits = 64 GB/s; NVIDIA's H100 datasheet
@@ -124,6 +124,29 @@ class HostLRU:
 HOST_POLICIES = {HostLRU.name: HostLRU}
 
 
+def check_host_tier(policy: str, *, hash_unit: int | None = 0,
+                    speculative_tokens: int = 0) -> None:
+    """Refuse what a host tier is not modelled with: the one check the cache model, the
+    tier and the simulator's sweep share.
+
+    Args:
+        policy: the host policy name.
+        hash_unit: tokens per hash unit when finer than the block (0 or ``None``: none).
+        speculative_tokens: draft tokens per step of any speculative method (0: none).
+
+    Raises:
+        UserError: a policy not in :data:`HOST_POLICIES`, or a hash unit finer than the
+            block or speculative decoding beside the tier (vLLM then adds partial-tail and
+            EAGLE rules the model does not have).
+    """
+    if policy not in HOST_POLICIES:
+        raise UserError(f"unknown host policy {policy!r}; choose from "
+                        f"{', '.join(sorted(HOST_POLICIES))}")
+    if hash_unit or speculative_tokens:
+        raise UserError("a host tier is modelled without speculative decoding and with "
+                        "whole-block hashes only")
+
+
 @dataclass(slots=True)
 class HostRequest:
     """One request's dealings with the host tier (the connector's ``RequestOffloadState``
@@ -159,9 +182,7 @@ class HostTier:
         if num_chunks < 1:
             raise UserError(f"a host tier of {num_chunks} chunks holds nothing; give it at "
                             f"least one block's bytes")
-        if policy not in HOST_POLICIES:
-            raise UserError(f"unknown host policy {policy!r}; choose from "
-                            f"{', '.join(sorted(HOST_POLICIES))}")
+        check_host_tier(policy)
         self.num_chunks = num_chunks
         self.policy_name = policy
         self.policy = HOST_POLICIES[policy]()

@@ -30,7 +30,7 @@ from vllm_admission.core.cache.checkpoint import (
     check_checkpoint_mode,
 )
 from vllm_admission.core.cache.groups import GROUP_PARTS, RunningRequest
-from vllm_admission.core.cache.host import HostRequest, HostTier
+from vllm_admission.core.cache.host import HostRequest, HostTier, check_host_tier
 from vllm_admission.core.cache.values import FreedBlockMeta
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import EvictionPolicy
@@ -231,9 +231,9 @@ class HybridPrefixCache:
                             "without prompt_end_export")
         #: Draft tokens per step (0: no speculative decoding).
         self.spec = num_speculative_tokens
-        if host is not None and (self.unit or num_speculative_tokens):
-            raise UserError("a host tier is modelled without speculative decoding and with "
-                            "whole-block hashes only")
+        if host is not None:
+            check_host_tier(host.policy_name, hash_unit=self.unit,
+                            speculative_tokens=num_speculative_tokens)
         #: The host tier (vLLM's ``OffloadingConnector``), or ``None``.
         self.host = host
         #: vLLM's EAGLE rules apply (dropped block, lower checkpoints, K lookahead slots).
