@@ -469,6 +469,36 @@ def test_the_host_tier_is_mirrored_exactly(tiny_model_of, engine_env):
             assert rec["simulator_host_hit_tokens"] > 0, rec["admission"]
 
 
+HOST_POLICY_PAIRS = (("vllm", "lru"), ("last", "lru"), ("marconi", "s3fifo"), ("auto", "auto"))
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("host_policy", ["reuse", "s3fifo"])
+def test_a_project_host_policy_is_mirrored_exactly(tiny_model_of, engine_env, host_policy):
+    """The host tier run by one of the project's eviction policies, which vLLM loads
+    through ``cache_policy_module_path`` (``plugin/boundary/host_policy.py``), against the
+    simulator's host tier running the same policy object: every request's cached tokens,
+    prefill steps and GPU evictions agree, with both tiers evicting."""
+    from vllm_admission.core.geometry import geometry_from_blocks
+    from vllm_admission.fidelity import FidelitySpec, run_fidelity
+
+    model = tiny_model_of("qwen3-next")
+    costs = ModelCosts.from_config(model / "config.json", mamba_ssm_cache_dtype="bfloat16")
+    B = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)  # noqa: N806
+    bytes_per_block = geometry_from_blocks(costs, 40, B).bytes_per_block
+    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,),
+                        pairs=HOST_POLICY_PAIRS, max_output_len=8, synthetic=synthetic,
+                        mamba_ssm_cache_dtype="bfloat16", offload=48 * bytes_per_block,
+                        host_policy=host_policy, engine_args={"max_num_batched_tokens": 512})
+    records = run_fidelity(spec)["records"]
+    assert_mirrored(records, HOST_POLICY_PAIRS)
+    for rec in records:
+        assert rec["host_chunks"] == 48 and rec["host_policy"] == host_policy
+        assert rec["simulator_host_evictions"] > 0, rec["admission"]
+        assert rec["simulator_host_hit_tokens"] > 0, rec["admission"]
+
+
 def mtp_fidelity(tmp_path_factory, name: str, **engine_args) -> list:
     """``run_fidelity``'s records for :data:`MTP_PAIRS` on the tiny Qwen3-Next with an MTP
     layer, one draft token, ``engine_args`` besides: the SMALL synthetic trace, 40 blocks,

@@ -16,7 +16,15 @@ from conftest import chained_hashes
 
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import HybridPrefixCache
-from vllm_admission.core.cache.host import HostLRU, HostRequest, HostTier, host_chunks
+from vllm_admission.core.cache.host import (
+    HostEviction,
+    HostLRU,
+    HostRequest,
+    HostTier,
+    check_host_tier,
+    host_chunks,
+    host_policy_names,
+)
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import get_eviction
@@ -59,6 +67,93 @@ def test_lru_uses_a_finished_request_from_tail_to_head():
     assert lru.evict(2, set()) is None and len(lru) == 1  # too few: nothing removed
 
 
+# -- the project's eviction policies as host policies --------------------------------
+
+def test_a_wrapped_policy_keeps_its_order_through_the_key_mapping():
+    """The project's lru (first candidate first out) wrapped as a host policy orders
+    chunks as vLLM's lru does when nothing is protected."""
+    from vllm_admission.core.eviction import LRUEviction
+    ours, vllms = HostEviction(LRUEviction()), HostLRU()
+    for policy in (ours, vllms):
+        for k in "abcdef":
+            policy.insert(k)
+        policy.on_request_finished(["d", "e", "f"], {"e"})
+    assert ours.evict(3, set()) == vllms.evict(3, set()) == ["a", "b", "c"]
+    assert ours.evict(1, set()) == vllms.evict(1, set()) == ["f"]
+    assert ours.now == 1
+
+
+def test_a_wrapped_policy_evicts_atomically_around_protected_keys():
+    from vllm_admission.core.eviction import LRUEviction
+    policy = HostEviction(LRUEviction())
+    for k in "abc":
+        policy.insert(k)
+    assert policy.evict(3, {"a"}) is None and len(policy) == 3      # nothing removed
+    assert policy.evict(1, {"a"}) == ["b"]
+    # a was withdrawn for the call and is a candidate again, after c: used then.
+    assert policy.evict(2, set()) == ["c", "a"] and len(policy) == 0
+    policy.insert("x")
+    policy.discard("x")
+    policy.discard("never held")
+    assert "x" not in policy and policy.evict(1, set()) is None
+
+
+def test_ids_are_given_back_so_a_long_run_keeps_them_bounded():
+    from vllm_admission.core.eviction import get_eviction
+    policy = HostEviction(get_eviction("reuse"))
+    for i in range(1000):
+        policy.insert(("k", i))
+        if len(policy) > 8:
+            policy.evict(1, set())
+    assert len(policy) == 8 and policy._next_id <= 9
+
+
+def test_s3fifo_in_the_host_tier_keeps_a_reused_prefix_through_a_scan():
+    """A prefix loaded once (a reuse) survives one-time prompts that push it out of
+    vLLM's lru: S3-FIFO promotes what was hit and drops what was not."""
+    def run(policy):
+        tier = HostTier(6, policy)
+        prefix = [(("p", i), 0) for i in range(3)]
+        for keys in [prefix, prefix] + [[((tag, i), 0) for i in range(3)] for tag in "xyz"]:
+            req = HostRequest()
+            tier.store(req, keys)  # the second time the prefix is found stored: a reuse
+            tier.settle()          # written before the next request
+            tier.finish(req, [], 0, (), B)
+        tier.flush()
+        return sum(key in tier.policy for key, _ in prefix)
+
+    assert run("lru") == 0
+    assert run("s3fifo") == 3
+
+
+def test_a_chunk_in_transfer_is_not_evicted():
+    """A store is written during the engine's next step and a load within its own: until
+    then vLLM pins the chunks (nonzero ``ref_cnt``) and no policy may pick them."""
+    tier = HostTier(2)
+    req = HostRequest()
+    assert tier.store(req, [(("a", 0), 1)])
+    tier.next_step()
+    assert tier.store(req, [(("b", 0), 2)])
+    assert not tier.store(req, [(("c", 0), 3)])    # a being written, b just inserted
+    tier.next_step()
+    assert tier.store(req, [(("c", 0), 3)])        # a written: the victim
+    assert "a" not in {k[0] for k in tier.policy._order}
+    tier.settle()
+    h = ["c"]
+    tier.load(HostRequest(), h, 0, B, B, (0,), ())  # c loading
+    assert tier.store(req, [(("d", 0), 4)]) and ("c", 0) in tier.policy
+
+
+def test_only_policies_that_need_nothing_vllm_withholds_run_in_the_host_tier():
+    names = host_policy_names()
+    assert names[0] == "lru" and {"s3fifo", "reuse"} <= set(names)
+    for name, why in (("flop", "FLOP values"), ("belady", "the future"),
+                      ("conversation", "each request's prompt")):
+        assert name not in names
+        with pytest.raises(UserError, match=f"{name!r} cannot run in the host tier: it needs {why}"):
+            check_host_tier(name)
+
+
 # -- lookup ------------------------------------------------------------------------------
 
 def _tier_with(keys, n=100):
@@ -97,6 +192,7 @@ def test_a_store_is_all_or_nothing_and_never_evicts_its_own_keys():
     tier = HostTier(4)
     req = HostRequest()
     assert tier.store(req, [(("a", 0), 1), (("b", 0), 2), (("c", 0), 3)])
+    tier.settle()  # written
     # Three new keys into one free chunk: two of a, b, c must go; c is offered again
     # (protected), so a and b are evicted.
     assert tier.store(req, [(("c", 0), 3), (("d", 0), 4), (("e", 0), 5), (("f", 0), 6)])

@@ -9,7 +9,7 @@ from vllm_admission.cli.options import RETENTION_HELP, parse_retention_interval
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, parse_shadow_rate
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
-from vllm_admission.core.cache.host import HOST_POLICIES
+from vllm_admission.core.cache.host import host_policy_names
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import EVICTION_POLICIES
@@ -85,9 +85,10 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                         "OffloadingConnector runs it (cpu_bytes_to_use), e.g. 1TiB: prompt "
                         "blocks and the states the GPU cache keeps are copied there and loaded "
                         "back on a hit (default 0: none; docs/simulator.md)")
-    p.add_argument("--host-policy", choices=sorted(HOST_POLICIES), default="lru",
-                   help="the host tier's eviction policy, the connector's eviction_policy "
-                        "(default lru)")
+    p.add_argument("--host-policy", choices=host_policy_names(), default="lru",
+                   help="the host tier's eviction policy, the connector's eviction_policy: "
+                        "vLLM's lru (default) or one of the project's eviction policies, which "
+                        "the plugin runs in vLLM through cache_policy_module_path")
     p.add_argument("--host-bandwidth", default="64GB", metavar="BYTES",
                    help="host-to-device bytes per second that prices the host tier's loads "
                         "(default 64GB: an H100's PCIe 5.0 x16 link, one direction)")

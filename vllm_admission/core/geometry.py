@@ -153,7 +153,7 @@ class CacheLayout:
             block each, :func:`~vllm_admission.core.cache.host.host_chunks`); 0: none.
         host_policy: the host tier's eviction policy (the connector's
             ``eviction_policy``), a name in
-            :data:`~vllm_admission.core.cache.host.HOST_POLICIES`.
+            :func:`~vllm_admission.core.cache.host.host_policy_names`.
 
     Raises:
         UserError: a retention interval vLLM would refuse (its message is

@@ -9,7 +9,8 @@ from typing import Any
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
 from vllm_admission.core.cache import check_checkpoint_mode
-from vllm_admission.core.cache.host import HOST_POLICIES
+from vllm_admission.core.cache.host import host_policy_names
+from vllm_admission.plugin.offload_config import HOST_POLICY_MODULE, VLLM_HOST_POLICIES
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import check_retention_interval
@@ -184,9 +185,12 @@ class FidelitySpec:
                                     "decoding and with whole-block hashes only")
             extra = (transfer or {}).get("kv_connector_extra_config") or {}
             policy = extra.get("eviction_policy", "lru") if transfer else self.host_policy
-            if policy not in HOST_POLICIES or (transfer and extra.get("cache_policy_module_path")):
+            module = extra.get("cache_policy_module_path") if transfer else None
+            if (policy not in host_policy_names()
+                    or (module and module != HOST_POLICY_MODULE
+                        and policy not in VLLM_HOST_POLICIES)):
                 raise UnknownPolicyError(f"the simulator models the host policies "
-                                         f"{', '.join(HOST_POLICIES)}, got {policy!r}")
+                                         f"{', '.join(host_policy_names())}, got {policy!r}")
         if not (Path(self.model) / "config.json").is_file():
             raise UserError(f"model {self.model}: no config.json there "
                             f"(make one with 'vllm-admission make-tiny-model DIR')")

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HOST_SPEC_MODULE", "HOST_SPEC_NAME", "host_tier", "offloading_connector_config"]
+__all__ = ["HOST_POLICY_MODULE", "HOST_SPEC_MODULE", "HOST_SPEC_NAME", "VLLM_HOST_POLICIES",
+           "host_tier", "offloading_connector_config"]
 
 #: The out-of-tree offloading spec vLLM loads (``v1/kv_offload/factory.py``).
 HOST_SPEC_NAME = "HostCopyOffloadingSpec"
 HOST_SPEC_MODULE = "vllm_admission.plugin.boundary.cpu_offload"
+#: The module vLLM loads the project's host policies from (``cache_policy_module_path``).
+HOST_POLICY_MODULE = "vllm_admission.plugin.boundary.host_policy"
+#: Host policies vLLM 0.32 registers itself (``v1/kv_offload/cpu/policies/factory.py``).
+VLLM_HOST_POLICIES = ("lru", "arc")
 
 
 def offloading_connector_config(host_bytes: int, *, eviction_policy: str | None = None,
@@ -26,7 +31,9 @@ def offloading_connector_config(host_bytes: int, *, eviction_policy: str | None 
         host_bytes: host-tier capacity in bytes (vLLM's ``cpu_bytes_to_use``; the tier
             holds ``host_bytes // bytes per block`` chunks, each block rounded up to a
             host page).
-        eviction_policy: vLLM's host policy name (``"lru"``, its default, or ``"arc"``).
+        eviction_policy: the host policy: vLLM's ``"lru"`` (its default) or ``"arc"``, or
+            a registered eviction policy of this project, which vLLM then loads from
+            :data:`HOST_POLICY_MODULE` (``cache_policy_module_path``).
         extra: further ``kv_connector_extra_config`` keys, kept as given.
 
     Raises:
@@ -38,6 +45,8 @@ def offloading_connector_config(host_bytes: int, *, eviction_policy: str | None 
                               "spec_module_path": HOST_SPEC_MODULE}
     if eviction_policy is not None:
         config["eviction_policy"] = eviction_policy
+        if eviction_policy not in VLLM_HOST_POLICIES:
+            config["cache_policy_module_path"] = HOST_POLICY_MODULE
     config.update(extra or {})
     return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
             "kv_connector_extra_config": config}
@@ -47,7 +56,9 @@ def host_tier(scheduler: Any) -> tuple[int, str | None]:
     """``(chunks, eviction policy name)`` of the host tier of a vLLM scheduler's
     ``OffloadingConnector`` (its ``OffloadingConnectorScheduler.manager``, a
     ``CPUOffloadingManager``, and the connector's ``eviction_policy``); ``(0, None)``
-    without one (no connector, another connector, or a manager of another kind)."""
+    without one (no connector, another connector, or a manager of another kind). A policy
+    loaded from a module other than :data:`HOST_POLICY_MODULE` is named
+    ``"module:name"``, which no host-tier model accepts."""
     connector = getattr(scheduler, "connector", None)
     side = getattr(connector, "connector_scheduler", None)
     manager = getattr(side, "manager", None)
@@ -56,4 +67,8 @@ def host_tier(scheduler: Any) -> tuple[int, str | None]:
         return 0, None
     transfer = scheduler.vllm_config.kv_transfer_config
     extra = (transfer.kv_connector_extra_config or {}) if transfer is not None else {}
-    return chunks, str(extra.get("eviction_policy", "lru"))
+    name = str(extra.get("eviction_policy", "lru"))
+    module = extra.get("cache_policy_module_path")
+    if module and module != HOST_POLICY_MODULE and name not in VLLM_HOST_POLICIES:
+        name = f"{module}:{name}"
+    return chunks, name

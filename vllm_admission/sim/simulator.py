@@ -286,7 +286,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         host_chunks: the host tier's chunks as an engine reports them (overrides
             ``host_bytes``).
         host_policy: the host tier's eviction policy (the connector's
-            ``eviction_policy``; :data:`~vllm_admission.core.cache.host.HOST_POLICIES`).
+            ``eviction_policy``; :func:`~vllm_admission.core.cache.host.host_policy_names`).
         host_bandwidth: host-to-device bytes per second, for ``host_load_seconds``
             (default :data:`H2D_BYTES_PER_SECOND`).
         requests: pre-built cache requests at the right block size (sweeps

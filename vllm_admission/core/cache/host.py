@@ -14,9 +14,11 @@ they are used.
   layer slots), rounded up to the host page (``CPUOffloadingSpec``:
   ``cpu_bytes_to_use // round_up(bytes per block, page size)`` chunks).
 * The **host policy** is vLLM's ``CachePolicy`` interface
-  (``v1/kv_offload/cpu/policies/base.py``); :class:`HostLRU` is vLLM's ``lru``. A policy
-  learns of use only when a chunk is inserted and when a request finishes (the keys it
-  loaded, stored or found stored, head of the prompt last), never at a lookup.
+  (``v1/kv_offload/cpu/policies/base.py``); :class:`HostLRU` is vLLM's ``lru``, and
+  :class:`HostEviction` runs one of the project's registered eviction policies there (the
+  engine loads it through ``cache_policy_module_path``). A policy learns of use only when
+  a chunk is inserted and when a request finishes (the keys it loaded, stored or found
+  stored, head of the prompt last), never at a lookup.
 
 Pure Python: no vLLM, no torch.
 """
@@ -29,8 +31,8 @@ from dataclasses import dataclass, field
 
 from vllm_admission.core.errors import UserError
 
-__all__ = ["H2D_BYTES_PER_SECOND", "HOST_PAGE_BYTES", "HOST_POLICIES", "HostLRU", "HostRequest",
-           "HostTier", "check_host_tier", "host_chunks"]
+__all__ = ["H2D_BYTES_PER_SECOND", "HOST_PAGE_BYTES", "HostEviction", "HostLRU", "HostRequest",
+           "HostTier", "check_host_tier", "host_chunks", "host_policy_names", "make_host_policy"]
 
 #: Host-to-device bytes per second the load times assume: an H100's PCIe 5.0 x16 link,
 #: nominal, one direction (32 GT/s x 16 lanes / 8 bits = 64 GB/s; NVIDIA's H100 datasheet
@@ -96,8 +98,13 @@ class HostLRU:
             if key in order:
                 order.move_to_end(key)
 
-    def on_request_finished(self, keys_head_first: Sequence) -> None:
+    def on_request_finished(self, keys_head_first: Sequence, reused: set = frozenset()) -> None:
+        """A request finished: use its keys from the tail to the head (``reused`` plays
+        no part in LRU)."""
         self.touch(reversed(keys_head_first))
+
+    def discard(self, key) -> None:
+        self._order.pop(key, None)
 
     def evict(self, n: int, protected: set) -> list | None:
         """The ``n`` least recently used keys not in ``protected``, removed; ``None``
@@ -120,8 +127,152 @@ class HostLRU:
         return other
 
 
-#: Host policies by vLLM's ``eviction_policy`` name.
-HOST_POLICIES = {HostLRU.name: HostLRU}
+class HostEviction:
+    """One of the project's registered eviction policies as a host policy: the host
+    tier's side of vLLM's ``CachePolicy`` interface (``v1/kv_offload/cpu/policies/
+    base.py``) over an :class:`~vllm_admission.core.eviction.EvictionPolicy`. The plugin
+    runs the same object inside vLLM's ``CPUOffloadingManager``
+    (``vllm_admission.plugin.boundary.host_policy``), so simulator and engine agree.
+
+    The GPU pool's events map onto the host tier's as follows:
+
+    * a chunk is a candidate from its insertion (``add``); a key gets an integer id as
+      a GPU block has one (a victim's id is given to the next key inserted, last freed
+      first), and a policy that :attr:`~EvictionPolicy.needs_keys` is told the key
+      (``on_cache``) first, so ghost lists work by key;
+    * a request's finish uses its keys from the tail of the prompt to its head, as
+      vLLM's ``lru`` does: each is withdrawn and made a candidate again (``remove``,
+      ``add``), and one the request reused (loaded, or found stored; vLLM's
+      ``reused_keys``) counts as a prefix hit in between (``on_hit``);
+    * ``evict(n, protected)`` pops ``n`` victims; protected keys (the store's own keys,
+      and in the engine chunks pinned by a transfer) are withdrawn for the call and
+      made candidates again after it, so they count as used then.
+
+    The policy's clock (``now``) is the number of requests finished so far. Policies that
+    read FLOP values, the future or each request's prompt (``flop``, ``belady``,
+    ``conversation``) get none of these from vLLM's host-policy calls and are refused
+    (:func:`check_host_tier`).
+
+    Args:
+        policy: a fresh eviction policy.
+    """
+
+    def __init__(self, policy) -> None:
+        self.policy = policy
+        self.name = policy.name
+        self._ids: dict = {}
+        self._keys: dict[int, object] = {}
+        self._free_ids: list[int] = []
+        self._next_id = 0
+        self.now = 0
+
+    def __contains__(self, key) -> bool:
+        return key in self._ids
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def insert(self, key) -> None:
+        """Hold ``key``; it is a candidate from now on. KeyError if already held."""
+        if key in self._ids:
+            raise KeyError(key)
+        if self._free_ids:
+            cid = self._free_ids.pop()
+        else:
+            cid = self._next_id
+            self._next_id += 1
+        self._ids[key] = cid
+        self._keys[cid] = key
+        if self.policy.needs_keys:
+            self.policy.on_cache(cid, key)
+        self.policy.add(cid, self.now)
+
+    def discard(self, key) -> None:
+        """Drop ``key`` without evicting it (a failed store's cleanup); absent keys are
+        ignored."""
+        cid = self._ids.pop(key, None)
+        if cid is None:
+            return
+        del self._keys[cid]
+        policy = self.policy
+        if cid in policy:
+            policy.remove(cid)
+        if policy.needs_hits:
+            policy.forget(cid)
+        self._free_ids.append(cid)
+
+    def on_request_finished(self, keys_head_first: Sequence, reused: set = frozenset()) -> None:
+        """A request finished: use its held keys from the tail to the head, hits first
+        for the ``reused`` ones."""
+        self.now += 1
+        policy, now, ids = self.policy, self.now, self._ids
+        hits = policy.needs_hits
+        for key in reversed(keys_head_first):
+            cid = ids.get(key)
+            if cid is None:
+                continue
+            if cid in policy:
+                policy.remove(cid)
+            if hits and key in reused:
+                policy.on_hit(cid, now)
+            policy.add(cid, now)
+
+    def evict(self, n: int, protected: set) -> list | None:
+        """Remove and return ``n`` keys in the policy's eviction order, none of them in
+        ``protected``; ``None`` (nothing changed) when fewer are evictable."""
+        if n <= 0:
+            return []
+        policy, ids = self.policy, self._ids
+        held = [ids[k] for k in protected if k in ids and ids[k] in policy]
+        if len(policy) - len(held) < n:
+            return None
+        for cid in held:
+            policy.remove(cid)
+        victims = policy.pop_n(n, self.now)
+        for cid in held:
+            policy.add(cid, self.now)
+        out = []
+        for cid in victims:
+            key = self._keys.pop(cid)
+            del ids[key]
+            out.append(key)
+        self._free_ids.extend(victims)
+        return out
+
+    def clone(self) -> HostEviction:
+        other = HostEviction.__new__(HostEviction)
+        other.__dict__.update(self.__dict__)
+        other.policy = self.policy.clone()
+        other._ids = dict(self._ids)
+        other._keys = dict(self._keys)
+        other._free_ids = list(self._free_ids)
+        return other
+
+
+def _host_capable(cls) -> bool:
+    return not (cls.needs_values or cls.needs_future or cls.needs_requests)
+
+
+def host_policy_names() -> list[str]:
+    """The host policies the host tier runs: vLLM's ``lru`` (:class:`HostLRU`), then every
+    registered eviction policy that needs nothing vLLM's host-policy calls do not give
+    (:class:`HostEviction`), in registry order. Read from the registry at each call."""
+    from vllm_admission.core.eviction import EVICTION_POLICIES
+    return [HostLRU.name] + [name for name, cls in EVICTION_POLICIES.items()
+                             if name != HostLRU.name and _host_capable(cls)]
+
+
+def make_host_policy(name: str):
+    """A fresh host policy by name (:func:`host_policy_names`).
+
+    Raises:
+        UserError: see :func:`check_host_tier`.
+    """
+    check_host_tier(name)
+    if name == HostLRU.name:
+        return HostLRU()
+    from vllm_admission.core.eviction import get_eviction
+    return HostEviction(get_eviction(name))
 
 
 def check_host_tier(policy: str, *, hash_unit: int | None = 0,
@@ -135,13 +286,24 @@ def check_host_tier(policy: str, *, hash_unit: int | None = 0,
         speculative_tokens: draft tokens per step of any speculative method (0: none).
 
     Raises:
-        UserError: a policy not in :data:`HOST_POLICIES`, or a hash unit finer than the
-            block or speculative decoding beside the tier (vLLM then adds partial-tail and
-            EAGLE rules the model does not have).
+        UserError: a policy not in :func:`host_policy_names` (a registered one that needs
+            FLOP values, the future or the prompts says so), or a hash unit finer than
+            the block or speculative decoding beside the tier (vLLM then adds
+            partial-tail and EAGLE rules the model does not have).
     """
-    if policy not in HOST_POLICIES:
-        raise UserError(f"unknown host policy {policy!r}; choose from "
-                        f"{', '.join(sorted(HOST_POLICIES))}")
+    names = host_policy_names()
+    if policy not in names:
+        from vllm_admission.core.eviction import EVICTION_POLICIES
+        cls = EVICTION_POLICIES.get(policy)
+        if cls is not None:
+            needs = [what for flag, what in ((cls.needs_values, "FLOP values"),
+                                             (cls.needs_future, "the future"),
+                                             (cls.needs_requests, "each request's prompt"))
+                     if flag]
+            raise UserError(f"eviction policy {policy!r} cannot run in the host tier: it "
+                            f"needs {' and '.join(needs)}, which vLLM's host-policy calls "
+                            f"do not give; choose from {', '.join(names)}")
+        raise UserError(f"unknown host policy {policy!r}; choose from {', '.join(names)}")
     if hash_unit or speculative_tokens:
         raise UserError("a host tier is modelled without speculative decoding and with "
                         "whole-block hashes only")
@@ -156,10 +318,15 @@ class HostRequest:
         next_chunk: index of the next attention chunk to offer for storing.
         seen: the keys the request loaded, stored or found stored, first-seen order,
             each with its position (tokens up to its end).
+        inserted: the keys the request's stores inserted.
+        reused: the keys it loaded or found stored that it had not inserted itself
+            (vLLM's ``reused_keys``).
     """
 
     next_chunk: int = 0
     seen: dict = field(default_factory=dict)
+    inserted: set = field(default_factory=set)
+    reused: set = field(default_factory=set)
 
 
 class HostTier:
@@ -167,7 +334,7 @@ class HostTier:
 
     Args:
         num_chunks: capacity in chunks (:func:`host_chunks`), >= 1.
-        policy: a host policy name in :data:`HOST_POLICIES`.
+        policy: a host policy name in :func:`host_policy_names`.
         bytes_per_chunk: bytes one chunk moves (for the byte counters).
 
     Counters (cumulative): ``stored``, ``loaded`` and ``evicted`` chunks, ``failed_stores``
@@ -182,14 +349,20 @@ class HostTier:
         if num_chunks < 1:
             raise UserError(f"a host tier of {num_chunks} chunks holds nothing; give it at "
                             f"least one block's bytes")
-        check_host_tier(policy)
+        self.policy = make_host_policy(policy)
         self.num_chunks = num_chunks
         self.policy_name = policy
-        self.policy = HOST_POLICIES[policy]()
         self.bytes_per_chunk = bytes_per_chunk
         self.stored = self.loaded = self.evicted = self.failed_stores = self.hit_tokens = 0
         #: The last finished request's deferred work (:meth:`finish`), or ``None``.
         self._finished: tuple | None = None
+        #: Chunks a transfer holds, which the policy may not evict (vLLM's nonzero
+        #: ``ref_cnt``): inserted this step, inserted the step before (the worker submits
+        #: a store at the start of the next step and it completes at that step's end),
+        #: loaded this step (a load completes within its step on the CPU worker).
+        self._fresh: set = set()
+        self._writing: set = set()
+        self._loading: set = set()
 
     def clone(self) -> HostTier:
         other = HostTier.__new__(HostTier)
@@ -197,7 +370,10 @@ class HostTier:
         other.policy = self.policy.clone()
         if self._finished is not None:
             req, *rest = self._finished
-            other._finished = (HostRequest(req.next_chunk, dict(req.seen)), *rest)
+            other._finished = (HostRequest(req.next_chunk, dict(req.seen), set(req.inserted),
+                                           set(req.reused)), *rest)
+        other._fresh, other._writing = set(self._fresh), set(self._writing)
+        other._loading = set(self._loading)
         return other
 
     def __len__(self) -> int:
@@ -210,6 +386,20 @@ class HostTier:
     @property
     def bytes_loaded(self) -> int:
         return self.loaded * self.bytes_per_chunk
+
+    # -- steps -----------------------------------------------------------
+    def next_step(self) -> None:
+        """An engine step begins: last step's stores are being written, the ones before
+        are done, loads are done."""
+        self._writing, self._fresh = self._fresh, set()
+        self._loading.clear()
+
+    def settle(self) -> None:
+        """At least one engine step ran without stores (a decode step): every transfer is
+        done."""
+        self._fresh.clear()
+        self._writing.clear()
+        self._loading.clear()
 
     # -- lookup ----------------------------------------------------------
     def hit_end(self, hashes: Sequence, start: int, prompt_len: int, block_size: int,
@@ -254,6 +444,9 @@ class HostTier:
         keys += [((hashes[end // B - 1], g), end) for g in state_groups]
         for key, pos in keys:
             req.seen.setdefault(key, pos)
+            if key not in req.inserted:
+                req.reused.add(key)
+            self._loading.add(key)
         req.next_chunk = end // B
         self.loaded += len(keys)
         self.hit_tokens += end - start
@@ -265,24 +458,32 @@ class HostTier:
         already held count as the request's reuses; the missing ones are inserted, all or
         none, evicting idle chunks the policy picks (never one of ``keys``). Returns
         ``False`` when they do not fit (nothing stored; vLLM retries at the request's
-        next step)."""
+        next step). Chunks in transfer (:meth:`next_step`) are not evicted either."""
         policy = self.policy
         new = []
         for key, pos in keys:
             req.seen.setdefault(key, pos)
             if key not in policy:
                 new.append(key)
+            elif key not in req.inserted:
+                req.reused.add(key)
         if not new:
             return True
         over = len(new) - (self.num_chunks - len(policy))
         if over > 0:
-            evicted = policy.evict(over, {key for key, _ in keys})
+            protected = {key for key, _ in keys}
+            protected |= self._fresh
+            protected |= self._writing
+            protected |= self._loading
+            evicted = policy.evict(over, protected)
             if evicted is None:
                 self.failed_stores += 1
                 return False
             self.evicted += len(evicted)
         for key in new:
             policy.insert(key)
+        req.inserted.update(new)
+        self._fresh.update(new)
         self.stored += len(new)
         return True
 
@@ -318,5 +519,7 @@ class HostTier:
         req, hashes, upto, attn_groups, block_size = pending
         self.store_chunks(req, hashes, upto, attn_groups, block_size)
         ordered = sorted(req.seen.items(), key=lambda kv: (kv[1], kv[0][1]))
-        self.policy.on_request_finished([key for key, _ in ordered])
+        self.policy.on_request_finished([key for key, _ in ordered], req.reused)
         req.seen.clear()
+        req.reused.clear()
+        req.inserted.clear()

@@ -556,6 +556,8 @@ class HybridPrefixCache:
         if host is not None:
             # Its last store pass and the use of its keys happen in the next request's
             # first step (HostTier.finish).
+            if output_len > 1:
+                host.settle()  # the decode steps: no stores, every transfer done
             host.finish(run.host, hashes, min(prompt_len // B, len(hashes)), self.attn_groups, B)
         self._finish(run, now)
         return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=start,
@@ -592,6 +594,8 @@ class HybridPrefixCache:
         (``inpass`` mode, and ``split`` mode's prompt-end export).
         """
         B = self.block_size
+        if run.host is not None:
+            self.host.next_step()
         live = run.live
         if start > 0 and live and live[0] < (start - 1) // B:
             self.state.retire(run, (start - 1) // B, now)
@@ -652,6 +656,7 @@ class HybridPrefixCache:
         only where the admission policy admits it. Stores to the host then begin at
         ``end`` (``update_state_after_alloc``)."""
         B = self.block_size
+        self.host.next_step()
         self._allocate(run, end // B, now)
         self.host.load(run.host, run.hashes, start, end, B, self.attn_groups, self.state_groups)
         # The load step schedules nothing of this request: the last request's deferred

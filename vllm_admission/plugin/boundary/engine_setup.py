@@ -40,7 +40,7 @@ from vllm.v1.kv_cache_interface import MambaSpec
 from vllm_admission.core.adaptive import AUTO, candidate_policies
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES
-from vllm_admission.core.cache.host import HOST_POLICIES
+from vllm_admission.core.cache.host import host_policy_names
 from vllm_admission.core.eviction import (
     engine_eviction_policies,
     eviction_class,
@@ -350,12 +350,12 @@ class EngineSetup:
         host_chunks, host_policy = host_tier(self)
         spec = int(self.num_spec_tokens or 0)
         if host_chunks and (spec or self.hash_block_size != self.block_size
-                            or host_policy not in HOST_POLICIES):
+                            or host_policy not in host_policy_names()):
             # The core models a host tier without these: auto's shadows run without it.
             logger.warning("vllm_admission: the host tier (%d chunks) is left out of the "
                            "policy replays: they model it without speculative decoding, with "
                            "whole-block hashes and the host policies %s", host_chunks,
-                           ", ".join(HOST_POLICIES))
+                           ", ".join(host_policy_names()))
             host_chunks = 0
         return CacheLayout(block_size=self.block_size, hash_block_size=self.hash_block_size,
                            num_blocks=self.kv_cache_config.num_blocks, group_kinds=kinds,
