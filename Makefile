@@ -13,7 +13,7 @@ CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
 # (see packaging/vllm-cpu-dist/pyproject.toml).
 VLLM_CPU_DIST := packaging/vllm-cpu-dist
 
-.PHONY: install demo test test-fast compat bench bench-scale bench-serve study study-host engine-study clean
+.PHONY: install demo test test-fast compat bench bench-scale bench-serve study study-host study-host-policies engine-study clean
 
 install: $(STAMP)
 
@@ -62,6 +62,10 @@ study: install
 # and the synthetic workload (about half an hour on 2 cores).
 study-host: install
 	$(BIN)/python simulations/host_tier_study.py --jobs 2
+
+# Policies in both tiers: host eviction policies and per-tier admission, both models, Mooncake.
+study-host-policies: install
+	$(BIN)/python simulations/host_policy_study.py --jobs 2
 
 # Policy study and simulator fidelity on the real CPU engine (about an hour on 2 cores).
 engine-study: install

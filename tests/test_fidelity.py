@@ -499,6 +499,45 @@ def test_a_project_host_policy_is_mirrored_exactly(tiny_model_of, engine_env, ho
         assert rec["simulator_host_hit_tokens"] > 0, rec["admission"]
 
 
+HOST_ADMISSION_PAIRS = (("vllm", "lru"), ("marconi", "reuse"), ("none", "lru"),
+                        ("auto", "auto"))
+
+
+@pytest.mark.engine
+def test_per_tier_admission_is_mirrored_exactly(tiny_model_of, engine_env):
+    """Per-tier admission (``VLLM_ADMISSION_HOST_ADMISSION=dense``): the GPU keeps the
+    pair's states, every other block boundary of a prompt is written (a chunk stop),
+    handed to the host tier and dropped from the GPU cache at once. Every request's
+    cached tokens, prefill steps and GPU evictions agree with the simulator's per-tier
+    admission; with ``none`` on the GPU every hit comes from states only the host kept."""
+    from vllm_admission.core.geometry import geometry_from_blocks
+    from vllm_admission.fidelity import FidelitySpec, run_fidelity
+
+    model = tiny_model_of("qwen3-next")
+    costs = ModelCosts.from_config(model / "config.json", mamba_ssm_cache_dtype="bfloat16")
+    B = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)  # noqa: N806
+    bytes_per_block = geometry_from_blocks(costs, 40, B).bytes_per_block
+    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    records = {}
+    for host_admission in (None, "dense"):
+        spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,),
+                            pairs=HOST_ADMISSION_PAIRS, max_output_len=8, synthetic=synthetic,
+                            mamba_ssm_cache_dtype="bfloat16", offload=96 * bytes_per_block,
+                            host_admission=host_admission,
+                            engine_args={"max_num_batched_tokens": 512})
+        records[host_admission] = run_fidelity(spec)["records"]
+    assert_mirrored(records["dense"], HOST_ADMISSION_PAIRS)
+    for rec, base in zip(records["dense"], records[None]):
+        assert rec["host_admission"] == "dense" and base["host_admission"] is None
+        assert rec["simulator_host_evictions"] > 0, rec["admission"]
+    # No state on the GPU: without host admission nothing hits; with it every hit is a
+    # state the host alone kept.
+    none, base = records["dense"][2], records[None][2]
+    assert none["admission"] == "none" and sum(base["per_request"]["engine"]) == 0
+    hits = sum(none["per_request"]["engine"])
+    assert hits > 0 and none["simulator_host_hit_tokens"] == hits
+
+
 def mtp_fidelity(tmp_path_factory, name: str, **engine_args) -> list:
     """``run_fidelity``'s records for :data:`MTP_PAIRS` on the tiny Qwen3-Next with an MTP
     layer, one draft token, ``engine_args`` besides: the SMALL synthetic trace, 40 blocks,

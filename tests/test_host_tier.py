@@ -250,6 +250,40 @@ def test_dense_admission_sends_every_prompt_state_to_the_host_and_output_stays_b
     assert len(state_keys) == 5 and len(host) == 10  # 5 states + 5 KV chunks, none of output
 
 
+def test_per_tier_admission_sends_extra_states_to_the_host_only():
+    """``marconi`` on the GPU and ``dense`` for the host tier: every block boundary of the
+    first prompt is a state, the GPU keeps only marconi's (as without the host policy),
+    the host gets them all, so a second prompt that leaves the first after 6 blocks hits
+    there at its first sighting, from the host."""
+    shared = tokens("S", 10 * B)
+    first = shared + tokens("a", 3 * B + 10)
+    second = shared[:6 * B] + tokens("b", 5 * B + 10)
+
+    def run(host_admission):
+        cache = HybridPrefixCache(
+            num_blocks=40, block_size=B, group_kinds=GROUPS, admission=get_admission("marconi"),
+            eviction=get_eviction("lru"), chunk_size=4096, host=HostTier(400),
+            host_admission=get_admission(host_admission) if host_admission else None)
+        o1 = cache.serve(chained_hashes(first, B), len(first), 8, 0, 0.0)
+        gpu_states = cache.state_checkpoints
+        host_states = sum(1 for _, g in cache.host.policy._order if g == 0)
+        o2 = cache.serve(chained_hashes(second, B), len(second), 8, 1, 1.0)
+        return o1, gpu_states, host_states, o2
+
+    o1, gpu, host, o2 = run(None)
+    # The host got marconi's tentative prompt-end state only; the second prompt misses.
+    assert (o2.hit_tokens, host) == (0, 1)
+    d1, dgpu, dhost, d2 = run("dense")
+    assert dgpu == gpu                          # nothing more held on the GPU
+    assert dhost == 13                          # every block boundary of the prompt
+    assert (d2.hit_tokens, d2.host_hit_tokens) == (6 * B, 6 * B)
+    assert d1.prefill_steps > o1.prefill_steps  # the host's positions end chunks
+    with pytest.raises(UserError, match="needs a host tier"):
+        HybridPrefixCache(num_blocks=40, block_size=B, group_kinds=GROUPS,
+                          admission=get_admission("marconi"), eviction=get_eviction("lru"),
+                          chunk_size=4096, host_admission=get_admission("dense"))
+
+
 def test_the_host_tier_is_cloned_with_the_cache():
     host = HostTier(64)
     cache = make_cache("vllm", host)

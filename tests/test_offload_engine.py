@@ -136,7 +136,7 @@ def reference(model_dir, geometry, saved_env):
         _stop(llm)
 
 
-def _predicted(policy, B, num_blocks, host_chunks):  # noqa: N803
+def _predicted(policy, B, num_blocks, host_chunks, host_admission=None):  # noqa: N803
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
     from vllm_admission.core.cache.host import HostTier
@@ -144,7 +144,9 @@ def _predicted(policy, B, num_blocks, host_chunks):  # noqa: N803
 
     cache = HybridPrefixCache(num_blocks=num_blocks, block_size=B, group_kinds=("state", "attention"),
                               admission=get_admission(policy), eviction=get_eviction("lru"),
-                              chunk_size=4096, host=HostTier(host_chunks))
+                              chunk_size=4096, host=HostTier(host_chunks),
+                              host_admission=get_admission(host_admission)
+                              if host_admission else None)
     out = [cache.serve(chained_hashes(p, B), len(p), OUTPUT, r, float(r))
            for r, p in enumerate(PROMPTS)]
     return [o.hit_tokens for o in out], [o.host_hit_tokens for o in out], cache.host
@@ -205,6 +207,38 @@ def test_auto_runs_with_a_host_tier_and_gives_stock_tokens(model_dir, geometry, 
         _stop(llm)
 
 
+@pytest.mark.parametrize("policy", ["none", "marconi"])
+def test_per_tier_admission_gives_stock_tokens_and_the_predicted_hits(model_dir, geometry,
+                                                                      reference, saved_env,
+                                                                      policy):
+    """``VLLM_ADMISSION_HOST_ADMISSION=dense``: the states of every block boundary are
+    handed to the host tier and dropped from the GPU; greedy tokens stay stock's, the hits
+    are the simulator's, and the host holds states the GPU policy never keeps."""
+    B, bytes_per_block = geometry  # noqa: N806
+    llm = _start(_settings(model_dir, plugin=True, host_bytes=HOST_CHUNKS * bytes_per_block,
+                           env={"VLLM_ADMISSION_POLICY": policy,
+                                "VLLM_ADMISSION_EVICTION": "lru",
+                                "VLLM_ADMISSION_HOST_ADMISSION": "dense"}), B)
+    try:
+        from vllm_admission.engine.llm import engine_geometry
+
+        geo = engine_geometry(llm)
+        assert geo["host_admission"] == "dense"
+        got = _one_at_a_time(llm, PROMPTS)
+        assert [t for _, t in got] == [t for _, t in reference]
+        hits, from_host, host = _predicted(policy, B, geo["num_gpu_blocks"], HOST_CHUNKS, "dense")
+        assert [h for h, _ in got] == hits
+        if policy == "none":  # nothing on the GPU: every hit is a host-only state
+            assert sum(hits) > 0 and from_host == hits
+        stats = _scheduler(llm).stats()
+        assert stats.host_hit_tokens == sum(from_host)
+        # A state at a position no GPU policy here keeps (not a prompt end) reached the host.
+        held = _scheduler(llm).connector.connector_scheduler.manager._policy.chunks  # noqa: SLF001
+        assert host.stored > len(PROMPTS) and len(held) == len(host)
+    finally:
+        _stop(llm)
+
+
 def _assert_nothing_held(llm):
     sched = _scheduler(llm)
     engine = llm.llm_engine
@@ -226,9 +260,10 @@ def _assert_nothing_held(llm):
     assert manager._num_write_pending_chunks == 0  # noqa: SLF001
 
 
-@pytest.mark.parametrize("policy", ["dense", "marconi"])
+@pytest.mark.parametrize("policy, host_admission",
+                         [("dense", None), ("marconi", None), ("marconi", "dense")])
 def test_nothing_leaks_in_either_tier_after_an_abort_and_preemptions(model_dir, geometry, policy,
-                                                                     saved_env):
+                                                                     host_admission, saved_env):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -236,7 +271,8 @@ def test_nothing_leaks_in_either_tier_after_an_abort_and_preemptions(model_dir, 
     llm = _start(_settings(model_dir, plugin=True, host_bytes=HOST_CHUNKS * bytes_per_block,
                            env={"VLLM_ADMISSION_POLICY": policy,
                                 "VLLM_ADMISSION_EVICTION": "lru",
-                                "VLLM_ADMISSION_CHECKPOINT": "split"}), B)
+                                "VLLM_ADMISSION_CHECKPOINT": "split",
+                                "VLLM_ADMISSION_HOST_ADMISSION": host_admission}), B)
     try:
         sched = _scheduler(llm)
         engine = llm.llm_engine

@@ -89,6 +89,11 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="the host tier's eviction policy, the connector's eviction_policy: "
                         "vLLM's lru (default) or one of the project's eviction policies, which "
                         "the plugin runs in vLLM through cache_policy_module_path")
+    p.add_argument("--host-admission", choices=list(ADMISSION_POLICIES), default=None,
+                   help="per-tier admission: the states this admission policy keeps go to the "
+                        "host tier only where a pair's own admission does not keep them on the "
+                        "GPU (their positions end prefill chunks too), e.g. dense (default: the "
+                        "host gets what the GPU keeps)")
     p.add_argument("--host-bandwidth", default="64GB", metavar="BYTES",
                    help="host-to-device bytes per second that prices the host tier's loads "
                         "(default 64GB: an H100's PCIe 5.0 x16 link, one direction)")
@@ -191,7 +196,8 @@ def run_simulate(args: argparse.Namespace) -> int:
         retention_interval=retention, prefix_match_unit=args.prefix_match_unit,
         block_size=args.block_size, num_speculative_tokens=args.num_speculative_tokens,
         hidden_states=args.hidden_states, host_bytes=parse_bytes(args.host_capacity),
-        host_policy=args.host_policy, host_bandwidth=_bandwidth(args.host_bandwidth))
+        host_policy=args.host_policy, host_bandwidth=_bandwidth(args.host_bandwidth),
+        host_admission=args.host_admission)
     if args.alpha is not None:
         if not args.alpha >= 0:
             raise UserError(f"--alpha must be >= 0, got {args.alpha}")

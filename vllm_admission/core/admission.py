@@ -45,6 +45,10 @@ from vllm_admission.core.geometry import check_retention_interval
 
 __all__ = [
     "ADMISSION_POLICIES",
+    "ADMIT",
+    "HOST",
+    "SKIP",
+    "TENTATIVE",
     "AdmissionPolicy",
     "CheckpointKind",
     "DenseAdmission",
@@ -518,8 +522,10 @@ class DenseAdmission(AdmissionPolicy):
 #: reusable position at the hash unit.
 _TAIL_KINDS = frozenset({CheckpointKind.CHUNK_END, CheckpointKind.TAIL})
 
-#: :meth:`RequestAdmission.decide` results.
-SKIP, ADMIT, TENTATIVE = 0, 1, 2
+#: :meth:`RequestAdmission.decide` results: no state; a state cached on the GPU (and so
+#: offered to a host tier); one cached until a later state of the request replaces it;
+#: one for the host tier only (cached just long enough to be handed to it).
+SKIP, ADMIT, TENTATIVE, HOST = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
@@ -614,6 +620,11 @@ class RequestAdmission:
             (vLLM's ``prefix_match_unit``); ``None``: the block size.
         eagle: EAGLE/MTP speculative decoding: the prompt checkpoints are one
             block lower (:func:`prompt_ends`).
+        host_policy: the admission policy of a host tier (per-tier admission): a
+            state inside the prompt that ``policy`` does not cache but ``host_policy``
+            would (as a live engine caches it, :meth:`cached_live`) is decided
+            :data:`HOST`, and its position becomes a chunk stop too. ``None``: the
+            host tier gets what the GPU caches, nothing more.
 
     Attributes:
         junction: the junction (tokens; 0: none).
@@ -635,18 +646,20 @@ class RequestAdmission:
         tail_stop: with a finer hash unit, the tail unit boundary whether or not
             it lies inside a block: vLLM ends a chunk there (``Scheduler._mamba_block_aligned_split``'s
             ``tail_boundary``); without EAGLE a block-aligned one is :attr:`prompt_end`.
-        stops: ascending chunk stops (the junction included when used).
+        stops: ascending chunk stops (the junction included when used), the host
+            policy's included.
+        host_stops: the host policy's stops that are not the GPU policy's own.
         admitted: ascending positions cached in the first state group.
     """
 
     __slots__ = ("policy", "probe", "junction", "prompt_end", "tail", "attn_tail", "tail_stop",
-                 "eagle", "stops", "admitted",
+                 "eagle", "stops", "host_stops", "admitted", "_host",
                  "_special", "_plain_chunk", "_plain_decode", "_period", "_periodic_chunk",
                  "_periodic_decode", "_tail_ok", "_may_end", "_below_hit", "_values", "_version")
 
     def __init__(self, policy: AdmissionPolicy, probe: HitProbe, *, total_len: int | None,
                  junction: int | None = None, hash_block_size: int | None = None,
-                 eagle: bool = False) -> None:
+                 eagle: bool = False, host_policy: AdmissionPolicy | None = None) -> None:
         B, P = probe.block_size, probe.prompt_len
         self.policy = policy
         self.probe = probe
@@ -665,6 +678,15 @@ class RequestAdmission:
         else:
             self.tail = self.attn_tail = self.tail_stop = 0
         self.stops = policy.stops(probe)
+        self.host_stops: tuple[int, ...] = ()
+        self._host: RequestAdmission | None = None
+        if host_policy is not None:
+            host = self._host = RequestAdmission(host_policy, probe, total_len=total_len,
+                                                 hash_block_size=hash_block_size, eagle=eagle)
+            own = set(self.stops)
+            self.host_stops = tuple(s for s in host.stops if s not in own)
+            if self.host_stops:
+                self.stops = tuple(sorted(own.union(self.host_stops)))
         self.admitted: list[int] = []
         special = {}
         period = policy.period
@@ -725,7 +747,8 @@ class RequestAdmission:
 
     def decide(self, position: int) -> int:
         """:data:`ADMIT` (cache the state at ``position``), :data:`TENTATIVE` (cache
-        it until a later state of the request replaces it) or :data:`SKIP`."""
+        it until a later state of the request replaces it), :data:`HOST` (hand it to
+        the host tier only) or :data:`SKIP`."""
         ok = self._special.get(position)
         if ok is None:
             if self._period and position % self._period == 0:
@@ -737,6 +760,10 @@ class RequestAdmission:
             return ADMIT
         if self._tail_ok and position >= self.prompt_end:
             return TENTATIVE
+        host = self._host
+        if (host is not None and position <= self.probe.prompt_len
+                and host.cached_live(position)):
+            return HOST
         return SKIP
 
     def cached_live(self, position: int) -> bool:
@@ -745,8 +772,10 @@ class RequestAdmission:
         ``supersede_tail`` policy keeps it tentatively as a possible sequence end (at
         or after the prompt end) until a later state replaces it. What a KV connector
         is handed (a host tier stores every state the engine caches, the tentative
-        ones included)."""
-        return self.decide(position) == ADMIT or (self._may_end and position >= self.prompt_end)
+        ones included), with the :data:`HOST` ones."""
+        d = self.decide(position)
+        return (d == ADMIT or d == HOST
+                or (self._may_end and position >= self.prompt_end))
 
     def kept_as_sequence_end(self, position: int) -> bool:
         """Whether the state at ``position`` is admitted only as the sequence end

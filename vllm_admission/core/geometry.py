@@ -154,6 +154,9 @@ class CacheLayout:
         host_policy: the host tier's eviction policy (the connector's
             ``eviction_policy``), a name in
             :func:`~vllm_admission.core.cache.host.host_policy_names`.
+        host_admission: the host tier's admission policy (per-tier admission; a
+            registered admission name), or ``None``: the host tier gets what the GPU
+            keeps. ``HybridPrefixCache``'s option of that name.
 
     Raises:
         UserError: a retention interval vLLM would refuse (its message is
@@ -175,6 +178,7 @@ class CacheLayout:
     eagle: bool = True
     host_chunks: int = 0
     host_policy: str = "lru"
+    host_admission: str | None = None
 
     def __post_init__(self) -> None:
         check_retention_interval(self.retention_interval, self.block_size)

@@ -72,7 +72,9 @@ class CacheSetup:
             hash_block_size=lay.hash_block_size,
             num_speculative_tokens=lay.num_speculative_tokens, eagle=lay.eagle,
             host=HostTier(lay.host_chunks, lay.host_policy, lay.bytes_per_block)
-            if lay.host_chunks else None)
+            if lay.host_chunks else None,
+            host_admission=get_admission(lay.host_admission)
+            if lay.host_chunks and lay.host_admission else None)
 
 
 class NextUseOracle:

@@ -446,6 +446,8 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
     * ``host_chunks`` and ``host_policy``: the host tier of vLLM's
       ``OffloadingConnector`` (its CPU manager's chunks and ``eviction_policy``);
       0 and ``None`` without one (absent when the engine core runs in another process),
+    * ``host_admission``: the plugin's host admission policy (per-tier admission,
+      ``VLLM_ADMISSION_HOST_ADMISSION``) when it runs with a host tier, else ``None``,
     * ``inprocess`` (bool: whether :func:`inprocess_scheduler` works).
 
     Raises:
@@ -505,6 +507,8 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
     from vllm_admission.plugin.offload_config import host_tier
 
     geo["host_chunks"], geo["host_policy"] = host_tier(scheduler)
+    host_policy = getattr(getattr(scheduler, "_admission", None), "host_policy", None)
+    geo["host_admission"] = host_policy.name if host_policy is not None else None
     return geo
 
 

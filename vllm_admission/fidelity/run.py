@@ -39,6 +39,8 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
                                alpha=spec.alpha, auto_interval=spec.auto_interval,
                                num_gpu_blocks=num_gpu_blocks, seed=spec.seed)
     settings.env["VLLM_ADMISSION_CHECKPOINT"] = spec.checkpoint
+    if spec.host_admission is not None:
+        settings.env["VLLM_ADMISSION_HOST_ADMISSION"] = spec.host_admission
     settings.mamba_ssm_cache_dtype = spec.mamba_ssm_cache_dtype
     settings.engine_args = dict(spec.engine_args)
     if spec.offload is not None:
@@ -106,6 +108,7 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
     rows = [result.requests[i] for i in ran]
     host = {"host_chunks": int(geometry.get("host_chunks") or 0),
             "host_policy": geometry.get("host_policy"),
+            "host_admission": geometry.get("host_admission"),
             "simulator_host_hit_tokens": sim.host_hit_tokens,
             "simulator_host_evictions": sim.host_evictions} if geometry.get("host_chunks") else {}
     sim_hits = [None if h < 0 else h for h in sim.per_request_hits]

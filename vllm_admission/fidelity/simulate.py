@@ -72,7 +72,8 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
     (``geometry["num_speculative_tokens"]``; the MTP layers' KV is in ``costs``,
     :func:`costs_like_engine`) and the hidden-state group of ``extract_hidden_states``
     (``geometry["hidden_state_bytes_per_token"]``), and the host tier of an
-    ``OffloadingConnector`` (``geometry["host_chunks"]``, ``["host_policy"]``).
+    ``OffloadingConnector`` (``geometry["host_chunks"]``, ``["host_policy"]``) with the
+    plugin's host admission policy (``geometry["host_admission"]``).
 
     ``geometry`` is :func:`vllm_admission.engine.llm.engine_geometry` of the
     engine (in-process); ``costs`` should come from :func:`costs_like_engine`
@@ -114,4 +115,6 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
                         geometry.get("num_speculative_tokens") or 0),
                     hidden_state_bytes_per_token=hidden,
                     host_chunks=int(geometry.get("host_chunks") or 0),
-                    host_policy=geometry.get("host_policy") or "lru")
+                    host_policy=geometry.get("host_policy") or "lru",
+                    host_admission=geometry.get("host_admission")
+                    if geometry.get("host_chunks") else None)

@@ -9,7 +9,7 @@ from typing import Any
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
 from vllm_admission.core.cache import check_checkpoint_mode
-from vllm_admission.core.cache.host import host_policy_names
+from vllm_admission.core.cache.host import check_host_admission, host_policy_names
 from vllm_admission.plugin.offload_config import HOST_POLICY_MODULE, VLLM_HOST_POLICIES
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.errors import UserError
@@ -85,6 +85,8 @@ class FidelitySpec:
             :class:`~vllm_admission.plugin.boundary.cpu_offload.HostCopyOffloadingSpec`),
             the simulator's host tier with the chunks the engine reports (``None``: none).
         host_policy: the host tier's eviction policy (the connector's ``eviction_policy``).
+        host_admission: per-tier admission (``VLLM_ADMISSION_HOST_ADMISSION``): an
+            admission policy whose states go to the host tier only; needs a host tier.
     """
 
     model: str
@@ -108,6 +110,7 @@ class FidelitySpec:
     engine_args: dict[str, Any] = field(default_factory=dict)
     offload: int | None = None
     host_policy: str = "lru"
+    host_admission: str | None = None
 
     def policy_pairs(self) -> list[tuple[str, str]]:
         """The ``(admission, eviction)`` pairs to run, in order."""
@@ -191,6 +194,8 @@ class FidelitySpec:
                         and policy not in VLLM_HOST_POLICIES)):
                 raise UnknownPolicyError(f"the simulator models the host policies "
                                          f"{', '.join(host_policy_names())}, got {policy!r}")
+        check_host_admission(self.host_admission,
+                             self.offload is not None or transfer is not None)
         if not (Path(self.model) / "config.json").is_file():
             raise UserError(f"model {self.model}: no config.json there "
                             f"(make one with 'vllm-admission make-tiny-model DIR')")

@@ -31,6 +31,10 @@ variable                       default      valid values
                                             vLLM) or ``inpass`` (states written inside the
                                             forward pass; Gated DeltaNet and Mamba2 on
                                             CPU only)
+``VLLM_ADMISSION_HOST_ADMISSION`` unset     an admission policy name: with vLLM's
+                                            ``OffloadingConnector`` (a host tier), the
+                                            states it keeps that the GPU policy does not
+                                            go to host memory only (per-tier admission)
 =============================  ===========  ==============================================
 
 An empty value counts as unset. A bad value raises :class:`AdmissionConfigError`
@@ -59,6 +63,7 @@ __all__ = [
     "ENV_CHECKPOINT",
     "ENV_CPU_FIXES",
     "ENV_EVICTION",
+    "ENV_HOST_ADMISSION",
     "ENV_LOG_INTERVAL",
     "ENV_POLICY",
     "ENV_TUNE_GRID",
@@ -77,6 +82,7 @@ ENV_TUNE_GRID = "VLLM_ADMISSION_TUNE_GRID"
 ENV_AUTO_INTERVAL = "VLLM_ADMISSION_AUTO_INTERVAL"
 ENV_SHADOW_RATE = "VLLM_ADMISSION_SHADOW_RATE"
 ENV_CHECKPOINT = "VLLM_ADMISSION_CHECKPOINT"
+ENV_HOST_ADMISSION = "VLLM_ADMISSION_HOST_ADMISSION"
 #: Not a user setting: where the engine core publishes the plugin's metrics
 #: (vllm_admission.plugin.metrics.snapshots).
 ENV_METRICS_DIR = "VLLM_ADMISSION_METRICS_DIR"
@@ -113,6 +119,10 @@ ENV_VARS: dict[str, str] = {
                       "(chosen from the traffic; default) or a number in (0, 1] (1: full shadows)"),
     ENV_CHECKPOINT: (f"where recurrent states are written, one of {', '.join(CHECKPOINT_MODES)} "
                      f"(default {DEFAULT_CHECKPOINT})"),
+    ENV_HOST_ADMISSION: (f"per-tier admission with a host tier (vLLM's OffloadingConnector): the "
+                         f"states this policy keeps go to host memory only where the GPU "
+                         f"policy does not keep them, one of {', '.join(ADMISSION_POLICIES)} "
+                         f"(default unset: none)"),
     ENV_METRICS_DIR: ("directory where the scheduler publishes its counters for the server's "
                       "/metrics (set by the plugin in the process that starts vLLM)"),
     ENV_ACTIVE: "1 = the user asked for the plugin (set by the plugin for its child processes)",
@@ -147,6 +157,8 @@ class AdmissionConfig:
         checkpoint: ``split`` (a prefill chunk ends at every state kept) or
             ``inpass`` (states at block boundaries inside a chunk are written
             during its forward pass).
+        host_admission: per-tier admission: an admission policy name whose states go
+            to a host tier only where ``policy`` does not keep them (``None``: none).
     """
 
     policy: str = DEFAULT_POLICY
@@ -158,6 +170,7 @@ class AdmissionConfig:
     auto_interval: int = DEFAULT_INTERVAL
     shadow_rate: float | None = None
     checkpoint: str = DEFAULT_CHECKPOINT
+    host_admission: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AdmissionConfig:
@@ -211,15 +224,18 @@ class AdmissionConfig:
         checkpoint = raw(ENV_CHECKPOINT) or DEFAULT_CHECKPOINT
         if checkpoint not in CHECKPOINT_MODES:
             raise _invalid(ENV_CHECKPOINT, checkpoint, ", ".join(CHECKPOINT_MODES))
+        host_admission = raw(ENV_HOST_ADMISSION)
+        if host_admission is not None and host_admission not in ADMISSION_POLICIES:
+            raise _invalid(ENV_HOST_ADMISSION, host_admission, ", ".join(ADMISSION_POLICIES))
         return cls(policy=policy, eviction=eviction, alpha=alpha, log_interval=log_interval,
                    tune_multiplier=multiplier, tune_grid=grid, auto_interval=interval,
-                   shadow_rate=shadow_rate, checkpoint=checkpoint)
+                   shadow_rate=shadow_rate, checkpoint=checkpoint, host_admission=host_admission)
 
     def wants_changes(self) -> bool:
         """Whether these settings ask for anything but vLLM's own behaviour."""
         if AUTO in (self.policy, self.eviction):
             return True
-        if self.checkpoint != DEFAULT_CHECKPOINT:
+        if self.checkpoint != DEFAULT_CHECKPOINT or self.host_admission is not None:
             return True
         return not (get_admission(self.policy).vllm_native
                     and eviction_class(self.eviction).vllm_order)
@@ -235,6 +251,8 @@ class AdmissionConfig:
             text += f" alpha={'tuned online' if self.alpha is None else f'{self.alpha:g}'}"
         if self.checkpoint != DEFAULT_CHECKPOINT:
             text += f" checkpoint={self.checkpoint}"
+        if self.host_admission is not None:
+            text += f" host_admission={self.host_admission}"
         return text
 
 

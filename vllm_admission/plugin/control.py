@@ -42,6 +42,7 @@ from typing import Any
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL, Decision, LiveEvictions
 from vllm_admission.core.admission import (
     ADMIT,
+    HOST,
     TENTATIVE,
     AdmissionPolicy,
     HitProbe,
@@ -160,6 +161,11 @@ class AdmissionControl:
         # metrics (evictions are counted by the block pool)
         self.counters = CacheCounters()
         self.superseded = 0
+        #: Per-tier admission: the host tier's admission policy (states it keeps that
+        #: the GPU policy does not are handed to the host tier, then dropped from the
+        #: GPU cache), or ``None``. Only with a host tier in ``geometry``.
+        self.host_policy = (get_admission(geometry.host_admission)
+                            if geometry.host_chunks and geometry.host_admission else None)
         self._set_policy(get_admission(policy,
                                        retention_interval=geometry.retention_interval))
         # eviction: None keeps vLLM's own free-block queue (a policy in vLLM's order).
@@ -196,10 +202,11 @@ class AdmissionControl:
     # -- policy ------------------------------------------------------------
     def _set_policy(self, policy: AdmissionPolicy) -> None:
         self.policy = policy
-        #: vLLM's own policy: vLLM decides what is cached; the plugin only watches.
-        self.stock = policy.vllm_native
+        #: vLLM's own policy: vLLM decides what is cached; the plugin only watches
+        #: (not with a host admission policy, whose states the plugin hands over).
+        self.stock = policy.vllm_native and self.host_policy is None
         # Chunk stops besides the junction (vLLM handles that one itself).
-        self.has_stops = policy.own_stops
+        self.has_stops = policy.own_stops or self.host_policy is not None
 
     def set_policy(self, name: str) -> None:
         """Switch the admission policy between requests (tests, benchmarks).
@@ -245,10 +252,13 @@ class AdmissionControl:
         rid = request.request_id
         if translate.counts_in_prefix_cache_stats(request):
             self._pending[rid] = probe
+        native = self.policy.vllm_native
         adm = RequestAdmission(self.policy, probe, total_len=None,
-                               junction=shared_prefix_boundary if self.stock else None,
-                               hash_block_size=self._unit or None, eagle=self._eagle)
-        stops = () if self.stock else tuple(s for s in adm.stops if s != adm.junction)
+                               junction=shared_prefix_boundary if native else None,
+                               hash_block_size=self._unit or None, eagle=self._eagle,
+                               host_policy=self.host_policy)
+        stops = (adm.host_stops if native
+                 else tuple(s for s in adm.stops if s != adm.junction))
         old = self.tracks.get(rid)
         if old is None:
             self.on_request(request)
@@ -303,27 +313,30 @@ class AdmissionControl:
         if track is None:
             probe = HitProbe(request.num_prompt_tokens, self.B, 0, 0)
             adm = RequestAdmission(self.policy, probe, total_len=None, junction=0,
-                                   hash_block_size=self._unit or None, eagle=self._eagle)
+                                   hash_block_size=self._unit or None, eagle=self._eagle,
+                                   host_policy=self.host_policy)
             track = _Track(request=request, adm=adm, stops=())
             self.tracks[request.request_id] = track
         return track
 
     def decide(self, track: _Track, first: int, last: int,
-               blocks: Sequence[Any]) -> tuple[list[int], list[int]]:
+               blocks: Sequence[Any]) -> tuple[list[int], list[int], list[int]]:
         """Admission of the state blocks ``first .. last - 1`` of one state group.
 
         Block ``i`` holds the state after ``(i + 1) * B`` tokens; null blocks
         (no state written there) are skipped.
 
         Returns:
-            ``(admitted, tentative)`` token positions, ascending: states the
-            policy caches, and states kept only until a later state of the same
-            request replaces them (``supersede_tail`` policies).
+            ``(admitted, tentative, host)`` token positions, ascending: states the
+            policy caches, states kept only until a later state of the same
+            request replaces them (``supersede_tail`` policies), and states for the
+            host tier only (:attr:`host_policy`; :meth:`hand_off_only`).
         """
         B = self.B
         decide = track.adm.decide
         admitted: list[int] = []
         tentative: list[int] = []
+        host: list[int] = []
         for i in range(first, last):
             if blocks[i].is_null:
                 continue
@@ -333,7 +346,26 @@ class AdmissionControl:
                 admitted.append(pos)
             elif d == TENTATIVE:
                 tentative.append(pos)
-        return admitted, tentative
+            elif d == HOST:
+                host.append(pos)
+        return admitted, tentative, host
+
+    def hand_off_only(self, track: _Track, group: int, host: Sequence[int],
+                      blocks: Sequence[Any], drop: Callable[[Any], None]) -> None:
+        """The states at ``host`` were just cached so that vLLM hands them to the KV
+        connector (``MambaManager.cache_blocks`` queues a boundary-state offload for
+        every state block given a hash; the connector reads the block by id and fences
+        it until the copy is done); drop them from the GPU cache now with
+        ``drop(block)``, so they never hold GPU cache space (per-tier admission)."""
+        B = self.B
+        for pos in host:
+            block = blocks[pos // B - 1]
+            if block.block_hash is None:
+                continue
+            drop(block)
+            if group == self.first_state:
+                self.counters.state_checkpoints -= 1
+                track.adm.unrecord(pos)
 
     def supersede(self, track: _Track, group: int, tentative: Sequence[int],
                   blocks: Sequence[Any], drop: Callable[[Any], None]) -> None:
@@ -503,15 +535,19 @@ class AdmissionControl:
         * a state kept tentatively as the sequence end (``marconi``,
           :data:`~vllm_admission.core.admission.TENTATIVE`): no key. The
           simulator knows the length and caches only the last such state,
-          without telling the policy either.
+          without telling the policy either;
+        * a state for the host tier only
+          (:data:`~vllm_admission.core.admission.HOST`): no key; the simulator
+          never caches it on the GPU.
         """
         policy = self.eviction_policy
-        tentative = self.policy.supersede_tail and group in self._state_set
-        decide = self.track(request).adm.decide if tentative else None
+        transient = group in self._state_set and (self.policy.supersede_tail
+                                                  or self.host_policy is not None)
+        decide = self.track(request).adm.decide if transient else None
         prompt_len = request.num_prompt_tokens
         for b in blocks:
             end = b.block_hash_num_tokens
-            if tentative and decide(end) == TENTATIVE:
+            if transient and decide(end) in (TENTATIVE, HOST):
                 continue
             if end > prompt_len:
                 key: Any = ("out", next(self._output_keys))

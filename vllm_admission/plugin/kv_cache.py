@@ -233,14 +233,20 @@ class PolicyMambaManager(MambaManager):
         ctl = self._admission
         track = ctl.track(request)
         blocks = self.req_to_blocks[rid]
-        admitted, tentative = ctl.decide(track, first, last, blocks)
+        admitted, tentative, host = ctl.decide(track, first, last, blocks)
         # vLLM's sparse-retention mask (retention_interval=0) keeps exactly the
         # "reachable boundaries"; request.shared_prefix_boundary is added to
-        # them by vLLM and is either 0 or the admitted junction here.
-        super().cache_blocks(request, num_tokens, 0, replay_boundaries=[*admitted, *tentative])
+        # them by vLLM and is either 0 or the admitted junction here. A state for
+        # the host tier only is cached too (that is what hands it to the connector),
+        # then dropped.
+        super().cache_blocks(request, num_tokens, 0,
+                             replay_boundaries=[*admitted, *tentative, *host])
         if tentative:
             ctl.supersede(track, self.kv_cache_group_id, tentative, blocks,
                           self.block_pool.drop_hash)
+        if host:
+            ctl.hand_off_only(track, self.kv_cache_group_id, host, blocks,
+                              self.block_pool.drop_hash)
 
     def supersede_ahead(self, request: Any) -> None:
         """Async scheduling: drop the request's previous tentative state when a step

@@ -48,8 +48,11 @@ def format_table(doc: dict[str, Any]) -> str:
             f"{miss:>7} {r['flops_saved_fraction']:>11.2%} {r['state_checkpoints']:>7} {r['evictions']:>9} "
             f"{alpha:>5} {r['wall_seconds']:>6.2f}")
     if doc.get("host_bytes"):
-        lines.append(f"host tier: {_fmt_bytes(doc['host_bytes'])} ({doc.get('host_policy')}) beside "
-                     f"each capacity; loads priced at {doc['host_bandwidth'] / 1e9:g} GB/s")
+        admits = (f", states of {doc['host_admission']} admission too"
+                  if doc.get("host_admission") else "")
+        lines.append(f"host tier: {_fmt_bytes(doc['host_bytes'])} ({doc.get('host_policy')}"
+                     f"{admits}) beside each capacity; loads priced at "
+                     f"{doc['host_bandwidth'] / 1e9:g} GB/s")
         lines.extend(
             f"  {r['admission']:<9} {r['eviction']:<8} {_fmt_bytes(r['capacity_bytes']):>10}: "
             f"{r['host_hit_tokens'] / r['prompt_tokens'] if r['prompt_tokens'] else 0:.2%} of "

@@ -20,7 +20,7 @@ from typing import Any
 
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL, PolicyController
 from vllm_admission.core.cache import ATTENTION, STATE, check_checkpoint_mode
-from vllm_admission.core.cache.host import H2D_BYTES_PER_SECOND
+from vllm_admission.core.cache.host import H2D_BYTES_PER_SECOND, check_host_admission
 from vllm_admission.core.cache.host import host_chunks as host_chunks_of
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.errors import UserError
@@ -123,6 +123,7 @@ class RunResult(CacheCounters):
     prefill_flops_saved: float = 0.0
     host_chunks: int = 0
     host_policy: str | None = None
+    host_admission: str | None = None
     host_bytes: int = 0
     host_stored_chunks: int = 0
     host_loaded_chunks: int = 0
@@ -230,7 +231,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
              prefix_match_unit: int | None = None, num_speculative_tokens: int = 0,
              hidden_state_bytes_per_token: int = 0,
              host_bytes: int = 0, host_chunks: int | None = None, host_policy: str = "lru",
-             host_bandwidth: float = H2D_BYTES_PER_SECOND,
+             host_bandwidth: float = H2D_BYTES_PER_SECOND, host_admission: str | None = None,
              requests: Iterable[CacheRequest] | None = None,
              on_request: Callable[[int], None] | None = None) -> RunResult:
     """Replay ``trace`` through the cache for one policy pair and one capacity.
@@ -289,6 +290,10 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             ``eviction_policy``; :func:`~vllm_admission.core.cache.host.host_policy_names`).
         host_bandwidth: host-to-device bytes per second, for ``host_load_seconds``
             (default :data:`H2D_BYTES_PER_SECOND`).
+        host_admission: per-tier admission: a registered admission policy whose
+            states (inside the prompt) go to the host tier only where ``admission``
+            does not keep them on the GPU (``None``: the host gets what the GPU keeps;
+            see :class:`~vllm_admission.core.cache.HybridPrefixCache`).
         requests: pre-built cache requests at the right block size (sweeps
             share them); built from ``trace`` when ``None``. Any iterable: a
             generator is served as it comes (a long trace streamed,
@@ -311,7 +316,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             another method, or at a block size other than the others' (KV cache
             groups of different block sizes are not modelled); a host tier with
             speculative decoding or a hash unit finer than the block, a negative
-            size, or an unknown host policy.
+            size, or an unknown host policy; a host admission policy without a host
+            tier.
     """
     check_checkpoint_mode(checkpoint)
     plan = RunPlan.from_settings(admission, eviction, alpha=alpha,
@@ -348,7 +354,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                          num_speculative_tokens=num_speculative_tokens, eagle=eagle,
                          host_chunks=host_chunks if host_chunks is not None else host_chunks_of(
                              host_bytes, geo.bytes_per_block),
-                         host_policy=host_policy)
+                         host_policy=host_policy, host_admission=host_admission)
+    check_host_admission(host_admission, bool(layout.host_chunks))
     if host_bytes and not layout.host_chunks:
         raise UserError(f"a host tier of {host_bytes} bytes holds no {geo.bytes_per_block}-byte "
                         f"block of {costs.name}")
@@ -437,6 +444,7 @@ def _host_figures(cache, layout: CacheLayout, bandwidth: float, hit_tokens: int)
     if host is None:
         return {}
     return {"host_chunks": host.num_chunks, "host_policy": host.policy_name,
+            "host_admission": layout.host_admission,
             "host_bytes": host.num_chunks * layout.bytes_per_block,
             "host_hit_tokens": hit_tokens, "host_stored_chunks": host.stored,
             "host_loaded_chunks": host.loaded, "host_evictions": host.evicted,

@@ -21,7 +21,12 @@ from tqdm import tqdm
 
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.cache import check_checkpoint_mode
-from vllm_admission.core.cache.host import H2D_BYTES_PER_SECOND, check_host_tier, host_chunks
+from vllm_admission.core.cache.host import (
+    H2D_BYTES_PER_SECOND,
+    check_host_admission,
+    check_host_tier,
+    host_chunks,
+)
 from vllm_admission.core.costs import ModelCosts, load_model
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import (
@@ -82,7 +87,9 @@ class SweepSpec:
     content renamed (:func:`~vllm_admission.core.traces.resample.resample`), streamed to
     each run (no infinite-capacity bound is computed then). ``host_bytes``: a host tier
     of that many bytes beside every capacity (vLLM's ``OffloadingConnector``; 0: none),
-    run by ``host_policy``; ``host_bandwidth`` prices its loads (bytes per second).
+    run by ``host_policy``; ``host_bandwidth`` prices its loads (bytes per second);
+    ``host_admission`` sends the states that policy keeps to the host tier only where a
+    pair's admission does not keep them (per-tier admission; ``None``: none).
     """
 
     trace: str
@@ -110,6 +117,7 @@ class SweepSpec:
     host_bytes: int = 0
     host_policy: str = "lru"
     host_bandwidth: float = H2D_BYTES_PER_SECOND
+    host_admission: str | None = None
 
     def hidden_state_bytes_per_token(self, costs: ModelCosts) -> int:
         """Bytes per token of the hidden-state group
@@ -192,7 +200,8 @@ def _run_with(spec: SweepSpec, trace: Trace, costs: ModelCosts, requests: list,
                       num_speculative_tokens=spec.num_speculative_tokens,
                       hidden_state_bytes_per_token=spec.hidden_state_bytes_per_token(costs),
                       host_bytes=spec.host_bytes, host_policy=spec.host_policy,
-                      host_bandwidth=spec.host_bandwidth, requests=requests)
+                      host_bandwidth=spec.host_bandwidth, host_admission=spec.host_admission,
+                      requests=requests)
     return result.to_record()
 
 
@@ -346,6 +355,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
                     hash_unit=spec.prefix_match_unit if spec.host_bytes else 0,
                     speculative_tokens=(spec.num_speculative_tokens + spec.hidden_states
                                         if spec.host_bytes else 0))
+    check_host_admission(spec.host_admission, bool(spec.host_bytes))
     if spec.prefix_match_unit and spec.checkpoint != "split":
         raise UserError(f"--prefix-match-unit is modelled in 'split' checkpoint mode only, "
                         f"not {spec.checkpoint!r}")
@@ -384,6 +394,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         "host_bytes": spec.host_bytes,
         "host_policy": spec.host_policy if spec.host_bytes else None,
         "host_bandwidth": spec.host_bandwidth if spec.host_bytes else None,
+        "host_admission": spec.host_admission if spec.host_bytes else None,
         "outputs": spec.outputs,
         "resample": spec.resample,
         "bound": [] if spec.resample else [trace_bound(_requests(spec, b), b) for b in block_sizes],

@@ -19,7 +19,7 @@ import bisect
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from vllm_admission.core.admission import ADMIT
+from vllm_admission.core.admission import ADMIT, HOST
 from vllm_admission.core.errors import UserError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -180,7 +180,8 @@ class InpassCheckpoints:
         """Run the prefill steps of ``[computed, prompt_len)``; return their number."""
         B, P, budget = cache.block_size, run.prompt_len, cache.chunk_size
         adm, step = run.adm, cache._step
-        captures = [p for p in _checkpoint_positions(run) if adm.decide(p) == ADMIT]
+        # States for the GPU cache, and those for the host tier only (per-tier admission).
+        captures = [p for p in _checkpoint_positions(run) if adm.decide(p) in (ADMIT, HOST)]
         run.written = set()
         limit = cache.inpass_capture_limit(P, output_len)
         steps = 0

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from vllm_admission.core.errors import UserError
 
 __all__ = ["H2D_BYTES_PER_SECOND", "HOST_PAGE_BYTES", "HostEviction", "HostLRU", "HostRequest",
-           "HostTier", "check_host_tier", "host_chunks", "host_policy_names", "make_host_policy"]
+           "HostTier", "check_host_admission", "check_host_tier", "host_chunks", "host_policy_names", "make_host_policy"]
 
 #: Host-to-device bytes per second the load times assume: an H100's PCIe 5.0 x16 link,
 #: nominal, one direction (32 GT/s x 16 lanes / 8 bits = 64 GB/s; NVIDIA's H100 datasheet
@@ -307,6 +307,27 @@ def check_host_tier(policy: str, *, hash_unit: int | None = 0,
     if hash_unit or speculative_tokens:
         raise UserError("a host tier is modelled without speculative decoding and with "
                         "whole-block hashes only")
+
+
+def check_host_admission(name: str | None, has_host: bool) -> None:
+    """Refuse a host admission policy (per-tier admission) that cannot run.
+
+    Args:
+        name: a registered admission policy name, or ``None`` (none).
+        has_host: whether there is a host tier.
+
+    Raises:
+        UnknownPolicyError: ``name`` is not a registered admission policy (``auto``
+            chooses GPU admission only).
+        UserError: a host admission policy without a host tier.
+    """
+    if name is None:
+        return
+    from vllm_admission.core.admission import get_admission
+    get_admission(name)
+    if not has_host:
+        raise UserError(f"host admission {name!r} needs a host tier (a host capacity, or "
+                        f"vLLM's OffloadingConnector)")
 
 
 @dataclass(slots=True)

@@ -196,9 +196,17 @@ class HybridPrefixCache:
             Decode is modelled one accepted token per step: how many drafts the
             target accepts is the model's, unknown here, and moves only when
             blocks are allocated, not what is cached.
+        host: a host tier (vLLM's ``OffloadingConnector``,
+            :class:`~vllm_admission.core.cache.host.HostTier`); ``None``: none.
+        host_admission: per-tier admission: states inside the prompt that this policy
+            keeps and ``admission`` does not are written (their positions end prefill
+            chunks too) and go to the host tier only, never held in the GPU cache
+            (:data:`~vllm_admission.core.admission.HOST`); ``None``: the host tier
+            gets the states the GPU cache keeps.
 
     Raises:
-        UserError: a block or chunk size below 1, an unknown checkpoint mode,
+        UserError: a block or chunk size below 1, an unknown checkpoint mode, a host
+            admission policy without a host tier,
             a hash unit that does not divide the block size or comes with
             ``inpass`` mode or ``prompt_end_export``, or speculative tokens
             below 0 or with a hash unit, ``inpass`` or ``prompt_end_export``.
@@ -215,7 +223,8 @@ class HybridPrefixCache:
                  switchable: bool = False, track_values: bool = False,
                  checkpoint: str = "split", prompt_end_export: bool = False,
                  hash_block_size: int | None = None, num_speculative_tokens: int = 0,
-                 eagle: bool = True, host: HostTier | None = None) -> None:
+                 eagle: bool = True, host: HostTier | None = None,
+                 host_admission: AdmissionPolicy | None = None) -> None:
         check_checkpoint_mode(checkpoint)
         #: Tokens per hash unit when finer than the block, else 0.
         self.unit = check_hash_block_size(hash_block_size, block_size)
@@ -236,6 +245,11 @@ class HybridPrefixCache:
                             speculative_tokens=num_speculative_tokens)
         #: The host tier (vLLM's ``OffloadingConnector``), or ``None``.
         self.host = host
+        if host_admission is not None and host is None:
+            raise UserError("a host admission policy needs a host tier")
+        #: Per-tier admission: the states this policy keeps that ``admission`` does not
+        #: go to the host tier only (:data:`~vllm_admission.core.admission.HOST`).
+        self.host_admission = host_admission
         #: vLLM's EAGLE rules apply (dropped block, lower checkpoints, K lookahead slots).
         self.eagle = bool(num_speculative_tokens) and bool(eagle)
         #: Attention slots held past the scheduled tokens (``num_lookahead_tokens``).
@@ -520,7 +534,8 @@ class HybridPrefixCache:
             self.junctions += 1
         total = prompt_len + output_len
         adm = RequestAdmission(self.admission, probe, total_len=total,
-                               hash_block_size=self.unit or None, eagle=self.eagle)
+                               hash_block_size=self.unit or None, eagle=self.eagle,
+                               host_policy=self.host_admission)
         run = RunningRequest(rid=rid, hashes=hashes, prompt_len=prompt_len, adm=adm,
                              blocks=[[] for _ in self.group_kinds],
                              num_cached=probe.state_hit // B, live=[])

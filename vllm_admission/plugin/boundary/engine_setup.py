@@ -357,6 +357,12 @@ class EngineSetup:
                            "whole-block hashes and the host policies %s", host_chunks,
                            ", ".join(host_policy_names()))
             host_chunks = 0
+        host_admission = config.host_admission
+        if host_admission is not None and not host_chunks:
+            logger.warning("vllm_admission: VLLM_ADMISSION_HOST_ADMISSION=%s does nothing: "
+                           "there is no host tier (vLLM's OffloadingConnector) the policy "
+                           "replays model", host_admission)
+            host_admission = None
         return CacheLayout(block_size=self.block_size, hash_block_size=self.hash_block_size,
                            num_blocks=self.kv_cache_config.num_blocks, group_kinds=kinds,
                            bytes_per_block=int(bytes_per_block),
@@ -365,7 +371,8 @@ class EngineSetup:
                            prompt_end_export=self._admission_vllm_exports_checkpoint(),
                            retention_interval=self.cache_config.prefix_cache_retention_interval,
                            num_speculative_tokens=spec, eagle=self._admission_eagle(),
-                           host_chunks=host_chunks, host_policy=host_policy or "lru")
+                           host_chunks=host_chunks, host_policy=host_policy or "lru",
+                           host_admission=host_admission)
 
     def _admission_log_smallest_prefix(self, geometry: CacheLayout) -> None:
         """Log the shortest prefix that can hit, per KV cache group; warn when a
