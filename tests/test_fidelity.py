@@ -538,6 +538,31 @@ def test_per_tier_admission_is_mirrored_exactly(tiny_model_of, engine_env):
     assert hits > 0 and none["simulator_host_hit_tokens"] == hits
 
 
+@pytest.mark.engine
+def test_per_tier_admission_in_pass_is_mirrored_exactly(tiny_model_of, engine_env):
+    """Per-tier admission with ``VLLM_ADMISSION_CHECKPOINT=inpass``: the host's states
+    are captured inside the forward pass instead of ending chunks. Cached tokens, prefill
+    steps and GPU evictions agree; with ``none`` on the GPU every hit is the host's."""
+    from vllm_admission.core.geometry import geometry_from_blocks
+    from vllm_admission.fidelity import FidelitySpec, run_fidelity
+
+    model = tiny_model_of("qwen3-next")
+    costs = ModelCosts.from_config(model / "config.json", mamba_ssm_cache_dtype="bfloat16")
+    B = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)  # noqa: N806
+    bytes_per_block = geometry_from_blocks(costs, 40, B).bytes_per_block
+    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    pairs = (("marconi", "lru"), ("none", "lru"))
+    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,), pairs=pairs,
+                        max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
+                        offload=96 * bytes_per_block, host_admission="dense", checkpoint="inpass",
+                        engine_args={"max_num_batched_tokens": 512})
+    records = run_fidelity(spec)["records"]
+    assert_mirrored(records, pairs)
+    none = records[1]
+    hits = sum(none["per_request"]["engine"])
+    assert hits > 0 and none["simulator_host_hit_tokens"] == hits
+
+
 def mtp_fidelity(tmp_path_factory, name: str, **engine_args) -> list:
     """``run_fidelity``'s records for :data:`MTP_PAIRS` on the tiny Qwen3-Next with an MTP
     layer, one draft token, ``engine_args`` besides: the SMALL synthetic trace, 40 blocks,

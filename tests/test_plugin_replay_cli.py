@@ -146,6 +146,40 @@ def test_fidelity_refuses_what_the_simulator_does_not_mirror(tmp_path, capsys):
                           "with method mtp, extract_hidden_states only")
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--host-policy", "s3fifo"], "--host-policy sets the host tier of --offload; give --offload too"),
+    (["--offload", "1MiB", "--host-policy", "flop"],
+     "eviction policy 'flop' cannot run in the host tier: it needs FLOP values"),
+    (["--host-admission", "dense"], "host admission 'dense' needs a host tier"),
+    (["--offload", "1MiB", "--host-admission", "bogus"], "unknown admission policy 'bogus'"),
+])
+@pytest.mark.parametrize("command", ["replay", "fidelity"])
+def test_host_tier_options_are_checked_in_one_line(tmp_path, capsys, command, argv, message):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    rc, _, err = run([command, "--model", str(model), "--out", str(tmp_path / "out"), *argv],
+                     capsys)
+    assert rc == 2 and err.count("\n") == 1
+    assert err.startswith(f"vllm-admission: error: {message}")
+
+
+def test_host_policy_rides_in_the_offload_config():
+    from vllm_admission.cli import build_parser
+    from vllm_admission.cli.options import engine_args_from
+    from vllm_admission.plugin.offload_config import HOST_POLICY_MODULE
+
+    args = build_parser().parse_args(["replay", "--model", "m", "--out", "o",
+                                      "--offload", "2MiB", "--host-policy", "reuse"])
+    extra = engine_args_from(args)["kv_transfer_config"]["kv_connector_extra_config"]
+    assert extra["cpu_bytes_to_use"] == 2 << 20 and extra["eviction_policy"] == "reuse"
+    assert extra["cache_policy_module_path"] == HOST_POLICY_MODULE
+    args = build_parser().parse_args(["replay", "--model", "m", "--out", "o",
+                                      "--offload", "2MiB", "--host-policy", "lru"])
+    extra = engine_args_from(args)["kv_transfer_config"]["kv_connector_extra_config"]
+    assert extra["eviction_policy"] == "lru" and "cache_policy_module_path" not in extra
+
+
 def test_without_vllm_the_engine_commands_say_so_in_one_line(tmp_path, capsys, monkeypatch):
     """``replay`` where vLLM cannot be imported: one line naming what is missing and how to
     install it, exit status 2, no traceback (``sys.modules[name] = None`` makes the import

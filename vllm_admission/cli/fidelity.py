@@ -5,7 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vllm_admission.cli.options import add_engine_args, engine_args_from, offload_bytes
+from vllm_admission.cli.options import (
+    add_engine_args,
+    engine_args_from,
+    host_settings,
+    offload_bytes,
+)
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.errors import UserError
@@ -127,7 +132,8 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         alpha=args.alpha, auto_interval=args.auto_interval, seed=args.seed,
         checkpoint=args.checkpoint, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
         engine_args=_without_offload(engine_args_from(args), args),
-        offload=offload_bytes(args))
+        offload=offload_bytes(args), host_policy=host_settings(args)[0] or "lru",
+        host_admission=host_settings(args)[1])
 
     def progress(rec: dict) -> None:
         print(f"{rec['admission']}+{rec['eviction']} at {rec['num_blocks']} blocks: "

@@ -78,6 +78,14 @@ def add_engine_args(p) -> None:
                         "cpu_bytes_to_use=BYTES, its worker run by this project's "
                         "HostCopyOffloadingSpec (copies on the host, so it runs on CPU); the "
                         "short form of that --kv-transfer-config")
+    p.add_argument("--host-policy", default=None, metavar="NAME",
+                   help="with --offload: the host tier's eviction policy, vLLM's lru (default) "
+                        "or one of the project's (lfu, reuse, s3fifo, mix), which vLLM loads "
+                        "through cache_policy_module_path")
+    p.add_argument("--host-admission", default=None, metavar="NAME",
+                   help="with a host tier: per-tier admission (VLLM_ADMISSION_HOST_ADMISSION), "
+                        "an admission policy whose states go to host memory only where the "
+                        "GPU policy does not keep them")
 
 
 def _json_object(flag: str, text: str) -> dict:
@@ -125,8 +133,31 @@ def engine_args_from(args) -> dict:
                             "--kv-transfer-config, not both")
         from vllm_admission.plugin.offload_config import offloading_connector_config
 
-        out["kv_transfer_config"] = offloading_connector_config(host)
+        out["kv_transfer_config"] = offloading_connector_config(
+            host, eviction_policy=getattr(args, "host_policy", None))
+    elif getattr(args, "host_policy", None) is not None:
+        raise UserError("--host-policy sets the host tier of --offload; give --offload too")
     return out
+
+
+def host_settings(args) -> tuple[str | None, str | None]:
+    """``(--host-policy, --host-admission)``, checked (``None`` where not given).
+
+    Raises:
+        UserError: an unknown or unusable host policy, an unknown admission policy, or
+            ``--host-admission`` without a host tier (``--offload`` or a
+            ``--kv-transfer-config`` with a connector).
+    """
+    from vllm_admission.core.cache.host import check_host_admission, check_host_tier
+
+    policy = getattr(args, "host_policy", None)
+    if policy is not None:
+        check_host_tier(policy)
+    admission = getattr(args, "host_admission", None)
+    has_host = (getattr(args, "offload", None) is not None
+                or getattr(args, "kv_transfer_config", None) is not None)
+    check_host_admission(admission, has_host)
+    return policy, admission
 
 
 def offload_bytes(args) -> int | None:

@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_admission.cli.options import add_engine_args, engine_args_from
+from vllm_admission.cli.options import add_engine_args, engine_args_from, host_settings
 from vllm_admission.core.adaptive import AUTO
 from vllm_admission.core.admission import (
     ADMISSION_POLICIES,
@@ -90,6 +90,7 @@ def _check_args(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if not Path(args.model).is_dir():
         raise UserError(f"--model {args.model}: not a directory")
+    host_settings(args)
     return engine_args_from(args)
 
 
@@ -101,6 +102,8 @@ def _build(args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
                                max_model_len=args.max_model_len, seed=args.seed)
     settings.mamba_ssm_cache_dtype = args.mamba_ssm_cache_dtype
     settings.engine_args = engine_args
+    if getattr(args, "host_admission", None) is not None:
+        settings.env["VLLM_ADMISSION_HOST_ADMISSION"] = args.host_admission
     llm, note = build_llm_fitting(settings)
     if note:
         print(f"vllm-admission: {note}")
@@ -156,6 +159,7 @@ def run_replay(args: argparse.Namespace) -> int:
         "eviction": args.eviction,
         "alpha": args.alpha,
         "engine_args": engine_args,
+        "host_admission": getattr(args, "host_admission", None),
         "geometry": geometry,
         "requests": [{k: r[k] for k in ("request_id", "prompt_tokens", "output_len",
                                          "cached_tokens", "prefill_steps", "status")}
