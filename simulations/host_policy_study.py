@@ -26,17 +26,13 @@ import json
 import sys
 from pathlib import Path
 
+from host_tier_study import MODELS, ROOT, TRACES
+
 from vllm_admission.core.cache.host import host_policy_names
 from vllm_admission.core.geometry import parse_bytes
 from vllm_admission.sim.sweep import SweepSpec, run_sweep
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-TRACE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
-MODELS = {
-    "qwen3-next": "qwen3-next-80b-a3b",
-    "nemotron-3-nano": str(SHARED / "model_configs" / "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json"),
-}
+TRACE = TRACES["mooncake"]
 GPU = ("32GiB", "128GiB")
 HOST = ("256GiB", "1TiB")
 STOCK = ("vllm", "lru")

@@ -437,6 +437,26 @@ def test_the_hidden_state_cache_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny
     assert_mirrored(run_fidelity(spec)["records"], pairs)
 
 
+def host_fidelity(tiny_model_of, pairs: tuple, chunks: int, **spec) -> list:
+    """``run_fidelity``'s records for ``pairs`` with a host tier of ``chunks`` chunks
+    (``fidelity --offload``; the project's CPU worker) on the tiny Qwen3-Next: the SMALL
+    synthetic trace, 40 GPU blocks, a 512-token budget, bf16 state (the same block size on
+    every CPU); ``spec``: further ``FidelitySpec`` fields."""
+    from vllm_admission.core.geometry import geometry_from_blocks
+    from vllm_admission.fidelity import FidelitySpec, run_fidelity
+
+    model = tiny_model_of("qwen3-next")
+    costs = ModelCosts.from_config(model / "config.json", mamba_ssm_cache_dtype="bfloat16")
+    B = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)  # noqa: N806
+    bytes_per_block = geometry_from_blocks(costs, 40, B).bytes_per_block
+    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    return run_fidelity(FidelitySpec(
+        model=str(model), trace="synthetic", num_gpu_blocks=(40,), pairs=pairs,
+        max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
+        offload=chunks * bytes_per_block, engine_args={"max_num_batched_tokens": 512},
+        **spec))["records"]
+
+
 HOST_PAIRS = (("none", "lru"), ("last", "lru"), ("vllm", "lru"), ("block", "lru"),
               ("marconi", "lru"), ("dense", "lru"), ("dense", "s3fifo"), ("auto", "auto"))
 
@@ -448,19 +468,7 @@ def test_the_host_tier_is_mirrored_exactly(tiny_model_of, engine_env):
     reports: every request's cached tokens (host loads among them), prefill steps and GPU
     evictions agree for every admission with ``lru``, a key-reading eviction and
     ``auto``, with both tiers evicting."""
-    from vllm_admission.core.geometry import geometry_from_blocks
-    from vllm_admission.fidelity import FidelitySpec, run_fidelity
-
-    model = tiny_model_of("qwen3-next")
-    costs = ModelCosts.from_config(model / "config.json", mamba_ssm_cache_dtype="bfloat16")
-    B = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)  # noqa: N806
-    bytes_per_block = geometry_from_blocks(costs, 40, B).bytes_per_block
-    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
-    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,),
-                        pairs=HOST_PAIRS, max_output_len=8, synthetic=synthetic,
-                        mamba_ssm_cache_dtype="bfloat16", offload=48 * bytes_per_block,
-                        engine_args={"max_num_batched_tokens": 512})
-    records = run_fidelity(spec)["records"]
+    records = host_fidelity(tiny_model_of, HOST_PAIRS, 48)
     assert_mirrored(records, HOST_PAIRS)
     for rec in records:
         assert rec["host_chunks"] == 48 and rec["host_policy"] == "lru"
@@ -479,19 +487,7 @@ def test_a_project_host_policy_is_mirrored_exactly(tiny_model_of, engine_env, ho
     through ``cache_policy_module_path`` (``plugin/boundary/host_policy.py``), against the
     simulator's host tier running the same policy object: every request's cached tokens,
     prefill steps and GPU evictions agree, with both tiers evicting."""
-    from vllm_admission.core.geometry import geometry_from_blocks
-    from vllm_admission.fidelity import FidelitySpec, run_fidelity
-
-    model = tiny_model_of("qwen3-next")
-    costs = ModelCosts.from_config(model / "config.json", mamba_ssm_cache_dtype="bfloat16")
-    B = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)  # noqa: N806
-    bytes_per_block = geometry_from_blocks(costs, 40, B).bytes_per_block
-    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
-    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,),
-                        pairs=HOST_POLICY_PAIRS, max_output_len=8, synthetic=synthetic,
-                        mamba_ssm_cache_dtype="bfloat16", offload=48 * bytes_per_block,
-                        host_policy=host_policy, engine_args={"max_num_batched_tokens": 512})
-    records = run_fidelity(spec)["records"]
+    records = host_fidelity(tiny_model_of, HOST_POLICY_PAIRS, 48, host_policy=host_policy)
     assert_mirrored(records, HOST_POLICY_PAIRS)
     for rec in records:
         assert rec["host_chunks"] == 48 and rec["host_policy"] == host_policy
@@ -510,22 +506,8 @@ def test_per_tier_admission_is_mirrored_exactly(tiny_model_of, engine_env):
     handed to the host tier and dropped from the GPU cache at once. Every request's
     cached tokens, prefill steps and GPU evictions agree with the simulator's per-tier
     admission; with ``none`` on the GPU every hit comes from states only the host kept."""
-    from vllm_admission.core.geometry import geometry_from_blocks
-    from vllm_admission.fidelity import FidelitySpec, run_fidelity
-
-    model = tiny_model_of("qwen3-next")
-    costs = ModelCosts.from_config(model / "config.json", mamba_ssm_cache_dtype="bfloat16")
-    B = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)  # noqa: N806
-    bytes_per_block = geometry_from_blocks(costs, 40, B).bytes_per_block
-    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
-    records = {}
-    for host_admission in (None, "dense"):
-        spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,),
-                            pairs=HOST_ADMISSION_PAIRS, max_output_len=8, synthetic=synthetic,
-                            mamba_ssm_cache_dtype="bfloat16", offload=96 * bytes_per_block,
-                            host_admission=host_admission,
-                            engine_args={"max_num_batched_tokens": 512})
-        records[host_admission] = run_fidelity(spec)["records"]
+    records = {h: host_fidelity(tiny_model_of, HOST_ADMISSION_PAIRS, 96, host_admission=h)
+               for h in (None, "dense")}
     assert_mirrored(records["dense"], HOST_ADMISSION_PAIRS)
     for rec, base in zip(records["dense"], records[None]):
         assert rec["host_admission"] == "dense" and base["host_admission"] is None
@@ -543,20 +525,9 @@ def test_per_tier_admission_in_pass_is_mirrored_exactly(tiny_model_of, engine_en
     """Per-tier admission with ``VLLM_ADMISSION_CHECKPOINT=inpass``: the host's states
     are captured inside the forward pass instead of ending chunks. Cached tokens, prefill
     steps and GPU evictions agree; with ``none`` on the GPU every hit is the host's."""
-    from vllm_admission.core.geometry import geometry_from_blocks
-    from vllm_admission.fidelity import FidelitySpec, run_fidelity
-
-    model = tiny_model_of("qwen3-next")
-    costs = ModelCosts.from_config(model / "config.json", mamba_ssm_cache_dtype="bfloat16")
-    B = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)  # noqa: N806
-    bytes_per_block = geometry_from_blocks(costs, 40, B).bytes_per_block
-    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
     pairs = (("marconi", "lru"), ("none", "lru"))
-    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,), pairs=pairs,
-                        max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
-                        offload=96 * bytes_per_block, host_admission="dense", checkpoint="inpass",
-                        engine_args={"max_num_batched_tokens": 512})
-    records = run_fidelity(spec)["records"]
+    records = host_fidelity(tiny_model_of, pairs, 96, host_admission="dense",
+                            checkpoint="inpass")
     assert_mirrored(records, pairs)
     none = records[1]
     hits = sum(none["per_request"]["engine"])
