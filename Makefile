@@ -59,11 +59,12 @@ study: install
 	$(BIN)/python simulations/mooncake_study.py
 
 # GPU + host memory (vLLM's OffloadingConnector): stock against auto, both models, Mooncake
-# and the synthetic workload (about half an hour on 2 cores).
+# and the synthetic workload (about 7 minutes on 2 cores).
 study-host: install
 	$(BIN)/python simulations/host_tier_study.py --jobs 2
 
-# Policies in both tiers: host eviction policies and per-tier admission, both models, Mooncake.
+# Policies in both tiers: host eviction policies and per-tier admission, both models, Mooncake
+# (about 25 minutes on 2 cores).
 study-host-policies: install
 	$(BIN)/python simulations/host_policy_study.py --jobs 2
 

@@ -547,19 +547,22 @@ class HybridPrefixCache:
             keeps = adm.keeps_tail()
             run.tail = adm.tail if keeps else 0
             run.attn_tail = adm.attn_tail if keeps else 0
-        if last_keys is not None:
-            run.cow = probe.state_hit // B
-            self._touch_hit(run, run.cow + 1, now, last_keys)
-        elif run.num_cached:
-            self._touch_hit(run, run.num_cached, now)
-        start = probe.state_hit
+        start = end = probe.state_hit
         host = self.host
         if host is not None:
             run.host = HostRequest()
             end = host.hit_end(hashes, start, prompt_len, B, self.attn_groups, self.state_groups)
-            if end > start:
-                self._load(run, start, end, now)
-                start = end
+        if last_keys is not None:
+            run.cow = probe.state_hit // B
+            self._touch_hit(run, run.cow + 1, now, last_keys)
+        elif run.num_cached:
+            # A host load past the local hit makes the local state superfluous: vLLM
+            # skips (never references) the state groups' hit blocks then
+            # (``add_local_computed_blocks``, ``get_num_skipped_tokens`` of the total).
+            self._touch_hit(run, run.num_cached, now, skip_states=end > start)
+        if end > start:
+            self._load(run, start, end, now)
+            start = end
         steps = self._mode.prefill(self, run, start, output_len, now)
         # Decode: the step computing token t has t + 1 tokens in the request; only
         # steps next to a block boundary change the cache, so only those run. Under
@@ -582,14 +585,19 @@ class HybridPrefixCache:
                               prefill_steps=steps, host_hit_tokens=start - probe.state_hit)
 
     def _touch_hit(self, run: RunningRequest, hit_blocks: int, now: float,
-                   last_keys: tuple | None = None) -> None:
+                   last_keys: tuple | None = None, skip_states: bool = False) -> None:
         """Reference the hit's blocks, group by group (``add_local_computed_blocks``).
         ``last_keys``: ``(attention key, state key)`` of the last block when the
-        hit ends inside it."""
+        hit ends inside it. ``skip_states``: external tokens follow the hit (a host
+        load), so the state groups reference none of it (null blocks only)."""
         for g, part in enumerate(self._part_of):
+            if skip_states and part is self.state:
+                run.blocks[g] = [NULL] * hit_blocks
+                continue
             key = None if last_keys is None else last_keys[part is not self.attention]
             part.touch_hit(run, g, hit_blocks, now, key)
-        run.live.append(hit_blocks - 1)
+        if not skip_states:
+            run.live.append(hit_blocks - 1)
 
     def _step(self, run: RunningRequest, start: int, n: int, num_tokens: int, now: float,
               captures: Sequence[int] = ()) -> None:
