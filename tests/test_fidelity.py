@@ -496,7 +496,7 @@ def test_a_project_host_policy_is_mirrored_exactly(tiny_model_of, engine_env, ho
 
 
 HOST_ADMISSION_PAIRS = (("vllm", "lru"), ("marconi", "reuse"), ("none", "lru"),
-                        ("auto", "auto"))
+                        ("dense", "s3fifo"), ("auto", "auto"))
 
 
 @pytest.mark.engine
@@ -505,16 +505,19 @@ def test_per_tier_admission_is_mirrored_exactly(tiny_model_of, engine_env):
     pair's states, every other block boundary of a prompt is written (a chunk stop),
     handed to the host tier and dropped from the GPU cache at once. Every request's
     cached tokens, prefill steps and GPU evictions agree with the simulator's per-tier
-    admission; with ``none`` on the GPU every hit comes from states only the host kept."""
+    admission, and without it (``dense`` + ``s3fifo`` there: host loads after local hits,
+    whose state blocks vLLM never references); with ``none`` on the GPU every hit comes
+    from states only the host kept."""
     records = {h: host_fidelity(tiny_model_of, HOST_ADMISSION_PAIRS, 96, host_admission=h)
                for h in (None, "dense")}
+    assert_mirrored(records[None], HOST_ADMISSION_PAIRS)
     assert_mirrored(records["dense"], HOST_ADMISSION_PAIRS)
     for rec, base in zip(records["dense"], records[None]):
         assert rec["host_admission"] == "dense" and base["host_admission"] is None
         assert rec["simulator_host_evictions"] > 0, rec["admission"]
     # No state on the GPU: without host admission nothing hits; with it every hit is a
     # state the host alone kept.
-    none, base = records["dense"][2], records[None][2]
+    none, base = records["dense"][2], records[None][2]  # HOST_ADMISSION_PAIRS[2]
     assert none["admission"] == "none" and sum(base["per_request"]["engine"]) == 0
     hits = sum(none["per_request"]["engine"])
     assert hits > 0 and none["simulator_host_hit_tokens"] == hits

@@ -250,6 +250,28 @@ def test_dense_admission_sends_every_prompt_state_to_the_host_and_output_stays_b
     assert len(state_keys) == 5 and len(host) == 10  # 5 states + 5 KV chunks, none of output
 
 
+def test_a_host_load_after_a_local_hit_references_no_local_state():
+    """A local hit at the shared prefix's junction (4 blocks), the rest of the prompt
+    from the host: vLLM's state groups skip every block before the load's end
+    (``add_local_computed_blocks``), so the local state block is never referenced and
+    stays a free candidate where it was; the attention blocks of the local hit are."""
+    S = tokens("S", 4 * B)
+    first, second = S + tokens("a", 4 * B + 10), S + tokens("b", 4 * B + 10)
+    cache = make_cache("vllm", HostTier(200))
+    _serve(cache, [first, second])
+    touched = []
+    touch = cache.pool.touch
+
+    def spy(blocks, now):
+        touched.extend(cache.pool.group[b] for b in blocks)
+        return touch(blocks, now)
+
+    cache.pool.touch = spy
+    out = cache.serve(chained_hashes(first, B), len(first), 8, 2, 2.0)
+    assert (out.hit_tokens, out.host_hit_tokens) == (8 * B, 4 * B)
+    assert touched == [GROUPS.index("attention")] * 4
+
+
 def test_per_tier_admission_sends_extra_states_to_the_host_only():
     """``marconi`` on the GPU and ``dense`` for the host tier: every block boundary of the
     first prompt is a state, the GPU keeps only marconi's (as without the host policy),
