@@ -50,7 +50,9 @@ class AdmissionHostPolicy(CachePolicy):
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         return self.chunks.get(key)
 
-    def insert(self, key: OffloadKey, chunk: ChunkStatus) -> None:
+    def insert(self, key: OffloadKey, chunk: ChunkStatus,
+               req_context: ReqContext | None = None) -> None:
+        # vLLM 0.33 passes the storing request's context too; the position is not needed.
         self.chunks[key] = chunk
         if chunk.ref_cnt != 0:
             self._pinned.add(key)

@@ -188,6 +188,14 @@ PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
      "read by offload_config.host_tier (instance attribute): the connector's scheduler side"),
     ("v1/kv_offload/cpu/manager.py", "CPUOffloadingManager._num_chunks",
      "read by offload_config.host_tier (instance attribute): the host tier's chunks"),
+    ("v1/kv_offload/cpu/policies/base.py", "CachePolicy.evict",
+     "implemented by host_policy.AdmissionHostPolicy (an out-of-tree host policy, an "
+     "experimental vLLM interface), with get, insert, remove, touch, on_store_miss, "
+     "on_request_finished, clear, mark_evictable, mark_non_evictable"),
+    ("v1/kv_offload/cpu/policies/base.py", "order_request_keys",
+     "called by host_policy.AdmissionHostPolicy: a finished request's keys head to tail"),
+    ("v1/kv_offload/cpu/policies/base.py", "ChunkStatus.ref_cnt",
+     "read by host_policy.AdmissionHostPolicy: a chunk in transfer is pinned"),
 )
 
 # Members that are instance attributes (checked on a live object, not the class).
@@ -324,6 +332,10 @@ OVERRIDES: tuple[tuple[str, str], ...] = (
      "_submit_async_write"),
     ("CPUOffloadingSpec.get_worker",
      "vllm_admission.plugin.boundary.cpu_offload:HostCopyOffloadingSpec.get_worker"),
+    *(("CachePolicy." + name, "vllm_admission.plugin.boundary.host_policy:AdmissionHostPolicy."
+       + name)
+      for name in ("get", "insert", "remove", "touch", "on_store_miss", "on_request_finished",
+                   "evict", "clear", "mark_evictable", "mark_non_evictable")),
 )
 
 
@@ -337,6 +349,12 @@ def _cpu_offloading_spec() -> Any:
     from vllm.v1.kv_offload.cpu import spec
 
     return spec.CPUOffloadingSpec
+
+
+def _cache_policy() -> Any:
+    from vllm.v1.kv_offload.cpu.policies import base
+
+    return base.CachePolicy
 
 
 def accepts(theirs: Any, ours: Any) -> list[str]:
@@ -385,7 +403,7 @@ def override_mismatches() -> list[str]:
               "MambaManager": stkm.MambaManager,
               "FullAttentionManager": stkm.FullAttentionManager,
               "ExampleHiddenStatesConnector": _hidden_states_connector(),
-              "CPUOffloadingSpec": _cpu_offloading_spec()}
+              "CPUOffloadingSpec": _cpu_offloading_spec(), "CachePolicy": _cache_policy()}
     out = []
     for member, target in OVERRIDES:
         cls_name, meth = member.split(".")
