@@ -37,6 +37,8 @@ metric                                      type     meaning (``AdmissionStats``
 ``vllm:hybrid_prefix_cache_superseded``     counter  tentative sequence-end states replaced
 ``vllm:hybrid_prefix_cache_state_hits``     counter  ``hit_requests``: requests with a hybrid hit > 0
 ``vllm:hybrid_prefix_cache_tokens_saved``   counter  ``hit_tokens``: prompt tokens served from the cache
+``vllm:hybrid_prefix_cache_host_tokens_saved`` counter ``host_hit_tokens``: the part a KV connector
+                                                     loaded (a host tier's)
 ``vllm:hybrid_prefix_cache_state_miss_tokens`` counter attention-KV hit tokens recomputed
                                                      for want of a state at their end
 ``vllm:hybrid_prefix_cache_prefill_steps``  counter  prefill chunks (steps with a request's prompt tokens)
@@ -104,6 +106,8 @@ COUNTERS: dict[str, tuple[str, str]] = {
                    "same request."),
     "state_hits": ("hit_requests", "Admitted requests with a hybrid prefix hit > 0."),
     "tokens_saved": ("hit_tokens", "Prompt tokens served from the hybrid prefix cache."),
+    "host_tokens_saved": ("host_hit_tokens", "The part of tokens_saved a KV connector loaded "
+                          "beyond the local hit (a host tier's, with vLLM's OffloadingConnector)."),
     "state_miss_tokens": ("state_miss_tokens", "Prompt tokens whose attention KV was cached past "
                           "the hybrid hit but recomputed because no recurrent state was kept at "
                           "their end (attention-KV hit minus hybrid hit, whole blocks)."),
