@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from host_tier_study import MODELS, ROOT, TRACES
+from host_tier_study import MODELS, ROOT, TRACES, _label
 
 from vllm_admission.core.cache.host import host_policy_names
 from vllm_admission.core.geometry import parse_bytes
@@ -40,13 +40,6 @@ AUTO = ("auto", "auto")
 #: Host admission settings of the second part (None: the host gets what the GPU keeps).
 HOST_ADMISSIONS = (None, "last", "dense")
 ADMISSION_PAIRS = (("marconi", "lru"), AUTO)
-
-
-def _label(n: int) -> str:
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30)):
-        if n >= size:
-            return f"{n / size:g} {unit}"
-    return str(n)
 
 
 def sweep(model: str, host: int, *, pairs: tuple, host_policy: str = "lru",

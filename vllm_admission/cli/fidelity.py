@@ -121,6 +121,7 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    host_policy, host_admission = host_settings(args)
     spec = FidelitySpec(
         model=args.model, trace=args.trace,
         admissions=parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, "auto"]),
@@ -132,8 +133,8 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         alpha=args.alpha, auto_interval=args.auto_interval, seed=args.seed,
         checkpoint=args.checkpoint, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
         engine_args=_without_offload(engine_args_from(args), args),
-        offload=offload_bytes(args), host_policy=host_settings(args)[0] or "lru",
-        host_admission=host_settings(args)[1])
+        offload=offload_bytes(args), host_policy=host_policy or "lru",
+        host_admission=host_admission)
 
     def progress(rec: dict) -> None:
         print(f"{rec['admission']}+{rec['eviction']} at {rec['num_blocks']} blocks: "

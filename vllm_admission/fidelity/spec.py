@@ -10,7 +10,7 @@ from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
 from vllm_admission.core.admission import UnknownPolicyError, get_admission
 from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.cache.host import check_host_admission, host_policy_names
-from vllm_admission.plugin.offload_config import HOST_POLICY_MODULE, VLLM_HOST_POLICIES
+from vllm_admission.plugin.offload_config import host_policy_name
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import check_retention_interval
@@ -187,11 +187,8 @@ class FidelitySpec:
                 raise FidelityError("the simulator models a host tier without speculative "
                                     "decoding and with whole-block hashes only")
             extra = (transfer or {}).get("kv_connector_extra_config") or {}
-            policy = extra.get("eviction_policy", "lru") if transfer else self.host_policy
-            module = extra.get("cache_policy_module_path") if transfer else None
-            if (policy not in host_policy_names()
-                    or (module and module != HOST_POLICY_MODULE
-                        and policy not in VLLM_HOST_POLICIES)):
+            policy = host_policy_name(extra) if transfer else self.host_policy
+            if policy not in host_policy_names():
                 raise UnknownPolicyError(f"the simulator models the host policies "
                                          f"{', '.join(host_policy_names())}, got {policy!r}")
         check_host_admission(self.host_admission,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = ["HOST_POLICY_MODULE", "HOST_SPEC_MODULE", "HOST_SPEC_NAME", "VLLM_HOST_POLICIES",
-           "host_tier", "offloading_connector_config"]
+           "host_policy_name", "host_tier", "offloading_connector_config"]
 
 #: The out-of-tree offloading spec vLLM loads (``v1/kv_offload/factory.py``).
 HOST_SPEC_NAME = "HostCopyOffloadingSpec"
@@ -67,8 +67,17 @@ def host_tier(scheduler: Any) -> tuple[int, str | None]:
         return 0, None
     transfer = scheduler.vllm_config.kv_transfer_config
     extra = (transfer.kv_connector_extra_config or {}) if transfer is not None else {}
+    return chunks, host_policy_name(extra)
+
+
+def host_policy_name(extra: dict[str, Any]) -> str:
+    """The host policy an ``OffloadingConnector``'s ``kv_connector_extra_config`` asks
+    for, as the host-tier model names it: ``eviction_policy`` (default ``"lru"``), or
+    ``"module:name"`` for a policy vLLM would load from a ``cache_policy_module_path``
+    other than :data:`HOST_POLICY_MODULE` (vLLM's own names are resolved before the
+    module is asked)."""
     name = str(extra.get("eviction_policy", "lru"))
     module = extra.get("cache_policy_module_path")
     if module and module != HOST_POLICY_MODULE and name not in VLLM_HOST_POLICIES:
-        name = f"{module}:{name}"
-    return chunks, name
+        return f"{module}:{name}"
+    return name
