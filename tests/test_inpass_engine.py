@@ -5,12 +5,13 @@ tiny Nemotron-H with its float32 state, Mamba2 layers through vLLM's own checkpo
 B from the live engine), two engine starts (``split``, then ``inpass``), each running
 every admission policy on the junction case's first three prompts (tests/junction_case.py:
 a fresh prompt, the junction, a hit) by switching the policy
-on the live scheduler. Per policy the two modes must give the same greedy tokens and the same
-cached tokens per request (the budget, 4,096, is a multiple of B, so ``last`` keeps the same
+on the live scheduler. Per policy the two modes must give the same model output (greedy
+tokens and logits within rounding: tests/model_output.py) and the same cached tokens per
+request (the budget, 4,096, is a multiple of B, so ``last`` keeps the same
 states too), one prefill step per prompt in ``inpass`` against rule 6's counts in ``split``,
 and no block leaked. With ``dense`` the recurrent states cached after prompt 1 (one per block
 boundary: every one of them written by the in-pass copy in ``inpass`` mode, at a chunk end in
-``split``) are read from the engine's state tensors and compared. The ``inpass`` engine then
+``split``) are read from the engine's state tensors and compared within rounding. The ``inpass`` engine then
 survives an abort mid-prefill and a batch of eight requests without leaking a block.
 """
 
@@ -22,6 +23,7 @@ import random
 
 import pytest
 from conftest import engine_block_size, predicted_block_size
+from model_output import LOGITS_MODE, assert_same_output, generate, logit_roundoff
 from junction_case import (
     expected_junction,
     expected_junction_inpass_prefill_steps,
@@ -46,15 +48,6 @@ def toks(seed, n):
 #: The first three junction prompts: a fresh prompt, the junction (vllm, marconi) and a hit;
 #: prompts 4..10 repeat prompt 3 (kept short: the CPU engine is slow on a shared machine).
 PROMPTS = junction_prompts(toks)[:3]
-
-
-def generate(llm, prompts, max_tokens):
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
-    return [(int(o.num_cached_tokens), list(o.outputs[0].token_ids)) for o in outs]
 
 
 def state_rows(llm):
@@ -90,7 +83,7 @@ def run_mode(model_dir, mode, ssm_dtype):
     """Start an engine in ``mode``, run the junction case for every policy; return the results."""
     import vllm.plugins
 
-    from vllm_admission.engine.llm import EngineSettings, PrefillStepCounter, build_llm, inprocess_scheduler
+    from vllm_admission.engine.llm import EngineSettings, build_llm, inprocess_scheduler
 
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ADMISSION_LOG_INTERVAL": "0",
            "VLLM_ADMISSION_POLICY": "vllm", "VLLM_ADMISSION_EVICTION": "lru",
@@ -98,26 +91,26 @@ def run_mode(model_dir, mode, ssm_dtype):
     B = predicted_block_size(model_dir, ssm_dtype)  # noqa: N806
     settings = EngineSettings(model=str(model_dir), env=env, max_model_len=4096,
                               mamba_ssm_cache_dtype=ssm_dtype, num_gpu_blocks=POOL_TOKENS // B,
-                              scheduler_cls="vllm_admission.AdmissionScheduler")
+                              scheduler_cls="vllm_admission.AdmissionScheduler",
+                              engine_args=dict(LOGITS_MODE))
     vllm.plugins.plugins_loaded = False
     llm = build_llm(settings)
     try:
         assert engine_block_size(llm) == B
         sched = inprocess_scheduler(llm)
         pool = sched.kv_cache_manager.block_pool
-        out = {"B": B, "policies": {}}
+        out = {"B": B, "u": logit_roundoff(llm), "policies": {}}
         for policy in POLICIES:
             assert llm.reset_prefix_cache()
             sched.set_admission_policy(policy)
-            with PrefillStepCounter(llm) as counter:
-                first = generate(llm, PROMPTS[:1], 4)
-                if policy == "dense":
-                    out["dense_states"] = state_rows(llm)
-                results = first + [generate(llm, [p], 4)[0] for p in PROMPTS[1:]]
+            first = generate(llm, PROMPTS[:1], 4)
+            if policy == "dense":
+                out["dense_states"] = state_rows(llm)
+            results = first + generate(llm, PROMPTS[1:], 4)
             assert pool.get_num_free_blocks() == pool.num_gpu_blocks - 1, (mode, policy)
-            out["policies"][policy] = {"hits": [h for h, _ in results],
-                                       "outputs": [o for _, o in results],
-                                       "steps": list(counter.counts.values())}
+            out["policies"][policy] = {"hits": [o.cached for o in results],
+                                       "outputs": results,
+                                       "steps": [o.passes for o in results]}
         if mode == "inpass":
             out["faults"] = faults(llm, sched)
         return out
@@ -150,10 +143,13 @@ def faults(llm, sched):
     while engine.has_unfinished_requests():
         engine.step()
     leaked_after_abort = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
-    batch = generate(llm, [toks(9, 300) + toks(50 + i, 400) for i in range(8)], 16)
+    sp = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True, detokenize=False)
+    batch = llm.generate([TokensPrompt(prompt_token_ids=toks(9, 300) + toks(50 + i, 400))
+                          for i in range(8)], sp, use_tqdm=False)
     leaked_after_batch = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
     return {"victim_computed": computed, "leaked_after_abort": leaked_after_abort,
-            "leaked_after_batch": leaked_after_batch, "batch_lengths": [len(o) for _, o in batch]}
+            "leaked_after_batch": leaked_after_batch,
+            "batch_lengths": [len(o.outputs[0].token_ids) for o in batch]}
 
 
 @pytest.fixture(scope="module", params=INPASS_CASES, ids=lambda case: "-".join(case))
@@ -172,7 +168,8 @@ def modes(request, tiny_model_of):
 def test_inpass_equals_split_on_the_junction_case(modes, policy):
     split, inpass = modes["split"]["policies"][policy], modes["inpass"]["policies"][policy]
     B = modes["split"]["B"]  # noqa: N806
-    assert split["outputs"] == inpass["outputs"]
+    # One pass against rule 6's chunks: the same model output (tests/model_output.py).
+    assert_same_output(split["outputs"], inpass["outputs"], modes["split"]["u"], label=policy)
     n = len(PROMPTS)
     assert split["hits"] == inpass["hits"] == expected_junction(B)[policy][:n]
     assert split["steps"] == expected_junction_prefill_steps(B)[policy][:n]
@@ -181,20 +178,32 @@ def test_inpass_equals_split_on_the_junction_case(modes, policy):
 
 
 def test_inpass_states_equal_split_states(modes):
-    import torch
+    """Every state ``dense`` caches after prompt 1, captured inside one pass, equals the one
+    written at a chunk end in ``split`` to within rounding.
 
+    Not the same computation: ``split`` reaches position ``p`` in ``p / B`` passes, each
+    resuming from the last, ``inpass`` in one, and vLLM's CPU kernels may sum in another
+    order for other pass lengths (tests/model_output.py; on one AVX2-only EPYC a conv row of
+    the tiny Nemotron-H's second Mamba2 layer moved by more than 1 % of an element near zero,
+    its input having passed through the first layer's scan in the other cut). Every state is
+    fed by activations in the model's dtype, so the bound is norm-wise, one rounding of the
+    row's largest element per pass of either mode: ``(p / B + 1) * u * max |row|``. A state of
+    another position, or a conv window shifted by a token, is off by about the row's size."""
     split, inpass = modes["split"]["dense_states"], modes["inpass"]["dense_states"]
-    B = modes["split"]["B"]  # noqa: N806
+    B, u = modes["split"]["B"], modes["split"]["u"]  # noqa: N806
     positions = sorted({pos for _, pos in split})
     assert positions == [B * i for i in range(1, 1800 // B + 1)]
     assert split.keys() == inpass.keys()
     for key, (conv, ssm) in split.items():
-        conv2, ssm2 = inpass[key]
-        # GDN, bf16 states (|ssm| <= 0.008 in this model): equal to about one bf16 ulp;
-        # measured bit-identical for 27 of 28 rows, the other within 1e-6. Mamba2, float32
-        # states: within the CPU scan's float32 wobble (tests/test_mamba2_export.py).
-        assert torch.allclose(conv, conv2, atol=1e-4, rtol=1e-2), key
-        assert torch.allclose(ssm, ssm2, atol=5e-5, rtol=1e-2), key
+        passes = key[1] // B + 1
+        for name, want, got in (("conv", conv, inpass[key][0]), ("ssm", ssm, inpass[key][1])):
+            bound = passes * u * float(want.abs().max())
+            assert float((want - got).abs().max()) <= bound, (key, name, bound)
+            # The bound tells states apart: the next position's state lies outside it.
+            following = inpass.get((key[0], key[1] + B))
+            if following is not None:
+                other = following[0 if name == "conv" else 1]
+                assert float((want - other).abs().max()) > bound, (key, name, "next")
         assert ssm.abs().sum() > 0, key
 
 

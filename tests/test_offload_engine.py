@@ -6,7 +6,9 @@ the CPU build). On the tiny Qwen3-Next with a float32 state (so B is the same on
 CPU; derived from the live engine all the same) in a pool of 14 blocks of 256 tokens and a
 host tier of 18 chunks, both tiers evict:
 
-* every admission policy gives stock vLLM's greedy tokens (stock: no plugin, no host tier);
+* every admission policy gives stock vLLM's model output (stock: no plugin, no host tier):
+  greedy tokens and logits within rounding (tests/model_output.py), since a hit, a host load
+  or a chunk stop cuts the prompt into other prefill passes than stock's;
 * its hits, host loads included, are the core's (``HybridPrefixCache`` with a ``HostTier``
   of the chunks the engine reports), request by request;
 * ``auto`` runs with the host tier and gives stock's tokens;
@@ -23,6 +25,7 @@ import random
 
 import pytest
 from conftest import chained_hashes
+from model_output import LOGITS_MODE, assert_same_output, generate, logit_roundoff
 
 from vllm_admission.core.admission import ADMISSION_POLICIES, stock_admission
 
@@ -57,8 +60,9 @@ def _settings(model_dir, *, plugin: bool, host_bytes: int | None, env: dict | No
             "VLLM_ADMISSION_POLICY": None, "VLLM_ADMISSION_EVICTION": None,
             "VLLM_PLUGINS": None if plugin else ""}
     base.update(env or {})
-    args = {} if host_bytes is None else {
-        "kv_transfer_config": offloading_connector_config(host_bytes)}
+    args = dict(LOGITS_MODE)
+    if host_bytes is not None:
+        args["kv_transfer_config"] = offloading_connector_config(host_bytes)
     return EngineSettings(model=str(model_dir), max_model_len=MAX_MODEL_LEN,
                           mamba_ssm_cache_dtype=SSM_DTYPE, env=base, engine_args=args,
                           scheduler_cls="vllm_admission.AdmissionScheduler" if plugin else None)
@@ -79,17 +83,8 @@ def _stop(llm):
     gc.collect()
 
 
-def _generate(llm, prompts, max_tokens=OUTPUT):
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
-    return [(int(o.num_cached_tokens), list(o.outputs[0].token_ids)) for o in outs]
-
-
 def _one_at_a_time(llm, prompts):
-    return [_generate(llm, [p])[0] for p in prompts]
+    return generate(llm, prompts, OUTPUT)
 
 
 def _scheduler(llm):
@@ -175,9 +170,9 @@ def test_every_admission_gives_stock_tokens_and_the_predicted_hits(model_dir, ge
             before = sched.stats()
             got = _one_at_a_time(llm, PROMPTS)
             after = sched.stats()
-            assert [t for _, t in got] == [t for _, t in reference], policy
+            assert_same_output(reference, got, logit_roundoff(llm), label=policy)
             hits, from_host, host = _predicted(policy, B, geo["num_gpu_blocks"], HOST_CHUNKS)
-            assert [h for h, _ in got] == hits, policy
+            assert [o.cached for o in got] == hits, policy
             host_hits[policy] = sum(from_host)
             # The plugin's counters: num_cached_tokens, with the host tier's part apart.
             assert after.hit_tokens - before.hit_tokens == sum(hits), policy
@@ -201,8 +196,44 @@ def test_auto_runs_with_a_host_tier_and_gives_stock_tokens(model_dir, geometry, 
                                 "VLLM_ADMISSION_AUTO_INTERVAL": "2"}), B)
     try:
         got = _one_at_a_time(llm, PROMPTS)
-        assert [t for _, t in got] == [t for _, t in reference]
-        assert sum(h for h, _ in got) > 0
+        assert_same_output(reference, got, logit_roundoff(llm))
+        assert sum(o.cached for o in got) > 0
+    finally:
+        _stop(llm)
+
+
+def test_a_host_load_of_the_wrong_rows_is_caught(model_dir, geometry, reference, saved_env,
+                                                 monkeypatch):
+    """The comparison's power on the live engine: a host tier that loads each block from the
+    next row of its buffer (a wrong-row bug) gives a different model output, not rounding."""
+    from vllm_admission.plugin.boundary.cpu_offload import HostCopyWorker
+
+    rows, load = HostCopyWorker._host_rows, HostCopyWorker.submit_load  # noqa: SLF001
+    loading = []
+
+    def wrong_rows(self, chunks, skip, count):
+        got = rows(self, chunks, skip, count)
+        return (got + 1) % self._host[0].shape[0] if loading else got  # noqa: SLF001
+
+    def spy_load(self, *args):
+        loading.append(True)
+        try:
+            return load(self, *args)
+        finally:
+            loading.pop()
+
+    monkeypatch.setattr(HostCopyWorker, "_host_rows", wrong_rows)
+    monkeypatch.setattr(HostCopyWorker, "submit_load", spy_load)
+    B, bytes_per_block = geometry  # noqa: N806
+    llm = _start(_settings(model_dir, plugin=True, host_bytes=HOST_CHUNKS * bytes_per_block,
+                           env={"VLLM_ADMISSION_POLICY": "vllm",
+                                "VLLM_ADMISSION_EVICTION": "lru"}), B)
+    try:
+        got = _one_at_a_time(llm, PROMPTS)
+        assert _scheduler(llm).stats().host_hit_tokens > 0  # the wrong rows were used
+        with pytest.raises(AssertionError, match="moved by|not a near-tie|top") as caught:
+            assert_same_output(reference, got, logit_roundoff(llm))
+        print(caught.value)
     finally:
         _stop(llm)
 
@@ -225,9 +256,9 @@ def test_per_tier_admission_gives_stock_tokens_and_the_predicted_hits(model_dir,
         geo = engine_geometry(llm)
         assert geo["host_admission"] == "dense"
         got = _one_at_a_time(llm, PROMPTS)
-        assert [t for _, t in got] == [t for _, t in reference]
+        assert_same_output(reference, got, logit_roundoff(llm))
         hits, from_host, host = _predicted(policy, B, geo["num_gpu_blocks"], HOST_CHUNKS, "dense")
-        assert [h for h, _ in got] == hits
+        assert [o.cached for o in got] == hits
         if policy == "none":  # nothing on the GPU: every hit is a host-only state
             assert sum(hits) > 0 and from_host == hits
         stats = _scheduler(llm).stats()
@@ -298,15 +329,18 @@ def test_nothing_leaks_in_either_tier_after_an_abort_and_preemptions(model_dir, 
         sched._preempt_request = spy  # noqa: SLF001
         try:
             batch = [toks(9, 300) + toks(50 + i, 400) for i in range(6)]
-            results = _generate(llm, batch, 120)
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in batch],
+                                SamplingParams(max_tokens=120, temperature=0.0, ignore_eos=True,
+                                               detokenize=False), use_tqdm=False)
         finally:
             del sched._preempt_request  # noqa: SLF001
         assert preempted
-        assert all(len(out) == 120 for _, out in results)
+        assert all(len(o.outputs[0].token_ids) == 120 for o in outs)
         _assert_nothing_held(llm)
         # The tiers still serve: a prompt sent twice hits the second time.
         first, second = _one_at_a_time(llm, [PROMPTS[2], PROMPTS[2]])
-        assert first[1] == second[1] and second[0] > 0
+        assert second.cached > 0
+        assert_same_output([first], [second], logit_roundoff(llm))
         _assert_nothing_held(llm)
     finally:
         _stop(llm)

@@ -1,0 +1,137 @@
+"""Comparing two engines' greedy outputs: the same computation, or the same model output.
+
+Two runs of one model give the same bytes only when they compute the same thing in the
+same order. A prefix hit, a chunk stop at a checkpoint, a state loaded from the host tier or
+captured inside the pass changes how a prompt is cut into prefill passes, and vLLM's CPU
+kernels may round differently for a different cut: how a GEMM or a scan is blocked, and so
+the order of its sums, depends on the number of tokens in the pass and on the CPU (its
+instruction set and cache sizes). On one AVX-512 machine the tiny models give the same bytes
+for every cut; on an AVX2-only EPYC a chunk stop moved a greedy token. So an engine test
+states one of two promises:
+
+* **the same computation** (the same prefill passes): the same tokens and the same logits,
+  bit for bit (:func:`assert_same_output` with ``exact=True``);
+* **the same model output** (other passes): the logits of each generated position equal to
+  within the rounding of the model's dtype, and the greedy tokens equal up to the first
+  position where the two runs' top two logits are within that rounding of each other (a
+  near-tie, after which the runs condition on different tokens and are not compared).
+
+The rounding bound. The logits come out of the model in its dtype (bfloat16 for the tiny
+models: their values are multiples of 2**-8 below 1), whose unit roundoff is
+``u = 2**-(mantissa bits + 1)`` (``2**-8`` for bfloat16, ``torch.finfo(dtype).eps / 2``).
+Each prefill pass boundary by which the two runs differ can change the rounding of every
+activation once; we allow one rounding of the largest logit's size per prefill pass of
+either run: ``tol = (passes of run 1 + passes of run 2) * u * max |logit|`` at that
+position. A wrong state (a row of another block, a conv window shifted by a token, a stale
+host copy) moves the logits by far more than that: ``tests/test_model_output.py`` shows the
+comparison rejects them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+#: Raw logits of the top tokens per generated position (vLLM's ``logprobs_mode``).
+LOGITS_MODE = {"logprobs_mode": "raw_logits"}
+#: How many top logits each position returns (the chosen token's comes on top of them).
+TOP_K = 5
+
+
+@dataclass
+class Output:
+    """One request's greedy output.
+
+    Attributes:
+        cached: prompt tokens served from the cache (vLLM's ``num_cached_tokens``).
+        tokens: generated token ids.
+        logits: per generated position, ``{token id: raw logit}`` of the top
+            :data:`TOP_K` tokens and the chosen one.
+        passes: prefill passes (engine steps that scheduled prompt tokens) of the request.
+    """
+
+    cached: int
+    tokens: list[int]
+    logits: list[dict[int, float]] = field(default_factory=list)
+    passes: int = 1
+
+
+def generate(llm, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[Output]:
+    """Serve ``prompts`` one at a time on ``llm`` (an in-process engine built with
+    :data:`LOGITS_MODE`), greedy, and return each request's :class:`Output`."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from vllm_admission.engine.llm import PrefillStepCounter
+
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
+                        detokenize=False, logprobs=TOP_K)
+    out = []
+    for p in prompts:
+        with PrefillStepCounter(llm) as counter:
+            (o,) = llm.generate([TokensPrompt(prompt_token_ids=list(p))], sp, use_tqdm=False)
+        c = o.outputs[0]
+        logits = [{int(t): float(v.logprob) for t, v in pos.items()} for pos in c.logprobs]
+        out.append(Output(int(o.num_cached_tokens), list(c.token_ids), logits,
+                          sum(counter.counts.values())))
+    return out
+
+
+def unit_roundoff(dtype) -> float:
+    """``u`` of a floating dtype, a ``torch.dtype`` or its name (bfloat16 -> 2**-8,
+    float32 -> 2**-24)."""
+    import torch
+
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    return float(torch.finfo(dtype).eps) / 2
+
+
+def logit_roundoff(llm) -> float:
+    """``u`` of the dtype a started ``vllm.LLM`` computes its logits in (the model's)."""
+    return unit_roundoff(llm.llm_engine.vllm_config.model_config.dtype)
+
+
+def output_difference(want: Output, got: Output, u: float, *, exact: bool = False) -> str | None:
+    """Why ``got`` is not ``want``'s model output, or ``None`` when it is (module docstring).
+
+    Args:
+        want, got: the two runs' outputs of one request.
+        u: unit roundoff of the dtype the logits are computed in (:func:`unit_roundoff`).
+        exact: the same computation: tokens and logits must be equal bit for bit.
+    """
+    if len(want.tokens) != len(got.tokens):
+        return f"{len(got.tokens)} tokens against {len(want.tokens)}"
+    if exact:
+        if want.tokens != got.tokens or want.logits != got.logits:
+            return f"not bit-identical: {got.tokens} against {want.tokens}"
+        return None
+    passes = want.passes + got.passes
+    for i, (a, b) in enumerate(zip(want.tokens, got.tokens, strict=True)):
+        lw, lg = want.logits[i], got.logits[i]
+        scale = max(abs(v) for v in (*lw.values(), *lg.values()))
+        tol = passes * u * scale
+        if a == b:
+            drift = abs(lw[a] - lg[a])
+            if drift > tol:
+                return (f"position {i}: the chosen token's logit moved by {drift:.3g} "
+                        f"(bound {tol:.3g})")
+            continue
+        # The runs part: each must have had the other's token within the bound of its own.
+        if b not in lw or a not in lg:
+            return f"position {i}: {b} against {a}, not among each other's top {TOP_K}"
+        margins = (lw[a] - lw[b], lg[b] - lg[a])
+        if max(margins) > tol:
+            return (f"position {i}: {b} against {a} with margins {margins[0]:.3g} / "
+                    f"{margins[1]:.3g} (bound {tol:.3g}): not a near-tie")
+        return None  # a near-tie: from here the runs condition on different tokens
+    return None
+
+
+def assert_same_output(want: Sequence[Output], got: Sequence[Output], u: float, *,
+                       exact: bool = False, label: object = "") -> None:
+    """:func:`output_difference` for every request; fails naming the first that differs."""
+    assert len(want) == len(got), label
+    for r, (w, g) in enumerate(zip(want, got, strict=True)):
+        why = output_difference(w, g, u, exact=exact)
+        assert why is None, f"{label} request {r}: {why}"
