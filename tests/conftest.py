@@ -93,13 +93,18 @@ def tiny_model_of(tmp_path_factory):
     """``arch -> directory`` of the tiny model of that arch (weights and tokenizer), each
     written once per test session on first use."""
     pytest.importorskip("transformers")
+    from model_output import route_to_every_expert
+
     from vllm_admission.engine.tiny_model import make_tiny_model
 
     built: dict[str, object] = {}
 
     def get(arch: str):
         if arch not in built:
-            built[arch] = make_tiny_model(tmp_path_factory.mktemp(f"tiny_{arch}"), arch=arch)
+            # Every expert on every token: tests compare outputs across prefill cuts
+            # (tests/model_output.py).
+            built[arch] = route_to_every_expert(
+                make_tiny_model(tmp_path_factory.mktemp(f"tiny_{arch}"), arch=arch))
         return built[arch]
 
     return get
@@ -144,30 +149,25 @@ def engine_block_size(llm) -> int:
 
 def greedy_one_at_a_time(model, scheduler: str | None, env: dict, *, engine_args: dict,
                          prompts: Sequence[Sequence[int]], max_tokens: int,
-                         ssm_dtype: str = "float32", check=None) -> list[tuple[int, list[int]]]:
+                         ssm_dtype: str = "float32", check=None) -> list:
     """Start an in-process engine on ``model`` (stock vLLM when ``scheduler`` is None:
     no general plugin), serve ``prompts`` one at a time with greedy decoding, shut it
-    down. ``check(llm)`` runs on the started engine first. Returns ``(cached tokens,
-    output token ids)`` per prompt."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
+    down. ``check(llm)`` runs on the started engine first. Returns a
+    ``model_output.Output`` per prompt (cached tokens, tokens, top logits, prefill passes),
+    to compare with ``model_output.assert_same_output``."""
+    from model_output import LOGITS_MODE, generate
 
     from vllm_admission.engine.llm import EngineSettings, build_llm, shutdown_llm
 
     settings = EngineSettings(model=str(model), scheduler_cls=scheduler, max_model_len=4096,
-                              mamba_ssm_cache_dtype=ssm_dtype, engine_args=dict(engine_args),
+                              mamba_ssm_cache_dtype=ssm_dtype,
+                              engine_args={**LOGITS_MODE, **engine_args},
                               env={"VLLM_PLUGINS": "" if scheduler is None else None, **env})
     llm = build_llm(settings)
     try:
         if check is not None:
             check(llm)
-        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
-                            detokenize=False)
-        out = []
-        for p in prompts:  # one at a time: each finishes before the next arrives
-            (o,) = llm.generate([TokensPrompt(prompt_token_ids=list(p))], sp, use_tqdm=False)
-            out.append((int(o.num_cached_tokens), list(o.outputs[0].token_ids)))
-        return out
+        return generate(llm, prompts, max_tokens)
     finally:
         shutdown_llm(llm)
         del llm

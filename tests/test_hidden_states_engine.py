@@ -6,7 +6,8 @@ per finished request by vLLM's hidden-states connector (on CPU through
 ``vllm_admission.plugin.boundary.cpu_hidden_states``, which changes only the device copy).
 So one engine has attention, recurrent-state and hidden-state groups, and a KV connector
 that drives the scheduler and holds a finished request's blocks until its file is
-written. Here every admission policy, and ``auto``, runs there: stock's greedy tokens,
+written. Here every admission policy, and ``auto``, runs there: stock's output (greedy
+tokens and logits within rounding, tests/model_output.py),
 at least stock's cached tokens on the junction case, the hits the core predicts with a
 hidden-state group (``HybridPrefixCache`` group kind ``"hidden"``), and hidden states
 read back from the connector's files that equal those of a cold run of the same prompt.
@@ -15,6 +16,14 @@ read back from the connector's files that equal those of a cold run of the same 
 from __future__ import annotations
 
 import pytest
+from model_output import (
+    LOGITS_MODE,
+    TOP_K,
+    Output,
+    assert_same_output,
+    route_to_every_expert,
+    unit_roundoff,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -41,8 +50,7 @@ def _prompts(vocab: int = 512) -> list[list[int]]:
 def _serve(model, scheduler: str | None, env: dict, prompts, store, max_tokens: int = 8,
            check=None):
     """Serve ``prompts`` one at a time with the hidden-states connector writing under
-    ``store``; returns ``(cached tokens, output ids, hidden states, token ids)`` per
-    prompt. The connector writes a request's file one engine step after it finishes,
+    ``store``; returns ``(model_output.Output, hidden states, token ids)`` per prompt. The connector writes a request's file one engine step after it finishes,
     so a last one-token request flushes the final file before they are read."""
     from vllm import SamplingParams
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
@@ -50,10 +58,15 @@ def _serve(model, scheduler: str | None, env: dict, prompts, store, max_tokens: 
     )
     from vllm.inputs import TokensPrompt
 
-    from vllm_admission.engine.llm import EngineSettings, build_llm, shutdown_llm
+    from vllm_admission.engine.llm import (
+        EngineSettings,
+        PrefillStepCounter,
+        build_llm,
+        shutdown_llm,
+    )
     from vllm_admission.plugin.boundary.cpu_hidden_states import hidden_states_connector_config
 
-    args = {"speculative_config": HIDDEN,
+    args = {**LOGITS_MODE, "speculative_config": HIDDEN,
             "kv_transfer_config": hidden_states_connector_config(store)}
     settings = EngineSettings(model=str(model), scheduler_cls=scheduler, max_model_len=4096,
                               mamba_ssm_cache_dtype="float32", engine_args=args,
@@ -61,20 +74,26 @@ def _serve(model, scheduler: str | None, env: dict, prompts, store, max_tokens: 
     llm = build_llm(settings)
     try:
         sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
-                            detokenize=False)
+                            detokenize=False, logprobs=TOP_K)
+        u = unit_roundoff(llm.llm_engine.vllm_config.model_config.dtype)
         served = []
         for p in prompts:
-            (o,) = llm.generate([TokensPrompt(prompt_token_ids=list(p))], sp, use_tqdm=False)
-            served.append((int(o.num_cached_tokens), list(o.outputs[0].token_ids),
+            with PrefillStepCounter(llm) as counter:
+                (o,) = llm.generate([TokensPrompt(prompt_token_ids=list(p))], sp,
+                                    use_tqdm=False)
+            c = o.outputs[0]
+            logits = [{int(t): float(v.logprob) for t, v in pos.items()} for pos in c.logprobs]
+            served.append((Output(int(o.num_cached_tokens), list(c.token_ids), logits,
+                                  sum(counter.counts.values()), u),
                            o.kv_transfer_params["hidden_states_path"]))
         llm.generate([TokensPrompt(prompt_token_ids=[5] * 8)],
                      SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
         if check is not None:
             check(llm)
         out = []
-        for cached, tokens, path in served:
+        for output, path in served:
             data = load_hidden_states(path)
-            out.append((cached, tokens, data["hidden_states"], data["token_ids"].tolist()))
+            out.append((output, data["hidden_states"], data["token_ids"].tolist()))
         return out
     finally:
         shutdown_llm(llm)
@@ -105,14 +124,15 @@ def _assert_hidden_states_match_cold(runs, prompts) -> None:
     from the restored recurrent state, to bf16 rounding."""
     import torch
 
-    for i, (cached, _, states, token_ids) in enumerate(runs):
+    for i, (output, states, token_ids) in enumerate(runs):
+        cached = output.cached
         assert token_ids == list(prompts[i])
         assert states.shape[0] == len(prompts[i])
         if not cached:
             continue
         cold = next(j for j in range(i) if prompts[j][:cached] == prompts[i][:cached])
-        assert runs[cold][0] < cached, (i, cold)
-        reference = runs[cold][2]
+        assert runs[cold][0].cached < cached, (i, cold)
+        reference = runs[cold][1]
         assert torch.equal(states[:cached], reference[:cached]), (i, cold)
         shared = cached
         limit = min(len(prompts[i]), len(prompts[cold]))
@@ -126,7 +146,8 @@ def _assert_hidden_states_match_cold(runs, prompts) -> None:
 def hidden_model(tmp_path_factory, request):
     from vllm_admission.engine.tiny_model import make_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("tiny_hidden"), arch=request.param)
+    return route_to_every_expert(  # tests/model_output.py: no router near-ties
+        make_tiny_model(tmp_path_factory.mktemp("tiny_hidden"), arch=request.param))
 
 
 @pytest.mark.parametrize("hidden_model", ["qwen3-next", "nemotron-h"], indirect=True)
@@ -134,8 +155,7 @@ def test_every_admission_runs_with_the_hidden_state_cache_and_its_connector(
         hidden_model, engine_env, tmp_path):
     """``marconi``, ``dense``, ``last`` and ``auto`` under ``extract_hidden_states`` and
     the hidden-states connector: no refusal; the scheduler names the third group
-    ``hidden``; stock's greedy tokens (the Mamba2 model's in length: its outputs depend
-    on the chunking, docs/engine-facts.md section 0b); the hits the core predicts with a
+    ``hidden``; stock's output within rounding (tests/model_output.py); the hits the core predicts with a
     hidden-state group; at least stock's cached tokens on the siblings wherever the
     policy keeps junctions; hidden states equal to a cold run's over every shared prefix."""
     from conftest import predicted_block_size
@@ -145,10 +165,9 @@ def test_every_admission_runs_with_the_hidden_state_cache_and_its_connector(
     B = predicted_block_size(hidden_model, "float32")
     prompts, output = _prompts(), 8
     stock = _serve(hidden_model, None, {}, prompts, tmp_path / "stock", output)
-    assert [c for c, *_ in stock] == _predicted("vllm", B, prompts, output)
-    assert sum(c for c, *_ in stock) > 0
+    assert [o.cached for o, *_ in stock] == _predicted("vllm", B, prompts, output)
+    assert sum(o.cached for o, *_ in stock) > 0
     _assert_hidden_states_match_cold(stock, prompts)
-    exact = "nemotron" not in str(hidden_model)
     kinds = []
 
     def group_kinds(llm):
@@ -160,13 +179,13 @@ def test_every_admission_runs_with_the_hidden_state_cache_and_its_connector(
         runs = _serve(hidden_model, "vllm_admission.AdmissionScheduler",
                       {"VLLM_ADMISSION_POLICY": policy, "VLLM_ADMISSION_EVICTION": eviction},
                       prompts, tmp_path / policy, output, check=group_kinds)
-        cached = [c for c, *_ in runs]
-        if exact:
-            assert [t for _, t, *_ in runs] == [t for _, t, *_ in stock], policy
-        assert [len(t) for _, t, *_ in runs] == [output] * len(prompts)
+        cached = [o.cached for o, *_ in runs]
+        assert_same_output([o for o, *_ in stock], [o for o, *_ in runs], label=policy)
+        assert [len(o.tokens) for o, *_ in runs] == [output] * len(prompts)
         if policy != "auto":  # auto's first pair is stock's; its switches are its own
             assert cached == _predicted(policy, B, prompts, output), policy
         if policy != "last":  # last keeps no junction state, by design
-            assert all(c >= s for c, (s, *_) in zip(cached[:4], stock[:4])), policy
+            assert all(c >= s.cached
+                       for c, (s, *_) in zip(cached[:4], stock[:4], strict=True)), policy
         _assert_hidden_states_match_cold(runs, prompts)
     assert set(kinds) == {("state0", "attention1", "hidden2")}

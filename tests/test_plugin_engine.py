@@ -26,6 +26,8 @@ import random
 
 import pytest
 from conftest import engine_block_size, predicted_block_size
+from model_output import LOGITS_MODE, assert_same_output, first_tokens, logit_roundoff
+from model_output import generate as one_at_a_time
 from junction_case import expected_junction, expected_junction_prefill_steps, junction_prompts
 from sequence_case import expected_states as expected_states_of
 
@@ -90,21 +92,6 @@ FAULT_PROMPTS = [toks(9, 300) + toks(50 + i, 400) for i in range(8)]
 FAULT_OUTPUT = 80
 
 
-#: Tiny models whose greedy tokens change with the prefill chunking: the Mamba2 model's
-#: nearly flat bf16 logits tie (docs/engine-facts.md, section 0b: tokens 0 and 360 both at
-#: -5.6275 in the junction case's last prompt, chosen differently with and without a chunk
-#: end at the checkpoint). Their outputs are compared with stock's only in length.
-CHUNKING_DEPENDENT_OUTPUTS = frozenset({"nemotron-h"})
-
-
-def same_tokens(engines, got, want) -> bool:
-    """Greedy outputs equal stock's (per request), or, for a model of
-    CHUNKING_DEPENDENT_OUTPUTS, as many tokens per request."""
-    if engines.exact_outputs:
-        return got == want
-    return [len(g) for g in got] == [len(w) for w in want]
-
-
 # ------------------------------------------------------------------ engines
 class Engines:
     """At most one engine alive; switching kind closes the previous one.
@@ -115,8 +102,8 @@ class Engines:
 
     def __init__(self, model_dir, ssm_dtype, arch):
         self.model_dir = model_dir
-        #: Whether greedy tokens match stock's whatever the chunking (see same_tokens).
-        self.exact_outputs = arch not in CHUNKING_DEPENDENT_OUTPUTS
+        #: Unit roundoff of the dtype the engines compute logits in (tests/model_output.py).
+        self.u = None
         self.ssm_dtype = ssm_dtype
         self.B = predicted_block_size(model_dir, ssm_dtype)  # noqa: N806
         self.flop_blocks = FLOP_POOL_TOKENS // self.B
@@ -136,7 +123,8 @@ class Engines:
                "VLLM_ADMISSION_POLICY": None, "VLLM_ADMISSION_EVICTION": None,
                "VLLM_ADMISSION_ALPHA": None}
         settings = EngineSettings(model=str(self.model_dir), env=env, max_model_len=MAX_MODEL_LEN,
-                                  mamba_ssm_cache_dtype=self.ssm_dtype)
+                                  mamba_ssm_cache_dtype=self.ssm_dtype,
+                                  engine_args=dict(LOGITS_MODE))
         if kind == "stock":
             env["VLLM_PLUGINS"] = ""
             settings.num_gpu_blocks = self.flop_blocks
@@ -170,6 +158,7 @@ class Engines:
         finally:
             vllm_logger.removeHandler(handler)
         assert engine_block_size(self.llm) == self.B
+        self.u = logit_roundoff(self.llm)
         self.kind = kind
         # (vLLM itself leaves VLLM_DIST_IDENT behind after an in-process engine, which it
         # then warns about; only the plugin's variables matter here.)
@@ -213,10 +202,6 @@ def generate(llm, prompts, max_tokens):
     return [(int(o.num_cached_tokens), list(o.outputs[0].token_ids)) for o in outs]
 
 
-def one_at_a_time(llm, prompts, max_tokens):
-    return [generate(llm, [p], max_tokens)[0] for p in prompts]
-
-
 def scheduler(llm):
     from vllm_admission.engine.llm import inprocess_scheduler
 
@@ -249,14 +234,14 @@ def reference(engines):
     assert type(sched).__name__ == "Scheduler"
     preempted = spy_preemptions(sched)
     ref = {
-        "junction": [out for _, out in one_at_a_time(llm, JUNCTION_PROMPTS, 4)],
-        "seq": one_at_a_time(llm, [SEQ_PROMPT], SEQ_OUTPUT)[0][1],
+        "junction": one_at_a_time(llm, JUNCTION_PROMPTS, 4),
+        "seq": one_at_a_time(llm, [SEQ_PROMPT], SEQ_OUTPUT)[0],
     }
     assert not preempted
     ref["faults"] = [out for _, out in generate(llm, FAULT_PROMPTS, FAULT_OUTPUT)]
     ref["faults_preempted"] = len(preempted)
     assert preempted, "the pool was meant to be too small for eight requests at once"
-    assert all(len(out) == 4 for out in ref["junction"])
+    assert all(len(out.tokens) == 4 for out in ref["junction"])
     return ref
 
 
@@ -270,7 +255,7 @@ def test_plugin_variables_cause_no_vllm_warning(engines, reference, monkeypatch)
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_junction_case_outputs_and_metrics(engines, reference, policy):
-    from vllm_admission.engine.llm import PrefillStepCounter, prefix_cache_counters
+    from vllm_admission.engine.llm import prefix_cache_counters
     from vllm_admission.plugin.scheduler import admission_stats
 
     llm = engines.get("lru")
@@ -279,14 +264,12 @@ def test_junction_case_outputs_and_metrics(engines, reference, policy):
     sched.set_admission_policy(policy)
     before = admission_stats(llm)
     hits0, queries0 = prefix_cache_counters(llm)
-    with PrefillStepCounter(llm) as steps:
-        results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
-    hits = [h for h, _ in results]
+    results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)  # each counted by a PrefillStepCounter
+    hits = [o.cached for o in results]
     assert hits == expected_junction(engines.B)[policy]
-    # One request at a time: the counts are in submission order (docs/engine-facts.md rule 6).
-    assert list(steps.counts.values()) == expected_junction_prefill_steps(engines.B)[policy]
+    assert [o.passes for o in results] == expected_junction_prefill_steps(engines.B)[policy]
     assert "schedule" not in vars(sched)  # the counter put the scheduler back
-    assert same_tokens(engines, [out for _, out in results], reference["junction"])
+    assert_same_output(reference["junction"], results, engines.u, label=policy)
     # vLLM's own counters stay right: hits = the sum of num_cached_tokens.
     hits1, queries1 = prefix_cache_counters(llm)
     assert hits1 - hits0 == sum(hits)
@@ -336,16 +319,17 @@ def test_cached_states_follow_the_policy(engines, reference, policy):
     states = expected_states(B)[policy]
     assert llm.reset_prefix_cache()
     scheduler(llm).set_admission_policy(policy)
-    ((hit, out),) = one_at_a_time(llm, [SEQ_PROMPT], SEQ_OUTPUT)
-    assert hit == 0 and same_tokens(engines, [out], [reference["seq"]])
+    (out,) = one_at_a_time(llm, [SEQ_PROMPT], SEQ_OUTPUT)
+    assert out.cached == 0
+    assert_same_output([reference["seq"]], [out], engines.u, label=policy)
     cached = cached_block_positions(llm)
     assert cached["0:state"] == states
     # Attention KV for 1,039 computed tokens: every full block, whatever the policy.
     assert cached["1:attention"] == [B * i for i in range(1, 1039 // B + 1)]
     # The same prompt again hits the last cached state at or below floor(999 / B) * B.
-    ((again, out2),) = one_at_a_time(llm, [SEQ_PROMPT], 4)
-    assert again == max([s for s in states if s <= 999 // B * B], default=0)
-    assert same_tokens(engines, [out2], [reference["seq"][:4]])
+    (out2,) = one_at_a_time(llm, [SEQ_PROMPT], 4)
+    assert out2.cached == max([s for s in states if s <= 999 // B * B], default=0)
+    assert_same_output([first_tokens(reference["seq"], 4)], [out2], engines.u, label=policy)
     assert_no_leak(llm)
 
 
@@ -382,8 +366,8 @@ def test_flop_engine_junction_case_matches_core_model(engines, reference):
                                   bytes_per_block=bytes_per_block)
         sim = [cache.serve(chained(p, B), len(p), 4, rid=r, now=float(r)).hit_tokens
                for r, p in enumerate(JUNCTION_PROMPTS)]
-        assert [h for h, _ in results] == sim, policy
-        assert same_tokens(engines, [out for _, out in results], reference["junction"]), policy
+        assert [o.cached for o in results] == sim, policy
+        assert_same_output(reference["junction"], results, engines.u, label=policy)
         after = sched.stats()
         assert after.evictions > before.evictions, policy
         assert_no_leak(llm)
@@ -421,14 +405,14 @@ def test_flop_engine_survives_preemption_and_abort(engines, reference, policy):
     assert all(len(out) == FAULT_OUTPUT for _, out in results)
     if policy == "vllm":
         # Stock caching, and flop with alpha = 0 orders like vLLM's queue: the very same
-        # schedule, preemptions and tokens as stock vLLM.
-        assert same_tokens(engines, [out for _, out in results], reference["faults"])
+        # schedule and preemptions as stock vLLM, so the same computation and tokens.
+        assert [out for _, out in results] == reference["faults"]
         assert len(preempted) == reference["faults_preempted"]
     assert_no_leak(llm)
     assert not sched._admission.tracks  # noqa: SLF001
     # The engine keeps serving: a request alone gives the reference tokens.
-    ((_, out),) = one_at_a_time(llm, [SEQ_PROMPT], 4)
-    assert same_tokens(engines, [out], [reference["seq"][:4]])
+    (out,) = one_at_a_time(llm, [SEQ_PROMPT], 4)
+    assert_same_output([first_tokens(reference["seq"], 4)], [out], engines.u, label=policy)
     assert_no_leak(llm)
 
 
@@ -443,7 +427,7 @@ def test_every_engine_eviction_policy_starts_and_gives_stock_outputs(engines, re
     llm = engines.get(f"eviction:{eviction}")
     sched = scheduler(llm)
     results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
-    assert same_tokens(engines, [out for _, out in results], reference["junction"])
+    assert_same_output(reference["junction"], results, engines.u, label=eviction)
     stats = sched.stats()
     assert stats.eviction == eviction and stats.evictions > 0
     queue = type(sched.kv_cache_manager.block_pool.free_block_queue).__name__
@@ -459,7 +443,7 @@ def test_auto_starts_and_gives_stock_outputs(engines, reference):
     llm = engines.get("auto")
     sched = scheduler(llm)
     results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
-    assert same_tokens(engines, [out for _, out in results], reference["junction"])
+    assert_same_output(reference["junction"], results, engines.u)
     stats = sched.stats()
     start = PolicyController.default_start(AUTO_ADMISSIONS, AUTO_EVICTIONS, "split")
     assert start == Pair("vllm", "lru") and not stats.policy_switches   # 4 requests: no decision

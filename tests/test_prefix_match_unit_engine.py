@@ -2,7 +2,8 @@
 
 Both tiny models, a 32-token hash unit: stock vLLM, and the plugin with ``marconi``, ``block``,
 ``dense`` and ``auto``, serve the same prompts one at a time. Greedy outputs are the
-same everywhere; each run's cached tokens are what the core's cache model predicts for
+the same model output everywhere (tests/model_output.py: greedy tokens and logits within
+rounding, since the policies cut the prompts into other prefill passes); each run's cached tokens are what the core's cache model predicts for
 that policy under the same unit (docs/engine-facts.md section 10), and on the junction
 case every policy hits at least what stock vLLM hits.
 """
@@ -13,6 +14,7 @@ import random
 
 import pytest
 from conftest import chained_hashes, greedy_one_at_a_time, predicted_block_size
+from model_output import assert_same_output
 
 pytestmark = pytest.mark.engine
 
@@ -36,7 +38,7 @@ def _prompts(vocab: int = 512) -> list[list[int]]:
     return siblings + [short] * 3 + [longer] * 2
 
 
-def _run(model, scheduler: str | None, env: dict) -> list[tuple[int, list[int]]]:
+def _run(model, scheduler: str | None, env: dict) -> list:
     from vllm_admission.engine.llm import engine_geometry
 
     def unit_is_set(llm):
@@ -70,14 +72,15 @@ def test_every_admission_runs_under_a_sub_block_unit_as_the_core_predicts(arch, 
     model = tiny_model_of(arch)
     B = predicted_block_size(model, SSM_DTYPE)
     stock = _run(model, None, {})
-    assert [c for c, _ in stock] == _predicted("vllm", B)
+    assert [o.cached for o in stock] == _predicted("vllm", B)
     # The unit gave hits inside a block (300 tokens: 288; 1,000: 992 at every block size).
-    assert stock[5][0] == (300 - 1) // UNIT * UNIT and stock[8][0] == (1000 - 1) // UNIT * UNIT
+    assert stock[5].cached == (300 - 1) // UNIT * UNIT
+    assert stock[8].cached == (1000 - 1) // UNIT * UNIT
     for policy, eviction in POLICIES:
         plugin = _run(model, "vllm_admission.AdmissionScheduler",
                       {"VLLM_ADMISSION_POLICY": policy, "VLLM_ADMISSION_EVICTION": eviction})
-        cached = [c for c, _ in plugin]
-        assert [t for _, t in plugin] == [t for _, t in stock], policy
+        cached = [o.cached for o in plugin]
+        assert_same_output(stock, plugin, label=policy)
         assert cached == _predicted(policy, B), policy
         # The junction case: every policy hits at least what stock does.
-        assert all(c >= s for c, (s, _) in zip(cached[:4], stock[:4])), policy
+        assert all(c >= s.cached for c, s in zip(cached[:4], stock[:4], strict=True)), policy

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import pytest
 from conftest import engine_block_size, predicted_block_size
+from model_output import LOGITS_MODE, assert_same_output, generate
 
 from vllm_admission.engine.llm import EngineSettings, shutdown_llm
 from vllm_admission.engine.tiny_model import TINY_MODEL_ARCHS
@@ -138,6 +139,7 @@ def stock_engine(model_dir, **settings):
     from vllm_admission.engine.llm import build_llm
 
     saved = dict(os.environ)
+    settings["engine_args"] = {**LOGITS_MODE, **settings.get("engine_args", {})}
     engine = build_llm(EngineSettings(model=str(model_dir), env={"VLLM_PLUGINS": ""}, **settings))
     try:
         yield engine
@@ -191,6 +193,11 @@ def one(llm, prompt: list[int], max_tokens: int = 4) -> tuple[int, list[int]]:
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
     (out,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)
     return int(out.num_cached_tokens), list(out.outputs[0].token_ids)
+
+
+def output(llm, prompt: list[int], max_tokens: int = 4):
+    """The request's ``model_output.Output`` (tokens, top logits, prefill passes)."""
+    return generate(llm, [prompt], max_tokens)[0]
 
 
 # ------------------------------------------------------------------ engine tests
@@ -255,11 +262,11 @@ def test_repeated_prompt_hits_last_full_block_before_last_token(llm, B):
     for p_len in (1000, 1025, 2 * B + 1):
         llm.reset_prefix_cache()
         prompt = toks(p_len, p_len)
-        first, out1 = one(llm, prompt)
-        second, out2 = one(llm, prompt)
-        assert first == 0
-        assert second == (p_len - 1) // B * B
-        assert out1 == out2
+        out1, out2 = output(llm, prompt), output(llm, prompt)
+        assert out1.cached == 0
+        assert out2.cached == (p_len - 1) // B * B
+        # The hit cuts the prompt elsewhere: the same model output (tests/model_output.py).
+        assert_same_output([out1], [out2], label=p_len)
     assert (1025 - 1) // B * B > (1000 - 1) // B * B  # the cases differ in both geometries
 
 
@@ -267,12 +274,13 @@ def test_repeated_prompt_hits_last_full_block_before_last_token(llm, B):
 def test_greedy_outputs_are_identical(llm):
     llm.reset_prefix_cache()
     prompt = toks(11, 333)
-    _, a = one(llm, prompt, 16)
+    a = output(llm, prompt, 16)
     llm.reset_prefix_cache()
-    _, b = one(llm, prompt, 16)
-    _, c = one(llm, prompt, 16)  # this one is served partly from the cache
-    assert len(a) == 16
-    assert a == b == c
+    b = output(llm, prompt, 16)
+    c = output(llm, prompt, 16)  # this one is served partly from the cache
+    assert len(a.tokens) == 16 and c.cached > 0
+    assert_same_output([a], [b], exact=True)  # the same computation, the same bytes
+    assert_same_output([a], [c])  # another cut: within rounding
 
 
 @pytest.mark.engine
@@ -363,10 +371,9 @@ def test_mamba2_bf16_state_runs_without_the_export(tiny_model_of):
         specs = state_specs(engine)
         assert specs and all(s.num_prefill_checkpoint_blocks == 0 for s in specs)
         prompt = toks(9, 3 * B + 5)
-        first, out1 = one(engine, prompt, 8)
-        second, out2 = one(engine, prompt, 8)
-        assert (first, second) == (0, 3 * B)
-        assert out1 == out2
+        out1, out2 = output(engine, prompt, 8), output(engine, prompt, 8)
+        assert (out1.cached, out2.cached) == (0, 3 * B)
+        assert_same_output([out1], [out2])
 
 
 @pytest.mark.engine
