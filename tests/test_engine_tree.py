@@ -1,0 +1,117 @@
+"""The GPU machine's engine tree (``benchmarks/gpu/make_engine_tree.py``), checked here.
+
+A fresh import trace of the ``vllm.LLM`` path on the CPU engine (its own process), then the
+pack built from it (downloads into ``out/gpu-tree/dl``, once): every vLLM module the path
+imported is in the pack, byte for byte the sdist's file, unless it is compiled; the pack
+carries a CPython 3.12 x86-64 wheel for every other distribution the path imported that the
+GPU machine lacks (and that vLLM does not import only when present), one version each; the
+pack is under its size limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+
+import make_engine_tree as tree  # noqa: E402
+
+
+def test_the_pack_carries_what_the_device_lacks_and_nothing_optional():
+    trace = {"distributions": {"PyYAML": "6.0", "pydantic_core": "2.5", "ray": "2.9",
+                               "Torch": "2.13", "msgspec": "0.22"}}
+    device = {tree.normalize(n) for n in ("pyyaml", "torch")}
+    assert tree.to_carry(trace, device) == {"pydantic_core": "2.5", "msgspec": "0.22"}
+
+
+def test_the_device_list_holds_the_gpu_stack():
+    device = tree.device_packages()
+    assert {"torch", "triton", "transformers", "numpy"} <= device
+    assert "vllm" not in device and "pydantic" not in device
+
+
+@pytest.fixture(scope="module")
+def built(tiny_model_of, tmp_path_factory):
+    pytest.importorskip("vllm")
+    out = tmp_path_factory.mktemp("engine_tree")
+    trace_path = out / "trace.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks/gpu/trace_llm_imports.py"),
+                    "--out", str(trace_path), "--model", str(tiny_model_of("qwen3-next"))],
+                   check=True, cwd=ROOT)
+    trace = json.loads(trace_path.read_text())
+    manifest = tree.build(trace, out)
+    print(f"engine tree: {manifest['pack_bytes'] / 2**20:.1f} MiB "
+          f"(limit {tree.LIMIT_BYTES / 2**20:.0f} MiB)")
+    with tarfile.open(out / tree.PACK) as tf:
+        members = {m.name: m for m in tf.getmembers()}
+        sha = {name: hashlib.sha256(tf.extractfile(m).read()).hexdigest()
+               for name, m in members.items()}
+    return trace, manifest, sha
+
+
+@pytest.mark.engine
+def test_every_traced_vllm_module_is_in_the_tree(built):
+    trace, manifest, sha = built
+    pure = [m["name"] for m in trace["vllm_modules"] if not m["compiled"]]
+    assert len(pure) > 500
+    missing = []
+    for name in pure:
+        rel = "site/" + name.replace(".", "/")
+        if f"{rel}.py" not in sha and f"{rel}/__init__.py" not in sha:
+            missing.append(name)
+    assert missing == []
+    compiled = [m["name"] for m in trace["vllm_modules"] if m["compiled"]]
+    assert compiled == manifest["compiled_modules"] and "vllm._C" in compiled
+    assert not any(name.endswith((".so", ".pyd")) for name in sha)
+
+
+@pytest.mark.engine
+def test_the_tree_is_the_sdists_files_byte_for_byte(built):
+    _, manifest, sha = built
+    sdist = tree.DEFAULT_DL / manifest["sdist"]["file"]
+    assert hashlib.sha256(sdist.read_bytes()).hexdigest() == manifest["sdist"]["sha256"]
+    want = {f"site/{rel}": hashlib.sha256(data).hexdigest()
+            for rel, data in tree.sdist_files(sdist).items()}
+    got = {name: digest for name, digest in sha.items() if name.startswith("site/")}
+    assert got == want
+    listed = {e["path"]: e["sha256"] for e in manifest["files"]}
+    assert {k: v for k, v in listed.items() if k.startswith("site/")} == want
+
+
+@pytest.mark.engine
+def test_the_wheels_cover_what_the_device_lacks_one_version_each(built):
+    trace, manifest, sha = built
+    device = tree.device_packages()
+    optional = {tree.normalize(n) for n in tree.OPTIONAL}
+    needed = {tree.normalize(n) for n in trace["distributions"]} - device - optional
+    wheels = [name.removeprefix("wheels/") for name in sha if name.startswith("wheels/")]
+    carried = [tree.normalize(w.split("-")[0]) for w in wheels]
+    assert sorted(carried) == sorted(needed)  # every one, and one version each
+    for w in wheels:
+        python, abi, platform = w.removesuffix(".whl").split("-")[-3:]
+        assert platform == "any" or "x86_64" in platform, w
+        assert any(_runs_on_cpython_312(tag, abi) for tag in python.split(".")), w
+    assert {tree.normalize(n) for n in manifest["optional_left_out"]} <= optional
+
+
+def _runs_on_cpython_312(python_tag: str, abi: str) -> bool:
+    if python_tag in ("py3", "py2.py3"):
+        return True
+    if not python_tag.startswith("cp3"):
+        return False
+    minor = int(python_tag[3:])
+    return minor == 12 or (abi == "abi3" and minor <= 12)
+
+
+@pytest.mark.engine
+def test_the_pack_is_under_its_limit(built):
+    _, manifest, _ = built
+    assert 0 < manifest["pack_bytes"] <= tree.LIMIT_BYTES
