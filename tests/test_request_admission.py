@@ -10,6 +10,7 @@ from vllm_admission.core.admission import (
     SKIP,
     TENTATIVE,
     AdmissionPolicy,
+    CheckpointKind,
     HitProbe,
     RequestAdmission,
     SegmentCosts,
@@ -30,24 +31,43 @@ def decisions(name: str, total_len: int | None) -> dict[int, int]:
     return {pos: adm.decide(pos) for pos in range(B, 1024 + 1, B)}
 
 
-def test_known_length_never_tentative_and_matches_the_kinds():
-    every = {128 * i for i in range(1, 9)}  # chunk ends, the prompt end, the decode boundary
+def test_known_length_never_tentative_and_writes_the_expected_states():
+    # P = 1,000 tokens, O = 40, B = 128, a junction at 512 (the attention hit's block boundary
+    # past the state hit): the chunk ends are every block boundary up to the prompt end 896
+    # (floor(999 / 128) * 128), the sequence end 1,024 (floor(1,039 / 128) * 128).
+    every = {128 * i for i in range(1, 9)}
     written_out = {
         "none": set(),
-        "last": every,
-        "vllm": {512, 896},       # the junction and the prompt end
-        "marconi": {512, 1024},   # the junction and the sequence end
+        "last": every,             # every chunk end, the prompt end, the sequence end
+        "vllm": {512, 896},        # the junction and the prompt end
+        "block": {512, 896},       # vllm without a finer hash unit
+        "marconi": {512, 1024},    # the junction and the sequence end
         "dense": every,
     }
-    for name in ADMISSION_POLICIES:  # every registered policy: as its admit() says
-        policy = get_admission(name)
-        junction = policy.junction(PROBE)
-        expected = {p for p in range(B, 1024 + 1, B) if policy.admit(checkpoint_kinds(
-            p, prompt_len=1000, total_len=1040, block_size=B, junction=junction))}
+    assert set(written_out) == set(ADMISSION_POLICIES)  # a new built-in needs its line here
+    for name, want in written_out.items():
         got = decisions(name, 1040)
         assert TENTATIVE not in got.values(), name
-        assert {p for p, d in got.items() if d == ADMIT} == expected, name
-        assert expected == written_out.get(name, expected), name
+        assert {p for p, d in got.items() if d == ADMIT} == want, name
+
+
+def test_decide_follows_the_checkpoint_kinds_a_policy_admits():
+    # The one rule decide() applies with a known length, for a policy that exists only
+    # here: it admits junctions and the sequence end (marconi's kinds) but nothing else.
+    class JunctionsAndEnds(AdmissionPolicy):
+        name = "junctions-and-ends-test"
+        summary = "test only"
+
+        admitted = frozenset({CheckpointKind.JUNCTION, CheckpointKind.SEQUENCE_END})
+
+        def junction(self, probe):
+            return probe.junction
+
+    adm = RequestAdmission(JunctionsAndEnds(), PROBE, total_len=1040)
+    got = {pos: adm.decide(pos) for pos in range(B, 1024 + 1, B)}
+    assert {p for p, d in got.items() if d == ADMIT} == {512, 1024}
+    assert checkpoint_kinds(1024, prompt_len=1000, total_len=1040, block_size=B,
+                            junction=512) >= {CheckpointKind.SEQUENCE_END}
 
 
 def test_unknown_length_keeps_marconis_tail_tentative():

@@ -164,7 +164,7 @@ def auto_admissions(sub_block: bool = False) -> tuple[str, ...]:
     ``auto_candidate`` (all built-ins but ``none``, which keeps no state, so it never
     hits), less, unless ``sub_block`` (the engine hashes in units finer than the block,
     vLLM's ``prefix_match_unit``), those that differ from the others only there
-    (``sub_block_only``: ``tail``). ``AUTO_ADMISSIONS`` is ``auto_admissions()``, read as
+    (``sub_block_only``: ``block``). ``AUTO_ADMISSIONS`` is ``auto_admissions()``, read as
     an attribute."""
     return tuple(n for n, c in ADMISSION_POLICIES.items()
                  if c.auto_candidate and (sub_block or not c.sub_block_only))

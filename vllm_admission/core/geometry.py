@@ -700,7 +700,7 @@ def inpass_capture_limit(prompt_len: int, output_len: int, *, num_blocks: int, b
     limit is what the pool (``num_blocks``, vLLM's null block included) has
     left: ``(num_blocks - 1 - blocks_needed) // num_state_groups``, at least 0.
     A request that fits alone therefore always gets its step. Both the
-    simulator (``core/cache.py``) and the plugin (``plugin/inpass.py``) end a
+    simulator (``core/cache/checkpoint.py``) and the plugin (``plugin/scheduler.py``) end a
     chunk at the first admitted position past the limit, as ``split`` mode would.
 
     Raises:

@@ -14,7 +14,8 @@ blocks) exactly as for the real models, while a forward pass costs almost
 nothing. Weights are random: outputs are meaningless but deterministic under
 greedy sampling.
 
-Sizes follow ``/work/shared/guide/vllm-integration.md``; each one is forced by
+Sizes follow the project's vLLM integration guide (``shared/guide/vllm-integration.md``
+beside the repository); each one is forced by
 a vLLM CPU constraint:
 
 * ``torch_dtype`` bfloat16: the CPU GDN kernel refuses anything else.

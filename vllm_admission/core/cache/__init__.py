@@ -30,9 +30,10 @@ and recurrent-state (Mamba / GDN) groups:
 6. free every block, group by group, each group's blocks in reverse
    (``SingleTypeKVCacheManager.free``).
 
-The model assumes no speculative decoding; a hash unit finer than the block
-(vLLM's ``prefix_match_unit``) is the ``hash_block_size`` option (hits inside a
-block, ``split`` mode), a state group's own one-checkpoint export the
+EAGLE/MTP speculative decoding is the ``num_speculative_tokens`` option (vLLM's
+dropped last block at the lookup, prompt checkpoints a block lower); a hash unit finer
+than the block (vLLM's ``prefix_match_unit``) is the ``hash_block_size`` option (hits
+inside a block, ``split`` mode), a state group's own one-checkpoint export the
 ``prompt_end_export`` option, vLLM's retention interval the admission policy's
 (``VllmAdmission``). ``docs/simulator.md`` lists these facts
 with their sources; the plugin refuses, before the model loads, the settings

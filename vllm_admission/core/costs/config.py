@@ -50,7 +50,7 @@ def _display_name(raw: Mapping[str, Any], path: Path | None, architecture: str) 
         stem = path.stem
         if stem == "config" and path.parent.name:
             return path.parent.name
-        # "Org__Model.json" (the naming of /work/shared/model_configs) -> "Model"
+        # "Org__Model.json" (the naming of the shared model_configs folder) -> "Model"
         return stem.split("__", 1)[-1]
     return architecture
 
