@@ -54,12 +54,12 @@ def built(tiny_model_of, tmp_path_factory):
         members = {m.name: m for m in tf.getmembers()}
         sha = {name: hashlib.sha256(tf.extractfile(m).read()).hexdigest()
                for name, m in members.items()}
-    return trace, manifest, sha
+    return trace, manifest, sha, out
 
 
 @pytest.mark.engine
 def test_every_traced_vllm_module_is_in_the_tree(built):
-    trace, manifest, sha = built
+    trace, manifest, sha, _ = built
     pure = [m["name"] for m in trace["vllm_modules"] if not m["compiled"]]
     assert len(pure) > 500
     missing = []
@@ -75,20 +75,25 @@ def test_every_traced_vllm_module_is_in_the_tree(built):
 
 @pytest.mark.engine
 def test_the_tree_is_the_sdists_files_byte_for_byte(built):
-    _, manifest, sha = built
+    _, manifest, sha, _ = built
     sdist = tree.DEFAULT_DL / manifest["sdist"]["file"]
     assert hashlib.sha256(sdist.read_bytes()).hexdigest() == manifest["sdist"]["sha256"]
     want = {f"site/{rel}": hashlib.sha256(data).hexdigest()
             for rel, data in tree.sdist_files(sdist).items()}
-    got = {name: digest for name, digest in sha.items() if name.startswith("site/")}
+    generated = set(tree.generated_files(manifest["vllm_version"]))
+    got = {name: digest for name, digest in sha.items()
+           if name.startswith("site/") and name not in generated}
     assert got == want
+    assert generated <= set(sha)
     listed = {e["path"]: e["sha256"] for e in manifest["files"]}
-    assert {k: v for k, v in listed.items() if k.startswith("site/")} == want
+    assert {k: v for k, v in listed.items()
+            if k.startswith("site/") and k not in generated} == want
+    assert {e["path"] for e in manifest["files"] if e["source"].startswith("generated")} == generated
 
 
 @pytest.mark.engine
 def test_the_wheels_cover_what_the_device_lacks_one_version_each(built):
-    trace, manifest, sha = built
+    trace, manifest, sha, _ = built
     device = tree.device_packages()
     optional = {tree.normalize(n) for n in tree.OPTIONAL}
     needed = {tree.normalize(n) for n in trace["distributions"]} - device - optional
@@ -113,5 +118,38 @@ def _runs_on_cpython_312(python_tag: str, abi: str) -> bool:
 
 @pytest.mark.engine
 def test_the_pack_is_under_its_limit(built):
-    _, manifest, _ = built
+    _, manifest, _, _ = built
     assert 0 < manifest["pack_bytes"] <= tree.LIMIT_BYTES
+
+
+_PLATFORM_PROBE = """
+import importlib.metadata as md, json, sys, torch
+import vllm
+eps = [e for e in md.entry_points(group="vllm.platform_plugins") if e.name == "cuda_tree"]
+hook = eps[0].load()
+here = hook()
+torch.cuda.is_available = lambda: True
+torch.version.cuda = torch.version.cuda or "13.0"
+print(json.dumps({"file": vllm.__file__, "version": md.version("vllm"), "here": here,
+                  "cuda": hook()}))
+"""
+
+
+@pytest.mark.engine
+def test_the_tree_chooses_cuda_through_vllms_platform_plugin_group(built, tmp_path):
+    """Unpacked, the tree's ``vllm`` shadows the CPU build here, its generated metadata names
+    the release, and its plugin in vLLM's ``vllm.platform_plugins`` group answers CUDA
+    exactly where torch sees a CUDA device."""
+    *_, out = built
+    with tarfile.open(out / tree.PACK) as tf:
+        tf.extractall(tmp_path, filter="data")
+    site = tmp_path / "site"
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    probe = subprocess.run([sys.executable, "-c", _PLATFORM_PROBE], capture_output=True,
+                           text=True, env=env, cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr[-2000:]
+    got = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert got["file"].startswith(str(site))
+    assert got["version"] == tree.VERSION
+    assert got["here"] is None  # this machine has no CUDA device
+    assert got["cuda"] == "vllm.platforms.cuda.CudaPlatform"
