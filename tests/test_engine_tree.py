@@ -128,6 +128,8 @@ import vllm
 eps = [e for e in md.entry_points(group="vllm.platform_plugins") if e.name == "cuda_tree"]
 hook = eps[0].load()
 here = hook()
+import vllm.platforms.cuda as cuda  # imports with the stand-in for its compiled library
+assert cuda.CudaPlatform.device_type == "cuda"
 torch.cuda.is_available = lambda: True
 torch.version.cuda = torch.version.cuda or "13.0"
 print(json.dumps({"file": vllm.__file__, "version": md.version("vllm"), "here": here,
@@ -138,8 +140,8 @@ print(json.dumps({"file": vllm.__file__, "version": md.version("vllm"), "here": 
 @pytest.mark.engine
 def test_the_tree_chooses_cuda_through_vllms_platform_plugin_group(built, tmp_path):
     """Unpacked, the tree's ``vllm`` shadows the CPU build here, its generated metadata names
-    the release, and its plugin in vLLM's ``vllm.platform_plugins`` group answers CUDA
-    exactly where torch sees a CUDA device."""
+    the release, vLLM's CUDA platform module imports, and the tree's plugin in vLLM's
+    ``vllm.platform_plugins`` group answers CUDA exactly where torch sees a CUDA device."""
     *_, out = built
     with tarfile.open(out / tree.PACK) as tf:
         tf.extractall(tmp_path, filter="data")

@@ -21,7 +21,8 @@ This script writes, into an ignored folder (default ``.gpu/engine``):
     detection, ``vllm/platforms/__init__.py``, reads the installed ``vllm``
     distribution's version, which a tree on ``PYTHONPATH`` does not have); and a
     ``vllm-<version>.dist-info/METADATA`` naming the release, for vLLM's other version
-    lookups;
+    lookups; and an empty ``vllm/_C_stable_libtorch.py`` in place of the compiled library
+    ``vllm/platforms/cuda.py`` imports unconditionally;
 
 * ``MANIFEST.json`` (beside the pack and inside it): per file, its path in the pack,
   source, SHA-256 and size; the vLLM modules the trace found compiled (vLLM's extension
@@ -106,8 +107,16 @@ def cuda_platform():
         return "vllm.platforms.cuda.CudaPlatform"
     return None
 '''
+    stable = _GENERATED_HEAD + '''"""Stand-in for vLLM's compiled ``_C_stable_libtorch`` (CUDA build), which cannot travel.
+
+``vllm/platforms/cuda.py`` imports it unconditionally to register its ops. This module
+registers none: the engine tree runs vLLM's non-compiled paths, and an op that is still
+called fails there by name (``torch.ops._C.<op>``), which names the stand-in to write.
+"""
+'''
     dist = f"{PLATFORM_MODULE}-0.1.dist-info"
     return {
+        "site/vllm/_C_stable_libtorch.py": stable.encode(),
         f"site/{PLATFORM_MODULE}.py": plugin.encode(),
         f"site/{dist}/METADATA": f"Metadata-Version: 2.1\nName: {PLATFORM_MODULE}\n"
                                  f"Version: 0.1\n".encode(),
