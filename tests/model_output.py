@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 
 #: Raw logits of the top tokens per generated position (vLLM's ``logprobs_mode``).
 LOGITS_MODE = {"logprobs_mode": "raw_logits"}
