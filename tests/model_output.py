@@ -17,7 +17,7 @@ states one of two promises:
   near-tie, after which the runs condition on different tokens and are not compared).
 
 The rounding bound. The logits come out of the model in its dtype (bfloat16 for the tiny
-models: their values are multiples of 2**-8 below 1), whose unit roundoff is
+models, whose logits lie below 1 in magnitude), whose unit roundoff is
 ``u = 2**-(mantissa bits + 1)`` (``2**-8`` for bfloat16, ``torch.finfo(dtype).eps / 2``).
 Each prefill pass boundary by which the two runs differ can change the rounding of every
 activation once; we allow one rounding of the largest logit's size per prefill pass of
