@@ -68,8 +68,10 @@ def test_every_traced_vllm_module_is_in_the_tree(built):
         if f"{rel}.py" not in sha and f"{rel}/__init__.py" not in sha:
             missing.append(name)
     assert missing == []
+    # Which compiled modules the trace sees depends on the CPU (vLLM's AVX2 and AVX-512
+    # libraries load without a ``vllm._C`` entry in ``sys.modules``); none of them travels.
     compiled = [m["name"] for m in trace["vllm_modules"] if m["compiled"]]
-    assert compiled == manifest["compiled_modules"] and "vllm._C" in compiled
+    assert compiled == manifest["compiled_modules"]
     assert not any(name.endswith((".so", ".pyd")) for name in sha)
 
 
