@@ -33,10 +33,12 @@ test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The engine tests with vLLM's AVX2 build forced on a CPU that has AVX-512
-# (scripts/avx2/sitecustomize.py; docs/engine-facts.md section 0c).
+# (scripts/avx2/sitecustomize.py; docs/engine-facts.md section 0c). Several times slower
+# than the native build: PYTEST_ARGS="tests/test_offload_engine.py ..." runs a part.
 test-avx2: install
 	ADMISSION_TEST_FORCE_AVX2=1 PYTHONPATH=$(CURDIR)/scripts/avx2 ATEN_CPU_CAPABILITY=avx2 \
-	ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(BIN)/python -m pytest -q -m engine
+	ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(BIN)/python -m pytest -q -m engine \
+	$(PYTEST_ARGS)
 
 # Neither engine starts nor the slow subprocess and interpreter tests (marker "slow").
 test-fast: install
