@@ -73,9 +73,10 @@ class Output:
     u: float | None = None
 
 
-def generate(llm, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[Output]:
+def serve_one_at_a_time(llm, prompts: Sequence[Sequence[int]], max_tokens: int) -> list:
     """Serve ``prompts`` one at a time on ``llm`` (an in-process engine built with
-    :data:`LOGITS_MODE`), greedy, and return each request's :class:`Output`."""
+    :data:`LOGITS_MODE`), greedy with the top :data:`TOP_K` logits; returns
+    ``(Output, vLLM's RequestOutput)`` per prompt."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -89,9 +90,14 @@ def generate(llm, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[Out
             (o,) = llm.generate([TokensPrompt(prompt_token_ids=list(p))], sp, use_tqdm=False)
         c = o.outputs[0]
         logits = [{int(t): float(v.logprob) for t, v in pos.items()} for pos in c.logprobs]
-        out.append(Output(int(o.num_cached_tokens), list(c.token_ids), logits,
-                          sum(counter.counts.values()), u))
+        out.append((Output(int(o.num_cached_tokens), list(c.token_ids), logits,
+                           sum(counter.counts.values()), u), o))
     return out
+
+
+def generate(llm, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[Output]:
+    """:func:`serve_one_at_a_time`, each request's :class:`Output` only."""
+    return [output for output, _ in serve_one_at_a_time(llm, prompts, max_tokens)]
 
 
 def unit_roundoff(dtype) -> float:

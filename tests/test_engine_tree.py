@@ -98,8 +98,7 @@ def test_the_tree_is_the_sdists_files_byte_for_byte(built):
 def test_the_wheels_cover_what_the_device_lacks_one_version_each(built):
     trace, manifest, sha, _ = built
     device = tree.device_packages()
-    optional = {tree.normalize(n) for n in tree.OPTIONAL}
-    needed = {tree.normalize(n) for n in trace["distributions"]} - device - optional
+    needed = {tree.normalize(n) for n in trace["distributions"]} - device - tree.OPTIONAL_NAMES
     wheels = [name.removeprefix("wheels/") for name in sha if name.startswith("wheels/")]
     carried = [tree.normalize(w.split("-")[0]) for w in wheels]
     assert sorted(carried) == sorted(needed)  # every one, and one version each
@@ -107,7 +106,7 @@ def test_the_wheels_cover_what_the_device_lacks_one_version_each(built):
         python, abi, platform = w.removesuffix(".whl").split("-")[-3:]
         assert platform == "any" or "x86_64" in platform, w
         assert any(_runs_on_cpython_312(tag, abi) for tag in python.split(".")), w
-    assert {tree.normalize(n) for n in manifest["optional_left_out"]} <= optional
+    assert {tree.normalize(n) for n in manifest["optional_left_out"]} <= tree.OPTIONAL_NAMES
 
 
 def _runs_on_cpython_312(python_tag: str, abi: str) -> bool:

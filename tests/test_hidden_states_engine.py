@@ -18,11 +18,9 @@ from __future__ import annotations
 import pytest
 from model_output import (
     LOGITS_MODE,
-    TOP_K,
-    Output,
     assert_same_output,
     route_to_every_expert,
-    unit_roundoff,
+    serve_one_at_a_time,
 )
 
 pytestmark = pytest.mark.engine
@@ -50,20 +48,16 @@ def _prompts(vocab: int = 512) -> list[list[int]]:
 def _serve(model, scheduler: str | None, env: dict, prompts, store, max_tokens: int = 8,
            check=None):
     """Serve ``prompts`` one at a time with the hidden-states connector writing under
-    ``store``; returns ``(model_output.Output, hidden states, token ids)`` per prompt. The connector writes a request's file one engine step after it finishes,
-    so a last one-token request flushes the final file before they are read."""
+    ``store``; returns ``(model_output.Output, hidden states, token ids)`` per prompt.
+    The connector writes a request's file one engine step after it finishes, so a last
+    one-token request flushes the final file before they are read."""
     from vllm import SamplingParams
     from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connector import (
         load_hidden_states,
     )
     from vllm.inputs import TokensPrompt
 
-    from vllm_admission.engine.llm import (
-        EngineSettings,
-        PrefillStepCounter,
-        build_llm,
-        shutdown_llm,
-    )
+    from vllm_admission.engine.llm import EngineSettings, build_llm, shutdown_llm
     from vllm_admission.plugin.boundary.cpu_hidden_states import hidden_states_connector_config
 
     args = {**LOGITS_MODE, "speculative_config": HIDDEN,
@@ -73,19 +67,8 @@ def _serve(model, scheduler: str | None, env: dict, prompts, store, max_tokens: 
                               env={"VLLM_PLUGINS": "" if scheduler is None else None, **env})
     llm = build_llm(settings)
     try:
-        sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True,
-                            detokenize=False, logprobs=TOP_K)
-        u = unit_roundoff(llm.llm_engine.vllm_config.model_config.dtype)
-        served = []
-        for p in prompts:
-            with PrefillStepCounter(llm) as counter:
-                (o,) = llm.generate([TokensPrompt(prompt_token_ids=list(p))], sp,
-                                    use_tqdm=False)
-            c = o.outputs[0]
-            logits = [{int(t): float(v.logprob) for t, v in pos.items()} for pos in c.logprobs]
-            served.append((Output(int(o.num_cached_tokens), list(c.token_ids), logits,
-                                  sum(counter.counts.values()), u),
-                           o.kv_transfer_params["hidden_states_path"]))
+        served = [(output, o.kv_transfer_params["hidden_states_path"])
+                  for output, o in serve_one_at_a_time(llm, prompts, max_tokens)]
         llm.generate([TokensPrompt(prompt_token_ids=[5] * 8)],
                      SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
         if check is not None:
@@ -159,8 +142,8 @@ def test_every_admission_runs_with_the_hidden_state_cache_and_its_connector(
         hidden_model, engine_env, tmp_path):
     """``marconi``, ``dense``, ``last`` and ``auto`` under ``extract_hidden_states`` and
     the hidden-states connector: no refusal; the scheduler names the third group
-    ``hidden``; stock's output within rounding (tests/model_output.py); the hits the core predicts with a
-    hidden-state group; at least stock's cached tokens on the siblings wherever the
+    ``hidden``; stock's output within rounding (tests/model_output.py); the hits the core
+    predicts with a hidden-state group; at least stock's cached tokens on the siblings wherever the
     policy keeps junctions; hidden states equal to a cold run's over every shared prefix."""
     from conftest import predicted_block_size
 

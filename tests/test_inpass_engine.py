@@ -11,8 +11,9 @@ request (the budget, 4,096, is a multiple of B, so ``last`` keeps the same
 states too), one prefill step per prompt in ``inpass`` against rule 6's counts in ``split``,
 and no block leaked. With ``dense`` the recurrent states cached after prompt 1 (one per block
 boundary: every one of them written by the in-pass copy in ``inpass`` mode, at a chunk end in
-``split``) are read from the engine's state tensors and compared within rounding. The ``inpass`` engine then
-survives an abort mid-prefill and a batch of eight requests without leaking a block.
+``split``) are read from the engine's state tensors and compared within rounding. The
+``inpass`` engine then survives an abort mid-prefill and a batch of eight requests without
+leaking a block.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ import random
 
 import pytest
 from conftest import engine_block_size, predicted_block_size
-from model_output import LOGITS_MODE, assert_same_output, generate, logit_roundoff
 from junction_case import (
     expected_junction,
     expected_junction_inpass_prefill_steps,
     expected_junction_prefill_steps,
     junction_prompts,
 )
+from model_output import LOGITS_MODE, assert_same_output, generate, logit_roundoff
 
 from vllm_admission.core.admission import ADMISSION_POLICIES, stock_admission
 
@@ -169,7 +170,7 @@ def test_inpass_equals_split_on_the_junction_case(modes, policy):
     split, inpass = modes["split"]["policies"][policy], modes["inpass"]["policies"][policy]
     B = modes["split"]["B"]  # noqa: N806
     # One pass against rule 6's chunks: the same model output (tests/model_output.py).
-    assert_same_output(split["outputs"], inpass["outputs"], modes["split"]["u"], label=policy)
+    assert_same_output(split["outputs"], inpass["outputs"], label=policy)
     n = len(PROMPTS)
     assert split["hits"] == inpass["hits"] == expected_junction(B)[policy][:n]
     assert split["steps"] == expected_junction_prefill_steps(B)[policy][:n]

@@ -26,7 +26,7 @@ import random
 
 import pytest
 from conftest import engine_block_size, predicted_block_size
-from model_output import LOGITS_MODE, assert_same_output, first_tokens, logit_roundoff
+from model_output import LOGITS_MODE, assert_same_output, first_tokens
 from model_output import generate as one_at_a_time
 from junction_case import expected_junction, expected_junction_prefill_steps, junction_prompts
 from sequence_case import expected_states as expected_states_of
@@ -100,10 +100,8 @@ class Engines:
     and checked against every engine started.
     """
 
-    def __init__(self, model_dir, ssm_dtype, arch):
+    def __init__(self, model_dir, ssm_dtype):
         self.model_dir = model_dir
-        #: Unit roundoff of the dtype the engines compute logits in (tests/model_output.py).
-        self.u = None
         self.ssm_dtype = ssm_dtype
         self.B = predicted_block_size(model_dir, ssm_dtype)  # noqa: N806
         self.flop_blocks = FLOP_POOL_TOKENS // self.B
@@ -158,7 +156,6 @@ class Engines:
         finally:
             vllm_logger.removeHandler(handler)
         assert engine_block_size(self.llm) == self.B
-        self.u = logit_roundoff(self.llm)
         self.kind = kind
         # (vLLM itself leaves VLLM_DIST_IDENT behind after an in-process engine, which it
         # then warns about; only the plugin's variables matter here.)
@@ -183,10 +180,10 @@ def ssm_dtype(engine_case):
 
 
 @pytest.fixture(scope="module")
-def engines(engine_model_dir, ssm_dtype, engine_case):
+def engines(engine_model_dir, ssm_dtype):
     pytest.importorskip("vllm")
     saved = dict(os.environ)
-    e = Engines(engine_model_dir, ssm_dtype, engine_case[0])
+    e = Engines(engine_model_dir, ssm_dtype)
     yield e
     e.close()
     os.environ.clear()
@@ -269,7 +266,7 @@ def test_junction_case_outputs_and_metrics(engines, reference, policy):
     assert hits == expected_junction(engines.B)[policy]
     assert [o.passes for o in results] == expected_junction_prefill_steps(engines.B)[policy]
     assert "schedule" not in vars(sched)  # the counter put the scheduler back
-    assert_same_output(reference["junction"], results, engines.u, label=policy)
+    assert_same_output(reference["junction"], results, label=policy)
     # vLLM's own counters stay right: hits = the sum of num_cached_tokens.
     hits1, queries1 = prefix_cache_counters(llm)
     assert hits1 - hits0 == sum(hits)
@@ -321,7 +318,7 @@ def test_cached_states_follow_the_policy(engines, reference, policy):
     scheduler(llm).set_admission_policy(policy)
     (out,) = one_at_a_time(llm, [SEQ_PROMPT], SEQ_OUTPUT)
     assert out.cached == 0
-    assert_same_output([reference["seq"]], [out], engines.u, label=policy)
+    assert_same_output([reference["seq"]], [out], label=policy)
     cached = cached_block_positions(llm)
     assert cached["0:state"] == states
     # Attention KV for 1,039 computed tokens: every full block, whatever the policy.
@@ -329,7 +326,7 @@ def test_cached_states_follow_the_policy(engines, reference, policy):
     # The same prompt again hits the last cached state at or below floor(999 / B) * B.
     (out2,) = one_at_a_time(llm, [SEQ_PROMPT], 4)
     assert out2.cached == max([s for s in states if s <= 999 // B * B], default=0)
-    assert_same_output([first_tokens(reference["seq"], 4)], [out2], engines.u, label=policy)
+    assert_same_output([first_tokens(reference["seq"], 4)], [out2], label=policy)
     assert_no_leak(llm)
 
 
@@ -367,7 +364,7 @@ def test_flop_engine_junction_case_matches_core_model(engines, reference):
         sim = [cache.serve(chained(p, B), len(p), 4, rid=r, now=float(r)).hit_tokens
                for r, p in enumerate(JUNCTION_PROMPTS)]
         assert [o.cached for o in results] == sim, policy
-        assert_same_output(reference["junction"], results, engines.u, label=policy)
+        assert_same_output(reference["junction"], results, label=policy)
         after = sched.stats()
         assert after.evictions > before.evictions, policy
         assert_no_leak(llm)
@@ -412,7 +409,7 @@ def test_flop_engine_survives_preemption_and_abort(engines, reference, policy):
     assert not sched._admission.tracks  # noqa: SLF001
     # The engine keeps serving: a request alone gives the reference tokens.
     (out,) = one_at_a_time(llm, [SEQ_PROMPT], 4)
-    assert_same_output([first_tokens(reference["seq"], 4)], [out], engines.u, label=policy)
+    assert_same_output([first_tokens(reference["seq"], 4)], [out], label=policy)
     assert_no_leak(llm)
 
 
@@ -427,7 +424,7 @@ def test_every_engine_eviction_policy_starts_and_gives_stock_outputs(engines, re
     llm = engines.get(f"eviction:{eviction}")
     sched = scheduler(llm)
     results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
-    assert_same_output(reference["junction"], results, engines.u, label=eviction)
+    assert_same_output(reference["junction"], results, label=eviction)
     stats = sched.stats()
     assert stats.eviction == eviction and stats.evictions > 0
     queue = type(sched.kv_cache_manager.block_pool.free_block_queue).__name__
@@ -443,7 +440,7 @@ def test_auto_starts_and_gives_stock_outputs(engines, reference):
     llm = engines.get("auto")
     sched = scheduler(llm)
     results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
-    assert_same_output(reference["junction"], results, engines.u)
+    assert_same_output(reference["junction"], results)
     stats = sched.stats()
     start = PolicyController.default_start(AUTO_ADMISSIONS, AUTO_EVICTIONS, "split")
     assert start == Pair("vllm", "lru") and not stats.policy_switches   # 4 requests: no decision
