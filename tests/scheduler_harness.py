@@ -139,7 +139,7 @@ def chained(tokens):
 
 
 def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=None, misses=None,
-             export=False):
+             export=False, async_scheduling=False):
     """The core model's hits; with ``steps`` / ``misses`` (lists), each request's prefill steps /
     state-miss tokens (attention-KV hit minus hybrid hit) are appended to them. ``export``:
     model vLLM's one-checkpoint export (``prompt_end_export``)."""
@@ -148,7 +148,7 @@ def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=Non
     cache = HybridPrefixCache(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
                               admission=get_admission(policy), eviction=ev, chunk_size=CHUNK,
                               segment_flops=costs.prefill_flops, bytes_per_block=BYTES_PER_BLOCK,
-                              prompt_end_export=export)
+                              prompt_end_export=export, async_scheduling=async_scheduling)
     hits = []
     for r, (tokens, out_len) in enumerate(requests):
         out = cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r))

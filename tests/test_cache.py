@@ -295,6 +295,29 @@ def test_request_that_cannot_fit_is_refused():
         cache.serve(chained(["z"] * 10 * B), 10 * B, 1, rid=0, now=0.0)
 
 
+@pytest.mark.parametrize("policy", sorted(ADMISSION_POLICIES))
+def test_under_async_scheduling_a_state_block_retires_a_step_late(policy):
+    """A 6-block prompt (plus 10 tokens) in chunks of 2 blocks, one state group: each step
+    retires the state blocks below the previous step's start, not its own, so at the last
+    chunk the group holds 3 blocks (those at 4B and 6B, and the new one) where
+    synchronous scheduling holds 2. The request runs in a pool of ``blocks_needed``
+    under async scheduling, and not in one of the synchronous ``blocks_needed``."""
+    n, out = 6 * B + 10, 3
+    sync = make_cache(policy, num_blocks=11, chunk=2 * B)
+    need = sync.blocks_needed(n, out)
+    assert need == 7 + 2                               # 7 attention blocks, 2 state blocks
+    late = make_cache(policy, num_blocks=need + 1, chunk=2 * B, async_scheduling=True)
+    assert late.blocks_needed(n, out) == need + 1 and not late.fits(n, out)
+    with pytest.raises(PoolExhausted):
+        late.serve(chained(["a"] * n), n, out, rid=0, now=0.0)
+    steps = []
+    for cache in (make_cache(policy, num_blocks=need + 1, chunk=2 * B),
+                  make_cache(policy, num_blocks=need + 2, chunk=2 * B, async_scheduling=True)):
+        steps.append(cache.serve(chained(["a"] * n), n, out, rid=0, now=0.0).prefill_steps)
+        assert cache.pool.num_free == cache.pool.num_blocks - 1
+    assert steps[0] == steps[1] >= 4
+
+
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10_000), policy=st.sampled_from(sorted(ADMISSION_POLICIES)),
        eviction=st.sampled_from(["lru", "flop", "s3fifo"]), blocks=st.integers(16, 60),

@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 from scratch_policy import SCRATCH_MRU_SOURCE
 
+from vllm_admission.core.admission import ADMISSION_POLICIES
+
 REPO = Path(__file__).resolve().parent.parent
 
 POLICIES = (
@@ -109,11 +111,18 @@ def test_simulate_runs_a_policy_from_another_package(scratch_path, tmp_path):
 
 
 def test_the_registry_wide_tests_run_the_plugged_in_policy(scratch_path):
-    out = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_eviction.py",
-                "-k", "scratch_mru"], scratch_path, timeout=600)
+    """The eviction tests, and the scheduler harness under vLLM's async scheduling (every
+    request's hit, evictions and checkpoints equal to the core model's, one request after
+    another and in overlapping waves), collect ``scratch_mru`` and pass."""
+    out = _run(["-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "tests/test_eviction.py",
+                "tests/test_async_scheduler.py", "-k", "scratch_mru"], scratch_path,
+               timeout=900)
     assert out.returncode == 0, out.stdout[-3000:]
-    passed = [line for line in out.stdout.splitlines() if " passed" in line]
-    assert passed and int(passed[-1].split()[0]) >= 2, out.stdout[-2000:]
+    passed = {line.split()[1] for line in out.stdout.splitlines() if line.startswith("PASSED ")}
+    assert sum("test_eviction.py" in t for t in passed) >= 2, out.stdout[-2000:]
+    for policy in ADMISSION_POLICIES:
+        assert ("tests/test_async_scheduler.py::test_requests_one_after_another_get_the_"
+                f"simulators_hits[{policy}-scratch_mru-None]") in passed, out.stdout[-2000:]
 
 
 def test_a_broken_entry_point_is_left_out_with_one_warning(tmp_path):

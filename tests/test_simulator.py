@@ -142,6 +142,25 @@ def test_mooncake_prefix_stays_under_its_bound(costs):
     assert r.requests == 800 and r.skipped_requests == 0
 
 
+def test_async_scheduling_option_reaches_the_cache_model(tmp_path, costs, small_trace):
+    """``--async-scheduling`` is recorded and runs the core model with vLLM's step-late
+    retirement (``HybridPrefixCache``'s ``async_scheduling``): each run equals the API's
+    with the setting, and in a small pool under pressure it serves ``dense`` + ``s3fifo``
+    differently from the synchronous engine's model."""
+    rc = main(["simulate", "--trace", "synthetic", "--max-requests", "300", "--capacity", "1GiB",
+               "--admission", "dense", "--eviction", "s3fifo", "--async-scheduling",
+               "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert doc["async_scheduling"] is True
+    (run,) = doc["runs"]
+    got = {flag: simulate(small_trace, costs, admission="dense", eviction="s3fifo",
+                          capacity_bytes=parse_bytes("1GiB"), async_scheduling=flag)
+           for flag in (True, False)}
+    assert (run["hit_tokens"], run["evictions"]) == (got[True].hit_tokens, got[True].evictions)
+    assert got[True].hit_tokens != got[False].hit_tokens
+
+
 def test_ssm_cache_dtype_option_changes_the_geometry(tmp_path, capsys):
     docs, tables = {}, {}
     for dtype in ("bfloat16", "float32"):

@@ -80,6 +80,11 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help="vLLM's hidden-state cache (--speculative-config method "
                         "extract_hidden_states) with N hidden-state layers: a KV cache group "
                         "of kind 'hidden', N x hidden_size values per token (default 0: none)")
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="vLLM's async scheduling, the GPU engine's default (a step is "
+                        "scheduled while the previous one runs, so a retired state block "
+                        "returns to the pool a step late); default: synchronous, as vLLM's "
+                        "CPU engine runs")
     p.add_argument("--host-capacity", default="0", metavar="BYTES",
                    help="a second tier in host memory beside every capacity, as vLLM's "
                         "OffloadingConnector runs it (cpu_bytes_to_use), e.g. 1TiB: prompt "
@@ -197,7 +202,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         block_size=args.block_size, num_speculative_tokens=args.num_speculative_tokens,
         hidden_states=args.hidden_states, host_bytes=parse_bytes(args.host_capacity),
         host_policy=args.host_policy, host_bandwidth=_bandwidth(args.host_bandwidth),
-        host_admission=args.host_admission)
+        host_admission=args.host_admission, async_scheduling=args.async_scheduling)
     if args.alpha is not None:
         if not args.alpha >= 0:
             raise UserError(f"--alpha must be >= 0, got {args.alpha}")

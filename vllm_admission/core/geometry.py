@@ -157,6 +157,10 @@ class CacheLayout:
         host_admission: the host tier's admission policy (per-tier admission; a
             registered admission name), or ``None``: the host tier gets what the GPU
             keeps. ``HybridPrefixCache``'s option of that name.
+        async_scheduling: the engine schedules a step while the previous one is in
+            flight (vLLM's ``scheduler_config.async_scheduling``, the GPU default), so
+            a retired state block returns to the pool a step late;
+            ``HybridPrefixCache``'s option of that name.
 
     Raises:
         UserError: a retention interval vLLM would refuse (its message is
@@ -179,6 +183,7 @@ class CacheLayout:
     host_chunks: int = 0
     host_policy: str = "lru"
     host_admission: str | None = None
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         check_retention_interval(self.retention_interval, self.block_size)
@@ -647,7 +652,8 @@ def _states_per_request(mamba_cache_mode: str) -> int:
 def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_attention_groups: int,
                   num_state_groups: int, mamba_cache_mode: str = "align",
                   hash_block_size: int | None = None, num_speculative_tokens: int = 0,
-                  num_lookahead_tokens: int | None = None) -> int:
+                  num_lookahead_tokens: int | None = None,
+                  async_scheduling: bool = False) -> int:
     """Most pool blocks one request holds at once in vLLM 0.32 (one pool for every group).
 
     KV exists for ``prompt_len + output_len - 1`` tokens (the last output
@@ -673,6 +679,11 @@ def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_atte
     ``MambaManager.get_num_blocks_to_allocate``). ``num_attention_groups`` counts
     every per-token group (attention and hidden states).
 
+    With ``async_scheduling`` (vLLM's, the GPU default) a state group in ``align``
+    mode holds one block more: the state block a step retires is freed only once
+    the step in flight before it is processed (``allocate_slots`` frees on
+    ``num_computed_tokens - num_in_flight_tokens``, ``vllm/v1/core/kv_cache_manager.py``).
+
     Raises:
         ValueError: non-positive lengths or block size, or an unknown mode.
     """
@@ -686,7 +697,7 @@ def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_atte
         attention = max(attention, (prompt_len - 1) // block_size + 2)
     states = _states_per_request(mamba_cache_mode)
     if mamba_cache_mode == "align":
-        states += num_speculative_tokens
+        states += num_speculative_tokens + bool(async_scheduling)
     return num_attention_groups * attention + num_state_groups * states
 
 

@@ -74,7 +74,8 @@ class CacheSetup:
             host=HostTier(lay.host_chunks, lay.host_policy, lay.bytes_per_block)
             if lay.host_chunks else None,
             host_admission=get_admission(lay.host_admission)
-            if lay.host_chunks and lay.host_admission else None)
+            if lay.host_chunks and lay.host_admission else None,
+            async_scheduling=lay.async_scheduling)
 
 
 class NextUseOracle:

@@ -123,7 +123,8 @@ def blocks_needed(prompt_len: int, output_len: int, geometry: dict[str, Any]) ->
     return core_blocks_needed(prompt_len, output_len, block_size=int(geometry["block_size"]),
                               num_attention_groups=len(groups) - states, num_state_groups=states,
                               mamba_cache_mode=geometry.get("mamba_cache_mode") or "none",
-                              hash_block_size=geometry.get("prefix_match_unit"))
+                              hash_block_size=geometry.get("prefix_match_unit"),
+                              async_scheduling=bool(geometry.get("async_scheduling")))
 
 
 def _skip_reason(prompt_len: int, output_len: int, geometry: dict[str, Any]) -> str | None:

@@ -117,4 +117,5 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: dict[str, An
                     host_chunks=int(geometry.get("host_chunks") or 0),
                     host_policy=geometry.get("host_policy") or "lru",
                     host_admission=geometry.get("host_admission")
-                    if geometry.get("host_chunks") else None)
+                    if geometry.get("host_chunks") else None,
+                    async_scheduling=bool(geometry.get("async_scheduling")))

@@ -232,7 +232,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
              hidden_state_bytes_per_token: int = 0,
              host_bytes: int = 0, host_chunks: int | None = None, host_policy: str = "lru",
              host_bandwidth: float = H2D_BYTES_PER_SECOND, host_admission: str | None = None,
-             requests: Iterable[CacheRequest] | None = None,
+             async_scheduling: bool = False, requests: Iterable[CacheRequest] | None = None,
              on_request: Callable[[int], None] | None = None) -> RunResult:
     """Replay ``trace`` through the cache for one policy pair and one capacity.
 
@@ -294,6 +294,9 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             states (inside the prompt) go to the host tier only where ``admission``
             does not keep them on the GPU (``None``: the host gets what the GPU keeps;
             see :class:`~vllm_admission.core.cache.HybridPrefixCache`).
+        async_scheduling: vLLM's async scheduling (the GPU default): a state block
+            retired by a step returns to the pool a step late, as the engine frees it
+            (see :class:`~vllm_admission.core.cache.HybridPrefixCache`).
         requests: pre-built cache requests at the right block size (sweeps
             share them); built from ``trace`` when ``None``. Any iterable: a
             generator is served as it comes (a long trace streamed,
@@ -354,7 +357,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
                          num_speculative_tokens=num_speculative_tokens, eagle=eagle,
                          host_chunks=host_chunks if host_chunks is not None else host_chunks_of(
                              host_bytes, geo.bytes_per_block),
-                         host_policy=host_policy, host_admission=host_admission)
+                         host_policy=host_policy, host_admission=host_admission,
+                         async_scheduling=async_scheduling)
     check_host_admission(host_admission, bool(layout.host_chunks))
     if host_bytes and not layout.host_chunks:
         raise UserError(f"a host tier of {host_bytes} bytes holds no {geo.bytes_per_block}-byte "

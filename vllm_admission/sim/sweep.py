@@ -118,6 +118,7 @@ class SweepSpec:
     host_policy: str = "lru"
     host_bandwidth: float = H2D_BYTES_PER_SECOND
     host_admission: str | None = None
+    async_scheduling: bool = False
 
     def hidden_state_bytes_per_token(self, costs: ModelCosts) -> int:
         """Bytes per token of the hidden-state group
@@ -201,7 +202,7 @@ def _run_with(spec: SweepSpec, trace: Trace, costs: ModelCosts, requests: list,
                       hidden_state_bytes_per_token=spec.hidden_state_bytes_per_token(costs),
                       host_bytes=spec.host_bytes, host_policy=spec.host_policy,
                       host_bandwidth=spec.host_bandwidth, host_admission=spec.host_admission,
-                      requests=requests)
+                      async_scheduling=spec.async_scheduling, requests=requests)
     return result.to_record()
 
 
@@ -395,6 +396,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         "host_policy": spec.host_policy if spec.host_bytes else None,
         "host_bandwidth": spec.host_bandwidth if spec.host_bytes else None,
         "host_admission": spec.host_admission if spec.host_bytes else None,
+        "async_scheduling": spec.async_scheduling,
         "outputs": spec.outputs,
         "resample": spec.resample,
         "bound": [] if spec.resample else [trace_bound(_requests(spec, b), b) for b in block_sizes],

@@ -89,6 +89,9 @@ class RunningRequest:
     #: With a host tier: indexes of the state blocks cached since the last store
     #: (the Mamba manager's hand-offs to the connector).
     cached_states: list[int] = field(default_factory=list)
+    #: Where the request's previous step started (its first step: where it starts);
+    #: under async scheduling vLLM retires state blocks up to there only.
+    prev_start: int = 0
 
 
 class KVGroups:

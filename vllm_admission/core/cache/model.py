@@ -55,13 +55,14 @@ def _is_output_key(block_hash: object) -> bool:
 
 @functools.lru_cache(maxsize=1 << 16)
 def _decode_events(first: int, last: int, block_size: int, spec: int = 0,
-                   lookahead: int = 0) -> tuple[int, ...]:
+                   lookahead: int = 0, late: bool = False) -> tuple[int, ...]:
     """The decode steps that change the cache: computing token ``first`` (the
     first output token), then the tokens next to each block boundary up to
     ``last``. With ``spec`` draft tokens the step computing token ``t`` also
     verifies ``spec`` drafts, and holds ``lookahead`` more slots in the attention
     groups (EAGLE/MTP: ``spec``), so the state groups reach past a boundary
     ``spec`` tokens early and the attention groups ``spec + lookahead`` early.
+    ``late``: state blocks retire a step after the boundary (async scheduling).
     Memoised: requests of equal lengths share them, as do shadow caches."""
     if first > last:
         return ()
@@ -69,7 +70,8 @@ def _decode_events(first: int, last: int, block_size: int, spec: int = 0,
     events = {first}
     m = first // B + 1
     while m * B - max(spec + lookahead, 1) <= last:
-        for t in (m * B - spec - lookahead, m * B - spec, m * B - 1, m * B, m * B + 1):
+        for t in (m * B - spec - lookahead, m * B - spec, m * B - 1, m * B, m * B + 1,
+                  m * B + 1 + late):
             if first < t <= last:
                 events.add(t)
         m += 1
@@ -203,8 +205,16 @@ class HybridPrefixCache:
             chunks too) and go to the host tier only, never held in the GPU cache
             (:data:`~vllm_admission.core.admission.HOST`); ``None``: the host tier
             gets the states the GPU cache keeps.
-
-    Raises:
+        async_scheduling: vLLM's async scheduling (``scheduler_config.async_scheduling``,
+            the GPU default). A step is scheduled while the request's previous one is in
+            flight, and vLLM retires state blocks on processed tokens only
+            (``allocate_slots``: ``remove_skipped_blocks(num_computed -
+            num_in_flight)``, ``vllm/v1/core/kv_cache_manager.py``), so a step frees
+            the state blocks below its predecessor's start, not its own: each retired
+            block returns to the pool, and reaches the eviction policy, one step late,
+            and a state group holds one block more at its peak. Requests are served one
+            after another, as before; under speculative decoding the step before is
+            taken as one token back (one accepted token per step).
         UserError: a block or chunk size below 1, an unknown checkpoint mode, a host
             admission policy without a host tier,
             a hash unit that does not divide the block size or comes with
@@ -224,8 +234,12 @@ class HybridPrefixCache:
                  checkpoint: str = "split", prompt_end_export: bool = False,
                  hash_block_size: int | None = None, num_speculative_tokens: int = 0,
                  eagle: bool = True, host: HostTier | None = None,
-                 host_admission: AdmissionPolicy | None = None) -> None:
+                 host_admission: AdmissionPolicy | None = None,
+                 async_scheduling: bool = False) -> None:
         check_checkpoint_mode(checkpoint)
+        #: vLLM's async scheduling (the GPU default): a step is scheduled while the
+        #: request's previous one is in flight, so state blocks retire a step late.
+        self.async_scheduling = bool(async_scheduling)
         #: Tokens per hash unit when finer than the block, else 0.
         self.unit = check_hash_block_size(hash_block_size, block_size)
         if self.unit and (checkpoint != "split" or prompt_end_export):
@@ -406,7 +420,8 @@ class HybridPrefixCache:
                              num_attention_groups=len(self.attn_groups),
                              num_state_groups=len(self.state_groups),
                              hash_block_size=self.unit or None,
-                             num_speculative_tokens=self.spec, num_lookahead_tokens=self.lookahead)
+                             num_speculative_tokens=self.spec, num_lookahead_tokens=self.lookahead,
+                             async_scheduling=self.async_scheduling)
 
     def inpass_capture_limit(self, prompt_len: int, output_len: int) -> int:
         """``inpass`` mode: most states one prefill step of this request captures
@@ -563,13 +578,16 @@ class HybridPrefixCache:
         if end > start:
             self._load(run, start, end, now)
             start = end
+        run.prev_start = start
         steps = self._mode.prefill(self, run, start, output_len, now)
         # Decode: the step computing token t has t + 1 tokens in the request; only
         # steps next to a block boundary change the cache, so only those run. Under
         # EAGLE/MTP the step also verifies the K drafts (scheduled, never cached until
         # accepted; the model's drafts are taken as rejected, one token a step).
-        step, width = self._step, 1 + self.spec
-        for t in _decode_events(prompt_len, total - 2, B, self.spec, self.lookahead):
+        step, width, late = self._step, 1 + self.spec, self.async_scheduling
+        for t in _decode_events(prompt_len, total - 2, B, self.spec, self.lookahead, late):
+            if late and t > prompt_len:
+                run.prev_start = t - 1   # the decode step before, in flight
             step(run, t, width, t + 1, now)
         if host is not None:
             # Its last store pass and the use of its keys happen in the next request's
@@ -620,8 +638,12 @@ class HybridPrefixCache:
         if run.host is not None:
             self.host.next_step()
         live = run.live
-        if start > 0 and live and live[0] < (start - 1) // B:
-            self.state.retire(run, (start - 1) // B, now)
+        # vLLM retires on processed tokens (``allocate_slots``: computed minus in
+        # flight): under async scheduling, the previous step's start.
+        done = run.prev_start if self.async_scheduling else start
+        run.prev_start = start
+        if done > 0 and live and live[0] < (done - 1) // B:
+            self.state.retire(run, (done - 1) // B, now)
         end = start + n
         need = -(-end // B)
         tables = run.blocks

@@ -372,7 +372,8 @@ class EngineSetup:
                            retention_interval=self.cache_config.prefix_cache_retention_interval,
                            num_speculative_tokens=spec, eagle=self._admission_eagle(),
                            host_chunks=host_chunks, host_policy=host_policy or "lru",
-                           host_admission=host_admission)
+                           host_admission=host_admission,
+                           async_scheduling=bool(self.scheduler_config.async_scheduling))
 
     def _admission_log_smallest_prefix(self, geometry: CacheLayout) -> None:
         """Log the shortest prefix that can hit, per KV cache group; warn when a
