@@ -165,6 +165,51 @@ def _conv(x: torch.Tensor, weight: torch.Tensor, conv_init: torch.Tensor, length
     return out.t(), states
 
 
+def _wired(inp: dict, cu: torch.Tensor, rows: list[list[int]], blocks: int) -> dict:
+    """The GPU wiring's path (``GPUCapture``'s three wrappers around vLLM's conv and chunk
+    rule), called in the order ``QwenGatedDeltaNetAttention._forward_core`` calls them: the
+    conv over the non-speculative tokens with one decode token first, then the chunk rule
+    over the prefill tokens. The layer's cache gets the rows the wrappers write."""
+    from types import SimpleNamespace
+
+    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn
+    from vllm.third_party.flash_linear_attention.ops.chunk import chunk_gated_delta_rule
+
+    from vllm_admission.plugin.runner import gdn_chunk_capture as cap
+
+    n, dim = len(LENGTHS), inp["x"].size(1)
+    slots = list(range(n))                                   # running state block of each row
+    checkpoints = {slots[i]: tuple(zip(OFFSETS[i], rows[i])) for i in range(n) if OFFSETS[i]}
+    found = cap.step_capture(checkpoints, slots, cu, decode_tokens=1, conv_width=CONV_WIDTH)
+    capture = cap.GPUCapture()
+    conv = capture.conv_fn(causal_conv1d_fn)
+    rule = capture.chunk_rule(chunk_gated_delta_rule, conv_state_dim_first=lambda: False)
+    layer = SimpleNamespace(kv_cache=[
+        torch.zeros(blocks, CONV_WIDTH - 1, dim, dtype=torch.bfloat16),      # SD layout
+        torch.zeros(blocks, H, DV, DK, dtype=torch.bfloat16)])
+    metadata = SimpleNamespace(inpass_capture=found)
+    decode = torch.randn(1, dim, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    out: dict = {}
+
+    def forward_core(layer_: SimpleNamespace) -> None:            # vLLM's order of calls
+        x = torch.cat([decode, inp["x"]])
+        lengths = [1, *LENGTHS]
+        conv_states = torch.cat([torch.zeros(1, dim, CONV_WIDTH - 1, dtype=torch.bfloat16),
+                                 inp["conv_init"]])
+        conv(x.t(), inp["weight"], None, conv_states=conv_states, query_start_loc=_cu(lengths),
+             cache_indices=torch.arange(n + 1, dtype=torch.int32),
+             has_initial_state=torch.tensor([True, *HAS_INITIAL]), activation="silu")
+        out["o"], out["final"] = rule(
+            q=inp["q"], k=inp["k"], v=inp["v"], g=inp["g"], beta=inp["beta"],
+            initial_state=inp["init"].clone(), output_final_state=True, cu_seqlens=cu,
+            chunk_indices=None, chunk_offsets=None, use_qk_l2norm_in_kernel=False,
+            core_attn_out=None)
+
+    capture.forward_core(lambda layer_: forward_core(layer_), lambda layer_: metadata)(layer)
+    return {"o": out["o"], "final": out["final"], "ssm": layer.kv_cache[1],
+            "conv_sd": layer.kv_cache[0], "decode_tokens": found.decode_tokens}
+
+
 def run(out_path: str) -> None:
     install_shims()
     from vllm.third_party.flash_linear_attention.ops.chunk import chunk_gated_delta_rule
@@ -193,6 +238,7 @@ def run(out_path: str) -> None:
                                     conv_state_dim_first=True)
         caches[name] = {"ssm": ssm, "conv_sd": conv_sd, "conv_ds": conv_ds}
 
+    wired = _wired(inp, cu, rows, blocks)
     pre, which = _prefix_batch(inp)
     pre_args = [pre[n] for n in ("q", "k", "v", "g", "beta")]
     _, final_prefix = chunk_gated_delta_rule(*pre_args, initial_state=pre["init"].clone(),
@@ -203,7 +249,8 @@ def run(out_path: str) -> None:
     torch.save({"o_vllm": o_vllm, "final_vllm": final_vllm, "o_ours": ours.o, "final_ours": ours.final_state,
                 "h": ours.h, "rows": plan.rows, "h_index": plan.h_index, "which": which, "caches": caches,
                 "final_prefix": final_prefix, "conv_prefix": conv_prefix, "lengths": LENGTHS,
-                "offsets": OFFSETS, "has_initial": HAS_INITIAL, "inputs": inp, "heads": (HG, H)}, out_path)
+                "offsets": OFFSETS, "has_initial": HAS_INITIAL, "inputs": inp, "heads": (HG, H),
+                "wired": wired}, out_path)
 
 
 if __name__ == "__main__":

@@ -181,3 +181,18 @@ def test_scenario_covers_the_cases(interp) -> None:
     assert any(o and init for o, init in zip(offsets, has_initial))          # prefix hit with checkpoints
     assert any(o and not init for o, init in zip(offsets, has_initial))
     assert any(not o for o in offsets)
+
+
+def test_the_gpu_wiring_writes_the_same_rows(interp) -> None:
+    """``GPUCapture``'s wrappers around vLLM's conv and chunk rule, called in
+    ``_forward_core``'s order with a decode token before the prefills: vLLM's own outputs
+    (``o``, final states) unchanged, and the checkpoint rows those of the direct capture,
+    bit for bit (the conv rows skip the decode token)."""
+    wired, direct = interp["wired"], interp["caches"]["bf16"]
+    assert torch.equal(wired["o"], interp["o_vllm"]) and torch.equal(wired["final"], interp["final_vllm"])
+    rows = list(interp["rows"])
+    assert wired["decode_tokens"] == 1
+    assert torch.equal(wired["ssm"][rows], direct["ssm"][rows])
+    assert torch.equal(wired["conv_sd"][rows], direct["conv_sd"][rows])
+    others = [b for b in range(wired["ssm"].size(0)) if b not in rows]
+    assert not wired["ssm"][others].any() and not wired["conv_sd"][others].any()

@@ -21,8 +21,10 @@ This script writes, into an ignored folder (default ``.gpu/engine``):
     detection, ``vllm/platforms/__init__.py``, reads the installed ``vllm``
     distribution's version, which a tree on ``PYTHONPATH`` does not have); and a
     ``vllm-<version>.dist-info/METADATA`` naming the release, for vLLM's other version
-    lookups; and an empty ``vllm/_C_stable_libtorch.py`` in place of the compiled library
-    ``vllm/platforms/cuda.py`` imports unconditionally;
+    lookups; this project's ``vllm_admission-<version>.dist-info`` with its entry points
+    (``pyproject.toml``: vLLM's general plugin and stat logger), the package itself coming
+    from the working tree on ``PYTHONPATH``; and an empty ``vllm/_C_stable_libtorch.py``
+    in place of the compiled library ``vllm/platforms/cuda.py`` imports unconditionally;
 
 * ``MANIFEST.json`` (beside the pack and inside it): per file, its path in the pack,
   source, SHA-256 and size; the vLLM modules the trace found compiled (vLLM's extension
@@ -56,6 +58,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,7 +122,16 @@ called fails there by name (``torch.ops._C.<op>``), which names the stand-in to 
 """
 '''
     dist = f"{PLATFORM_MODULE}-0.1.dist-info"
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    ours = f"vllm_admission-{project['version']}.dist-info"
+    points = "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in items.items()) + "\n"
+                     for group, items in project.get("entry-points", {}).items())
     return {
+        # This project's entry points (vLLM's general and stat-logger plugins): the
+        # package itself comes from the working tree on PYTHONPATH.
+        f"site/{ours}/METADATA": (f"Metadata-Version: 2.1\nName: vllm-admission\n"
+                                  f"Version: {project['version']}\n").encode(),
+        f"site/{ours}/entry_points.txt": points.encode(),
         "site/vllm/_C_stable_libtorch.py": stable.encode(),
         f"site/{PLATFORM_MODULE}.py": plugin.encode(),
         f"site/{dist}/METADATA": f"Metadata-Version: 2.1\nName: {PLATFORM_MODULE}\n"

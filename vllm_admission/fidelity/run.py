@@ -14,10 +14,12 @@ from vllm_admission.fidelity.compare import compare_hits
 from vllm_admission.fidelity.simulate import costs_like_engine, simulate_like_engine
 from vllm_admission.fidelity.spec import FidelityError, FidelitySpec
 
-__all__ = ["run_fidelity", "run_pair"]
+__all__ = ["load_trace_of", "run_fidelity", "run_pair"]
 
 
-def _load(spec: FidelitySpec) -> Trace:
+def load_trace_of(spec: FidelitySpec) -> Trace:
+    """The trace ``spec`` names, with its filters and output cap applied (what
+    :func:`run_fidelity` replays)."""
     trace = load_trace(spec.trace, max_requests=spec.max_requests,
                        max_prompt_tokens=spec.max_prompt_tokens, seed=spec.seed,
                        mooncake_block_tokens=spec.mooncake_block_tokens, **spec.synthetic)
@@ -25,7 +27,8 @@ def _load(spec: FidelitySpec) -> Trace:
 
 
 def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
-                num_gpu_blocks: int | None) -> dict[str, Any]:
+                num_gpu_blocks: int | None,
+                on_engine: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     from vllm_admission.engine.llm import (
         build_llm_fitting,
         engine_geometry,
@@ -64,11 +67,12 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
         result = replay(llm, trace.requests, vocab_size=vocab, mode=spec.mode,
                         time_scale=spec.time_scale, after_request=settle)
         stats = scheduler.stats().to_dict()
+        extra = None if on_engine is None else on_engine(llm)
     finally:
         shutdown_llm(llm)
         del llm
     return {"geometry": geometry, "result": result, "stats": stats, "note": note,
-            "max_model_len": settings.max_model_len}
+            "max_model_len": settings.max_model_len, "on_engine": extra}
 
 
 def _engine_dtypes(vllm_config: Any) -> dict[str, str | None]:
@@ -92,13 +96,17 @@ def _subset(trace: Trace, keep: Sequence[int]) -> Trace:
 
 
 def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
-             num_gpu_blocks: int | None) -> dict[str, Any]:
+             num_gpu_blocks: int | None,
+             on_engine: Callable[[Any], Any] | None = None) -> dict[str, Any]:
     """One engine replay and its simulator twin; returns the ``fidelity.json`` record.
 
     The simulator's cost model is built from the model's ``config.json`` with
-    the dtypes this engine resolved (:func:`costs_like_engine`).
+    the dtypes this engine resolved (:func:`costs_like_engine`). ``on_engine``, if
+    given, is called with the live ``vllm.LLM`` after the replay and before the engine
+    shuts down; what it returns is the record's ``"on_engine"`` (JSON-serialisable, the
+    caller's business).
     """
-    eng = _run_engine(spec, trace, admission, eviction, num_gpu_blocks)
+    eng = _run_engine(spec, trace, admission, eviction, num_gpu_blocks, on_engine)
     geometry, result = eng["geometry"], eng["result"]
     costs = costs_like_engine(Path(spec.model) / "config.json", geometry)
     ran = [i for i, r in enumerate(result.requests) if r["status"] == "ok"]
@@ -175,6 +183,7 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
             "submitted_s": [r["submitted_s"] for r in rows],
             "finished_s": [r["finished_s"] for r in rows],
         },
+        **({} if on_engine is None else {"on_engine": eng["on_engine"]}),
     }
 
 
@@ -232,7 +241,7 @@ def run_fidelity(spec: FidelitySpec, *,
         FidelityError: the simulator cannot mirror the engine's layout.
     """
     spec.check()
-    trace = _load(spec)
+    trace = load_trace_of(spec)
     costs = ModelCosts.from_config(Path(spec.model) / "config.json")
     if not costs.is_hybrid:
         raise FidelityError(f"model {costs.name} has no recurrent layers: nothing to compare")

@@ -32,7 +32,14 @@ ENGINE_CHECKPOINT_MODES = ("split", "inpass")
 #: simulator models; it reads their values from the live engine
 #: (:func:`~vllm_admission.engine.llm.engine_geometry`).
 SIMULATED_ENGINE_ARGS = ("max_num_batched_tokens", "prefix_cache_retention_interval",
-                         "prefix_match_unit", "speculative_config", "kv_transfer_config")
+                         "prefix_match_unit", "speculative_config", "kv_transfer_config",
+                         "async_scheduling")
+#: vLLM engine arguments that change how the forward pass runs and nothing the cache
+#: decides (eager mode, which kernels and attention backend, which logprobs are returned):
+#: accepted as they are. A GPU engine without vLLM's compiled ops needs them
+#: (``benchmarks/gpu/engine_check.py``).
+EXECUTION_ENGINE_ARGS = ("enforce_eager", "compilation_config", "attention_config",
+                         "logprobs_mode")
 #: The KV connector the simulator mirrors (``kv_transfer_config["kv_connector"]``): vLLM's
 #: ``OffloadingConnector``, whose host tier it reads from the live engine.
 SIMULATED_CONNECTORS = ("OffloadingConnector",)
@@ -79,7 +86,8 @@ class FidelitySpec:
             pinning it matters only for getting the same run on every CPU.
         engine_args: more of vLLM's engine arguments for the engine, by vLLM's
             names (:data:`SIMULATED_ENGINE_ARGS`: those the simulator mirrors,
-            reading their values from the live engine).
+            reading their values from the live engine; :data:`EXECUTION_ENGINE_ARGS`:
+            those that decide nothing of the cache).
         offload: a host tier of this many bytes: vLLM's ``OffloadingConnector`` on
             the engine (run on CPU by
             :class:`~vllm_admission.plugin.boundary.cpu_offload.HostCopyOffloadingSpec`),
@@ -157,11 +165,14 @@ class FidelitySpec:
                 raise UserError(f"a pool needs at least 2 blocks (one is vLLM's null block), got {n}")
         if self.max_output_len is not None and self.max_output_len < 1:
             raise UserError(f"max output length must be >= 1, got {self.max_output_len}")
-        unknown = sorted(set(self.engine_args) - set(SIMULATED_ENGINE_ARGS))
+        unknown = sorted(set(self.engine_args) - set(SIMULATED_ENGINE_ARGS)
+                         - set(EXECUTION_ENGINE_ARGS))
         if unknown:
             raise FidelityError(f"the simulator does not mirror the engine argument(s) "
                                 f"{', '.join(unknown)}; it mirrors: "
-                                f"{', '.join(SIMULATED_ENGINE_ARGS)}")
+                                f"{', '.join(SIMULATED_ENGINE_ARGS)} (and accepts "
+                                f"{', '.join(EXECUTION_ENGINE_ARGS)}, which decide nothing "
+                                f"of the cache)")
         check_retention_interval(self.engine_args.get("prefix_cache_retention_interval"))
         transfer = self.engine_args.get("kv_transfer_config")
         if transfer is not None:

@@ -40,8 +40,13 @@ runner lives in a worker process: the general plugin installs the same hooks the
 (:func:`vllm_admission.plugin.boundary.register.install_inpass_runner_if_asked`), and the
 list travels on the ``SchedulerOutput`` vLLM sends the workers each step.
 
-Limits: CPU platform, Gated DeltaNet and Mamba2 layers, align mode, no speculative
-decoding.
+On a CUDA GPU, the GDN layers' states are read from the Triton/FLA chunk kernel's own
+per-chunk states (:mod:`~vllm_admission.plugin.runner.gdn_chunk_capture`); that path is
+refused until a GPU run has checked it (:data:`GPU_INPASS_VERIFIED`).
+
+Limits: CPU platform (CUDA once checked), Gated DeltaNet and Mamba2 layers, align mode, no
+speculative decoding; on a GPU a block size that is a multiple of 64 and the Triton GDN
+prefill backend.
 """
 
 from __future__ import annotations
@@ -234,6 +239,39 @@ def state_layer_problems(specs: Any) -> list[str]:
             f"{' and '.join(CAPTURED_STATE_LAYERS)} layers only)"]
 
 
+#: In-pass checkpoints on a CUDA GPU are wired (the Triton/FLA chunk states of
+#: :mod:`~vllm_admission.plugin.runner.gdn_chunk_capture`, vLLM's Mamba2 export) but no GPU
+#: run has yet compared their states, hits and tokens with split mode's
+#: (``benchmarks/gpu/engine_check.py`` does); until one has, :func:`inpass_problems`
+#: refuses them there. The check script sets it in its own process to run that comparison.
+GPU_INPASS_VERIFIED = False
+
+
+def _gpu_problems(vllm_config: Any) -> list[str]:
+    """Why ``inpass`` cannot run on this CUDA engine (empty: it can)."""
+    from vllm_admission.plugin.runner.gdn_chunk_capture import gpu_block_size_problem
+
+    if not GPU_INPASS_VERIFIED:
+        return ["platform 'cuda' (the GPU capture is wired in but has not yet been checked "
+                "against split mode on a GPU; benchmarks/gpu/engine_check.py checks it)"]
+    problems = []
+    hf = getattr(vllm_config.model_config, "hf_text_config", None)
+    if getattr(hf, "linear_key_head_dim", None) is not None:      # Gated DeltaNet layers
+        from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
+            _resolve_gdn_prefill_backend,
+        )
+
+        backend = _resolve_gdn_prefill_backend(vllm_config)[1]
+        if backend != "triton":
+            problems.append(f"the GDN prefill backend {backend!r} (in-pass reads the Triton/FLA "
+                            "kernel's chunk states: --additional-config "
+                            "'{\"gdn_prefill_backend\": \"triton\"}')")
+        block = gpu_block_size_problem(int(vllm_config.cache_config.block_size))
+        if block is not None:
+            problems.append(block)
+    return problems
+
+
 def inpass_problems(vllm_config: Any) -> list[str]:
     """Why ``inpass`` cannot run with this engine (empty: it can); the scheduler
     adds the problems of its KV cache groups (:func:`state_layer_problems`, partial
@@ -241,20 +279,24 @@ def inpass_problems(vllm_config: Any) -> list[str]:
     from vllm.platforms import current_platform
 
     problems = []
-    if not current_platform.is_cpu():
-        problems.append(f"platform {current_platform.device_type!r} (the in-pass runner hook is CPU only; "
-                        "the GPU capture, runner/gdn_chunk_capture.py, is not wired into the engine yet)")
+    if current_platform.is_cuda():
+        problems += _gpu_problems(vllm_config)
+    elif not current_platform.is_cpu():
+        problems.append(f"platform {current_platform.device_type!r} (in-pass runs on the CPU "
+                        "and CUDA platforms)")
     if vllm_config.cache_config.mamba_cache_mode != "align":
         problems.append(f"mamba_cache_mode={vllm_config.cache_config.mamba_cache_mode!r} (needs 'align')")
     if vllm_config.speculative_config is not None:
         problems.append("speculative decoding")
-    try:
-        from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    except ImportError as exc:  # pragma: no cover - other vLLM builds
-        problems.append(f"vLLM lacks the CPU GDN op ({exc})")
-    else:
-        if not hasattr(gdn_attention, "_cpu_gdn_attention_nonspec") or not hasattr(
-                GPUModelRunner, "execute_model"):
-            problems.append("this vLLM lacks _cpu_gdn_attention_nonspec or GPUModelRunner.execute_model")
+    if current_platform.is_cpu():
+        try:
+            from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+            from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        except ImportError as exc:  # pragma: no cover - other vLLM builds
+            problems.append(f"vLLM lacks the CPU GDN op ({exc})")
+        else:
+            if not hasattr(gdn_attention, "_cpu_gdn_attention_nonspec") or not hasattr(
+                    GPUModelRunner, "execute_model"):
+                problems.append("this vLLM lacks _cpu_gdn_attention_nonspec or "
+                                "GPUModelRunner.execute_model")
     return problems

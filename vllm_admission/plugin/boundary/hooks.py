@@ -255,27 +255,26 @@ def bind_inpass_managers(managers: Sequence[Any], plan: dict[str, tuple[int, lis
 
 
 def install_inpass_runner() -> Any:
-    """Wrap ``GPUModelRunner.execute_model`` and the CPU GDN core
-    ``gdn_attention._cpu_gdn_attention_nonspec`` (process-wide, idempotent).
+    """Wrap ``GPUModelRunner.execute_model`` and the state layers' prefill paths
+    (process-wide, idempotent).
 
-    The two wrappers share one
+    The wrappers share one
     :class:`~vllm_admission.plugin.runner.inpass_runner.StepCheckpoints`:
-    ``execute_model`` publishes the step's list (:func:`step_checkpoints_of`),
-    and the GDN core runs
-    :func:`~vllm_admission.plugin.runner.inpass_runner.segmented_core` when a
-    prefill of the step has checkpoints. Without a list, or when no prefill of
-    the step has a checkpoint, both call the originals unchanged.
+    ``execute_model`` publishes the step's list (:func:`step_checkpoints_of`), and the
+    GDN layers capture the states it names: on the CPU platform vLLM's CPU core
+    (:func:`_install_cpu_gdn_core`), on a GPU the Triton/FLA path
+    (:func:`_install_gdn_chunk_capture`); Mamba2 layers take it through vLLM's own
+    prefill-checkpoint export (:func:`_install_mamba2_export`). Without a list, or when
+    no prefill of the step has a checkpoint, every wrapper calls vLLM's function
+    unchanged.
 
     Returns:
         The shared ``StepCheckpoints`` (the one installed earlier, if any).
     """
-    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+    from vllm.platforms import current_platform
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    from vllm_admission.plugin.runner.inpass_runner import (
-        StepCheckpoints,
-        segmented_core,
-    )
+    from vllm_admission.plugin.runner.inpass_runner import StepCheckpoints
 
     channel = getattr(GPUModelRunner.execute_model, "_admission_step", None)
     if channel is None:
@@ -288,6 +287,23 @@ def install_inpass_runner() -> Any:
 
         execute_model._admission_step = channel  # type: ignore[attr-defined]
         GPUModelRunner.execute_model = execute_model
+    if current_platform.is_cpu():
+        _install_cpu_gdn_core(channel)
+    else:
+        _install_gdn_chunk_capture(channel)
+    _install_mamba2_export(channel)
+    return channel
+
+
+def _install_cpu_gdn_core(channel: Any) -> None:
+    """The CPU GDN half of :func:`install_inpass_runner` (idempotent): vLLM's CPU core
+    ``gdn_attention._cpu_gdn_attention_nonspec`` runs
+    :func:`~vllm_admission.plugin.runner.inpass_runner.segmented_core` when a prefill of
+    the step has checkpoints."""
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+
+    from vllm_admission.plugin.runner.inpass_runner import segmented_core
+
     if getattr(gdn_attention._cpu_gdn_attention_nonspec, "_admission_step", None) is not channel:
         original_core = getattr(gdn_attention._cpu_gdn_attention_nonspec, "_admission_original",
                                 gdn_attention._cpu_gdn_attention_nonspec)
@@ -302,19 +318,73 @@ def install_inpass_runner() -> Any:
         core._admission_step = channel  # type: ignore[attr-defined]
         core._admission_original = original_core  # type: ignore[attr-defined]
         gdn_attention._cpu_gdn_attention_nonspec = core
-    _install_mamba2_export(channel)
-    return channel
+
+
+def _install_gdn_chunk_capture(channel: Any) -> None:
+    """The GPU GDN half of :func:`install_inpass_runner` (idempotent): the wrappers of
+    :class:`~vllm_admission.plugin.runner.gdn_chunk_capture.GPUCapture` around
+    ``GDNAttentionMetadataBuilder.build``, ``QwenGatedDeltaNetAttention._forward_core`` and
+    the conv and chunk-rule functions of ``qwen_gdn_linear_attn``
+    (``model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py``)."""
+    from vllm.forward_context import get_forward_context
+    from vllm.model_executor.layers.mamba.gdn import qwen_gdn_linear_attn as gdn
+    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+
+    from vllm_admission.plugin.runner.gdn_chunk_capture import (
+        GPUCapture,
+        step_capture,
+        with_capture,
+    )
+
+    built = GDNAttentionMetadataBuilder.build
+    if getattr(built, "_admission_step", None) is channel:
+        return
+    capture = GPUCapture()
+
+    def metadata_of(layer: Any) -> Any:
+        md = get_forward_context().attn_metadata
+        return md.get(layer.prefix) if isinstance(md, dict) else None
+
+    def original(fn: Any) -> Any:
+        return getattr(fn, "_admission_original", fn)
+
+    cls = gdn.QwenGatedDeltaNetAttention
+    cls._forward_core = capture.forward_core(original(cls._forward_core), metadata_of)
+    gdn.causal_conv1d_fn = capture.conv_fn(original(gdn.causal_conv1d_fn))
+    gdn.fla_chunk_gated_delta_rule = capture.chunk_rule(
+        original(gdn.fla_chunk_gated_delta_rule), conv_state_dim_first=is_conv_state_dim_first)
+    original_build = original(built)
+
+    def build(self: Any, common_prefix_len: int, common_attn_metadata: Any,
+              fast_build: bool = False, **kwargs: Any) -> Any:
+        md = original_build(self, common_prefix_len, common_attn_metadata, fast_build, **kwargs)
+        if channel.plan and md.num_prefills and md.spec_sequence_masks is None:
+            width = int(self.kv_cache_spec.shapes[0][0 if not is_conv_state_dim_first() else 1]) + 1
+            found = step_capture(channel.plan, md.prefill_state_indices,
+                                 md.prefill_query_start_loc.cpu(),
+                                 decode_tokens=md.num_decode_tokens, conv_width=width)
+            if found is not None:
+                md = with_capture(md, found)
+        return md
+
+    build._admission_step = channel  # type: ignore[attr-defined]
+    build._admission_original = original_build  # type: ignore[attr-defined]
+    GDNAttentionMetadataBuilder.build = build
 
 
 def _install_mamba2_export(channel: Any) -> None:
-    """The Mamba2 half of :func:`install_inpass_runner`, on the CPU platform (idempotent).
+    """The Mamba2 half of :func:`install_inpass_runner` (idempotent).
 
     ``Mamba2AttentionMetadataBuilder.build`` is wrapped to put the step's
     checkpoints into vLLM's export fields
-    (:func:`~vllm_admission.plugin.runner.inpass_runner.mamba2_step_metadata`);
-    ``ssd_combined._mamba_chunk_scan_combined_fwd`` (the CPU scan there) and
-    ``mamba_mixer2.store_prefill_checkpoint`` (a Triton kernel) are replaced by the
-    CPU pieces of :mod:`~vllm_admission.plugin.runner.mamba2_export`, so that
+    (:func:`~vllm_admission.plugin.runner.inpass_runner.mamba2_step_metadata`; on a GPU
+    with the builder's SSD chunk size, a chunk ending at every checkpoint);
+    ``mamba_mixer2.store_prefill_checkpoint`` is replaced by
+    :func:`~vllm_admission.plugin.runner.mamba2_export.store_checkpoints` (several entries
+    per row; vLLM's Triton kernel on a GPU) and, on the CPU platform,
+    ``ssd_combined._mamba_chunk_scan_combined_fwd`` (the CPU scan) by
+    :func:`~vllm_admission.plugin.runner.mamba2_export.scan_with_chunk_states`, so that
     ``MambaMixer2.conv_ssm_forward`` runs unchanged.
     """
     from functools import partial
@@ -327,9 +397,9 @@ def _install_mamba2_export(channel: Any) -> None:
     from vllm_admission.plugin.runner.inpass_runner import mamba2_step_metadata
     from vllm_admission.plugin.runner.mamba2_export import scan_with_chunk_states, store_checkpoints
 
-    if not current_platform.is_cpu():
-        return
-    if getattr(ssd_combined._mamba_chunk_scan_combined_fwd, "_admission_original", None) is None:
+    on_cpu = current_platform.is_cpu()
+    if on_cpu and getattr(ssd_combined._mamba_chunk_scan_combined_fwd, "_admission_original",
+                          None) is None:
         scan = partial(scan_with_chunk_states, ssd_combined._mamba_chunk_scan_combined_fwd)
         scan._admission_original = scan.args[0]  # type: ignore[attr-defined]
         ssd_combined._mamba_chunk_scan_combined_fwd = scan
@@ -347,7 +417,8 @@ def _install_mamba2_export(channel: Any) -> None:
                                                      md.num_prefills, md.num_decode_tokens)
             md = mamba2_step_metadata(md, channel.plan, block_size=self.kv_cache_spec.block_size,
                                       computed=computed.tolist(),
-                                      block_table=common_attn_metadata.block_table_tensor, chunk_size=None)
+                                      block_table=common_attn_metadata.block_table_tensor,
+                                      chunk_size=None if on_cpu else self.chunk_size)
         return md
 
     build._admission_step = channel  # type: ignore[attr-defined]

@@ -39,10 +39,29 @@ block-aligned), so every checkpoint is readable iff ``B`` is a multiple of 64:
 Qwen3.5 1,056 (both 32 mod 64) unless ``--block-size`` is a multiple of 64 (64 gives 576
 and 1,088).
 
-Not wired into the engine. Checked and timed on an H200 against vLLM 0.32's own Triton
-kernels (``benchmarks/gpu_inpass_bench.py``; ``docs/benchmarks.md``, "In-pass capture on a
-GPU"): ``o`` and ``final_state`` bit-identical to vLLM's, every checkpoint state
-bit-identical to the state split mode stores. vLLM is imported on first use, not at module import.
+Checked and timed on an H200 against vLLM 0.32's own Triton kernels
+(``benchmarks/gpu_inpass_bench.py``; ``docs/benchmarks.md``, "In-pass capture on a GPU"):
+``o`` and ``final_state`` bit-identical to vLLM's, every checkpoint state bit-identical to the
+state split mode stores.
+
+Wiring into vLLM's GPU engine (:func:`vllm_admission.plugin.boundary.hooks.install_inpass_runner`
+on a CUDA platform) takes three wrappers, which talk through one :class:`GPUCapture`:
+
+* ``GDNAttentionMetadataBuilder.build`` (once per step and KV cache group): the step's
+  checkpoint list (:class:`~vllm_admission.plugin.runner.inpass_runner.StepCheckpoints`) is
+  mapped to the prefill rows of the metadata (:func:`step_capture`, one device-to-host copy
+  of the rows' state indices per build) and rides on the metadata
+  (:func:`with_capture`);
+* ``QwenGatedDeltaNetAttention._forward_core`` (each GDN layer): when its metadata carries
+  a capture, the layer call is the current one while vLLM's own code runs;
+* the two module-level names ``_forward_core`` calls its kernels by
+  (``qwen_gdn_linear_attn.causal_conv1d_fn``, ``qwen_gdn_linear_attn.fla_chunk_gated_delta_rule``):
+  during a current call the first keeps its input (the conv input, ``[dim, T]``), the second
+  runs :func:`chunk_gated_delta_rule_with_states` and :func:`write_chunk_checkpoints` and
+  returns what vLLM's function returns.
+
+Outside a call with checkpoints every wrapper calls vLLM's function unchanged. vLLM is
+imported on first use, not at module import.
 """
 
 from __future__ import annotations
@@ -52,12 +71,18 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import NamedTuple
 
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
 import torch
 
 from vllm_admission.plugin.state_copy import as_int_list, device_index, write_state_rows
 
-__all__ = ["CHUNK_SIZE", "ChunkCapturePlan", "ChunkRuleResult", "chunk_gated_delta_rule_with_states",
-           "gpu_block_size_problem", "plan_chunk_captures", "write_chunk_checkpoints"]
+__all__ = ["CHUNK_SIZE", "ChunkCapturePlan", "ChunkRuleResult", "GPUCapture", "StepCapture",
+           "chunk_gated_delta_rule_with_states", "gpu_block_size_problem", "plan_chunk_captures",
+           "step_capture", "with_capture", "write_chunk_checkpoints"]
 
 #: The FLA chunk size (vLLM 0.32 ``third_party/flash_linear_attention/ops/utils.py``
 #: ``FLA_CHUNK_SIZE``); ``tests/test_gdn_chunk_capture.py`` checks it against vLLM.
@@ -273,3 +298,148 @@ def chunk_gated_delta_rule_with_states(
     o = chunk_fwd_o(q=q, k=k, v=v_new, h=h, g=g, scale=scale, cu_seqlens=cu_seqlens,
                     chunk_indices=chunk_indices, core_attn_out=core_attn_out)
     return ChunkRuleResult(o.to(q.dtype), final_state, h)
+
+
+# -- wiring into vLLM's GPU GDN layer -----------------------------------------------
+@dataclass(frozen=True)
+class StepCapture:
+    """One step's GDN checkpoints for one KV cache group's metadata.
+
+    ``plan`` indexes the prefill tokens as the chunk kernel sees them
+    (``prefill_query_start_loc``); the conv kernel sees the non-speculative tokens with the
+    decodes first, so the prefill tokens are ``[decode_tokens, decode_tokens +
+    prefill_tokens)`` of its input.
+    """
+
+    plan: ChunkCapturePlan
+    decode_tokens: int
+    prefill_tokens: int
+
+
+def step_capture(checkpoints: Mapping[int, Sequence[tuple[int, int]]],
+                 state_indices: Sequence[int] | torch.Tensor,
+                 query_start_loc: Sequence[int] | torch.Tensor, *, decode_tokens: int,
+                 conv_width: int, chunk_size: int = CHUNK_SIZE) -> StepCapture | None:
+    """The checkpoints of a step's prefill rows, or ``None`` when no row has one.
+
+    Args:
+        checkpoints: the step's list, ``{running state block: ((offset in chunk,
+            checkpoint block), ...)}``.
+        state_indices: per prefill row, its running state block
+            (``GDNAttentionMetadata.prefill_state_indices``).
+        query_start_loc: ``N + 1`` offsets of the prefill rows in the prefill tokens
+            (``GDNAttentionMetadata.prefill_query_start_loc``).
+        decode_tokens: non-speculative decode tokens before the prefills.
+        conv_width: the conv kernel width.
+
+    Raises:
+        ValueError: as :func:`plan_chunk_captures` (an offset that is not a multiple of
+            ``chunk_size`` means a block size :func:`gpu_block_size_problem` refuses).
+    """
+    from vllm_admission.plugin.runner.inpass_runner import row_checkpoints
+
+    qsl = as_int_list("query_start_loc", query_start_loc)
+    rows = as_int_list("state_indices", state_indices)
+    offsets, blocks = row_checkpoints(checkpoints, rows, [b - a for a, b in pairwise(qsl)])
+    if not any(offsets):
+        return None
+    plan = plan_chunk_captures(qsl, offsets, blocks, chunk_size=chunk_size, conv_width=conv_width)
+    return StepCapture(plan, int(decode_tokens), qsl[-1] - qsl[0])
+
+
+_CAPTURE_TYPES: dict[type, type] = {}
+
+
+def with_capture(metadata: Any, capture: StepCapture) -> Any:
+    """A copy of ``metadata`` (vLLM's ``GDNAttentionMetadata``) that carries ``capture`` as
+    ``inpass_capture``: an instance of a dataclass subclass made once per metadata class,
+    so vLLM's ``isinstance`` checks hold and nothing is set on vLLM's object."""
+    cls = type(metadata)
+    sub = _CAPTURE_TYPES.get(cls)
+    if sub is None:
+        sub = dataclasses.make_dataclass(f"{cls.__name__}WithCapture",
+                                         [("inpass_capture", Any, None)], bases=(cls,))
+        _CAPTURE_TYPES[cls] = sub
+    values = {f.name: getattr(metadata, f.name) for f in dataclasses.fields(metadata)}
+    return sub(**values, inpass_capture=capture)
+
+
+class _LayerCall:
+    __slots__ = ("capture", "conv_input", "layer")
+
+    def __init__(self, capture: StepCapture, layer: Any) -> None:
+        self.capture, self.layer = capture, layer
+        self.conv_input: torch.Tensor | None = None
+
+
+class GPUCapture:
+    """The wrappers of vLLM's GPU GDN path (module docstring), sharing the current call.
+
+    Each wrapper factory takes vLLM's function and returns the replacement; the
+    current call is per thread.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+
+    def _call(self) -> _LayerCall | None:
+        return getattr(self._local, "call", None)
+
+    def forward_core(self, original: Callable[..., Any],
+                     metadata_of: Callable[[Any], Any]) -> Callable[..., Any]:
+        """``_forward_core(self, mixed_qkv, b, a, core_attn_out)``; ``metadata_of(layer)``
+        gives the layer's metadata of the current forward pass (or ``None``)."""
+
+        def forward_core(layer: Any, *args: Any, **kwargs: Any) -> Any:
+            capture = getattr(metadata_of(layer), "inpass_capture", None)
+            if capture is None:
+                return original(layer, *args, **kwargs)
+            self._local.call = _LayerCall(capture, layer)
+            try:
+                return original(layer, *args, **kwargs)
+            finally:
+                self._local.call = None
+
+        forward_core._admission_original = original  # type: ignore[attr-defined]
+        return forward_core
+
+    def conv_fn(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``causal_conv1d_fn(x, ...)``: keeps ``x`` (``[dim, T]``) of a current call."""
+
+        def causal_conv1d_fn(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            call = self._call()
+            if call is not None and call.conv_input is None:
+                call.conv_input = x
+            return original(x, *args, **kwargs)
+
+        causal_conv1d_fn._admission_original = original  # type: ignore[attr-defined]
+        return causal_conv1d_fn
+
+    def chunk_rule(self, original: Callable[..., Any], *,
+                   conv_state_dim_first: Callable[[], bool]) -> Callable[..., Any]:
+        """``fla_chunk_gated_delta_rule(q=..., ...)`` (keywords, as ``forward_native``
+        calls it): during a current call, the same outputs from
+        :func:`chunk_gated_delta_rule_with_states`, and the checkpoints written into the
+        layer's cache (``layer.kv_cache``: conv, SSM)."""
+
+        def chunk_gated_delta_rule(**kwargs: Any) -> Any:
+            call = self._call()
+            if call is None:
+                return original(**kwargs)
+            if call.conv_input is None:
+                raise RuntimeError("inpass: the GDN chunk rule ran before the conv of its layer")
+            result = chunk_gated_delta_rule_with_states(
+                kwargs.pop("q"), kwargs.pop("k"), kwargs.pop("v"), kwargs.pop("g"),
+                kwargs.pop("beta"), **kwargs)
+            cap = call.capture
+            conv_input = call.conv_input.transpose(0, 1)[
+                cap.decode_tokens:cap.decode_tokens + cap.prefill_tokens]
+            conv_state, ssm_state = call.layer.kv_cache[0], call.layer.kv_cache[1]
+            write_chunk_checkpoints(cap.plan, result.h, conv_input, ssm_state=ssm_state,
+                                    conv_state=conv_state,
+                                    conv_state_dim_first=conv_state_dim_first())
+            call.conv_input = None
+            return result.o, result.final_state
+
+        chunk_gated_delta_rule._admission_original = original  # type: ignore[attr-defined]
+        return chunk_gated_delta_rule
