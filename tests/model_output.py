@@ -183,3 +183,28 @@ def assert_same_output(want: Sequence[Output], got: Sequence[Output], u: float |
 def first_tokens(output: Output, n: int) -> Output:
     """``output`` cut to its first ``n`` generated tokens (the same prefill, fewer decode steps)."""
     return Output(output.cached, output.tokens[:n], output.logits[:n], output.passes, output.u)
+
+
+def state_rows(llm) -> dict:
+    """``{(layer name, position): (conv row, ssm row)}`` of every cached recurrent state (float32
+    copies), read from the GDN layers' state tensors by the cached blocks' ids."""
+    from vllm.v1.core.kv_cache_utils import get_group_id
+
+    from vllm_admission.engine.llm import inprocess_scheduler
+    from vllm_admission.plugin.boundary.hooks import cached_blocks
+    from vllm_admission.plugin.kv_cache import group_kinds
+
+    sched = inprocess_scheduler(llm)
+    kinds = group_kinds(sched.kv_cache_manager.coordinator.single_type_managers)
+    groups = sched.kv_cache_config.kv_cache_groups
+    layers = llm.llm_engine.vllm_config.compilation_config.static_forward_context
+    rows = {}
+    for key, block in cached_blocks(sched.kv_cache_manager.block_pool):
+        g = get_group_id(key)
+        if kinds[g] != "state":
+            continue
+        for name in groups[g].layer_names:
+            conv, ssm = layers[name].kv_cache[0], layers[name].kv_cache[1]
+            rows[(name, int(block.block_hash_num_tokens))] = (
+                conv[block.block_id].float().clone(), ssm[block.block_id].float().clone())
+    return rows

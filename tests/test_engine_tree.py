@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -134,8 +135,13 @@ import vllm.platforms.cuda as cuda  # imports with the stand-in for its compiled
 assert cuda.CudaPlatform.device_type == "cuda"
 torch.cuda.is_available = lambda: True
 torch.version.cuda = torch.version.cuda or "13.0"
+answer = hook()
+ops = [f"{ns}.{name}" for ns, names in (("_moe_C", ("topk_softmax", "moe_align_block_size",
+       "moe_sum")), ("_C", ("silu_and_mul", "relu_squared"))) for name in names
+       if hasattr(getattr(torch.ops, ns), name)]
 print(json.dumps({"file": vllm.__file__, "version": md.version("vllm"), "here": here,
-                  "cuda": hook()}))
+                  "cuda": answer, "ops": ops,
+                  "flash_attn": sys.modules["vllm.vllm_flash_attn"].is_fa_version_supported(2)}))
 """
 
 
@@ -148,7 +154,7 @@ def test_the_tree_chooses_cuda_through_vllms_platform_plugin_group(built, tmp_pa
     with tarfile.open(out / tree.PACK) as tf:
         tf.extractall(tmp_path, filter="data")
     site = tmp_path / "site"
-    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    env = {"PYTHONPATH": os.pathsep.join([str(site), str(ROOT)]), "PATH": "/usr/bin:/bin"}
     probe = subprocess.run([sys.executable, "-c", _PLATFORM_PROBE], capture_output=True,
                            text=True, env=env, cwd=tmp_path)
     assert probe.returncode == 0, probe.stderr[-2000:]
@@ -157,3 +163,7 @@ def test_the_tree_chooses_cuda_through_vllms_platform_plugin_group(built, tmp_pa
     assert got["version"] == tree.VERSION
     assert got["here"] is None  # this machine has no CUDA device
     assert got["cuda"] == "vllm.platforms.cuda.CudaPlatform"
+    # Answering CUDA, it installed the stand-ins the tree's vLLM needs (it has no compiled op).
+    assert got["ops"] == ["_moe_C.topk_softmax", "_moe_C.moe_align_block_size",
+                          "_moe_C.moe_sum", "_C.silu_and_mul", "_C.relu_squared"]
+    assert got["flash_attn"] is False

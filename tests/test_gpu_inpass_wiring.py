@@ -127,6 +127,10 @@ def test_a_checked_gpu_path_names_what_it_needs(gpu_config, monkeypatch) -> None
     monkeypatch.setattr(gdn, "_resolve_gdn_prefill_backend", lambda cfg: ("triton", "triton"))
     monkeypatch.setattr(gpu_config.cache_config, "block_size", 576)
     assert inpass.inpass_problems(gpu_config) == []
+    # The hook wraps the V1 runner: vLLM's V2 runner is named with the setting that avoids it.
+    monkeypatch.setattr(type(gpu_config), "use_v2_model_runner", property(lambda self: True))
+    (problem,) = inpass.inpass_problems(gpu_config)
+    assert "V2 model runner" in problem and "VLLM_USE_V2_MODEL_RUNNER=0" in problem
 
 
 _INSTALL = """

@@ -30,7 +30,7 @@ from junction_case import (
     expected_junction_prefill_steps,
     junction_prompts,
 )
-from model_output import LOGITS_MODE, assert_same_output, generate, logit_roundoff
+from model_output import LOGITS_MODE, assert_same_output, generate, logit_roundoff, state_rows
 
 from vllm_admission.core.admission import ADMISSION_POLICIES, stock_admission
 
@@ -49,31 +49,6 @@ def toks(seed, n):
 #: The first three junction prompts: a fresh prompt, the junction (vllm, marconi) and a hit;
 #: prompts 4..10 repeat prompt 3 (kept short: the CPU engine is slow on a shared machine).
 PROMPTS = junction_prompts(toks)[:3]
-
-
-def state_rows(llm):
-    """``{(layer name, position): (conv row, ssm row)}`` of every cached recurrent state (float32
-    copies), read from the GDN layers' state tensors by the cached blocks' ids."""
-    from vllm.v1.core.kv_cache_utils import get_group_id
-
-    from vllm_admission.engine.llm import inprocess_scheduler
-    from vllm_admission.plugin.kv_cache import group_kinds
-    from vllm_admission.plugin.boundary.hooks import cached_blocks
-
-    sched = inprocess_scheduler(llm)
-    kinds = group_kinds(sched.kv_cache_manager.coordinator.single_type_managers)
-    groups = sched.kv_cache_config.kv_cache_groups
-    layers = llm.llm_engine.vllm_config.compilation_config.static_forward_context
-    rows = {}
-    for key, block in cached_blocks(sched.kv_cache_manager.block_pool):
-        g = get_group_id(key)
-        if kinds[g] != "state":
-            continue
-        for name in groups[g].layer_names:
-            conv, ssm = layers[name].kv_cache[0], layers[name].kv_cache[1]
-            rows[(name, int(block.block_hash_num_tokens))] = (
-                conv[block.block_id].float().clone(), ssm[block.block_id].float().clone())
-    return rows
 
 
 #: ``(arch, pinned SSM state dtype)`` per module instance: one Gated DeltaNet, one Mamba2 model.

@@ -34,7 +34,15 @@ recorded as skipped):
      tokens and logits are compared with stock's (``tests/model_output.py``: bit for bit
      where the computation is the same, else within the rounding bound of the passes).
 
-3. ``serve``: ``vllm serve`` with the plugin on the tiny Qwen3-Next from the same tree,
+3. ``qwen3-next/inpass-<admission>`` (``vllm`` and ``dense``): split against in-pass
+   checkpoints (``VLLM_ADMISSION_CHECKPOINT=inpass``, whose GPU path the plugin refuses
+   until this check has passed; this process lifts the refusal for itself) on the check
+   prompts, block size a multiple of 64 and the SSM state in bf16: per-request hits and
+   prefill passes, the outputs, and every state cached after the first prompt compared
+   bit for bit; then ``qwen3-next/ttft``: time to first token, P50 and P99, of the
+   synthetic workload served one request at a time, for stock vLLM and both modes of both
+   policies, in this one run.
+4. ``serve``: ``vllm serve`` with the plugin on the tiny Qwen3-Next from the same tree,
    three text completions over one shared prefix through the ``openai`` client: the cached
    tokens each reports (the third hits the shared prefix rounded down to a block).
 
@@ -43,7 +51,7 @@ the simulator's, the prefill steps that differ, the evictions on each side and w
 check prompts' output equals stock's.
 
     python benchmarks/gpu/engine_check.py --out FILE [--device cuda|cpu] [--budget-s S]
-        [--models qwen3-next,nemotron-h] [--pairs vllm+lru,...] [--no-serve]
+        [--models qwen3-next,nemotron-h] [--pairs vllm+lru,...] [--no-inpass] [--no-serve]
 """
 
 from __future__ import annotations
@@ -82,12 +90,21 @@ WORKLOAD = {"num_requests": 24, "agent_fraction": 0, "chat_fraction": 0.6,
             "template_len": [900, 0.5, 300, 2000], "user_message_len": [100, 1.0, 8, 600],
             "max_prompt_len": 4000}
 MAX_OUTPUT_LEN = 8
+#: Admission policies of the in-pass comparison and the TTFT timing: vLLM's own and a
+#: checkpoint at every block (the most chunk stops split mode pays for).
+INPASS_ADMISSIONS = ("vllm", "dense")
 #: Engine arguments of a GPU engine without vLLM's compiled ops: vLLM's native (torch)
-#: forward of its custom ops, no graph compilation, the Triton attention backend. Eager
-#: mode is :func:`~vllm_admission.engine.llm.build_llm`'s own.
+#: forward of its custom ops and norms, no graph compilation, the Triton attention,
+#: fused-MoE and GDN prefill backends. Eager mode is
+#: :func:`~vllm_admission.engine.llm.build_llm`'s own. What still needs a compiled op has a
+#: stand-in (:mod:`vllm_admission_testing.gpu_standins`, installed by the tree's platform
+#: plugin, with its environment settings).
 GPU_ENGINE_ARGS: dict[str, Any] = {
     "compilation_config": {"mode": 0, "custom_ops": ["none"]},
     "attention_config": {"backend": "TRITON_ATTN"},
+    "additional_config": {"gdn_prefill_backend": "triton"},
+    "moe_backend": "triton",
+    "ir_op_priority": {"rms_norm": ["native"], "fused_add_rms_norm": ["native"]},
 }
 
 
@@ -252,6 +269,120 @@ def summarize(pair_record: dict[str, Any]) -> dict[str, Any]:
             "same_as_stock": pair_record["on_engine"]["same_as_stock"]}
 
 
+def _percentile(values: list[float], q: float) -> float | None:
+    """The ``q``-quantile of ``values`` (linear between order statistics), None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def _engine(model: str, device: str, *, admission: str | None, mode: str = "split") -> Any:
+    """An in-process engine for the in-pass comparison: the plugin with ``admission`` (or
+    stock vLLM for ``None``), block size a multiple of 64 (in-pass reads the GDN chunk
+    kernel's 64-token chunk states), SSM state in bf16 (what the chunk states hold)."""
+    from vllm_admission.engine.llm import EngineSettings, build_llm, plugin_settings
+
+    if admission is None:
+        settings = EngineSettings(model=model)
+    else:
+        settings = plugin_settings(model, admission=admission, eviction="lru")
+        settings.env["VLLM_ADMISSION_CHECKPOINT"] = mode
+        settings.env["VLLM_ADMISSION_LOG_INTERVAL"] = "0"
+    settings.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    settings.num_gpu_blocks, settings.max_model_len = 512, 4096
+    settings.block_size, settings.mamba_ssm_cache_dtype = 64, "bfloat16"
+    settings.engine_args = engine_args(device)
+    return build_llm(settings)
+
+
+def run_inpass_step(model: str, device: str, admission: str) -> dict[str, Any]:
+    """Split against in-pass checkpoints with one admission policy on the check prompts:
+    per-request hits and prefill passes, the outputs, and every state cached after the
+    first prompt (bit-identical expected on a GPU, where the chunk kernel's state is what
+    split mode stores)."""
+    from model_output import generate, output_difference, state_rows
+
+    from vllm_admission.engine.llm import engine_geometry, shutdown_llm
+    from vllm_admission.plugin import inpass
+
+    inpass.GPU_INPASS_VERIFIED = True   # this process is the check the refusal waits for
+    runs: dict[str, Any] = {}
+    for mode in ("split", "inpass"):
+        llm = _engine(model, device, admission=admission, mode=mode)
+        try:
+            vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
+            prompts = check_prompts(vocab)
+            first = generate(llm, prompts[:1], MAX_OUTPUT_LEN)
+            states = state_rows(llm)
+            outputs = first + generate(llm, prompts[1:], MAX_OUTPUT_LEN)
+            runs[mode] = {"outputs": outputs, "states": states,
+                          "block_size": engine_geometry(llm)["block_size"]}
+        finally:
+            shutdown_llm(llm)
+            del llm
+    split, inp = runs["split"], runs["inpass"]
+    keys = sorted(set(split["states"]) & set(inp["states"]))
+    identical, worst = 0, 0.0
+    for key in keys:
+        pairs = zip(split["states"][key], inp["states"][key], strict=True)
+        diffs = [float((a - b).abs().max()) for a, b in pairs]
+        identical += all(d == 0.0 for d in diffs)
+        worst = max(worst, *diffs)
+    outputs = {m: runs[m]["outputs"] for m in runs}
+    return {
+        "block_size": split["block_size"],
+        "hits": {m: [o.cached for o in outputs[m]] for m in outputs},
+        "prefill_passes": {m: [o.passes for o in outputs[m]] for m in outputs},
+        "states": {"split": len(split["states"]), "inpass": len(inp["states"]),
+                   "compared": len(keys), "bit_identical": identical, "max_abs_diff": worst},
+        "differences": [output_difference(a, b)
+                        for a, b in zip(outputs["split"], outputs["inpass"], strict=True)],
+    }
+
+
+def run_ttft(model: str, device: str, admissions: list[str]) -> dict[str, Any]:
+    """Time to first token (scheduled to first token, vLLM's request metrics) of the
+    synthetic workload served one request at a time: stock vLLM, then split and in-pass
+    checkpoints for each admission policy, all on this machine in this run, each engine
+    warmed on a prompt of its own first. Seconds."""
+    from model_output import generate
+
+    from vllm_admission.core.traces import load_trace
+    from vllm_admission.engine.llm import shutdown_llm
+    from vllm_admission.engine.replay import replay
+    from vllm_admission.plugin import inpass
+
+    inpass.GPU_INPASS_VERIFIED = True
+    trace = load_trace("synthetic", **WORKLOAD).with_max_output_len(MAX_OUTPUT_LEN)
+    cases = [("stock", None, "split")] + [(f"{a}/{m}", a, m) for a in admissions
+                                          for m in ("split", "inpass")]
+    out: dict[str, Any] = {}
+    for name, admission, mode in cases:
+        llm = _engine(model, device, admission=admission, mode=mode)
+        try:
+            vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
+            # Kernels compiled and caches warmed on a prompt of its own, then forgotten.
+            generate(llm, [[3 + (13 * i) % (vocab - 3) for i in range(1500)]], 2)
+            llm.reset_prefix_cache()
+            result = replay(llm, trace.requests, vocab_size=vocab)
+        finally:
+            shutdown_llm(llm)
+            del llm
+        ttft = [r["prefill_seconds"] for r in result.requests if r["prefill_seconds"] is not None]
+        out[name] = {"p50_s": _percentile(ttft, 0.5), "p99_s": _percentile(ttft, 0.99),
+                     "hit_tokens": result.hit_tokens, "prefill_steps": result.prefill_steps,
+                     "requests": len(ttft)}
+    stock = out["stock"]
+    for name, row in out.items():
+        row["p50_vs_stock"] = row["p50_s"] / stock["p50_s"] if stock["p50_s"] else None
+        row["p99_vs_stock"] = row["p99_s"] / stock["p99_s"] if stock["p99_s"] else None
+    return out
+
+
 def serve_check(model: str, device: str, timeout_s: float) -> dict[str, Any]:
     """``vllm serve`` with the plugin: three completions over one shared prefix."""
     import socket
@@ -268,7 +399,10 @@ def serve_check(model: str, device: str, timeout_s: float) -> dict[str, Any]:
            "--max-model-len", "4096", "--enforce-eager"]
     if device == "cuda":
         cmd += ["--compilation-config", json.dumps(GPU_ENGINE_ARGS["compilation_config"]),
-                "--attention-config", json.dumps(GPU_ENGINE_ARGS["attention_config"])]
+                "--attention-config", json.dumps(GPU_ENGINE_ARGS["attention_config"]),
+                "--additional-config", json.dumps(GPU_ENGINE_ARGS["additional_config"]),
+                "--moe-backend", GPU_ENGINE_ARGS["moe_backend"],
+                "--ir-op-priority", json.dumps(GPU_ENGINE_ARGS["ir_op_priority"])]
     env = dict(os.environ, VLLM_ADMISSION_POLICY="vllm")
     log = Path(tempfile.mkdtemp(prefix="serve_")) / "server.log"
     with log.open("w") as sink:
@@ -330,12 +464,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pairs", default=",".join(f"{a}+{e}" for a, e in PAIRS),
                     help="comma-separated ADMISSION+EVICTION pairs")
     ap.add_argument("--no-serve", action="store_true", help="leave out the vllm serve step")
+    ap.add_argument("--no-inpass", action="store_true",
+                    help="leave out the in-pass comparison and the TTFT timing")
     args = ap.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
         raise SystemExit(f"engine_check: unknown model(s) {unknown}; known: {list(MODELS)}")
     pairs = parse_pairs(args.pairs)
+    if args.device == "cuda":
+        from vllm_admission_testing.gpu_standins import ENGINE_ENV
+
+        for key, value in ENGINE_ENV.items():   # before vLLM reads its environment
+            os.environ.setdefault(key, value)
     report = Report(args.out, args.budget_s)
     report.doc["settings"] = {"device": args.device, "models": models,
                               "pairs": [list(p) for p in pairs],
@@ -359,6 +500,22 @@ def main(argv: list[str] | None = None) -> int:
             if rec is not None:
                 report.doc["summary"][name] = summarize(rec)
                 report.write()
+    if "qwen3-next" in paths and not args.no_inpass:
+        for admission in INPASS_ADMISSIONS:
+            name = f"qwen3-next/inpass-{admission}"
+            rec = report.step(name, lambda a=admission: run_inpass_step(
+                paths["qwen3-next"], args.device, a), need_s=40)
+            if rec is not None:
+                report.doc["summary"][name] = {
+                    "hits_equal": rec["hits"]["split"] == rec["hits"]["inpass"],
+                    "prefill_passes": [sum(rec["prefill_passes"]["split"]),
+                                       sum(rec["prefill_passes"]["inpass"])],
+                    "states_bit_identical": [rec["states"]["bit_identical"],
+                                             rec["states"]["compared"]],
+                    "outputs_equal": all(d is None for d in rec["differences"])}
+                report.write()
+        report.step("qwen3-next/ttft", lambda: run_ttft(paths["qwen3-next"], args.device,
+                                                        list(INPASS_ADMISSIONS)), need_s=90)
     if not args.no_serve and "qwen3-next" in paths:
         report.step("serve", lambda: serve_check(paths["qwen3-next"], args.device,
                                                  timeout_s=max(60.0, report.left_s() - 30)),

@@ -104,10 +104,21 @@ def generated_files(version: str) -> dict[str, bytes]:
 
 
 def cuda_platform():
-    """vLLM's ``vllm.platform_plugins`` hook: the CUDA platform's qualified name, or None."""
+    """vLLM's ``vllm.platform_plugins`` hook: the CUDA platform's qualified name, or None.
+
+    On CUDA it first installs the test harness's stand-ins for vLLM's compiled ops
+    (``vllm_admission_testing.gpu_standins``, from the working tree on ``PYTHONPATH``): vLLM
+    resolves its platform in every process, before it imports the CUDA platform module.
+    """
     import torch
 
     if torch.cuda.is_available() and torch.version.cuda:
+        try:
+            from vllm_admission_testing.gpu_standins import install
+        except ImportError:
+            pass  # no working tree on the path: vLLM's compiled ops must be there
+        else:
+            install()
         return "vllm.platforms.cuda.CudaPlatform"
     return None
 '''

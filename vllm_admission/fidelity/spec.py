@@ -39,7 +39,7 @@ SIMULATED_ENGINE_ARGS = ("max_num_batched_tokens", "prefix_cache_retention_inter
 #: accepted as they are. A GPU engine without vLLM's compiled ops needs them
 #: (``benchmarks/gpu/engine_check.py``).
 EXECUTION_ENGINE_ARGS = ("enforce_eager", "compilation_config", "attention_config",
-                         "logprobs_mode")
+                         "additional_config", "moe_backend", "ir_op_priority", "logprobs_mode")
 #: The KV connector the simulator mirrors (``kv_transfer_config["kv_connector"]``): vLLM's
 #: ``OffloadingConnector``, whose host tier it reads from the live engine.
 SIMULATED_CONNECTORS = ("OffloadingConnector",)

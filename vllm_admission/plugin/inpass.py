@@ -255,6 +255,9 @@ def _gpu_problems(vllm_config: Any) -> list[str]:
         return ["platform 'cuda' (the GPU capture is wired in but has not yet been checked "
                 "against split mode on a GPU; benchmarks/gpu/engine_check.py checks it)"]
     problems = []
+    if getattr(vllm_config, "use_v2_model_runner", False):
+        problems.append("vLLM's V2 model runner (in-pass wraps the V1 GPUModelRunner: "
+                        "VLLM_USE_V2_MODEL_RUNNER=0)")
     hf = getattr(vllm_config.model_config, "hf_text_config", None)
     if getattr(hf, "linear_key_head_dim", None) is not None:      # Gated DeltaNet layers
         from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import (
