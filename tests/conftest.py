@@ -8,7 +8,6 @@ from collections.abc import Sequence
 
 import pytest
 
-
 #: Set by ``.ci/run``: a test skipped because ``../shared`` (traces, model configs, vLLM's
 #: tests) is missing fails instead, naming what is missing; outside CI it skips.
 REQUIRE_SHARED_ENV = "CI_REQUIRE_SHARED"

@@ -116,7 +116,10 @@ HG, H, DK, DV, CONV_WIDTH = 1, 2, 64, 64, 4
 def _inputs(seed: int = 0) -> dict:
     gen = torch.Generator().manual_seed(seed)
     t = sum(LENGTHS)
-    rnd = lambda *shape: torch.randn(*shape, generator=gen)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen)
+
     q = torch.nn.functional.normalize(rnd(1, t, HG, DK), dim=-1).to(torch.bfloat16)
     k = torch.nn.functional.normalize(rnd(1, t, HG, DK), dim=-1).to(torch.bfloat16)
     v = rnd(1, t, H, DV).to(torch.bfloat16)
@@ -179,7 +182,7 @@ def _wired(inp: dict, cu: torch.Tensor, rows: list[list[int]], blocks: int) -> d
 
     n, dim = len(LENGTHS), inp["x"].size(1)
     slots = list(range(n))                                   # running state block of each row
-    checkpoints = {slots[i]: tuple(zip(OFFSETS[i], rows[i])) for i in range(n) if OFFSETS[i]}
+    checkpoints = {slots[i]: tuple(zip(OFFSETS[i], rows[i], strict=True)) for i in range(n) if OFFSETS[i]}
     found = cap.step_capture(checkpoints, slots, cu, decode_tokens=1, conv_width=CONV_WIDTH)
     capture = cap.GPUCapture()
     conv = capture.conv_fn(causal_conv1d_fn)

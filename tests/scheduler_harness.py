@@ -8,13 +8,13 @@ group 1 = full attention, 128 KiB per block id). The core's cache model
 (``HybridPrefixCache``) is the reference: the same requests, one at a time, must
 get the same hits in both.
 
-Test modules import the fixtures below by name (pytest then registers them there).
+Test modules register this module as a pytest plugin (``pytest_plugins``), which gives
+them its fixtures.
 """
 
 from __future__ import annotations
 
 import logging
-
 import random
 
 import pytest

@@ -327,7 +327,7 @@ def test_switching_with_held_keys_demotes_the_rest_and_leaks_nothing():
     after = [b for b in pool.free_blocks.order(150.0) if pool.key[b] is not None]
     assert sorted(after) == sorted(before)                  # the same candidates
     kept = [pool.key[b] in held[pool.group[b]] for b in after]
-    assert 0 < kept.count(False) and 0 < kept.count(True) and kept == sorted(kept)
+    assert kept.count(False) > 0 and kept.count(True) > 0 and kept == sorted(kept)
     # Within each part the free order is kept.
     n = kept.count(False)
     demoted, rest = set(after[:n]), set(after[n:])
@@ -364,14 +364,14 @@ def test_candidate_policies():
     assert "none" not in AUTO_ADMISSIONS and "belady" not in AUTO_EVICTIONS
     # auto's candidates are the policies that declare themselves so, in registry order;
     # a policy that does not (flop: tuned; lfu: a baseline) never joins by being registered.
-    assert AUTO_ADMISSIONS == tuple(n for n, c in ADMISSION_POLICIES.items()
-                                    if c.auto_candidate and not c.sub_block_only)
+    assert tuple(n for n, c in ADMISSION_POLICIES.items()
+                                    if c.auto_candidate and not c.sub_block_only) == AUTO_ADMISSIONS
     # Under a hash unit finer than the block auto also weighs the policies that differ there.
     with_unit, _ = candidate_policies(AUTO, AUTO, sub_block=True)
     assert with_unit == tuple(n for n, c in ADMISSION_POLICIES.items() if c.auto_candidate)
     assert "block" in with_unit and "block" not in AUTO_ADMISSIONS
-    assert AUTO_EVICTIONS == tuple(n for n, c in EVICTION_POLICIES.items()
-                                   if c.auto_candidate and not c.needs_future)
+    assert tuple(n for n, c in EVICTION_POLICIES.items()
+                                   if c.auto_candidate and not c.needs_future) == AUTO_EVICTIONS
     assert not {"flop", "lfu"} & set(AUTO_EVICTIONS)
     with pytest.raises(UnknownPolicyError):
         candidate_policies("nope", AUTO)

@@ -20,31 +20,30 @@ every pair, no leaked block after preemptions and aborts with a step in flight.
 from __future__ import annotations
 
 import pytest
-from scheduler_harness import (  # noqa: F401 - fixtures are used by name
+from scheduler_harness import (
     AUTO,
-    B,
     EVICTION_CASES,
     POLICIES,
-    _finish_tuners,
+    B,
     assert_counters_match,
-    async_config,
     build,
-    costs,
     free_equals_usable,
     mamba_positions,
-    model_dir,
     random_workload,
     run_engine,
     serve_deciding,
     simulate,
     simulate_auto,
     toks,
-    vllm_config,
 )
 
 pytest.importorskip("vllm")
 
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES  # noqa: E402
+
+# The harness's fixtures (model_dir, vllm_config, async_config, costs; tuners stopped
+# after each test) are pytest's to inject.
+pytest_plugins = ["scheduler_harness"]
 
 
 def waves(engine, requests, size=4):

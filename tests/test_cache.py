@@ -217,7 +217,7 @@ def test_lru_pool_evicts_in_vllm_queue_order(seed):
         k = rng.randint(1, min(4, len(ref.queue)))
         ref_new, pool_new = ref.allocate(k), pool.allocate(k, now=0.0)
         assert cached_keys() == set(ref.index)
-        for rb, pb in zip(ref_new, pool_new):
+        for rb, pb in zip(ref_new, pool_new, strict=True):
             if rng.random() < 0.6:
                 ref.cache(rb, (0, next_key))
                 pool.cache(pb, (0, next_key))

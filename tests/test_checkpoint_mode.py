@@ -134,7 +134,7 @@ def test_inpass_never_takes_more_steps_and_keeps_position_hits(seed, policy, blo
     # and the budget alone can only take fewer chunks
     assert [o.hit_tokens for o in inpass] == [o.hit_tokens for o in split]
     assert [o.checkpoints for o in inpass] == [o.checkpoints for o in split]
-    assert all(i.prefill_steps <= s.prefill_steps for i, s in zip(inpass, split))
+    assert all(i.prefill_steps <= s.prefill_steps for i, s in zip(inpass, split, strict=True))
 
 
 @settings(max_examples=25, deadline=None)

@@ -285,7 +285,8 @@ def test_every_real_config_loads(path):
         # Nemotron-3-Nano: 23 M, 6 *, 23 E; KV 6 * 2*2*128*2 = 6144;
         #   I = 64*64 = 4096, conv (3, 4096 + 2*8*128) bf16 = 36864, SSM (64, 64, 128) fp32 = 2097152;
         #   23 * 2134016 = 49082368.
-        ("nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json", {"mamba2": 23, "full_attention": 6, "moe": 23}, 6144, 49082368),
+        ("nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json",
+         {"mamba2": 23, "full_attention": 6, "moe": 23}, 6144, 49082368),
         # Jamba-1.5-Mini: attention at i % 8 == 4 -> 4 layers; KV 4 * 2*8*128*2 = 16384;
         #   Mamba1 I = 2*4096 = 8192, conv (3, 8192) bf16 = 49152, SSM (8192, 16) bf16 = 262144;
         #   28 * 311296 = 8716288.
@@ -464,7 +465,8 @@ def test_non_json_names_file_and_position(tmp_path):
 
 
 def test_unsupported_architecture_names_it_and_lists_supported():
-    with pytest.raises(ModelConfigError, match=r"architecture 'GPT2LMHeadModel' is not supported; supported: .*Qwen3NextForCausalLM"):
+    with pytest.raises(ModelConfigError, match=r"architecture 'GPT2LMHeadModel' is not supported; "
+                                               r"supported: .*Qwen3NextForCausalLM"):
         ModelCosts.from_config({"architectures": ["GPT2LMHeadModel"]})
     assert "NemotronHForCausalLM" in SUPPORTED_ARCHITECTURES
 
@@ -512,7 +514,7 @@ def test_kv_cache_dtype_fp8_halves_kv_bytes():
 # --------------------------------------------------------------------------- #
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _vllm_facts(path_text: str, work_dir: str):
     """State shapes/dtypes and the attention page per token as vLLM computes them (TP 1, GPU rules)."""
     pytest.importorskip("vllm")
@@ -532,7 +534,8 @@ def _vllm_facts(path_text: str, work_dir: str):
         # vLLM's qwen3_5.py imports torchvision (absent here); its GDN state code is
         # the Qwen3-Next one, so resolve the Qwen3-Next class on the Qwen3.5 config.
         overrides = {"architectures": ["Qwen3NextForCausalLM"]}
-    model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=1024, hf_overrides=overrides)
+    model_config = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, max_model_len=1024,
+                               hf_overrides=overrides)
     vllm_config = VllmConfig(model_config=model_config, cache_config=CacheConfig(enable_prefix_caching=True))
     # Re-apply the GPU dtype rules deterministically (the CPU platform may change them).
     vllm_config.cache_config.mamba_ssm_cache_dtype = "auto"
@@ -578,7 +581,8 @@ def test_synthetic_configs_match_vllm(config, tmp_path_factory):
 @pytest.mark.parametrize("path", REAL_CONFIGS, ids=lambda p: p.stem)
 def test_state_shapes_dtypes_and_kv_page_match_vllm(path, tmp_path_factory):
     pytest.importorskip("vllm")
-    shapes, dtypes, attention_page, model_dtype = _vllm_facts(str(path), str(tmp_path_factory.getbasetemp() / "vllm_costs"))
+    shapes, dtypes, attention_page, model_dtype = _vllm_facts(
+        str(path), str(tmp_path_factory.getbasetemp() / "vllm_costs"))
     costs = ModelCosts.from_config(path)
     recurrent = costs.recurrent_layers[0]
     assert (recurrent.conv_state_shape, recurrent.ssm_state_shape) == shapes

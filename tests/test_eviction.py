@@ -85,7 +85,7 @@ class EvictionPolicyContract:
             ids, free = free[:n], free[n:]
             values = [float(rng.randrange(3)) for _ in ids]
             next_uses = [float(t + rng.randrange(1, 9)) for _ in ids]
-            for b, v, nu in zip(ids, values, next_uses):
+            for b, v, nu in zip(ids, values, next_uses, strict=True):
                 one.add(b, t, v, nu)
             bulk.add_many(ids, t, values, next_uses)
             t += 1.0
@@ -180,8 +180,8 @@ def test_derived_attributes_follow_the_hooks_a_class_overrides():
     assert LFUEviction.needs_hits and not LFUEviction.needs_keys and not LFUEviction.auto_candidate
     assert ReuseEviction.needs_hits and ReuseEviction.needs_keys and ReuseEviction.keeps_history
     assert BeladyEviction.needs_future and not BeladyEviction.needs_hits
-    assert ENGINE_EVICTION_POLICIES == tuple(n for n, c in EVICTION_POLICIES.items()
-                                             if not c.needs_future)
+    assert tuple(n for n, c in EVICTION_POLICIES.items()
+                                             if not c.needs_future) == ENGINE_EVICTION_POLICIES
 
     class Listener(LRUEviction):
         name, summary = "listener", "lru that counts hits"

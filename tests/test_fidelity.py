@@ -512,7 +512,7 @@ def test_per_tier_admission_is_mirrored_exactly(tiny_model_of, engine_env):
                for h in (None, "dense")}
     assert_mirrored(records[None], HOST_ADMISSION_PAIRS)
     assert_mirrored(records["dense"], HOST_ADMISSION_PAIRS)
-    for rec, base in zip(records["dense"], records[None]):
+    for rec, base in zip(records["dense"], records[None], strict=True):
         assert rec["host_admission"] == "dense" and base["host_admission"] is None
         assert rec["simulator_host_evictions"] > 0, rec["admission"]
     # No state on the GPU: without host admission nothing hits; with it every hit is a

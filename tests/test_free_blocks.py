@@ -34,9 +34,7 @@ def test_lru_order_is_vllms_free_list(ops):
     ref: list[int] = []           # vLLM's list, head first
     cached: set[int] = set()      # blocks that were appended with a hash
     held = list(range(1, N))      # blocks not free
-    now = 0
-    for op, k, pick in ops:
-        now += 1
+    for now, (op, k, pick) in enumerate(ops, start=1):
         if op in ("prepend", "append"):
             ids = held[:k]
             del held[:k]

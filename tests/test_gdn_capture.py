@@ -8,6 +8,7 @@ stand-in layer and metadata (no engine). Shapes are the tiny model's GDN layer
 from __future__ import annotations
 
 import json
+from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -145,7 +146,7 @@ DST = [[], [10], [11, 12], [13, 14], [15]]
 def test_segmented_run_matches_vllm(ops, ssm_dtype, has_init):
     case = Case(ops, LENGTHS, ssm_dtype=ssm_dtype)
     ref_conv, ref_ssm = case.conv.clone(), case.ssm.clone()
-    ref_out = case.vllm_run(ref_conv, ref_ssm, list(zip(case.qsl, case.qsl[1:])), ROWS, has_init)
+    ref_out = case.vllm_run(ref_conv, ref_ssm, list(pairwise(case.qsl)), ROWS, has_init)
 
     conv, ssm = case.conv.clone(), case.ssm.clone()
     copier = CountingCopier([conv, ssm])
@@ -167,14 +168,14 @@ def test_segmented_run_matches_vllm(ops, ssm_dtype, has_init):
 
     # (b) each checkpoint row holds the state of a separate vLLM run over the first p tokens.
     ranges, src, dst = [], [], []
-    for i, (offs, rows) in enumerate(zip(OFFSETS, DST)):
-        for p, row in zip(offs, rows):
+    for i, (offs, rows) in enumerate(zip(OFFSETS, DST, strict=True)):
+        for p, row in zip(offs, rows, strict=True):
             ranges.append((case.qsl[i], case.qsl[i] + p))
             src.append(ROWS[i])
             dst.append(row)
     pre_conv, pre_ssm = case.conv.clone(), case.ssm.clone()
     # Each prefix runs from its sequence's initial state, in the checkpoint's own row.
-    for s, d in zip(src, dst):
+    for s, d in zip(src, dst, strict=True):
         pre_conv[d] = case.conv[s]
         pre_ssm[d] = case.ssm[s]
     init = [has_init[ROWS.index(s)] for s in src]
@@ -193,7 +194,7 @@ def test_segmented_run_matches_vllm(ops, ssm_dtype, has_init):
 def test_no_checkpoints_is_vllm_exactly(ops):
     case = Case(ops, [150, 260], seed=1)
     ref_conv, ref_ssm = case.conv.clone(), case.ssm.clone()
-    ref = case.vllm_run(ref_conv, ref_ssm, list(zip(case.qsl, case.qsl[1:])), [3, 7], [True, False])
+    ref = case.vllm_run(ref_conv, ref_ssm, list(pairwise(case.qsl)), [3, 7], [True, False])
     conv, ssm = case.conv.clone(), case.ssm.clone()
     out = case.segmented(conv, ssm, [3, 7], [True, False], [[], []], [[], []])
     assert torch.equal(out, ref)
@@ -204,7 +205,7 @@ def test_offsets_off_the_kernel_chunk(ops):
     """Offsets that are not multiples of the kernel's chunk of 64 (a block size of 16)."""
     case = Case(ops, [177, 90], seed=2)
     ref_conv, ref_ssm = case.conv.clone(), case.ssm.clone()
-    ref = case.vllm_run(ref_conv, ref_ssm, list(zip(case.qsl, case.qsl[1:])), [1, 2], [True, True])
+    ref = case.vllm_run(ref_conv, ref_ssm, list(pairwise(case.qsl)), [1, 2], [True, True])
     conv, ssm = case.conv.clone(), case.ssm.clone()
     out = case.segmented(conv, ssm, [1, 2], [True, True], [[16, 112, 160], [48]], [[5, 6, 7], [8]])
     diff = _diff(out, ref)

@@ -178,8 +178,8 @@ def test_captured_rows(interp, cache: str) -> None:
 def test_scenario_covers_the_cases(interp) -> None:
     offsets, has_initial = interp["offsets"], interp["has_initial"]
     assert len(interp["lengths"]) >= 3 and max(len(o) for o in offsets) >= 2
-    assert any(o and init for o, init in zip(offsets, has_initial))          # prefix hit with checkpoints
-    assert any(o and not init for o, init in zip(offsets, has_initial))
+    assert any(o and init for o, init in zip(offsets, has_initial, strict=True))          # prefix hit with checkpoints
+    assert any(o and not init for o, init in zip(offsets, has_initial, strict=True))
     assert any(not o for o in offsets)
 
 

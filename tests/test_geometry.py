@@ -385,7 +385,7 @@ def test_parse_bytes_errors(text, message):
 # --------------------------------------------------------------------------- #
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fake_cuda_backend():
     """vLLM's CPU attention backend class with CUDA FlashAttention's kernel sizes (MultipleOf(16))."""
     from vllm.v1.attention.backend import MultipleOf

@@ -57,7 +57,7 @@ class Both:
             keys = [((hashes[i], 1), (i + 1) * B) for i in range(end // B)]
             keys.append(((hashes[end // B - 1], 0), end))
             vkeys = [vkey(k) for k, _ in keys]
-            for k, (key, pos) in zip(vkeys, keys):
+            for k, (_key, pos) in zip(vkeys, keys, strict=True):
                 ctx.set_offload_key_position(k, pos)
             assert all(self.manager.lookup(k, ctx) == LookupResult.HIT for k in vkeys)
             self.manager.prepare_load(vkeys, ctx)
@@ -69,7 +69,7 @@ class Both:
         for call in calls:
             ok = self.tier.store(req, call)
             vkeys = [vkey(k) for k, _ in call]
-            for k, (_, pos) in zip(vkeys, call):
+            for k, (_, pos) in zip(vkeys, call, strict=True):
                 ctx.set_offload_key_position(k, pos)
             out = self.manager.prepare_store(vkeys, ctx)
             assert (out is not None) == ok

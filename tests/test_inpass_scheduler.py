@@ -26,8 +26,8 @@ pytest.importorskip("vllm")
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission  # noqa: E402
 from vllm_admission.core.cache import HybridPrefixCache  # noqa: E402
 from vllm_admission.core.eviction import get_eviction  # noqa: E402
-from vllm_admission.plugin.inpass import inpass_split, split_stops  # noqa: E402
 from vllm_admission.plugin.boundary.hooks import INPASS_ATTR  # noqa: E402
+from vllm_admission.plugin.inpass import inpass_split, split_stops  # noqa: E402
 
 B = 128
 CHUNK = 4096

@@ -21,15 +21,18 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 import pytest
-from scheduler_harness import (  # noqa: F401  (fixtures by name)
-    B,
+from scheduler_harness import (
     GROUPS,
     POLICIES,
+    B,
     build,
-    model_dir,
     random_workload,
     scheduler_config,
 )
+
+# The harness's fixtures (model_dir, vllm_config, async_config, costs; tuners stopped
+# after each test) are pytest's to inject.
+pytest_plugins = ["scheduler_harness"]
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -151,7 +151,7 @@ def test_scan_in_rounds_is_one_call(chunk_size, length, offsets):
     assert torch.equal(out1, out2)
     torch.testing.assert_close(states[layout.last_chunk_indices[0]], final1[0], rtol=0, atol=STATE_ATOL)
     # each checkpoint's state is the final state of a run over the prefix alone
-    for off, chunk in zip(offsets, layout.checkpoint_chunks[0]):
+    for off, chunk in zip(offsets, layout.checkpoint_chunks[0], strict=True):
         _, alone = run_scan(fwd, row_alone(inp, 0, off), [off], init=init)
         torch.testing.assert_close(states[chunk], alone[0], rtol=0, atol=STATE_ATOL)
         if chunk_size is None and chunk == 0:   # round 0 is that very call: same bits
@@ -168,7 +168,7 @@ def test_scan_in_rounds_over_a_batch():
     assert torch.equal(out1, out2)
     torch.testing.assert_close(states[list(layout.last_chunk_indices)], final1, rtol=0, atol=STATE_ATOL)
     for row, offs in enumerate(offsets):
-        for off, chunk in zip(offs, layout.checkpoint_chunks[row]):
+        for off, chunk in zip(offs, layout.checkpoint_chunks[row], strict=True):
             _, alone = run_scan(fwd, row_alone(inp, starts[row], off), [off], init=inp["init"][row:row + 1])
             torch.testing.assert_close(states[chunk], alone[0], rtol=0, atol=STATE_ATOL)
 

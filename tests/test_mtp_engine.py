@@ -95,7 +95,7 @@ def test_mtp_runs_on_the_cpu_engine_and_the_plugin_changes_nothing(mtp_model, en
     cached_mtp = [o.cached for o in stock]
     cached_plain = [o.cached for o in plain]
     assert cached_mtp[0] == 0 and all(c > 0 for c in cached_mtp[2:])
-    assert all(p > m for p, m in zip(cached_plain[2:], cached_mtp[2:]))
+    assert all(p > m for p, m in zip(cached_plain[2:], cached_mtp[2:], strict=True))
 
 
 @pytest.mark.parametrize("mtp_model", ["qwen3-next", "nemotron-h"], indirect=True)

@@ -28,6 +28,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from scratch_policy import SCRATCH_MRU_SOURCE
 
 import vllm_admission
 from vllm_admission.core.adaptive import AUTO_ADMISSIONS, AUTO_EVICTIONS
@@ -36,7 +37,6 @@ from vllm_admission.core.costs import load_model
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.traces import load_trace
 from vllm_admission.sim.simulator import simulate
-from scratch_policy import SCRATCH_MRU_SOURCE
 
 pytestmark = pytest.mark.slow  # a copy of the package, then subprocesses: not in make test-fast
 

@@ -22,7 +22,11 @@ import pytest
 pytest.importorskip("vllm")
 
 from junction_case import expected_junction, junction_prompts  # noqa: E402
-from scheduler_harness import POLICIES, B, build, model_dir, toks, vllm_config  # noqa: E402,F401
+from scheduler_harness import POLICIES, B, build, toks  # noqa: E402
+
+# The harness's fixtures (model_dir, vllm_config, async_config, costs; tuners stopped
+# after each test) are pytest's to inject.
+pytest_plugins = ["scheduler_harness"]
 
 VLLM_TESTS = Path(__file__).resolve().parents[2] / "shared" / "vllm-0.32.0-tests"
 

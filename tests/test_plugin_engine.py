@@ -13,7 +13,8 @@ Engines (in-process engine core, so the scheduler is inspectable), one alive at 
 The module runs once per ``conftest.ENGINE_CASES`` entry: the tiny Qwen3-Next (Gated
 DeltaNet) model with each pinned SSM state dtype, so with the block size B = 128 (bf16
 state) and B = 256 (float32) on any CPU, and the tiny Nemotron-H (Mamba2) model with its
-default float32 state (B = 256). Pools are sized in tokens and converted to blocks of B. Derivations are next to the expected numbers; the
+default float32 state (B = 256). Pools are sized in tokens and converted to blocks of B.
+Derivations are next to the expected numbers; the
 fast tests in ``test_plugin_scheduler.py`` check the same cases without a model.
 """
 
@@ -26,9 +27,9 @@ import random
 
 import pytest
 from conftest import engine_block_size, predicted_block_size
+from junction_case import expected_junction, expected_junction_prefill_steps, junction_prompts
 from model_output import LOGITS_MODE, assert_same_output, first_tokens
 from model_output import generate as one_at_a_time
-from junction_case import expected_junction, expected_junction_prefill_steps, junction_prompts
 from sequence_case import expected_states as expected_states_of
 
 from vllm_admission.core.adaptive import AUTO_ADMISSIONS, AUTO_EVICTIONS, Pair, PolicyController

@@ -1,4 +1,5 @@
-"""PolicyFreeBlockQueue (here with FlopEviction) against vLLM 0.32's FreeKVCacheBlockQueue, with real KVCacheBlock objects.
+"""PolicyFreeBlockQueue (here with FlopEviction) against vLLM 0.32's FreeKVCacheBlockQueue, with
+real KVCacheBlock objects.
 
 vLLM's queue semantics (``vllm/v1/core/kv_cache_utils.py``, used by
 ``vllm/v1/core/block_pool.py``): ``prepend_n`` puts blocks at the head in list
@@ -228,7 +229,7 @@ def test_block_pool_runs_on_the_adapter():
         assert ids(got[0]) == ids(got[1])
         history.append(ids(got[0]))
         keep = rng.random() < 0.5
-        for p, new in zip(pools, got):
+        for p, new in zip(pools, got, strict=True):
             if keep:
                 for b in new:
                     p._insert_block_hash(make_block_hash_with_group_id(

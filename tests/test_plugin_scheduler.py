@@ -25,20 +25,16 @@ from junction_case import (
 
 pytest.importorskip("vllm")
 
-from scheduler_harness import (  # noqa: E402,F401 - fixtures are used by name
+from scheduler_harness import (  # noqa: E402
     AUTO,
-    B,
     CHUNK,
-    POLICIES,
     EVICTION_CASES,
-    _finish_tuners,
+    POLICIES,
+    B,
     assert_counters_match,
-    async_config,
     build,
-    costs,
     free_equals_usable,
     mamba_positions,
-    model_dir,
     plugin_lines,
     random_workload,
     run_engine,
@@ -46,7 +42,6 @@ from scheduler_harness import (  # noqa: E402,F401 - fixtures are used by name
     simulate,
     simulate_auto,
     toks,
-    vllm_config,
 )
 from sequence_case import expected_states, expected_superseded  # noqa: E402
 
@@ -54,6 +49,10 @@ from vllm_admission.core.adaptive import AUTO_EVICTIONS, LiveEvictions  # noqa: 
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission  # noqa: E402
 from vllm_admission.core.cache import HybridPrefixCache  # noqa: E402
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, get_eviction  # noqa: E402
+
+# The harness's fixtures (model_dir, vllm_config, async_config, costs; tuners stopped
+# after each test) are pytest's to inject.
+pytest_plugins = ["scheduler_harness"]
 
 
 # ---------------------------------------------------------------- the junction case

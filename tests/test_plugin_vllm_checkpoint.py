@@ -22,11 +22,10 @@ from __future__ import annotations
 import pytest
 import scheduler_harness as harness
 from scheduler_harness import (
-    B,
     CHUNK,
     EVICTION_CASES,
     POLICIES,
-    _finish_tuners,  # noqa: F401  (autouse fixture: stops the tuners this module starts)
+    B,
     assert_counters_match,
     free_equals_usable,
     mamba_positions,
@@ -37,6 +36,10 @@ from scheduler_harness import (
 from sequence_case import expected_states
 
 pytest.importorskip("vllm")
+
+# The harness's fixtures (model_dir, vllm_config, async_config, costs; tuners stopped
+# after each test) are pytest's to inject.
+pytest_plugins = ["scheduler_harness"]
 
 #: The alignment vLLM 0.33 gives the Qwen GDN FlashInfer spec here: the Mamba block size.
 EXPORT = B

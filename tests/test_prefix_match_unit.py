@@ -153,7 +153,7 @@ def test_cache_requests_carry_unit_keys_that_extend_the_block_chain():
 
     trace = load_trace("synthetic", num_requests=6)
     reqs = cache_requests(trace, 128, "unique", 32)
-    for req, r in zip(reqs, trace.requests):
+    for req, r in zip(reqs, trace.requests, strict=True):
         assert len(req.units) == r.prompt_len // 32
     assert all(req.units is None for req in cache_requests(trace, 128, "unique"))
 

@@ -11,22 +11,20 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from scheduler_harness import (  # noqa: E402,F401 - fixtures are used by name
-    _finish_tuners,
-    build,
-    model_dir,
-    plugin_lines,
-    vllm_config,
-)
+from scheduler_harness import build, plugin_lines  # noqa: E402
 
 from vllm_admission.core.adaptive import AUTO, AUTO_ADMISSIONS, AUTO_EVICTIONS  # noqa: E402
-from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError  # noqa: E402
 from vllm_admission.plugin.boundary.engine_setup import (  # noqa: E402
     EngineFacts,
     plan_for,
     prefill_tokens,
     preflight,
 )
+from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError  # noqa: E402
+
+# The harness's fixtures (model_dir, vllm_config, async_config, costs; tuners stopped
+# after each test) are pytest's to inject.
+pytest_plugins = ["scheduler_harness"]
 
 
 def settings(policy="vllm", eviction="lru", **kw) -> AdmissionConfig:

@@ -4,6 +4,7 @@ simulator without a list of requests (core/traces/resample.py, sim.simulator).""
 import itertools
 import json
 import types
+from itertools import pairwise
 
 import pytest
 
@@ -38,14 +39,14 @@ def test_pass_zero_is_the_source_and_later_passes_rename_all_but_shared_prefixes
     out = list(resample(src, 2 * len(src.requests) + 5))
     assert len(out) == 2 * len(src.requests) + 5
     n = len(src.requests)
-    for a, b in zip(out[:n], src.requests):
+    for a, b in zip(out[:n], src.requests, strict=True):
         assert a.prompt == b.prompt and a.output_len == b.output_len and a.arrival_s == b.arrival_s
     keys0 = {k for r in out[:n] for k, _ in r.prompt.spans}
     keys1 = {k for r in out[n:2 * n] for k, _ in r.prompt.spans}
     assert keys0 & keys1 == {0}
-    for a, b in zip(out[n:2 * n], src.requests):        # same shape, same gaps
+    for a, b in zip(out[n:2 * n], src.requests, strict=True):        # same shape, same gaps
         assert [n_ for _, n_ in a.prompt.spans] == [n_ for _, n_ in b.prompt.spans]
-    gaps = [b.arrival_s - a.arrival_s for a, b in zip(out, out[1:])]
+    gaps = [b.arrival_s - a.arrival_s for a, b in pairwise(out)]
     assert min(gaps) > 0
 
 

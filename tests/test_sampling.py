@@ -14,8 +14,8 @@ from vllm_admission.core.adaptive import (
 )
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import CacheLayout
-from vllm_admission.core.replay import CacheRequest, CacheSetup
 from vllm_admission.core.hashing import mix64
+from vllm_admission.core.replay import CacheRequest, CacheSetup
 from vllm_admission.core.sampling import PrefixSampler
 
 B = 16
@@ -63,7 +63,7 @@ def test_a_conversation_is_one_unit_and_shared_prompts_are_not():
     reqs, owner = conversations()
     s = PrefixSampler(0.5)
     units, first = {}, {}
-    for i, (r, who) in enumerate(zip(reqs, owner)):
+    for i, (r, who) in enumerate(zip(reqs, owner, strict=True)):
         first.setdefault(who, i)
         units.setdefault(who, set()).add(s.unit(r.hashes))
     # Once the shared prompts are branch points (after `fanout` conversations went
@@ -79,7 +79,7 @@ def test_whole_conversations_are_sampled_at_about_the_rate():
     reqs, owner = conversations(n_convs=2000, turns=3)
     s = PrefixSampler(0.25)
     kept, first = {}, {}
-    for i, (r, who) in enumerate(zip(reqs, owner)):
+    for i, (r, who) in enumerate(zip(reqs, owner, strict=True)):
         first.setdefault(who, i)
         kept.setdefault(who, set()).add(s.sampled(r.hashes, i) is not None)
     late = [k for who, k in kept.items() if first[who] >= 50]

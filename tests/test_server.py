@@ -143,7 +143,7 @@ def words(seed: int, n: int) -> str:
     import random
 
     rng = random.Random(seed)
-    vocab = "cache block prefix state token model layer attention hybrid server prompt".split()
+    vocab = ["cache", "block", "prefix", "state", "token", "model", "layer", "attention", "hybrid", "server", "prompt"]
     return " ".join(f"{rng.choice(vocab)}{rng.randrange(100)}" for _ in range(n))
 
 

@@ -16,8 +16,8 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
 def _reference(tensors, src, dst):
     """Row copies one by one on clones: what the op must produce."""
     out = [t.clone() for t in tensors]
-    for s, d in zip(src, dst):
-        for o, t in zip(out, tensors):
+    for s, d in zip(src, dst, strict=True):
+        for o, t in zip(out, tensors, strict=True):
             o[d] = t[s]
     return out
 
@@ -57,7 +57,7 @@ def test_cpu_copies_every_row_of_every_tensor(pairs):
     tensors = _gdn_like_states(10)
     expected = _reference(tensors, src, dst)
     copy_state_rows(tensors, src, dst)
-    for got, want in zip(tensors, expected):
+    for got, want in zip(tensors, expected, strict=True):
         assert torch.equal(got, want)
 
 
@@ -67,14 +67,14 @@ def test_a_bound_copier_serves_step_after_step():
     for src, dst in (([0, 1], [2, 3]), ([3], [7]), ([], [])):
         expected = _reference(tensors, src, dst)
         copier.copy(src, dst)
-        assert all(torch.equal(t, w) for t, w in zip(tensors, expected))
+        assert all(torch.equal(t, w) for t, w in zip(tensors, expected, strict=True))
 
 
 def test_rows_not_named_are_untouched_and_tensor_indices_work():
     tensors = _gdn_like_states(6)
     before = [t.clone() for t in tensors]
     copy_state_rows(tensors, torch.tensor([4]), torch.tensor([1]))
-    for got, old in zip(tensors, before):
+    for got, old in zip(tensors, before, strict=True):
         assert torch.equal(got[1], old[4])
         for r in (0, 2, 3, 4, 5):
             assert torch.equal(got[r], old[r])
@@ -97,7 +97,7 @@ def test_bad_indices_are_refused_before_anything_is_written(src, dst, error):
     before = [t.clone() for t in tensors]
     with pytest.raises(ValueError, match=error):
         copy_state_rows(tensors, src, dst)
-    assert all(torch.equal(t, b) for t, b in zip(tensors, before))
+    assert all(torch.equal(t, b) for t, b in zip(tensors, before, strict=True))
 
 
 def test_out_of_range_rows_and_bad_backends_are_refused():
@@ -126,7 +126,7 @@ def test_triton_path_equals_the_torch_path(head_k):
     copy_state_rows(a, src[6:], dst[6:], backend="triton")
     copy_state_rows(b, src, dst, backend="torch")
     torch.cuda.synchronize()
-    for x, y, want in zip(a, b, expected):
+    for x, y, want in zip(a, b, expected, strict=True):
         assert torch.equal(x, y) and torch.equal(x, want)
 
 

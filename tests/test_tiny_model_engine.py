@@ -42,13 +42,13 @@ from conftest import engine_block_size, predicted_block_size
 from model_output import LOGITS_MODE, assert_same_output, generate
 
 from vllm_admission.engine.llm import EngineSettings, shutdown_llm
-from vllm_admission.engine.tiny_model import TINY_MODEL_ARCHS
 from vllm_admission.engine.replay import (
     SEQUENTIAL_MODE,
     ReplayResult,
     _skip_reason,
     blocks_needed,
 )
+from vllm_admission.engine.tiny_model import TINY_MODEL_ARCHS
 
 VOCAB = 512
 
@@ -346,7 +346,7 @@ def test_platform_default_follows_the_cpu_rule(tiny_model_of, arch):
         geo = engine_geometry(engine)
         B = geo["block_size"]  # noqa: N806
         assert geo["ssm_state_dtype"] == expected
-        assert B == predicted_block_size(model_dir, expected)
+        assert predicted_block_size(model_dir, expected) == B
         prompt = toks(8, 700)
         assert one(engine, prompt)[0] == 0
         assert one(engine, prompt)[0] == 699 // B * B
@@ -366,7 +366,7 @@ def test_mamba2_bf16_state_runs_without_the_export(tiny_model_of):
         geo = engine_geometry(engine)
         B = geo["block_size"]  # noqa: N806
         assert geo["ssm_state_dtype"] == "bfloat16"
-        assert B == predicted_block_size(model_dir, "bfloat16")
+        assert predicted_block_size(model_dir, "bfloat16") == B
         assert cpu_mamba2.installed()
         specs = state_specs(engine)
         assert specs and all(s.num_prefill_checkpoint_blocks == 0 for s in specs)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,7 @@ def test_span_hashes_follow_token_content_exhaustively():
         for k in range(5 // block_size):
             end = (k + 1) * block_size
             by_content = collections.defaultdict(set)
-            for toks, h in zip(tokens, hashes):
+            for toks, h in zip(tokens, hashes, strict=True):
                 if len(h) > k:
                     by_content[tuple(toks[:end])].add(h[k])
             assert all(len(s) == 1 for s in by_content.values())  # equal content -> equal hash
@@ -122,7 +123,7 @@ def test_splitting_or_shortening_a_span_changes_exactly_the_affected_blocks(span
     base_tokens = base.token_ids(BIG_VOCAB)
     for variant in (SpanPrompt(tuple(split)), SpanPrompt(tuple(shortened))):
         toks = variant.token_ids(BIG_VOCAB)
-        for k, (a, b) in enumerate(zip(base.block_hashes(block_size), variant.block_hashes(block_size))):
+        for k, (a, b) in enumerate(zip(base.block_hashes(block_size), variant.block_hashes(block_size), strict=True)):
             end = (k + 1) * block_size
             assert (a == b) == (base_tokens[:end] == toks[:end])
 
@@ -133,7 +134,7 @@ def test_mooncake_blocks_reblocked(block_size, shared):
     a = SpanPrompt(((0, 512), (1, 512), (2, 512), (3, 100)))
     b = SpanPrompt(((0, 512), (1, 512), (5, 512)))
     ha, hb = a.block_hashes(block_size), b.block_hashes(block_size)
-    equal = [x == y for x, y in zip(ha, hb)]
+    equal = [x == y for x, y in zip(ha, hb, strict=True)]
     assert equal == [True] * shared + [False] * (len(equal) - shared)
 
 
@@ -564,7 +565,7 @@ def test_synthetic_turns_extend_the_previous_prompt_and_output(synthetic):
         if session.startswith("fewshot"):
             assert len(turns) == 1
         assert [r.request_id for _, r in turns] == [f"{session}-{i}" for i in range(len(turns))]
-        for (_, prev), (_, cur) in zip(turns, turns[1:]):
+        for (_, prev), (_, cur) in pairwise(turns):
             n = len(prev.prompt.spans)
             assert cur.prompt.spans[:n] == prev.prompt.spans
             assert cur.prompt.spans[n][1] == prev.output_len  # the previous answer, then one new span
@@ -585,7 +586,7 @@ def test_synthetic_sessions_are_interleaved(synthetic):
     mean_gap = {"chat": cfg.chat_think_s, "agent": cfg.agent_step_gap_s}
     gaps, expected_adjacent = [], 0.0
     for session, turns in _sessions(synthetic).items():
-        for (a, _), (b, _) in zip(turns, turns[1:]):
+        for (a, _), (b, _) in pairwise(turns):
             gaps.append(b - a)
             expected_adjacent += 1 / (1 + lam * mean_gap[session.split("-")[0]])
     observed = sum(g == 1 for g in gaps) / len(gaps)
@@ -611,7 +612,7 @@ def test_synthetic_shared_prefixes(synthetic):
     # and contexts add more): a lower bound computed from the trace itself.
     hit, total = synthetic.infinite_capacity_bound(16)
     history = sum(prev.prompt_len // 16 * 16 for turns in _sessions(synthetic).values()
-                  for (_, prev), _ in zip(turns, turns[1:]))
+                  for (_, prev), _ in pairwise(turns))
     assert hit >= history and history / total > 0.5
 
 

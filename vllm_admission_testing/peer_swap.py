@@ -18,6 +18,7 @@ changes).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any
 
@@ -43,10 +44,8 @@ def _helper_modules() -> list[Any]:
     import importlib
 
     modules = [importlib.import_module("tests.v1.core.utils")]
-    try:
+    with contextlib.suppress(ModuleNotFoundError):
         modules.append(importlib.import_module("tests.v1.kv_connector.unit.utils"))
-    except ModuleNotFoundError:
-        pass
     return modules
 
 

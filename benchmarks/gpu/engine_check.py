@@ -377,7 +377,7 @@ def run_ttft(model: str, device: str, admissions: list[str]) -> dict[str, Any]:
                      "hit_tokens": result.hit_tokens, "prefill_steps": result.prefill_steps,
                      "requests": len(ttft)}
     stock = out["stock"]
-    for name, row in out.items():
+    for row in out.values():
         row["p50_vs_stock"] = row["p50_s"] / stock["p50_s"] if stock["p50_s"] else None
         row["p99_vs_stock"] = row["p99_s"] / stock["p99_s"] if stock["p99_s"] else None
     return out
@@ -495,8 +495,9 @@ def main(argv: list[str] | None = None) -> int:
         block_size = int(stock["geometry"]["block_size"])
         for admission, eviction in pairs:
             name = f"{arch}/{admission}+{eviction}"
-            rec = report.step(name, lambda a=admission, e=eviction, arch=arch: run_pair_step(
-                paths[arch], args.device, a, e, block_size, stock), need_s=30)
+            rec = report.step(name, lambda a=admission, e=eviction, arch=arch, b=block_size,
+                              ref=stock: run_pair_step(paths[arch], args.device, a, e, b, ref),
+                              need_s=30)
             if rec is not None:
                 report.doc["summary"][name] = summarize(rec)
                 report.write()

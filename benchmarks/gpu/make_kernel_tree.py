@@ -84,7 +84,8 @@ __all__ = ["chunk_gated_delta_rule"]
     "model_executor/layers/__init__.py": "",
     "model_executor/layers/mamba/__init__.py": "",
     f"{MAMBA_OPS}/__init__.py": "",
-    "model_executor/layers/mamba/checkpoint.py": '''"""The checkpoint metadata type that ``ops/ssd_checkpoint.py`` names. vLLM's module also
+    "model_executor/layers/mamba/checkpoint.py": '''"""The checkpoint metadata type that
+``ops/ssd_checkpoint.py`` names. vLLM's module also
 holds the builder and exporter, which need vLLM's config and KV-cache interfaces."""
 
 from dataclasses import dataclass
@@ -102,7 +103,8 @@ class MambaPrefillCheckpointMetadata:
     request_rows: torch.Tensor | None = None
     block_cols: torch.Tensor | None = None
 ''',
-    "triton_utils/__init__.py": '''"""Triton, imported for real (vLLM's version swaps in placeholders where Triton cannot run)."""
+    "triton_utils/__init__.py": '''"""Triton, imported for real (vLLM's version swaps in
+placeholders where Triton cannot run)."""
 
 import triton
 import triton.language as tl
@@ -310,7 +312,8 @@ def get_device_name_as_file_name(device_id: int = 0) -> str:
     "v1/__init__.py": "",
     "v1/attention/__init__.py": "",
     "v1/attention/backends/__init__.py": "",
-    "v1/attention/backends/utils.py": '''#: The block id vLLM reserves for "no block" (``v1/attention/backends/utils.py``).
+    "v1/attention/backends/utils.py": '''#: The block id vLLM reserves for "no block"
+#: (``v1/attention/backends/utils.py``).
 NULL_BLOCK_ID = 0
 ''',
 }

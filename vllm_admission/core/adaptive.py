@@ -101,10 +101,10 @@ from vllm_admission.core.admission import (
 from vllm_admission.core.cache import HybridPrefixCache
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import (
-    engine_eviction_policies,
     EvictionPolicy,
     HistoryKeeper,
     ReuseHistory,
+    engine_eviction_policies,
     eviction_class,
     get_eviction,
     stock_eviction,
@@ -112,7 +112,8 @@ from vllm_admission.core.eviction import (
 from vllm_admission.core.replay import CacheRequest, CacheSetup
 from vllm_admission.core.sampling import PrefixSampler
 
-__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "DEFAULT_MIN_SAMPLES", "DECISIONS_KEPT",
+__all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "DEFAULT_MIN_SAMPLES",  # noqa: F822 - two names come from __getattr__
+           "DECISIONS_KEPT",
            "MIN_SHADOW_REQUESTS", "auto_admissions", "parse_shadow_rate",
            "auto_evictions",
            "Decision", "LiveEvictions", "Pair", "PolicyController", "candidate_policies",
@@ -271,10 +272,8 @@ def candidate_policies(admission: str, eviction: str, *, sub_block: bool = False
             together with ``auto`` admission (the controller could not replay it
             from a snapshot).
     """
-    if admission == AUTO:
-        admissions = auto_admissions(sub_block)
-    else:
-        admissions = (get_admission(admission).name,)
+    admissions = (auto_admissions(sub_block) if admission == AUTO
+                  else (get_admission(admission).name,))
     if eviction == AUTO:
         evictions = auto_evictions()
     else:
@@ -697,7 +696,7 @@ class PolicyController:
         after = pairs[bi] if switch else live
         held = deciding.shadows[after].held_keys() if after != live else None
         decision = Decision(at=index, window=self._since, before=live, after=after,
-                            scores={str(p): v / rate for p, v in zip(pairs, history)},
+                            scores={str(p): v / rate for p, v in zip(pairs, history, strict=True)},
                             error=error / rate, held=held)
         # The records leave out the held hashes (a set per group, as large as the shadow's
         # pool): only the switch being applied needs them.

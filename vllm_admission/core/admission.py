@@ -774,8 +774,7 @@ class RequestAdmission:
         is handed (a host tier stores every state the engine caches, the tentative
         ones included), with the :data:`HOST` ones."""
         d = self.decide(position)
-        return (d == ADMIT or d == HOST
-                or (self._may_end and position >= self.prompt_end))
+        return d in (ADMIT, HOST) or (self._may_end and position >= self.prompt_end)
 
     def kept_as_sequence_end(self, position: int) -> bool:
         """Whether the state at ``position`` is admitted only as the sequence end

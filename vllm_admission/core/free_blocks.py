@@ -159,7 +159,7 @@ class FreeBlocks:
         self.eviction.add_many(block_ids, now, values, next_uses)
         stamps = self._stamps
         if stamps is not None:
-            for b, v, nu in zip(block_ids, values, next_uses):
+            for b, v, nu in zip(block_ids, values, next_uses, strict=True):
                 stamps[b] = (now, v, nu)
         self.num_cached += n
         if now > self.latest:

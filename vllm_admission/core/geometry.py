@@ -280,7 +280,7 @@ class CacheGeometry:
 
 
 def aligned_block_size(
-    costs: "ModelCosts",
+    costs: ModelCosts,
     block_size: int | None = None,
     *,
     kernel_block_size: int = CUDA_KERNEL_BLOCK_SIZE,
@@ -317,7 +317,7 @@ def aligned_block_size(
 
 
 def block_geometry(
-    costs: "ModelCosts",
+    costs: ModelCosts,
     capacity_bytes: int,
     *,
     block_size: int | None = None,
@@ -367,7 +367,7 @@ def block_geometry(
 
 
 def geometry_from_blocks(
-    costs: "ModelCosts",
+    costs: ModelCosts,
     num_blocks: int,
     block_size: int | None = None,
     *,
@@ -434,7 +434,7 @@ def hidden_state_block_size(geometry: CacheGeometry, bytes_per_token: int) -> in
                if geometry.block_size % d == 0 and d <= fits)
 
 
-def hidden_states_share_the_block(costs: "ModelCosts", bytes_per_token: int) -> bool:
+def hidden_states_share_the_block(costs: ModelCosts, bytes_per_token: int) -> bool:
     """Whether vLLM gives a hidden-state group of ``bytes_per_token`` the block size of
     the model's groups (:func:`hidden_state_block_size` returns the block size).
 
@@ -565,7 +565,7 @@ def _check_positive(value: int, name: str) -> None:
         raise UserError(f"{name} must be a positive integer, got {value!r}")
 
 
-def _attention_page_per_token(costs: "ModelCosts") -> int:
+def _attention_page_per_token(costs: ModelCosts) -> int:
     pages = {layer.kv_bytes_per_token for layer in costs.attention_layers}
     if len(pages) > 1:
         raise UserError(
@@ -575,11 +575,11 @@ def _attention_page_per_token(costs: "ModelCosts") -> int:
     return pages.pop() if pages else 0
 
 
-def _state_page(costs: "ModelCosts") -> int:
+def _state_page(costs: ModelCosts) -> int:
     return max((layer.state_bytes for layer in costs.recurrent_layers), default=0)
 
 
-def _buckets(costs: "ModelCosts") -> list[tuple[str, int | None, int]]:
+def _buckets(costs: ModelCosts) -> list[tuple[str, int | None, int]]:
     """(type, sliding window, layer count) for each bucket of identical specs, in first-seen order."""
     counts: dict[tuple[str, int | None, tuple], int] = {}
     for layer in costs.layers:
@@ -596,7 +596,7 @@ def _buckets(costs: "ModelCosts") -> list[tuple[str, int | None, int]]:
 
 
 def _layout(
-    costs: "ModelCosts",
+    costs: ModelCosts,
     block_size: int | None,
     kernel_block_size: int,
     *,
@@ -622,9 +622,9 @@ def _layout(
         largest = max(count for *_, count in buckets)
         group_size = largest if largest < smallest * 1.5 else smallest
         groups = [_cdiv(count, group_size) for *_, count in buckets]
-    attention_groups = sum(n for n, (kind, _, _) in zip(groups, buckets) if kind == "attention")
+    attention_groups = sum(n for n, (kind, _, _) in zip(groups, buckets, strict=True) if kind == "attention")
     sliding_groups = sum(
-        n for n, (kind, window, _) in zip(groups, buckets) if kind == "attention" and window is not None
+        n for n, (kind, window, _) in zip(groups, buckets, strict=True) if kind == "attention" and window is not None
     )
     return CacheGeometry(
         block_size=size,

@@ -31,6 +31,7 @@ raised in the parent as :class:`ShadowProcessError`.
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import subprocess
 import sys
@@ -89,10 +90,8 @@ class ShadowProcess:
                 proc.wait()
         for stream in (proc.stdin, proc.stdout):
             if stream is not None and not stream.closed:
-                try:
+                with contextlib.suppress(OSError):   # unflushed bytes to a child that is gone
                     stream.close()
-                except OSError:          # unflushed bytes to a child that is gone
-                    pass
 
     def _call(self, *message: Any) -> Any:
         proc = self._proc

@@ -174,8 +174,8 @@ def _scheduler_cls(settings: EngineSettings, environ: dict[str, str]) -> Any:
         return name
     config = AdmissionConfig.from_env(environ)
     # Settings the engine's configuration cannot run fail before the model loads.
-    from vllm_admission.plugin.boundary.register import check_before_load
     from vllm_admission.plugin.boundary.hooks import install_preflight
+    from vllm_admission.plugin.boundary.register import check_before_load
 
     install_preflight(check_before_load)
     if not bool(int(os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1"))):
@@ -495,11 +495,11 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
             "page_size_bytes": int(g.kv_cache_spec.page_size_bytes),
             "layers": list(g.layer_names),
         }
-        for g, kind in zip(kvc.kv_cache_groups, kinds)
+        for g, kind in zip(kvc.kv_cache_groups, kinds, strict=True)
     ]
     geo["hidden_state_bytes_per_token"] = sum(
         _hidden_bytes_per_token(g.kv_cache_spec)
-        for g, kind in zip(kvc.kv_cache_groups, kinds) if kind == "hidden")
+        for g, kind in zip(kvc.kv_cache_groups, kinds, strict=True) if kind == "hidden")
     state_dtypes = {str(g.kv_cache_spec.dtypes[-1]).removeprefix("torch.")
                     for g in kvc.kv_cache_groups if hasattr(g.kv_cache_spec, "dtypes")}
     if state_dtypes:
@@ -535,8 +535,8 @@ def cached_block_positions(llm: vllm.LLM) -> dict[str, list[int]]:
     """
     from vllm.v1.core.kv_cache_utils import get_group_id
 
-    from vllm_admission.plugin.kv_cache import group_kinds
     from vllm_admission.plugin.boundary.hooks import cached_blocks
+    from vllm_admission.plugin.kv_cache import group_kinds
 
     scheduler = inprocess_scheduler(llm)
     kinds = group_kinds(scheduler.kv_cache_manager.coordinator.single_type_managers)

@@ -197,11 +197,11 @@ _CHAT_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
-_WORDS = (
-    "the a of to and in is it that for on with as cache block prefix state token model "
-    "request hit miss layer attention recurrent hybrid admission eviction checkpoint "
-    "server prompt user assistant system reply question answer data time number value"
-).split()
+_WORDS = ["the", "a", "of", "to", "and", "in", "is", "it", "that", "for", "on", "with", "as",
+          "cache", "block", "prefix", "state", "token", "model", "request", "hit", "miss",
+          "layer", "attention", "recurrent", "hybrid", "admission", "eviction", "checkpoint",
+          "server", "prompt", "user", "assistant", "system", "reply", "question", "answer",
+          "data", "time", "number", "value"]
 
 
 def _corpus(seed: int, lines: int = 2000):

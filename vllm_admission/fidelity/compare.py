@@ -34,7 +34,7 @@ def compare_hits(prompt_tokens: Sequence[int], engine: Sequence[int | None],
                          f"{len(engine)} engine, {len(simulator)} simulator")
     requests = differing = diff = prompts = 0
     first = None
-    for i, (p, e, s) in enumerate(zip(prompt_tokens, engine, simulator)):
+    for i, (p, e, s) in enumerate(zip(prompt_tokens, engine, simulator, strict=True)):
         if e is None and s is None:
             continue
         requests += 1

@@ -22,9 +22,9 @@ def plot_fidelity(doc: dict[str, Any], path: str | os.PathLike) -> Path:
     cols = min(4, max(1, len(recs)))
     rows = math.ceil(len(recs) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 3.0 * rows), squeeze=False)
-    for ax, rec in zip(axes.flat, recs):
+    for ax, rec in zip(axes.flat, recs, strict=True):
         pr = rec["per_request"]
-        pairs = [(s, e) for s, e in zip(pr["simulator"], pr["engine"]) if s is not None and e is not None]
+        pairs = [(s, e) for s, e in zip(pr["simulator"], pr["engine"], strict=True) if s is not None and e is not None]
         xs = [p[0] for p in pairs]
         ys = [p[1] for p in pairs]
         top = max(xs + ys + [1])
@@ -32,9 +32,9 @@ def plot_fidelity(doc: dict[str, Any], path: str | os.PathLike) -> Path:
         same = [(x, y) for x, y in pairs if x == y]
         diff = [(x, y) for x, y in pairs if x != y]
         if same:
-            ax.scatter(*zip(*same), s=8, color="tab:blue", label="equal")
+            ax.scatter(*zip(*same, strict=True), s=8, color="tab:blue", label="equal")
         if diff:
-            ax.scatter(*zip(*diff), s=14, color="tab:red", marker="x", label="differ")
+            ax.scatter(*zip(*diff, strict=True), s=14, color="tab:red", marker="x", label="differ")
         ax.set_title(f"{rec['admission']}+{rec['eviction']}, {rec['num_blocks']} blocks\n"
                      f"{rec['requests_differing']}/{rec['requests']} differ, "
                      f"{100 * rec['abs_diff_fraction']:.2f}% tokens", fontsize=8)

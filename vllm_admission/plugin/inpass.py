@@ -177,7 +177,7 @@ class InpassAllocation:
                   if prev <= i < len(blocks) and blocks[i].is_null]
         if not wanted or [b.block_id for b in new] != [b.block_id for b in blocks[prev:]]:
             return new
-        for i, block in zip(wanted, manager.block_pool.get_new_blocks(len(wanted))):
+        for i, block in zip(wanted, manager.block_pool.get_new_blocks(len(wanted)), strict=True):
             blocks[i] = block
         return blocks[prev:]
 

@@ -14,7 +14,8 @@ up stays as it is):
   request returns to the pool one time stamp and their FLOP efficiency;
 * :class:`PolicyMambaManager` (``MambaManager``,
   ``vllm/v1/core/single_type_kv_cache_manager.py``), every policy but
-  ``vllm`` (which keeps vLLM's own manager): ``cache_blocks`` gives a recurrent state a block hash only where the admission policy admits
+  ``vllm`` (which keeps vLLM's own manager): ``cache_blocks`` gives a recurrent state a block hash
+  only where the admission policy admits
   it (it hands vLLM's own mask code those positions as the "reachable
   boundaries", with ``retention_interval=0``); ``_cache_partial_tail_block``
   is switched off, because with one hash per block it can only re-register
@@ -92,7 +93,8 @@ def smallest_cacheable_prefix(managers: Sequence[Any], *, scheduler_block_size: 
 
     A group reports a hit in whole units of its own: a full-attention group in
     whole KV blocks (its manager's ``block_size``), a Mamba/GDN group in align
-    mode only where a state was written, which is at its block boundaries. With partial hash hits on, a manager that supports
+    mode only where a state was written, which is at its block boundaries. With partial hash hits
+    on, a manager that supports
     fine-grained lookup reports in hash blocks (``hash_block_size``) instead
     (``vllm/v1/core/single_type_kv_cache_manager.py``, each manager's
     ``find_longest_cache_hit``). The hybrid hit is one length that every group
@@ -155,7 +157,7 @@ class AdmissionBlockPool(BlockPool):
                                   kv_cache_group_id, block_mask)
         if keyed:
             # Report the blocks that got a hash here (not null, not masked out).
-            new = [b for b, old in zip(blocks[num_cached_blocks:num_full_blocks], before)
+            new = [b for b, old in zip(blocks[num_cached_blocks:num_full_blocks], before, strict=True)
                    if b.block_hash is not None and b.block_hash != old]
             if new:
                 ctl.on_cache(request, kv_cache_group_id, new)

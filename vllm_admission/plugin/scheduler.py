@@ -47,9 +47,9 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm_admission.core.geometry import inpass_capture_limit
 from vllm_admission.plugin import inpass
 from vllm_admission.plugin.boundary import hooks, surface
+from vllm_admission.plugin.boundary.engine_setup import EngineSetup
 from vllm_admission.plugin.config import AdmissionConfig
 from vllm_admission.plugin.control import AdmissionControl
-from vllm_admission.plugin.boundary.engine_setup import EngineSetup
 from vllm_admission.plugin.kv_cache import PolicyMambaManager
 from vllm_admission.plugin.metrics.logs import ensure_log_output
 from vllm_admission.plugin.metrics.snapshots import StatsPublisher

@@ -138,7 +138,7 @@ class StateRowCopier:
             # Row by row: torch's CPU index_put on these strided views is two
             # orders of magnitude slower than a plain copy of each row.
             for t in self.tensors:
-                for s_row, d_row in zip(src_rows, dst_rows):
+                for s_row, d_row in zip(src_rows, dst_rows, strict=True):
                     t[d_row].copy_(t[s_row])
             return
         src_t = torch.tensor(src_rows, dtype=torch.long, device=self.device)
@@ -203,7 +203,7 @@ def write_state_rows(tensors: Sequence[torch.Tensor], rows: Sequence[int] | torc
     bad = [r for r in dst if not 0 <= r < num_rows]
     if bad:
         raise IndexError(f"row {bad[0]} out of range for state tensors of {num_rows} blocks")
-    for t, val in zip(tensors, values):
+    for t, val in zip(tensors, values, strict=True):
         if tuple(val.shape) != (len(dst), *t.shape[1:]):
             raise ValueError(f"values {tuple(val.shape)} do not fit {len(dst)} rows of {tuple(t.shape)}")
         if val.device != t.device:
@@ -211,7 +211,7 @@ def write_state_rows(tensors: Sequence[torch.Tensor], rows: Sequence[int] | torc
     if not dst:
         return
     index = None if tensors[0].device.type == "cpu" else device_index(dst, tensors[0].device)
-    for t, val in zip(tensors, values):
+    for t, val in zip(tensors, values, strict=True):
         val = val.to(t.dtype)
         if index is None:
             for i, row in enumerate(dst):

@@ -23,6 +23,7 @@ from vllm_admission.core.cache import ATTENTION, STATE, check_checkpoint_mode
 from vllm_admission.core.cache.host import H2D_BYTES_PER_SECOND, check_host_admission
 from vllm_admission.core.cache.host import host_chunks as host_chunks_of
 from vllm_admission.core.costs import ModelCosts
+from vllm_admission.core.counters import CacheCounters, ratio
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import (
     HIDDEN,
@@ -33,7 +34,6 @@ from vllm_admission.core.geometry import (
     geometry_from_blocks,
     hidden_state_block_size,
 )
-from vllm_admission.core.counters import CacheCounters, ratio
 from vllm_admission.core.replay import (
     CacheRequest,
     NextUseOracle,
@@ -44,8 +44,8 @@ from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
 from vllm_admission.core.traces import Request, Trace
 from vllm_admission.core.tuning import GRIDS
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "RunResult", "cache_requests", "group_kinds", "simulate", "stream_cache_requests",
-           "trace_bound"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "RunResult", "cache_requests", "group_kinds", "simulate",
+           "stream_cache_requests", "trace_bound"]
 
 #: vLLM's default ``max_num_batched_tokens`` for the offline ``LLM`` engine
 #: (``vllm/engine/arg_utils.py``: 8192 unless the platform says otherwise).
@@ -186,8 +186,8 @@ def cache_requests(trace: Trace, block_size: int, outputs: str = "trace",
     if check_hash_block_size(hash_block_size, block_size):
         units = trace.block_hashes(hash_block_size)
         return [CacheRequest(h, r.prompt_len, r.output_len, k)
-                for h, r, k in zip(hashes, trace.requests, units)]
-    return [CacheRequest(h, r.prompt_len, r.output_len) for h, r in zip(hashes, trace.requests)]
+                for h, r, k in zip(hashes, trace.requests, units, strict=True)]
+    return [CacheRequest(h, r.prompt_len, r.output_len) for h, r in zip(hashes, trace.requests, strict=True)]
 
 
 def _check_outputs(outputs: str) -> None:
@@ -424,7 +424,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         prefill_flops_saved=totals.flops_saved,
         state_checkpoints=cache.state_checkpoints, junctions=cache.junctions,
         evictions=cache.pool.evictions,
-        evictions_by_group=dict(zip(names, cache.pool.evictions_by_group)),
+        evictions_by_group=dict(zip(names, cache.pool.evictions_by_group, strict=True)),
         alpha=(tuner.alpha if tuner else alpha) if plan.tunable else None,
         alpha_events=[{"at": e.at, "window": e.window, "alpha": e.alpha, "kind": e.kind}
                       for e in tuner.events] if tuner else [],

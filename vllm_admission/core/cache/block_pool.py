@@ -180,7 +180,7 @@ class BlockPool:
         and those removed when a block was re-keyed or its keys moved)."""
         return [inserted - len(idx) - dups - removed for inserted, idx, dups, removed
                 in zip(self.insertions_by_group, self.index, self._num_dups,
-                       self._removed_by_group)]
+                       self._removed_by_group, strict=True)]
 
     def get_cached(self, key: tuple) -> int | None:
         """The first cached block for ``(group, block_hash)``, or None."""
@@ -304,7 +304,7 @@ class BlockPool:
         """:meth:`cache` of ``blocks[i]`` under ``(group, hashes[i])``, in order
         (through the one insertion path)."""
         cache = self.cache
-        for b, h in zip(blocks, hashes):
+        for b, h in zip(blocks, hashes, strict=True):
             cache(b, (group, h))
 
     def _evict(self, victims: Sequence[int]) -> None:

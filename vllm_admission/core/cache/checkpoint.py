@@ -70,7 +70,7 @@ def chunk_end(start: int, end: int, prefill_end: int, block_size: int, budget: i
     B = block_size
     if end < prefill_end:
         aligned = end // B * B
-        if aligned > start or B <= budget:
+        if aligned > start or budget >= B:
             end = aligned
     if start % B:
         boundary = (start // B + 1) * B

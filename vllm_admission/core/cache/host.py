@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from vllm_admission.core.errors import UserError
 
 __all__ = ["H2D_BYTES_PER_SECOND", "HOST_PAGE_BYTES", "HostEviction", "HostLRU", "HostRequest",
-           "HostTier", "check_host_admission", "check_host_tier", "host_chunks", "host_policy_names", "make_host_policy"]
+           "HostTier", "check_host_admission", "check_host_tier", "host_chunks", "host_policy_names",
+           "make_host_policy"]
 
 #: Host-to-device bytes per second the load times assume: an H100's PCIe 5.0 x16 link,
 #: nominal, one direction (32 GT/s x 16 lanes / 8 bits = 64 GB/s; NVIDIA's H100 datasheet

@@ -18,7 +18,6 @@ from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
 
 from vllm_admission.core.admission import (
-    ADMIT,
     AdmissionPolicy,
     HitProbe,
     RequestAdmission,

@@ -57,7 +57,7 @@ class FreedBlockMeta:
 
             ckpts, values = run.adm.segment_table(self.costs, is_cached_state)
             out, B = self.pool.value, self.block_size
-            for i, b in zip(indexes, blocks):
+            for i, b in zip(indexes, blocks, strict=True):
                 if keys[b] is not None:
                     out[b] = block_value(values, ckpts, (i + 1) * B, is_state)
         next_use = self.next_use

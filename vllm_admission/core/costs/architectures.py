@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from vllm_admission.core.costs.config import _NEMOTRON_H, _QWEN3_5, _Dtypes, _Fields
 from vllm_admission.core.costs.layers import (
@@ -30,7 +30,8 @@ def _head_dim(cfg: _Fields, hidden: int, num_heads: int) -> int:
     if cfg.get("attention_head_dim") is not None:
         return cfg.int("attention_head_dim")
     if hidden % num_heads:
-        raise cfg._error("head_dim", f"is missing and hidden_size {hidden} is not a multiple of num_attention_heads {num_heads}")
+        raise cfg._error("head_dim", f"is missing and hidden_size {hidden} is not a multiple of "
+                                     f"num_attention_heads {num_heads}")
     return hidden // num_heads
 
 
@@ -223,7 +224,8 @@ def _build_nemotron_h(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], i
             shared = cfg.int("n_shared_experts", 0, minimum=0)
             if shared:
                 terms += _mlp_terms(
-                    hidden, cfg.int("moe_shared_expert_intermediate_size") * shared, gated=False, prefix="moe_shared_expert"
+                    hidden, cfg.int("moe_shared_expert_intermediate_size") * shared, gated=False,
+                    prefix="moe_shared_expert"
                 )
             if latent:
                 terms += [("moe_latent_proj", 2 * _proj(hidden, latent))]

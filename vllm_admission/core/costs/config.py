@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from vllm_admission.core.costs.layers import (
     _CANONICAL_DTYPE,
@@ -75,7 +76,7 @@ class _Fields:
     def _error(self, key: str, problem: str) -> ModelConfigError:
         return ModelConfigError(f"{self.label}: field '{self.prefix}{key}' {problem}")
 
-    def sub(self, key: str) -> "_Fields":
+    def sub(self, key: str) -> _Fields:
         value = self.data.get(key)
         if not isinstance(value, Mapping):
             raise self._error(key, "must be a JSON object")
@@ -152,7 +153,7 @@ class _Dtypes:
         mamba_cache_dtype: str,
         mamba_ssm_cache_dtype: str,
         architecture: str,
-    ) -> "_Dtypes":
+    ) -> _Dtypes:
         """Resolve the four dtypes as vLLM 0.32 does (file references in the body)."""
         # Model dtype: vllm/config/model.py _get_and_verify_dtype / _resolve_auto_dtype:
         # "auto" takes the config's dtype, and float32 checkpoints are served in

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from vllm_admission.core.costs.architectures import _BUILDERS, SUPPORTED_ARCHITECTURES
 from vllm_admission.core.costs.config import _display_name, _Dtypes, _Fields, _read_json
@@ -217,7 +218,7 @@ class ModelCosts:
         mamba_cache_dtype: str = "auto",
         mamba_ssm_cache_dtype: str = "auto",
         mtp: bool = False,
-    ) -> "ModelCosts":
+    ) -> ModelCosts:
         """Build the cost model from a Hugging Face ``config.json`` (path or parsed dict).
 
         ``mtp``: the model serves with its MTP drafter (vLLM's ``speculative_config``

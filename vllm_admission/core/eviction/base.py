@@ -188,7 +188,7 @@ class EvictionPolicy(ABC):
     def __contains__(self, block_id: int) -> bool: ...
 
     @abstractmethod
-    def clone(self) -> "EvictionPolicy":
+    def clone(self) -> EvictionPolicy:
         """An independent copy with the same candidates in the same order."""
 
     def pop_n(self, n: int, now: float) -> list[int]:
@@ -198,7 +198,7 @@ class EvictionPolicy(ABC):
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
                  next_uses: Sequence[float]) -> None:
         """:meth:`add` for several blocks, in order (``values``/``next_uses`` aligned)."""
-        for b, v, nu in zip(block_ids, values, next_uses):
+        for b, v, nu in zip(block_ids, values, next_uses, strict=True):
             self.add(b, now, v, nu)
 
     # -- what the cache hears (no-ops here) -------------------------------------
@@ -206,11 +206,13 @@ class EvictionPolicy(ABC):
         """A prefix hit referenced cached block ``block_id`` (after :meth:`remove`
         if it was a candidate). Called only for a class that overrides it or
         :meth:`forget` (:attr:`needs_hits`)."""
+        return None  # an optional hook: by default the policy ignores it
 
     def forget(self, block_id: int) -> None:
         """``block_id`` lost its hash without being popped (the plugin drops a
         superseded state, or the prefix cache is reset); it is not a candidate.
         Called only for a class that :attr:`needs_hits`."""
+        return None  # an optional hook: by default the policy ignores it
 
     def on_cache(self, block_id: int, key: object) -> None:
         """Block ``block_id`` (in use) was given a hash; ``key`` is hashable and
@@ -222,6 +224,7 @@ class EvictionPolicy(ABC):
         candidate; not called for a state cached only as a ``marconi`` sequence
         end (see :class:`~vllm_admission.core.eviction.reuse.ReuseEviction`).
         A block cached without a report has no key."""
+        return None  # an optional hook: by default the policy ignores it
 
     def on_request(self, hashes: Sequence[int], now: float) -> None:
         """A request arrived: ``hashes`` are the chained block hashes of its
@@ -230,10 +233,12 @@ class EvictionPolicy(ABC):
         cached or freed: by the simulator when it starts the request, by the
         plugin at the request's first prefix lookup. Called only for a class
         that overrides it (:attr:`needs_requests`)."""
+        return None  # an optional hook: by default the policy ignores it
 
     def bind_future(self, refresh: Callable[[int, float], float]) -> None:
         """Give a policy that :attr:`needs_future` its oracle: ``refresh(block_id,
         now)`` is the block's next use after ``now``. Others ignore it."""
+        return None  # an optional hook: by default the policy ignores it
 
     # -- the tuning hook ----------------------------------------------------------
     @property
@@ -252,7 +257,7 @@ class EvictionPolicy(ABC):
 
     # -- a shared hash history ---------------------------------------------------
     @classmethod
-    def with_history(cls, history: "ReuseHistory", **options) -> "EvictionPolicy":
+    def with_history(cls, history: ReuseHistory, **options) -> EvictionPolicy:
         """The policy built with ``options`` on ``history``, shared with other
         policies, which it keeps up to date itself. Overridden by a policy that
         keeps history by block hash (:attr:`keeps_history`); ``auto`` wraps

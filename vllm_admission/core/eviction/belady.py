@@ -55,7 +55,7 @@ class BeladyEviction(EvictionPolicy):
     def bind_future(self, refresh: Callable[[int, float], float]) -> None:
         self.refresh = refresh
 
-    def clone(self) -> "BeladyEviction":
+    def clone(self) -> BeladyEviction:
         other = BeladyEviction(self.refresh)
         start = next(self._seq)
         self._seq = itertools.count(start + 1)

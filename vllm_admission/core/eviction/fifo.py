@@ -149,7 +149,7 @@ class BlockFifo:
         self.size -= n
         return out
 
-    def copy(self) -> "BlockFifo":
+    def copy(self) -> BlockFifo:
         other = BlockFifo()
         other.nxt, other.prv = self.nxt[:], self.prv[:]
         other.head, other.tail, other.size = self.head, self.tail, self.size

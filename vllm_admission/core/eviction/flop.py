@@ -116,7 +116,7 @@ class FlopEviction(EvictionPolicy):
             raise UserError(f"alpha must be a finite number >= 0, got {value!r}")
         self._alpha = float(value)
 
-    def clone(self) -> "FlopEviction":
+    def clone(self) -> FlopEviction:
         other = FlopEviction(self._alpha)
         start = next(self._seq)
         self._seq = itertools.count(start + 1)
@@ -166,7 +166,7 @@ class FlopEviction(EvictionPolicy):
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
                  next_uses: Sequence[float]) -> None:
         """:meth:`add` of each block in order, a stretch of equal values at a time."""
-        for value, stretch in itertools.groupby(zip(block_ids, values), key=operator.itemgetter(1)):
+        for value, stretch in itertools.groupby(zip(block_ids, values, strict=True), key=operator.itemgetter(1)):
             self._add_equal([b for b, _ in stretch], now, value)
 
     def _add_equal(self, block_ids: Sequence[int], now: float, value: float) -> None:
@@ -242,7 +242,7 @@ class FlopEviction(EvictionPolicy):
         r_span = 1.0 / (now - t_new + 1.0) - r_min
         best_s, best_t = math.inf, math.inf
         scanned = 0
-        for t_i, (minv_j, t_j) in zip(times, self._by_min):
+        for t_i, (minv_j, t_j) in zip(times, self._by_min, strict=True):
             scanned += 1
             s_i = (1.0 / (now - t_i + 1.0) - r_min) / r_span if r_span > 0 else 0.0
             cand = s_i + alpha * (buckets[t_i].minv - v_min) / v_span

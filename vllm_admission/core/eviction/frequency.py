@@ -123,7 +123,7 @@ class LFUEviction(EvictionPolicy):
     def forget(self, block_id: int) -> None:
         self._hits.pop(block_id, None)
 
-    def clone(self) -> "LFUEviction":
+    def clone(self) -> LFUEviction:
         other = LFUEviction()
         other._hits = dict(self._hits)
         other._levels = {k: v.copy() for k, v in self._levels.items()}

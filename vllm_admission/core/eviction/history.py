@@ -77,7 +77,7 @@ class ReuseHistory:
         # bit 1, a prompt ended at this block; bit 2, a continuing prompt held it.
         self.prompts: OrderedDict[object, int] = OrderedDict()
 
-    def copy(self) -> "ReuseHistory":
+    def copy(self) -> ReuseHistory:
         other = ReuseHistory(self.history)
         other.key_of, other.num_keys = self.key_of[:], self.num_keys
         other.live, other.refs = dict(self.live), dict(self.refs)
@@ -217,7 +217,8 @@ class ReuseHistory:
         conversation that shares a system prompt or a document with others,
         or a turn that edits the previous one). The hashes of a continuing
         prompt are marked (:meth:`continuing`), and the last
-        :data:`PROMPT_END_BLOCKS` of every prompt are marked as its end. What is heard is kept for the ``history`` x ``cap`` hashes
+        :data:`PROMPT_END_BLOCKS` of every prompt are marked as its end. What is heard is kept for
+        the ``history`` x ``cap`` hashes
         heard most recently (the ghosts' bound).
 
         On the Mooncake conversation trace the last full block of a prompt that
@@ -360,7 +361,7 @@ class HistoryKeeper(EvictionPolicy):
         if self._pass_hits:
             self.inner.forget(block_id)
 
-    def clone(self) -> "HistoryKeeper":
+    def clone(self) -> HistoryKeeper:
         return HistoryKeeper(self.inner.clone(), self.hist.copy())
 
     def __len__(self) -> int:

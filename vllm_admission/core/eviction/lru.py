@@ -40,7 +40,7 @@ class LRUEviction(EvictionPolicy):
                  next_uses: Sequence[float]) -> None:
         self._order.append_many(block_ids)
 
-    def clone(self) -> "LRUEviction":
+    def clone(self) -> LRUEviction:
         other = LRUEviction()
         other._order = self._order.copy()
         return other

@@ -30,7 +30,8 @@ waits until the first event of the next request (a hook that carries ``now``: ``
 as it stood at the first event of their request (the adaptive rate's windows are not made
 exact this way: an option, not the default).
 
-A victim whose hash is still held by another cached block leaves no ghost; a generated-token block's key is never seen again, so its ghost
+A victim whose hash is still held by another cached block leaves no ghost; a generated-token
+block's key is never seen again, so its ghost
 never returns. Every expert holds every candidate; when one expert gives the victim, the
 others withdraw it (``remove``) and drop what they kept for the block (``forget``), except
 the expert that keeps the hash history: the victim's hash goes to the history as an
@@ -388,5 +389,5 @@ class ExpertMixEviction(EvictionPolicy):
         return block_id in self.experts[0]
 
     def __repr__(self) -> str:
-        w = ", ".join(f"{n}={x:.3f}" for n, x in zip(self.expert_names, self.weights))
+        w = ", ".join(f"{n}={x:.3f}" for n, x in zip(self.expert_names, self.weights, strict=True))
         return f"ExpertMixEviction(candidates={len(self)}, weights: {w})"

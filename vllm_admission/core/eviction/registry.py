@@ -11,7 +11,6 @@ class declares ``auto_candidate``.
 from __future__ import annotations
 
 import inspect
-import logging
 
 from vllm_admission.core.admission import UnknownPolicyError, load_policy_entry_points
 from vllm_admission.core.eviction.base import EvictionPolicy

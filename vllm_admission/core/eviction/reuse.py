@@ -123,7 +123,7 @@ class ReuseEviction(EvictionPolicy):
         self._prune_at = max(256, 2 * len(self._tick_seq))
 
     @classmethod
-    def with_history(cls, history: ReuseHistory, **options) -> "ReuseEviction":
+    def with_history(cls, history: ReuseHistory, **options) -> ReuseEviction:
         """A ``reuse`` that learns from, and keeps up to date, the shared ``history``."""
         return cls(shared=history, **options)
 
@@ -227,7 +227,7 @@ class ReuseEviction(EvictionPolicy):
         first.append_many(to_first)
         again.append_many(to_again)
 
-    def clone(self) -> "ReuseEviction":
+    def clone(self) -> ReuseEviction:
         other = type(self)(shared=self.hist.copy())
         other._first, other._again = self._first.copy(), self._again.copy()
         other._seqs = array("q", self._seqs)

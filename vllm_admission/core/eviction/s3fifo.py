@@ -133,7 +133,7 @@ class S3FifoEviction(EvictionPolicy):
         self._in_main.discard(block_id)
         self._key.pop(block_id, None)
 
-    def clone(self) -> "S3FifoEviction":
+    def clone(self) -> S3FifoEviction:
         other = S3FifoEviction(self.small_fraction, self.promote_hits, self.ghost_factor)
         other._small = self._small.copy()
         other._main = self._main.copy()

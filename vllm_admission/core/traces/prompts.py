@@ -126,7 +126,7 @@ class SpanPrompt:
             raise ValueError("SpanPrompt.spans must be a non-empty tuple of (key, length) pairs")
         if set(map(type, spans)) != {tuple} or set(map(len, spans)) != {2}:
             raise ValueError("SpanPrompt.spans must hold (key, length) pairs")
-        keys, lengths = zip(*spans)
+        keys, lengths = zip(*spans, strict=True)
         if set(map(type, keys + lengths)) != {int} or min(keys) < 0 or min(lengths) < 1:
             bad = next((k, n) for k, n in spans if type(k) is not int or type(n) is not int or k < 0 or n < 1)
             raise ValueError(f"bad span {bad!r}: need an int key >= 0 and an int length >= 1")

@@ -89,7 +89,7 @@ def _passes(source: Trace, num_requests: int, shared: frozenset[int]) -> Iterato
     made = 0
     p = 0
     while True:
-        for req, at in zip(reqs, arrivals):
+        for req, at in zip(reqs, arrivals, strict=True):
             if made == num_requests:
                 return
             spans = tuple((k if k in shared else k + p * span, n) for k, n in req.prompt.spans)

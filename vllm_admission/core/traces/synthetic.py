@@ -228,7 +228,7 @@ def generate(config: SyntheticConfig, seed: int) -> Trace:
     kinds = (("chat", builder.chat), ("fewshot", builder.fewshot), ("agent", builder.agent))
     fractions = (config.chat_fraction, config.fewshot_fraction, config.agent_fraction)
     sessions: list[_Session] = []
-    for (kind, make), count in zip(kinds, _split(config.num_requests, fractions)):
+    for (kind, make), count in zip(kinds, _split(config.num_requests, fractions), strict=True):
         made = 0
         for index in itertools.count():
             if made >= count:

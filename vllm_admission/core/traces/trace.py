@@ -192,7 +192,7 @@ class Trace:
         seen: set[int] = set()
         hit_blocks = total_blocks = hit_tokens = prompt_tokens = 0
         B = block_size
-        for req, hashes in zip(self.requests, self._hashes(block_size, partial_blocks)):
+        for req, hashes in zip(self.requests, self._hashes(block_size, partial_blocks), strict=True):
             n = len(hashes)
             m = 0
             while m < n and hashes[m] in seen:  # chained: the first miss ends the prefix
@@ -214,7 +214,7 @@ class Trace:
         block: :func:`capacity_bound` over the requests' :meth:`sequence_block_hashes`
         (prompts, and outputs whose content the trace knows)."""
         return capacity_bound(((h, r.prompt_len, r.output_len) for h, r in
-                               zip(self.sequence_block_hashes(block_size), self.requests)),
+                               zip(self.sequence_block_hashes(block_size), self.requests, strict=True)),
                               block_size)
 
 

@@ -30,6 +30,7 @@ On a CUDA or XPU build the spec defers to vLLM's own worker.
 from __future__ import annotations
 
 import time
+
 import numpy as np
 import torch
 from vllm.platforms import current_platform
@@ -92,7 +93,7 @@ class HostCopyWorker(OffloadingWorker):
         start = time.perf_counter()
         moved = 0
         gpu_at = host_at = 0
-        for group, (size, first) in enumerate(zip(gpu.group_sizes, gpu.block_indices)):
+        for group, (size, first) in enumerate(zip(gpu.group_sizes, gpu.block_indices, strict=True)):
             if size == 0:
                 continue
             skip = int(first) % self._blocks_per_chunk

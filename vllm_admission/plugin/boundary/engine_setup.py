@@ -384,7 +384,7 @@ class EngineSetup:
             hash_block_size=self.hash_block_size,
             partial_hash_hits=bool(getattr(coordinator, "enable_partial_hash_hits", False)))
         groups = " ".join(f"{k}{g}={n}" for g, (k, n) in enumerate(zip(geometry.group_kinds,
-                                                                        per_group)))
+                                                                        per_group, strict=True)))
         logger.info("vllm_admission: smallest cacheable prefix: %d tokens (per KV cache group: "
                     "%s; a hit ends where every group can reuse a block), so only prompts of "
                     "%d tokens or more can hit (vLLM recomputes at least the last prompt token)",

@@ -5,7 +5,8 @@
   end state (conv and SSM) copied into its checkpoint block. Imports vLLM's CPU GDN
   kernels lazily, on first use;
 * :mod:`~vllm_admission.plugin.runner.gdn_chunk_capture`: the GPU path's counterpart, not
-  wired into the engine (checked and timed on an H200 by ``benchmarks/gpu_inpass_bench.py``): the states at checkpoint offsets read from the Triton/FLA
+  wired into the engine (checked and timed on an H200 by ``benchmarks/gpu_inpass_bench.py``): the
+  states at checkpoint offsets read from the Triton/FLA
   chunk kernel's per-chunk states ``h`` (offsets must be multiples of 64) and the conv input,
   written into checkpoint rows;
 * :mod:`~vllm_admission.plugin.runner.mamba2_export`: Mamba2 layers, through vLLM's own

@@ -29,6 +29,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import pairwise
 from types import SimpleNamespace
 from typing import Any
 
@@ -59,7 +60,7 @@ class SegmentRound:
 
     @property
     def num_tokens(self) -> int:
-        return sum(e - s for s, e in zip(self.starts, self.ends))
+        return sum(e - s for s, e in zip(self.starts, self.ends, strict=True))
 
 
 def plan_rounds(query_start_loc: Sequence[int] | torch.Tensor, state_indices: Sequence[int] | torch.Tensor,
@@ -116,7 +117,7 @@ def plan_rounds(query_start_loc: Sequence[int] | torch.Tensor, state_indices: Se
             if not 0 < p < length:
                 raise ValueError(f"sequence {i}: checkpoint offset {p} is not inside its chunk "
                                  f"(need 0 < offset < {length})")
-        if any(b <= a for a, b in zip(offs, offs[1:])):
+        if any(b <= a for a, b in pairwise(offs)):
             raise ValueError(f"sequence {i}: checkpoint offsets {offs} are not strictly increasing")
         bounds.append([start, *(start + p for p in offs), end])
         dsts.append(dst)
@@ -372,11 +373,11 @@ def _run_round(v: SimpleNamespace, params: GDNCoreParams, rnd: SegmentRound, row
         idx = None
         x, g_r, beta_r = mixed_qkv, g, beta
     else:
-        idx = torch.cat([torch.arange(s, e) for s, e in zip(rnd.starts, rnd.ends)])
+        idx = torch.cat([torch.arange(s, e) for s, e in zip(rnd.starts, rnd.ends, strict=True)])
         x = mixed_qkv.index_select(0, idx)
         g_r = g.index_select(1, idx)
         beta_r = beta.index_select(1, idx)
-    lengths = torch.tensor([0, *(e - s for s, e in zip(rnd.starts, rnd.ends))], dtype=torch.int32)
+    lengths = torch.tensor([0, *(e - s for s, e in zip(rnd.starts, rnd.ends, strict=True))], dtype=torch.int32)
     cu = torch.cumsum(lengths, 0, dtype=torch.int32)
     slots = torch.tensor([rows[i] for i in rnd.seq_ids], dtype=torch.int32)
     has_init = torch.tensor([initial[i] if rnd.index == 0 else True for i in rnd.seq_ids], dtype=torch.bool)

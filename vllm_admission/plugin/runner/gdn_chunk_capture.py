@@ -66,15 +66,12 @@ imported on first use, not at module import.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from itertools import pairwise
-from typing import NamedTuple
-
 import dataclasses
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any, NamedTuple
 
 import torch
 
@@ -155,7 +152,7 @@ def plan_chunk_captures(query_start_loc: Sequence[int] | torch.Tensor,
             raise ValueError(f"sequence {i}: {len(offs)} checkpoint offsets but {len(dst)} rows")
         if any(b <= a for a, b in pairwise(offs)):
             raise ValueError(f"sequence {i}: checkpoint offsets {offs} are not strictly increasing")
-        for p, row in zip(offs, dst):
+        for p, row in zip(offs, dst, strict=True):
             if not 0 < p < length:
                 raise ValueError(f"sequence {i}: checkpoint offset {p} is not inside its chunk "
                                  f"(need 0 < offset < {length})")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import weakref
 from collections.abc import Callable, Sequence
+from itertools import pairwise
 from typing import Any
 
 __all__ = ["StateCopiers", "StepCheckpoints", "mamba2_step_metadata", "row_checkpoints", "segmented_core"]
@@ -68,7 +69,7 @@ def row_checkpoints(plan: dict[int, Sequence[tuple[int, int]]], running_blocks: 
     plan's order. Returns ``(offsets, blocks)``, one list each per row."""
     offsets: list[list[int]] = []
     blocks: list[list[int]] = []
-    for block, length in zip(running_blocks, lengths):
+    for block, length in zip(running_blocks, lengths, strict=True):
         pairs = [(off, blk) for off, blk in plan.get(block, ()) if 0 < off < length]
         offsets.append([off for off, _ in pairs])
         blocks.append([blk for _, blk in pairs])
@@ -107,7 +108,7 @@ def segmented_core(core: Callable[..., None], plan: dict[int, Sequence[tuple[int
     npf, npt = md.num_prefills, md.num_prefill_tokens
     slots = md.non_spec_state_indices_tensor[nd:nd + npf].tolist()
     qsl = [q - ndt for q in md.non_spec_query_start_loc[nd:nd + npf + 1].tolist()]
-    offsets, rows = row_checkpoints(plan, slots, [b - a for a, b in zip(qsl, qsl[1:])])
+    offsets, rows = row_checkpoints(plan, slots, [b - a for a, b in pairwise(qsl)])
     if not any(offsets):
         return False
     if nd:
@@ -158,13 +159,13 @@ def mamba2_step_metadata(metadata: Any, plan: dict[int, Sequence[tuple[int, int]
     nd = metadata.num_decodes
     running = metadata.state_indices_tensor_p.tolist()
     qsl = metadata.query_start_loc_p.tolist()
-    lengths = [b - a for a, b in zip(qsl, qsl[1:])]
+    lengths = [b - a for a, b in pairwise(qsl)]
     offsets, blocks = row_checkpoints(plan, running, lengths)
     if not any(offsets):
         return metadata
     layout = checkpoint_chunk_layout(chunk_size, computed, lengths, offsets)
     rows, offs, dst, chunks = checkpoint_entries(layout, offsets, blocks)
-    cols = [(computed[r] + o) // block_size - 1 for r, o in zip(rows, offs)]
+    cols = [(computed[r] + o) // block_size - 1 for r, o in zip(rows, offs, strict=True)]
     device = metadata.query_start_loc_p.device
 
     def tensor(values: Sequence[int], dtype: Any) -> Any:

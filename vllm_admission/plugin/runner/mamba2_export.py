@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -103,15 +104,15 @@ def checkpoint_chunk_layout(chunk_size: int | None, computed: Sequence[int], len
     seq_idx: list[int] = []
     last: list[int] = []
     ckpt: list[tuple[int, ...]] = []
-    for row, (done, length, offs) in enumerate(zip(computed, lengths, offsets)):
+    for row, (done, length, offs) in enumerate(zip(computed, lengths, offsets, strict=True)):
         offs = as_int_list(f"offsets[{row}]", offs)
         if length <= 0:
             raise ValueError(f"row {row} has no tokens")
-        if any(not 0 < p < length for p in offs) or any(b <= a for a, b in zip(offs, offs[1:])):
+        if any(not 0 < p < length for p in offs) or any(b <= a for a, b in pairwise(offs)):
             raise ValueError(f"row {row}: checkpoint offsets {offs} must increase strictly "
                              f"inside (0, {length})")
         ends = []
-        for a, b in zip([0, *offs], [*offs, length]):
+        for a, b in zip([0, *offs], [*offs, length], strict=True):
             pos = done + a
             while pos < done + b:
                 step = done + b - pos
@@ -134,7 +135,7 @@ def checkpoint_entries(layout: ChunkLayout, offsets: Sequence[Sequence[int]],
     destination block id and the chunk ending on it, row by row in offset order.
     """
     rows, offs, dst, chunks = [], [], [], []
-    for row, (o, b, c) in enumerate(zip(offsets, blocks, layout.checkpoint_chunks)):
+    for row, (o, b, c) in enumerate(zip(offsets, blocks, layout.checkpoint_chunks, strict=True)):
         if not len(o) == len(b) == len(c):
             raise ValueError(f"row {row}: {len(o)} offsets, {len(b)} blocks, {len(c)} chunks")
         rows += [row] * len(o)
@@ -198,7 +199,7 @@ def scan_with_chunk_states(scan: Callable[..., torch.Tensor], x: torch.Tensor, d
         ids = [row for row in range(num_rows) if k < len(per_row[row])]
         chunks = [per_row[row][k] for row in ids]
         whole = len(ids) == num_rows and all(cu[c] == qsl[r] and cu[c + 1] == qsl[r + 1]
-                                             for r, c in zip(ids, chunks))
+                                             for r, c in zip(ids, chunks, strict=True))
         idx = None if whole else torch.cat([torch.arange(cu[c], cu[c + 1]) for c in chunks])
 
         def take(t: torch.Tensor | None, idx: torch.Tensor | None = idx) -> torch.Tensor | None:
