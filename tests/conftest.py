@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Sequence
 
 import pytest
+from engine_cases import ENGINE_CASES, ENGINE_SSM_DTYPES
+from shared_data import SHARED, require
+
+# Helper modules with asserts of their own, imported by test modules before pytest would
+# rewrite them as plugins.
+pytest.register_assert_rewrite("scheduler_harness", "model_output")
 
 #: Set by ``.ci/run``: a test skipped because ``../shared`` (traces, model configs, vLLM's
 #: tests) is missing fails instead, naming what is missing; outside CI it skips.
@@ -24,16 +29,6 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         report.longrepr = (f"{REQUIRE_SHARED_ENV}=1 and this test needs the shared/ checkout "
                            f"beside the repository: {reason}")
-
-
-def chained_hashes(tokens: Sequence, block_size: int) -> list[int]:
-    """Chained block hashes of the full blocks of ``tokens`` (token ids or any hashable
-    content labels), as the core model's keys: block ``i``'s hash covers blocks ``0..i``."""
-    out, h = [], 0
-    for i in range(len(tokens) // block_size):
-        h = hash((h, tuple(tokens[i * block_size:(i + 1) * block_size])))
-        out.append(h)
-    return out
 
 
 @pytest.fixture
@@ -60,25 +55,6 @@ def engine_env(monkeypatch):
     os.environ.clear()
     os.environ.update(saved)
     gc.collect()
-
-
-# ---------------------------------------------------------------- engine geometry
-#: The SSM state dtypes the engine tests pin through vLLM's own ``mamba_ssm_cache_dtype``.
-#: vLLM's CPU platform keeps the tiny model's GDN state in bf16 on CPUs without AVX-512 BF16
-#: and resets it to float32 on CPUs with it (``vllm/platforms/cpu.py``
-#: ``check_and_update_config``); the float32 state page is larger, so vLLM raises the block
-#: size (``vllm/platforms/interface.py`` ``_align_hybrid_block_size``). Pinning each in turn
-#: runs both geometries on any CPU; ``test_tiny_model_engine.py`` also covers the platform
-#: default ("auto") of whatever CPU runs it.
-ENGINE_SSM_DTYPES = ("bfloat16", "float32")
-
-#: The (tiny model arch, pinned SSM state dtype) cases the engine tests of both families run:
-#: the Qwen3-Next (Gated DeltaNet) model in both geometries, and the Nemotron-H (Mamba2)
-#: model in its own default, a float32 state (its config's ``mamba_ssm_cache_dtype``, which
-#: vLLM applies on every CPU: ``model_executor/models/config.py``
-#: ``NemotronHForCausalLMConfig``). Its bf16 geometry is the GDN model's bf16 one (the same
-#: state page); ``test_tiny_model_engine.py`` starts it too.
-ENGINE_CASES = (("qwen3-next", "bfloat16"), ("qwen3-next", "float32"), ("nemotron-h", "float32"))
 
 
 @pytest.fixture(scope="module", params=ENGINE_SSM_DTYPES)
@@ -127,47 +103,8 @@ def engine_model_dir(engine_case, tiny_model_of):
     return tiny_model_of(engine_case[0])
 
 
-def predicted_block_size(model_dir, ssm_dtype: str) -> int:
-    """The block size vLLM's CPU platform gives ``model_dir`` with ``ssm_dtype`` state.
-
-    The core's derivation (``core/geometry.py`` ``aligned_block_size``, vLLM's
-    ``_align_hybrid_block_size``) from the CPU default of 128 tokens; the engine tests assert
-    the live engine agrees before deriving any expected number from it.
-    """
-    from vllm_admission.core.costs import ModelCosts
-    from vllm_admission.core.geometry import CPU_BLOCK_SIZE, CPU_KERNEL_BLOCK_SIZE, aligned_block_size
-
-    costs = ModelCosts.from_config(f"{model_dir}/config.json", mamba_ssm_cache_dtype=ssm_dtype)
-    return aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)
-
-
-def engine_block_size(llm) -> int:
-    """Tokens per KV block of a started ``vllm.LLM``."""
-    return int(llm.llm_engine.vllm_config.cache_config.block_size)
-
-
-def greedy_one_at_a_time(model, scheduler: str | None, env: dict, *, engine_args: dict,
-                         prompts: Sequence[Sequence[int]], max_tokens: int,
-                         ssm_dtype: str = "float32", check=None) -> list:
-    """Start an in-process engine on ``model`` (stock vLLM when ``scheduler`` is None:
-    no general plugin), serve ``prompts`` one at a time with greedy decoding, shut it
-    down. ``check(llm)`` runs on the started engine first. Returns a
-    ``model_output.Output`` per prompt (cached tokens, tokens, top logits, prefill passes),
-    to compare with ``model_output.assert_same_output``."""
-    from model_output import LOGITS_MODE, generate
-
-    from vllm_admission.engine.llm import EngineSettings, build_llm, shutdown_llm
-
-    settings = EngineSettings(model=str(model), scheduler_cls=scheduler, max_model_len=4096,
-                              mamba_ssm_cache_dtype=ssm_dtype,
-                              engine_args={**LOGITS_MODE, **engine_args},
-                              env={"VLLM_PLUGINS": "" if scheduler is None else None, **env})
-    llm = build_llm(settings)
-    try:
-        if check is not None:
-            check(llm)
-        return generate(llm, prompts, max_tokens)
-    finally:
-        shutdown_llm(llm)
-        del llm
-        gc.collect()
+@pytest.fixture(scope="session")
+def shared_dir():
+    """The shared data beside the checkout (``../shared``: traces, model configs, vLLM's
+    tests); skips, or under ``.ci/run`` fails, when it is missing."""
+    return require(SHARED)

@@ -41,6 +41,7 @@ choice goes, and the sampler's argmax is the only discrete step left.
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -208,3 +209,28 @@ def state_rows(llm) -> dict:
             rows[(name, int(block.block_hash_num_tokens))] = (
                 conv[block.block_id].float().clone(), ssm[block.block_id].float().clone())
     return rows
+
+
+def greedy_one_at_a_time(model, scheduler: str | None, env: dict, *, engine_args: dict,
+                         prompts: Sequence[Sequence[int]], max_tokens: int,
+                         ssm_dtype: str = "float32", check=None) -> list:
+    """Start an in-process engine on ``model`` (stock vLLM when ``scheduler`` is None:
+    no general plugin), serve ``prompts`` one at a time with greedy decoding, shut it
+    down. ``check(llm)`` runs on the started engine first. Returns a
+    ``model_output.Output`` per prompt (cached tokens, tokens, top logits, prefill passes),
+    to compare with ``model_output.assert_same_output``."""
+    from vllm_admission.engine.llm import EngineSettings, build_llm, shutdown_llm
+
+    settings = EngineSettings(model=str(model), scheduler_cls=scheduler, max_model_len=4096,
+                              mamba_ssm_cache_dtype=ssm_dtype,
+                              engine_args={**LOGITS_MODE, **engine_args},
+                              env={"VLLM_PLUGINS": "" if scheduler is None else None, **env})
+    llm = build_llm(settings)
+    try:
+        if check is not None:
+            check(llm)
+        return generate(llm, prompts, max_tokens)
+    finally:
+        shutdown_llm(llm)
+        del llm
+        gc.collect()

@@ -18,7 +18,7 @@ import logging
 import random
 
 import pytest
-from conftest import chained_hashes
+from block_hashes import chained_hashes
 
 from vllm_admission.core.adaptive import (
     AUTO,

@@ -4,7 +4,7 @@ free-queue order against a literal reference, and properties on random traces.""
 import random
 
 import pytest
-from conftest import chained_hashes
+from block_hashes import chained_hashes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from junction_case import WRITTEN_OUT_B256, expected_junction

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_data import MODEL_CONFIGS
 
 from vllm_admission.core.costs import (
     BUILTIN_MODELS,
@@ -25,7 +26,7 @@ from vllm_admission.core.costs import (
 )
 from vllm_admission.engine.tiny_model import TINY_MODEL_PARAMS
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "model_configs"
+SHARED = MODEL_CONFIGS
 REAL_CONFIGS = sorted(SHARED.glob("*.json")) + sorted(SHARED.glob("unverified/*.json"))
 needs_shared = pytest.mark.skipif(not REAL_CONFIGS, reason="shared model configs not present")
 

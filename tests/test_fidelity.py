@@ -328,7 +328,7 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
     (0) predicts for the same requests. The SSM dtype is pinned through vLLM's own argument
     so the block size (and so the interval's grid) is the same on every CPU; the prefill
     budget of 512 tokens writes states at chunk ends below the prompt end."""
-    from conftest import predicted_block_size
+    from engine_cases import predicted_block_size
 
     from vllm_admission.fidelity import FidelitySpec, run_fidelity
 
@@ -386,7 +386,7 @@ def test_a_sub_block_hash_unit_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny_
     takes over reach them as in the simulator: ``s3fifo``'s ghosts, ``reuse``). 40 blocks
     and a 512-token prefill budget make the pool evict and the chunks end below the
     prompt end; the SSM dtype is pinned so the block size is the same on every CPU."""
-    from conftest import predicted_block_size
+    from engine_cases import predicted_block_size
 
     from vllm_admission.fidelity import FidelitySpec, run_fidelity
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_data import MODEL_CONFIGS, require
 
 from vllm_admission.plugin.runner import gdn_chunk_capture as cap
 from vllm_admission.plugin.state_copy import write_state_rows
@@ -37,10 +38,7 @@ def test_block_sizes_vllm_gives_qwen_models() -> None:
     from vllm_admission.core.costs import load_model
     from vllm_admission.core.geometry import aligned_block_size
 
-    configs = ROOT.parent / "shared" / "model_configs"
-    model = configs / "Qwen__Qwen3-Next-80B-A3B-Instruct.json"
-    if not model.exists():
-        pytest.skip(f"{model} not present")
+    model = require(MODEL_CONFIGS / "Qwen__Qwen3-Next-80B-A3B-Instruct.json")
     costs = load_model(str(model))
     default = aligned_block_size(costs)                   # vLLM's alignment from --block-size 16
     problem = cap.gpu_block_size_problem(default)

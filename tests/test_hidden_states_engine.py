@@ -85,7 +85,7 @@ def _serve(model, scheduler: str | None, env: dict, prompts, store, max_tokens: 
 def _predicted(policy: str, block_size: int, prompts, output: int) -> list[int]:
     """The core's hits with a hidden-state group: one draft token a step without EAGLE's
     rules (``extract_hidden_states``), room to spare."""
-    from conftest import chained_hashes
+    from block_hashes import chained_hashes
 
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
@@ -145,7 +145,7 @@ def test_every_admission_runs_with_the_hidden_state_cache_and_its_connector(
     ``hidden``; stock's output within rounding (tests/model_output.py); the hits the core
     predicts with a hidden-state group; at least stock's cached tokens on the siblings wherever the
     policy keeps junctions; hidden states equal to a cold run's over every shared prefix."""
-    from conftest import predicted_block_size
+    from engine_cases import predicted_block_size
 
     from vllm_admission.plugin.scheduler import admission_stats
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import chained_hashes
+from block_hashes import chained_hashes
 
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import HybridPrefixCache

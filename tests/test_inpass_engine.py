@@ -23,7 +23,7 @@ import os
 import random
 
 import pytest
-from conftest import engine_block_size, predicted_block_size
+from engine_cases import engine_block_size, predicted_block_size
 from junction_case import (
     expected_junction,
     expected_junction_inpass_prefill_steps,

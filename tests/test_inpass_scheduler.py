@@ -14,7 +14,7 @@ import random
 from types import SimpleNamespace
 
 import pytest
-from conftest import chained_hashes
+from block_hashes import chained_hashes
 from junction_case import (
     expected_junction,
     expected_junction_inpass_prefill_steps,

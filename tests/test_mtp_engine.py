@@ -10,8 +10,7 @@ same cached tokens; the settings it cannot run yet are refused before the model 
 from __future__ import annotations
 
 import pytest
-from conftest import greedy_one_at_a_time
-from model_output import assert_same_output, route_to_every_expert
+from model_output import assert_same_output, greedy_one_at_a_time, route_to_every_expert
 
 pytestmark = pytest.mark.engine
 
@@ -51,7 +50,7 @@ def _run(model, scheduler: str | None, engine_args: dict, env: dict, prompts=Non
 
 def _predicted(policy: str, block_size: int, prompts, output: int) -> list[int]:
     """The core's hits under EAGLE/MTP with one draft token, room to spare."""
-    from conftest import chained_hashes
+    from block_hashes import chained_hashes
 
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
@@ -105,7 +104,7 @@ def test_every_admission_runs_under_mtp_as_the_core_predicts(mtp_model, engine_e
     and the hits the core predicts under
     EAGLE's rules (the lookup's dropped block, prompt checkpoints a block lower); on the
     junction case every policy that keeps junctions hits at least what stock does."""
-    from conftest import predicted_block_size
+    from engine_cases import predicted_block_size
 
     B = predicted_block_size(mtp_model, "float32")
     prompts, output = _junction_prompts(), 8

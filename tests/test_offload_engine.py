@@ -24,7 +24,7 @@ import os
 import random
 
 import pytest
-from conftest import chained_hashes
+from block_hashes import chained_hashes
 from model_output import LOGITS_MODE, assert_same_output, generate
 
 from vllm_admission.core.admission import ADMISSION_POLICIES, stock_admission
@@ -103,7 +103,7 @@ def model_dir(tiny_model_of):
 def geometry(model_dir):
     """Block size and bytes per block of the model with a float32 state, as the core
     derives them; the engines below check them."""
-    from conftest import predicted_block_size
+    from engine_cases import predicted_block_size
 
     from vllm_admission.core.costs import ModelCosts
     from vllm_admission.core.geometry import geometry_from_blocks

@@ -17,13 +17,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_data import MOONCAKE, require
 
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.replay import infinite_capacity_bound
 from vllm_admission.core.traces import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]
-MOONCAKE = ROOT.parent / "shared/traces/mooncake/conversation_trace.jsonl"
 CAPACITY = 16 * 2**30
 REQUESTS = 600
 
@@ -41,8 +41,7 @@ oc = _module()
 
 @pytest.fixture(scope="module")
 def stream():
-    if not MOONCAKE.exists():
-        pytest.skip(f"Mooncake trace not found at {MOONCAKE}")
+    require(MOONCAKE)
     return oc.build_stream(load_trace(str(MOONCAKE), max_requests=REQUESTS), load_model(oc.MODEL))
 
 
@@ -101,8 +100,7 @@ def test_cached_blocks_stay_prefix_closed(stream, policy):
 
 
 def test_cli_writes_the_tables(tmp_path, lcs):
-    if not MOONCAKE.exists():
-        pytest.skip(f"Mooncake trace not found at {MOONCAKE}")
+    require(MOONCAKE)
     rc = oc.main(["--max-requests", "100", "--capacity", "8GiB", "--pairs", "vllm+lru",
                   "--jobs", "1", "--out", str(tmp_path)])
     assert rc == 0
@@ -122,8 +120,7 @@ def test_missing_libcachesim_is_one_clear_line(monkeypatch, capsys):
 
 
 def test_too_small_capacity_is_one_clear_line(capsys, lcs):
-    if not MOONCAKE.exists():
-        pytest.skip(f"Mooncake trace not found at {MOONCAKE}")
+    require(MOONCAKE)
     assert oc.main(["--max-requests", "10", "--capacity", "256MiB", "--pairs", ""]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "the longest prompt needs" in err

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_data import VLLM_TESTS
 
 pytest.importorskip("vllm")
 
@@ -28,7 +29,6 @@ from scheduler_harness import POLICIES, B, build, toks  # noqa: E402
 # after each test) are pytest's to inject.
 pytest_plugins = ["scheduler_harness"]
 
-VLLM_TESTS = Path(__file__).resolve().parents[2] / "shared" / "vllm-0.32.0-tests"
 
 #: (admission, eviction) pairs: every admission policy, evictions that read keys, FLOP
 #: values and reuse, and auto switching both.

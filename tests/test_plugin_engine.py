@@ -26,7 +26,7 @@ import os
 import random
 
 import pytest
-from conftest import engine_block_size, predicted_block_size
+from engine_cases import engine_block_size, predicted_block_size
 from junction_case import expected_junction, expected_junction_prefill_steps, junction_prompts
 from model_output import LOGITS_MODE, assert_same_output, first_tokens
 from model_output import generate as one_at_a_time

@@ -8,7 +8,7 @@ the block accounting (copies, moved keys, duplicate keys) and properties on rand
 import random
 
 import pytest
-from conftest import chained_hashes
+from block_hashes import chained_hashes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

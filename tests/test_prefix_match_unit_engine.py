@@ -14,8 +14,9 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import chained_hashes, greedy_one_at_a_time, predicted_block_size
-from model_output import assert_same_output
+from block_hashes import chained_hashes
+from engine_cases import predicted_block_size
+from model_output import assert_same_output, greedy_one_at_a_time
 
 pytestmark = pytest.mark.engine
 

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import predicted_block_size
+from engine_cases import predicted_block_size
 
 from vllm_admission.engine.tiny_model import TINY_MODEL_ARCHS
 

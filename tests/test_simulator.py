@@ -1,9 +1,9 @@
 """The simulator end to end: results, bounds, determinism, and the CLI's handling of bad input."""
 
 import json
-from pathlib import Path
 
 import pytest
+from shared_data import MOONCAKE, require
 
 from vllm_admission.cli import build_parser, main
 from vllm_admission.core.adaptive import AUTO_ADMISSIONS, AUTO_EVICTIONS, PolicyController
@@ -14,7 +14,6 @@ from vllm_admission.core.geometry import aligned_block_size, block_geometry, par
 from vllm_admission.core.traces import load_trace
 from vllm_admission.sim.simulator import cache_requests, simulate, trace_bound
 
-MOONCAKE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/conversation_trace.jsonl"
 REQUIRED = {"trace", "model", "admission", "eviction", "capacity_bytes", "block_size", "num_blocks",
             "requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "request_hit_rate",
             "flops_saved_fraction", "state_checkpoints", "evictions", "wall_seconds",
@@ -131,9 +130,8 @@ def test_belady_gets_true_next_uses_and_evicts_the_farthest(costs, small_trace, 
     assert roomy["lru"].hit_tokens == roomy["belady"].hit_tokens
 
 
-@pytest.mark.skipif(not MOONCAKE.exists(), reason="shared Mooncake trace not present")
 def test_mooncake_prefix_stays_under_its_bound(costs):
-    trace = load_trace(str(MOONCAKE), max_requests=800)
+    trace = load_trace(str(require(MOONCAKE)), max_requests=800)
     assert trace.skipped == {"beyond max_requests": 12031 - 800}
     r = simulate(trace, costs, admission="vllm", eviction="lru", capacity_bytes=parse_bytes("64GiB"))
     geo = block_geometry(costs, parse_bytes("64GiB"))

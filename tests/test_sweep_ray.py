@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from shared_data import MOONCAKE
 
 from vllm_admission.cli import build_parser, main
 from vllm_admission.core.costs import ModelCosts
@@ -28,7 +29,6 @@ if os.environ.get("CI"):
     import ray  # noqa: F401  (CI installs .[cpu,dev], which has Ray: never skip there)
 ray = pytest.importorskip("ray")
 
-MOONCAKE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/conversation_trace.jsonl"
 #: 2 capacities x 2 (admission, eviction) pairs.
 SMALL = ["--max-requests", "200", "--capacity", "2GiB,8GiB", "--admission", "vllm,marconi",
          "--eviction", "lru", "--no-progress"]

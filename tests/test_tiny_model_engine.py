@@ -38,7 +38,7 @@ import random
 from dataclasses import dataclass
 
 import pytest
-from conftest import engine_block_size, predicted_block_size
+from engine_cases import engine_block_size, predicted_block_size
 from model_output import LOGITS_MODE, assert_same_output, generate
 
 from vllm_admission.engine.llm import EngineSettings, shutdown_llm

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from shared_data import MOONCAKE, require
 
 from vllm_admission.core.traces import (
     SKIP_BEYOND_MAX_REQUESTS,
@@ -30,7 +31,6 @@ from vllm_admission.core.traces import (
     write_token_jsonl,
 )
 
-MOONCAKE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake/conversation_trace.jsonl"
 BIG_VOCAB = 1 << 40  # large enough that two different span contents never give equal tokens by chance
 
 
@@ -651,9 +651,7 @@ def test_bad_synthetic_parameters(kwargs, what):
 
 @pytest.fixture(scope="module")
 def mooncake() -> Trace:
-    if not MOONCAKE.is_file():
-        pytest.skip(f"Mooncake trace not found at {MOONCAKE} (the shared/ checkout beside the repo)")
-    return load_trace(MOONCAKE)
+    return load_trace(require(MOONCAKE))
 
 
 def test_mooncake_file_facts(mooncake):
