@@ -173,3 +173,47 @@ def test_the_gpu_hooks_wrap_vllms_functions_once() -> None:
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got == {"wrapped": [True] * 4, "originals": [True] * 4, "idempotent": [True] * 4,
                    "channel": True}
+
+
+def test_inpass_is_read_from_the_scheduler_class_or_the_environment(tmp_path, monkeypatch):
+    from vllm_admission.plugin.config import AdmissionConfig
+    from vllm_admission.plugin.inpass import inpass_requested
+    from vllm_admission.plugin.scheduler import AdmissionScheduler
+    from vllm_admission_testing.harness import make_vllm_config, write_config_only_model
+
+    cfg = make_vllm_config(write_config_only_model(tmp_path), max_model_len=8192)
+    sched = cfg.scheduler_config
+    for mode in ("inpass", "split"):
+        settings = AdmissionConfig.from_env({"VLLM_ADMISSION_CHECKPOINT": mode})
+        monkeypatch.setattr(sched, "scheduler_cls", AdmissionScheduler.configured(settings))
+        assert inpass_requested(cfg) is (mode == "inpass")
+    monkeypatch.setattr(sched, "scheduler_cls", "vllm_admission.AdmissionScheduler")
+    monkeypatch.setenv("VLLM_ADMISSION_CHECKPOINT", "inpass")
+    assert inpass_requested(cfg) is True
+    monkeypatch.setenv("VLLM_ADMISSION_CHECKPOINT", "split")
+    assert inpass_requested(cfg) is False
+    monkeypatch.setattr(sched, "scheduler_cls", None)             # stock vLLM
+    monkeypatch.setenv("VLLM_ADMISSION_CHECKPOINT", "inpass")
+    assert inpass_requested(cfg) is False
+
+
+def test_on_cuda_inpass_turns_vllms_mamba2_export_off(gpu_config, monkeypatch) -> None:
+    """Under ``inpass`` on a GPU the Mamba2 layers declare no export of their own (in-pass
+    writes the prompt end through the same fields); otherwise vLLM's spec is unchanged."""
+    from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    from vllm_admission.plugin import inpass
+
+    spec = MambaSpec(block_size=128, shapes=((3, 512), (4, 64, 64)),
+                     dtypes=(torch.bfloat16, torch.float32), mamba_cache_mode="align",
+                     num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
+    monkeypatch.setattr(MambaMixer2, "get_kv_cache_spec", lambda self, cfg: spec)
+    assert inpass.install_gpu_export_off() is True
+    asked = {"value": True}
+    monkeypatch.setattr(inpass, "inpass_requested", lambda cfg: asked["value"])
+    got = MambaMixer2.get_kv_cache_spec(None, gpu_config)
+    assert (got.num_prefill_checkpoint_blocks, got.prefill_checkpoint_alignment) == (0, None)
+    assert got.shapes == spec.shapes and got.block_size == spec.block_size
+    asked["value"] = False
+    assert MambaMixer2.get_kv_cache_spec(None, gpu_config) is spec

@@ -34,7 +34,7 @@ recorded as skipped):
      tokens and logits are compared with stock's (``tests/model_output.py``: bit for bit
      where the computation is the same, else within the rounding bound of the passes).
 
-3. ``qwen3-next/inpass-<admission>`` (``vllm`` and ``dense``): split against in-pass
+3. ``<model>/inpass-<admission>`` (``vllm`` and ``dense``): split against in-pass
    checkpoints (``VLLM_ADMISSION_CHECKPOINT=inpass``, whose GPU path the plugin refuses
    until this check has passed; this process lifts the refusal for itself) on the check
    prompts, block size a multiple of 64 and the SSM state in bf16: per-request hits and
@@ -501,11 +501,11 @@ def main(argv: list[str] | None = None) -> int:
             if rec is not None:
                 report.doc["summary"][name] = summarize(rec)
                 report.write()
-    if "qwen3-next" in paths and not args.no_inpass:
+    for arch in [] if args.no_inpass else models:
         for admission in INPASS_ADMISSIONS:
-            name = f"qwen3-next/inpass-{admission}"
-            rec = report.step(name, lambda a=admission: run_inpass_step(
-                paths["qwen3-next"], args.device, a), need_s=40)
+            name = f"{arch}/inpass-{admission}"
+            rec = report.step(name, lambda a=admission, arch=arch: run_inpass_step(
+                paths[arch], args.device, a), need_s=40)
             if rec is not None:
                 report.doc["summary"][name] = {
                     "hits_equal": rec["hits"]["split"] == rec["hits"]["inpass"],
@@ -515,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
                                              rec["states"]["compared"]],
                     "outputs_equal": all(d is None for d in rec["differences"])}
                 report.write()
+    if "qwen3-next" in paths and not args.no_inpass:
         report.step("qwen3-next/ttft", lambda: run_ttft(paths["qwen3-next"], args.device,
                                                         list(INPASS_ADMISSIONS)), need_s=90)
     if not args.no_serve and "qwen3-next" in paths:

@@ -56,7 +56,8 @@ from typing import Any
 
 from vllm_admission.core.cache import chunk_end
 
-__all__ = ["CAPTURED_STATE_LAYERS", "InpassAllocation", "inpass_problems", "inpass_split",
+__all__ = ["CAPTURED_STATE_LAYERS", "GPU_INPASS_VERIFIED", "InpassAllocation", "inpass_problems",
+           "inpass_requested", "inpass_split", "install_gpu_export_off",
            "split_stops", "state_layer_problems", "step_checkpoints"]
 
 
@@ -273,6 +274,48 @@ def _gpu_problems(vllm_config: Any) -> list[str]:
         if block is not None:
             problems.append(block)
     return problems
+
+
+def inpass_requested(vllm_config: Any) -> bool:
+    """Whether the engine's scheduler is the plugin's with ``VLLM_ADMISSION_CHECKPOINT=inpass``:
+    its settings object when the class was built with them
+    (:meth:`AdmissionScheduler.configured
+    <vllm_admission.plugin.scheduler.AdmissionScheduler.configured>`), else the environment
+    when the class is named. Read where the scheduler does not exist yet (the KV cache specs
+    are computed before it is built)."""
+    import os
+
+    cls = getattr(vllm_config.scheduler_config, "scheduler_cls", None)
+    settings = getattr(cls, "admission_settings", None)
+    if settings is not None:
+        return settings.checkpoint == "inpass"
+    if isinstance(cls, str) and cls.startswith("vllm_admission"):
+        return os.environ.get("VLLM_ADMISSION_CHECKPOINT", "").strip() == "inpass"
+    return False
+
+
+def install_gpu_export_off() -> bool:
+    """On a CUDA platform, make Mamba2 layers declare no prefill-checkpoint export of their
+    own when the engine runs ``inpass`` (:func:`inpass_requested`), as the CPU platform's
+    layers always do (:mod:`~vllm_admission.plugin.boundary.cpu_mamba2`): in-pass writes every
+    checkpoint of the step through the same export fields
+    (:func:`~vllm_admission.plugin.runner.inpass_runner.mamba2_step_metadata`), the prompt
+    end included, and vLLM's own export would write into the same columns. Process-wide,
+    once (:func:`vllm_admission.plugin.boundary.hooks.wrap_mamba2_spec`).
+
+    Returns:
+        True when the wrap is in place on a CUDA platform, False elsewhere.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return False
+    from vllm_admission.plugin.boundary.cpu_mamba2 import spec_without_export
+    from vllm_admission.plugin.boundary.hooks import wrap_mamba2_spec
+
+    wrap_mamba2_spec(lambda spec, vllm_config: spec_without_export(spec)
+                     if inpass_requested(vllm_config) else spec)
+    return True
 
 
 def inpass_problems(vllm_config: Any) -> list[str]:

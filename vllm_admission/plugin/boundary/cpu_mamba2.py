@@ -70,7 +70,7 @@ def install() -> bool:
         return False
     from vllm_admission.plugin.boundary.hooks import wrap_mamba2_spec
 
-    wrap_mamba2_spec(spec_without_export)
+    wrap_mamba2_spec(lambda spec, _vllm_config: spec_without_export(spec))
     return True
 
 

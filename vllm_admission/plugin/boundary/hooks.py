@@ -426,9 +426,10 @@ def _install_mamba2_export(channel: Any) -> None:
     Mamba2AttentionMetadataBuilder.build = build
 
 
-def wrap_mamba2_spec(transform: Callable[[Any], Any]) -> None:
+def wrap_mamba2_spec(transform: Callable[[Any, Any], Any]) -> None:
     """Wrap ``MambaMixer2.get_kv_cache_spec`` (process-wide, once) so that it returns
-    ``transform(spec)``; :func:`vllm_admission.plugin.boundary.cpu_mamba2.install` decides when."""
+    ``transform(spec, vllm_config)``; :func:`vllm_admission.plugin.boundary.cpu_mamba2.install`
+    (CPU) and :func:`vllm_admission.plugin.inpass.install_gpu_export_off` (CUDA) decide when."""
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 
     if mamba2_spec_wrapped():
@@ -436,7 +437,7 @@ def wrap_mamba2_spec(transform: Callable[[Any], Any]) -> None:
     original = MambaMixer2.get_kv_cache_spec
 
     def get_kv_cache_spec(self: Any, vllm_config: Any) -> Any:
-        return transform(original(self, vllm_config))
+        return transform(original(self, vllm_config), vllm_config)
 
     get_kv_cache_spec._admission_original = original  # type: ignore[attr-defined]
     MambaMixer2.get_kv_cache_spec = get_kv_cache_spec

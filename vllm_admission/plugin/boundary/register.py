@@ -190,16 +190,18 @@ def install_vllm_fixes() -> None:
         cpu_mamba2,
         cpu_spec_decode,
     )
+    from vllm_admission.plugin.inpass import install_gpu_export_off
 
     cpu_block_size.install()
     cpu_mamba2.install()
+    install_gpu_export_off()
     cpu_spec_decode.install()
     block_copy.install()
 
 
 def install_inpass_runner_if_asked() -> bool:
     """Install the in-pass runner hooks in this process when ``VLLM_ADMISSION_CHECKPOINT``
-    asks for ``inpass`` and the platform is vLLM's CPU one.
+    asks for ``inpass`` and the platform is vLLM's CPU or CUDA one.
 
     The model runner lives in a worker process of its own under a multi-process executor
     (what ``vllm serve`` runs here): the scheduler installs the hooks in its process, and
@@ -213,7 +215,8 @@ def install_inpass_runner_if_asked() -> bool:
     """
     from vllm.platforms import current_platform
 
-    if os.environ.get(ENV_CHECKPOINT, "").strip() != "inpass" or not current_platform.is_cpu():
+    if os.environ.get(ENV_CHECKPOINT, "").strip() != "inpass" or not (
+            current_platform.is_cpu() or current_platform.is_cuda()):
         return False
     from vllm_admission.plugin.boundary.hooks import install_inpass_runner
 
