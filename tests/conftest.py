@@ -13,6 +13,12 @@ from shared_data import SHARED, require
 # rewrite them as plugins.
 pytest.register_assert_rewrite("scheduler_harness", "model_output")
 
+# The test suite is a front end: policies other installed packages declare are registered
+# before any test module lists the registries (vllm_admission.core.policies).
+from vllm_admission.core.policies import load_policy_plugins  # noqa: E402
+
+load_policy_plugins()
+
 #: Set by ``.ci/run``: a test skipped because ``../shared`` (traces, model configs, vLLM's
 #: tests) is missing fails instead, naming what is missing; outside CI it skips.
 REQUIRE_SHARED_ENV = "CI_REQUIRE_SHARED"

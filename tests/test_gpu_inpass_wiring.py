@@ -204,12 +204,13 @@ def test_on_cuda_inpass_turns_vllms_mamba2_export_off(gpu_config, monkeypatch) -
     from vllm.v1.kv_cache_interface import MambaSpec
 
     from vllm_admission.plugin import inpass
+    from vllm_admission.plugin.boundary.register import install_gpu_export_off
 
     spec = MambaSpec(block_size=128, shapes=((3, 512), (4, 64, 64)),
                      dtypes=(torch.bfloat16, torch.float32), mamba_cache_mode="align",
                      num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=1)
     monkeypatch.setattr(MambaMixer2, "get_kv_cache_spec", lambda self, cfg: spec)
-    assert inpass.install_gpu_export_off() is True
+    assert install_gpu_export_off() is True
     asked = {"value": True}
     monkeypatch.setattr(inpass, "inpass_requested", lambda cfg: asked["value"])
     got = MambaMixer2.get_kv_cache_spec(None, gpu_config)

@@ -53,9 +53,12 @@ import json
 from vllm_admission.core.adaptive import AUTO_EVICTIONS, auto_evictions
 from vllm_admission.core.eviction import (EVICTION_POLICIES, engine_eviction_policies,
                                           eviction_class, stock_eviction)
+from vllm_admission.core.policies import load_policy_plugins
 from vllm_admission.plugin.config import AdmissionConfig
 
-print(json.dumps({
+at_import = [n for n in EVICTION_POLICIES if n.startswith("scratch")]
+loaded = load_policy_plugins()
+print(json.dumps({"at_import": at_import, "loaded": loaded,
     "registered": [n for n in EVICTION_POLICIES if n.startswith("scratch")],
     "engine": [n for n in engine_eviction_policies() if n.startswith("scratch")],
     "stock": stock_eviction(),
@@ -88,6 +91,8 @@ def test_an_entry_point_registers_a_policy_everywhere(scratch_path):
     out = _run(["-c", CHECKS], scratch_path)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
+    # Importing registers the built-ins only; the front end's call adds the package's.
+    assert got["at_import"] == [] and got["loaded"] == ["scratch_mru", "scratch_lru"]
     assert got["registered"] == ["scratch_mru", "scratch_lru"]
     assert got["engine"] == ["scratch_mru", "scratch_lru"]     # VLLM_ADMISSION_EVICTION values
     assert got["accepted"] == "scratch_mru"
@@ -133,7 +138,25 @@ def test_a_broken_entry_point_is_left_out_with_one_warning(tmp_path):
     (info / "entry_points.txt").write_text(
         "[vllm_admission.eviction_policies]\nbroken = broken_policies:Broken\n")
     out = _run(["-c", "from vllm_admission.core.eviction import EVICTION_POLICIES; "
-                      "print('broken' in EVICTION_POLICIES)"], str(tmp_path))
+                      "from vllm_admission.core.policies import load_policy_plugins; "
+                      "load_policy_plugins(); print('broken' in EVICTION_POLICIES)"], str(tmp_path))
     assert out.returncode == 0 and out.stdout.strip() == "False"
     assert ("policy entry point broken = broken_policies:Broken (broken-policies) left out: "
             "ImportError: no such thing") in out.stderr
+
+
+def test_an_unknown_name_loads_the_entry_points_before_it_is_refused(scratch_path):
+    """Through the Python API, with no front end having loaded anything: a lookup of a name
+    the built-ins lack loads the entry points once and finds the package's policy; a name
+    nobody declares is refused with the valid names, the package's among them."""
+    code = ("from vllm_admission.core.eviction import EVICTION_POLICIES, get_eviction\n"
+            "before = 'scratch_mru' in EVICTION_POLICIES\n"
+            "policy = get_eviction('scratch_mru')\n"
+            "try:\n    get_eviction('nope')\nexcept ValueError as exc:\n    message = str(exc)\n"
+            "print(before, type(policy).__name__, '|', message)")
+    out = _run(["-c", code], scratch_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    before, name, _, message = out.stdout.strip().splitlines()[-1].split(" ", 3)
+    assert (before, name) == ("False", "ScratchMRUEviction")
+    assert message.startswith("unknown eviction policy 'nope'; valid: lru,")
+    assert "scratch_mru" in message

@@ -31,6 +31,7 @@ from vllm_admission.cli.fidelity import add_fidelity_parser, run_fidelity_cli
 from vllm_admission.cli.replay import add_replay_parser, run_replay
 from vllm_admission.cli.simulate import add_simulate_args, run_simulate
 from vllm_admission.core.errors import UserError
+from vllm_admission.core.policies import load_policy_plugins
 from vllm_admission.sim.sweep import RayUnavailableError
 
 log = logging.getLogger("vllm_admission")
@@ -98,6 +99,7 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    load_policy_plugins()   # other packages' policies, before any name is listed or checked
     parser = build_parser()
     args = parser.parse_args(argv)
     handlers = {"simulate": run_simulate, "demo": run_simulate,

@@ -40,8 +40,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import check_retention_interval
+from vllm_admission.core.registry import PolicyRegistry, UnknownPolicyError
 
 __all__ = [
     "ADMISSION_POLICIES",
@@ -64,16 +64,11 @@ __all__ = [
     "VllmAdmission",
     "ENTRY_POINT_GROUP",
     "get_admission",
-    "load_policy_entry_points",
     "prompt_ends",
     "sequence_end",
     "register_admission",
     "stock_admission",
 ]
-
-
-class UnknownPolicyError(UserError):
-    """An admission or eviction policy name that is not registered."""
 
 
 class CheckpointKind(enum.Enum):
@@ -830,11 +825,27 @@ class RequestAdmission:
 
 
 #: Registry: name -> policy class, in the order shown to users.
-ADMISSION_POLICIES: dict[str, type[AdmissionPolicy]] = {}
+def _check_admission(cls: type) -> None:
+    """What :data:`ADMISSION_POLICIES` asks of an admission class beyond a name and a summary."""
+    if not hasattr(cls, "admitted") and cls.admit is AdmissionPolicy.admit:
+        raise TypeError(f"{cls.__name__} must set admitted or override admit")
+
+
+#: The entry-point group through which another package adds admission policies
+#: (``[project.entry-points."vllm_admission.admission_policies"]``: ``name =
+#: "package.module:PolicyClass"``).
+ENTRY_POINT_GROUP = "vllm_admission.admission_policies"
+
+#: Registry: name -> admission policy class, in the order shown to users
+#: (:class:`~vllm_admission.core.registry.PolicyRegistry`; other packages' policies join it
+#: when a front end loads the entry points).
+ADMISSION_POLICIES: PolicyRegistry[AdmissionPolicy] = PolicyRegistry(
+    "admission", AdmissionPolicy, ENTRY_POINT_GROUP, check=_check_admission)
 
 
 def register_admission(cls: type[AdmissionPolicy]) -> type[AdmissionPolicy]:
-    """Add ``cls`` under ``cls.name``, after the policies registered so far.
+    """Add ``cls`` under ``cls.name``, after the policies registered so far
+    (:meth:`PolicyRegistry.register <vllm_admission.core.registry.PolicyRegistry.register>`).
 
     Returns:
         ``cls`` (usable as a class decorator).
@@ -844,19 +855,7 @@ def register_admission(cls: type[AdmissionPolicy]) -> type[AdmissionPolicy]:
             ``name``, a ``summary`` and ``admitted`` (or its own ``admit``).
         ValueError: the name is taken.
     """
-    if not (isinstance(cls, type) and issubclass(cls, AdmissionPolicy)) or inspect.isabstract(cls):
-        raise TypeError(f"{cls!r} is not a concrete AdmissionPolicy subclass")
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not name or not isinstance(getattr(cls, "summary", None), str):
-        raise TypeError(f"{cls.__name__} must set the class attributes name and summary")
-    if not hasattr(cls, "admitted") and cls.admit is AdmissionPolicy.admit:
-        raise TypeError(f"{cls.__name__} must set admitted or override admit")
-    if ADMISSION_POLICIES.get(name) is cls:
-        return cls
-    if name in ADMISSION_POLICIES:
-        raise ValueError(f"admission policy {name!r} is already registered")
-    ADMISSION_POLICIES[name] = cls
-    return cls
+    return ADMISSION_POLICIES.register(cls)
 
 
 def get_admission(name: str, *, retention_interval: int | None = 0) -> AdmissionPolicy:
@@ -869,12 +868,7 @@ def get_admission(name: str, *, retention_interval: int | None = 0) -> Admission
             valid names.
         ValueError: an invalid retention interval.
     """
-    try:
-        cls = ADMISSION_POLICIES[name]
-    except KeyError:
-        valid = ", ".join(ADMISSION_POLICIES)
-        raise UnknownPolicyError(
-            f"unknown admission policy {name!r}; valid: {valid}") from None
+    cls = ADMISSION_POLICIES.policy_class(name)
     return cls.for_engine(retention_interval=retention_interval)
 
 
@@ -895,41 +889,3 @@ for _cls in (NoAdmission, LastAdmission, VllmAdmission, BlockAdmission, MarconiA
              DenseAdmission):
     register_admission(_cls)
 del _cls
-
-#: The entry-point group through which another package adds admission policies
-#: (``[project.entry-points."vllm_admission.admission_policies"]``: ``name =
-#: "package.module:PolicyClass"``).
-ENTRY_POINT_GROUP = "vllm_admission.admission_policies"
-
-
-def load_policy_entry_points(group: str, register: Callable[[type], type]) -> list[str]:
-    """Register every class the installed packages declare in entry-point ``group``
-    with ``register`` (:func:`register_admission`, or the eviction registry's). An entry
-    that fails to import or to register is left out with one warning naming its package
-    and the reason; the entry's name must be the class's ``name``.
-
-    Returns:
-        The names registered.
-    """
-    import logging
-    from importlib.metadata import entry_points
-
-    log = logging.getLogger("vllm_admission")
-    added = []
-    for ep in entry_points(group=group):
-        where = f"{ep.value} ({ep.dist.name if ep.dist else 'unknown package'})"
-        try:
-            cls = ep.load()
-            if getattr(cls, "name", None) != ep.name:
-                raise ValueError(f"the entry is named {ep.name!r}, the class "
-                                 f"{getattr(cls, 'name', None)!r}")
-            register(cls)
-        except Exception as exc:  # noqa: BLE001 - another package's fault, said in one line
-            log.warning("vllm_admission: policy entry point %s = %s left out: %s: %s",
-                        ep.name, where, type(exc).__name__, exc)
-            continue
-        added.append(ep.name)
-    return added
-
-
-load_policy_entry_points(ENTRY_POINT_GROUP, register_admission)

@@ -179,6 +179,9 @@ class AdmissionConfig:
         Raises:
             AdmissionConfigError: the first invalid variable, in one line.
         """
+        from vllm_admission.core.policies import load_policy_plugins
+
+        load_policy_plugins()   # other packages' policies are valid names too
         env = os.environ if environ is None else environ
 
         def raw(name: str) -> str | None:

@@ -57,7 +57,7 @@ from typing import Any
 from vllm_admission.core.cache import chunk_end
 
 __all__ = ["CAPTURED_STATE_LAYERS", "GPU_INPASS_VERIFIED", "InpassAllocation", "inpass_problems",
-           "inpass_requested", "inpass_split", "install_gpu_export_off",
+           "inpass_requested", "inpass_split",
            "split_stops", "state_layer_problems", "step_checkpoints"]
 
 
@@ -292,30 +292,6 @@ def inpass_requested(vllm_config: Any) -> bool:
     if isinstance(cls, str) and cls.startswith("vllm_admission"):
         return os.environ.get("VLLM_ADMISSION_CHECKPOINT", "").strip() == "inpass"
     return False
-
-
-def install_gpu_export_off() -> bool:
-    """On a CUDA platform, make Mamba2 layers declare no prefill-checkpoint export of their
-    own when the engine runs ``inpass`` (:func:`inpass_requested`), as the CPU platform's
-    layers always do (:mod:`~vllm_admission.plugin.boundary.cpu_mamba2`): in-pass writes every
-    checkpoint of the step through the same export fields
-    (:func:`~vllm_admission.plugin.runner.inpass_runner.mamba2_step_metadata`), the prompt
-    end included, and vLLM's own export would write into the same columns. Process-wide,
-    once (:func:`vllm_admission.plugin.boundary.hooks.wrap_mamba2_spec`).
-
-    Returns:
-        True when the wrap is in place on a CUDA platform, False elsewhere.
-    """
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cuda():
-        return False
-    from vllm_admission.plugin.boundary.cpu_mamba2 import spec_without_export
-    from vllm_admission.plugin.boundary.hooks import wrap_mamba2_spec
-
-    wrap_mamba2_spec(lambda spec, vllm_config: spec_without_export(spec)
-                     if inpass_requested(vllm_config) else spec)
-    return True
 
 
 def inpass_problems(vllm_config: Any) -> list[str]:

@@ -10,9 +10,6 @@ class declares ``auto_candidate``.
 
 from __future__ import annotations
 
-import inspect
-
-from vllm_admission.core.admission import UnknownPolicyError, load_policy_entry_points
 from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.belady import BeladyEviction
 from vllm_admission.core.eviction.conversation import ConversationEviction
@@ -22,6 +19,7 @@ from vllm_admission.core.eviction.lru import LRUEviction
 from vllm_admission.core.eviction.mix import ExpertMixEviction
 from vllm_admission.core.eviction.reuse import ReuseEviction
 from vllm_admission.core.eviction.s3fifo import S3FifoEviction
+from vllm_admission.core.registry import PolicyRegistry
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -34,8 +32,22 @@ __all__ = [
     "stock_eviction",
 ]
 
-#: Registry: name -> policy class, in the order shown to users.
-EVICTION_POLICIES: dict[str, type[EvictionPolicy]] = {}
+def _check_eviction(cls: type) -> None:
+    """What :data:`EVICTION_POLICIES` asks of an eviction class beyond a name and a summary."""
+    if cls.auto_candidate and cls.needs_future:
+        raise ValueError(f"{cls.name!r} needs the future: it cannot be an auto candidate")
+
+
+#: The entry-point group through which another package adds eviction policies
+#: (``[project.entry-points."vllm_admission.eviction_policies"]``: ``name =
+#: "package.module:PolicyClass"``).
+ENTRY_POINT_GROUP = "vllm_admission.eviction_policies"
+
+#: Registry: name -> eviction policy class, in the order shown to users
+#: (:class:`~vllm_admission.core.registry.PolicyRegistry`; other packages' policies join it
+#: when a front end loads the entry points).
+EVICTION_POLICIES: PolicyRegistry[EvictionPolicy] = PolicyRegistry(
+    "eviction", EvictionPolicy, ENTRY_POINT_GROUP, check=_check_eviction)
 
 
 def engine_eviction_policies() -> tuple[str, ...]:
@@ -68,19 +80,7 @@ def register_eviction(cls: type[EvictionPolicy]) -> type[EvictionPolicy]:
         ValueError: the name is taken, or an ``auto_candidate`` that needs the
             future (``auto`` runs in the engine too).
     """
-    if not (isinstance(cls, type) and issubclass(cls, EvictionPolicy)) or inspect.isabstract(cls):
-        raise TypeError(f"{cls!r} is not a concrete EvictionPolicy subclass")
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not name or not isinstance(getattr(cls, "summary", None), str):
-        raise TypeError(f"{cls.__name__} must set the class attributes name and summary")
-    if EVICTION_POLICIES.get(name) is cls:
-        return cls
-    if name in EVICTION_POLICIES:
-        raise ValueError(f"eviction policy {name!r} is already registered")
-    if cls.auto_candidate and cls.needs_future:
-        raise ValueError(f"{name!r} needs the future: it cannot be an auto candidate")
-    EVICTION_POLICIES[name] = cls
-    return cls
+    return EVICTION_POLICIES.register(cls)
 
 
 def eviction_class(name: str) -> type[EvictionPolicy]:
@@ -89,11 +89,7 @@ def eviction_class(name: str) -> type[EvictionPolicy]:
     Raises:
         UnknownPolicyError: unknown name; the message lists the valid names.
     """
-    try:
-        return EVICTION_POLICIES[name]
-    except KeyError:
-        valid = ", ".join(EVICTION_POLICIES)
-        raise UnknownPolicyError(f"unknown eviction policy {name!r}; valid: {valid}") from None
+    return EVICTION_POLICIES.policy_class(name)
 
 
 def get_eviction(name: str, **options) -> EvictionPolicy:
@@ -129,21 +125,13 @@ for _cls in (LRUEviction, FlopEviction, LFUEviction, ReuseEviction, Conversation
 del _cls
 
 
-#: The entry-point group through which another package adds eviction policies
-#: (``[project.entry-points."vllm_admission.eviction_policies"]``: ``name =
-#: "package.module:PolicyClass"``).
-ENTRY_POINT_GROUP = "vllm_admission.eviction_policies"
-
-
 def load_entry_points() -> list[str]:
     """Register the eviction policies other installed packages declare in
-    :data:`ENTRY_POINT_GROUP` (done once, when this module is imported). One that fails
-    to load or register is left out with one warning naming it and why.
+    :data:`ENTRY_POINT_GROUP` (once per process; a front end asks,
+    :func:`vllm_admission.core.policies.load_policy_plugins`). One that fails to load or
+    register is left out with one warning naming it and why.
 
     Returns:
         The names registered now.
     """
-    return load_policy_entry_points(ENTRY_POINT_GROUP, register_eviction)
-
-
-load_entry_points()
+    return EVICTION_POLICIES.load_entry_points()

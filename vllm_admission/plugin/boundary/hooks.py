@@ -350,10 +350,17 @@ def _install_gdn_chunk_capture(channel: Any) -> None:
         return getattr(fn, "_admission_original", fn)
 
     cls = gdn.QwenGatedDeltaNetAttention
-    cls._forward_core = capture.forward_core(original(cls._forward_core), metadata_of)
-    gdn.causal_conv1d_fn = capture.conv_fn(original(gdn.causal_conv1d_fn))
-    gdn.fla_chunk_gated_delta_rule = capture.chunk_rule(
-        original(gdn.fla_chunk_gated_delta_rule), conv_state_dim_first=is_conv_state_dim_first)
+    vllm_core, vllm_conv = original(cls._forward_core), original(gdn.causal_conv1d_fn)
+    vllm_rule = original(gdn.fla_chunk_gated_delta_rule)
+    forward_core = capture.forward_core(vllm_core, metadata_of)
+    forward_core._admission_original = vllm_core  # type: ignore[attr-defined]
+    conv = capture.conv_fn(vllm_conv)
+    conv._admission_original = vllm_conv  # type: ignore[attr-defined]
+    rule = capture.chunk_rule(vllm_rule, conv_state_dim_first=is_conv_state_dim_first)
+    rule._admission_original = vllm_rule  # type: ignore[attr-defined]
+    cls._forward_core = forward_core
+    gdn.causal_conv1d_fn = conv
+    gdn.fla_chunk_gated_delta_rule = rule
     original_build = original(built)
 
     def build(self: Any, common_prefix_len: int, common_attn_metadata: Any,
@@ -429,7 +436,7 @@ def _install_mamba2_export(channel: Any) -> None:
 def wrap_mamba2_spec(transform: Callable[[Any, Any], Any]) -> None:
     """Wrap ``MambaMixer2.get_kv_cache_spec`` (process-wide, once) so that it returns
     ``transform(spec, vllm_config)``; :func:`vllm_admission.plugin.boundary.cpu_mamba2.install`
-    (CPU) and :func:`vllm_admission.plugin.inpass.install_gpu_export_off` (CUDA) decide when."""
+    (CPU) and :func:`vllm_admission.plugin.boundary.register.install_gpu_export_off` (CUDA) decide when."""
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 
     if mamba2_spec_wrapped():

@@ -190,13 +190,36 @@ def install_vllm_fixes() -> None:
         cpu_mamba2,
         cpu_spec_decode,
     )
-    from vllm_admission.plugin.inpass import install_gpu_export_off
-
     cpu_block_size.install()
     cpu_mamba2.install()
     install_gpu_export_off()
     cpu_spec_decode.install()
     block_copy.install()
+
+
+def install_gpu_export_off() -> bool:
+    """On a CUDA platform, make Mamba2 layers declare no prefill-checkpoint export of their
+    own when the engine runs ``inpass`` (:func:`~vllm_admission.plugin.inpass.inpass_requested`), as the CPU platform's
+    layers always do (:mod:`~vllm_admission.plugin.boundary.cpu_mamba2`): in-pass writes every
+    checkpoint of the step through the same export fields
+    (:func:`~vllm_admission.plugin.runner.inpass_runner.mamba2_step_metadata`), the prompt
+    end included, and vLLM's own export would write into the same columns. Process-wide,
+    once (:func:`vllm_admission.plugin.boundary.hooks.wrap_mamba2_spec`).
+
+    Returns:
+        True when the wrap is in place on a CUDA platform, False elsewhere.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return False
+    from vllm_admission.plugin import inpass
+    from vllm_admission.plugin.boundary.cpu_mamba2 import spec_without_export
+    from vllm_admission.plugin.boundary.hooks import wrap_mamba2_spec
+
+    wrap_mamba2_spec(lambda spec, vllm_config: spec_without_export(spec)
+                     if inpass.inpass_requested(vllm_config) else spec)
+    return True
 
 
 def install_inpass_runner_if_asked() -> bool:

@@ -362,25 +362,41 @@ def with_capture(metadata: Any, capture: StepCapture) -> Any:
 
 
 class _LayerCall:
+    """One GDN layer call with checkpoints: its capture, its layer, the conv input once seen."""
+
     __slots__ = ("capture", "conv_input", "layer")
 
     def __init__(self, capture: StepCapture, layer: Any) -> None:
         self.capture, self.layer = capture, layer
         self.conv_input: torch.Tensor | None = None
 
+    def keep_conv_input(self, x: torch.Tensor | None) -> None:
+        """Keep ``x`` (the first conv input of the call); ``None`` forgets it."""
+        self.conv_input = x
+
+
+class _Current(threading.local):
+    """The current layer call, per thread."""
+
+    call: _LayerCall | None = None
+
+    def set(self, call: _LayerCall | None) -> None:
+        self.call = call
+
 
 class GPUCapture:
     """The wrappers of vLLM's GPU GDN path (module docstring), sharing the current call.
 
-    Each wrapper factory takes vLLM's function and returns the replacement; the
+    Each wrapper factory takes vLLM's function and returns the replacement (the
+    installer, :mod:`vllm_admission.plugin.boundary.hooks`, puts it in place); the
     current call is per thread.
     """
 
     def __init__(self) -> None:
-        self._local = threading.local()
+        self._current = _Current()
 
     def _call(self) -> _LayerCall | None:
-        return getattr(self._local, "call", None)
+        return self._current.call
 
     def forward_core(self, original: Callable[..., Any],
                      metadata_of: Callable[[Any], Any]) -> Callable[..., Any]:
@@ -391,13 +407,12 @@ class GPUCapture:
             capture = getattr(metadata_of(layer), "inpass_capture", None)
             if capture is None:
                 return original(layer, *args, **kwargs)
-            self._local.call = _LayerCall(capture, layer)
+            self._current.set(_LayerCall(capture, layer))
             try:
                 return original(layer, *args, **kwargs)
             finally:
-                self._local.call = None
+                self._current.set(None)
 
-        forward_core._admission_original = original  # type: ignore[attr-defined]
         return forward_core
 
     def conv_fn(self, original: Callable[..., Any]) -> Callable[..., Any]:
@@ -406,10 +421,9 @@ class GPUCapture:
         def causal_conv1d_fn(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
             call = self._call()
             if call is not None and call.conv_input is None:
-                call.conv_input = x
+                call.keep_conv_input(x)
             return original(x, *args, **kwargs)
 
-        causal_conv1d_fn._admission_original = original  # type: ignore[attr-defined]
         return causal_conv1d_fn
 
     def chunk_rule(self, original: Callable[..., Any], *,
@@ -435,8 +449,7 @@ class GPUCapture:
             write_chunk_checkpoints(cap.plan, result.h, conv_input, ssm_state=ssm_state,
                                     conv_state=conv_state,
                                     conv_state_dim_first=conv_state_dim_first())
-            call.conv_input = None
+            call.keep_conv_input(None)
             return result.o, result.final_state
 
-        chunk_gated_delta_rule._admission_original = original  # type: ignore[attr-defined]
         return chunk_gated_delta_rule
