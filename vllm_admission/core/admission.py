@@ -50,6 +50,7 @@ __all__ = [
     "SKIP",
     "TENTATIVE",
     "AdmissionPolicy",
+    "AdmissionDecision",
     "CheckpointKind",
     "DenseAdmission",
     "HitProbe",
@@ -517,10 +518,21 @@ class DenseAdmission(AdmissionPolicy):
 #: reusable position at the hash unit.
 _TAIL_KINDS = frozenset({CheckpointKind.CHUNK_END, CheckpointKind.TAIL})
 
-#: :meth:`RequestAdmission.decide` results: no state; a state cached on the GPU (and so
-#: offered to a host tier); one cached until a later state of the request replaces it;
-#: one for the host tier only (cached just long enough to be handed to it).
-SKIP, ADMIT, TENTATIVE, HOST = 0, 1, 2, 3
+class AdmissionDecision(enum.IntEnum):
+    """What :meth:`RequestAdmission.decide` says of the state at a block-aligned position."""
+
+    #: No state kept there.
+    SKIP = 0
+    #: A state cached on the GPU (and so offered to a host tier).
+    ADMIT = 1
+    #: A state cached until a later state of the same request replaces it.
+    TENTATIVE = 2
+    #: A state for the host tier only (cached just long enough to be handed to it).
+    HOST = 3
+
+
+SKIP, ADMIT, TENTATIVE, HOST = (AdmissionDecision.SKIP, AdmissionDecision.ADMIT,
+                                 AdmissionDecision.TENTATIVE, AdmissionDecision.HOST)
 
 
 @dataclass(frozen=True)
@@ -740,10 +752,10 @@ class RequestAdmission:
         return (t % self.probe.block_size == 0 and self._may_end
                 and t >= self.prompt_end)
 
-    def decide(self, position: int) -> int:
-        """:data:`ADMIT` (cache the state at ``position``), :data:`TENTATIVE` (cache
-        it until a later state of the request replaces it), :data:`HOST` (hand it to
-        the host tier only) or :data:`SKIP`."""
+    def decide(self, position: int) -> AdmissionDecision:
+        """The :class:`AdmissionDecision` for the state at ``position``: ``ADMIT`` (cache it),
+        ``TENTATIVE`` (cache it until a later state of the request replaces it), ``HOST``
+        (hand it to the host tier only) or ``SKIP``."""
         ok = self._special.get(position)
         if ok is None:
             if self._period and position % self._period == 0:
@@ -824,7 +836,6 @@ class RequestAdmission:
         return block_value(values, ckpts, end, is_state)
 
 
-#: Registry: name -> policy class, in the order shown to users.
 def _check_admission(cls: type) -> None:
     """What :data:`ADMISSION_POLICIES` asks of an admission class beyond a name and a summary."""
     if not hasattr(cls, "admitted") and cls.admit is AdmissionPolicy.admit:
