@@ -426,7 +426,7 @@ def serve_check(model: str, device: str, timeout_s: float) -> dict[str, Any]:
         shared = " ".join(f"w{(7 * i) % 97}" for i in range(900))
         cached = []
         for k in range(3):
-            out = client.completions.create(model="tiny", prompt=f"{shared} q{k} " * 1,
+            out = client.completions.create(model="tiny", prompt=f"{shared} q{k}",
                                             max_tokens=4, temperature=0.0)
             details = getattr(out.usage, "prompt_tokens_details", None)
             cached.append({"prompt_tokens": out.usage.prompt_tokens,
