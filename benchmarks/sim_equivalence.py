@@ -15,8 +15,8 @@ reuse, belady), flop at alpha 0.5 and with the paper grid, auto+auto; the synthe
 trace at 1, 4 and 16 GiB (every pair, auto+auto, vllm+auto, auto+lru); Nemotron-3-Nano
 on both traces. ``--only A,B`` / ``--skip A,B`` keep the cases whose name contains one
 of the words; ``--checkpoint inpass`` runs every case in that checkpoint mode (the
-default, ``split``, passes no option, so a tree from before the mode runs too). Needs ``../shared``
-(the trace and model configs) beside the checkout.
+default, ``split``, passes no option, so a tree from before the mode runs too). Needs
+``../shared`` (the trace and model configs) beside the checkout.
 """
 
 from __future__ import annotations

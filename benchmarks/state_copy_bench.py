@@ -7,11 +7,11 @@ checkpoint block. Shapes are Qwen3-Next-80B-A3B's (``core/model_configs``:
 float32: 2.05 MiB per layer and block, 73.7 MiB per request), laid out as vLLM
 lays them (views into one raw page buffer per layer, conv transposed).
 
-The copier is bound to the tensors once, as a model runner binds it. Backends compared in one run:
-``torch`` (row copies on CPU, a gather and a scatter per tensor on CUDA) and, on CUDA,
-``triton`` (one launch for all tensors and pairs). Reports the median time
-per call and the bandwidth (bytes read + written). On CPU the layer count is
-cut (``--layers``) so that the pool fits in memory.
+The copier is bound to the tensors once, as a model runner binds it. Backends compared in one
+run: ``torch`` (row copies on CPU, a gather and a scatter per tensor on CUDA) and, on CUDA,
+``triton`` (one launch for all tensors and pairs). Reports the median time per call and the
+bandwidth (bytes read + written). On CPU the layer count is cut (``--layers``) so that the pool
+fits in memory.
 
     python benchmarks/state_copy_bench.py [--layers 36] [--k 1 8 32] [--out results/state_copy.json]
 """

@@ -10,12 +10,12 @@ Engines (in-process engine core, so the scheduler is inspectable), one alive at 
   small enough for evictions and preemptions;
 * one engine start with an invalid setting.
 
-The module runs once per ``conftest.ENGINE_CASES`` entry: the tiny Qwen3-Next (Gated
-DeltaNet) model with each pinned SSM state dtype, so with the block size B = 128 (bf16
-state) and B = 256 (float32) on any CPU, and the tiny Nemotron-H (Mamba2) model with its
-default float32 state (B = 256). Pools are sized in tokens and converted to blocks of B.
-Derivations are next to the expected numbers; the
-fast tests in ``test_plugin_scheduler.py`` check the same cases without a model.
+The module runs once per ``engine_cases.ENGINE_CASES`` entry: the tiny Qwen3-Next (Gated
+DeltaNet) model with each pinned SSM state dtype, so with the block size B = 128 (bf16 state)
+and B = 256 (float32) on any CPU, and the tiny Nemotron-H (Mamba2) model with its default
+float32 state (B = 256). Pools are sized in tokens and converted to blocks of B. Derivations
+are next to the expected numbers; the fast tests in ``test_plugin_scheduler.py`` check the same
+cases without a model.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class Engines:
 
 @pytest.fixture(scope="module")
 def ssm_dtype(engine_case):
-    """This module instance's pinned SSM state dtype (``conftest.ENGINE_CASES``)."""
+    """This module instance's pinned SSM state dtype (``engine_cases.ENGINE_CASES``)."""
     return engine_case[1]
 
 

@@ -1,12 +1,11 @@
 """vLLM's ``prefix_match_unit`` below the block size on the CPU engine (issue 31).
 
 Both tiny models, a 32-token hash unit: stock vLLM, and the plugin with ``marconi``, ``block``,
-``dense`` and ``auto``, serve the same prompts one at a time. Greedy outputs are the
-the same model output everywhere (tests/model_output.py: greedy tokens and logits within
-rounding, since the policies cut the prompts into other prefill passes); each run's cached tokens
-are what the core's cache model predicts for
-that policy under the same unit (docs/engine-facts.md section 10), and on the junction
-case every policy hits at least what stock vLLM hits.
+``dense`` and ``auto``, serve the same prompts one at a time. Greedy outputs are the same
+model output everywhere (tests/model_output.py: greedy tokens and logits within rounding, since
+the policies cut the prompts into other prefill passes); each run's cached tokens are what the
+core's cache model predicts for that policy under the same unit (docs/engine-facts.md section
+10), and on the junction case every policy hits at least what stock vLLM hits.
 """
 
 from __future__ import annotations

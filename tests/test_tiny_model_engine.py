@@ -1,6 +1,6 @@
 """Real-engine tests: the tiny hybrid models on stock vLLM 0.32 with prefix caching.
 
-The module runs once per ``conftest.ENGINE_CASES`` entry: the tiny Qwen3-Next (Gated
+The module runs once per ``engine_cases.ENGINE_CASES`` entry: the tiny Qwen3-Next (Gated
 DeltaNet) model per pinned SSM state dtype (bf16 gives 128-token blocks, float32 256) and
 the tiny Nemotron-H (Mamba2) model with its default float32 state, one engine per run;
 more tests start an engine with vLLM's platform default for each arch, whatever this CPU
@@ -158,7 +158,7 @@ def stock_engine(model_dir, **settings):
 
 @pytest.fixture(scope="module")
 def ssm_dtype(engine_case):
-    """This module instance's pinned SSM state dtype (``conftest.ENGINE_CASES``)."""
+    """This module instance's pinned SSM state dtype (``engine_cases.ENGINE_CASES``)."""
     return engine_case[1]
 
 

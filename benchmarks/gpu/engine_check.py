@@ -61,6 +61,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -168,7 +169,7 @@ def environment(device: str) -> dict[str, Any]:
     import torch
 
     standins: list[str] = []
-    if device == "cuda":
+    if device == "cuda":   # before vLLM is imported: the ops, and the environment they need
         from vllm_admission_testing.gpu_standins import install
 
         standins = install()
@@ -217,8 +218,8 @@ def run_stock(model: str, device: str) -> dict[str, Any]:
 
     from vllm_admission.engine.llm import EngineSettings, build_llm, engine_geometry, shutdown_llm
 
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     settings = EngineSettings(model=model, num_gpu_blocks=512, max_model_len=4096,
+                              env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
                               engine_args=engine_args(device))
     llm = build_llm(settings)
     try:
@@ -269,15 +270,12 @@ def summarize(pair_record: dict[str, Any]) -> dict[str, Any]:
             "same_as_stock": pair_record["on_engine"]["same_as_stock"]}
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    """The ``q``-quantile of ``values`` (linear between order statistics), None if empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = q * (len(ordered) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+def _p50_p99(values: list[float]) -> tuple[float | None, float | None]:
+    """Median and 99th percentile of ``values`` (linear between order statistics:
+    ``statistics.quantiles``' inclusive method); ``None`` for no values."""
+    if len(values) < 2:
+        return (values[0], values[0]) if values else (None, None)
+    return statistics.median(values), statistics.quantiles(values, n=100, method="inclusive")[98]
 
 
 def _engine(model: str, device: str, *, admission: str | None, mode: str = "split") -> Any:
@@ -373,7 +371,8 @@ def run_ttft(model: str, device: str, admissions: list[str]) -> dict[str, Any]:
             shutdown_llm(llm)
             del llm
         ttft = [r["prefill_seconds"] for r in result.requests if r["prefill_seconds"] is not None]
-        out[name] = {"p50_s": _percentile(ttft, 0.5), "p99_s": _percentile(ttft, 0.99),
+        p50, p99 = _p50_p99(ttft)
+        out[name] = {"p50_s": p50, "p99_s": p99,
                      "hit_tokens": result.hit_tokens, "prefill_steps": result.prefill_steps,
                      "requests": len(ttft)}
     stock = out["stock"]
@@ -472,11 +471,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"engine_check: unknown model(s) {unknown}; known: {list(MODELS)}")
     pairs = parse_pairs(args.pairs)
-    if args.device == "cuda":
-        from vllm_admission_testing.gpu_standins import ENGINE_ENV
-
-        for key, value in ENGINE_ENV.items():   # before vLLM reads its environment
-            os.environ.setdefault(key, value)
     report = Report(args.out, args.budget_s)
     report.doc["settings"] = {"device": args.device, "models": models,
                               "pairs": [list(p) for p in pairs],

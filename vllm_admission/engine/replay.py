@@ -110,9 +110,9 @@ class ReplayResult:
 def blocks_needed(prompt_len: int, output_len: int, geometry: dict[str, Any]) -> int:
     """Pool blocks one request holds at its peak on the engine described by ``geometry``
     (:func:`~vllm_admission.engine.llm.engine_geometry`):
-    :func:`vllm_admission.core.geometry.blocks_needed` with the engine's group counts. When the
-    groups are unknown (engine core in another
-    process) one attention group and one Mamba group are assumed.
+    :func:`vllm_admission.core.geometry.blocks_needed` with the engine's group counts. When
+    the groups are unknown (engine core in another process) one attention group and one
+    Mamba group are assumed.
 
     Raises:
         ValueError: non-positive lengths.

@@ -285,12 +285,14 @@ def inpass_requested(vllm_config: Any) -> bool:
     are computed before it is built)."""
     import os
 
+    from vllm_admission.plugin.config import ENV_CHECKPOINT
+
     cls = getattr(vllm_config.scheduler_config, "scheduler_cls", None)
     settings = getattr(cls, "admission_settings", None)
     if settings is not None:
         return settings.checkpoint == "inpass"
     if isinstance(cls, str) and cls.startswith("vllm_admission"):
-        return os.environ.get("VLLM_ADMISSION_CHECKPOINT", "").strip() == "inpass"
+        return os.environ.get(ENV_CHECKPOINT, "").strip() == "inpass"
     return False
 
 

@@ -13,13 +13,12 @@ up stays as it is):
   ``remove_skipped_blocks`` and ``pop_blocks_for_free`` give the blocks a
   request returns to the pool one time stamp and their FLOP efficiency;
 * :class:`PolicyMambaManager` (``MambaManager``,
-  ``vllm/v1/core/single_type_kv_cache_manager.py``), every policy but
-  ``vllm`` (which keeps vLLM's own manager): ``cache_blocks`` gives a recurrent state a block hash
-  only where the admission policy admits
-  it (it hands vLLM's own mask code those positions as the "reachable
-  boundaries", with ``retention_interval=0``); ``_cache_partial_tail_block``
-  is switched off, because with one hash per block it can only re-register
-  the prompt-end state the policy just decided about;
+  ``vllm/v1/core/single_type_kv_cache_manager.py``), every policy but ``vllm`` (which keeps
+  vLLM's own manager): ``cache_blocks`` gives a recurrent state a block hash only where the
+  admission policy admits it (it hands vLLM's own mask code those positions as the "reachable
+  boundaries", with ``retention_interval=0``); ``_cache_partial_tail_block`` is switched off,
+  because with one hash per block it can only re-register the prompt-end state the policy just
+  decided about;
 * :class:`AdmissionBlockPool` (``BlockPool``, ``vllm/v1/core/block_pool.py``):
   ``cache_full_blocks`` records which states of the first state group got a
   hash (checkpoint metrics, block values) and reports every block that got a
@@ -91,11 +90,10 @@ def smallest_cacheable_prefix(managers: Sequence[Any], *, scheduler_block_size: 
                               ) -> tuple[int, tuple[int, ...]]:
     """The shortest prefix a prompt can hit, in tokens, overall and per KV cache group.
 
-    A group reports a hit in whole units of its own: a full-attention group in
-    whole KV blocks (its manager's ``block_size``), a Mamba/GDN group in align
-    mode only where a state was written, which is at its block boundaries. With partial hash hits
-    on, a manager that supports
-    fine-grained lookup reports in hash blocks (``hash_block_size``) instead
+    A group reports a hit in whole units of its own: a full-attention group in whole KV blocks
+    (its manager's ``block_size``), a Mamba/GDN group in align mode only where a state was
+    written, which is at its block boundaries. With partial hash hits on, a manager that
+    supports fine-grained lookup reports in hash blocks (``hash_block_size``) instead
     (``vllm/v1/core/single_type_kv_cache_manager.py``, each manager's
     ``find_longest_cache_hit``). The hybrid hit is one length that every group
     hits and that is a multiple of the coordinator's alignment (the scheduler

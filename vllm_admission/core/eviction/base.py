@@ -206,13 +206,13 @@ class EvictionPolicy(ABC):
         """A prefix hit referenced cached block ``block_id`` (after :meth:`remove`
         if it was a candidate). Called only for a class that overrides it or
         :meth:`forget` (:attr:`needs_hits`)."""
-        return None  # an optional hook: by default the policy ignores it
+        return None
 
     def forget(self, block_id: int) -> None:
         """``block_id`` lost its hash without being popped (the plugin drops a
         superseded state, or the prefix cache is reset); it is not a candidate.
         Called only for a class that :attr:`needs_hits`."""
-        return None  # an optional hook: by default the policy ignores it
+        return None
 
     def on_cache(self, block_id: int, key: object) -> None:
         """Block ``block_id`` (in use) was given a hash; ``key`` is hashable and
@@ -224,7 +224,7 @@ class EvictionPolicy(ABC):
         candidate; not called for a state cached only as a ``marconi`` sequence
         end (see :class:`~vllm_admission.core.eviction.reuse.ReuseEviction`).
         A block cached without a report has no key."""
-        return None  # an optional hook: by default the policy ignores it
+        return None
 
     def on_request(self, hashes: Sequence[int], now: float) -> None:
         """A request arrived: ``hashes`` are the chained block hashes of its
@@ -233,12 +233,12 @@ class EvictionPolicy(ABC):
         cached or freed: by the simulator when it starts the request, by the
         plugin at the request's first prefix lookup. Called only for a class
         that overrides it (:attr:`needs_requests`)."""
-        return None  # an optional hook: by default the policy ignores it
+        return None
 
     def bind_future(self, refresh: Callable[[int, float], float]) -> None:
         """Give a policy that :attr:`needs_future` its oracle: ``refresh(block_id,
         now)`` is the block's next use after ``now``. Others ignore it."""
-        return None  # an optional hook: by default the policy ignores it
+        return None
 
     # -- the tuning hook ----------------------------------------------------------
     @property

@@ -217,9 +217,8 @@ class ReuseHistory:
         conversation that shares a system prompt or a document with others,
         or a turn that edits the previous one). The hashes of a continuing
         prompt are marked (:meth:`continuing`), and the last
-        :data:`PROMPT_END_BLOCKS` of every prompt are marked as its end. What is heard is kept for
-        the ``history`` x ``cap`` hashes
-        heard most recently (the ghosts' bound).
+        :data:`PROMPT_END_BLOCKS` of every prompt are marked as its end. What is heard is
+        kept for the ``history`` x ``cap`` hashes heard most recently (the ghosts' bound).
 
         On the Mooncake conversation trace the last full block of a prompt that
         continues an earlier one is used again within 1,000 requests 32-68 % of

@@ -31,11 +31,10 @@ as it stood at the first event of their request (the adaptive rate's windows are
 exact this way: an option, not the default).
 
 A victim whose hash is still held by another cached block leaves no ghost; a generated-token
-block's key is never seen again, so its ghost
-never returns. Every expert holds every candidate; when one expert gives the victim, the
-others withdraw it (``remove``) and drop what they kept for the block (``forget``), except
-the expert that keeps the hash history: the victim's hash goes to the history as an
-eviction, so ``reuse`` still sees it come back.
+block's key is never seen again, so its ghost never returns. Every expert holds every
+candidate; when one expert gives the victim, the others withdraw it (``remove``) and drop what
+they kept for the block (``forget``), except the expert that keeps the hash history: the
+victim's hash goes to the history as an eviction, so ``reuse`` still sees it come back.
 
 **Determinism.** The engine and the simulator must evict the same blocks, and :meth:`clone`
 must give shadows the same future. The expert is chosen without randomness by default

@@ -295,6 +295,12 @@ def install_inpass_runner() -> Any:
     return channel
 
 
+def _vllm_original(fn: Any) -> Any:
+    """vLLM's own function behind ``fn``: the one a wrapper installed here names as its
+    ``_admission_original``, else ``fn`` itself (so installing again never wraps a wrapper)."""
+    return getattr(fn, "_admission_original", fn)
+
+
 def _install_cpu_gdn_core(channel: Any) -> None:
     """The CPU GDN half of :func:`install_inpass_runner` (idempotent): vLLM's CPU core
     ``gdn_attention._cpu_gdn_attention_nonspec`` runs
@@ -305,8 +311,7 @@ def _install_cpu_gdn_core(channel: Any) -> None:
     from vllm_admission.plugin.runner.inpass_runner import segmented_core
 
     if getattr(gdn_attention._cpu_gdn_attention_nonspec, "_admission_step", None) is not channel:
-        original_core = getattr(gdn_attention._cpu_gdn_attention_nonspec, "_admission_original",
-                                gdn_attention._cpu_gdn_attention_nonspec)
+        original_core = _vllm_original(gdn_attention._cpu_gdn_attention_nonspec)
 
         def core(layer: Any, md: Any, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any) -> None:
             plan = channel.plan
@@ -346,22 +351,17 @@ def _install_gdn_chunk_capture(channel: Any) -> None:
         md = get_forward_context().attn_metadata
         return md.get(layer.prefix) if isinstance(md, dict) else None
 
-    def original(fn: Any) -> Any:
-        return getattr(fn, "_admission_original", fn)
-
-    cls = gdn.QwenGatedDeltaNetAttention
-    vllm_core, vllm_conv = original(cls._forward_core), original(gdn.causal_conv1d_fn)
-    vllm_rule = original(gdn.fla_chunk_gated_delta_rule)
-    forward_core = capture.forward_core(vllm_core, metadata_of)
-    forward_core._admission_original = vllm_core  # type: ignore[attr-defined]
-    conv = capture.conv_fn(vllm_conv)
-    conv._admission_original = vllm_conv  # type: ignore[attr-defined]
-    rule = capture.chunk_rule(vllm_rule, conv_state_dim_first=is_conv_state_dim_first)
-    rule._admission_original = vllm_rule  # type: ignore[attr-defined]
-    cls._forward_core = forward_core
-    gdn.causal_conv1d_fn = conv
-    gdn.fla_chunk_gated_delta_rule = rule
-    original_build = original(built)
+    for target, name, wrap in (
+            (gdn.QwenGatedDeltaNetAttention, "_forward_core",
+             lambda fn: capture.forward_core(fn, metadata_of)),
+            (gdn, "causal_conv1d_fn", capture.conv_fn),
+            (gdn, "fla_chunk_gated_delta_rule",
+             lambda fn: capture.chunk_rule(fn, conv_state_dim_first=is_conv_state_dim_first))):
+        vllm_fn = _vllm_original(getattr(target, name))
+        new = wrap(vllm_fn)
+        new._admission_original = vllm_fn
+        setattr(target, name, new)
+    original_build = _vllm_original(built)
 
     def build(self: Any, common_prefix_len: int, common_attn_metadata: Any,
               fast_build: bool = False, **kwargs: Any) -> Any:
@@ -414,7 +414,7 @@ def _install_mamba2_export(channel: Any) -> None:
     built = Mamba2AttentionMetadataBuilder.build
     if getattr(built, "_admission_step", None) is channel:
         return
-    original_build = getattr(built, "_admission_original", built)
+    original_build = _vllm_original(built)
 
     def build(self: Any, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False,
               **kwargs: Any) -> Any:

@@ -4,11 +4,11 @@
   layer's recurrent core run in segments split at checkpoint offsets, each segment's
   end state (conv and SSM) copied into its checkpoint block. Imports vLLM's CPU GDN
   kernels lazily, on first use;
-* :mod:`~vllm_admission.plugin.runner.gdn_chunk_capture`: the GPU path's counterpart, not
-  wired into the engine (checked and timed on an H200 by ``benchmarks/gpu_inpass_bench.py``): the
-  states at checkpoint offsets read from the Triton/FLA
-  chunk kernel's per-chunk states ``h`` (offsets must be multiples of 64) and the conv input,
-  written into checkpoint rows;
+* :mod:`~vllm_admission.plugin.runner.gdn_chunk_capture`: the GPU path's counterpart (checked
+  and timed on an H200 by ``benchmarks/gpu_inpass_bench.py``; wired into vLLM's GPU engine and
+  refused there until a GPU run has checked it): the states at checkpoint offsets read from
+  the Triton/FLA chunk kernel's per-chunk states ``h`` (offsets must be multiples of 64) and
+  the conv input, written into checkpoint rows;
 * :mod:`~vllm_admission.plugin.runner.mamba2_export`: Mamba2 layers, through vLLM's own
   prefill-checkpoint export: a chunk layout with a chunk end at every checkpoint, the
   CPU SSD scan returning chunk-end states, and a torch checkpoint store;
