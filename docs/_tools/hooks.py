@@ -14,7 +14,11 @@ MARKER = "<!-- cli-reference -->"
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """One table cell: whitespace folded; outside code spans, pipes and angle brackets escaped."""
+    parts = " ".join(text.split()).split("`")
+    for i in range(0, len(parts), 2):     # the even parts lie outside code spans
+        parts[i] = parts[i].replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+    return "`".join(parts)
 
 
 def _flags(action: argparse.Action) -> str:
