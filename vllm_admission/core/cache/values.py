@@ -17,7 +17,7 @@ from vllm_admission.core.block_values import SegmentCosts, block_value
 
 if TYPE_CHECKING:  # pragma: no cover
     from vllm_admission.core.cache.block_pool import BlockPool
-    from vllm_admission.core.cache.groups import RunningRequest
+    from vllm_admission.core.cache.running import RunningRequest
 
 __all__ = ["FreedBlockMeta"]
 
