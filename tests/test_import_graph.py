@@ -4,7 +4,8 @@ type-only imports included.
 The graph is read from the source (``ast``), so it holds the imports inside functions too
 (the lazy ones a cycle hides behind). An edge ``a -> b`` means module ``a`` imports module
 ``b`` of this package (``from pkg import name`` counts as importing ``pkg.name`` when that
-is a module, else ``pkg``). It is built twice: with the imports that run (those under
+is a module, else ``pkg``), or a module inside package ``b`` that ``a`` is not inside
+(Python runs ``b/__init__.py`` first). It is built twice: with the imports that run (those under
 ``if TYPE_CHECKING:`` left out) and with every import, the type-only ones too (a module
 that names another's type must not be named back: a cycle there is a cycle of meaning,
 and one refactoring away from a real one). In each, two graphs must be acyclic: the
@@ -74,6 +75,12 @@ def import_graph(type_checking: bool = False) -> dict[str, set[str]]:
                             edges.add(full)
                         elif source in files:
                             edges.add(source)
+        for target in list(edges):
+            parts = target.split(".")
+            for k in range(2, len(parts)):
+                package = ".".join(parts[:k])
+                if package in files and not (name + ".").startswith(package + "."):
+                    edges.add(package)
         edges.discard(name)
         graph[name] = edges
     return graph
@@ -117,11 +124,19 @@ def test_find_cycle_finds_one():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
 
 
-def test_the_graph_sees_lazy_imports_and_skips_type_checking():
-    graph = import_graph()
+def test_the_graph_sees_lazy_imports_packages_and_type_checking():
+    graph, typed = import_graph(), import_graph(type_checking=True)
     # a lazy import inside a function: the package root resolves AdmissionScheduler on demand
     assert f"{PACKAGE}.plugin.scheduler" in graph[PACKAGE]
     assert f"{PACKAGE}.core.cache" in graph[f"{PACKAGE}.core.replay"]
+    # core/policies.py imports core.eviction.registry, which runs core/eviction/__init__.py;
+    # core/__init__.py is the importer's own package: no edge to it
+    assert f"{PACKAGE}.core.eviction" in graph[f"{PACKAGE}.core.policies"]
+    assert f"{PACKAGE}.core" not in graph[f"{PACKAGE}.core.policies"]
+    # a type-only import (cache/values.py names BlockPool under TYPE_CHECKING)
+    values = f"{PACKAGE}.core.cache.values"
+    assert f"{PACKAGE}.core.cache.block_pool" not in graph[values]
+    assert f"{PACKAGE}.core.cache.block_pool" in typed[values]
 
 
 @pytest.mark.parametrize("type_checking", [False, True], ids=["run", "type_checking"])
