@@ -74,6 +74,15 @@ def block_value(values: dict[int, float], checkpoints: Sequence[int], end: int,
     first segment ending at or after ``end``. Attention blocks past the last
     checkpoint, and states that are not checkpoints, are worth 0: no hybrid
     hit can use them.
+
+    Args:
+        values: :func:`segment_values` of ``checkpoints``.
+        checkpoints: ascending cached-state positions (tokens).
+        end: the block's end (tokens, a multiple of the block size).
+        is_state: a state group's block (else an attention group's).
+
+    Returns:
+        FLOPs per byte (0.0: worthless).
     """
     if is_state:
         return values.get(end, 0.0)

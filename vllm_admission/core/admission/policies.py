@@ -121,14 +121,10 @@ class BlockAdmission(AdmissionPolicy):
     hash unit inside a block (TAIL).
 
     Without a ``prefix_match_unit`` finer than the block this is ``vllm`` at
-    retention 0. With one, vLLM keeps each prompt's tail-unit state besides its
-    block-boundary one, and keys the attention block there; hits on those land
-    only on resends and on prompts that extend a whole earlier prompt, and where
-    memory is short the extra states and the kept partial blocks push out what
-    would have hit (docs/results.md, section 3.7). This keeps what stock keeps
-    without the unit, so the unit costs no cache space; ``auto`` weighs it against
-    ``vllm`` only where the engine hashes finer than the block
-    (:attr:`sub_block_only`).
+    retention 0. With one, it keeps what stock keeps without the unit (no tail-unit
+    state, no tail key on the attention block), so the unit costs no cache space;
+    ``auto`` weighs it against ``vllm`` only there (:attr:`sub_block_only`). When that
+    pays: ``docs/results.md``, section 3.7.
     """
 
     name = "block"
