@@ -617,7 +617,7 @@ class HybridPrefixCache:
             run.live.append(hit_blocks - 1)
 
     def step(self, run: RunningRequest, start: int, n: int, num_tokens: int, now: float,
-              captures: Sequence[int] = ()) -> None:
+             captures: Sequence[int] = ()) -> None:
         """One scheduler step computing tokens ``[start, start + n)`` while the
         request has ``num_tokens`` tokens, in either checkpoint mode.
 
