@@ -5,7 +5,7 @@ matched by line, so this stays true as the code moves):
 
 * ``core/eviction/registry.py``: one eviction class, ``scratch_mru`` (most recently freed
   first), and its ``register_eviction`` entry;
-* ``core/admission.py``: one admission class, ``scratch_junction`` (a state at the
+* ``core/admission/policies.py``: one admission class, ``scratch_junction`` (a state at the
   shared-prefix junction only, through the ``junction`` hook), and its
   ``register_admission`` entry.
 
@@ -115,7 +115,7 @@ def _scratch_copy(root: Path) -> Path:
     shutil.copy(src.parent / "pyproject.toml", repo / "pyproject.toml")
     with open(repo / "vllm_admission/core/eviction/registry.py", "a") as f:
         f.write(EVICTION_CLASS)
-    with open(repo / "vllm_admission/core/admission.py", "a") as f:
+    with open(repo / "vllm_admission/core/admission/policies.py", "a") as f:
         f.write(ADMISSION_CLASS)
     return repo
 

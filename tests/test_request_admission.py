@@ -7,6 +7,7 @@ import pytest
 from vllm_admission.core.admission import (
     ADMISSION_POLICIES,
     ADMIT,
+    HOST,
     SKIP,
     TENTATIVE,
     AdmissionPolicy,
@@ -16,8 +17,9 @@ from vllm_admission.core.admission import (
     SegmentCosts,
     checkpoint_kinds,
     get_admission,
+    prompt_ends,
     register_admission,
-    segment_values,
+    sequence_end,
     stock_admission,
 )
 
@@ -138,7 +140,11 @@ def test_checkpoints_and_values_follow_record_and_unrecord():
 
     assert adm.checkpoints(cached) == [128, 256]  # 128 cached below the hit, then the hit
     adm.record(896)
-    assert adm.block_value(896, True, costs, cached) == segment_values([128, 256, 896], costs)[896]
+    # The segment (256, 896]: 640 FLOPs over 5 attention blocks and 1 state block of 10 bytes.
+    assert adm.block_value(896, True, costs, cached) == pytest.approx(640 / 60)
+    assert adm.block_value(256, True, costs, cached) == pytest.approx(128 / 20)   # (128, 256]
+    assert adm.block_value(512, False, costs, cached) == pytest.approx(640 / 60)  # inside it
+    assert adm.block_value(640, True, costs, cached) == 0.0   # a state that is no checkpoint
     # A superseded tentative end: the values must be recomputed although the count is the same.
     adm.unrecord(896)
     adm.record(1024)
@@ -146,6 +152,7 @@ def test_checkpoints_and_values_follow_record_and_unrecord():
     assert adm.block_value(1024, True, costs, cached) == pytest.approx(
         (1024 - 256) / ((1024 - 256) // B * 10 + 10))
     assert adm.block_value(640, False, costs, cached) == adm.block_value(1024, True, costs, cached)
+    assert adm.block_value(1152, False, costs, cached) == 0.0  # past the last checkpoint
     assert asked == [0, 1]  # the cache was asked once
     adm.unrecord(4096)  # never recorded: ignored
     assert adm.admitted == [1024]
@@ -196,3 +203,88 @@ def test_only_the_stock_policy_follows_the_retention_interval():
 def test_a_retention_interval_vllm_refuses_is_an_error(bad):
     with pytest.raises(ValueError, match="prefix_cache_retention_interval"):
         get_admission("vllm", retention_interval=bad)
+
+
+# --- hand-computed positions: kinds, prompt and sequence ends, the hash unit, the host tier --
+def test_checkpoint_kinds_of_hand_picked_positions():
+    # P = 1,000, total 1,040, B = 128, a junction at 512: prompt end 896, sequence end 1,024.
+    K = CheckpointKind
+
+    def kinds(pos, total_len=1040, period=0):
+        return checkpoint_kinds(pos, prompt_len=1000, total_len=total_len, block_size=B,
+                                junction=512, period=period)
+
+    assert kinds(128) == {K.CHUNK_END}
+    assert kinds(512) == {K.CHUNK_END, K.JUNCTION}
+    assert kinds(896) == {K.CHUNK_END, K.PROMPT_END, K.TAIL}  # no finer unit: TAIL is PROMPT_END
+    assert kinds(1024) == {K.DECODE, K.SEQUENCE_END}
+    assert kinds(1024, total_len=None) == {K.DECODE}          # a live engine: end unknown
+    assert kinds(1152, total_len=2000) == {K.DECODE}
+    assert kinds(256, period=256) == {K.CHUNK_END, K.PERIODIC}
+    assert kinds(384, period=256) == {K.CHUNK_END}
+    assert kinds(1024, period=256) == {K.DECODE, K.SEQUENCE_END, K.PERIODIC}
+
+
+def test_prompt_and_sequence_ends_by_hand():
+    # Without EAGLE a resend hits at most P - 1 tokens: floor((P - 1) / B) * B.
+    assert prompt_ends(1000, 128) == (896,)
+    assert prompt_ends(1024, 128) == (896,)
+    assert prompt_ends(1025, 128) == (1024,)
+    assert prompt_ends(100, 128) == ()
+    # EAGLE/MTP: one block below each of floor((P - 1) / B) * B and floor(P / B) * B.
+    assert prompt_ends(1000, 128, eagle=True) == (768,)
+    assert prompt_ends(1024, 128, eagle=True) == (768, 896)
+    assert prompt_ends(200, 128, eagle=True) == ()
+    # The last block boundary the sequence reaches: floor((total - 1) / B) * B.
+    assert sequence_end(1000, 1040, 128) == 1024
+    assert sequence_end(1000, 1010, 128) == 896
+    assert sequence_end(1000, 1040, 128, eagle=True) == 1024   # decode crossed a boundary
+    # EAGLE, no boundary crossed in decode: the prompt checkpoint a block lower, or a higher
+    # block-aligned tail stop.
+    assert sequence_end(1000, 1010, 128, eagle=True) == 768
+    assert sequence_end(1000, 1010, 128, eagle=True, tail_stop=896) == 896
+    assert sequence_end(1000, 1010, 128, eagle=True, tail_stop=960) == 768  # inside a block
+
+
+def test_a_finer_hash_unit_gives_the_tail_positions():
+    # P = 1,000, B = 128, u = 32: the tail unit boundary floor(999 / 32) * 32 = 992 lies
+    # inside the last block (896, 1024).
+    vllm = RequestAdmission(get_admission("vllm"), PROBE, total_len=1040, hash_block_size=32)
+    assert (vllm.tail_stop, vllm.tail, vllm.attn_tail, vllm.prompt_end) == (992, 992, 992, 896)
+    assert vllm.decide(992) == ADMIT and vllm.keeps_tail()           # vllm keeps TAIL
+    block = RequestAdmission(get_admission("block"), PROBE, total_len=1040, hash_block_size=32)
+    assert block.decide(992) == SKIP and not block.keeps_tail()      # block does not
+    assert block.decide(896) == ADMIT                                # but the prompt end
+    # EAGLE: the lookup drops one unit, so the state tail is a unit lower (960); the
+    # attention tail stays where a lookup matches (floor(1,000 / 32) * 32 = 992).
+    eagle = RequestAdmission(get_admission("vllm"), PROBE, total_len=1040, hash_block_size=32,
+                             eagle=True)
+    assert (eagle.tail_stop, eagle.tail, eagle.attn_tail, eagle.prompt_end) == (960, 960, 992, 768)
+    # A tail unit boundary on a block boundary is no sub-block tail: P = 897 -> 896.
+    aligned = RequestAdmission(get_admission("vllm"), HitProbe(897, B, 512, 256), total_len=900,
+                               hash_block_size=32)
+    assert (aligned.tail_stop, aligned.tail, aligned.attn_tail) == (896, 0, 0)
+    # Without a finer unit there is no tail at all.
+    plain = RequestAdmission(get_admission("vllm"), PROBE, total_len=1040)
+    assert (plain.tail_stop, plain.tail, plain.attn_tail) == (0, 0, 0) and not plain.keeps_tail()
+
+
+def test_a_host_policy_adds_host_only_states_and_their_stops():
+    # vllm on the GPU (the junction 512 and the prompt end 896), dense for the host tier.
+    adm = RequestAdmission(get_admission("vllm"), PROBE, total_len=None,
+                           host_policy=get_admission("dense"))
+    assert adm.host_stops == (384, 640, 768, 896)
+    assert adm.stops == (384, 512, 640, 768, 896)
+    got = {p: adm.decide(p) for p in range(B, 1024 + 1, B)}
+    assert got == {128: HOST, 256: HOST, 384: HOST, 512: ADMIT, 640: HOST, 768: HOST,
+                   896: ADMIT, 1024: SKIP}  # host-only states lie inside the prompt
+    alone = RequestAdmission(get_admission("vllm"), PROBE, total_len=None)
+    assert alone.host_stops == () and HOST not in {alone.decide(p) for p in got}
+
+
+def test_cached_live_is_admitted_host_or_a_possible_sequence_end():
+    marconi = RequestAdmission(get_admission("marconi"), PROBE, total_len=None)
+    live = {p for p in range(B, 1024 + 1, B) if marconi.cached_live(p)}
+    assert live == {512, 896, 1024}  # the junction, then every state from the prompt end
+    vllm = RequestAdmission(get_admission("vllm"), PROBE, total_len=None)
+    assert {p for p in range(B, 1024 + 1, B) if vllm.cached_live(p)} == {512, 896}

@@ -213,15 +213,15 @@ def test_full_shadows_and_rate_one_from_the_trace_decide_alike():
 
 def test_a_sampled_lead_within_the_sampling_error_does_not_switch():
     reqs, _ = conversations(n_convs=600, turns=4, seed=2)
-    free, _ = drive(reqs, num_blocks=1201, shadow_rate=0.3, z=0.0)
-    strict, _ = drive(reqs, num_blocks=1201, shadow_rate=0.3, z=1e9)
+    free, _ = drive(reqs, num_blocks=1201, shadow_rate=0.3, min_lead_errors=0.0)
+    strict, _ = drive(reqs, num_blocks=1201, shadow_rate=0.3, min_lead_errors=1e9)
     assert free.switches and not strict.switches
     # Leads there were, each within (a billion) standard errors of a nonzero error.
     led = [d for d in strict.decisions if max(d.scores.values()) > d.scores[str(d.before)]]
     assert led and all(d.error > 0 for d in led)
-    # With full shadows there is no sampling error: z changes nothing.
-    a, _ = drive(reqs, num_blocks=1201, shadow_rate=1.0, z=0.0)
-    b, _ = drive(reqs, num_blocks=1201, shadow_rate=1.0, z=1e9)
+    # With full shadows there is no sampling error: min_lead_errors changes nothing.
+    a, _ = drive(reqs, num_blocks=1201, shadow_rate=1.0, min_lead_errors=0.0)
+    b, _ = drive(reqs, num_blocks=1201, shadow_rate=1.0, min_lead_errors=1e9)
     assert [d.as_dict() for d in a.decisions] == [d.as_dict() for d in b.decisions]
     assert all(d.error == 0 for d in a.decisions)
 

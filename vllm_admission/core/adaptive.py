@@ -1,86 +1,39 @@
 """``auto``: choose the admission and eviction policy online, by shadow replay.
 
-No fixed policy pair wins everywhere (``docs/results.md``): which admission
-serves a workload best depends on the model's state size and on the pressure
-on the cache, and which eviction wins depends on the traffic. The
-:class:`PolicyController` finds out while it serves, with no knowledge of the
-future and no constant fitted to a trace:
+A :class:`PolicyController` serves a switchable
+:class:`~vllm_admission.core.cache.HybridPrefixCache` (the simulator's run; in the vLLM
+plugin a twin of the engine's cache, each switch applied to the engine too) as one
+(admission, eviction) :class:`Pair`, and switches by this rule:
 
-* **the cache it watches** is a switchable
-  :class:`~vllm_admission.core.cache.HybridPrefixCache`: in the simulator that
-  cache *is* the run; in the vLLM plugin it is a twin of the engine's cache,
-  fed the same requests (the simulator predicts the engine request for
-  request, ``docs/fidelity.md``), and each switch is applied to the engine too;
-* **shadows**: beside that cache it runs one simulated cache per candidate
-  pair (every admission x every eviction it chooses among), each fed every
-  request from the start. A shadow is a cache that has always run its pair, so
-  the comparison is between steady states. (An earlier design replayed each
-  window from a snapshot of the live cache; it flapped between ``vllm`` and
-  ``last`` on the Mooncake trace, because a snapshot carries the states the
-  live pair saved, which favour whichever pair is *not* live: 26 switches in
-  61 windows at 64 GiB);
-* **decisions**: every ``min_window`` requests (50). What the shadows saved
-  fades with a half-life of ``half_life`` (4) *pool turnovers*, a turnover
-  being the requests whose prompt and output tokens first fill the pool's
-  blocks (between 50 and 1,000 requests): a long memory where the cache
-  keeps blocks long, a short one where it turns over fast. When a shadow
-  first evicts (:attr:`PolicyController.pressure_at`) the scores start from
-  zero: what caches that never had to evict saved says which pair hits most
-  in unbounded memory (the one saving the most states, ``dense``), not which
-  does under this pool's pressure; a pool that never fills keeps them all;
-* **score**: prefill FLOPs saved, the quantity time to first token pays for
-  and the one Marconi's alpha tuner maximises (Marconi section 4.2); token
-  hits would weigh a hit on a 100-token prefix like one on a 100-token tail
-  of a 30,000-token prompt, which costs far more to recompute;
-* **switch**: to the shadow with the best score when it beats the live
-  pair's shadow by the relative margin ``min_gain`` (1 %). Two simpler
-  designs lost: comparing the last window alone switched 46 times in 61
-  windows at 64 GiB on Mooncake (Qwen3-Next) and lost 0.4-1.3 points to the
-  best fixed pair from 128 GiB up; windows of one pool turnover (up to 1,000
-  requests) reacted too late on large caches (4 TiB: 32.13 % against
-  `dense`'s 33.42 %).
-  Switching is safe mid-run: a new
-  admission policy decides from the next request on, a new eviction policy
-  receives the free cached blocks with the times and values they were freed
-  with (:meth:`HybridPrefixCache.switch
-  <vllm_admission.core.cache.HybridPrefixCache.switch>`); no block changes
-  hands. A policy that learns by block hash (``reuse``) finds the history the
+* **shadows**: one simulated cache per candidate pair (:func:`candidate_policies`), each
+  fed every request from the start, or the requests of sampled prefix subtrees on a pool
+  scaled alike (:class:`~vllm_admission.core.sampling.PrefixSampler`);
+* **score**: the prefill FLOPs each shadow saved (the quantity Marconi's alpha tuner
+  maximises, Marconi section 4.2), each request's saving halved every ``half_life`` pool
+  turnovers (a turnover: the requests whose tokens first fill the pool, clipped to
+  ``[min_window, max_window]``); the scores restart from zero when a shadow first evicts
+  (:attr:`PolicyController.pressure_at`);
+* **decision**: every ``min_window`` requests (:data:`DEFAULT_INTERVAL`); switch to the
+  best-scoring pair when its lead over the live pair's shadow exceeds the relative margin
+  ``min_gain`` and, with sampled shadows, ``min_lead_errors`` standard errors of the
+  sampling (Horvitz-Thompson over a Bernoulli sample of units);
+* **start**: stock vLLM's pair (:func:`stock_pair`: ``vllm`` + ``lru``); in ``inpass``
+  checkpoint mode the candidate admission with a state at every block (``dense``) with
+  ``lru`` (:meth:`PolicyController.default_start`);
+* **switch**: a new admission policy decides from the next request on; a new eviction
+  policy receives the free cached blocks with the times and values they were freed with,
+  those the new pair's shadow does not hold first (:meth:`HybridPrefixCache.switch
+  <vllm_admission.core.cache.HybridPrefixCache.switch>`, :meth:`HybridPrefixCache.held_keys
+  <vllm_admission.core.cache.HybridPrefixCache.held_keys>`, carried by the
+  :class:`Decision`); a policy that learns by block hash (``reuse``) finds the history the
   live cache kept all along (:class:`LiveEvictions`).
 
-**Start**: as stock vLLM, ``vllm`` + ``lru``, where states are written in
-``split`` mode (vLLM 0.32), in which every checkpoint ends a prefill chunk.
-Where they are captured inside the pass (``inpass``), a checkpoint costs only
-its block, so the controller starts with the candidate admission that keeps a
-state at every block (``dense``), with ``lru``: until the pool fills, a state
-takes memory nothing else would use, and where the pool never fills those
-states are the hits ``dense`` wins (on the Mooncake trace starting as stock
-lost 0.36 points at 4 TiB to the first 200 requests' missing states). Where
-the pool fills, the first decisions under pressure move to another pair, and
-the switch puts the extra states first in the eviction order (below). In
-``split`` mode the same start would cost a chunk per block until then (9x the
-prefill steps of ``dense`` in ``inpass`` mode over the Mooncake trace).
+Every decision is a :class:`Decision`; the controller keeps every switch and the latest
+:data:`DECISIONS_KEPT` decisions. Cost: one cache-model run and one block pool per
+candidate pair beside the live one.
 
-**What a switch carries over.** Serving a new pair from now on is not the same
-as having served it all along: the live cache still holds what the old pair
-kept and lacks what the new one would have kept. In a simulator, replacing the
-live cache by the new pair's shadow at each switch puts the same decisions
-within 0.17 points of the best fixed pair on the Mooncake trace
-(``docs/simulator.md``); an engine cannot take over blocks it never computed,
-but it can give up what the new pair would not hold: at a switch, free cached
-blocks whose hash the new pair's shadow does not hold go to the new eviction
-policy first (:meth:`HybridPrefixCache.held_keys
-<vllm_admission.core.cache.HybridPrefixCache.held_keys>`, carried by the
-:class:`Decision` to the plugin's block pool).
-
-Every decision is a :class:`Decision` (request index, window, scores, the pair
-before and after); the controller keeps every switch and the latest
-:data:`DECISIONS_KEPT` decisions, so that its memory does not grow with the trace.
-
-Cost: one cache-model run per candidate pair beside the live one (8 with the
-default candidates: 4 admissions x 2 evictions); the memory of as many block
-pools (at 4 TiB, 328,965 blocks of Qwen3-Next: 65-75 MiB for an ``lru`` pool,
-120-220 MiB for a ``reuse`` pool, whose ghost history grows with the pool;
-``docs/benchmarks.md``).
+Designs tried and measurements: ``docs/research-log-adaptive.md``; the behaviour in full:
+``docs/simulator.md``.
 """
 
 from __future__ import annotations
@@ -133,11 +86,9 @@ DECISIONS_KEPT = 1000
 #: (``PolicyController.min_samples``).
 DEFAULT_MIN_SAMPLES = 256
 
-#: With sampled shadows: mean-sized requests a scaled shadow pool holds, at least.
-#: A miniature cache that holds only a few of the trace's requests no longer
-#: behaves like the full one (on the Mooncake trace, Qwen3-Next, 64 GiB: a pool
-#: scaled to 1/16, about 14 requests, delayed ``auto``'s first switch from
-#: request 199 to 2,649 and cost 0.65 points).
+#: With sampled shadows: mean-sized requests a scaled shadow pool holds, at least (a
+#: miniature cache of a few requests no longer behaves like the full one;
+#: ``docs/research-log-adaptive.md``).
 MIN_SHADOW_REQUESTS = 64
 
 
@@ -176,12 +127,11 @@ def auto_evictions() -> tuple[str, ...]:
     engine can run that declares ``auto_candidate`` (``lru``, ``reuse``).
     ``AUTO_EVICTIONS`` is the same, read as an attribute.
 
-    Left out of the built-ins: ``flop`` (it has its own alpha tuner, and at alpha 0,
-    where that tuner ends on the Mooncake trace, it orders like ``lru``) and the
-    baseline ``lfu`` (among the candidates it drew ``auto`` into it on transient
-    leads; without it ``auto`` gained up to 0.28 points in the Mooncake study and lost
-    at most 0.07, docs/simulator.md). With a policy that keeps a hash history among
-    them (``reuse``), every live policy keeps that history (:class:`LiveEvictions`).
+    Left out of the built-ins: ``flop`` (it has its own alpha tuner, which ends at
+    alpha 0, ``lru``'s order, on the Mooncake trace) and the baseline ``lfu`` (transient
+    leads drew ``auto`` into it; ``docs/research-log-adaptive.md``). With a policy that
+    keeps a hash history among them (``reuse``), every live policy keeps that history
+    (:class:`LiveEvictions`).
     """
     return tuple(n for n in engine_eviction_policies() if eviction_class(n).auto_candidate)
 
@@ -290,9 +240,7 @@ class LiveEvictions:
     A policy that keeps history by block hash (``reuse``) learns which hashes
     come back from what the cache caches, hits and evicts; switched in mid-run
     with a fresh history it would take every cached block for a first-time
-    one, and lose what a cache that ran it all along knows (on the Mooncake
-    trace, Qwen3-Next, this cost ``auto`` 0.2-0.4 points from 32 to 512 GiB,
-    ``docs/simulator.md``). So when ``reuse`` is a candidate, every policy
+    one. So when ``reuse`` is a candidate, every policy
     built here shares one :class:`~vllm_admission.core.eviction.ReuseHistory`, kept up to date from
     the first request on: ``reuse`` itself, and every other policy wrapped in a
     :class:`~vllm_admission.core.eviction.HistoryKeeper` that orders as the
@@ -444,11 +392,10 @@ class PolicyController:
         min_samples: with ``shadow_rate=None``: the sampled requests the
             compared scores should rest on (the rate is raised until the score
             horizon holds that many).
-        z: with sampled shadows, a switch also needs the best pair's lead over
-            the live pair to exceed ``z`` standard errors of its sampling error
-            (1: on the Mooncake trace, Qwen3-Next, 256 GiB, sampled at 7 %,
-            ``z`` 0 switched 5 times and reached 20.44 %, ``z`` 1 switched 3
-            times, as full shadows do, and reached 20.84 %).
+        min_lead_errors: with sampled shadows, a switch also needs the best
+            pair's lead over the live pair to exceed this many standard errors of
+            its sampling error (:meth:`_ShadowSet.error`; 0: the margin
+            ``min_gain`` alone).
 
     The controller serves ``live`` with its own policy objects
     (:class:`LiveEvictions`), from the start on.
@@ -462,8 +409,8 @@ class PolicyController:
     shadows, each a cache of ``rate`` times the live pool's blocks, serves only
     the requests of the sampled prefix subtrees, so it costs about ``rate``
     times what full shadows cost, in time and memory. The main cache is never
-    sampled. A sampled switch also needs a lead larger than ``z`` standard
-    errors: the error of a sum over a Bernoulli sample of sampling units
+    sampled. A sampled switch also needs a lead larger than ``min_lead_errors``
+    standard errors: the error of a sum over a Bernoulli sample of sampling units
     (Horvitz-Thompson; each unit's savings summed within a decision window).
 
     With ``shadow_rate=None`` the run starts on full shadows. The first
@@ -498,7 +445,8 @@ class PolicyController:
     half_life: float = 4.0
     shadow_rate: float | None = None
     min_samples: int = DEFAULT_MIN_SAMPLES
-    z: float = 1.0
+    min_lead_errors: float = 1.0
+
     def __post_init__(self) -> None:
         if not self.admissions or not self.evictions:
             raise ValueError("the controller needs at least one admission and one eviction policy")
@@ -692,7 +640,7 @@ class PolicyController:
         gain = (history[bi] - history[li]) / history[li] if history[li] > 0 else math.inf
         error = deciding.error(bi, li)
         lead = history[bi] - history[li]
-        switch = lead > 0 and gain > self.min_gain and lead > self.z * error
+        switch = lead > 0 and gain > self.min_gain and lead > self.min_lead_errors * error
         after = pairs[bi] if switch else live
         held = deciding.shadows[after].held_keys() if after != live else None
         decision = Decision(at=index, window=self._since, before=live, after=after,

@@ -44,13 +44,17 @@ Layout, after vLLM v1's core (``block_pool.py``, ``single_type_kv_cache_manager.
 
 * :mod:`~vllm_admission.core.cache.block_pool`: :class:`BlockPool`, the block ids,
   reference counts and the hash index (one insertion path, one drop path);
+* :mod:`~vllm_admission.core.cache.running`: a running request's bookkeeping
+  (``RunningRequest``) and the step interface the checkpoint strategies drive
+  (``StepRunner``);
 * :mod:`~vllm_admission.core.cache.groups`: one part per KV cache group kind
   (attention, state), chosen by :data:`~vllm_admission.core.cache.groups.GROUP_PARTS`;
 * :mod:`~vllm_admission.core.cache.checkpoint`: the chunk-end rule
   (:func:`chunk_end`, shared with the plugin) and the checkpoint modes
   (:data:`CHECKPOINT_MODES`), one strategy object each;
-* :mod:`~vllm_admission.core.cache.values`: the FLOP value and next use a freed
-  block carries to the eviction policy;
+* :mod:`~vllm_admission.core.cache.values`: the FLOP value (Marconi's valuation,
+  :mod:`vllm_admission.core.block_values`) and next use a freed block carries to the
+  eviction policy;
 * :mod:`~vllm_admission.core.cache.model`: :class:`HybridPrefixCache`, which
   composes them and runs the steps above.
 """

@@ -8,23 +8,20 @@ both call it. :func:`split_chunk` adds the checkpoint stops.
 A checkpoint mode (:data:`CHECKPOINT_MODES`) is one strategy object,
 :class:`SplitCheckpoints` or :class:`InpassCheckpoints`, chosen by
 :data:`CHECKPOINT_STRATEGIES`: it runs a request's prefill steps through the
-cache model's one step (:meth:`HybridPrefixCache._step
-<vllm_admission.core.cache.model.HybridPrefixCache._step>`) and returns how
-many steps it took.
+cache model's one step (:meth:`StepRunner.step
+<vllm_admission.core.cache.running.StepRunner.step>`, which
+:class:`~vllm_admission.core.cache.model.HybridPrefixCache` implements) and returns
+how many steps it took.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from vllm_admission.core.admission import ADMIT, HOST
+from vllm_admission.core.cache.running import RunningRequest, StepRunner
 from vllm_admission.core.errors import UserError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from vllm_admission.core.cache.groups import RunningRequest
-    from vllm_admission.core.cache.model import HybridPrefixCache
 
 __all__ = ["CHECKPOINT_MODES", "CHECKPOINT_STRATEGIES", "InpassCheckpoints", "SplitCheckpoints",
            "check_checkpoint_mode", "chunk_end", "split_chunk"]
@@ -128,11 +125,11 @@ class SplitCheckpoints:
     def __init__(self, *, prompt_end_export: bool = False) -> None:
         self.prompt_end_export = prompt_end_export
 
-    def prefill(self, cache: HybridPrefixCache, run: RunningRequest, computed: int,
+    def prefill(self, cache: StepRunner, run: RunningRequest, computed: int,
                 output_len: int, now: float) -> int:
         """Run the prefill steps of ``[computed, prompt_len)``; return their number."""
         B, P, budget = cache.block_size, run.prompt_len, cache.chunk_size
-        adm, step = run.adm, cache._step
+        adm, step = run.adm, cache.step
         ends = _checkpoint_positions(run)
         steps = 0
         pe = adm.prompt_end
@@ -175,11 +172,11 @@ class InpassCheckpoints:
         if prompt_end_export:
             raise ValueError(f"prompt_end_export needs checkpoint='split', got {self.name!r}")
 
-    def prefill(self, cache: HybridPrefixCache, run: RunningRequest, computed: int,
+    def prefill(self, cache: StepRunner, run: RunningRequest, computed: int,
                 output_len: int, now: float) -> int:
         """Run the prefill steps of ``[computed, prompt_len)``; return their number."""
         B, P, budget = cache.block_size, run.prompt_len, cache.chunk_size
-        adm, step = run.adm, cache._step
+        adm, step = run.adm, cache.step
         # States for the GPU cache, and those for the host tier only (per-tier admission).
         captures = [p for p in _checkpoint_positions(run) if adm.decide(p) in (ADMIT, HOST)]
         run.written = set()

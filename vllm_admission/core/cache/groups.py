@@ -19,79 +19,22 @@ Allocation is the model's (:meth:`HybridPrefixCache._allocate
 <vllm_admission.core.cache.model.HybridPrefixCache._allocate>`): one pool call
 hands every group its new blocks, attention groups first.
 
-:class:`RunningRequest` is the per-request bookkeeping the parts share.
+:class:`~vllm_admission.core.cache.running.RunningRequest` (re-exported here) is the
+per-request bookkeeping the parts share.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from vllm_admission.core.admission import ADMIT, RequestAdmission
+from vllm_admission.core.admission import ADMIT
 from vllm_admission.core.cache.block_pool import NULL, BlockPool
+from vllm_admission.core.cache.running import RunningRequest
 from vllm_admission.core.cache.values import FreedBlockMeta
 from vllm_admission.core.geometry import ATTENTION, HIDDEN, STATE
 
 __all__ = ["GROUP_PARTS", "AttentionGroups", "KVGroups", "RunningRequest", "StateGroups"]
-
-
-@dataclass(slots=True)
-class RunningRequest:
-    """Per-request bookkeeping while a request runs (the managers' dicts).
-
-    Every group caches its full blocks at the same steps, and every state group
-    holds its blocks at the same indexes, so both are kept once for all groups.
-    """
-
-    rid: int
-    hashes: Sequence[int]
-    prompt_len: int
-    #: The request's admission decisions, stops, checkpoints and block values.
-    adm: RequestAdmission
-    #: Each group's block table (a state group's holds NULL where it has no block).
-    blocks: list[list[int]]
-    #: Leading blocks of every group already cached (``num_cached_block``).
-    num_cached: int
-    #: Ascending indexes where the state groups hold a block (not NULL).
-    live: list[int]
-    #: ``inpass`` mode: indexes ``i`` whose state block was written with the
-    #: state at ``(i + 1) * B`` (a capture or a block-aligned step end); only
-    #: those may be cached. ``None`` in ``split`` mode, where every step end is
-    #: block-aligned (or followed by a stop at the next boundary).
-    written: set[int] | None = None
-    #: A hash unit finer than the block (vLLM's ``prefix_match_unit``): the
-    #: prompt's hash-unit keys, one per unit (``None``: no sub-block keys).
-    units: Sequence | None = None
-    #: The prompt's tail unit boundary (:attr:`RequestAdmission.tail
-    #: <vllm_admission.core.admission.RequestAdmission.tail>`) when its state is
-    #: kept (its sub-block key is registered), else 0.
-    tail: int = 0
-    #: Where the attention groups key the prompt's tail unit
-    #: (:attr:`RequestAdmission.attn_tail
-    #: <vllm_admission.core.admission.RequestAdmission.attn_tail>`; ``tail`` but under
-    #: EAGLE), or 0.
-    attn_tail: int = 0
-    #: The attention groups' block holding ``attn_tail`` has its sub-block key.
-    tail_keyed: bool = False
-    #: The state at ``tail`` was cached; its key moves to a block of its own at
-    #: the next allocation (``MambaManager.allocate_new_blocks``).
-    move_tail: bool = False
-    #: Index of the block a sub-block hit shares with the cache: every group
-    #: replaces it by a private copy at the first allocation (-1: none).
-    cow: int = -1
-    #: Speculative decoding: per state group, the speculative blocks held from
-    #: the first allocation (``None``: none taken yet).
-    spec_blocks: list[list[int]] | None = None
-    #: With a host tier: the request's dealings with it
-    #: (:class:`~vllm_admission.core.cache.host.HostRequest`), else ``None``.
-    host: object = None
-    #: With a host tier: indexes of the state blocks cached since the last store
-    #: (the Mamba manager's hand-offs to the connector).
-    cached_states: list[int] = field(default_factory=list)
-    #: Where the request's previous step started (its first step: where it starts);
-    #: under async scheduling vLLM retires state blocks up to there only.
-    prev_start: int = 0
 
 
 class KVGroups:

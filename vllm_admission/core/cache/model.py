@@ -586,7 +586,7 @@ class HybridPrefixCache:
         # steps next to a block boundary change the cache, so only those run. Under
         # EAGLE/MTP the step also verifies the K drafts (scheduled, never cached until
         # accepted; the model's drafts are taken as rejected, one token a step).
-        step, width, late = self._step, 1 + self.spec, self.async_scheduling
+        step, width, late = self.step, 1 + self.spec, self.async_scheduling
         for t in _decode_events(prompt_len, total - 2, B, self.spec, self.lookahead, late):
             if late and t > prompt_len:
                 run.prev_start = t - 1   # the decode step before, in flight
@@ -619,8 +619,8 @@ class HybridPrefixCache:
         if not skip_states:
             run.live.append(hit_blocks - 1)
 
-    def _step(self, run: RunningRequest, start: int, n: int, num_tokens: int, now: float,
-              captures: Sequence[int] = ()) -> None:
+    def step(self, run: RunningRequest, start: int, n: int, num_tokens: int, now: float,
+             captures: Sequence[int] = ()) -> None:
         """One scheduler step computing tokens ``[start, start + n)`` while the
         request has ``num_tokens`` tokens, in either checkpoint mode.
 

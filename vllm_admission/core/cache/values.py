@@ -1,8 +1,8 @@
 """What a freed cached block tells the eviction policy: its FLOP value and next use.
 
 ``flop`` eviction orders candidates by the FLOP efficiency of the segment a
-block belongs to (:func:`vllm_admission.core.admission.block_value`, over the
-request's :meth:`~vllm_admission.core.admission.RequestAdmission.segment_table`);
+block belongs to (Marconi's valuation, :func:`vllm_admission.core.block_values.block_value`,
+over the request's :meth:`~vllm_admission.core.admission.RequestAdmission.segment_table`);
 ``belady`` by the time the block's hash is needed next. The cache model sets
 these on the pool (``BlockPool.value``, ``BlockPool.next_use``) just before it
 frees the blocks.
@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from vllm_admission.core.admission import SegmentCosts, block_value
+from vllm_admission.core.block_values import SegmentCosts, block_value
 
 if TYPE_CHECKING:  # pragma: no cover
     from vllm_admission.core.cache.block_pool import BlockPool
-    from vllm_admission.core.cache.groups import RunningRequest
+    from vllm_admission.core.cache.running import RunningRequest
 
 __all__ = ["FreedBlockMeta"]
 

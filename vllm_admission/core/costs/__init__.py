@@ -35,18 +35,19 @@ documented where it is computed and in ``docs/cost-model.md``. Conventions:
 
 Nothing here imports vllm or torch.
 
-The package is split along those lines: :mod:`~.layers` (the layer record and the FLOP
+The package is split along those lines: :mod:`~.dtypes` (dtype names and sizes, the
+resolved :class:`~.dtypes.Dtypes`), :mod:`~.layers` (the layer record and the FLOP
 terms of each layer family), :mod:`~.config` (reading configs, vLLM's dtype rules),
 :mod:`~.architectures` (one builder per architecture), :mod:`~.model` (``ModelCosts``,
 ``load_model``).
 """
 
 from vllm_admission.core.costs.architectures import SUPPORTED_ARCHITECTURES
+from vllm_admission.core.costs.dtypes import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.costs.layers import (
     ATTENTION_KINDS,
     FFN_ONLY_KINDS,
     LAYER_KINDS,
-    MAMBA_SSM_CACHE_DTYPES,
     RECURRENT_KINDS,
     LayerCost,
     ModelConfigError,

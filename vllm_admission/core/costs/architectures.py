@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from vllm_admission.core.costs.config import _NEMOTRON_H, _QWEN3_5, _Dtypes, _Fields
+from vllm_admission.core.costs.config import ConfigFields
+from vllm_admission.core.costs.dtypes import NEMOTRON_H, QWEN3_5, Dtypes
 from vllm_admission.core.costs.layers import (
     LayerCost,
     _attention_layer,
@@ -21,10 +22,10 @@ from vllm_admission.core.costs.layers import (
 # Architectures
 # --------------------------------------------------------------------------- #
 
-Builder = Callable[[_Fields, _Dtypes], tuple[list[LayerCost], int]]
+Builder = Callable[[ConfigFields, Dtypes], tuple[list[LayerCost], int]]
 
 
-def _head_dim(cfg: _Fields, hidden: int, num_heads: int) -> int:
+def _head_dim(cfg: ConfigFields, hidden: int, num_heads: int) -> int:
     if cfg.get("head_dim") is not None:
         return cfg.int("head_dim")
     if cfg.get("attention_head_dim") is not None:
@@ -35,7 +36,7 @@ def _head_dim(cfg: _Fields, hidden: int, num_heads: int) -> int:
     return hidden // num_heads
 
 
-def _qwen_layer_types(cfg: _Fields, num_layers: int) -> list[str]:
+def _qwen_layer_types(cfg: ConfigFields, num_layers: int) -> list[str]:
     """Qwen3-Next / Qwen3.5 ``layer_types``, else derived from ``full_attention_interval``.
 
     Derivation as transformers' Qwen3NextConfig: layer i is full attention when
@@ -53,7 +54,7 @@ def _qwen_layer_types(cfg: _Fields, num_layers: int) -> list[str]:
     return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
 
 
-def _build_qwen_gdn(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
+def _build_qwen_gdn(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost], int]:
     """Qwen3-Next and Qwen3.5: GDN or gated full attention, each followed by MLP or MoE.
 
     Source: vllm/model_executor/models/qwen3_next.py Qwen3NextDecoderLayer (MoE
@@ -138,7 +139,7 @@ _NEMOTRON_CODES = {
 }
 
 
-def _build_nemotron_h(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
+def _build_nemotron_h(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost], int]:
     """Nemotron-H: each layer is ONE of Mamba2 (M), attention (*), MLP (-), MoE (E).
 
     Source: vllm/model_executor/models/nemotron_h.py (NemotronHMambaDecoderLayer
@@ -204,7 +205,8 @@ def _build_nemotron_h(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], i
                 if not intermediate:
                     raise cfg._error("intermediate_size", "is an empty list")
                 intermediate = intermediate[0] if len(intermediate) == 1 else intermediate[mlp_index]
-                width = _Fields({"intermediate_size": intermediate}, cfg.label, cfg.prefix).int("intermediate_size")
+                width = ConfigFields({"intermediate_size": intermediate}, cfg.label,
+                                     cfg.prefix).int("intermediate_size")
             else:
                 width = cfg.int("intermediate_size")
             mlp_index += 1
@@ -244,7 +246,7 @@ def _ffn_only_layer(kind: str, index: int, terms: list[tuple[str, int]]) -> Laye
     )
 
 
-def _build_zamba2(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
+def _build_zamba2(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost], int]:
     """Zamba2: Mamba2 layers; "hybrid" layers add a shared attention + MLP block.
 
     Source: vllm/model_executor/models/zamba2.py. Every decoder layer runs a
@@ -305,7 +307,7 @@ def _build_zamba2(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
     return layers, len(block_types)
 
 
-def _build_jamba(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
+def _build_jamba(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost], int]:
     """Jamba: Mamba1 or attention, each followed by a gated MLP or an MoE block.
 
     Source: vllm/model_executor/models/jamba.py with transformers' JambaConfig
@@ -365,7 +367,7 @@ def _build_jamba(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
     return layers, num_layers
 
 
-def _build_granite_hybrid(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
+def _build_granite_hybrid(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost], int]:
     """Granite-4.0-H (GraniteMoeHybrid): Mamba2 or attention, each followed by MoE and/or a shared MLP.
 
     Source: vllm/model_executor/models/granitemoehybrid.py. ``layer_types``
@@ -426,7 +428,7 @@ def _build_granite_hybrid(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost
     return layers, len(types)
 
 
-def _build_falcon_h1(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
+def _build_falcon_h1(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost], int]:
     """Falcon-H1: every decoder layer runs attention AND a Mamba2 mixer in parallel, then a gated MLP.
 
     Source: vllm/model_executor/models/falcon_h1.py (FalconH1ParallelHybrid).
@@ -441,7 +443,7 @@ def _build_falcon_h1(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], in
     num_layers = cfg.int("num_hidden_layers")
     num_heads = cfg.int("num_attention_heads")
     num_kv_heads = cfg.int("num_key_value_heads", num_heads)
-    head_dim = cfg.int("head_dim", None) or _head_dim(_Fields({}, cfg.label, cfg.prefix), hidden, num_heads)
+    head_dim = cfg.int("head_dim", None) or _head_dim(ConfigFields({}, cfg.label, cfg.prefix), hidden, num_heads)
     d_ssm = cfg.int("mamba_d_ssm", None) or int(cfg.int("mamba_expand") * hidden)
     layers: list[LayerCost] = []
     for i in range(num_layers):
@@ -472,7 +474,7 @@ def _build_falcon_h1(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], in
     return layers, num_layers
 
 
-def _build_dense(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
+def _build_dense(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost], int]:
     """Plain decoder-only transformers (Llama, Mistral, Qwen2/3, Qwen3-MoE): no recurrent layer.
 
     Accepted so that a non-hybrid model gives ``is_hybrid == False`` instead of
@@ -515,10 +517,11 @@ def _build_dense(cfg: _Fields, dtypes: _Dtypes) -> tuple[list[LayerCost], int]:
     return layers, num_layers
 
 
-_BUILDERS: dict[str, Builder] = {
+#: Architecture name -> its builder.
+BUILDERS: dict[str, Builder] = {
     "Qwen3NextForCausalLM": _build_qwen_gdn,
-    **{arch: _build_qwen_gdn for arch in _QWEN3_5},
-    **{arch: _build_nemotron_h for arch in _NEMOTRON_H},
+    **{arch: _build_qwen_gdn for arch in QWEN3_5},
+    **{arch: _build_nemotron_h for arch in NEMOTRON_H},
     "Zamba2ForCausalLM": _build_zamba2,
     "JambaForCausalLM": _build_jamba,
     "GraniteMoeHybridForCausalLM": _build_granite_hybrid,
@@ -530,6 +533,6 @@ _BUILDERS: dict[str, Builder] = {
     "Qwen3MoeForCausalLM": _build_dense,
 }
 #: Architecture names :meth:`ModelCosts.from_config` accepts.
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_BUILDERS)
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(BUILDERS)
 
 

@@ -4,29 +4,31 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from vllm_admission.core.costs.layers import (
-    _CANONICAL_DTYPE,
-    _DTYPE_BYTES,
-    ModelConfigError,
+from vllm_admission.core.costs.dtypes import (
+    CANONICAL_DTYPE,
+    DTYPE_BYTES,
+    NEMOTRON_H,
+    QWEN3_5,
+    Dtypes,
 )
+from vllm_admission.core.costs.layers import ModelConfigError
 
-_NEMOTRON_H = ("NemotronHForCausalLM",)
-_QWEN3_5 = (
-    "Qwen3_5MoeForConditionalGeneration",
-    "Qwen3_5MoeForCausalLM",
-    "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5ForCausalLM",
-)
+__all__ = ["ConfigFields", "display_name", "read_json", "resolve_dtypes"]
+
 # --------------------------------------------------------------------------- #
 # Reading configs
 # --------------------------------------------------------------------------- #
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
+    """The JSON in ``path``.
+
+    Raises:
+        ModelConfigError: a missing or unreadable file, or not JSON (one line).
+    """
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -43,7 +45,9 @@ def _read_json(path: Path) -> Any:
         ) from None
 
 
-def _display_name(raw: Mapping[str, Any], path: Path | None, architecture: str) -> str:
+def display_name(raw: Mapping[str, Any], path: Path | None, architecture: str) -> str:
+    """The model's name for reports: the config's ``_name_or_path``, else the file's,
+    else the architecture."""
     name_or_path = raw.get("_name_or_path")
     if isinstance(name_or_path, str) and name_or_path.strip("/"):
         return name_or_path.rstrip("/").rsplit("/", 1)[-1]
@@ -59,8 +63,14 @@ def _display_name(raw: Mapping[str, Any], path: Path | None, architecture: str) 
 _MISSING = object()
 
 
-class _Fields:
-    """Typed access to one JSON object, with one-line errors naming file and field."""
+class ConfigFields:
+    """Typed access to one JSON object, with one-line errors naming file and field.
+
+    Args:
+        data: the object.
+        label: the file (or ``<dict>``) named in errors.
+        prefix: the object's path in the file (``"text_config."``), named in errors.
+    """
 
     def __init__(self, data: Mapping[str, Any], label: str, prefix: str = "") -> None:
         self.data = data
@@ -76,11 +86,11 @@ class _Fields:
     def _error(self, key: str, problem: str) -> ModelConfigError:
         return ModelConfigError(f"{self.label}: field '{self.prefix}{key}' {problem}")
 
-    def sub(self, key: str) -> _Fields:
+    def sub(self, key: str) -> ConfigFields:
         value = self.data.get(key)
         if not isinstance(value, Mapping):
             raise self._error(key, "must be a JSON object")
-        return _Fields(value, self.label, f"{self.prefix}{key}.")
+        return ConfigFields(value, self.label, f"{self.prefix}{key}.")
 
     def int(self, key: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
         value = self.data.get(key)
@@ -137,74 +147,76 @@ class _Fields:
 # --------------------------------------------------------------------------- #
 
 
-@dataclass(frozen=True)
-class _Dtypes:
-    model: str
-    kv: str
-    conv: str
-    ssm: str
+def resolve_dtypes(
+    top: ConfigFields,
+    text: ConfigFields,
+    dtype: str | None,
+    kv_cache_dtype: str,
+    mamba_cache_dtype: str,
+    mamba_ssm_cache_dtype: str,
+    architecture: str,
+) -> Dtypes:
+    """Resolve the four dtypes as vLLM 0.32 does (file references in the body).
 
-    @staticmethod
-    def resolve(
-        top: _Fields,
-        text: _Fields,
-        dtype: str | None,
-        kv_cache_dtype: str,
-        mamba_cache_dtype: str,
-        mamba_ssm_cache_dtype: str,
-        architecture: str,
-    ) -> _Dtypes:
-        """Resolve the four dtypes as vLLM 0.32 does (file references in the body)."""
-        # Model dtype: vllm/config/model.py _get_and_verify_dtype / _resolve_auto_dtype:
-        # "auto" takes the config's dtype, and float32 checkpoints are served in
-        # the platform's preferred half type (bfloat16 on current GPUs).
-        if dtype is None or dtype == "auto":
-            config_dtype = None
-            for fields in (text, top):
-                for key in ("torch_dtype", "dtype"):
-                    if isinstance(fields.get(key), str):
-                        config_dtype = fields.get(key)
-                        break
-                if config_dtype is not None:
+    Args:
+        top, text: the config and its text config (``top`` when there is none).
+        dtype, kv_cache_dtype, mamba_cache_dtype, mamba_ssm_cache_dtype: vLLM's flags
+            of those names (``"auto"``, and ``dtype`` also ``None``: vLLM's default).
+        architecture: the config's architecture (its per-model dtype hooks).
+
+    Raises:
+        ModelConfigError: an unknown dtype name, or a model dtype that is not a float.
+    """
+    # Model dtype: vllm/config/model.py _get_and_verify_dtype / _resolve_auto_dtype:
+    # "auto" takes the config's dtype, and float32 checkpoints are served in
+    # the platform's preferred half type (bfloat16 on current GPUs).
+    if dtype is None or dtype == "auto":
+        config_dtype = None
+        for fields in (text, top):
+            for key in ("torch_dtype", "dtype"):
+                if isinstance(fields.get(key), str):
+                    config_dtype = fields.get(key)
                     break
-            model = _dtype_name(config_dtype or "float32", top.label, "torch_dtype")
-            if model == "float32":
-                model = "bfloat16"
-        else:
-            model = _dtype_name(dtype, top.label, "dtype (argument)")
-        if model not in ("bfloat16", "float16", "float32"):
-            raise ModelConfigError(f"{top.label}: model dtype '{model}' is not a float dtype")
+            if config_dtype is not None:
+                break
+        model = _dtype_name(config_dtype or "float32", top.label, "torch_dtype")
+        if model == "float32":
+            model = "bfloat16"
+    else:
+        model = _dtype_name(dtype, top.label, "dtype (argument)")
+    if model not in ("bfloat16", "float16", "float32"):
+        raise ModelConfigError(f"{top.label}: model dtype '{model}' is not a float dtype")
 
-        # KV cache: vllm/config/cache.py cache_dtype; "auto" = model dtype.
-        kv = model if kv_cache_dtype == "auto" else _dtype_name(kv_cache_dtype, top.label, "kv_cache_dtype (argument)")
-        # Conv state: MambaStateDtypeCalculator._mamba_state_dtype ->
-        # get_kv_cache_torch_dtype(mamba_cache_dtype, model_dtype).
-        conv = (
-            model
-            if mamba_cache_dtype == "auto"
-            else _dtype_name(mamba_cache_dtype, top.label, "mamba_cache_dtype (argument)")
-        )
-        # SSM state: "auto" = the conv-state dtype, after the per-model hooks of
-        # vllm/model_executor/models/config.py have replaced "auto":
-        #   NemotronHForCausalLMConfig: hf_config.mamba_ssm_cache_dtype, default float32
-        #   Qwen3_5ForConditionalGenerationConfig: hf_text_config.mamba_ssm_dtype
-        ssm_choice = mamba_ssm_cache_dtype
-        if ssm_choice == "auto":
-            if architecture in _NEMOTRON_H:
-                ssm_choice = text.str("mamba_ssm_cache_dtype", "float32")
-            elif architecture in _QWEN3_5 and text.get("mamba_ssm_dtype") is not None:
-                ssm_choice = text.str("mamba_ssm_dtype")
-        ssm = conv if ssm_choice == "auto" else _dtype_name(ssm_choice, top.label, "mamba_ssm_cache_dtype")
-        return _Dtypes(model=model, kv=kv, conv=conv, ssm=ssm)
+    # KV cache: vllm/config/cache.py cache_dtype; "auto" = model dtype.
+    kv = model if kv_cache_dtype == "auto" else _dtype_name(kv_cache_dtype, top.label, "kv_cache_dtype (argument)")
+    # Conv state: MambaStateDtypeCalculator._mamba_state_dtype ->
+    # get_kv_cache_torch_dtype(mamba_cache_dtype, model_dtype).
+    conv = (
+        model
+        if mamba_cache_dtype == "auto"
+        else _dtype_name(mamba_cache_dtype, top.label, "mamba_cache_dtype (argument)")
+    )
+    # SSM state: "auto" = the conv-state dtype, after the per-model hooks of
+    # vllm/model_executor/models/config.py have replaced "auto":
+    #   NemotronHForCausalLMConfig: hf_config.mamba_ssm_cache_dtype, default float32
+    #   Qwen3_5ForConditionalGenerationConfig: hf_text_config.mamba_ssm_dtype
+    ssm_choice = mamba_ssm_cache_dtype
+    if ssm_choice == "auto":
+        if architecture in NEMOTRON_H:
+            ssm_choice = text.str("mamba_ssm_cache_dtype", "float32")
+        elif architecture in QWEN3_5 and text.get("mamba_ssm_dtype") is not None:
+            ssm_choice = text.str("mamba_ssm_dtype")
+    ssm = conv if ssm_choice == "auto" else _dtype_name(ssm_choice, top.label, "mamba_ssm_cache_dtype")
+    return Dtypes(model=model, kv=kv, conv=conv, ssm=ssm)
 
 
 def _dtype_name(value: str, label: str, field_name: str) -> str:
     name = str(value).lower().replace("torch.", "")
-    if name not in _DTYPE_BYTES:
+    if name not in DTYPE_BYTES:
         raise ModelConfigError(
             f"{label}: field '{field_name}' has unsupported dtype {value!r}; "
-            f"known: {', '.join(sorted(_DTYPE_BYTES))}"
+            f"known: {', '.join(sorted(DTYPE_BYTES))}"
         )
-    return _CANONICAL_DTYPE.get(name, name)
+    return CANONICAL_DTYPE.get(name, name)
 
 

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from vllm_admission.core.costs.dtypes import DTYPE_BYTES, Dtypes
 from vllm_admission.core.errors import UserError
 
-if TYPE_CHECKING:  # config.py imports this module
-    from vllm_admission.core.costs.config import _Dtypes
 
 class ModelConfigError(UserError):
     """A model config cannot be read or describes something this module cannot cost.
@@ -28,23 +26,6 @@ RECURRENT_KINDS = ("gdn", "mamba2", "mamba1")
 #: Nemotron-H layers that are only a feed-forward block: they hold no cache and
 #: do not appear in ``LAYER_KINDS``.
 FFN_ONLY_KINDS = ("mlp", "moe")
-
-# Bytes per element of the dtype names that appear in HF configs and vLLM flags
-# (vllm/utils/torch_utils.py: STR_DTYPE_TO_TORCH_DTYPE).
-_DTYPE_BYTES = {
-    "float32": 4,
-    "float": 4,
-    "bfloat16": 2,
-    "float16": 2,
-    "half": 2,
-    "fp8": 1,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-}
-_CANONICAL_DTYPE = {"float": "float32", "half": "float16"}
-
-#: Values of vLLM 0.32's ``mamba_ssm_cache_dtype`` (``MambaDType``, vllm/config/cache.py).
-MAMBA_SSM_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 # --------------------------------------------------------------------------- #
@@ -229,7 +210,7 @@ def _attention_layer(
     terms += extra_terms or []
     return LayerCost(
         kind="sliding_attention" if sliding_window else "full_attention",
-        kv_bytes_per_token=2 * kv_width * _DTYPE_BYTES[kv_dtype],
+        kv_bytes_per_token=2 * kv_width * DTYPE_BYTES[kv_dtype],
         state_bytes=0,
         index=index,
         sliding_window=sliding_window or None,
@@ -247,11 +228,11 @@ def _recurrent_layer(
     index: int,
     conv_shape: tuple[int, int],
     ssm_shape: tuple[int, ...],
-    dtypes: _Dtypes,
+    dtypes: Dtypes,
     terms: list[tuple[str, int]],
 ) -> LayerCost:
-    conv_bytes = math.prod(conv_shape) * _DTYPE_BYTES[dtypes.conv]
-    ssm_bytes = math.prod(ssm_shape) * _DTYPE_BYTES[dtypes.ssm]
+    conv_bytes = math.prod(conv_shape) * DTYPE_BYTES[dtypes.conv]
+    ssm_bytes = math.prod(ssm_shape) * DTYPE_BYTES[dtypes.ssm]
     return LayerCost(
         kind=kind,
         kv_bytes_per_token=0,
@@ -275,7 +256,7 @@ def _gdn_layer(
     k_head_dim: int,
     v_head_dim: int,
     conv_kernel: int,
-    dtypes: _Dtypes,
+    dtypes: Dtypes,
     extra_terms: list[tuple[str, int]],
 ) -> LayerCost:
     """Gated DeltaNet linear-attention layer (Qwen3-Next, Qwen3.5).
@@ -322,7 +303,7 @@ def _mamba2_layer(
     n_groups: int,
     state_size: int,
     conv_kernel: int,
-    dtypes: _Dtypes,
+    dtypes: Dtypes,
     extra_terms: list[tuple[str, int]] | None = None,
 ) -> LayerCost:
     """Mamba2 (SSD) mixer (Nemotron-H, Zamba2).
@@ -363,7 +344,7 @@ def _mamba1_layer(
     state_size: int,
     conv_kernel: int,
     dt_rank: int,
-    dtypes: _Dtypes,
+    dtypes: Dtypes,
     extra_terms: list[tuple[str, int]],
 ) -> LayerCost:
     """Mamba1 (selective scan) mixer (Jamba).

@@ -10,10 +10,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from vllm_admission.core.costs.architectures import _BUILDERS, SUPPORTED_ARCHITECTURES
-from vllm_admission.core.costs.config import _display_name, _Dtypes, _Fields, _read_json
+from vllm_admission.core.costs.architectures import BUILDERS, SUPPORTED_ARCHITECTURES
+from vllm_admission.core.costs.config import ConfigFields, display_name, read_json, resolve_dtypes
+from vllm_admission.core.costs.dtypes import DTYPE_BYTES
 from vllm_admission.core.costs.layers import (
-    _DTYPE_BYTES,
     LayerCost,
     ModelConfigError,
     _causal_pairs,
@@ -254,10 +254,10 @@ class ModelCosts:
         else:
             path = Path(os.fspath(source))
             label = str(path)
-            raw = _read_json(path)
+            raw = read_json(path)
         if not isinstance(raw, dict):
             raise ModelConfigError(f"{label}: top level must be a JSON object, got {type(raw).__name__}")
-        top = _Fields(raw, label)
+        top = ConfigFields(raw, label)
         architectures = top.get("architectures")
         if not isinstance(architectures, list) or not architectures or not isinstance(architectures[0], str):
             raise ModelConfigError(
@@ -265,14 +265,14 @@ class ModelCosts:
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         architecture = architectures[0]
-        builder = _BUILDERS.get(architecture)
+        builder = BUILDERS.get(architecture)
         if builder is None:
             raise ModelConfigError(
                 f"{label}: architecture '{architecture}' is not supported; "
                 f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         text = top.sub("text_config") if "text_config" in raw else top
-        dtypes = _Dtypes.resolve(
+        dtypes = resolve_dtypes(
             top, text, dtype, kv_cache_dtype, mamba_cache_dtype, mamba_ssm_cache_dtype, architecture
         )
         layers, num_decoder_layers = builder(text, dtypes)
@@ -282,11 +282,11 @@ class ModelCosts:
             if first is not None and count > 0:
                 layers = [*layers, *([first] * count)]
         return cls(
-            name=name or _display_name(raw, path, architecture),
+            name=name or display_name(raw, path, architecture),
             architecture=architecture,
             layers=tuple(layers),
             hidden_size=text.int("hidden_size"),
-            dtype_bytes=_DTYPE_BYTES[dtypes.model],
+            dtype_bytes=DTYPE_BYTES[dtypes.model],
             dtype=dtypes.model,
             model_type=str(text.get("model_type") or top.get("model_type") or ""),
             num_decoder_layers=num_decoder_layers,

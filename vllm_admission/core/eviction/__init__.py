@@ -24,8 +24,9 @@ module             contents
 ``mix``            :class:`ExpertMixEviction` (``mix``): LeCaR / Cacheus-style expert
                    mix: each victim from one of several orders (``lru``, ``lfu``,
                    ``reuse``, ``s3fifo``), weighted down by regrets on ghost hashes
-``history``        :class:`ReuseHistory` (what ``reuse`` learns, by hash) and
-                   :class:`HistoryKeeper` (keeps it up to date around another policy)
+``history``        :class:`ReuseHistory` (what ``reuse`` learns, by hash)
+``keeper``         :class:`HistoryKeeper` (keeps that history up to date around
+                   another policy)
 ``belady``         :class:`BeladyEviction` (``belady``): offline reference, evicts the
                    block next needed farthest ahead; needs the future (simulator only)
 ``registry``       :data:`EVICTION_POLICIES`, :func:`engine_eviction_policies`,
@@ -43,7 +44,8 @@ from vllm_admission.core.eviction.belady import BeladyEviction
 from vllm_admission.core.eviction.conversation import ConversationEviction
 from vllm_admission.core.eviction.flop import FlopEviction
 from vllm_admission.core.eviction.frequency import LFUEviction
-from vllm_admission.core.eviction.history import HistoryKeeper, ReuseHistory
+from vllm_admission.core.eviction.history import ReuseHistory
+from vllm_admission.core.eviction.keeper import HistoryKeeper
 from vllm_admission.core.eviction.lru import LRUEviction
 from vllm_admission.core.eviction.mix import ExpertMixEviction
 from vllm_admission.core.eviction.registry import (

@@ -1,0 +1,148 @@
+"""Why align mode wrote a recurrent state at a block-aligned position: the
+:class:`CheckpointKind` of each position, and the prompt and sequence ends they rest on.
+
+Positions are in tokens. Sources: vLLM 0.32 ``vllm/v1/core/kv_cache_coordinator.py``
+(``replay_boundaries``: the prompt's last reusable position is ``prompt_len - 1``,
+block-floored), ``vllm/v1/core/single_type_kv_cache_manager.py``
+(``MambaManager.reachable_block_mask``, ``_cache_partial_tail_block``); Marconi
+(Pan et al., MLSys 2025) section 4.1 for the sequence end.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+
+__all__ = ["TAIL_KINDS", "CheckpointKind", "checkpoint_kinds", "prompt_ends", "sequence_end"]
+
+
+class CheckpointKind(enum.Enum):
+    """Why align mode wrote a recurrent state at a block-aligned position.
+
+    A position usually has several kinds (see :func:`checkpoint_kinds`).
+    """
+
+    #: The shared-prefix junction: the attention-KV hit ran past the state hit.
+    JUNCTION = "junction"
+    #: The prompt's last reusable position, ``(prompt_len - 1) // B * B``.
+    PROMPT_END = "prompt_end"
+    #: The last block boundary the whole sequence reaches,
+    #: ``(prompt_len + output_len - 1) // B * B`` (Marconi's "sequence end"; with
+    #: EAGLE/MTP the last one with a state written, :func:`sequence_end`).
+    SEQUENCE_END = "sequence_end"
+    #: A state written during prefill (a prefill chunk end).
+    CHUNK_END = "chunk_end"
+    #: A state written at a block boundary crossed during decode.
+    DECODE = "decode"
+    #: A position on vLLM's periodic retention grid: a multiple of the engine's
+    #: ``prefix_cache_retention_interval`` when that is positive
+    #: (``MambaManager.reachable_block_mask``, ``vllm/v1/core/single_type_kv_cache_manager.py``).
+    PERIODIC = "periodic"
+    #: The prompt's last reusable position at the engine's hash unit: the tail unit
+    #: boundary ``(prompt_len - 1) // u * u`` under a ``prefix_match_unit`` ``u`` finer
+    #: than the block when that lies inside a block (vLLM keys the state written there,
+    #: ``MambaManager._cache_partial_tail_block``), else the PROMPT_END position.
+    TAIL = "tail"
+
+
+
+def prompt_ends(prompt_len: int, block_size: int, eagle: bool = False) -> tuple[int, ...]:
+    """The block boundaries where a later request can resume a prompt: vLLM's
+    ``replay_boundaries`` (``vllm/v1/core/kv_cache_coordinator.py``), ascending,
+    positive ones only.
+
+    Without EAGLE: ``(prompt_len - 1) // B * B`` (a resend hits at most
+    ``prompt_len - 1`` tokens). With EAGLE/MTP, whose lookup drops the last matched
+    block: one block below each of the resend's ``(prompt_len - 1) // B * B`` and a
+    longer sibling's ``prompt_len // B * B``; the higher one is where vLLM ends a
+    chunk (``get_mamba_prefill_checkpoint_position`` with ``drop_eagle_block``).
+    """
+    B = block_size
+    if not eagle:
+        end = (prompt_len - 1) // B * B
+        return (end,) if end > 0 else ()
+    return tuple(sorted({p for p in ((prompt_len - 1) // B * B - B, prompt_len // B * B - B)
+                         if p > 0}))
+
+
+def sequence_end(prompt_len: int, total_len: int, block_size: int, eagle: bool = False,
+                 tail_stop: int = 0) -> int:
+    """The SEQUENCE_END position: the last block boundary where the whole sequence
+    (``total_len`` tokens, prompt and output) has a state written,
+    ``(total_len - 1) // B * B``. With EAGLE/MTP no prefill chunk ends at the prompt's
+    last block boundary (the checkpoint is a block lower, :func:`prompt_ends`), so
+    where decode crosses no boundary the last state written is that checkpoint, or
+    ``tail_stop`` when it is a higher block boundary (with a finer hash unit a chunk also
+    ends at the tail unit,
+    :attr:`~vllm_admission.core.admission.RequestAdmission.tail_stop`): what a live
+    engine, which keeps a request's latest state as its possible end, keeps."""
+    B = block_size
+    last = (total_len - 1) // B * B
+    if not eagle or last >= prompt_len:
+        return last
+    ends = prompt_ends(prompt_len, B, True)
+    end = ends[-1] if ends else 0
+    return tail_stop if tail_stop > end and tail_stop % B == 0 else end
+
+
+def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
+                     block_size: int, junction: int, period: int = 0,
+                     tail: int | None = None, eagle: bool = False) -> frozenset[CheckpointKind]:
+    """Every :class:`CheckpointKind` that a block-aligned state position has.
+
+    Args:
+        position: tokens summarised by the state; a positive multiple of
+            ``block_size``.
+        prompt_len: prompt tokens.
+        total_len: prompt plus output tokens the sequence reaches, or ``None``
+            while unknown (a live engine: the request may stop early). When
+            ``None``, SEQUENCE_END is never reported; the caller treats the
+            latest written state as the tentative sequence end.
+        block_size: tokens per block.
+        junction: the request's junction (0 if none).
+        period: the engine's periodic retention interval in tokens (vLLM's
+            ``prefix_cache_retention_interval`` when positive; 0: no periodic
+            positions).
+        tail: the request's TAIL position
+            (:attr:`~vllm_admission.core.admission.RequestAdmission.tail_stop` with a
+            finer hash unit: inside a block, or under EAGLE possibly a block boundary
+            of its own); ``None``: the PROMPT_END position where vLLM ends a chunk.
+        eagle: EAGLE/MTP speculative decoding: PROMPT_END is each of
+            :func:`prompt_ends` (one block lower).
+
+    Returns:
+        A non-empty frozenset: CHUNK_END or DECODE always, plus JUNCTION,
+        PROMPT_END, SEQUENCE_END, PERIODIC and TAIL where they apply.
+    """
+    ends = prompt_ends(prompt_len, block_size, eagle)
+    prompt_end = ends[-1] if ends else 0
+    return _KIND_SETS[(
+        position <= prompt_len,
+        bool(junction) and position == junction,
+        position in ends,
+        total_len is not None and position == sequence_end(prompt_len, total_len, block_size,
+                                                           eagle, tail or 0),
+        bool(period) and position % period == 0,
+        position == (prompt_end if tail is None else tail),
+    )]
+
+
+def _kind_set(in_prompt: bool, junction: bool, prompt_end: bool,
+              sequence_end: bool, periodic: bool, tail: bool) -> frozenset[CheckpointKind]:
+    kinds = {CheckpointKind.CHUNK_END if in_prompt else CheckpointKind.DECODE}
+    for flag, kind in ((junction, CheckpointKind.JUNCTION), (prompt_end, CheckpointKind.PROMPT_END),
+                       (sequence_end, CheckpointKind.SEQUENCE_END),
+                       (periodic, CheckpointKind.PERIODIC), (tail, CheckpointKind.TAIL)):
+        if flag:
+            kinds.add(kind)
+    return frozenset(kinds)
+
+
+#: :func:`checkpoint_kinds`' answers, built once (a request asks for up to three,
+#: and hashing enum members in Python is what a fresh set would cost).
+_KIND_SETS = {flags: _kind_set(*flags) for flags in itertools.product((False, True), repeat=6)}
+
+#: The kinds of the prompt's tail unit boundary inside a block
+#: (:attr:`~vllm_admission.core.admission.RequestAdmission.tail`): a chunk
+#: end that is the prompt's last reusable position at the hash unit.
+TAIL_KINDS = frozenset({CheckpointKind.CHUNK_END, CheckpointKind.TAIL})
