@@ -6,6 +6,11 @@ STAMP    := $(VENV)/.stamp-install
 OUT      ?= out
 # Extra pytest arguments for `make test` (.ci/run asks for a JUnit report).
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` and `make test-fast`, one test file per worker at a time
+# (--dist loadfile: a module's engines and fixtures stay in one process). TEST_WORKERS=0 runs
+# the suite in one process.
+TEST_WORKERS ?= 2
+XDIST    := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
 # The CPU build of vLLM 0.32 drags in torchvision/torchaudio/torchcodec built for CUDA torch;
 # with them present, vLLM fails at import ("operator torchvision::nms does not exist").
 CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
@@ -35,7 +40,7 @@ demo: install
 	$(BIN)/vllm-admission demo --out $(OUT)/demo
 
 test: install
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The lint gate, .ci/run's first step: ruff with the rules pyproject.toml states.
 lint: install
@@ -51,7 +56,7 @@ test-avx2: install
 
 # Neither engine starts nor the slow subprocess and interpreter tests (marker "slow").
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not engine and not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not engine and not slow"
 
 # The scheduler-level tests and vLLM's own async-scheduler tests against vLLM 0.33 without
 # a GPU: 0.33's Python files layered over the 0.32 CPU install (downloads about 390 MB
