@@ -72,13 +72,17 @@ from __future__ import annotations
 import inspect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from vllm_admission.core.eviction.history import ReuseHistory
 
-__all__ = ["DERIVED", "OWN_DECLARATIONS", "EvictionPolicy"]
+__all__ = ["DERIVED", "OWN_DECLARATIONS", "BlockKey", "EvictionPolicy"]
+
+#: The hash key of a cached block (:meth:`EvictionPolicy.on_cache`): a hashable pair,
+#: ``(group, block hash)`` for a block of prompt tokens.
+BlockKey = tuple[Hashable, Hashable]
 
 #: Declarations a class states for itself: a subclass that does not repeat them has
 #: them off (:meth:`EvictionPolicy.__init_subclass__`).
@@ -133,7 +137,7 @@ class EvictionPolicy(ABC):
     #: Overrides :meth:`on_request`: the cache tells it each request's prompt.
     needs_requests: ClassVar[bool] = False
 
-    def __init_subclass__(cls, **kwargs) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         """Derive :data:`DERIVED` attributes from the hooks ``cls`` overrides.
 
         A class may answer one of them per instance with a ``property`` (a
@@ -214,9 +218,9 @@ class EvictionPolicy(ABC):
         Called only for a class that :attr:`needs_hits`."""
         return None
 
-    def on_cache(self, block_id: int, key: object) -> None:
-        """Block ``block_id`` (in use) was given a hash; ``key`` is hashable and
-        equal for equal hashes in one KV cache group: ``(group, block_hash)``
+    def on_cache(self, block_id: int, key: BlockKey) -> None:
+        """Block ``block_id`` (in use) was given a hash; ``key`` (:data:`BlockKey`) is a
+        hashable pair, equal for equal hashes in one KV cache group: ``(group, block_hash)``
         for a block of prompt tokens (the engine's ``block_hash`` is
         ``vllm_admission.plugin.translate.hash_key`` of vLLM's hash), a key never
         seen again for a block holding generated tokens. Called only for a
@@ -257,7 +261,7 @@ class EvictionPolicy(ABC):
 
     # -- a shared hash history ---------------------------------------------------
     @classmethod
-    def with_history(cls, history: ReuseHistory, **options) -> EvictionPolicy:
+    def with_history(cls, history: ReuseHistory, **options: Any) -> EvictionPolicy:
         """The policy built with ``options`` on ``history``, shared with other
         policies, which it keeps up to date itself. Overridden by a policy that
         keeps history by block hash (:attr:`keeps_history`); ``auto`` wraps
