@@ -78,11 +78,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from vllm_admission.core.eviction.history import ReuseHistory
 
-__all__ = ["DERIVED", "OWN_DECLARATIONS", "BlockKey", "EvictionPolicy"]
-
-#: The hash key of a cached block (:meth:`EvictionPolicy.on_cache`): a hashable pair,
-#: ``(group, block hash)`` for a block of prompt tokens.
-BlockKey = tuple[Hashable, Hashable]
+__all__ = ["DERIVED", "OWN_DECLARATIONS", "EvictionPolicy"]
 
 #: Declarations a class states for itself: a subclass that does not repeat them has
 #: them off (:meth:`EvictionPolicy.__init_subclass__`).
@@ -218,9 +214,9 @@ class EvictionPolicy(ABC):
         Called only for a class that :attr:`needs_hits`."""
         return None
 
-    def on_cache(self, block_id: int, key: BlockKey) -> None:
-        """Block ``block_id`` (in use) was given a hash; ``key`` (:data:`BlockKey`) is a
-        hashable pair, equal for equal hashes in one KV cache group: ``(group, block_hash)``
+    def on_cache(self, block_id: int, key: Hashable) -> None:
+        """Block ``block_id`` (in use) was given a hash; ``key`` is hashable and
+        equal for equal hashes in one KV cache group: ``(group, block_hash)``
         for a block of prompt tokens (the engine's ``block_hash`` is
         ``vllm_admission.plugin.translate.hash_key`` of vLLM's hash), a key never
         seen again for a block holding generated tokens. Called only for a

@@ -5,9 +5,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
-from vllm_admission.core.eviction.base import BlockKey, EvictionPolicy
+from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.history import ReuseHistory
 
 __all__ = ["HistoryKeeper"]
@@ -109,7 +109,7 @@ class HistoryKeeper(EvictionPolicy):
         self.hist.evicted(out)
         return out
 
-    def on_cache(self, block_id: int, key: BlockKey) -> None:
+    def on_cache(self, block_id: int, key: Hashable) -> None:
         self.hist.cached(block_id, key)
         if self._pass_keys:
             self.inner.on_cache(block_id, key)

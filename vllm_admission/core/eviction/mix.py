@@ -55,11 +55,11 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, Protocol, cast
 
 from vllm_admission.core.errors import UserError
-from vllm_admission.core.eviction.base import BlockKey, EvictionPolicy
+from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.frequency import LFUEviction
 from vllm_admission.core.eviction.history import ReuseHistory
 from vllm_admission.core.eviction.lru import LRUEviction
@@ -172,7 +172,7 @@ class ExpertMixEviction(EvictionPolicy):
         self.ghosts: list[OrderedDict[object, int]] = [OrderedDict() for _ in names]
         # cached block -> its hash key; with a shared history (``auto`` switching to a mix
         # mid-run) the blocks cached so far, which the experts' own state lacks
-        self._key: dict[int, BlockKey] = self.hist.cached_keys() if shared is not None else {}
+        self._key: dict[int, Hashable] = self.hist.cached_keys() if shared is not None else {}
         self.clock = 0                   # block references heard
         self._now = -math.inf            # the request of the latest event that gave one
         self._epoch = 0                  # the clock at that request's first event
@@ -199,7 +199,7 @@ class ExpertMixEviction(EvictionPolicy):
         return cls(shared=history, **options)
 
     # -- what the cache hears ------------------------------------------------
-    def on_cache(self, block_id: int, key: BlockKey) -> None:
+    def on_cache(self, block_id: int, key: Hashable) -> None:
         for i, ghosts in enumerate(self.ghosts):
             evicted_at = ghosts.pop(key, None)
             if evicted_at is not None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import bisect
 import math
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
-from vllm_admission.core.eviction.base import BlockKey, EvictionPolicy
+from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.fifo import ABSENT, BlockFifo
 from vllm_admission.core.eviction.history import ReuseHistory
 
@@ -138,7 +138,7 @@ class ReuseEviction(EvictionPolicy):
         reused block may grow before it is evicted (>= 1)."""
         return self.hist.ratio
 
-    def on_cache(self, block_id: int, key: BlockKey) -> None:
+    def on_cache(self, block_id: int, key: Hashable) -> None:
         self.hist.cached(block_id, key)
 
     def on_hit(self, block_id: int, now: float) -> None:
