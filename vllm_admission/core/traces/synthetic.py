@@ -170,7 +170,8 @@ class _Builder:
     def _span(self, dist: LogNormal) -> tuple[int, int]:
         return next(self.keys), dist.draw(self.rng)
 
-    def _grow(self, spans: list, wanted: int, added: LogNormal, output: LogNormal, gap_s: float) -> list[_Turn]:
+    def _grow(self, spans: list[tuple[int, int]], wanted: int, added: LogNormal, output: LogNormal,
+              gap_s: float) -> list[_Turn]:
         """Emit up to ``wanted`` turns starting from ``spans``; after each turn append its output
         span and a new span drawn from ``added`` (the next user message or tool result)."""
         turns: list[_Turn] = []
