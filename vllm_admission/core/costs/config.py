@@ -95,8 +95,9 @@ class ConfigFields:
         return ConfigFields(value, self.label, f"{self.prefix}{key}.")
 
     # ``int``, ``list``, ``str`` and ``bool`` name methods here: annotations in the class
-    # spell the built-in types ``builtins.*`` (the method bodies see the built-ins). A call without a default returns the
-    # field's type; with one, the field's type or the default's.
+    # spell the built-in types ``builtins.*`` (the method bodies see the built-ins). A
+    # call without a default returns the field's type; with one, the field's type or the
+    # default's.
     @overload
     def int(self, key: builtins.str, *, minimum: builtins.int = 1) -> builtins.int: ...
     @overload
