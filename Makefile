@@ -18,7 +18,7 @@ CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
 # (see packaging/vllm-cpu-dist/pyproject.toml).
 VLLM_CPU_DIST := packaging/vllm-cpu-dist
 
-.PHONY: install lint docs demo test test-fast test-avx2 compat bench bench-scale bench-serve study study-host study-host-policies engine-study clean
+.PHONY: install lint typecheck docs demo test test-fast test-avx2 compat bench bench-scale bench-serve study study-host study-host-policies engine-study clean
 
 install: $(STAMP)
 
@@ -45,6 +45,11 @@ test: install
 # The lint gate, .ci/run's first step: ruff with the rules pyproject.toml states.
 lint: install
 	$(BIN)/ruff check .
+
+# The type gate, .ci/run's second step: mypy with the settings pyproject.toml states
+# ([tool.mypy]: the package, the core under the strict flag set).
+typecheck: install
+	$(BIN)/mypy
 
 # The engine tests with vLLM's AVX2 build forced on a CPU that has AVX-512
 # (scripts/avx2/sitecustomize.py; docs/engine-facts.md section 0c). Several times slower

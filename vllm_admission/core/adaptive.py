@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,7 +136,7 @@ def auto_evictions() -> tuple[str, ...]:
     return tuple(n for n in engine_eviction_policies() if eviction_class(n).auto_candidate)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> tuple[str, ...]:
     # Read from the registries at each access: no copy goes stale when a policy registers.
     if name == "AUTO_ADMISSIONS":
         return auto_admissions()
@@ -196,7 +196,7 @@ class Decision:
     error: float = 0.0
     # From HybridPrefixCache.held_keys: the live cache hands its other free
     # cached blocks to the new eviction policy first.
-    held: tuple[frozenset, ...] | None = field(default=None, compare=False, repr=False)
+    held: tuple[frozenset[Hashable], ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def switched(self) -> bool:
@@ -600,7 +600,9 @@ class PolicyController:
                 self._start_sampled()
             decision = self._decide(index)
             self._since = 0
-        if self.pressure_at is None and self._deciding.evicted:
+        deciding = self._deciding
+        assert deciding is not None  # with two pairs or more, full or sampled shadows run
+        if self.pressure_at is None and deciding.evicted:
             # Savings so far were made by caches that never had to evict: they say
             # which pair hits most in unbounded memory, not under this pool's pressure.
             self.pressure_at = index
@@ -613,6 +615,7 @@ class PolicyController:
         """Choose the rate from the requests kept aside; below 1, build the sampled
         shadows and serve them those requests, as if they had been there all along."""
         kept, self._kept = self._kept, None
+        assert kept is not None  # called while requests are kept aside (observe)
         mean = sum(r.prompt_len + r.output_len for _, r in kept) / len(kept)
         self.rate = self.sample_rate(mean)
         if self.rate < 1.0:
@@ -634,6 +637,7 @@ class PolicyController:
             if shadows is not None:
                 shadows.fold(decay)
         deciding = self._deciding
+        assert deciding is not None  # with two pairs or more, full or sampled shadows run
         history, rate = deciding.history, deciding.rate
         li = pairs.index(live)
         bi = max(range(len(pairs)), key=lambda j: (history[j], j == li))

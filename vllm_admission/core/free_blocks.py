@@ -119,7 +119,7 @@ class FreeBlocks:
         run: list[int] = []
         values: list[float] = []
         next_uses: list[float] = []
-        t_run = None
+        t_run = 0.0  # the current run's time; read only once the run holds a block
         for b, (t, v, nu) in self._stamps.items():
             if t != t_run and run:
                 eviction.add_many(run, t_run, values, next_uses)

@@ -48,8 +48,10 @@ class PolicyRegistry(Mapping[str, type[P]], Generic[P]):
             ``ValueError`` with a one-line reason.
     """
 
+    # ``base`` is ``type``, not ``type[P]``: it is the abstract base class, which mypy
+    # accepts for ``type[P]`` only when concrete.
     def __init__(self, kind: str, base: type, group: str,
-                 check: Callable[[type], None] | None = None) -> None:
+                 check: Callable[[type[P]], None] | None = None) -> None:
         self.kind = kind
         self.base = base
         self.group = group

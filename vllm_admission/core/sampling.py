@@ -175,12 +175,13 @@ class PrefixSampler:
             key = first = index
         else:
             opened = self._opened
-            first = opened.get(key)
-            if first is None:
+            known = opened.get(key)
+            if known is None:
                 opened[key] = first = index
                 if len(opened) > self.max_nodes:
                     opened.popitem(last=False)
             else:
+                first = known
                 opened.move_to_end(key)
         if mix64(first) < self._threshold:
             self.kept += 1

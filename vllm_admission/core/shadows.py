@@ -83,6 +83,7 @@ class ShadowProcess:
         proc = self._proc
         if proc.poll() is None:
             try:
+                assert proc.stdin is not None  # a pipe (__init__)
                 proc.stdin.close()
                 proc.wait(timeout=timeout)
             except (OSError, subprocess.TimeoutExpired):
@@ -95,6 +96,7 @@ class ShadowProcess:
 
     def _call(self, *message: Any) -> Any:
         proc = self._proc
+        assert proc.stdin is not None and proc.stdout is not None  # pipes (__init__)
         try:
             pickle.dump(message, proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
             proc.stdin.flush()

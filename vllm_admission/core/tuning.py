@@ -85,7 +85,8 @@ class AlphaTuner:
     alpha when it changed its mind, else ``None``.
     """
 
-    replay: Callable[[float, Sequence, Any], float]
+    # The requests and snapshots are opaque here: the injected replay reads them.
+    replay: Callable[[float, Sequence[Any], Any], float]
     snapshot: Callable[[], Any] | None = None
     multiplier: int = 5
     grid: tuple[float, ...] = GRIDS["coarse"]
@@ -103,10 +104,10 @@ class AlphaTuner:
             raise ValueError(f"grid must be non-empty and >= 0, got {self.grid}")
         self._seen = 0
         self._window_len: int | None = None
-        self._history: list = []
+        self._history: list[Any] = []
         self._history_saved = 0.0
         self._since_tune = 0
-        self._window: list | None = None
+        self._window: list[Any] | None = None
         self._window_snapshot: Any = None
         self._window_saved = 0.0
 
@@ -135,6 +136,7 @@ class AlphaTuner:
             return None
         if self.snapshot is None:
             return None
+        assert self._window_len is not None  # fixed before the first (bootstrap) event
         every = 4 * self._window_len if self.retune_every is None else self.retune_every
         if every < 2:
             return None

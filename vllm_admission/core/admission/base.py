@@ -16,7 +16,7 @@ import functools
 import inspect
 from abc import ABC
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from vllm_admission.core.admission.kinds import CheckpointKind
 
@@ -149,7 +149,7 @@ class AdmissionPolicy(ABC):
         """
         return cls()
 
-    def __init_subclass__(cls, **kwargs) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         """Derive :attr:`uses_junction` and :attr:`own_stops`. TypeError if the body
         declares a derived attribute, or declares :attr:`every_block` beside its own
         :meth:`stops`."""
@@ -195,8 +195,9 @@ class AdmissionPolicy(ABC):
         junction = self.junction(probe)
         return (junction,) if junction else ()
 
-    #: The checkpoint kinds this policy caches.
-    admitted: ClassVar[frozenset[CheckpointKind]]
+    #: The checkpoint kinds this policy caches: a class attribute, which an instance may
+    #: replace by its own (``vllm`` with a retention interval).
+    admitted: frozenset[CheckpointKind]
 
     def admit(self, kinds: frozenset[CheckpointKind]) -> bool:
         """Whether a state with these kinds
@@ -207,8 +208,9 @@ class AdmissionPolicy(ABC):
     def plain_decisions(self) -> tuple[bool, bool, bool]:
         """``admit`` of a position with one kind only: a chunk end, a decode
         boundary, a sequence end (computed once per policy object)."""
-        return tuple(self.admit(frozenset({k})) for k in (
-            CheckpointKind.CHUNK_END, CheckpointKind.DECODE, CheckpointKind.SEQUENCE_END))
+        admit = self.admit
+        return (admit(frozenset({CheckpointKind.CHUNK_END})), admit(frozenset({CheckpointKind.DECODE})),
+                admit(frozenset({CheckpointKind.SEQUENCE_END})))
 
     @functools.cached_property
     def supersede_tail(self) -> bool:

@@ -147,7 +147,7 @@ class DenseAdmission(AdmissionPolicy):
     admitted = frozenset(CheckpointKind)
 
 
-def _check_admission(cls: type) -> None:
+def _check_admission(cls: type[AdmissionPolicy]) -> None:
     """What :data:`ADMISSION_POLICIES` asks of a class beyond a name and a summary.
 
     Raises:

@@ -155,7 +155,7 @@ class RequestAdmission:
         self._may_end = policy.supersede_tail and keeps_sequence_end
         self._tail_ok = total_len is None and self._may_end
         self._below_hit: list[int] | None = None
-        self._values: tuple | None = None
+        self._values: tuple[int, list[int], dict[int, float]] | None = None
         self._version = 0  # bumped whenever admitted changes (the values' memo key)
 
     def record(self, position: int) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 from vllm_admission.core.eviction import EvictionPolicy
 from vllm_admission.core.free_blocks import FreeBlocks
@@ -85,19 +85,19 @@ class BlockPool:
         self.free_blocks = FreeBlocks(eviction, switchable=switchable)
         self._switchable = switchable
         self.free_blocks.push_uncached(_block_ids(num_blocks))
-        self.key: list = [None] * num_blocks
+        self.key: list[Hashable | None] = [None] * num_blocks
         self.group: list[int] = [0] * num_blocks
         self.ref: list[int] = [0] * num_blocks
         self._bind(eviction)
         self.value: list[float] | None = [0.0] * num_blocks if self.keeps_values else None
         self.next_use: list[float] | None = (
             [math.inf] * num_blocks if self.keeps_next_use else None)
-        self.index: list[dict] = [{} for _ in range(num_groups)]
-        self._dups: dict[tuple, list[int]] = {}
+        self.index: list[dict[Hashable, int]] = [{} for _ in range(num_groups)]
+        self._dups: dict[tuple[int, Hashable], list[int]] = {}
         self._num_dups: list[int] = [0] * num_groups  # entries waiting in _dups, per group
         #: Further keys of a block besides ``key`` (same group): the sub-block
         #: keys of a hash unit finer than the block (``cached_block_hashes_by_block``).
-        self._more: dict[int, list] = {}
+        self._more: dict[int, list[Hashable]] = {}
         #: Blocks whose hash was dropped to make room (cumulative).
         self.evictions = 0
         #: Cached entries inserted (cumulative), per KV cache group index.
@@ -182,7 +182,7 @@ class BlockPool:
                 in zip(self.insertions_by_group, self.index, self._num_dups,
                        self._removed_by_group, strict=True)]
 
-    def get_cached(self, key: tuple) -> int | None:
+    def get_cached(self, key: tuple[int, Hashable]) -> int | None:
         """The first cached block for ``(group, block_hash)``, or None."""
         return self.index[key[0]].get(key[1])
 
@@ -256,13 +256,20 @@ class BlockPool:
         if uncached:
             free.push_uncached(uncached)
         if cached:
-            value, next_use = self.value, self.next_use
-            free.add_cached(cached, now,
-                            [value[b] for b in cached] if self.keeps_values else None,
-                            [next_use[b] for b in cached] if self.keeps_next_use else None)
+            values: list[float] | None = None
+            next_uses: list[float] | None = None
+            if self.keeps_values:
+                value = self.value
+                assert value is not None  # kept while keeps_values (__init__, _bind)
+                values = [value[b] for b in cached]
+            if self.keeps_next_use:
+                next_use = self.next_use
+                assert next_use is not None  # kept while keeps_next_use (__init__, _bind)
+                next_uses = [next_use[b] for b in cached]
+            free.add_cached(cached, now, values, next_uses)
 
     # -- the hash index: one insertion path, one drop path -------------------
-    def cache(self, block: int, key: tuple, *, report: bool = True) -> None:
+    def cache(self, block: int, key: tuple[int, Hashable], *, report: bool = True) -> None:
         """Give an in-use block its hash (``cache_full_blocks``): :meth:`cache_position`
         of one block.
 
@@ -273,7 +280,7 @@ class BlockPool:
         """
         self.cache_position(((key[0], block),), key[1], report=report)
 
-    def cache_position(self, blocks: Sequence[tuple[int, int]], block_hash, *,
+    def cache_position(self, blocks: Sequence[tuple[int, int]], block_hash: Hashable, *,
                        report: bool = True, further: bool = False) -> None:
         """Give each in-use ``(group, block)`` of ``blocks`` the key ``(group,
         block_hash)``, in order (one position, every group of a kind): the one
@@ -300,7 +307,7 @@ class BlockPool:
             for g, b in blocks:
                 eviction.on_cache(b, (g, block_hash))
 
-    def cache_many(self, group: int, blocks: Sequence[int], hashes: Sequence) -> None:
+    def cache_many(self, group: int, blocks: Sequence[int], hashes: Sequence[Hashable]) -> None:
         """:meth:`cache` of ``blocks[i]`` under ``(group, hashes[i])``, in order
         (through the one insertion path)."""
         cache = self.cache
@@ -335,15 +342,17 @@ class BlockPool:
         self.evictions += len(victims)
         if self.keeps_values:
             values = self.value
+            assert values is not None  # kept while keeps_values (__init__, _bind)
             for b in victims:
                 values[b] = 0.0
         if self.keeps_next_use:
             next_use = self.next_use
+            assert next_use is not None  # kept while keeps_next_use (__init__, _bind)
             for b in victims:
                 next_use[b] = math.inf
 
     # -- sub-block keys (a hash unit finer than the block) ---------------------
-    def _index_remove(self, g: int, b: int, block_hash) -> None:
+    def _index_remove(self, g: int, b: int, block_hash: Hashable) -> None:
         """Remove the entry ``(g, block_hash) -> b``; the first duplicate, if
         any, takes the index entry."""
         key = (g, block_hash)
@@ -352,12 +361,12 @@ class BlockPool:
         else:
             del self.index[g][block_hash]
 
-    def _has_entry(self, g: int, b: int, block_hash) -> bool:
+    def _has_entry(self, g: int, b: int, block_hash: Hashable) -> bool:
         if self.index[g].get(block_hash) == b:
             return True
         return b in self._dups.get((g, block_hash), ())
 
-    def add_key(self, group: int, block: int, block_hash) -> None:
+    def add_key(self, group: int, block: int, block_hash: Hashable) -> None:
         """Make in-use ``block`` of ``group`` reachable under ``block_hash`` too
         (``BlockPool.cache_partial_block`` / ``_insert_block_hash``): its key if
         it has none, else one more key; nothing if it already has this one."""
@@ -366,14 +375,14 @@ class BlockPool:
         elif not self._has_entry(group, block, block_hash):
             self.cache_position(((group, block),), block_hash, report=False, further=True)
 
-    def keys_of(self, block: int) -> list:
+    def keys_of(self, block: int) -> list[Hashable]:
         """Every key of ``block``: its key first, then its further keys."""
         first = self.key[block]
         if first is None:
             return []
         return [first, *self._more.get(block, ())]
 
-    def drop_keys(self, block: int) -> list:
+    def drop_keys(self, block: int) -> list[Hashable]:
         """Remove every key of in-use ``block`` (``_remove_cached_block_hashes``:
         a block about to be cached under a longer prefix) and return them."""
         hashes = self.keys_of(block)
@@ -395,7 +404,7 @@ class BlockPool:
         for h in self.drop_keys(src):
             self.add_key(g, dst, h)
 
-    def _drop_duplicated(self, block: int, key: tuple) -> None:
+    def _drop_duplicated(self, block: int, key: tuple[int, Hashable]) -> None:
         """:meth:`_index_remove` of an entry whose key has waiting duplicates: the
         first duplicate takes the index entry if ``block`` held it."""
         g, h = key

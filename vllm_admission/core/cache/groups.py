@@ -26,7 +26,7 @@ per-request bookkeeping the parts share.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from vllm_admission.core.admission import ADMIT
 from vllm_admission.core.cache.block_pool import NULL, BlockPool
@@ -60,12 +60,12 @@ class KVGroups:
         self.meta = meta
         self.indexes = [pool.index[g] for g in self.groups]
 
-    def longest_hit(self, hashes: Sequence, max_blocks: int) -> int:
+    def longest_hit(self, hashes: Sequence[Hashable], max_blocks: int) -> int:
         """Blocks of the longest prefix of ``hashes[:max_blocks]`` these groups can serve."""
         raise NotImplementedError
 
     def touch_hit(self, run: RunningRequest, g: int, hit_blocks: int, now: float,
-                  last_key=None) -> None:
+                  last_key: Hashable | None = None) -> None:
         """Reference group ``g``'s blocks of a ``hit_blocks``-block prefix hit
         (``add_local_computed_blocks``) and set its block table. ``last_key``:
         the key the last block was found under when the hit ends inside it (a
@@ -98,7 +98,7 @@ class AttentionGroups(KVGroups):
 
     kind = ATTENTION
 
-    def longest_hit(self, hashes: Sequence, max_blocks: int) -> int:
+    def longest_hit(self, hashes: Sequence[Hashable], max_blocks: int) -> int:
         """The longest run of leading blocks cached in every attention group."""
         k = 0
         if self.num_groups == 1:
@@ -112,7 +112,7 @@ class AttentionGroups(KVGroups):
         return k
 
     def touch_hit(self, run: RunningRequest, g: int, hit_blocks: int, now: float,
-                  last_key=None) -> None:
+                  last_key: Hashable | None = None) -> None:
         d, h = self.pool.index[g], run.hashes
         if last_key is None:
             blocks = [d[h[i]] for i in range(hit_blocks)]
@@ -152,7 +152,7 @@ class StateGroups(KVGroups):
 
     kind = STATE
 
-    def longest_hit(self, hashes: Sequence, max_blocks: int) -> int:
+    def longest_hit(self, hashes: Sequence[Hashable], max_blocks: int) -> int:
         """The longest prefix within ``max_blocks`` whose state is cached in every
         state group."""
         indexes = self.indexes
@@ -163,7 +163,7 @@ class StateGroups(KVGroups):
         return 0
 
     def touch_hit(self, run: RunningRequest, g: int, hit_blocks: int, now: float,
-                  last_key=None) -> None:
+                  last_key: Hashable | None = None) -> None:
         b = self.pool.index[g][run.hashes[hit_blocks - 1] if last_key is None else last_key]
         self.pool.touch((b,), now)
         run.blocks[g] = [NULL] * (hit_blocks - 1) + [b]

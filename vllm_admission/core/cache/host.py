@@ -26,10 +26,15 @@ Pure Python: no vLLM, no torch.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeAlias
 
 from vllm_admission.core.errors import UserError
+
+if TYPE_CHECKING:
+    from vllm_admission.core.eviction import EvictionPolicy
 
 __all__ = ["H2D_BYTES_PER_SECOND", "HOST_PAGE_BYTES", "HostEviction", "HostLRU", "HostRequest",
            "HostTier", "check_host_admission", "check_host_tier", "host_chunks", "host_policy_names",
@@ -43,6 +48,11 @@ H2D_BYTES_PER_SECOND = 64e9
 #: The host page a chunk is rounded up to (vLLM's ``SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT``
 #: is ``mmap.PAGESIZE``: 4 KiB on x86-64 and most Arm servers).
 HOST_PAGE_BYTES = 4096
+
+
+#: A host chunk's key in the host tier modelled here: ``(block hash, KV cache group index)``.
+#: The host policies take any hashable key (in the engine, vLLM's ``OffloadKey`` bytes).
+HostKey: TypeAlias = tuple[int, int]
 
 
 def host_chunks(host_bytes: int, bytes_per_block: int, page_bytes: int = HOST_PAGE_BYTES) -> int:
@@ -81,36 +91,37 @@ class HostLRU:
     name = "lru"
 
     def __init__(self) -> None:
-        self._order: OrderedDict = OrderedDict()
+        self._order: OrderedDict[Hashable, None] = OrderedDict()
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: Hashable) -> bool:
         return key in self._order
 
     def __len__(self) -> int:
         return len(self._order)
 
-    def insert(self, key) -> None:
+    def insert(self, key: Hashable) -> None:
         self._order[key] = None
 
-    def touch(self, keys: Iterable) -> None:
+    def touch(self, keys: Iterable[Hashable]) -> None:
         """Use ``keys``, the last one most recently."""
         order = self._order
         for key in keys:
             if key in order:
                 order.move_to_end(key)
 
-    def on_request_finished(self, keys_head_first: Sequence, reused: set = frozenset()) -> None:
+    def on_request_finished(self, keys_head_first: Sequence[Hashable],
+                            reused: AbstractSet[Hashable] = frozenset()) -> None:
         """A request finished: use its keys from the tail to the head (``reused`` plays
         no part in LRU)."""
         self.touch(reversed(keys_head_first))
 
-    def discard(self, key) -> None:
+    def discard(self, key: Hashable) -> None:
         self._order.pop(key, None)
 
-    def evict(self, n: int, protected: set) -> list | None:
+    def evict(self, n: int, protected: AbstractSet[Hashable]) -> list[Hashable] | None:
         """The ``n`` least recently used keys not in ``protected``, removed; ``None``
         (nothing removed) when there are fewer."""
-        chosen = []
+        chosen: list[Hashable] = []
         for key in self._order:
             if len(chosen) == n:
                 break
@@ -158,22 +169,22 @@ class HostEviction:
         policy: a fresh eviction policy.
     """
 
-    def __init__(self, policy) -> None:
+    def __init__(self, policy: EvictionPolicy) -> None:
         self.policy = policy
         self.name = policy.name
-        self._ids: dict = {}
-        self._keys: dict[int, object] = {}
+        self._ids: dict[Hashable, int] = {}
+        self._keys: dict[int, Hashable] = {}
         self._free_ids: list[int] = []
         self._next_id = 0
         self.now = 0
 
-    def __contains__(self, key) -> bool:
+    def __contains__(self, key: Hashable) -> bool:
         return key in self._ids
 
     def __len__(self) -> int:
         return len(self._ids)
 
-    def insert(self, key) -> None:
+    def insert(self, key: Hashable) -> None:
         """Hold ``key``; it is a candidate from now on. KeyError if already held."""
         if key in self._ids:
             raise KeyError(key)
@@ -188,7 +199,7 @@ class HostEviction:
             self.policy.on_cache(cid, key)
         self.policy.add(cid, self.now)
 
-    def discard(self, key) -> None:
+    def discard(self, key: Hashable) -> None:
         """Drop ``key`` without evicting it (a failed store's cleanup); absent keys are
         ignored."""
         cid = self._ids.pop(key, None)
@@ -202,7 +213,8 @@ class HostEviction:
             policy.forget(cid)
         self._free_ids.append(cid)
 
-    def on_request_finished(self, keys_head_first: Sequence, reused: set = frozenset()) -> None:
+    def on_request_finished(self, keys_head_first: Sequence[Hashable],
+                            reused: AbstractSet[Hashable] = frozenset()) -> None:
         """A request finished: use its held keys from the tail to the head, hits first
         for the ``reused`` ones."""
         self.now += 1
@@ -218,7 +230,7 @@ class HostEviction:
                 policy.on_hit(cid, now)
             policy.add(cid, now)
 
-    def evict(self, n: int, protected: set) -> list | None:
+    def evict(self, n: int, protected: AbstractSet[Hashable]) -> list[Hashable] | None:
         """Remove and return ``n`` keys in the policy's eviction order, none of them in
         ``protected``; ``None`` (nothing changed) when fewer are evictable."""
         if n <= 0:
@@ -232,7 +244,7 @@ class HostEviction:
         victims = policy.pop_n(n, self.now)
         for cid in held:
             policy.add(cid, self.now)
-        out = []
+        out: list[Hashable] = []
         for cid in victims:
             key = self._keys.pop(cid)
             del ids[key]
@@ -250,7 +262,11 @@ class HostEviction:
         return other
 
 
-def _host_capable(cls) -> bool:
+#: A host policy (:func:`make_host_policy`).
+HostPolicy: TypeAlias = HostLRU | HostEviction
+
+
+def _host_capable(cls: type[EvictionPolicy]) -> bool:
     return not (cls.needs_values or cls.needs_future or cls.needs_requests)
 
 
@@ -263,7 +279,7 @@ def host_policy_names() -> list[str]:
                              if name != HostLRU.name and _host_capable(cls)]
 
 
-def make_host_policy(name: str):
+def make_host_policy(name: str) -> HostPolicy:
     """A fresh host policy by name (:func:`host_policy_names`).
 
     Raises:
@@ -346,9 +362,14 @@ class HostRequest:
     """
 
     next_chunk: int = 0
-    seen: dict = field(default_factory=dict)
-    inserted: set = field(default_factory=set)
-    reused: set = field(default_factory=set)
+    seen: dict[HostKey, int] = field(default_factory=dict)
+    inserted: set[HostKey] = field(default_factory=set)
+    reused: set[HostKey] = field(default_factory=set)
+
+
+#: A finished request's deferred work (:meth:`HostTier.finish`): the request, its hashes,
+#: how far to store, the attention groups and the block size.
+_Finished: TypeAlias = tuple[HostRequest, Sequence[int], int, tuple[int, ...], int]
 
 
 class HostTier:
@@ -377,23 +398,23 @@ class HostTier:
         self.bytes_per_chunk = bytes_per_chunk
         self.stored = self.loaded = self.evicted = self.failed_stores = self.hit_tokens = 0
         #: The last finished request's deferred work (:meth:`finish`), or ``None``.
-        self._finished: tuple | None = None
+        self._finished: _Finished | None = None
         #: Chunks a transfer holds, which the policy may not evict (vLLM's nonzero
         #: ``ref_cnt``): inserted this step, inserted the step before (the worker submits
         #: a store at the start of the next step and it completes at that step's end),
         #: loaded this step (a load completes within its step on the CPU worker).
-        self._fresh: set = set()
-        self._writing: set = set()
-        self._loading: set = set()
+        self._fresh: set[HostKey] = set()
+        self._writing: set[HostKey] = set()
+        self._loading: set[HostKey] = set()
 
     def clone(self) -> HostTier:
         other = HostTier.__new__(HostTier)
         other.__dict__.update(self.__dict__)
         other.policy = self.policy.clone()
         if self._finished is not None:
-            req, *rest = self._finished
+            req, hashes, upto, attn_groups, block_size = self._finished
             other._finished = (HostRequest(req.next_chunk, dict(req.seen), set(req.inserted),
-                                           set(req.reused)), *rest)
+                                           set(req.reused)), hashes, upto, attn_groups, block_size)
         other._fresh, other._writing = set(self._fresh), set(self._writing)
         other._loading = set(self._loading)
         return other
@@ -424,7 +445,7 @@ class HostTier:
         self._loading.clear()
 
     # -- lookup ----------------------------------------------------------
-    def hit_end(self, hashes: Sequence, start: int, prompt_len: int, block_size: int,
+    def hit_end(self, hashes: Sequence[int], start: int, prompt_len: int, block_size: int,
                 attn_groups: Sequence[int], state_groups: Sequence[int]) -> int:
         """Where a prefix hit ends with the host tier, in tokens: ``start`` (the engine's
         own hit, block-aligned) or more.
@@ -455,7 +476,7 @@ class HostTier:
                 return (i + 1) * B
         return start
 
-    def load(self, req: HostRequest, hashes: Sequence, start: int, end: int, block_size: int,
+    def load(self, req: HostRequest, hashes: Sequence[int], start: int, end: int, block_size: int,
              attn_groups: Sequence[int], state_groups: Sequence[int]) -> int:
         """Load ``[start, end)``: the attention chunks there and the states at ``end``
         (``update_state_after_alloc``, ``prepare_load``); they count as the request's
@@ -475,14 +496,14 @@ class HostTier:
         return len(keys)
 
     # -- stores ----------------------------------------------------------
-    def store(self, req: HostRequest, keys: Sequence[tuple]) -> bool:
+    def store(self, req: HostRequest, keys: Sequence[tuple[HostKey, int]]) -> bool:
         """One ``prepare_store`` call: ``keys`` are ``(key, position)`` pairs. Keys
         already held count as the request's reuses; the missing ones are inserted, all or
         none, evicting idle chunks the policy picks (never one of ``keys``). Returns
         ``False`` when they do not fit (nothing stored; vLLM retries at the request's
         next step). Chunks in transfer (:meth:`next_step`) are not evicted either."""
         policy = self.policy
-        new = []
+        new: list[HostKey] = []
         for key, pos in keys:
             req.seen.setdefault(key, pos)
             if key not in policy:
@@ -509,7 +530,7 @@ class HostTier:
         self.stored += len(new)
         return True
 
-    def store_chunks(self, req: HostRequest, hashes: Sequence, upto: int,
+    def store_chunks(self, req: HostRequest, hashes: Sequence[int], upto: int,
                      attn_groups: Sequence[int], block_size: int) -> None:
         """Offer the attention chunks ``[req.next_chunk, upto)`` of every attention
         group, one call (``_build_store_jobs``); on success the next offer starts at
@@ -522,7 +543,7 @@ class HostTier:
         if self.store(req, keys):
             req.next_chunk = upto
 
-    def finish(self, req: HostRequest, hashes: Sequence, upto: int,
+    def finish(self, req: HostRequest, hashes: Sequence[int], upto: int,
                attn_groups: Sequence[int], block_size: int) -> None:
         """The request is done. Its last store pass (the prompt's attention chunks, so a
         retry of a refused store) and the policy's use of its keys wait for the engine's

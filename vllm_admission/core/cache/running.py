@@ -8,11 +8,14 @@ Imports no other module of the cache package, so that each of them may name thes
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from vllm_admission.core.admission import RequestAdmission
+
+if TYPE_CHECKING:  # names only: the cache package's modules may import this one
+    from vllm_admission.core.cache.host import HostRequest
 
 __all__ = ["RunningRequest", "StepRunner"]
 
@@ -43,7 +46,7 @@ class RunningRequest:
     written: set[int] | None = None
     #: A hash unit finer than the block (vLLM's ``prefix_match_unit``): the
     #: prompt's hash-unit keys, one per unit (``None``: no sub-block keys).
-    units: Sequence | None = None
+    units: Sequence[Hashable] | None = None
     #: The prompt's tail unit boundary (:attr:`RequestAdmission.tail
     #: <vllm_admission.core.admission.RequestAdmission.tail>`) when its state is
     #: kept (its sub-block key is registered), else 0.
@@ -66,7 +69,7 @@ class RunningRequest:
     spec_blocks: list[list[int]] | None = None
     #: With a host tier: the request's dealings with it
     #: (:class:`~vllm_admission.core.cache.host.HostRequest`), else ``None``.
-    host: object = None
+    host: HostRequest | None = None
     #: With a host tier: indexes of the state blocks cached since the last store
     #: (the Mamba manager's hand-offs to the connector).
     cached_states: list[int] = field(default_factory=list)

@@ -10,7 +10,7 @@ frees the blocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING
 
 from vllm_admission.core.block_values import SegmentCosts, block_value
@@ -37,7 +37,7 @@ class FreedBlockMeta:
 
     def __init__(self, pool: BlockPool, first_state_group: int, block_size: int,
                  costs: SegmentCosts | None,
-                 next_use: Callable[[object, int], float] | None) -> None:
+                 next_use: Callable[[Hashable, int], float] | None) -> None:
         self.pool = pool
         self.state_index = pool.index[first_state_group]
         self.block_size = block_size
@@ -57,12 +57,14 @@ class FreedBlockMeta:
 
             ckpts, values = run.adm.segment_table(self.costs, is_cached_state)
             out, B = self.pool.value, self.block_size
+            assert out is not None  # the pool keeps values for a values policy
             for i, b in zip(indexes, blocks, strict=True):
                 if keys[b] is not None:
                     out[b] = block_value(values, ckpts, (i + 1) * B, is_state)
         next_use = self.next_use
         if next_use is not None:
             out_next = self.pool.next_use
+            assert out_next is not None  # the pool keeps next uses for a policy that needs them
             for b in blocks:
                 block_hash = keys[b]
                 if block_hash is not None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from vllm_admission.core.costs.dtypes import (
     CANONICAL_DTYPE,
@@ -61,6 +62,7 @@ def display_name(raw: Mapping[str, Any], path: Path | None, architecture: str) -
 
 
 _MISSING = object()
+_D = TypeVar("_D")
 
 
 class ConfigFields:
@@ -92,7 +94,16 @@ class ConfigFields:
             raise self._error(key, "must be a JSON object")
         return ConfigFields(value, self.label, f"{self.prefix}{key}.")
 
-    def int(self, key: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
+    # ``int``, ``list``, ``str`` and ``bool`` name methods here: annotations in the class
+    # spell the built-in types ``builtins.*`` (the method bodies see the built-ins). A
+    # call without a default returns the field's type; with one, the field's type or the
+    # default's.
+    @overload
+    def int(self, key: builtins.str, *, minimum: builtins.int = 1) -> builtins.int: ...
+    @overload
+    def int(self, key: builtins.str, default: _D, *, minimum: builtins.int = 1) -> builtins.int | _D: ...
+    def int(self, key: builtins.str, default: object = _MISSING, *,
+            minimum: builtins.int = 1) -> object:
         value = self.data.get(key)
         if value is None:
             if default is _MISSING:
@@ -104,7 +115,13 @@ class ConfigFields:
             raise self._error(key, f"must be >= {minimum}, got {value!r}")
         return int(value)
 
-    def first_int(self, keys: tuple[str, ...], default: Any = _MISSING, *, minimum: int = 1) -> int:
+    @overload
+    def first_int(self, keys: tuple[builtins.str, ...], *, minimum: builtins.int = 1) -> builtins.int: ...
+    @overload
+    def first_int(self, keys: tuple[builtins.str, ...], default: _D, *,
+                  minimum: builtins.int = 1) -> builtins.int | _D: ...
+    def first_int(self, keys: tuple[builtins.str, ...], default: object = _MISSING, *,
+                  minimum: builtins.int = 1) -> object:
         """The first of ``keys`` that is present and not null."""
         for key in keys:
             if self.data.get(key) is not None:
@@ -113,7 +130,11 @@ class ConfigFields:
             raise self._error(keys[0], "is missing" + (f" (also tried {', '.join(keys[1:])})" if keys[1:] else ""))
         return default
 
-    def list(self, key: str, default: Any = _MISSING) -> list[Any]:
+    @overload
+    def list(self, key: builtins.str) -> builtins.list[Any]: ...
+    @overload
+    def list(self, key: builtins.str, default: _D) -> builtins.list[Any] | _D: ...
+    def list(self, key: builtins.str, default: object = _MISSING) -> object:
         value = self.data.get(key)
         if value is None:
             if default is _MISSING:
@@ -123,7 +144,11 @@ class ConfigFields:
             raise self._error(key, f"must be a list, got {type(value).__name__}")
         return value
 
-    def str(self, key: str, default: Any = _MISSING) -> str:
+    @overload
+    def str(self, key: builtins.str) -> builtins.str: ...
+    @overload
+    def str(self, key: builtins.str, default: _D) -> builtins.str | _D: ...
+    def str(self, key: builtins.str, default: object = _MISSING) -> object:
         value = self.data.get(key)
         if value is None:
             if default is _MISSING:
@@ -133,7 +158,7 @@ class ConfigFields:
             raise self._error(key, f"must be a string, got {value!r}")
         return value
 
-    def bool(self, key: str, default: bool) -> bool:
+    def bool(self, key: builtins.str, default: builtins.bool) -> builtins.bool:
         value = self.data.get(key)
         if value is None:
             return default

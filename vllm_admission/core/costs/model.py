@@ -210,7 +210,7 @@ class ModelCosts:
     @classmethod
     def from_config(
         cls,
-        source: str | os.PathLike | Mapping[str, Any],
+        source: str | os.PathLike[str] | Mapping[str, Any],
         *,
         name: str | None = None,
         dtype: str | None = None,
@@ -296,7 +296,7 @@ class ModelCosts:
         )
 
 
-def load_model(spec: str | os.PathLike, **overrides: Any) -> ModelCosts:
+def load_model(spec: str | os.PathLike[str], **overrides: Any) -> ModelCosts:
     """Load a :class:`ModelCosts` from a builtin short name or a path to a config.json.
 
     ``spec`` is first looked up in :data:`BUILTIN_MODELS`

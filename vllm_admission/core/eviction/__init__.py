@@ -85,7 +85,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> tuple[str, ...]:
     # Read from the registry at each access: no copy goes stale when a policy registers.
     if name == "ENGINE_EVICTION_POLICIES":
         return engine_eviction_policies()

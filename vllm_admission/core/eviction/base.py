@@ -72,8 +72,8 @@ from __future__ import annotations
 import inspect
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from vllm_admission.core.eviction.history import ReuseHistory
@@ -133,7 +133,7 @@ class EvictionPolicy(ABC):
     #: Overrides :meth:`on_request`: the cache tells it each request's prompt.
     needs_requests: ClassVar[bool] = False
 
-    def __init_subclass__(cls, **kwargs) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         """Derive :data:`DERIVED` attributes from the hooks ``cls`` overrides.
 
         A class may answer one of them per instance with a ``property`` (a
@@ -214,7 +214,7 @@ class EvictionPolicy(ABC):
         Called only for a class that :attr:`needs_hits`."""
         return None
 
-    def on_cache(self, block_id: int, key: object) -> None:
+    def on_cache(self, block_id: int, key: Hashable) -> None:
         """Block ``block_id`` (in use) was given a hash; ``key`` is hashable and
         equal for equal hashes in one KV cache group: ``(group, block_hash)``
         for a block of prompt tokens (the engine's ``block_hash`` is
@@ -257,7 +257,7 @@ class EvictionPolicy(ABC):
 
     # -- a shared hash history ---------------------------------------------------
     @classmethod
-    def with_history(cls, history: ReuseHistory, **options) -> EvictionPolicy:
+    def with_history(cls, history: ReuseHistory, **options: Any) -> EvictionPolicy:
         """The policy built with ``options`` on ``history``, shared with other
         policies, which it keeps up to date itself. Overridden by a policy that
         keeps history by block hash (:attr:`keeps_history`); ``auto`` wraps

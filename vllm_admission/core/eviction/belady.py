@@ -38,7 +38,7 @@ class BeladyEviction(EvictionPolicy):
         self.refresh = refresh
         self._seq = itertools.count()
         self._entries: dict[int, tuple[float, int]] = {}
-        self._order: SortedList = SortedList()  # (-next_use, seq, id): farthest first
+        self._order: SortedList[tuple[float, int, int]] = SortedList()  # (-next_use, seq, id): farthest first
 
     def add(self, block_id: int, now: float, value: float = 0.0,
             next_use: float = math.inf) -> None:

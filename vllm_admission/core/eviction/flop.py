@@ -6,7 +6,7 @@ import heapq
 import itertools
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sortedcontainers import SortedList
 
@@ -16,10 +16,15 @@ from vllm_admission.core.eviction.base import EvictionPolicy
 __all__ = ["FlopEviction"]
 
 
+#: A run of blocks freed at one time with one value: ``(value, seq, {block_id: None})``
+#: (the members dict is insertion-ordered and shrinks as blocks leave).
+_Run = tuple[float, int, dict[int, None]]
+
+
 class _Bucket:
     """Free blocks with one last-access time: runs of equal value, in free order.
 
-    ``runs`` maps a run's sequence number to ``[value, seq, {block_id: None}]``
+    ``runs`` maps a run's sequence number to ``(value, seq, {block_id: None})``
     (insertion-ordered, so the first run is the earliest freed). Two lazy heaps
     give the lowest and highest value in O(log runs).
     """
@@ -28,25 +33,25 @@ class _Bucket:
 
     def __init__(self, t: float) -> None:
         self.t = t
-        self.runs: dict[int, list] = {}
-        self.last: list | None = None
+        self.runs: dict[int, _Run] = {}
+        self.last: _Run | None = None
         self.lo: list[tuple[float, int]] = []   # (value, seq), lazy
         self.hi: list[tuple[float, int]] = []   # (-value, seq), lazy
         self.minv = math.inf   # as indexed in FlopEviction._by_min
         self.maxv = -math.inf  # as indexed in FlopEviction._by_max
 
-    def add_run(self, run: list) -> None:
+    def add_run(self, run: _Run) -> None:
         self.runs[run[1]] = run
         self.last = run
         heapq.heappush(self.lo, (run[0], run[1]))
         heapq.heappush(self.hi, (-run[0], run[1]))
 
-    def drop_run(self, run: list) -> None:
+    def drop_run(self, run: _Run) -> None:
         del self.runs[run[1]]
         if self.last is run:
             self.last = None
 
-    def lowest_run(self) -> list:
+    def lowest_run(self) -> _Run:
         lo, runs = self.lo, self.runs
         while lo[0][1] not in runs:
             heapq.heappop(lo)
@@ -93,11 +98,11 @@ class FlopEviction(EvictionPolicy):
     def __init__(self, alpha: float = 0.0) -> None:
         self.alpha = alpha  # validated by the property setter
         self._seq = itertools.count()
-        self._where: dict[int, tuple[_Bucket, list]] = {}   # id -> (bucket, run)
+        self._where: dict[int, tuple[_Bucket, _Run]] = {}   # id -> (bucket, run)
         self._buckets: dict[float, _Bucket] = {}
-        self._times: SortedList = SortedList()               # bucket times
-        self._by_min: SortedList = SortedList()              # (minv, t)
-        self._by_max: SortedList = SortedList()              # (maxv, t)
+        self._times: SortedList[float] = SortedList()                      # bucket times
+        self._by_min: SortedList[tuple[float, float]] = SortedList()       # (minv, t)
+        self._by_max: SortedList[tuple[float, float]] = SortedList()       # (maxv, t)
         #: Buckets inspected by the last :meth:`pop` (for benchmarks).
         self.last_scan = 0
 
@@ -124,7 +129,7 @@ class FlopEviction(EvictionPolicy):
         for t, b in self._buckets.items():
             nb = _Bucket(t)
             for v, seq, members in b.runs.values():
-                run = [v, seq, dict(members)]
+                run = (v, seq, dict(members))
                 nb.add_run(run)
                 for bid in members:
                     other._where[bid] = (nb, run)
@@ -183,7 +188,7 @@ class FlopEviction(EvictionPolicy):
             self._times.add(now)
         run = b.last
         if run is None or run[0] != value:
-            run = [value, next(self._seq), {}]
+            run = (value, next(self._seq), {})
             b.add_run(run)
         run[2].update(dict.fromkeys(block_ids))
         where.update(dict.fromkeys(block_ids, (b, run)))
@@ -204,7 +209,7 @@ class FlopEviction(EvictionPolicy):
         rec_term, val_term = self._normalisers(now)
         return rec_term(b.t) + val_term(run[0])
 
-    def _normalisers(self, now: float):
+    def _normalisers(self, now: float) -> tuple[Callable[[float], float], Callable[[float], float]]:
         t_old, t_new = self._times[0], self._times[-1]
         r_min, r_max = 1.0 / (now - t_old + 1.0), 1.0 / (now - t_new + 1.0)
         r_span = r_max - r_min
@@ -223,7 +228,7 @@ class FlopEviction(EvictionPolicy):
                 return 0.0
         return rec_term, val_term
 
-    def _best_run(self, now: float) -> list:
+    def _best_run(self, now: float) -> _Run:
         """The run holding the lowest-utility block (threshold walk over buckets).
 
         The terms of :meth:`_normalisers` are written out here (the same

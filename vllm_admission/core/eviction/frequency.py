@@ -36,7 +36,7 @@ class LFUEviction(EvictionPolicy):
     def __init__(self) -> None:
         self._hits: dict[int, int] = {}
         self._levels: dict[int, OrderedDict[int, None]] = {}   # hits -> candidates in free order
-        self._counts: SortedList = SortedList()                # hit counts with candidates
+        self._counts: SortedList[int] = SortedList()           # hit counts with candidates
         self._level_of: dict[int, int] = {}                    # candidate -> its level
 
     def add(self, block_id: int, now: float, value: float = 0.0,

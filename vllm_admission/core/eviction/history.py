@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from typing import cast
 
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction.fifo import room
 
 __all__ = ["PROMPT_END_BLOCKS", "ReuseHistory"]
+
+#: A prompt block's key, ``(group, block hash)`` (:meth:`ReuseHistory.continuing`).
+_Pair = tuple[Hashable, Hashable]
 
 #: How many of a prompt's last full blocks count as its end. Two, not one: a
 #: trace that hashes in blocks of its own size (Mooncake: 512 tokens, and the
@@ -62,7 +66,7 @@ class ReuseHistory:
         if not (history >= 0 and math.isfinite(history)):
             raise UserError(f"history must be a finite number >= 0, got {history!r}")
         self.history = history
-        self.key_of: list = []                    # block id -> its hash key (None: none)
+        self.key_of: list[Hashable | None] = []   # block id -> its hash key (None: none)
         self.num_keys = 0                         # blocks with a key
         self.live: dict[object, int] = {}         # key -> cached blocks holding it
         self.refs: dict[object, int] = {}         # key -> uses (1 or 2 = "again") + 4 x times queued
@@ -87,14 +91,14 @@ class ReuseHistory:
         return other
 
     @property
-    def ghosts(self) -> list:
+    def ghosts(self) -> list[object]:
         """The ghost keys, oldest eviction first (for inspection; O(queue))."""
         newest = {key: i for i, key in enumerate(self.queue)}
         live, refs = self.live, self.refs
         return [key for i, key in enumerate(self.queue)
                 if newest[key] == i and key not in live and refs[key] & 3]
 
-    def cached_keys(self) -> dict[int, object]:
+    def cached_keys(self) -> dict[int, Hashable]:
         """Every block that has a key, with its key (for inspection; O(blocks))."""
         return {b: key for b, key in enumerate(self.key_of) if key is not None}
 
@@ -116,7 +120,7 @@ class ReuseHistory:
             refs[key] = v + 1
         self.counted += 1
 
-    def cached(self, block_id: int, key: object) -> None:
+    def cached(self, block_id: int, key: Hashable) -> None:
         """``block_id`` was given hash ``key``; a first cached copy is a use."""
         key_of = self.key_of
         if not 0 <= block_id < len(key_of):
@@ -259,7 +263,9 @@ class ReuseHistory:
             return True
         key_of = self.key_of
         key = key_of[block_id] if 0 <= block_id < len(key_of) else None
-        return key is not None and self.prompts.get(key[1], 0) & 2 != 0
+        # The keys of blocks a prompt is heard for are (group, block hash) pairs
+        # (EvictionPolicy.on_cache): their second item is the hash.
+        return key is not None and self.prompts.get(cast(_Pair, key)[1], 0) & 2 != 0
 
     def age(self) -> None:
         """Halve the statistics once per ``cap`` references counted. Called when

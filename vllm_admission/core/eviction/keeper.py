@@ -5,12 +5,16 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 
 from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.history import ReuseHistory
 
 __all__ = ["HistoryKeeper"]
+
+
+def _read_only(attr: str) -> None:
+    raise AttributeError(f"HistoryKeeper.{attr} is the wrapped policy's; set it there")
 
 
 class HistoryKeeper(EvictionPolicy):
@@ -24,8 +28,9 @@ class HistoryKeeper(EvictionPolicy):
     needs, and passes them on only where ``inner`` asks for them.
 
     It overrides the hit and key hooks (so it :attr:`~EvictionPolicy.needs_hits`
-    and :attr:`~EvictionPolicy.needs_keys`); :attr:`needs_values` and
-    :attr:`tunable` are the wrapped policy's.
+    and :attr:`~EvictionPolicy.needs_keys`); :attr:`name`, :attr:`summary`,
+    :attr:`needs_values` and :attr:`tunable` are the wrapped policy's (read-only: set
+    them on the wrapped policy).
 
     Args:
         inner: the policy that orders the candidates (not one that keeps a hash
@@ -42,20 +47,47 @@ class HistoryKeeper(EvictionPolicy):
                              f"or needs the future")
         self.inner = inner
         self.hist = history
-        self.name = inner.name
-        self.summary = inner.summary
         self._pass_keys = inner.needs_keys
         self._pass_hits = inner.needs_hits
+
+    # The base class's class attributes, answered per instance (EvictionPolicy's
+    # __init_subclass__ leaves a property alone). Each has a setter that refuses, as a
+    # read-only property does, so that it may stand where the base has a class attribute.
+    @property
+    def name(self) -> str:
+        """The wrapped policy's :attr:`~EvictionPolicy.name`."""
+        return self.inner.name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        _read_only("name")
+
+    @property
+    def summary(self) -> str:
+        """The wrapped policy's :attr:`~EvictionPolicy.summary`."""
+        return self.inner.summary
+
+    @summary.setter
+    def summary(self, value: str) -> None:
+        _read_only("summary")
 
     @property
     def needs_values(self) -> bool:
         """The wrapped policy's :attr:`~EvictionPolicy.needs_values`."""
         return self.inner.needs_values
 
+    @needs_values.setter
+    def needs_values(self, value: bool) -> None:
+        _read_only("needs_values")
+
     @property
     def tunable(self) -> bool:
         """The wrapped policy's :attr:`~EvictionPolicy.tunable`."""
         return self.inner.tunable
+
+    @tunable.setter
+    def tunable(self, value: bool) -> None:
+        _read_only("tunable")
 
     def add(self, block_id: int, now: float, value: float = 0.0,
             next_use: float = math.inf) -> None:
@@ -77,7 +109,7 @@ class HistoryKeeper(EvictionPolicy):
         self.hist.evicted(out)
         return out
 
-    def on_cache(self, block_id: int, key: object) -> None:
+    def on_cache(self, block_id: int, key: Hashable) -> None:
         self.hist.cached(block_id, key)
         if self._pass_keys:
             self.inner.on_cache(block_id, key)

@@ -55,7 +55,8 @@ from __future__ import annotations
 import math
 import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
+from typing import Any, Protocol, cast
 
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction.base import EvictionPolicy
@@ -74,6 +75,13 @@ EXPERTS: dict[str, type[EvictionPolicy]] = {
     "reuse": ReuseEviction,
     "s3fifo": S3FifoEviction,
 }
+
+class _KeepsHistory(Protocol):
+    """An expert that keeps history by block hash (``keeps_history``: ``reuse``) holds
+    the shared history as ``hist``."""
+
+    hist: ReuseHistory
+
 
 #: How the expert that gives a victim is chosen (module docstring).
 CHOICES = ("spread", "random", "heaviest")
@@ -164,7 +172,7 @@ class ExpertMixEviction(EvictionPolicy):
         self.ghosts: list[OrderedDict[object, int]] = [OrderedDict() for _ in names]
         # cached block -> its hash key; with a shared history (``auto`` switching to a mix
         # mid-run) the blocks cached so far, which the experts' own state lacks
-        self._key: dict[int, object] = self.hist.cached_keys() if shared is not None else {}
+        self._key: dict[int, Hashable] = self.hist.cached_keys() if shared is not None else {}
         self.clock = 0                   # block references heard
         self._now = -math.inf            # the request of the latest event that gave one
         self._epoch = 0                  # the clock at that request's first event
@@ -186,12 +194,12 @@ class ExpertMixEviction(EvictionPolicy):
         self._hits_to = [e for e in own if e.needs_hits]
 
     @classmethod
-    def with_history(cls, history: ReuseHistory, **options) -> ExpertMixEviction:
+    def with_history(cls, history: ReuseHistory, **options: Any) -> ExpertMixEviction:
         """A mix that keeps, and lets its ``reuse`` expert learn from, ``history``."""
         return cls(shared=history, **options)
 
     # -- what the cache hears ------------------------------------------------
-    def on_cache(self, block_id: int, key: object) -> None:
+    def on_cache(self, block_id: int, key: Hashable) -> None:
         for i, ghosts in enumerate(self.ghosts):
             evicted_at = ghosts.pop(key, None)
             if evicted_at is not None:
@@ -367,7 +375,8 @@ class ExpertMixEviction(EvictionPolicy):
         for e in self.experts:
             c = e.clone()
             if e.keeps_history:
-                c.hist = other.hist      # the clone's expert learns from the clone's history
+                # the clone's expert learns from the clone's history
+                cast(_KeepsHistory, c).hist = other.hist
             other.experts.append(c)
         other._wire()
         other.weights = self.weights[:]

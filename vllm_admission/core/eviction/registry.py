@@ -10,6 +10,8 @@ class declares ``auto_candidate``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.belady import BeladyEviction
 from vllm_admission.core.eviction.conversation import ConversationEviction
@@ -32,7 +34,7 @@ __all__ = [
     "stock_eviction",
 ]
 
-def _check_eviction(cls: type) -> None:
+def _check_eviction(cls: type[EvictionPolicy]) -> None:
     """What :data:`EVICTION_POLICIES` asks of an eviction class beyond a name and a summary."""
     if cls.auto_candidate and cls.needs_future:
         raise ValueError(f"{cls.name!r} needs the future: it cannot be an auto candidate")
@@ -59,7 +61,7 @@ def engine_eviction_policies() -> tuple[str, ...]:
     return tuple(n for n, c in EVICTION_POLICIES.items() if not c.needs_future)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> tuple[str, ...]:
     if name == "ENGINE_EVICTION_POLICIES":
         return engine_eviction_policies()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -92,7 +94,7 @@ def eviction_class(name: str) -> type[EvictionPolicy]:
     return EVICTION_POLICIES.policy_class(name)
 
 
-def get_eviction(name: str, **options) -> EvictionPolicy:
+def get_eviction(name: str, **options: Any) -> EvictionPolicy:
     """Build the eviction policy registered under ``name``.
 
     Args:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import bisect
 import math
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.fifo import ABSENT, BlockFifo
@@ -123,7 +124,7 @@ class ReuseEviction(EvictionPolicy):
         self._prune_at = max(256, 2 * len(self._tick_seq))
 
     @classmethod
-    def with_history(cls, history: ReuseHistory, **options) -> ReuseEviction:
+    def with_history(cls, history: ReuseHistory, **options: Any) -> ReuseEviction:
         """A ``reuse`` that learns from, and keeps up to date, the shared ``history``."""
         return cls(shared=history, **options)
 
@@ -137,7 +138,7 @@ class ReuseEviction(EvictionPolicy):
         reused block may grow before it is evicted (>= 1)."""
         return self.hist.ratio
 
-    def on_cache(self, block_id: int, key: object) -> None:
+    def on_cache(self, block_id: int, key: Hashable) -> None:
         self.hist.cached(block_id, key)
 
     def on_hit(self, block_id: int, now: float) -> None:

@@ -11,7 +11,7 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,10 @@ SKIP_OVER_MAX_PROMPT = "prompt over max_prompt_tokens"
 
 _MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 _TOKEN_FIELDS = ("prompt_token_ids", "output_len", "session_id", "timestamp", "request_id")
+
+#: One line of a trace file: a JSON object as ``json.loads`` gives it (its values are
+#: checked field by field).
+_Record = dict[str, Any]
 
 
 def load_trace(
@@ -128,6 +132,7 @@ def _read_file(path: Path, mooncake_block_tokens: int = MOONCAKE_BLOCK_TOKENS) -
         if first is None:
             return Trace(name=f"file/{path.stem}", requests=[], source=str(path))
         where, rec = first
+        parse: Callable[[str, _Record], Request]
         if "hash_ids" in rec:
             kind, parse = "mooncake", _MooncakeParser(mooncake_block_tokens)
         elif "prompt_token_ids" in rec:
@@ -142,7 +147,7 @@ def _read_file(path: Path, mooncake_block_tokens: int = MOONCAKE_BLOCK_TOKENS) -
     return Trace(name=f"{kind}/{path.stem}", requests=requests, source=str(path))
 
 
-def _json_records(lines: Iterator[bytes], file: str) -> Iterator[tuple[str, dict]]:
+def _json_records(lines: Iterator[bytes], file: str) -> Iterator[tuple[str, _Record]]:
     """Yield ``("<file>:<line>", object)`` for each non-blank line (UTF-8); blank lines are skipped."""
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -168,7 +173,7 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _check_fields(where: str, rec: dict, required: tuple[str, ...], known: tuple[str, ...]) -> None:
+def _check_fields(where: str, rec: _Record, required: tuple[str, ...], known: tuple[str, ...]) -> None:
     for name in rec:
         if name not in known:
             raise _bad(where, name, f"unknown field (known fields: {', '.join(known)})")
@@ -177,7 +182,7 @@ def _check_fields(where: str, rec: dict, required: tuple[str, ...], known: tuple
             raise _bad(where, name, "missing")
 
 
-def _int(where: str, rec: dict, name: str, minimum: int) -> int:
+def _int(where: str, rec: _Record, name: str, minimum: int) -> int:
     value = rec[name]
     if type(value) is not int:
         raise _bad(where, name, f"expected an integer, got {_short(value)}")
@@ -186,16 +191,16 @@ def _int(where: str, rec: dict, name: str, minimum: int) -> int:
     return value
 
 
-def _seconds(where: str, rec: dict, name: str, scale: float) -> float:
+def _seconds(where: str, rec: _Record, name: str, scale: float) -> float:
     value = rec[name]
     if type(value) not in (int, float) or not math.isfinite(value):
         raise _bad(where, name, f"expected a finite number, got {_short(value)}")
     if value < 0:
         raise _bad(where, name, f"must be >= 0, got {value}")
-    return value * scale
+    return float(value) * scale
 
 
-def _int_list(where: str, rec: dict, name: str) -> list[int]:
+def _int_list(where: str, rec: _Record, name: str) -> list[int]:
     value = rec[name]
     if type(value) is not list:
         raise _bad(where, name, f"expected a list of integers, got {_short(value)}")
@@ -225,7 +230,7 @@ class _MooncakeParser:
         self.clock = _Monotone()
         self.block_tokens = block_tokens
 
-    def __call__(self, where: str, rec: dict) -> Request:
+    def __call__(self, where: str, rec: _Record) -> Request:
         _check_fields(where, rec, _MOONCAKE_FIELDS, _MOONCAKE_FIELDS)
         arrival = _seconds(where, rec, "timestamp", 1e-3)
         self.clock.check(where, "timestamp", arrival)
@@ -253,7 +258,7 @@ class _TokenParser:
         self.timed: tuple[bool, str] | None = None  # (first record has a timestamp, its location)
         self.ids: dict[str, str] = {}
 
-    def __call__(self, where: str, rec: dict) -> Request:
+    def __call__(self, where: str, rec: _Record) -> Request:
         _check_fields(where, rec, ("prompt_token_ids", "output_len"), _TOKEN_FIELDS)
         tokens = _int_list(where, rec, "prompt_token_ids")
         if not tokens:
@@ -263,7 +268,7 @@ class _TokenParser:
         arrival = self._arrival(where, rec)
         return Request(rid, TokenPrompt(tuple(tokens)), output, arrival, self._session(where, rec))
 
-    def _request_id(self, where: str, rec: dict) -> str:
+    def _request_id(self, where: str, rec: _Record) -> str:
         rid = rec.get("request_id")
         if rid is None:
             rid = f"line-{where.rsplit(':', 1)[1]}"
@@ -274,7 +279,7 @@ class _TokenParser:
         self.ids[rid] = where
         return rid
 
-    def _arrival(self, where: str, rec: dict) -> float | None:
+    def _arrival(self, where: str, rec: _Record) -> float | None:
         has = "timestamp" in rec
         if self.timed is None:
             self.timed = (has, where)
@@ -290,7 +295,7 @@ class _TokenParser:
         return arrival
 
     @staticmethod
-    def _session(where: str, rec: dict) -> str | None:
+    def _session(where: str, rec: _Record) -> str | None:
         session = rec.get("session_id")
         if session is not None and type(session) is not str:
             raise _bad(where, "session_id", f"expected a string, got {_short(session)}")

@@ -92,7 +92,9 @@ def _passes(source: Trace, num_requests: int, shared: frozenset[int]) -> Iterato
         for req, at in zip(reqs, arrivals, strict=True):
             if made == num_requests:
                 return
-            spans = tuple((k if k in shared else k + p * span, n) for k, n in req.prompt.spans)
+            prompt = req.prompt
+            assert isinstance(prompt, SpanPrompt)  # every one is (shared_prefix_keys checked)
+            spans = tuple((k if k in shared else k + p * span, n) for k, n in prompt.spans)
             out = req.output_key
             if out is not None and out not in shared:
                 out += p * span

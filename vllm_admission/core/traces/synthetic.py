@@ -15,7 +15,7 @@ import itertools
 import math
 import random
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from vllm_admission.core.traces.prompts import SpanPrompt
 from vllm_admission.core.traces.trace import Request, Trace, TraceError
@@ -109,7 +109,7 @@ class SyntheticConfig:
 
 
 def _is_number(value: object) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type]
+    return (type(value) is int or type(value) is float) and math.isfinite(value)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -117,9 +117,11 @@ def _require(ok: bool, message: str) -> None:
         raise TraceError(f"SyntheticConfig: {message}")
 
 
-def _lognormal(name: str, value: object) -> LogNormal:
+def _lognormal(name: str, value: Any) -> LogNormal:
+    # ``value`` is what the caller gave (a LogNormal, a 4-tuple, or anything else): a
+    # TypeError from unpacking it is the check.
     try:
-        dist = LogNormal(*value)  # type: ignore[misc]
+        dist = LogNormal(*value)
     except TypeError:
         raise TraceError(f"SyntheticConfig: {name} must be (median, sigma, lo, hi), got {value!r}") from None
     ok = (
@@ -170,7 +172,8 @@ class _Builder:
     def _span(self, dist: LogNormal) -> tuple[int, int]:
         return next(self.keys), dist.draw(self.rng)
 
-    def _grow(self, spans: list, wanted: int, added: LogNormal, output: LogNormal, gap_s: float) -> list[_Turn]:
+    def _grow(self, spans: list[tuple[int, int]], wanted: int, added: LogNormal, output: LogNormal,
+              gap_s: float) -> list[_Turn]:
         """Emit up to ``wanted`` turns starting from ``spans``; after each turn append its output
         span and a new span drawn from ``added`` (the next user message or tool result)."""
         turns: list[_Turn] = []

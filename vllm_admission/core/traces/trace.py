@@ -100,7 +100,8 @@ class Trace:
     requests: list[Request]
     skipped: dict[str, int] = field(default_factory=dict)
     source: str = "synthetic"
-    _hash_memo: dict[tuple[int, bool], list[list[int]]] = field(
+    # (block size, include_partial) or (block size, "sequence") -> the hashes
+    _hash_memo: dict[tuple[int, bool | str], list[list[int]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -149,7 +150,7 @@ class Trace:
             self._hash_memo[key] = memo
         return memo
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, object]:
         """Flat dict of sizes: ``requests``, ``prompt_tokens_total/mean/max``,
         ``output_tokens_total/mean/max``, ``sessions`` (distinct non-None ids),
         ``duration_s`` (last minus first arrival, None without timestamps) and ``skipped``."""
@@ -236,7 +237,7 @@ def capacity_bound(requests: Iterable[tuple[Sequence[int], int, int]],
     Returns:
         ``(hit_tokens, prompt_tokens)`` summed over the requests.
     """
-    seen: set = set()
+    seen: set[int] = set()
     hit = prompt = 0
     for hashes, prompt_len, output_len in requests:
         cap = min((prompt_len - 1) // block_size, len(hashes))
