@@ -160,8 +160,7 @@ def install(kv_cache_manager: Any, control: Any) -> Any:
         return pool.cached_block_hash_to_block.get_one_block(
             make_block_hash_with_group_id(block_hash, group)) is not None
 
-    control.is_cached_state = is_cached_state
-    control.group_of = lambda block: get_group_id(block.block_hash)
+    control.bind_pool(is_cached_state, lambda block: get_group_id(block.block_hash))
     return coordinator
 
 
