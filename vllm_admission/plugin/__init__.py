@@ -19,8 +19,9 @@ Three layers, each in one place:
   (:mod:`~vllm_admission.plugin.inpass`, :mod:`~vllm_admission.plugin.state_copy`,
   :mod:`~vllm_admission.plugin.runner`: scheduler and runner sides);
 * **the boundary with vLLM**, :mod:`~vllm_admission.plugin.boundary`: what the plugin
-  relies on, every change it makes to vLLM objects, the fixes vLLM 0.32 lacks, the
-  general-plugin entry point and the start-up decision;
+  relies on, every change it makes to vLLM objects, the general-plugin entry point and the
+  start-up decision; the repairs vLLM 0.32 needs (its CPU platform, whole-page block
+  copies) apart, in :mod:`~vllm_admission.plugin.repairs`;
 * **metrics**, :mod:`~vllm_admission.plugin.metrics`: ``stats()``, the log line and
   ``/metrics``, one counter schema.
 
