@@ -1,4 +1,4 @@
-"""Whole-page block copies (``vllm_admission.plugin.boundary.block_copy``): a page that an
+"""Whole-page block copies (``vllm_admission.plugin.repairs.block_copy``): a page that an
 attention layer and a Mamba layer share is copied whole, whatever view comes first."""
 
 from types import SimpleNamespace
@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from vllm_admission.plugin.boundary.block_copy import copy_pages  # noqa: E402
+from vllm_admission.plugin.repairs.block_copy import copy_pages  # noqa: E402
 
 NUM_BLOCKS, PAGE, STATE = 6, 64, 40  # bytes per page; the state view covers 40 of them
 

@@ -394,7 +394,7 @@ def test_a_retention_interval_off_the_block_grid_is_refused():
 
 def test_on_request_hears_the_prompts_full_blocks_only():
     """The simulator tells a policy that needs requests the prompt's full-block keys, the
-    same the plugin can know at the lookup (``AdmissionControl.on_request``), also when the
+    same the plugin can know at the lookup (``PolicyEvents.on_request``), also when the
     request's hashes run on through its output (a trace that records outputs; issue 34)."""
     from vllm_admission.core.eviction import get_eviction
 

@@ -3,7 +3,7 @@
 ``speculative_config={"method": "extract_hidden_states"}`` gives a hybrid model a third
 kind of KV cache group: per-token hidden states (``HiddenStateCacheSpec``), written out
 per finished request by vLLM's hidden-states connector (on CPU through
-``vllm_admission.plugin.boundary.cpu_hidden_states``, which changes only the device copy).
+``vllm_admission.plugin.repairs.cpu_hidden_states``, which changes only the device copy).
 So one engine has attention, recurrent-state and hidden-state groups, and a KV connector
 that drives the scheduler and holds a finished request's blocks until its file is
 written. Here every admission policy, and ``auto``, runs there: stock's output (greedy
@@ -58,7 +58,7 @@ def _serve(model, scheduler: str | None, env: dict, prompts, store, max_tokens: 
     from vllm.inputs import TokensPrompt
 
     from vllm_admission.engine.llm import EngineSettings, build_llm, shutdown_llm
-    from vllm_admission.plugin.boundary.cpu_hidden_states import hidden_states_connector_config
+    from vllm_admission.plugin.repairs.cpu_hidden_states import hidden_states_connector_config
 
     args = {**LOGITS_MODE, "speculative_config": HIDDEN,
             "kv_transfer_config": hidden_states_connector_config(store)}

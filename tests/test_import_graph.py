@@ -175,12 +175,11 @@ def test_every_module_imports(module):
 #: ``boundary/hooks.py`` may make: ``(module file, the stored target as written)``. None changes
 #: a vLLM class or module: every such change is made (or installed) by ``boundary/hooks.py``.
 ALLOWED_STORES = {
-    ("control.py", "track.tails"),                 # the plugin's own per-request record
-    ("control.py", "self.eviction_policy.alpha"),  # a core policy object
-    ("control.py", "self.counters.junctions"),           # the plugin's own CacheCounters
-    ("control.py", "self.counters.state_checkpoints"),
-    ("control.py", "self.counters.prefill_steps"),
-    ("control.py", "self.counters.host_hit_tokens"),
+    ("policy_events.py", "self.eviction_policy.alpha"),  # a core policy object
+    ("requests.py", "self.counters.junctions"),           # the plugin's own CacheCounters
+    ("requests.py", "self.counters.state_checkpoints"),
+    ("requests.py", "self.counters.prefill_steps"),
+    ("requests.py", "self.counters.host_hit_tokens"),
     ("free_queue.py", "b.prev_free_block"),        # the free queue's own links (vLLM's
     ("free_queue.py", "b.next_free_block"),        # FreeKVCacheBlockQueue contract)
     ("logs.py", "logger.propagate"),               # the plugin's own logger

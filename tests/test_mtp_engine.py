@@ -1,7 +1,7 @@
 """MTP speculative decoding on vLLM's CPU engine (issue 31; docs/engine-facts.md section 9).
 
 vLLM 0.32's CPU build loads MTP drafters for hybrid models but lacks the state kernels
-drafts need; ``vllm_admission.plugin.boundary.cpu_spec_decode`` supplies them. With them the tiny
+drafts need; ``vllm_admission.plugin.repairs.cpu_spec_decode`` supplies them. With them the tiny
 models (``make-tiny-model --mtp``) serve with MTP and prefix caching: stock vLLM, and the
 plugin in every setting the preflight lets run there, give the same greedy tokens and the
 same cached tokens; the settings it cannot run yet are refused before the model loads.

@@ -206,7 +206,7 @@ def test_a_host_load_of_the_wrong_rows_is_caught(model_dir, geometry, reference,
                                                  monkeypatch):
     """The comparison's power on the live engine: a host tier that loads each block from the
     next row of its buffer (a wrong-row bug) gives a different model output, not rounding."""
-    from vllm_admission.plugin.boundary.cpu_offload import HostCopyWorker
+    from vllm_admission.plugin.repairs.cpu_offload import HostCopyWorker
 
     rows, load = HostCopyWorker._host_rows, HostCopyWorker.submit_load  # noqa: SLF001
     loading = []

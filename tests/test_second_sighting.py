@@ -6,7 +6,7 @@ CPU platform's config check then resets the scheduler's block size to 128 while 
 cache keeps the hybrid-aligned one (256 for the tiny Qwen3-Next with a float32 state).
 Chunks are then cut on 128-token boundaries, the prompt-end state is never written, and
 the second sighting misses (docs/engine-facts.md, section 11). The plugin's CPU fixes keep
-the block size (``plugin/boundary/cpu_block_size.py``); these tests run the same three
+the block size (``plugin/repairs/cpu_block_size.py``); these tests run the same three
 sends with and without them, in a fresh interpreter each (the engine core is spawned).
 """
 

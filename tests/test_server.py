@@ -6,7 +6,7 @@ AdmissionScheduler, and spoken to over HTTP with the ``openai`` client and ``htt
 SSM state is pinned to bf16 (``--mamba-ssm-cache-dtype``), so the block size B is the core's
 derivation on any CPU. The Mamba2 model's engine core runs in its own process, where only
 the general plugin can turn off the prefill-checkpoint export vLLM's CPU kernels cannot
-write (``plugin/boundary/cpu_mamba2.py``): its server run checks that path.
+write (``plugin/repairs/cpu_mamba2.py``): its server run checks that path.
 
 Three text completions share a long prefix and differ after it (vLLM's stock admission,
 ``vllm``): with S = the shared tokens rounded down to a block,

@@ -5,7 +5,7 @@ DeltaNet) model per pinned SSM state dtype (bf16 gives 128-token blocks, float32
 the tiny Nemotron-H (Mamba2) model with its default float32 state, one engine per run;
 more tests start an engine with vLLM's platform default for each arch, whatever this CPU
 makes of it, and the Mamba2 model with a bf16 state. "Stock" for the Mamba2 model means
-vLLM with :func:`vllm_admission.plugin.boundary.cpu_mamba2.install` (which ``build_llm`` applies):
+vLLM with :func:`vllm_admission.plugin.repairs.cpu_mamba2.install` (which ``build_llm`` applies):
 without it vLLM 0.32's CPU engine fails at its first prefill (``docs/engine-facts.md``,
 section 0). The block size
 ``B`` is read from the live engine after checking it against the core's derivation, and
@@ -116,7 +116,7 @@ def test_spec_without_export_changes_only_the_export():
 
     torch = pytest.importorskip("torch")
     kv = pytest.importorskip("vllm.v1.kv_cache_interface")
-    from vllm_admission.plugin.boundary.cpu_mamba2 import spec_without_export
+    from vllm_admission.plugin.repairs.cpu_mamba2 import spec_without_export
 
     spec = kv.MambaSpec(block_size=128, shapes=((3, 512), (4, 64, 64)),
                         dtypes=(torch.bfloat16, torch.float32), mamba_cache_mode="align",
@@ -358,7 +358,7 @@ def test_mamba2_bf16_state_runs_without_the_export(tiny_model_of):
     export (cpu_mamba2 active on this CPU platform), and a resent prompt hits its prompt-end
     checkpoint with the same greedy output, through a two-chunk prefill."""
     from vllm_admission.engine.llm import engine_geometry
-    from vllm_admission.plugin.boundary import cpu_mamba2
+    from vllm_admission.plugin.repairs import cpu_mamba2
 
     model_dir = tiny_model_of("nemotron-h")
     with stock_engine(model_dir, mamba_ssm_cache_dtype="bfloat16", num_gpu_blocks=64,

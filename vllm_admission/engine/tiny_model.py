@@ -32,7 +32,7 @@ a vLLM CPU constraint:
   (``model_executor/models/config.py`` ``NemotronHForCausalLMConfig``): block
   size 256 by default on every CPU, 128 with ``mamba_ssm_cache_dtype="bfloat16"``.
   On vLLM's CPU platform these layers need
-  :func:`vllm_admission.plugin.boundary.cpu_mamba2.install` (no prefill-checkpoint
+  :func:`vllm_admission.plugin.repairs.cpu_mamba2.install` (no prefill-checkpoint
   export), which :func:`vllm_admission.engine.llm.build_llm` and the general
   plugin install.
 

@@ -90,7 +90,7 @@ class FidelitySpec:
             those that decide nothing of the cache).
         offload: a host tier of this many bytes: vLLM's ``OffloadingConnector`` on
             the engine (run on CPU by
-            :class:`~vllm_admission.plugin.boundary.cpu_offload.HostCopyOffloadingSpec`),
+            :class:`~vllm_admission.plugin.repairs.cpu_offload.HostCopyOffloadingSpec`),
             the simulator's host tier with the chunks the engine reports (``None``: none).
         host_policy: the host tier's eviction policy (the connector's ``eviction_policy``).
         host_admission: per-tier admission (``VLLM_ADMISSION_HOST_ADMISSION``): an

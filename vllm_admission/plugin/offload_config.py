@@ -1,6 +1,6 @@
 """The ``kv_transfer_config`` of a host tier on this project's CPU-capable offloading spec.
 
-Kept apart from :mod:`vllm_admission.plugin.boundary.cpu_offload` (which imports vLLM and
+Kept apart from :mod:`vllm_admission.plugin.repairs.cpu_offload` (which imports vLLM and
 torch) so that the command line and the simulator's callers can build it cheaply.
 """
 
@@ -13,7 +13,7 @@ __all__ = ["HOST_POLICY_MODULE", "HOST_SPEC_MODULE", "HOST_SPEC_NAME", "VLLM_HOS
 
 #: The out-of-tree offloading spec vLLM loads (``v1/kv_offload/factory.py``).
 HOST_SPEC_NAME = "HostCopyOffloadingSpec"
-HOST_SPEC_MODULE = "vllm_admission.plugin.boundary.cpu_offload"
+HOST_SPEC_MODULE = "vllm_admission.plugin.repairs.cpu_offload"
 #: The module vLLM loads the project's host policies from (``cache_policy_module_path``).
 HOST_POLICY_MODULE = "vllm_admission.plugin.boundary.host_policy"
 #: Host policies vLLM 0.32 registers itself (``v1/kv_offload/cpu/policies/factory.py``).
@@ -24,7 +24,7 @@ def offloading_connector_config(host_bytes: int, *, eviction_policy: str | None 
                                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """vLLM's ``kv_transfer_config`` for its ``OffloadingConnector`` with a host tier of
     ``host_bytes`` bytes, run by
-    :class:`~vllm_admission.plugin.boundary.cpu_offload.HostCopyOffloadingSpec` (vLLM's
+    :class:`~vllm_admission.plugin.repairs.cpu_offload.HostCopyOffloadingSpec` (vLLM's
     own worker on CUDA and XPU, host copies elsewhere).
 
     Args:

@@ -11,9 +11,11 @@ picks the thread's decision up before its next allocations:
   child process (:func:`policy_controller`,
   :class:`~vllm_admission.core.shadows.ShadowProcess`) so that its shadow
   caches never hold the scheduler's GIL; the scheduler applies
-  :meth:`ControllerThread.take_switch`.
+  :meth:`ControllerThread.take_switch`;
+* :class:`BackgroundTuning`: the one of them an engine runs, fed each finished
+  vLLM request (:meth:`BackgroundTuning.on_finished`).
 
-Both run only the core (no vLLM objects cross the queue). An exception stops
+The threads run only the core (no vLLM objects cross the queue). An exception stops
 the work with one warning and never reaches the engine.
 """
 
@@ -25,15 +27,20 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_admission.core.adaptive import Decision, PolicyController
+from vllm_admission.core.admission import HitProbe
 from vllm_admission.core.replay import CacheRequest
 from vllm_admission.core.shadows import ShadowProcess, ShadowProcessError
 from vllm_admission.core.tuning import AlphaTuner
+from vllm_admission.plugin import translate
 
-__all__ = ["MAX_BOOTSTRAP_HISTORY", "ControllerThread", "TunerThread", "Worker",
-           "policy_controller"]
+if TYPE_CHECKING:
+    from vllm.v1.request import Request
+
+__all__ = ["MAX_BOOTSTRAP_HISTORY", "BackgroundTuning", "ControllerThread", "TunerThread",
+           "Worker", "policy_controller"]
 
 logger = logging.getLogger("vllm_admission")
 
@@ -46,7 +53,7 @@ class Worker:
     """A daemon thread that digests finished requests off the scheduler thread.
 
     The scheduler hands items to :meth:`submit` (cheap); the thread calls
-    :meth:`_observe` on each, in order. An exception stops the work (logged
+    :meth:`observe` on each, in order. An exception stops the work (logged
     once, kept in :attr:`error`) and never reaches the engine.
     """
 
@@ -74,7 +81,7 @@ class Worker:
         return decision
 
     def submit(self, *item: Any) -> None:
-        """Queue one item for :meth:`_observe`."""
+        """Queue one item for :meth:`observe`."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=f"vllm_admission-{self.what}",
                                             daemon=True)
@@ -110,7 +117,7 @@ class Worker:
                     self._close()
                     return
                 if self.error is None:
-                    self._observe(*item)
+                    self.observe(*item)
             except Exception as exc:  # noqa: BLE001 - never take the engine down
                 if self.error is None:
                     self.error = f"{type(exc).__name__}: {exc}"
@@ -118,7 +125,9 @@ class Worker:
             finally:
                 self._queue.task_done()
 
-    def _observe(self, *item: Any) -> None:
+    def observe(self, *item: Any) -> None:
+        """Digest one item on the calling thread (the thread's work; called directly, an
+        exception reaches the caller)."""
         raise NotImplementedError
 
 
@@ -152,7 +161,7 @@ class TunerThread(Worker):
         """The alpha decided since the last call, or ``None``."""
         return self._take()
 
-    def _observe(self, request: CacheRequest, evicted: bool, saved: float) -> None:
+    def observe(self, request: CacheRequest, evicted: bool, saved: float) -> None:
         tuner = self.tuner
         if tuner.window_len is None and not evicted:
             self._seen_without_eviction += 1
@@ -211,7 +220,7 @@ class ControllerThread(Worker):
         """The latest switch decided since the last call, or ``None``."""
         return self._take()
 
-    def _observe(self, index: int, request: CacheRequest) -> None:
+    def observe(self, index: int, request: CacheRequest) -> None:
         decision = self.controller.observe(index, request)
         if decision is not None:
             self.switches.append(decision.as_dict())
@@ -231,3 +240,93 @@ def policy_controller(kwargs: dict[str, Any], *, in_child: bool) -> PolicyContro
                            "its shadow caches run on a thread of the scheduler's process",
                            type(exc).__name__, exc)
     return PolicyController(None, **kwargs)
+
+
+class BackgroundTuning:
+    """The alpha tuner or ``auto``'s controller of one engine, fed its finished requests.
+
+    At most one of the two runs (a tuned alpha or ``auto``, decided by the core's
+    :class:`~vllm_admission.core.run.RunPlan`); with neither, every call does nothing.
+
+    Args:
+        make_tuner: builds a fresh :class:`~vllm_admission.core.tuning.AlphaTuner`
+            (it is called again when the tuner restarts), or ``None``: no tuner.
+        controller: ``auto``'s controller (:func:`policy_controller`), or ``None``.
+        block_size: tokens per block.
+        hash_stride: vLLM hash blocks per block.
+        sub_block: a hash unit finer than the block (the finished requests' unit keys
+            are kept: :func:`~vllm_admission.plugin.translate.cache_request`).
+        prefill_flops: ``f(num_tokens, num_cached) -> FLOPs``; required by the tuner
+            (the FLOPs a request's hit saved).
+        in_thread: digest on the daemon thread (default) or on the caller's.
+    """
+
+    def __init__(self, *, make_tuner: Callable[[], AlphaTuner] | None,
+                 controller: PolicyController | ShadowProcess | None, block_size: int,
+                 hash_stride: int, sub_block: bool,
+                 prefill_flops: Callable[[int, int], float] | None,
+                 in_thread: bool = True) -> None:
+        self.controller = ControllerThread(controller) if controller is not None else None
+        self._make_tuner = make_tuner
+        self.tuner = TunerThread(make_tuner) if make_tuner is not None else None
+        self.B = block_size
+        self._hash_stride = hash_stride
+        self._sub_block = sub_block
+        self.prefill_flops = prefill_flops
+        self.in_thread = in_thread
+        self._finished = 0
+
+    def restart_tuner(self) -> None:
+        """Stop the tuner after its queued requests and start a fresh one (its replays
+        use the admission policy's name, which just changed)."""
+        if self.tuner is not None:
+            self.tuner.stop()
+            self.tuner = TunerThread(self._make_tuner)
+
+    def on_finished(self, request: Request, probe: HitProbe | None, evicted_so_far: bool) -> None:
+        """``request`` left the scheduler (``probe``: its lookup, ``None`` if it was never
+        tracked; ``evicted_so_far``: whether the pool has evicted yet): feed it to the
+        tuner or the controller."""
+        worker = self.tuner if self.tuner is not None else self.controller
+        if worker is None or probe is None or worker.error is not None:
+            return
+        output_len = request.num_output_tokens
+        P = probe.prompt_len
+        if output_len < 1 or P < 1:
+            return
+        item = translate.cache_request(request, P, self.B, self._hash_stride, self._sub_block)
+        if self.controller is not None:
+            index, self._finished = self._finished, self._finished + 1
+            if self.in_thread:
+                self.controller.submit(index, item)
+            else:
+                self.controller.observe(index, item)
+            return
+        # A request resumed after a preemption looks up its outputs too; the
+        # tuner's replay knows the prompt only.
+        hit = min(probe.state_hit, P)
+        saved = self.prefill_flops(P, 0) - self.prefill_flops(P, hit)
+        if self.in_thread:
+            self.tuner.submit(item, evicted_so_far, saved)
+        else:
+            self.tuner.observe(item, evicted_so_far, saved)
+
+    def take_alpha(self) -> float | None:
+        """The alpha the tuner decided since the last call, or ``None``."""
+        return self.tuner.take_alpha() if self.tuner is not None else None
+
+    def take_switch(self) -> Decision | None:
+        """The latest switch ``auto`` decided since the last call, or ``None``."""
+        return self.controller.take_switch() if self.controller is not None else None
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until the tuner or controller has digested every finished request
+        (sequential replays, tests); False on timeout."""
+        worker = self.tuner if self.tuner is not None else self.controller
+        return worker.drain(timeout) if worker is not None else True
+
+    def stop(self) -> None:
+        """Stop the tuner or controller thread after its queued requests."""
+        for worker in (self.tuner, self.controller):
+            if worker is not None:
+                worker.stop()

@@ -8,11 +8,10 @@ nothing else:
   vLLM file it comes from); changes nothing;
 * :mod:`~vllm_admission.plugin.boundary.hooks`: every change to a live vLLM object,
   behind the version check;
-* :mod:`~vllm_admission.plugin.boundary.block_copy`,
-  :mod:`~vllm_admission.plugin.boundary.cpu_mamba2`,
-  :mod:`~vllm_admission.plugin.boundary.cpu_spec_decode`: the fixes and CPU kernels vLLM
-  0.32 lacks, installed only where the plugin is asked for (or
-  ``VLLM_ADMISSION_CPU_FIXES=1``);
+* :mod:`~vllm_admission.plugin.boundary.register`: also installs vLLM 0.32's repairs
+  (:func:`~vllm_admission.plugin.boundary.register.install_vllm_fixes`), which live apart
+  from the product in :mod:`vllm_admission.plugin.repairs`, only where the plugin is asked
+  for (or ``VLLM_ADMISSION_CPU_FIXES=1``);
 * :mod:`~vllm_admission.plugin.boundary.register`: the ``vllm.general_plugins`` entry
   point (does nothing unless the plugin is asked for) and the early check;
 * :mod:`~vllm_admission.plugin.boundary.engine_setup`: what an engine can run, decided

@@ -23,10 +23,10 @@ version check of :mod:`vllm_admission.plugin.boundary.surface`:
   Mamba2 metadata builder, SSD scan and checkpoint store; all share one
   :class:`~vllm_admission.plugin.runner.inpass_runner.StepCheckpoints`);
 * :func:`wrap_mamba2_spec`: ``MambaMixer2.get_kv_cache_spec`` on vLLM's CPU
-  platform (:mod:`vllm_admission.plugin.boundary.cpu_mamba2`: no prefill-checkpoint export);
+  platform (:mod:`vllm_admission.plugin.repairs.cpu_mamba2`: no prefill-checkpoint export);
 * :func:`install_cpu_spec_decode`: on vLLM's CPU platform, the speculative-decoding
   state copies and the Mamba2 conv update under drafts, which the CPU build lacks
-  (:mod:`vllm_admission.plugin.boundary.cpu_spec_decode`);
+  (:mod:`vllm_admission.plugin.repairs.cpu_spec_decode`);
 * :func:`wrap_schedule`: observes each step's output on one scheduler
   instance (:class:`vllm_admission.engine.llm.PrefillStepCounter`);
 * :func:`install_preflight`: ``EngineArgs.create_engine_config``, so that the
@@ -160,8 +160,7 @@ def install(kv_cache_manager: Any, control: Any) -> Any:
         return pool.cached_block_hash_to_block.get_one_block(
             make_block_hash_with_group_id(block_hash, group)) is not None
 
-    control.is_cached_state = is_cached_state
-    control.group_of = lambda block: get_group_id(block.block_hash)
+    control.bind_pool(is_cached_state, lambda block: get_group_id(block.block_hash))
     return coordinator
 
 
@@ -435,7 +434,7 @@ def _install_mamba2_export(channel: Any) -> None:
 
 def wrap_mamba2_spec(transform: Callable[[Any, Any], Any]) -> None:
     """Wrap ``MambaMixer2.get_kv_cache_spec`` (process-wide, once) so that it returns
-    ``transform(spec, vllm_config)``; :func:`vllm_admission.plugin.boundary.cpu_mamba2.install`
+    ``transform(spec, vllm_config)``; :func:`vllm_admission.plugin.repairs.cpu_mamba2.install`
     (CPU) and :func:`vllm_admission.plugin.boundary.register.install_gpu_export_off` (CUDA) decide when."""
     from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 
@@ -452,7 +451,7 @@ def wrap_mamba2_spec(transform: Callable[[Any, Any], Any]) -> None:
 
 def wrap_platform_config_check(wrap: Callable[[Callable[[Any], None]], Callable[[Any], None]]) -> None:
     """Replace ``CpuPlatform.check_and_update_config`` (process-wide, once) by
-    ``wrap(original)``; :mod:`vllm_admission.plugin.boundary.cpu_block_size` says why."""
+    ``wrap(original)``; :mod:`vllm_admission.plugin.repairs.cpu_block_size` says why."""
     from vllm.platforms.cpu import CpuPlatform
 
     if platform_config_check_wrapped():
@@ -476,7 +475,7 @@ def platform_config_check_wrapped() -> bool:
 
 def restore_cache_sizes(cache_config: Any, sizes: dict[str, Any]) -> None:
     """Set ``cache_config``'s fields named in ``sizes`` back to those values (the CPU
-    block-size keeper, :mod:`vllm_admission.plugin.boundary.cpu_block_size`)."""
+    block-size keeper, :mod:`vllm_admission.plugin.repairs.cpu_block_size`)."""
     for name, value in sizes.items():
         if getattr(cache_config, name) != value:
             setattr(cache_config, name, value)
@@ -517,12 +516,12 @@ def preflight_installed() -> bool:
 
 def install_cpu_spec_decode() -> None:
     """Give vLLM's CPU build the speculative-decoding state kernels it lacks (process-wide,
-    once; :mod:`vllm_admission.plugin.runner.spec_decode_cpu`):
+    once; :mod:`vllm_admission.plugin.repairs.cpu_spec_decode_ops`):
     ``MambaSpecDecodeGPUContext.run_fused_precopy`` / ``run_fused_postprocess`` (Triton
     kernels the CPU build has not; ``_populate_metadata`` is wrapped to keep the state
     tensors and block tables they copy between) and ``mamba_mixer2.causal_conv1d_update``
     with ``num_accepted_tokens`` (the CPU version drops it; without it the call goes to
-    vLLM's function unchanged). :func:`vllm_admission.plugin.boundary.cpu_spec_decode.install`
+    vLLM's function unchanged). :func:`vllm_admission.plugin.repairs.cpu_spec_decode.install`
     decides when."""
     from vllm.model_executor.layers.mamba import mamba_mixer2
     from vllm.model_executor.layers.mamba.mamba_utils import (
@@ -531,7 +530,7 @@ def install_cpu_spec_decode() -> None:
     )
     from vllm.v1.worker import mamba_utils
 
-    from vllm_admission.plugin.runner import spec_decode_cpu as ops
+    from vllm_admission.plugin.repairs import cpu_spec_decode_ops as ops
 
     if cpu_spec_decode_installed():
         return
@@ -601,7 +600,7 @@ _BLOCK_COPY_CALLERS = ("vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.mo
 def install_block_copy(copy: Any) -> None:
     """Make the model runners call ``copy`` instead of vLLM's
     ``copy_kv_cache_blocks_inplace`` (same signature), process-wide, once;
-    :mod:`vllm_admission.plugin.boundary.block_copy` says why."""
+    :mod:`vllm_admission.plugin.repairs.block_copy` says why."""
     import importlib
 
     if block_copy_installed():

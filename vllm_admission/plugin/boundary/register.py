@@ -20,13 +20,13 @@ cache key, and scheduler settings must not force a recompile. The plugin
 reads its settings through :class:`vllm_admission.plugin.config.AdmissionConfig`.
 
 Where asked, in every process it also installs vLLM's fixes
-(:func:`install_vllm_fixes`: :func:`vllm_admission.plugin.boundary.cpu_block_size.install`,
+(:func:`install_vllm_fixes`: :func:`vllm_admission.plugin.repairs.cpu_block_size.install`,
 CPU only, the engine core's block size kept through the config re-check its handshake
-runs; :func:`vllm_admission.plugin.boundary.cpu_mamba2.install`, on
+runs; :func:`vllm_admission.plugin.repairs.cpu_mamba2.install`, on
 vLLM's CPU platform only, Mamba2 layers declare no prefill-checkpoint export there,
-which the CPU kernels cannot write; :func:`vllm_admission.plugin.boundary.cpu_spec_decode.install`,
+which the CPU kernels cannot write; :func:`vllm_admission.plugin.repairs.cpu_spec_decode.install`,
 CPU only, the speculative-decoding state kernels the CPU build lacks, so MTP runs
-there; :func:`vllm_admission.plugin.boundary.block_copy.install`, any platform, block copies of
+there; :func:`vllm_admission.plugin.repairs.block_copy.install`, any platform, block copies of
 whole pages, so a hit inside a block reads the copied attention block intact).
 
 Where asked, in the process that starts vLLM (``MainProcess``), :func:`register` also
@@ -178,13 +178,13 @@ def _exit_if_serving(exc: AdmissionConfigError) -> None:
 def install_vllm_fixes() -> None:
     """What vLLM 0.32 needs to run the plugin's settings correctly: the kernels its CPU
     platform lacks (each a no-op elsewhere: the block size kept through the engine core's
-    config re-check, :mod:`~vllm_admission.plugin.boundary.cpu_block_size`; the Mamba2 prefill export off, since the
+    config re-check, :mod:`~vllm_admission.plugin.repairs.cpu_block_size`; the Mamba2 prefill export off, since the
     engine core builds the KV cache specs; the speculative-decoding state copies, which
     the model runner uses under drafts) and, on any platform, block copies of whole pages
-    (:mod:`~vllm_admission.plugin.boundary.block_copy`: a hit inside a block copies a page that an
+    (:mod:`~vllm_admission.plugin.repairs.block_copy`: a hit inside a block copies a page that an
     attention and a Mamba layer share). :func:`register` installs them where asked,
     :func:`vllm_admission.engine.llm.build_llm` before every engine it starts."""
-    from vllm_admission.plugin.boundary import (
+    from vllm_admission.plugin.repairs import (
         block_copy,
         cpu_block_size,
         cpu_mamba2,
@@ -200,7 +200,7 @@ def install_vllm_fixes() -> None:
 def install_gpu_export_off() -> bool:
     """On a CUDA platform, make Mamba2 layers declare no prefill-checkpoint export of their
     own when the engine runs ``inpass`` (:func:`~vllm_admission.plugin.inpass.inpass_requested`), as the CPU platform's
-    layers always do (:mod:`~vllm_admission.plugin.boundary.cpu_mamba2`): in-pass writes every
+    layers always do (:mod:`~vllm_admission.plugin.repairs.cpu_mamba2`): in-pass writes every
     checkpoint of the step through the same export fields
     (:func:`~vllm_admission.plugin.runner.inpass_runner.mamba2_step_metadata`), the prompt
     end included, and vLLM's own export would write into the same columns. Process-wide,
@@ -214,8 +214,8 @@ def install_gpu_export_off() -> bool:
     if not current_platform.is_cuda():
         return False
     from vllm_admission.plugin import inpass
-    from vllm_admission.plugin.boundary.cpu_mamba2 import spec_without_export
     from vllm_admission.plugin.boundary.hooks import wrap_mamba2_spec
+    from vllm_admission.plugin.repairs.cpu_mamba2 import spec_without_export
 
     wrap_mamba2_spec(lambda spec, vllm_config: spec_without_export(spec)
                      if inpass.inpass_requested(vllm_config) else spec)

@@ -328,10 +328,10 @@ OVERRIDES: tuple[tuple[str, str], ...] = (
     ("MambaManager.allocate_new_blocks",
      "vllm_admission.plugin.inpass:InpassAllocation.allocate_new_blocks"),
     ("ExampleHiddenStatesConnector._submit_async_write",
-     "vllm_admission.plugin.boundary.cpu_hidden_states:CPUHiddenStatesConnector."
+     "vllm_admission.plugin.repairs.cpu_hidden_states:CPUHiddenStatesConnector."
      "_submit_async_write"),
     ("CPUOffloadingSpec.get_worker",
-     "vllm_admission.plugin.boundary.cpu_offload:HostCopyOffloadingSpec.get_worker"),
+     "vllm_admission.plugin.repairs.cpu_offload:HostCopyOffloadingSpec.get_worker"),
     *(("CachePolicy." + name, "vllm_admission.plugin.boundary.host_policy:AdmissionHostPolicy."
        + name)
       for name in ("get", "insert", "remove", "touch", "on_store_miss", "on_request_finished",

@@ -26,7 +26,8 @@ per row. Three pieces, each the part of the contract vLLM lacks:
   vLLM's CPU scan itself is not exactly invariant to where a row is cut nor to the
   other rows of a call (measured in ``tests/test_mamba2_export.py``; cuts at multiples
   of 16 tokens, which block-aligned checkpoints are, measured bit-identical). Split
-  mode cuts the row at the same places, between passes.
+  mode cuts the row at the same places, between passes. (vLLM PR #54505, open as of
+  2026-11, would make the CPU scan return these states itself.)
 * :func:`store_checkpoints`: ``store_prefill_checkpoint`` in torch (the vLLM one is a
   Triton kernel, and the CPU build has no Triton), taking several checkpoint entries
   per prefill row (:func:`~vllm_admission.plugin.runner.inpass_runner.mamba2_step_metadata`

@@ -20,6 +20,12 @@ touch the block size.
 (``cache_config.num_gpu_blocks`` set), the block sizes it found are the block sizes it
 leaves; before that it changes nothing. :func:`install` puts it in place on the CPU
 platform, with the other fixes (:func:`vllm_admission.plugin.boundary.register.install_vllm_fixes`).
+
+Upstream: no upstream issue found as of 2026-11. The CPU platform's own hybrid alignment
+moved to ``update_block_size_for_backend`` in vLLM PR #41025, which left the fixed
+``block_size = 128`` in ``check_and_update_config``; a check that keeps a block size the
+alignment already chose (or a handshake that does not re-run it) would retire this module
+and :func:`~vllm_admission.plugin.boundary.hooks.wrap_platform_config_check`.
 """
 
 from __future__ import annotations

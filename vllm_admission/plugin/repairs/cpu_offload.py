@@ -18,13 +18,17 @@ factory.py``), so nothing in vLLM is patched::
     --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
         "kv_connector_extra_config": {"cpu_bytes_to_use": 1073741824,
             "spec_name": "HostCopyOffloadingSpec",
-            "spec_module_path": "vllm_admission.plugin.boundary.cpu_offload"}}'
+            "spec_module_path": "vllm_admission.plugin.repairs.cpu_offload"}}'
 
 :func:`~vllm_admission.plugin.offload_config.offloading_connector_config` builds that
 dictionary (the CLI's ``--offload BYTES``).
 The copies are synchronous, so a load finishes within the step that submits it; the
 connector still reports it one ``get_finished`` later, as it would an asynchronous one.
 On a CUDA or XPU build the spec defers to vLLM's own worker.
+
+Upstream: no upstream issue found as of 2026-11 for a CPU-platform worker of
+``CPUOffloadingSpec`` (vLLM PR #43070, the XPU one, was closed). A worker that copies on
+the host when there is no device stream would retire this module.
 """
 
 from __future__ import annotations

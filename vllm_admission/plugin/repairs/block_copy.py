@@ -19,6 +19,11 @@ from the first token on; with whole pages copied they are the cold run's
 (storage, offset, page stride), each block's full page. :func:`install` puts it in the
 runner's place (:func:`vllm_admission.plugin.boundary.hooks.install_block_copy`), where the
 other vLLM fixes go (:func:`vllm_admission.plugin.boundary.register.install_vllm_fixes`).
+
+Upstream: vLLM PR #55112 ("[Bugfix][Core] Copy every overlaid KV view in
+copy_kv_cache_blocks_inplace", open as of 2026-11) copies every view of a shared allocation;
+once it is in a supported release this module, and
+:func:`~vllm_admission.plugin.boundary.hooks.install_block_copy`, can go.
 """
 
 from __future__ import annotations

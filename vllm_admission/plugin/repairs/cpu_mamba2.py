@@ -29,6 +29,12 @@ instead of 3. On any other platform :func:`install` changes nothing.
 The patch is process-wide and idempotent. The general plugin (:mod:`vllm_admission.plugin.boundary.register`)
 installs it in every vLLM process, and :func:`vllm_admission.engine.llm.build_llm` before
 each engine it builds (its stock engines run with ``VLLM_PLUGINS=""``).
+
+Upstream: vLLM issue #54504 and its PR #54505 ("[CPU] Support mamba prefix-caching block
+tables in the CPU conv/SSM wrappers", open as of 2026-11) make the CPU scan return the
+chunk-end states; with a CPU ``store_prefill_checkpoint`` as well (no upstream issue found
+as of 2026-11) the layer could write its export on CPU and this module, and the CPU branch
+of :func:`~vllm_admission.plugin.boundary.hooks.wrap_mamba2_spec`, could go.
 """
 
 from __future__ import annotations

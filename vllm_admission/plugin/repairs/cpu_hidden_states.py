@@ -16,7 +16,7 @@ else changes, so the files, the ``hidden_states_path`` transfer parameter and th
 delayed block free are vLLM's. Use it through vLLM's out-of-tree connector loading::
 
     --kv-transfer-config '{"kv_connector": "CPUHiddenStatesConnector",
-        "kv_connector_module_path": "vllm_admission.plugin.boundary.cpu_hidden_states",
+        "kv_connector_module_path": "vllm_admission.plugin.repairs.cpu_hidden_states",
         "kv_role": "kv_producer",
         "kv_connector_extra_config": {"shared_storage_path": "/tmp/hidden"}}'
 
@@ -24,6 +24,10 @@ with ``--speculative-config '{"method": "extract_hidden_states",
 "num_speculative_tokens": 1, "draft_model_config": {"hf_config":
 {"eagle_aux_hidden_state_layer_ids": [...]}}}'``. Read a file back with vLLM's
 ``load_hidden_states``; :func:`hidden_states_connector_config` builds the dictionary.
+
+Upstream: no upstream issue found as of 2026-11 (the connector came with vLLM PR #33736,
+GPU only). A worker-side copy that skips the CUDA stream and pinned memory on the CPU
+platform would retire this module.
 """
 
 from __future__ import annotations

@@ -25,7 +25,10 @@ groups: the conv state shifted by ``bias`` tokens (``[bias:]`` to ``[:width - bi
 along the token axis), the temporal (SSM) state whole, from the block ``bias`` columns
 further on (vLLM's ``_copy_mamba_state_block``). Facts and measurements:
 docs/engine-facts.md, section 9. Installed by
-:func:`vllm_admission.plugin.boundary.cpu_spec_decode.install` (CPU only).
+:func:`vllm_admission.plugin.repairs.cpu_spec_decode.install` (CPU only).
+
+Upstream: see :mod:`~vllm_admission.plugin.repairs.cpu_spec_decode` (no upstream issue found
+as of 2026-11).
 """
 
 from __future__ import annotations
