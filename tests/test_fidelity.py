@@ -349,12 +349,12 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
     assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
     # The setting changed what was kept: vLLM's default (0) keeps fewer states here.
     from vllm_admission.fidelity.run import load_trace_of
-    from vllm_admission.sim.simulator import simulate
+    from vllm_admission.sim.simulator import SimulationSettings, simulate
 
     costs = ModelCosts.from_config(f"{tiny_model}/config.json", mamba_ssm_cache_dtype="bfloat16")
-    default = simulate(load_trace_of(spec), costs, admission="vllm",
-                       eviction="lru", num_blocks=40, block_size=B, chunk_size=512,
-                       outputs="unique", retention_interval=0)
+    default = simulate(load_trace_of(spec), costs, SimulationSettings(
+        admission="vllm", eviction="lru", num_blocks=40, block_size=B, chunk_size=512,
+        outputs="unique", retention_interval=0))
     assert rec["simulator"]["state_checkpoints"] > default.state_checkpoints
 
 

@@ -29,7 +29,7 @@ from vllm_admission.core.costs import load_model
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import get_eviction
 from vllm_admission.core.traces import load_trace
-from vllm_admission.sim.simulator import simulate
+from vllm_admission.sim.simulator import SimulationSettings, simulate
 
 B = 256
 GROUPS = ("state", "attention")  # vLLM's order for the tiny Qwen3-Next: group 0 state
@@ -328,9 +328,9 @@ def qwen():
 
 
 def test_simulate_reports_hits_by_tier_and_bytes_moved(synthetic, qwen):
-    gpu = simulate(synthetic, qwen, admission="vllm", eviction="lru", capacity_bytes=2 << 30)
-    both = simulate(synthetic, qwen, admission="vllm", eviction="lru", capacity_bytes=2 << 30,
-                    host_bytes=64 << 30, host_bandwidth=50e9)
+    gpu = simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30))
+    both = simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+                                                        host_bytes=64 << 30, host_bandwidth=50e9))
     assert gpu.host_chunks == 0 and gpu.host_hit_tokens == 0
     assert both.host_chunks == host_chunks(64 << 30, qwen_bytes_per_block(both, qwen))
     assert both.hit_tokens > gpu.hit_tokens
@@ -351,20 +351,20 @@ def qwen_bytes_per_block(result, costs):
 
 def test_simulate_refuses_what_the_host_tier_does_not_model(synthetic, qwen):
     with pytest.raises(UserError, match="holds no"):
-        simulate(synthetic, qwen, admission="vllm", eviction="lru", capacity_bytes=2 << 30,
-                 host_bytes=1024)
+        simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+                                                     host_bytes=1024))
     with pytest.raises(UserError, match="speculative decoding"):
-        simulate(synthetic, load_model("qwen3-next-80b-a3b", mtp=True), admission="vllm",
-                 eviction="lru", capacity_bytes=2 << 30, host_bytes=64 << 30,
-                 num_speculative_tokens=1)
+        simulate(synthetic, load_model("qwen3-next-80b-a3b", mtp=True),
+                 SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+                                    host_bytes=64 << 30, num_speculative_tokens=1))
     with pytest.raises(UserError, match="unknown host policy"):
-        simulate(synthetic, qwen, admission="vllm", eviction="lru", capacity_bytes=2 << 30,
-                 host_bytes=64 << 30, host_policy="mru")
+        simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+                                                     host_bytes=64 << 30, host_policy="mru"))
 
 
 def test_auto_scales_the_host_tier_of_its_sampled_shadows(synthetic, qwen):
-    res = simulate(synthetic, qwen, admission="auto", eviction="lru", capacity_bytes=2 << 30,
-                   host_bytes=64 << 30, shadow_rate=0.5)
+    res = simulate(synthetic, qwen, SimulationSettings(admission="auto", eviction="lru", capacity_bytes=2 << 30,
+                                                       host_bytes=64 << 30, shadow_rate=0.5))
     assert res.host_chunks > 0 and res.host_hit_tokens > 0
     from vllm_admission.core.geometry import CacheLayout
 

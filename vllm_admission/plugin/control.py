@@ -52,7 +52,7 @@ from vllm_admission.core.admission import (
 )
 from vllm_admission.core.counters import CacheCounters
 from vllm_admission.core.eviction import EvictionPolicy, get_eviction
-from vllm_admission.core.geometry import CacheLayout
+from vllm_admission.core.layout import CacheLayout
 from vllm_admission.core.replay import CacheSetup
 from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
@@ -135,19 +135,20 @@ class AdmissionControl:
             raise ValueError(f"eviction {eviction!r} needs prefill_flops")
         self.plan = plan
         self.geometry = geometry
-        self.B = geometry.block_size
-        self._hash_stride = geometry.hash_stride
-        #: Tokens per hash unit when finer than the block (vLLM's partial hash
-        #: hits), else 0: the prompt's tail unit is then a checkpoint.
-        self._unit = geometry.unit
+        pool = geometry.pool
+        self.B = pool.block_size
+        self._hashes_per_block = pool.hashes_per_block
+        #: vLLM's ``hash_block_size`` when below the block (partial hash hits: the
+        #: prompt's tail hash block is then a checkpoint), else ``None``.
+        self._partial_hash_block_size = pool.hash_block_size if pool.partial_hash_hits else None
         #: EAGLE/MTP speculative decoding: the prompt checkpoints are a block lower.
-        self._eagle = geometry.num_speculative_tokens > 0 and geometry.eagle
-        self.state_groups = geometry.state_groups
+        self._eagle = geometry.speculation.uses_eagle
+        self.state_groups = pool.state_groups
         self.first_state = self.state_groups[0]
         self._state_set = frozenset(self.state_groups)
         self._segment_costs = SegmentCosts(
-            block_size=geometry.block_size, num_attention_groups=len(geometry.per_token_groups),
-            num_state_groups=len(geometry.state_groups), bytes_per_block=geometry.bytes_per_block,
+            block_size=pool.block_size, num_attention_groups=len(pool.per_token_groups),
+            num_state_groups=len(pool.state_groups), bytes_per_block=pool.bytes_per_block,
             segment_flops=prefill_flops)
         self.eviction = eviction
         self.prefill_flops = prefill_flops
@@ -164,10 +165,10 @@ class AdmissionControl:
         #: Per-tier admission: the host tier's admission policy (states it keeps that
         #: the GPU policy does not are handed to the host tier, then dropped from the
         #: GPU cache), or ``None``. Only with a host tier in ``geometry``.
-        self.host_policy = (get_admission(geometry.host_admission)
-                            if geometry.host_chunks and geometry.host_admission else None)
+        self.host_policy = (get_admission(geometry.host.admission)
+                            if geometry.host.chunks and geometry.host.admission else None)
         self._set_policy(get_admission(policy,
-                                       retention_interval=geometry.retention_interval))
+                                       retention_interval=pool.retention_interval))
         # eviction: None keeps vLLM's own free-block queue (a policy in vLLM's order).
         self.eviction_policy: EvictionPolicy | None = None
         self.tuner: TunerThread | None = None
@@ -215,7 +216,7 @@ class AdmissionControl:
             UnknownPolicyError: unknown name.
             RuntimeError: requests are still tracked (switch only when idle).
         """
-        policy = get_admission(name, retention_interval=self.geometry.retention_interval)
+        policy = get_admission(name, retention_interval=self.geometry.pool.retention_interval)
         if self.tracks:
             raise RuntimeError(f"cannot switch admission policy with {len(self.tracks)} live requests")
         self._set_policy(policy)
@@ -255,7 +256,7 @@ class AdmissionControl:
         native = self.policy.vllm_native
         adm = RequestAdmission(self.policy, probe, total_len=None,
                                junction=shared_prefix_boundary if native else None,
-                               hash_block_size=self._unit or None, eagle=self._eagle,
+                               hash_block_size=self._partial_hash_block_size, eagle=self._eagle,
                                host_policy=self.host_policy)
         stops = (adm.host_stops if native
                  else tuple(s for s in adm.stops if s != adm.junction))
@@ -313,7 +314,7 @@ class AdmissionControl:
         if track is None:
             probe = HitProbe(request.num_prompt_tokens, self.B, 0, 0)
             adm = RequestAdmission(self.policy, probe, total_len=None, junction=0,
-                                   hash_block_size=self._unit or None, eagle=self._eagle,
+                                   hash_block_size=self._partial_hash_block_size, eagle=self._eagle,
                                    host_policy=self.host_policy)
             track = _Track(request=request, adm=adm, stops=())
             self.tracks[request.request_id] = track
@@ -447,7 +448,7 @@ class AdmissionControl:
         if self.is_cached_state is None:
             return lambda i: False
         hashes = track.request.block_hashes
-        stride = self._hash_stride
+        stride = self._hashes_per_block
         g = self.first_state
 
         at = translate.block_hash_at
@@ -510,7 +511,7 @@ class AdmissionControl:
         if policy is None or not policy.needs_requests:
             return
         keys = translate.prompt_block_keys(request.block_hashes, request.num_prompt_tokens,
-                                           self.B, self._hash_stride)
+                                           self.B, self._hashes_per_block)
         policy.on_request(keys, self.clock())
 
     def wants_keys(self) -> bool:
@@ -583,7 +584,8 @@ class AdmissionControl:
         P = track.adm.probe.prompt_len
         if output_len < 1 or P < 1:
             return
-        item = translate.cache_request(request, P, self.B, self._hash_stride, bool(self._unit))
+        item = translate.cache_request(request, P, self.B, self._hashes_per_block,
+                                       self._partial_hash_block_size is not None)
         if self.controller is not None:
             index, self._finished = self._finished, self._finished + 1
             if self.tune_in_thread:
@@ -650,7 +652,7 @@ class AdmissionControl:
     # -- metrics ---------------------------------------------------------------
     def stats(self, *, evictions_by_group: Sequence[int], free_blocks: int) -> AdmissionStats:
         """A snapshot of the metrics (see :class:`AdmissionStats`)."""
-        kinds = self.geometry.group_kinds
+        kinds = self.geometry.pool.group_kinds
         by_group = {f"{kinds[g]}{g}": int(n) for g, n in enumerate(evictions_by_group)}
         counters = {**vars(self.counters), "evictions": sum(by_group.values()),
                     "evictions_by_group": by_group}
@@ -659,7 +661,7 @@ class AdmissionControl:
             alpha=self.eviction_policy.alpha
             if self.eviction_policy is not None and self.eviction_policy.tunable else None,
             **counters, superseded=self.superseded,
-            free_blocks=free_blocks, usable_blocks=self.geometry.num_blocks - 1,
+            free_blocks=free_blocks, usable_blocks=self.geometry.pool.num_blocks - 1,
             tuning=list(self.tuner.events) if self.tuner is not None else [],
             adaptive=self.controller is not None,
             policy_switches=list(self.controller.switches) if self.controller is not None else [])
