@@ -27,6 +27,7 @@ from vllm_admission.core.cache import (
 )
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.eviction import get_eviction
+from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
 from vllm_admission.core.traces import load_trace
 from vllm_admission.fidelity.spec import FidelitySpec
 from vllm_admission.sim.simulator import SimulationSettings, simulate
@@ -39,9 +40,9 @@ POSITION_POLICIES = tuple(n for n in ADMISSION_POLICIES
 
 
 def make_cache(policy, checkpoint, *, block_size, chunk=4096, num_blocks=100_000):
-    return HybridPrefixCache(num_blocks=num_blocks, block_size=block_size, group_kinds=GROUPS,
-                             admission=get_admission(policy), eviction=get_eviction("lru"),
-                             chunk_size=chunk, checkpoint=checkpoint)
+    layout = CacheLayout(PoolSpec(num_blocks=num_blocks, block_size=block_size, group_kinds=GROUPS),
+                         SchedulingSpec(chunk_size=chunk, checkpoint=checkpoint))
+    return HybridPrefixCache(layout, admission=get_admission(policy), eviction=get_eviction("lru"))
 
 
 def hashes_of(tokens, block_size):

@@ -106,6 +106,7 @@ class RequestOutcome:
         <vllm_admission.core.admission.HitProbe.state_miss>`)."""
         return self.kv_hit_tokens - self.hit_tokens
 
+
 class HybridPrefixCache:
     """vLLM 0.32's hybrid prefix cache in align mode, one request at a time.
 
@@ -145,10 +146,10 @@ class HybridPrefixCache:
             that ``needs_values`` can be switched to later.
 
     Raises:
-        UserError: a block or chunk size below 1, an unknown checkpoint mode, a host
-            admission policy without a host tier, a hash block size below the block size
-            or speculative tokens with ``inpass`` or ``prompt_end_export``, speculative
-            tokens below 0, or a host tier with either of those.
+        UserError: a block or chunk size below 1, an unknown checkpoint mode, speculative
+            tokens below 0; a hash block size below the block size or speculative tokens
+            with ``inpass`` or ``prompt_end_export``; a host tier beside either of those, or
+            with an unknown policy; a host admission policy without a host tier.
         ValueError: group kinds that do not mix attention and state, or a missing
             callback for the eviction policy.
     """
