@@ -53,11 +53,15 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
 from vllm_admission.core.errors import UserError
+
+# The group kinds, the two checks and CacheLayout live in core/layout.py (a leaf module);
+# imported here too, where they have always been importable from.
 from vllm_admission.core.layout import (
     ATTENTION,
     HIDDEN,
     PER_TOKEN_KINDS,
     STATE,
+    CacheLayout,
     check_hash_block_size,
     check_retention_interval,
 )
@@ -75,6 +79,7 @@ __all__ = [
     "CPU_BLOCK_SIZE",
     "CPU_KERNEL_BLOCK_SIZE",
     "CacheGeometry",
+    "CacheLayout",
     "CapacityError",
     "aligned_block_size",
     "block_geometry",

@@ -1,8 +1,10 @@
 """Trace-replay simulation: one run per (admission, eviction, capacity).
 
-A run builds vLLM's block geometry for the model and capacity
-(:func:`vllm_admission.core.geometry.block_geometry`), re-blocks the trace to
-that block size, and replays it one request at a time through
+A run of :class:`~vllm_admission.sim.settings.SimulationSettings` builds, once, vLLM's
+block geometry for the model and capacity
+(:func:`vllm_admission.core.geometry.block_geometry`) and the cache's
+:class:`~vllm_admission.core.layout.CacheLayout` (:func:`cache_layout`), re-blocks the
+trace to that block size, and replays it one request at a time through
 :class:`~vllm_admission.core.cache.HybridPrefixCache`. With ``flop`` eviction,
 alpha is tuned online (:class:`~vllm_admission.core.tuning.AlphaTuner`) unless
 fixed. With ``auto`` admission and/or eviction a
