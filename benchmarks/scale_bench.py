@@ -41,7 +41,7 @@ def run_case(pair: str, n: int) -> dict:
     from vllm_admission.core.geometry import block_geometry, parse_bytes
     from vllm_admission.core.traces import load_trace
     from vllm_admission.core.traces.resample import resample
-    from vllm_admission.sim.simulator import simulate, stream_cache_requests
+    from vllm_admission.sim.simulator import SimulationSettings, simulate, stream_cache_requests
 
     admission, eviction = pair.split("+")
     costs = load_model(MODEL)
@@ -49,7 +49,7 @@ def run_case(pair: str, n: int) -> dict:
     capacity = parse_bytes(CAPACITY)
     block_size = block_geometry(costs, capacity).block_size
     stream = stream_cache_requests(resample(source, n), block_size)
-    r = simulate(source, costs, admission=admission, eviction=eviction, capacity_bytes=capacity,
+    r = simulate(source, costs, SimulationSettings(admission=admission, eviction=eviction, capacity_bytes=capacity),
                  requests=stream)
     return {"pair": pair, "requests": r.requests, "token_hit_rate": r.token_hit_rate,
             "wall_s": r.wall_seconds, "cpu_s": r.cpu_seconds, "shadow_rate": r.shadow_rate,

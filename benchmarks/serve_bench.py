@@ -107,14 +107,14 @@ def predict(trace, model: Path, arch: str, config: str, *, num_blocks: int, budg
     """The simulator on ``trace`` with the engine's geometry, one request at a time."""
     from vllm_admission.core.costs import ModelCosts
     from vllm_admission.core.geometry import CPU_BLOCK_SIZE, CPU_KERNEL_BLOCK_SIZE, aligned_block_size
-    from vllm_admission.sim.simulator import simulate
+    from vllm_admission.sim.simulator import SimulationSettings, simulate
 
     _, admission, eviction, checkpoint = CONFIGS[config]
     costs = ModelCosts.from_config(str(model / "config.json"), mamba_ssm_cache_dtype=SSM_DTYPE[arch])
     B = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)
-    res = simulate(trace, costs, admission=admission, eviction=eviction, num_blocks=num_blocks,
-                   block_size=B, chunk_size=budget, outputs="unique", per_request=True,
-                   checkpoint=checkpoint, retune_every=0)
+    res = simulate(trace, costs, SimulationSettings(admission=admission, eviction=eviction, num_blocks=num_blocks,
+                                                    block_size=B, chunk_size=budget, outputs="unique", per_request=True,
+                                                    checkpoint=checkpoint, retune_every=0))
     prompt = sum(r.prompt_len for r in trace.requests)
     return {"block_size": B, "prompt_tokens": prompt, "hit_tokens": res.hit_tokens,
             "computed_tokens": prompt - res.hit_tokens, "token_hit_rate": res.token_hit_rate,

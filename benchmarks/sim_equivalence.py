@@ -28,7 +28,7 @@ from pathlib import Path
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.geometry import parse_bytes
 from vllm_admission.core.traces import load_trace
-from vllm_admission.sim.simulator import simulate
+from vllm_admission.sim.simulator import SimulationSettings, simulate
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 MOON = str(SHARED / "traces" / "mooncake" / "conversation_trace.jsonl")
@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             models[model] = load_model(model)
         if args.checkpoint != "split":
             extra = {**extra, "checkpoint": args.checkpoint}
-        r = simulate(traces[trace], models[model], admission=adm, eviction=ev,
-                     capacity_bytes=parse_bytes(cap), per_request=True, **extra)
+        r = simulate(traces[trace], models[model], SimulationSettings(
+            admission=adm, eviction=ev, capacity_bytes=parse_bytes(cap), per_request=True, **extra))
         rec = r.to_record()
         cpu = rec.pop("cpu_seconds")
         del rec["wall_seconds"]

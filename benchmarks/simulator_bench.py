@@ -55,7 +55,7 @@ def run_case(name: str, around=contextlib.nullcontext) -> dict:
     from vllm_admission.core.costs import load_model
     from vllm_admission.core.geometry import block_geometry, parse_bytes
     from vllm_admission.core.traces import load_trace
-    from vllm_admission.sim.simulator import cache_requests, simulate
+    from vllm_admission.sim.simulator import SimulationSettings, cache_requests, simulate
 
     admission, eviction, extra = CASES[name]
     t0 = time.perf_counter()
@@ -65,8 +65,9 @@ def run_case(name: str, around=contextlib.nullcontext) -> dict:
     requests = cache_requests(trace, geo.block_size)
     load_s = time.perf_counter() - t0
     with around():
-        r = simulate(trace, costs, admission=admission, eviction=eviction,
-                     capacity_bytes=parse_bytes(CAPACITY), requests=requests, **extra)
+        r = simulate(trace, costs, SimulationSettings(admission=admission, eviction=eviction,
+                                                      capacity_bytes=parse_bytes(CAPACITY), **extra),
+                     requests=requests)
     return {"case": name, "requests": r.requests, "evictions": r.evictions,
             "token_hit_rate": r.token_hit_rate, "wall_s": r.wall_seconds, "cpu_s": r.cpu_seconds,
             "load_s": load_s, "alpha": r.alpha, "final_policy": r.final_policy,

@@ -135,8 +135,8 @@ def engine_default(model: str) -> None:
     llm = build_llm(EngineSettings(model=model, mamba_ssm_cache_dtype=SSM_DTYPE))
     emit("engine_start_seconds_default", round(time.perf_counter() - t, 1))
     geo = engine_geometry(llm)
-    emit("geometry_default", geo)
-    bs = geo["block_size"]
+    emit("geometry_default", geo.to_dict())
+    bs = geo.block_size
 
     # --- repeated prompt
     rng = random.Random(1)
@@ -254,7 +254,7 @@ def engine_small(model: str) -> None:
                                    mamba_ssm_cache_dtype=SSM_DTYPE))
     emit("engine_start_seconds_small", round(time.perf_counter() - t, 1))
     geo = engine_geometry(llm)
-    emit("geometry_blocks64", geo)
+    emit("geometry_blocks64", geo.to_dict())
     r = random.Random(5)
     # Exactly the largest request vLLM planned for: 61 attention blocks + 2 Mamba blocks + null = 64.
     c, out = one(llm, toks(r, 7700), 108)
@@ -275,8 +275,8 @@ if __name__ == "__main__":
     t2 = time.perf_counter()
     geo = engine_geometry(llm)
     print("MPRESULT " + json.dumps({"import_s": round(t1 - t0, 1), "build_s": round(t2 - t1, 1),
-          "num_gpu_blocks": geo["num_gpu_blocks"], "block_size": geo["block_size"],
-          "inprocess": geo["inprocess"]}), flush=True)
+          "num_gpu_blocks": geo.num_gpu_blocks, "block_size": geo.block_size,
+          "inprocess": geo.inprocess}), flush=True)
 """
 
 

@@ -29,7 +29,7 @@ from vllm_admission.core.cache import CHECKPOINT_MODES  # noqa: E402
 from vllm_admission.core.costs import load_model  # noqa: E402
 from vllm_admission.core.geometry import parse_bytes  # noqa: E402
 from vllm_admission.core.traces import load_trace  # noqa: E402
-from vllm_admission.sim.simulator import DEFAULT_CHUNK_SIZE, simulate  # noqa: E402
+from vllm_admission.sim.simulator import DEFAULT_CHUNK_SIZE, SimulationSettings, simulate  # noqa: E402
 
 MOONCAKE = ROOT.parent / "shared/traces/mooncake/conversation_trace.jsonl"
 WORKLOADS = {"synthetic": "synthetic", "mooncake": str(MOONCAKE)}
@@ -45,9 +45,9 @@ def run(args: argparse.Namespace) -> dict:
         trace = load_trace(source, max_requests=args.max_requests)
         for admission in args.admission.split(","):
             for mode in CHECKPOINT_MODES:
-                res = simulate(trace, costs, admission=admission, eviction="lru",
-                               capacity_bytes=capacity, chunk_size=args.chunk_size,
-                               checkpoint=mode).to_record()
+                res = simulate(trace, costs, SimulationSettings(admission=admission, eviction="lru",
+                                                                capacity_bytes=capacity, chunk_size=args.chunk_size,
+                                                                checkpoint=mode)).to_record()
                 row = {"workload": name, "admission": admission, "eviction": "lru",
                        "checkpoint": mode, **{k: res[k] for k in FIELDS}}
                 row["steps_per_request"] = row["prefill_steps"] / row["requests"]

@@ -40,7 +40,7 @@ def run_cell(trace_name: str, model_name: str, cap: str) -> dict:
     from vllm_admission.core.costs import load_model
     from vllm_admission.core.geometry import block_geometry, parse_bytes
     from vllm_admission.core.traces import load_trace
-    from vllm_admission.sim.simulator import cache_requests, simulate
+    from vllm_admission.sim.simulator import SimulationSettings, cache_requests, simulate
 
     path, _ = TRACES[trace_name]
     costs = load_model(MODELS[model_name])
@@ -49,8 +49,9 @@ def run_cell(trace_name: str, model_name: str, cap: str) -> dict:
     requests = cache_requests(trace, block_geometry(costs, capacity).block_size)
 
     def run(admission: str, eviction: str, **kw) -> dict:
-        r = simulate(trace, costs, admission=admission, eviction=eviction,
-                     capacity_bytes=capacity, requests=requests, **kw)
+        r = simulate(trace, costs, SimulationSettings(admission=admission, eviction=eviction,
+                                                      capacity_bytes=capacity, **kw),
+                     requests=requests)
         return {"hit": r.token_hit_rate, "flops_saved": r.flops_saved_fraction,
                 "wall_s": r.wall_seconds, "final": r.final_policy,
                 "switches": len(r.policy_switches), "rate": r.shadow_rate,

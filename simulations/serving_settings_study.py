@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
                                                   for c in CAPACITIES[trace, model_key]),
                                  admissions=(), evictions=(),
                                  pairs=UNIT_PAIRS if unit or block else PAIRS,
-                                 chunk_size=8192, prefix_match_unit=unit, block_size=block,
+                                 chunk_size=8192, hash_block_size=unit, block_size=block,
                                  num_speculative_tokens=spec_tokens, shadow_rate=1.0)
                 doc = run_sweep(spec, jobs=args.jobs, progress=False)
                 if trace == "mooncake":

@@ -161,9 +161,9 @@ def replay_once(config: str, model: str, requests: list[Any]) -> dict[str, Any]:
         raise RuntimeError(f"{config}: requests skipped: {result.skipped}")
     rows = [{k: r[k] for k in ("prompt_tokens", "cached_tokens", "prefill_steps",
                                "prefill_seconds")} for r in result.requests]
-    return {"geometry": {k: geometry[k] for k in ("block_size", "num_gpu_blocks",
-                                                   "max_num_batched_tokens", "mamba_cache_mode",
-                                                   "ssm_state_dtype")},
+    return {"geometry": {k: getattr(geometry, k) for k in ("block_size", "num_gpu_blocks",
+                                                           "max_num_batched_tokens", "mamba_cache_mode",
+                                                           "ssm_state_dtype")},
             "build_s": build_s, "requests": rows}
 
 
@@ -238,15 +238,16 @@ def predicted_steps(requests: list[Any], model: str, geometry: dict[str, Any],
     from vllm_admission.core.costs import ModelCosts
     from vllm_admission.core.eviction import get_eviction
     from vllm_admission.core.geometry import geometry_from_blocks
+    from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
     from vllm_admission.sim.simulator import group_kinds
 
     B, nb = int(geometry["block_size"]), int(geometry["num_gpu_blocks"])  # noqa: N806
     costs = ModelCosts.from_config(Path(model) / "config.json",
                                    mamba_ssm_cache_dtype=geometry.get("ssm_state_dtype") or "auto")
-    cache = HybridPrefixCache(num_blocks=nb, block_size=B,
-                              group_kinds=group_kinds(costs, geometry_from_blocks(costs, nb, B)),
-                              admission=get_admission("vllm"), eviction=get_eviction("lru"),
-                              chunk_size=int(geometry["max_num_batched_tokens"]))
+    layout = CacheLayout(PoolSpec(num_blocks=nb, block_size=B,
+                                  group_kinds=group_kinds(costs, geometry_from_blocks(costs, nb, B))),
+                         SchedulingSpec(chunk_size=int(geometry["max_num_batched_tokens"])))
+    cache = HybridPrefixCache(layout, admission=get_admission("vllm"), eviction=get_eviction("lru"))
     steps = []
     for r, req in enumerate(requests):
         ids = req.token_ids(vocab_size)

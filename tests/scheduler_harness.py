@@ -34,7 +34,7 @@ from vllm_admission.core.eviction import (
     eviction_class,
     get_eviction,
 )
-from vllm_admission.core.geometry import CacheLayout
+from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
 from vllm_admission.core.replay import CacheRequest, CacheSetup
 
 B = 128  # pinned through vLLM's block_size (and bf16 state) below: the same on every CPU
@@ -145,10 +145,12 @@ def simulate(policy, eviction, requests, *, blocks, costs, alpha=None, steps=Non
     model vLLM's one-checkpoint export (``prompt_end_export``)."""
     tunable = eviction_class(eviction).tunable
     ev = get_eviction(eviction, **({"alpha": alpha} if alpha is not None and tunable else {}))
-    cache = HybridPrefixCache(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
-                              admission=get_admission(policy), eviction=ev, chunk_size=CHUNK,
-                              segment_flops=costs.prefill_flops, bytes_per_block=BYTES_PER_BLOCK,
-                              prompt_end_export=export, async_scheduling=async_scheduling)
+    layout = CacheLayout(PoolSpec(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
+                                  bytes_per_block=BYTES_PER_BLOCK),
+                         SchedulingSpec(chunk_size=CHUNK, prompt_end_export=export,
+                                        async_scheduling=async_scheduling))
+    cache = HybridPrefixCache(layout, admission=get_admission(policy), eviction=ev,
+                              segment_flops=costs.prefill_flops)
     hits = []
     for r, (tokens, out_len) in enumerate(requests):
         out = cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r))
@@ -237,8 +239,8 @@ def random_workload(seed, n=36):
 def simulate_auto(requests, *, blocks, costs, admission=AUTO, interval=DEFAULT_INTERVAL,
                   shadow_rate=None):
     """The simulator's auto run (sim/simulator.py does the same on a trace)."""
-    layout = CacheLayout(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
-                         bytes_per_block=BYTES_PER_BLOCK, chunk_size=CHUNK)
+    layout = CacheLayout(PoolSpec(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
+                                  bytes_per_block=BYTES_PER_BLOCK), SchedulingSpec(chunk_size=CHUNK))
     admissions, evictions = candidate_policies(admission, AUTO)
     start = PolicyController.default_start(admissions, evictions)
     setup = CacheSetup(layout=layout, admission=start.admission, eviction=start.eviction,

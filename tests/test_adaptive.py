@@ -32,7 +32,7 @@ from vllm_admission.core.eviction import (
     ReuseHistory,
     get_eviction,
 )
-from vllm_admission.core.geometry import CacheLayout
+from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
 from vllm_admission.core.replay import CacheRequest, CacheSetup
 
 
@@ -233,8 +233,8 @@ def shared_prefix_workload(n=200, num_docs=12, seed=3):
 
 
 def setup_for(blocks):
-    layout = CacheLayout(num_blocks=blocks, block_size=B, group_kinds=GROUPS, bytes_per_block=1,
-                         chunk_size=8192)
+    layout = CacheLayout(PoolSpec(num_blocks=blocks, block_size=B, group_kinds=GROUPS),
+                         SchedulingSpec(chunk_size=8192))
     return CacheSetup(layout=layout, admission="vllm", eviction="lru", segment_flops=flops)
 
 
@@ -280,7 +280,8 @@ def test_the_default_start_keeps_a_state_at_every_block_where_a_state_ends_no_ch
     # The controller takes the mode from its layout, and the live cache serves as
     # the start pair whatever it was built with.
     setup = setup_for(4000)
-    setup = dataclasses.replace(setup, layout=dataclasses.replace(setup.layout, checkpoint="inpass"))
+    setup = dataclasses.replace(setup, layout=dataclasses.replace(
+        setup.layout, scheduling=dataclasses.replace(setup.layout.scheduling, checkpoint="inpass")))
     live = setup.build(switchable=True)
     ctl = PolicyController(live, setup, ("vllm", "dense"), ("lru",), prefill_flops=flops)
     assert ctl.pair == Pair("dense", "lru") and live.admission.name == "dense"

@@ -12,24 +12,27 @@ from junction_case import WRITTEN_OUT_B256, expected_junction
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import BlockPool, HybridPrefixCache, PoolExhausted
 from vllm_admission.core.eviction import LRUEviction, get_eviction
+from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec, SpeculationSpec
 
 B = 256
 GROUPS = ("state", "attention")
 
 
 def make_cache(admission="vllm", eviction="lru", num_blocks=10_000, groups=GROUPS, chunk=8192,
-               **kw):
+               num_speculative_tokens=0, eagle=True, async_scheduling=False, bytes_per_block=1,
+               **hooks):
+    """A cache of ``B``-token blocks; ``hooks``: :class:`HybridPrefixCache`'s keyword
+    arguments (callbacks the eviction policy needs are supplied)."""
     ev = get_eviction(eviction)
-    extra = {}
     if ev.needs_values:
-        extra = {"segment_flops": lambda end, start: float(end * end - start * start),
-                 "bytes_per_block": 1}
+        hooks.setdefault("segment_flops", lambda end, start: float(end * end - start * start))
     if ev.needs_future:
-        extra["next_use"] = lambda h, r: float("inf")
-    extra.update(kw)
-    return HybridPrefixCache(num_blocks=num_blocks, block_size=B, group_kinds=groups,
-                             admission=get_admission(admission), eviction=ev, chunk_size=chunk,
-                             **extra)
+        hooks.setdefault("next_use", lambda h, r: float("inf"))
+    layout = CacheLayout(PoolSpec(num_blocks=num_blocks, block_size=B, group_kinds=groups,
+                                  bytes_per_block=bytes_per_block),
+                         SchedulingSpec(chunk_size=chunk, async_scheduling=async_scheduling),
+                         SpeculationSpec(num_speculative_tokens=num_speculative_tokens, eagle=eagle))
+    return HybridPrefixCache(layout, admission=get_admission(admission), eviction=ev, **hooks)
 
 
 def chained(tokens):
@@ -370,13 +373,10 @@ def test_retention_interval_keeps_the_chunk_ends_on_its_grid(interval, kept):
     prompt end 1,792 (as above). vLLM with retention 0 keeps the prompt end only, with
     1,024 also the chunk end on that grid, with None every one; a later prompt sharing
     the first 1,300 tokens then hits the deepest kept state at or below 1,280."""
-    from vllm_admission.core.geometry import CacheLayout
-
-    layout = CacheLayout(num_blocks=10_000, block_size=B, group_kinds=GROUPS,
-                         bytes_per_block=1, chunk_size=600, retention_interval=interval)
-    cache = HybridPrefixCache(num_blocks=layout.num_blocks, block_size=B, group_kinds=GROUPS,
-                              admission=get_admission("vllm", retention_interval=interval),
-                              eviction=get_eviction("lru"), chunk_size=600)
+    layout = CacheLayout(PoolSpec(num_blocks=10_000, block_size=B, group_kinds=GROUPS,
+                                  retention_interval=interval), SchedulingSpec(chunk_size=600))
+    cache = HybridPrefixCache(layout, admission=get_admission("vllm", retention_interval=interval),
+                              eviction=get_eviction("lru"))
     out = cache.serve(chained(["q"] * 2000), 2000, 1, rid=0, now=0.0)
     assert out.checkpoints == len(kept)
     other = chained(["q"] * 1300 + ["r"] * 700)
@@ -385,11 +385,8 @@ def test_retention_interval_keeps_the_chunk_ends_on_its_grid(interval, kept):
 
 
 def test_a_retention_interval_off_the_block_grid_is_refused():
-    from vllm_admission.core.geometry import CacheLayout
-
     with pytest.raises(ValueError, match=r"multiple of the block size \(256\)"):
-        CacheLayout(num_blocks=100, block_size=B, group_kinds=GROUPS, bytes_per_block=1,
-                    chunk_size=600, retention_interval=300)
+        PoolSpec(num_blocks=100, block_size=B, group_kinds=GROUPS, retention_interval=300)
 
 
 def test_on_request_hears_the_prompts_full_blocks_only():
@@ -405,7 +402,8 @@ def test_on_request_hears_the_prompts_full_blocks_only():
     heard = []
     orig = ev.on_request
     ev.on_request = lambda keys, now: (heard.append(list(keys)), orig(keys, now))
-    cache = HybridPrefixCache(num_blocks=10_000, block_size=B, group_kinds=GROUPS,
-                              admission=get_admission("vllm"), eviction=ev, chunk_size=8192)
+    cache = HybridPrefixCache(CacheLayout(PoolSpec(num_blocks=10_000, block_size=B, group_kinds=GROUPS),
+                                          SchedulingSpec(chunk_size=8192)),
+                              admission=get_admission("vllm"), eviction=ev)
     cache.serve(hashes, 1000, 600, rid=0, now=0.0)
     assert heard == [hashes[:3]]

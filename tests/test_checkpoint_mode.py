@@ -27,9 +27,10 @@ from vllm_admission.core.cache import (
 )
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.eviction import get_eviction
+from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
 from vllm_admission.core.traces import load_trace
 from vllm_admission.fidelity.spec import FidelitySpec
-from vllm_admission.sim.simulator import simulate
+from vllm_admission.sim.simulator import SimulationSettings, simulate
 
 GROUPS = ("state", "attention")
 #: Admission policies whose kept states do not depend on where chunks end: those that keep
@@ -39,9 +40,9 @@ POSITION_POLICIES = tuple(n for n in ADMISSION_POLICIES
 
 
 def make_cache(policy, checkpoint, *, block_size, chunk=4096, num_blocks=100_000):
-    return HybridPrefixCache(num_blocks=num_blocks, block_size=block_size, group_kinds=GROUPS,
-                             admission=get_admission(policy), eviction=get_eviction("lru"),
-                             chunk_size=chunk, checkpoint=checkpoint)
+    layout = CacheLayout(PoolSpec(num_blocks=num_blocks, block_size=block_size, group_kinds=GROUPS),
+                         SchedulingSpec(chunk_size=chunk, checkpoint=checkpoint))
+    return HybridPrefixCache(layout, admission=get_admission(policy), eviction=get_eviction("lru"))
 
 
 def hashes_of(tokens, block_size):
@@ -175,14 +176,14 @@ def test_unknown_checkpoint_mode_is_refused():
 def test_simulate_records_the_mode_and_inpass_takes_fewer_steps():
     costs = load_model("qwen3-next-80b-a3b")
     trace = load_trace("synthetic", max_requests=60)
-    runs = {m: simulate(trace, costs, admission="vllm", eviction="lru", capacity_bytes=8 << 30,
-                        checkpoint=m, per_request=True) for m in CHECKPOINT_MODES}
+    runs = {m: simulate(trace, costs, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=8 << 30,
+                                                         checkpoint=m, per_request=True)) for m in CHECKPOINT_MODES}
     assert runs["split"].checkpoint == "split" and runs["inpass"].to_record()["checkpoint"] == "inpass"
     assert runs["inpass"].prefill_steps < runs["split"].prefill_steps
     assert runs["inpass"].per_request_hits == runs["split"].per_request_hits
     with pytest.raises(ValueError, match="valid: split, inpass"):
-        simulate(trace, costs, admission="vllm", eviction="lru", capacity_bytes=8 << 30,
-                 checkpoint="fused")
+        simulate(trace, costs, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=8 << 30,
+                                                  checkpoint="fused"))
 
 
 def test_cli_simulate_inpass_writes_the_mode(tmp_path, capsys):

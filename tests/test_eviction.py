@@ -564,6 +564,7 @@ def test_reuse_rejects_bad_history():
 def test_cache_reports_hash_keys_to_policies_that_need_them():
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
+    from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
 
     class Spy(ReuseEviction):
         def __init__(self):
@@ -575,8 +576,10 @@ def test_cache_reports_hash_keys_to_policies_that_need_them():
             super().on_cache(block_id, key)
 
     spy = Spy()
-    cache = HybridPrefixCache(num_blocks=100, block_size=16, group_kinds=("state", "attention"),
-                              admission=get_admission("vllm"), eviction=spy, chunk_size=64)
+    cache = HybridPrefixCache(CacheLayout(PoolSpec(num_blocks=100, block_size=16,
+                                                   group_kinds=("state", "attention")),
+                                          SchedulingSpec(chunk_size=64)),
+                              admission=get_admission("vllm"), eviction=spy)
     hashes = [11, 12, 13, 14]
     cache.serve(hashes, prompt_len=65, output_len=1, rid=0, now=0.0)
     assert [k for k in spy.seen if k[0] == 1] == [(1, h) for h in hashes]

@@ -7,6 +7,7 @@ from that engine must agree on every request's cached tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -16,6 +17,7 @@ from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.geometry import CPU_BLOCK_SIZE, CPU_KERNEL_BLOCK_SIZE, aligned_block_size
 from vllm_admission.core.traces import load_trace
+from vllm_admission.engine.geometry import EngineGeometry, KVCacheGroupInfo
 from vllm_admission.engine.tiny_model import TINY_MODEL_ARCHS
 from vllm_admission.fidelity import (
     FidelityError,
@@ -71,9 +73,30 @@ def test_fidelity_bar(admission, eviction, differing, fraction, ok):
 
 def _engine_geometry(num_blocks, kinds=("state", "attention"), page=65536, block_size=128,
                      **extra):
-    return {"block_size": block_size, "num_gpu_blocks": num_blocks, "max_num_batched_tokens": 4096,
-            "kv_cache_groups": [{"kind": k, "num_layers": 2, "page_size_bytes": page}
-                                for k in kinds], **extra}
+    return EngineGeometry(block_size=block_size, num_gpu_blocks=num_blocks,
+                          max_num_batched_tokens=4096, max_model_len=4096,
+                          kv_cache_groups=tuple(KVCacheGroupInfo(kind=k, num_layers=2,
+                                                                 block_size=block_size,
+                                                                 page_size_bytes=page)
+                                                for k in kinds), **extra)
+
+
+def test_engine_geometry_keeps_the_replay_documents_keys():
+    """:meth:`EngineGeometry.to_dict` is ``replay``'s ``results.json`` ``geometry``: its keys in
+    their order, the in-process ones only in process, never the dtypes fidelity adds."""
+    keys = ["block_size", "num_gpu_blocks", "max_num_batched_tokens", "max_model_len",
+            "mamba_cache_mode", "mamba_ssm_cache_dtype", "prefix_cache_retention_interval",
+            "prefix_match_unit", "speculative_method", "num_speculative_tokens",
+            "enable_chunked_prefill", "async_scheduling", "max_num_seqs", "scheduler_cls",
+            "kv_cache_groups", "ssm_state_dtype", "inprocess"]
+    geo = _engine_geometry(48, dtype="bfloat16", kv_cache_dtype="auto")
+    assert list(geo.to_dict()) == keys
+    inprocess = dataclasses.replace(geo, inprocess=True).to_dict()
+    assert list(inprocess) == keys + ["hidden_state_bytes_per_token", "host_chunks", "host_policy",
+                                      "host_admission"]
+    assert inprocess["kv_cache_groups"][0] == {"kind": "state", "num_layers": 2, "block_size": 128,
+                                               "page_size_bytes": 65536, "layers": []}
+    assert json.loads(json.dumps(inprocess)) == inprocess
 
 
 @pytest.fixture(scope="module")
@@ -123,19 +146,21 @@ def test_a_layout_the_simulator_does_not_derive_is_an_error(tiny_costs, geometry
     ("float32", "float32"),      # e.g. "auto" reset by vLLM's CPU platform on AVX-512 BF16 CPUs
 ])
 def test_costs_follow_the_engines_ssm_dtype(tiny_config, setting, allocated):
-    geometry = {"dtype": "bfloat16", "kv_cache_dtype": "auto", "mamba_cache_dtype": "auto",
-                "mamba_ssm_cache_dtype": setting, "ssm_state_dtype": allocated}
+    geometry = _engine_geometry(48, dtype="bfloat16", kv_cache_dtype="auto", mamba_cache_dtype="auto",
+                                mamba_ssm_cache_dtype=setting, ssm_state_dtype=allocated)
     costs = costs_like_engine(tiny_config, geometry)
     assert (costs.mamba_ssm_cache_dtype, costs.ssm_dtype) == (setting, allocated)
     assert costs.state_bytes == ModelCosts.from_config(
         tiny_config, mamba_ssm_cache_dtype=allocated).state_bytes
-    # Without dtype keys (an older geometry dict) everything is "auto".
-    assert costs_like_engine(tiny_config, {}).ssm_dtype == "bfloat16"
+    # Without dtypes (None) everything is "auto".
+    assert costs_like_engine(tiny_config, _engine_geometry(48, mamba_ssm_cache_dtype=None)
+                             ).ssm_dtype == "bfloat16"
 
 
 def test_an_ssm_dtype_the_settings_do_not_give_is_an_error(tiny_config, tiny_costs):
     with pytest.raises(FidelityError, match="stores the SSM state of .* in float32"):
-        costs_like_engine(tiny_config, {"mamba_ssm_cache_dtype": "auto", "ssm_state_dtype": "float32"})
+        costs_like_engine(tiny_config, _engine_geometry(48, mamba_ssm_cache_dtype="auto",
+                                                        ssm_state_dtype="float32"))
     # simulate_like_engine checks it too: bf16 costs for a float32-state engine.
     f32 = ModelCosts.from_config(tiny_config, mamba_ssm_cache_dtype="float32")
     with pytest.raises(FidelityError, match="SSM state"):
@@ -146,15 +171,15 @@ def test_an_ssm_dtype_the_settings_do_not_give_is_an_error(tiny_config, tiny_cos
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_the_layout_check_holds_in_both_state_dtypes(tiny_config, dtype):
-    costs = costs_like_engine(tiny_config, {"mamba_ssm_cache_dtype": dtype})
+    costs = costs_like_engine(tiny_config, _engine_geometry(48, mamba_ssm_cache_dtype=dtype))
     trace = load_trace("synthetic", num_requests=12, agent_fraction=0.0, chat_fraction=0.5,
                        fewshot_fraction=0.5)
     geometry = _cpu_engine_geometry(costs, 48, mamba_ssm_cache_dtype=dtype)
     res = simulate_like_engine(trace, costs, geometry, admission="vllm", eviction="lru", alpha=None)
-    assert (res.num_blocks, res.block_size, res.ssm_dtype) == (48, geometry["block_size"], dtype)
+    assert (res.num_blocks, res.block_size, res.ssm_dtype) == (48, geometry.block_size, dtype)
     assert len(res.per_request_hits) == 12
-    half = dict(geometry, kv_cache_groups=[dict(g, page_size_bytes=g["page_size_bytes"] // 2)
-                                           for g in geometry["kv_cache_groups"]])
+    half = dataclasses.replace(geometry, kv_cache_groups=tuple(
+        dataclasses.replace(g, page_size_bytes=g.page_size_bytes // 2) for g in geometry.kv_cache_groups))
     with pytest.raises(FidelityError, match="bytes per block"):
         simulate_like_engine(trace, costs, half, admission="vllm", eviction="lru", alpha=None)
 
@@ -182,9 +207,10 @@ def test_vllms_cpu_rule_reaches_the_simulator(tiny_config, monkeypatch):
     model_cls, _ = ModelRegistry.resolve_model_cls(vc.model_config.architecture,
                                                    model_config=vc.model_config)
     state_dtype = str(model_cls.get_mamba_state_dtype_from_config(vc)[1]).removeprefix("torch.")
-    geometry = {**_engine_dtypes(vc), "mamba_ssm_cache_dtype": vc.cache_config.mamba_ssm_cache_dtype,
-                "ssm_state_dtype": state_dtype}
-    assert geometry["dtype"] == "bfloat16" and state_dtype == "float32"
+    geometry = _engine_geometry(48, **_engine_dtypes(vc),
+                                mamba_ssm_cache_dtype=vc.cache_config.mamba_ssm_cache_dtype,
+                                ssm_state_dtype=state_dtype)
+    assert geometry.dtype == "bfloat16" and state_dtype == "float32"
     costs = costs_like_engine(tiny_config, geometry)
     assert costs.ssm_dtype == "float32"
     block = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)
@@ -349,12 +375,12 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
     assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
     # The setting changed what was kept: vLLM's default (0) keeps fewer states here.
     from vllm_admission.fidelity.run import load_trace_of
-    from vllm_admission.sim.simulator import simulate
+    from vllm_admission.sim.simulator import SimulationSettings, simulate
 
     costs = ModelCosts.from_config(f"{tiny_model}/config.json", mamba_ssm_cache_dtype="bfloat16")
-    default = simulate(load_trace_of(spec), costs, admission="vllm",
-                       eviction="lru", num_blocks=40, block_size=B, chunk_size=512,
-                       outputs="unique", retention_interval=0)
+    default = simulate(load_trace_of(spec), costs, SimulationSettings(
+        admission="vllm", eviction="lru", num_blocks=40, block_size=B, chunk_size=512,
+        outputs="unique", retention_interval=0))
     assert rec["simulator"]["state_checkpoints"] > default.state_checkpoints
 
 

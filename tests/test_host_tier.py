@@ -28,8 +28,9 @@ from vllm_admission.core.cache.host import (
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import get_eviction
+from vllm_admission.core.layout import CacheLayout, HostTierSpec, PoolSpec, SchedulingSpec
 from vllm_admission.core.traces import load_trace
-from vllm_admission.sim.simulator import simulate
+from vllm_admission.sim.simulator import SimulationSettings, simulate
 
 B = 256
 GROUPS = ("state", "attention")  # vLLM's order for the tiny Qwen3-Next: group 0 state
@@ -205,10 +206,11 @@ def test_a_store_is_all_or_nothing_and_never_evicts_its_own_keys():
 
 # -- the cache model with a host tier --------------------------------------------------------
 
-def make_cache(admission, host=None, num_blocks=14):
-    return HybridPrefixCache(num_blocks=num_blocks, block_size=B, group_kinds=GROUPS,
-                             admission=get_admission(admission), eviction=get_eviction("lru"),
-                             chunk_size=4096, host=host)
+def make_cache(admission, host_chunks=0, num_blocks=14, host_admission=None):
+    layout = CacheLayout(PoolSpec(num_blocks=num_blocks, block_size=B, group_kinds=GROUPS),
+                         SchedulingSpec(chunk_size=4096),
+                         host=HostTierSpec(chunks=host_chunks, admission=host_admission))
+    return HybridPrefixCache(layout, admission=get_admission(admission), eviction=get_eviction("lru"))
 
 
 def _serve(cache, prompts, output_len=8):
@@ -228,22 +230,23 @@ PROMPTS = [tokens("A", 1500), tokens("B", 1500), tokens("C", 1500),
 @pytest.mark.parametrize("admission", ["vllm", "last", "marconi", "dense"])
 def test_a_prefix_evicted_from_the_gpu_comes_back_from_the_host(admission):
     assert _serve(make_cache(admission), PROMPTS)[3:] == [(0, 0), (0, 0)]
-    host = HostTier(64)
-    got = _serve(make_cache(admission, host), PROMPTS)
+    cache = make_cache(admission, host_chunks=64)
+    got, host = _serve(cache, PROMPTS), cache.host
     assert got[3:] == [(1280, 1280), (1280, 1280)]
     # Loads: 5 KV chunks and 1 state, twice.
     assert host.loaded == 12 and host.hit_tokens == 2 * 1280
 
 
 def test_no_state_on_the_gpu_means_no_state_on_the_host():
-    host = HostTier(64)
-    assert _serve(make_cache("none", host), PROMPTS) == [(0, 0)] * 5
+    cache = make_cache("none", host_chunks=64)
+    host = cache.host
+    assert _serve(cache, PROMPTS) == [(0, 0)] * 5
     assert host.stored == 16 and host.loaded == 0  # KV chunks only: 5 + 5 + 5 + 1
 
 
 def test_dense_admission_sends_every_prompt_state_to_the_host_and_output_stays_behind():
-    host = HostTier(200)
-    cache = make_cache("dense", host)
+    cache = make_cache("dense", host_chunks=200)
+    host = cache.host
     p = tokens("P", 1300)  # 5 full prompt blocks; output runs into block 6
     cache.serve(chained_hashes(p, B), len(p), 300, 0, 0.0)
     state_keys = {k for k in host.policy._order if k[1] == 0}
@@ -257,7 +260,7 @@ def test_a_host_load_after_a_local_hit_references_no_local_state():
     stays a free candidate where it was; the attention blocks of the local hit are."""
     S = tokens("S", 4 * B)
     first, second = S + tokens("a", 4 * B + 10), S + tokens("b", 4 * B + 10)
-    cache = make_cache("vllm", HostTier(200))
+    cache = make_cache("vllm", host_chunks=200)
     _serve(cache, [first, second])
     touched = []
     touch = cache.pool.touch
@@ -282,10 +285,7 @@ def test_per_tier_admission_sends_extra_states_to_the_host_only():
     second = shared[:6 * B] + tokens("b", 5 * B + 10)
 
     def run(host_admission):
-        cache = HybridPrefixCache(
-            num_blocks=40, block_size=B, group_kinds=GROUPS, admission=get_admission("marconi"),
-            eviction=get_eviction("lru"), chunk_size=4096, host=HostTier(400),
-            host_admission=get_admission(host_admission) if host_admission else None)
+        cache = make_cache("marconi", host_chunks=400, num_blocks=40, host_admission=host_admission)
         o1 = cache.serve(chained_hashes(first, B), len(first), 8, 0, 0.0)
         gpu_states = cache.state_checkpoints
         host_states = sum(1 for _, g in cache.host.policy._order if g == 0)
@@ -301,14 +301,11 @@ def test_per_tier_admission_sends_extra_states_to_the_host_only():
     assert (d2.hit_tokens, d2.host_hit_tokens) == (6 * B, 6 * B)
     assert d1.prefill_steps > o1.prefill_steps  # the host's positions end chunks
     with pytest.raises(UserError, match="needs a host tier"):
-        HybridPrefixCache(num_blocks=40, block_size=B, group_kinds=GROUPS,
-                          admission=get_admission("marconi"), eviction=get_eviction("lru"),
-                          chunk_size=4096, host_admission=get_admission("dense"))
+        make_cache("marconi", num_blocks=40, host_admission="dense")
 
 
 def test_the_host_tier_is_cloned_with_the_cache():
-    host = HostTier(64)
-    cache = make_cache("vllm", host)
+    cache = make_cache("vllm", host_chunks=64)
     _serve(cache, PROMPTS[:1])
     copy = cache.clone()
     _serve(copy, PROMPTS[1:3])
@@ -328,9 +325,9 @@ def qwen():
 
 
 def test_simulate_reports_hits_by_tier_and_bytes_moved(synthetic, qwen):
-    gpu = simulate(synthetic, qwen, admission="vllm", eviction="lru", capacity_bytes=2 << 30)
-    both = simulate(synthetic, qwen, admission="vllm", eviction="lru", capacity_bytes=2 << 30,
-                    host_bytes=64 << 30, host_bandwidth=50e9)
+    gpu = simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30))
+    both = simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+                                                        host_bytes=64 << 30, host_bandwidth=50e9))
     assert gpu.host_chunks == 0 and gpu.host_hit_tokens == 0
     assert both.host_chunks == host_chunks(64 << 30, qwen_bytes_per_block(both, qwen))
     assert both.hit_tokens > gpu.hit_tokens
@@ -351,23 +348,21 @@ def qwen_bytes_per_block(result, costs):
 
 def test_simulate_refuses_what_the_host_tier_does_not_model(synthetic, qwen):
     with pytest.raises(UserError, match="holds no"):
-        simulate(synthetic, qwen, admission="vllm", eviction="lru", capacity_bytes=2 << 30,
-                 host_bytes=1024)
+        simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+                                                     host_bytes=1024))
     with pytest.raises(UserError, match="speculative decoding"):
-        simulate(synthetic, load_model("qwen3-next-80b-a3b", mtp=True), admission="vllm",
-                 eviction="lru", capacity_bytes=2 << 30, host_bytes=64 << 30,
-                 num_speculative_tokens=1)
+        simulate(synthetic, load_model("qwen3-next-80b-a3b", mtp=True),
+                 SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+                                    host_bytes=64 << 30, num_speculative_tokens=1))
     with pytest.raises(UserError, match="unknown host policy"):
-        simulate(synthetic, qwen, admission="vllm", eviction="lru", capacity_bytes=2 << 30,
-                 host_bytes=64 << 30, host_policy="mru")
+        simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+                                                     host_bytes=64 << 30, host_policy="mru"))
 
 
 def test_auto_scales_the_host_tier_of_its_sampled_shadows(synthetic, qwen):
-    res = simulate(synthetic, qwen, admission="auto", eviction="lru", capacity_bytes=2 << 30,
-                   host_bytes=64 << 30, shadow_rate=0.5)
+    res = simulate(synthetic, qwen, SimulationSettings(admission="auto", eviction="lru", capacity_bytes=2 << 30,
+                                                       host_bytes=64 << 30, shadow_rate=0.5))
     assert res.host_chunks > 0 and res.host_hit_tokens > 0
-    from vllm_admission.core.geometry import CacheLayout
-
-    lay = CacheLayout(num_blocks=101, block_size=B, group_kinds=GROUPS, bytes_per_block=1,
-                      chunk_size=4096, host_chunks=40)
-    assert dataclasses.replace(lay, host_chunks=20).host_chunks == 20
+    lay = CacheLayout(PoolSpec(num_blocks=101, block_size=B, group_kinds=GROUPS),
+                      SchedulingSpec(chunk_size=4096), host=HostTierSpec(chunks=40))
+    assert dataclasses.replace(lay, host=HostTierSpec(chunks=20)).host.chunks == 20

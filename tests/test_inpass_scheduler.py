@@ -26,11 +26,20 @@ pytest.importorskip("vllm")
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission  # noqa: E402
 from vllm_admission.core.cache import HybridPrefixCache  # noqa: E402
 from vllm_admission.core.eviction import get_eviction  # noqa: E402
+from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec  # noqa: E402
 from vllm_admission.plugin.boundary.hooks import INPASS_ATTR  # noqa: E402
 from vllm_admission.plugin.inpass import inpass_split, split_stops  # noqa: E402
 
 B = 128
 CHUNK = 4096
+
+
+def inpass_layout(num_blocks):
+    """The core's layout of the engines here, in ``inpass`` mode."""
+    return CacheLayout(PoolSpec(num_blocks=num_blocks, block_size=B, group_kinds=("state", "attention")),
+                       SchedulingSpec(chunk_size=CHUNK, checkpoint="inpass"))
+
+
 POLICIES = list(ADMISSION_POLICIES)
 
 
@@ -111,9 +120,8 @@ def test_inpass_junction_case(vllm_config, monkeypatch, policy):
     assert list(counter.counts.values()) == expected_junction_inpass_prefill_steps(B)[policy]
     assert free_equals_usable(engine)
     # The core model's inpass prediction, request by request.
-    cache = HybridPrefixCache(num_blocks=160, block_size=B, group_kinds=("state", "attention"),
-                              admission=get_admission(policy), eviction=get_eviction("lru"),
-                              chunk_size=CHUNK, checkpoint="inpass")
+    cache = HybridPrefixCache(inpass_layout(160), admission=get_admission(policy),
+                              eviction=get_eviction("lru"))
     outs = [cache.serve(chained(p), len(p), 4, rid=r, now=float(r)) for r, p in enumerate(prompts)]
     assert [o.hit_tokens for o in outs] == hits
     assert [o.prefill_steps for o in outs] == list(counter.counts.values())
@@ -151,9 +159,8 @@ def test_inpass_captures_stay_within_what_the_pool_holds(vllm_config, monkeypatc
     hits = [engine.cached_tokens[r] for r in rids]
     assert all(len(pairs) <= limit for step in lists for pairs in step.values())
     assert max(len(pairs) for step in lists for pairs in step.values()) == limit
-    cache = HybridPrefixCache(num_blocks=blocks, block_size=B, group_kinds=("state", "attention"),
-                              admission=get_admission("dense"), eviction=get_eviction("lru"),
-                              chunk_size=CHUNK, checkpoint="inpass")
+    cache = HybridPrefixCache(inpass_layout(blocks), admission=get_admission("dense"),
+                              eviction=get_eviction("lru"))
     assert cache.inpass_capture_limit(len(prompt), out_len) == limit
     outs = [cache.serve(chained(p), len(p), out_len, rid=r, now=float(r))
             for r, p in enumerate((prompt, second))]

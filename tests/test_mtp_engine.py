@@ -55,11 +55,12 @@ def _predicted(policy: str, block_size: int, prompts, output: int) -> list[int]:
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
     from vllm_admission.core.eviction import get_eviction
+    from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec, SpeculationSpec
 
-    cache = HybridPrefixCache(num_blocks=4096, block_size=block_size,
-                              group_kinds=("state", "attention", "attention"),
-                              admission=get_admission(policy), eviction=get_eviction("lru"),
-                              chunk_size=8192, num_speculative_tokens=1)
+    layout = CacheLayout(PoolSpec(num_blocks=4096, block_size=block_size,
+                                  group_kinds=("state", "attention", "attention")),
+                         SchedulingSpec(chunk_size=8192), SpeculationSpec(num_speculative_tokens=1))
+    cache = HybridPrefixCache(layout, admission=get_admission(policy), eviction=get_eviction("lru"))
     return [cache.serve(chained_hashes(p, block_size), len(p), output, r, float(r)).hit_tokens
             for r, p in enumerate(prompts)]
 

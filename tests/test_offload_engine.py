@@ -134,14 +134,13 @@ def reference(model_dir, geometry, saved_env):
 def _predicted(policy, B, num_blocks, host_chunks, host_admission=None):  # noqa: N803
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
-    from vllm_admission.core.cache.host import HostTier
     from vllm_admission.core.eviction import get_eviction
+    from vllm_admission.core.layout import CacheLayout, HostTierSpec, PoolSpec, SchedulingSpec
 
-    cache = HybridPrefixCache(num_blocks=num_blocks, block_size=B, group_kinds=("state", "attention"),
-                              admission=get_admission(policy), eviction=get_eviction("lru"),
-                              chunk_size=4096, host=HostTier(host_chunks),
-                              host_admission=get_admission(host_admission)
-                              if host_admission else None)
+    layout = CacheLayout(PoolSpec(num_blocks=num_blocks, block_size=B, group_kinds=("state", "attention")),
+                         SchedulingSpec(chunk_size=4096),
+                         host=HostTierSpec(chunks=host_chunks, admission=host_admission))
+    cache = HybridPrefixCache(layout, admission=get_admission(policy), eviction=get_eviction("lru"))
     out = [cache.serve(chained_hashes(p, B), len(p), OUTPUT, r, float(r))
            for r, p in enumerate(PROMPTS)]
     return [o.hit_tokens for o in out], [o.host_hit_tokens for o in out], cache.host
@@ -156,12 +155,12 @@ def test_every_admission_gives_stock_tokens_and_the_predicted_hits(model_dir, ge
                            env={"VLLM_ADMISSION_EVICTION": "lru"}), B)
     try:
         geo = engine_geometry(llm)
-        assert geo["block_size"] == B and geo["host_chunks"] == HOST_CHUNKS
+        assert geo.block_size == B and geo.host_chunks == HOST_CHUNKS
         # The connector members the plugin reads (surface.PRIVATE_MEMBERS), on a live engine.
         from vllm_admission.plugin.offload_config import host_tier
 
         assert host_tier(_scheduler(llm)) == (HOST_CHUNKS, "lru")
-        assert [g["kind"] for g in geo["kv_cache_groups"]] == ["state", "attention"]
+        assert [g.kind for g in geo.kv_cache_groups] == ["state", "attention"]
         sched = _scheduler(llm)
         host_hits = {}
         for policy in POLICIES:
@@ -171,7 +170,7 @@ def test_every_admission_gives_stock_tokens_and_the_predicted_hits(model_dir, ge
             got = _one_at_a_time(llm, PROMPTS)
             after = sched.stats()
             assert_same_output(reference, got, label=policy)
-            hits, from_host, host = _predicted(policy, B, geo["num_gpu_blocks"], HOST_CHUNKS)
+            hits, from_host, host = _predicted(policy, B, geo.num_gpu_blocks, HOST_CHUNKS)
             assert [o.cached for o in got] == hits, policy
             host_hits[policy] = sum(from_host)
             # The plugin's counters: num_cached_tokens, with the host tier's part apart.
@@ -253,10 +252,10 @@ def test_per_tier_admission_gives_stock_tokens_and_the_predicted_hits(model_dir,
         from vllm_admission.engine.llm import engine_geometry
 
         geo = engine_geometry(llm)
-        assert geo["host_admission"] == "dense"
+        assert geo.host_admission == "dense"
         got = _one_at_a_time(llm, PROMPTS)
         assert_same_output(reference, got)
-        hits, from_host, host = _predicted(policy, B, geo["num_gpu_blocks"], HOST_CHUNKS, "dense")
+        hits, from_host, host = _predicted(policy, B, geo.num_gpu_blocks, HOST_CHUNKS, "dense")
         assert [o.cached for o in got] == hits
         if policy == "none":  # nothing on the GPU: every hit is a host-only state
             assert sum(hits) > 0 and from_host == hits

@@ -294,13 +294,13 @@ def test_junction_case_engine_equals_core_model(engines):
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
     from vllm_admission.core.eviction import get_eviction
+    from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
 
     B = engines.B  # noqa: N806
     for policy in POLICIES:
-        cache = HybridPrefixCache(num_blocks=LRU_POOL_TOKENS // B, block_size=B,
-                                  group_kinds=("state", "attention"),
-                                  admission=get_admission(policy), eviction=get_eviction("lru"),
-                                  chunk_size=4096)
+        layout = CacheLayout(PoolSpec(num_blocks=LRU_POOL_TOKENS // B, block_size=B,
+                                      group_kinds=("state", "attention")), SchedulingSpec(chunk_size=4096))
+        cache = HybridPrefixCache(layout, admission=get_admission(policy), eviction=get_eviction("lru"))
         outs = [cache.serve(chained(p, B), len(p), 4, rid=r, now=float(r))
                 for r, p in enumerate(JUNCTION_PROMPTS)]
         assert [o.hit_tokens for o in outs] == expected_junction(B)[policy], policy
@@ -340,6 +340,7 @@ def test_flop_engine_junction_case_matches_core_model(engines, reference):
     from vllm_admission.core.cache import HybridPrefixCache
     from vllm_admission.core.costs import ModelCosts
     from vllm_admission.core.eviction import get_eviction
+    from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
 
     llm = engines.get("flop")
     sched = scheduler(llm)
@@ -356,12 +357,12 @@ def test_flop_engine_junction_case_matches_core_model(engines, reference):
         sched.set_admission_policy(policy)
         before = sched.stats()
         results = one_at_a_time(llm, JUNCTION_PROMPTS, 4)
-        cache = HybridPrefixCache(num_blocks=engines.flop_blocks, block_size=B,
-                                  group_kinds=("state", "attention"),
-                                  admission=get_admission(policy),
-                                  eviction=get_eviction("flop", alpha=0.0), chunk_size=4096,
-                                  segment_flops=costs.prefill_flops,
-                                  bytes_per_block=bytes_per_block)
+        layout = CacheLayout(PoolSpec(num_blocks=engines.flop_blocks, block_size=B,
+                                      group_kinds=("state", "attention"), bytes_per_block=bytes_per_block),
+                             SchedulingSpec(chunk_size=4096))
+        cache = HybridPrefixCache(layout, admission=get_admission(policy),
+                                  eviction=get_eviction("flop", alpha=0.0),
+                                  segment_flops=costs.prefill_flops)
         sim = [cache.serve(chained(p, B), len(p), 4, rid=r, now=float(r)).hit_tokens
                for r, p in enumerate(JUNCTION_PROMPTS)]
         assert [o.cached for o in results] == sim, policy

@@ -166,7 +166,7 @@ def test_random_workload_matches_core_model_with_the_export(vllm_config, monkeyp
     reqs = random_workload(11)
     engine = build(vllm_config, monkeypatch, policy=policy, eviction=eviction, alpha=alpha,
                    blocks=60)
-    assert engine.scheduler._admission.geometry.prompt_end_export  # noqa: SLF001
+    assert engine.scheduler._admission.geometry.scheduling.prompt_end_export  # noqa: SLF001
     with PrefillStepCounter(engine.scheduler) as counter:
         hits = run_engine(engine, reqs)
     sim_steps = []

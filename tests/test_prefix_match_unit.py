@@ -15,27 +15,28 @@ from hypothesis import strategies as st
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import HybridPrefixCache
 from vllm_admission.core.eviction import get_eviction
+from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec, SpeculationSpec
 from vllm_admission.sim.simulator import cache_requests
 
 U = 32
 GROUPS = ("state", "attention", "attention")
 
 
-def make_cache(B, unit=U, admission="vllm", eviction="lru", num_blocks=10_000, chunk=4096,
+def make_cache(B, hash_block_size=U, admission="vllm", eviction="lru", num_blocks=10_000, chunk=4096,
                groups=GROUPS, spec=0):
     ev = get_eviction(eviction)
-    extra = {}
+    hooks = {}
     if ev.needs_values:
-        extra = {"segment_flops": lambda end, start: float(end * end - start * start),
-                 "bytes_per_block": 1}
-    return HybridPrefixCache(num_blocks=num_blocks, block_size=B, group_kinds=groups,
-                             admission=get_admission(admission), eviction=ev, chunk_size=chunk,
-                             hash_block_size=unit, num_speculative_tokens=spec, **extra)
+        hooks["segment_flops"] = lambda end, start: float(end * end - start * start)
+    layout = CacheLayout(PoolSpec(num_blocks=num_blocks, block_size=B, group_kinds=groups,
+                                  hash_block_size=hash_block_size),
+                         SchedulingSpec(chunk_size=chunk), SpeculationSpec(num_speculative_tokens=spec))
+    return HybridPrefixCache(layout, admission=get_admission(admission), eviction=ev, **hooks)
 
 
 def serve_all(cache, prompts, outputs=8):
     """Serve token lists one at a time; return ``(hit tokens, prefill steps)`` per prompt."""
-    B, u = cache.block_size, cache.unit or cache.block_size
+    B, u = cache.block_size, cache.hash_block_size
     out = []
     for r, tokens in enumerate(prompts):
         res = cache.serve(chained_hashes(tokens, B), len(tokens), outputs, r, float(r),
@@ -61,7 +62,7 @@ def test_a_resend_hits_the_prompts_tail_unit(B, P):
     prompt = tokens(P, "a")
     hits = [h for h, _ in serve_all(make_cache(B), [prompt] * 3)]
     assert hits == [0, tail(P, U), tail(P, U)]
-    whole = [h for h, _ in serve_all(make_cache(B, unit=None), [prompt] * 3)]
+    whole = [h for h, _ in serve_all(make_cache(B, hash_block_size=None), [prompt] * 3)]
     assert whole == [0, tail(P, B), tail(P, B)]
 
 
@@ -74,7 +75,7 @@ def test_under_eagle_a_resend_hits_one_unit_below_the_last_unit_it_can_match(B, 
     prompt = tokens(P, "a")
     hits = [h for h, _ in serve_all(make_cache(B, spec=1), [prompt] * 3)]
     assert hits == [0, P // U * U - U, P // U * U - U]
-    whole = [h for h, _ in serve_all(make_cache(B, unit=None, spec=1), [prompt] * 3)]
+    whole = [h for h, _ in serve_all(make_cache(B, hash_block_size=None, spec=1), [prompt] * 3)]
     assert whole[1] == whole[2] == max(P // B * B - B, 0) and whole[1] < hits[1]
 
 
@@ -82,7 +83,7 @@ def test_under_eagle_a_resend_hits_one_unit_below_the_last_unit_it_can_match(B, 
 def test_the_first_sighting_pays_one_more_prefill_step_only_when_the_tail_is_inside_a_block(B):
     for P in (300, 1000, 3740):
         (_, with_unit), = serve_all(make_cache(B), [tokens(P, "a")])
-        (_, without), = serve_all(make_cache(B, unit=None), [tokens(P, "a")])
+        (_, without), = serve_all(make_cache(B, hash_block_size=None), [tokens(P, "a")])
         inside = tail(P, U) % B != 0
         assert with_unit == without + inside
 
@@ -104,7 +105,7 @@ def test_junctions_stay_on_block_boundaries(B):
     part with or without a unit (vLLM floors ``shared_prefix_boundary`` to the block)."""
     prompts = [tokens(1500, "s") + [("x", r)] + tokens(300, "t") for r in range(5)]
     with_unit = [h for h, _ in serve_all(make_cache(B), prompts)]
-    assert with_unit == [h for h, _ in serve_all(make_cache(B, unit=None), prompts)]
+    assert with_unit == [h for h, _ in serve_all(make_cache(B, hash_block_size=None), prompts)]
     assert with_unit[2:] == [1500 // B * B] * 3
 
 
@@ -136,16 +137,28 @@ def test_marconi_keeps_no_tail_state_but_vllm_ends_a_chunk_there_all_the_same():
 
 def test_the_unit_must_divide_the_block_and_needs_unit_keys():
     with pytest.raises(ValueError, match="prefix_match_unit"):
-        make_cache(128, unit=48)
+        make_cache(128, hash_block_size=48)
     with pytest.raises(ValueError, match="split"):
-        HybridPrefixCache(num_blocks=100, block_size=128, group_kinds=GROUPS,
-                          admission=get_admission("vllm"), eviction=get_eviction("lru"),
-                          chunk_size=4096, hash_block_size=32, checkpoint="inpass")
+        HybridPrefixCache(CacheLayout(PoolSpec(num_blocks=100, block_size=128, group_kinds=GROUPS,
+                                               hash_block_size=32),
+                                      SchedulingSpec(chunk_size=4096, checkpoint="inpass")),
+                          admission=get_admission("vllm"), eviction=get_eviction("lru"))
     cache = make_cache(128)
     prompt = tokens(300, "a")
     with pytest.raises(ValueError, match="unit keys"):
         cache.serve(chained_hashes(prompt, 128), 300, 4, 0, 0.0)
-    assert make_cache(128, unit=128).unit == 0  # the block size itself: whole blocks
+    whole = make_cache(128, hash_block_size=128)  # the block size itself: whole blocks
+    assert (whole.hash_block_size, whole.partial_hash_hits) == (128, False)
+
+
+def test_the_pool_stores_vllms_hash_block_size():
+    """``PoolSpec.hash_block_size`` is vLLM's: ``None`` (no ``prefix_match_unit``) is the block
+    size; below it, hits may end inside a block and a block has that many vLLM hashes."""
+    fine = PoolSpec(num_blocks=10, block_size=128, group_kinds=GROUPS, hash_block_size=32)
+    assert (fine.hash_block_size, fine.partial_hash_hits, fine.hashes_per_block) == (32, True, 4)
+    whole = PoolSpec(num_blocks=10, block_size=128, group_kinds=list(GROUPS))
+    assert (whole.hash_block_size, whole.partial_hash_hits, whole.hashes_per_block) == (128, False, 1)
+    assert whole.group_kinds == GROUPS and whole.state_groups == (0,) and whole.per_token_groups == (1, 2)
 
 
 def test_cache_requests_carry_unit_keys_that_extend_the_block_chain():
@@ -208,7 +221,7 @@ def test_block_admission_under_a_unit_is_stock_without_it(seed, blocks, B):
     the chunk that vLLM ends at each tail adds a prefill step."""
     prompts = random_prompts(random.Random(seed))
     with_unit = make_cache(B, admission="block", num_blocks=blocks, chunk=256)
-    whole = make_cache(B, unit=None, admission="vllm", num_blocks=blocks, chunk=256)
+    whole = make_cache(B, hash_block_size=None, admission="vllm", num_blocks=blocks, chunk=256)
     for r, prompt in enumerate(prompts):
         P = len(prompt)
         if not with_unit.fits(P, 8):

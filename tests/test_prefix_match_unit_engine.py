@@ -43,7 +43,7 @@ def _run(model, scheduler: str | None, env: dict) -> list:
     from vllm_admission.engine.llm import engine_geometry
 
     def unit_is_set(llm):
-        assert engine_geometry(llm)["prefix_match_unit"] == UNIT
+        assert engine_geometry(llm).prefix_match_unit == UNIT
 
     return greedy_one_at_a_time(model, scheduler, env, engine_args={"prefix_match_unit": UNIT},
                                 prompts=_prompts(), max_tokens=OUTPUT, ssm_dtype=SSM_DTYPE,
@@ -57,11 +57,13 @@ def _predicted(policy: str, block_size: int) -> list[int]:
     from vllm_admission.core.admission import get_admission
     from vllm_admission.core.cache import HybridPrefixCache
     from vllm_admission.core.eviction import get_eviction
+    from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
 
-    cache = HybridPrefixCache(
-        num_blocks=4096, block_size=block_size, group_kinds=("state", "attention", "attention"),
-        admission=get_admission("vllm" if policy == "auto" else policy),
-        eviction=get_eviction("lru"), chunk_size=8192, hash_block_size=UNIT)
+    layout = CacheLayout(PoolSpec(num_blocks=4096, block_size=block_size,
+                                  group_kinds=("state", "attention", "attention"), hash_block_size=UNIT),
+                         SchedulingSpec(chunk_size=8192))
+    cache = HybridPrefixCache(layout, admission=get_admission("vllm" if policy == "auto" else policy),
+                              eviction=get_eviction("lru"))
     return [cache.serve(chained_hashes(p, block_size), len(p), OUTPUT, r, float(r),
                         chained_hashes(p, UNIT)).hit_tokens
             for r, p in enumerate(_prompts())]

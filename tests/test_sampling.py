@@ -13,8 +13,8 @@ from vllm_admission.core.adaptive import (
     parse_shadow_rate,
 )
 from vllm_admission.core.errors import UserError
-from vllm_admission.core.geometry import CacheLayout
 from vllm_admission.core.hashing import mix64
+from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
 from vllm_admission.core.replay import CacheRequest, CacheSetup
 from vllm_admission.core.sampling import PrefixSampler
 
@@ -145,8 +145,8 @@ def test_mix64_spreads_consecutive_indices():
 # -- the controller ------------------------------------------------------------------------
 
 def setup_for(num_blocks):
-    layout = CacheLayout(num_blocks=num_blocks, block_size=B, group_kinds=("attention", "state"),
-                         bytes_per_block=1, chunk_size=1 << 20)
+    layout = CacheLayout(PoolSpec(num_blocks=num_blocks, block_size=B, group_kinds=("attention", "state")),
+                         SchedulingSpec(chunk_size=1 << 20))
     return CacheSetup(layout=layout, admission="vllm", eviction="lru", segment_flops=flops)
 
 
@@ -188,7 +188,7 @@ def test_the_rate_chosen_from_the_trace():
     assert small.rate == 1.0
     big, _ = drive(reqs, num_blocks=200_001)
     assert big.rate is not None and big.rate < 1.0
-    lay = big.setup.layout
+    lay = big.setup.layout.pool
     mean = sum(r.prompt_len + r.output_len for r in reqs[:25]) / 25
     per_request = -(-mean // B) + len(lay.group_kinds)
     # Never below a pool that holds MIN_SHADOW_REQUESTS mean requests ...

@@ -8,7 +8,7 @@ import pytest
 
 from vllm_admission.core.adaptive import PolicyController
 from vllm_admission.core.costs import load_model
-from vllm_admission.core.geometry import CacheLayout
+from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
 from vllm_admission.core.replay import CacheRequest, CacheSetup
 from vllm_admission.core.shadows import ShadowProcess, ShadowProcessError
 
@@ -33,8 +33,8 @@ def workload(n: int = 90, seed: int = 3) -> list[CacheRequest]:
 
 
 def controller_kwargs(blocks: int = 40) -> dict:
-    layout = CacheLayout(num_blocks=blocks, block_size=B, group_kinds=("state", "attention"),
-                         bytes_per_block=1, chunk_size=8192)
+    layout = CacheLayout(PoolSpec(num_blocks=blocks, block_size=B, group_kinds=("state", "attention")),
+                         SchedulingSpec(chunk_size=8192))
     setup = CacheSetup(layout=layout, admission="vllm", eviction="lru", segment_flops=flops)
     return dict(setup=setup, admissions=("last", "vllm", "dense"), evictions=("lru", "lfu"),
                 prefill_flops=flops, min_window=10)

@@ -12,7 +12,7 @@ from vllm_admission.core.costs import load_model
 from vllm_admission.core.eviction import EVICTION_POLICIES
 from vllm_admission.core.geometry import aligned_block_size, block_geometry, parse_bytes
 from vllm_admission.core.traces import load_trace
-from vllm_admission.sim.simulator import cache_requests, simulate, trace_bound
+from vllm_admission.sim.simulator import SimulationSettings, cache_requests, simulate, trace_bound
 
 REQUIRED = {"trace", "model", "admission", "eviction", "capacity_bytes", "block_size", "num_blocks",
             "requests", "prompt_tokens", "hit_tokens", "token_hit_rate", "request_hit_rate",
@@ -53,7 +53,8 @@ def test_cli_writes_results_and_plot(tmp_path, capsys):
 def test_fixed_seed_gives_identical_results(costs):
     def run():
         trace = load_trace("synthetic", max_requests=250, seed=7)
-        r = simulate(trace, costs, admission="marconi", eviction="flop", capacity_bytes=parse_bytes("2GiB"))
+        r = simulate(trace, costs, SimulationSettings(admission="marconi", eviction="flop",
+                                                      capacity_bytes=parse_bytes("2GiB")))
         rec = r.to_record()
         rec.pop("wall_seconds"), rec.pop("cpu_seconds")
         return rec
@@ -67,8 +68,9 @@ def test_no_run_beats_the_infinite_capacity_bound(costs, small_trace, admission)
     reqs = cache_requests(small_trace, geo.block_size)
     bound = trace_bound(reqs, geo.block_size)["hit_tokens"]
     for eviction, alpha in (("lru", None), ("flop", 0.5), ("belady", None)):
-        r = simulate(small_trace, costs, admission=admission, eviction=eviction,
-                     capacity_bytes=parse_bytes("2GiB"), alpha=alpha, requests=reqs)
+        r = simulate(small_trace, costs, SimulationSettings(admission=admission, eviction=eviction,
+                                                            capacity_bytes=parse_bytes("2GiB"), alpha=alpha),
+                     requests=reqs)
         assert r.evictions > 0  # the capacity really is under pressure
         assert r.hit_tokens <= bound
 
@@ -76,8 +78,8 @@ def test_no_run_beats_the_infinite_capacity_bound(costs, small_trace, admission)
 def test_dense_with_ample_capacity_reaches_the_bound(costs, small_trace):
     geo = block_geometry(costs, parse_bytes("1TiB"))
     reqs = cache_requests(small_trace, geo.block_size)
-    r = simulate(small_trace, costs, admission="dense", eviction="lru",
-                 capacity_bytes=parse_bytes("1TiB"), requests=reqs)
+    r = simulate(small_trace, costs, SimulationSettings(admission="dense", eviction="lru",
+                                                        capacity_bytes=parse_bytes("1TiB")), requests=reqs)
     assert r.evictions == 0
     assert r.hit_tokens == trace_bound(reqs, geo.block_size)["hit_tokens"]
     assert r.state_miss_tokens == 0  # a state at every block: no KV hit is thrown away
@@ -90,11 +92,11 @@ def test_state_miss_tokens_are_the_kv_hits_no_state_serves(costs, small_trace):
     geo = block_geometry(costs, parse_bytes("1TiB"))
     reqs = cache_requests(small_trace, geo.block_size)
     bound = trace_bound(reqs, geo.block_size)["hit_tokens"]
-    none = simulate(small_trace, costs, admission="none", eviction="lru",
-                    capacity_bytes=parse_bytes("1TiB"), requests=reqs)
+    none = simulate(small_trace, costs, SimulationSettings(admission="none", eviction="lru",
+                                                           capacity_bytes=parse_bytes("1TiB")), requests=reqs)
     assert (none.evictions, none.hit_tokens, none.state_miss_tokens) == (0, 0, bound)
-    stock = simulate(small_trace, costs, admission="vllm", eviction="lru",
-                     capacity_bytes=parse_bytes("1TiB"), requests=reqs)
+    stock = simulate(small_trace, costs, SimulationSettings(admission="vllm", eviction="lru",
+                                                            capacity_bytes=parse_bytes("1TiB")), requests=reqs)
     assert stock.evictions == 0
     assert stock.hit_tokens + stock.state_miss_tokens == bound
     assert stock.state_miss_tokens > 0 and stock.state_miss_tokens % geo.block_size == 0
@@ -121,11 +123,12 @@ def test_belady_gets_true_next_uses_and_evicts_the_farthest(costs, small_trace, 
         return block
 
     monkeypatch.setattr(BeladyEviction, "pop", checked_pop)
-    run = simulate(small_trace, costs, admission="vllm", eviction="belady",
-                   capacity_bytes=parse_bytes("2GiB"))
+    run = simulate(small_trace, costs, SimulationSettings(admission="vllm", eviction="belady",
+                                                          capacity_bytes=parse_bytes("2GiB")))
     assert run.evictions > 0 and len(victims) > 0
-    roomy = {ev: simulate(small_trace, costs, admission="vllm", eviction=ev,
-                          capacity_bytes=parse_bytes("1TiB")) for ev in ("lru", "belady")}
+    roomy = {ev: simulate(small_trace, costs, SimulationSettings(admission="vllm", eviction=ev,
+                                                                 capacity_bytes=parse_bytes("1TiB")))
+             for ev in ("lru", "belady")}
     assert roomy["lru"].evictions == roomy["belady"].evictions == 0
     assert roomy["lru"].hit_tokens == roomy["belady"].hit_tokens
 
@@ -133,7 +136,8 @@ def test_belady_gets_true_next_uses_and_evicts_the_farthest(costs, small_trace, 
 def test_mooncake_prefix_stays_under_its_bound(costs):
     trace = load_trace(str(require(MOONCAKE)), max_requests=800)
     assert trace.skipped == {"beyond max_requests": 12031 - 800}
-    r = simulate(trace, costs, admission="vllm", eviction="lru", capacity_bytes=parse_bytes("64GiB"))
+    r = simulate(trace, costs, SimulationSettings(admission="vllm", eviction="lru",
+                                                  capacity_bytes=parse_bytes("64GiB")))
     geo = block_geometry(costs, parse_bytes("64GiB"))
     bound = trace_bound(cache_requests(trace, geo.block_size), geo.block_size)
     assert 0 < r.hit_tokens <= bound["hit_tokens"]
@@ -152,8 +156,9 @@ def test_async_scheduling_option_reaches_the_cache_model(tmp_path, costs, small_
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["async_scheduling"] is True
     (run,) = doc["runs"]
-    got = {flag: simulate(small_trace, costs, admission="dense", eviction="s3fifo",
-                          capacity_bytes=parse_bytes("1GiB"), async_scheduling=flag)
+    got = {flag: simulate(small_trace, costs, SimulationSettings(admission="dense", eviction="s3fifo",
+                                                                 capacity_bytes=parse_bytes("1GiB"),
+                                                                 async_scheduling=flag))
            for flag in (True, False)}
     assert (run["hit_tokens"], run["evictions"]) == (got[True].hit_tokens, got[True].evictions)
     assert got[True].hit_tokens != got[False].hit_tokens
@@ -400,8 +405,9 @@ def test_the_hidden_state_cache_takes_its_own_group_and_blocks(small_trace):
     capacity = 64 * 2**20
     geo = block_geometry(tiny, capacity)
     per_token = tiny.hidden_size * tiny.dtype_bytes
-    runs = {n: simulate(small_trace, tiny, admission="marconi", eviction="lru",
-                        capacity_bytes=capacity, hidden_state_bytes_per_token=n * per_token)
+    runs = {n: simulate(small_trace, tiny, SimulationSettings(
+                admission="marconi", eviction="lru", capacity_bytes=capacity,
+                hidden_state_bytes_per_token=n * per_token))
             for n in (0, 1)}
     assert runs[1].num_blocks == runs[0].num_blocks == geo.num_blocks
     kinds = [k.rstrip("0123456789") for k in runs[1].evictions_by_group]

@@ -32,6 +32,7 @@ Derivations used below:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import os
 import random
@@ -41,6 +42,7 @@ import pytest
 from engine_cases import engine_block_size, predicted_block_size
 from model_output import LOGITS_MODE, assert_same_output, generate
 
+from vllm_admission.engine.geometry import EngineGeometry, KVCacheGroupInfo
 from vllm_admission.engine.llm import EngineSettings, shutdown_llm
 from vllm_admission.engine.replay import (
     SEQUENTIAL_MODE,
@@ -79,13 +81,12 @@ def toks(seed: int, n: int) -> list[int]:
 # ------------------------------------------------------------------ pure helpers (no engine)
 
 # A made-up geometry (these helpers take any): 128-token blocks, one state and one attention group.
-GEO_64 = {
-    "block_size": 128,
-    "num_gpu_blocks": 64,
-    "max_model_len": 7808,
-    "mamba_cache_mode": "align",
-    "kv_cache_groups": [{"kind": "state"}, {"kind": "attention"}],
-}
+GEO_64 = EngineGeometry(
+    block_size=128, num_gpu_blocks=64, max_num_batched_tokens=4096, max_model_len=7808,
+    mamba_cache_mode="align",
+    kv_cache_groups=(KVCacheGroupInfo(kind="state", num_layers=2, block_size=128, page_size_bytes=65536),
+                     KVCacheGroupInfo(kind="attention", num_layers=2, block_size=128,
+                                      page_size_bytes=65536)))
 
 
 def test_blocks_needed_counts_every_group():
@@ -102,7 +103,7 @@ def test_blocks_needed_counts_every_group():
 def test_skip_reasons():
     assert _skip_reason(7700, 108, GEO_64) is None
     assert _skip_reason(7700, 109, GEO_64) == "longer than max_model_len"
-    geo = dict(GEO_64, max_model_len=100_000)
+    geo = dataclasses.replace(GEO_64, max_model_len=100_000)
     assert _skip_reason(7700, 109, geo) is None  # 7,808 tokens of KV fit (63 blocks)
     assert _skip_reason(7700, 110, geo) == "needs more KV blocks than the pool holds"
     assert _skip_reason(0, 5, GEO_64) == "empty prompt"
@@ -235,26 +236,26 @@ def test_engine_geometry(llm, B, ssm_dtype):
 
     geo = engine_geometry(llm)
     assert llm.llm_engine.vllm_config.cache_config.enable_prefix_caching
-    assert geo["inprocess"] is True
-    assert geo["block_size"] == B
-    assert geo["mamba_ssm_cache_dtype"] == ssm_dtype
-    assert geo["ssm_state_dtype"] == ssm_dtype
-    assert geo["mamba_cache_mode"] == "align"
-    assert geo["max_model_len"] == 131072
-    assert geo["max_num_batched_tokens"] == 4096
-    kinds = {g["kind"]: g["num_layers"] for g in geo["kv_cache_groups"]}
+    assert geo.inprocess is True
+    assert geo.block_size == B
+    assert geo.mamba_ssm_cache_dtype == ssm_dtype
+    assert geo.ssm_state_dtype == ssm_dtype
+    assert geo.mamba_cache_mode == "align"
+    assert geo.max_model_len == 131072
+    assert geo.max_num_batched_tokens == 4096
+    kinds = {g.kind: g.num_layers for g in geo.kv_cache_groups}
     assert kinds == {"state": 2, "attention": 2}  # both recipes: 2 recurrent + 2 attention layers
     # No state group declares vLLM's in-pass prefill-checkpoint export on CPU (GDN layers
     # never do in 0.32; Mamba2 layers do, and cpu_mamba2 turns it off), so the scheduler ends
     # a chunk at every prompt-end checkpoint and the derivations below hold for both.
     assert all(spec.num_prefill_checkpoint_blocks == 0 for spec in state_specs(llm))
-    assert {g["block_size"] for g in geo["kv_cache_groups"]} == {B}
+    assert {g.block_size for g in geo.kv_cache_groups} == {B}
     # The attention page is B tokens x 2 KV heads x 64 x (K, V) x 2 bytes; the state page is
     # padded to it. A block id costs the largest group's pages: VLLM_CPU_KVCACHE_SPACE=1 GiB
     # over 2 layers of one page each.
     page = B * 2 * 64 * 2 * 2
-    assert {g["page_size_bytes"] for g in geo["kv_cache_groups"]} == {page}
-    assert geo["num_gpu_blocks"] == (1 << 30) // (2 * page)
+    assert {g.page_size_bytes for g in geo.kv_cache_groups} == {page}
+    assert geo.num_gpu_blocks == (1 << 30) // (2 * page)
 
 
 @pytest.mark.engine
@@ -344,8 +345,8 @@ def test_platform_default_follows_the_cpu_rule(tiny_model_of, arch):
     expected = platform_default_ssm_dtype(model_dir)
     with stock_engine(model_dir, num_gpu_blocks=64, max_model_len=2048) as engine:
         geo = engine_geometry(engine)
-        B = geo["block_size"]  # noqa: N806
-        assert geo["ssm_state_dtype"] == expected
+        B = geo.block_size  # noqa: N806
+        assert geo.ssm_state_dtype == expected
         assert predicted_block_size(model_dir, expected) == B
         prompt = toks(8, 700)
         assert one(engine, prompt)[0] == 0
@@ -364,8 +365,8 @@ def test_mamba2_bf16_state_runs_without_the_export(tiny_model_of):
     with stock_engine(model_dir, mamba_ssm_cache_dtype="bfloat16", num_gpu_blocks=64,
                       max_model_len=2048) as engine:
         geo = engine_geometry(engine)
-        B = geo["block_size"]  # noqa: N806
-        assert geo["ssm_state_dtype"] == "bfloat16"
+        B = geo.block_size  # noqa: N806
+        assert geo.ssm_state_dtype == "bfloat16"
         assert predicted_block_size(model_dir, "bfloat16") == B
         assert cpu_mamba2.installed()
         specs = state_specs(engine)

@@ -229,7 +229,7 @@ def run_stock(model: str, device: str) -> dict[str, Any]:
     finally:
         shutdown_llm(llm)
         del llm
-    return {"geometry": geometry, "vocab": vocab,
+    return {"geometry": geometry.to_dict(), "vocab": vocab,
             "outputs": [o.__dict__ for o in outputs]}
 
 
@@ -318,7 +318,7 @@ def run_inpass_step(model: str, device: str, admission: str) -> dict[str, Any]:
             states = state_rows(llm)
             outputs = first + generate(llm, prompts[1:], MAX_OUTPUT_LEN)
             runs[mode] = {"outputs": outputs, "states": states,
-                          "block_size": engine_geometry(llm)["block_size"]}
+                          "block_size": engine_geometry(llm).block_size}
         finally:
             shutdown_llm(llm)
             del llm

@@ -116,11 +116,11 @@ def engine_args_from(args) -> dict:
     retention = getattr(args, "prefix_cache_retention_interval", None)
     if retention is not None:
         out["prefix_cache_retention_interval"] = parse_retention_interval(retention)
-    unit = getattr(args, "prefix_match_unit", None)
-    if unit is not None:
-        if unit < 1:
-            raise UserError(f"--prefix-match-unit must be >= 1, got {unit}")
-        out["prefix_match_unit"] = unit
+    prefix_match_unit = getattr(args, "prefix_match_unit", None)
+    if prefix_match_unit is not None:
+        if prefix_match_unit < 1:
+            raise UserError(f"--prefix-match-unit must be >= 1, got {prefix_match_unit}")
+        out["prefix_match_unit"] = prefix_match_unit
     for flag, name in (("--speculative-config", "speculative_config"),
                        ("--kv-transfer-config", "kv_transfer_config")):
         text = getattr(args, name, None)

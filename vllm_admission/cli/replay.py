@@ -160,7 +160,7 @@ def run_replay(args: argparse.Namespace) -> int:
         "alpha": args.alpha,
         "engine_args": engine_args,
         "host_admission": getattr(args, "host_admission", None),
-        "geometry": geometry,
+        "geometry": geometry.to_dict(),
         "requests": [{k: r[k] for k in ("request_id", "prompt_tokens", "output_len",
                                          "cached_tokens", "prefill_steps", "status")}
                      for r in result.requests],
@@ -180,7 +180,7 @@ def run_replay(args: argparse.Namespace) -> int:
     n_skipped = sum(skipped.values())
     print(f"mode: {result.mode}")
     print(f"admission={args.admission} eviction={args.eviction} "
-          f"blocks={geometry.get('num_gpu_blocks')} block_size={geometry.get('block_size')}")
+          f"blocks={geometry.num_gpu_blocks} block_size={geometry.block_size}")
     print(f"requests: {doc['requests_run']} run, {n_skipped} skipped"
           + (f" ({', '.join(f'{k}: {v}' for k, v in skipped.items())})" if skipped else ""))
     print(f"hit tokens: {result.hit_tokens} of {result.prompt_tokens} prompt tokens "

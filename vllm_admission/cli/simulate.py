@@ -198,7 +198,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         resample=args.resample,
         tune_grid=args.tune_grid, auto_interval=args.auto_interval, shadow_rate=shadow_rate,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint,
-        retention_interval=retention, prefix_match_unit=args.prefix_match_unit,
+        retention_interval=retention, hash_block_size=args.prefix_match_unit,
         block_size=args.block_size, num_speculative_tokens=args.num_speculative_tokens,
         hidden_states=args.hidden_states, host_bytes=parse_bytes(args.host_capacity),
         host_policy=args.host_policy, host_bandwidth=_bandwidth(args.host_bandwidth),

@@ -280,12 +280,13 @@ class _ShadowSet:
     def __init__(self, setup: CacheSetup, pairs: Sequence[Pair], rate: float) -> None:
         lay = setup.layout
         if rate < 1.0:
-            lay = dataclasses.replace(lay, num_blocks=max(1, round(rate * (lay.num_blocks - 1))) + 1,
-                                      host_chunks=max(1, round(rate * lay.host_chunks))
-                                      if lay.host_chunks else 0)
+            pool, host = lay.pool, lay.host
+            lay = dataclasses.replace(
+                lay, pool=dataclasses.replace(pool, num_blocks=max(1, round(rate * (pool.num_blocks - 1))) + 1),
+                host=dataclasses.replace(host, chunks=max(1, round(rate * host.chunks)) if host.chunks else 0))
         setup = dataclasses.replace(setup, layout=lay)
         self.rate = rate
-        self.sampler = PrefixSampler(rate, max_nodes=max(1 << 16, 8 * (lay.num_blocks - 1)))
+        self.sampler = PrefixSampler(rate, max_nodes=max(1 << 16, 8 * (lay.pool.num_blocks - 1)))
         self.shadows = {p: dataclasses.replace(setup, admission=p.admission,
                                                eviction=p.eviction).build() for p in pairs}
         self.reset()
@@ -467,7 +468,7 @@ class PolicyController:
         self.evictions = tuple(self.evictions)
         if self.start is None:
             self.start = self.default_start(self.admissions, self.evictions,
-                                            self.setup.layout.checkpoint)
+                                            self.setup.layout.scheduling.checkpoint)
         self.pair = self.start
         self.live_evictions = LiveEvictions(self.evictions)
         if self.live is not None:
@@ -478,7 +479,7 @@ class PolicyController:
                              eviction=self.live_evictions.make(self.pair.eviction) if fresh else None)
         self.pairs = tuple(Pair(a, e) for a in self.admissions for e in self.evictions)
         lay = self.setup.layout
-        self._pool_tokens = (lay.num_blocks - 1) * lay.block_size
+        self._pool_tokens = (lay.pool.num_blocks - 1) * lay.pool.block_size
         self._tokens_seen = 0
         #: Requests per pool turnover, fixed once one pool's worth of traffic was seen.
         self.window_len: int | None = None
@@ -534,7 +535,7 @@ class PolicyController:
 
     def _admission(self, name: str) -> AdmissionPolicy:
         """The admission policy ``name`` on this run's engine settings."""
-        return get_admission(name, retention_interval=self.setup.layout.retention_interval)
+        return get_admission(name, retention_interval=self.setup.layout.pool.retention_interval)
 
     # -- sampling ------------------------------------------------------------
     def sample_rate(self, mean_tokens: float) -> float:
@@ -554,8 +555,8 @@ class PolicyController:
         horizon = self.half_life * turnover if self.half_life > 0 else self.min_window
         rate = self.min_samples / horizon
         lay = self.setup.layout
-        request_blocks = math.ceil(mean_tokens / lay.block_size) + len(lay.group_kinds)
-        floor = MIN_SHADOW_REQUESTS * request_blocks / (lay.num_blocks - 1)
+        request_blocks = math.ceil(mean_tokens / lay.pool.block_size) + len(lay.pool.group_kinds)
+        floor = MIN_SHADOW_REQUESTS * request_blocks / (lay.pool.num_blocks - 1)
         return min(1.0, max(rate, floor))
 
     @property

@@ -54,6 +54,18 @@ from typing import TYPE_CHECKING
 
 from vllm_admission.core.errors import UserError
 
+# The group kinds, the two checks and CacheLayout live in core/layout.py (a leaf module);
+# imported here too, where they have always been importable from.
+from vllm_admission.core.layout import (
+    ATTENTION,
+    HIDDEN,
+    PER_TOKEN_KINDS,
+    STATE,
+    CacheLayout,
+    check_hash_block_size,
+    check_retention_interval,
+)
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from vllm_admission.core.costs import ModelCosts
 
@@ -92,124 +104,6 @@ CPU_BLOCK_SIZE = 128
 CPU_KERNEL_BLOCK_SIZE = 32
 
 _MAMBA_CACHE_MODES = ("align", "none")
-
-
-#: The core's names of the KV cache group kinds: full attention (vLLM's ``FullAttentionSpec``),
-#: recurrent state (``MambaSpec``) and per-token hidden states (``HiddenStateCacheSpec``, the
-#: group ``extract_hidden_states`` speculative decoding writes, ``vllm/v1/kv_cache_interface.py``).
-ATTENTION = "attention"
-STATE = "state"
-HIDDEN = "hidden"
-
-#: The kinds reused at any cached block: a block per ``block_size`` tokens, every full block
-#: keyed (vLLM runs both with ``FullAttentionManager``). They differ in what a block holds
-#: (its bytes per token) and in what the counters name them.
-PER_TOKEN_KINDS = (ATTENTION, HIDDEN)
-
-
-@dataclass(frozen=True)
-class CacheLayout:
-    """The block layout a prefix cache runs with, as the cache model and the plugin see it.
-
-    The one description of a pool shared by the simulator (``CacheSetup``,
-    ``HybridPrefixCache``) and the plugin (``AdmissionControl``, read from a live
-    engine by the AdmissionScheduler). :class:`CacheGeometry` is how a capacity in
-    bytes becomes such a pool; this is the pool itself.
-
-    Attributes:
-        num_blocks: blocks in vLLM's one ``BlockPool``, null block included.
-        block_size: tokens per block (every group, and the hit alignment).
-        group_kinds: ``"attention"`` / ``"state"`` / ``"hidden"`` per KV cache
-            group, in vLLM's group order (an engine may report other kinds; the
-            plugin refuses policies that cannot run with them).
-        bytes_per_block: bytes one block id holds (the largest group's page x
-            its layers).
-        chunk_size: prefill token budget per step (``max_num_batched_tokens``).
-        hash_block_size: tokens per vLLM block hash (``block_size`` or a
-            divisor: vLLM's ``prefix_match_unit``); ``None`` means
-            ``block_size``. Below it, hits may end on a hash-unit boundary
-            inside a block (``HybridPrefixCache``'s ``hash_block_size``).
-        checkpoint: how prefill writes recurrent states, one of
-            :data:`vllm_admission.core.cache.CHECKPOINT_MODES` (``"split"``:
-            vLLM 0.32, a chunk ends at every checkpoint; ``"inpass"``: states
-            captured inside the forward pass). Checked where a cache is built.
-        prompt_end_export: in ``split`` mode, the engine's kernel writes the
-            prompt-end state from inside the prompt's last chunk (vLLM's
-            ``num_prefill_checkpoint_blocks=1`` specs: Qwen GDN on FlashInfer
-            in vLLM 0.33, Mamba2), so no chunk ends there when the last chunk
-            starts at least one block below it; see
-            :class:`~vllm_admission.core.cache.HybridPrefixCache`.
-        retention_interval: the engine's ``prefix_cache_retention_interval``
-            (``vllm/config/cache.py``): 0 (vLLM's default), a positive multiple
-            of ``block_size``, or ``None`` (dense). Only the ``vllm`` admission
-            policy follows it (:meth:`AdmissionPolicy.for_engine
-            <vllm_admission.core.admission.AdmissionPolicy.for_engine>`).
-        num_speculative_tokens: draft tokens per step (0: no speculative
-            decoding; ``HybridPrefixCache``'s option of that name).
-        eagle: the speculative method follows vLLM's EAGLE rules (EAGLE/MTP;
-            ``False`` for ``extract_hidden_states``); ``HybridPrefixCache``'s
-            option of that name.
-        host_chunks: chunks of a host tier (vLLM's ``OffloadingConnector``; one
-            block each, :func:`~vllm_admission.core.cache.host.host_chunks`); 0: none.
-        host_policy: the host tier's eviction policy (the connector's
-            ``eviction_policy``), a name in
-            :func:`~vllm_admission.core.cache.host.host_policy_names`.
-        host_admission: the host tier's admission policy (per-tier admission; a
-            registered admission name), or ``None``: the host tier gets what the GPU
-            keeps. ``HybridPrefixCache``'s option of that name.
-        async_scheduling: the engine schedules a step while the previous one is in
-            flight (vLLM's ``scheduler_config.async_scheduling``, the GPU default), so
-            a retired state block returns to the pool a step late;
-            ``HybridPrefixCache``'s option of that name.
-
-    Raises:
-        UserError: a retention interval vLLM would refuse (its message is
-            ``_validate_prefix_cache_retention_interval``'s,
-            ``vllm/v1/core/kv_cache_coordinator.py``), or a hash block size that
-            does not divide the block size.
-    """
-
-    num_blocks: int
-    block_size: int
-    group_kinds: tuple[str, ...]
-    bytes_per_block: int
-    chunk_size: int
-    hash_block_size: int | None = None
-    checkpoint: str = "split"
-    prompt_end_export: bool = False
-    retention_interval: int | None = 0
-    num_speculative_tokens: int = 0
-    eagle: bool = True
-    host_chunks: int = 0
-    host_policy: str = "lru"
-    host_admission: str | None = None
-    async_scheduling: bool = False
-
-    def __post_init__(self) -> None:
-        check_retention_interval(self.retention_interval, self.block_size)
-        check_hash_block_size(self.hash_block_size, self.block_size)
-
-    @property
-    def unit(self) -> int:
-        """Tokens per hash unit when finer than the block (hits may end inside
-        a block: vLLM's ``prefix_match_unit``), else 0."""
-        return check_hash_block_size(self.hash_block_size, self.block_size)
-
-    @property
-    def state_groups(self) -> tuple[int, ...]:
-        """Indexes of the recurrent-state groups."""
-        return tuple(g for g, k in enumerate(self.group_kinds) if k == STATE)
-
-    @property
-    def per_token_groups(self) -> tuple[int, ...]:
-        """Indexes of the groups that hold a block per ``block_size`` tokens
-        (attention and hidden states: :data:`PER_TOKEN_KINDS`)."""
-        return tuple(g for g, k in enumerate(self.group_kinds) if k in PER_TOKEN_KINDS)
-
-    @property
-    def hash_stride(self) -> int:
-        """vLLM block hashes per block."""
-        return self.block_size // (self.hash_block_size or self.block_size)
 
 
 class CapacityError(UserError):
@@ -522,40 +416,6 @@ def parse_bytes(text: str) -> int:
 # --------------------------------------------------------------------------- #
 
 
-def check_retention_interval(interval: int | None, block_size: int | None = None) -> None:
-    """Raise ``ValueError`` unless ``interval`` is a retention interval vLLM
-    accepts: ``None`` or an integer >= 0, and a multiple of ``block_size`` when
-    that is given (``_validate_prefix_cache_retention_interval``,
-    ``vllm/v1/core/kv_cache_coordinator.py``)."""
-    if interval is None:
-        return
-    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
-        raise UserError(f"prefix_cache_retention_interval ({interval!r}) must be None or an "
-                        f"integer >= 0")
-    if block_size is not None and interval % block_size:
-        raise UserError(f"prefix_cache_retention_interval ({interval!r}) must be None or a "
-                        f"non-negative multiple of the block size ({block_size})")
-
-
-def check_hash_block_size(unit: int | None, block_size: int) -> int:
-    """The hash unit of a cache, in tokens, when finer than its block; else 0.
-
-    ``unit`` is vLLM's ``prefix_match_unit`` (its ``hash_block_size``): ``None``
-    means the block size. vLLM's rule (``resolve_kv_cache_block_sizes``,
-    ``vllm/v1/core/kv_cache_utils.py``): it must divide every group's block size.
-
-    Raises:
-        UserError: ``unit`` is not a positive integer dividing ``block_size``.
-    """
-    if unit is None:
-        return 0
-    if isinstance(unit, bool) or not isinstance(unit, int) or unit < 1 or block_size % unit:
-        raise UserError(f"prefix_match_unit ({unit!r}) must be a positive divisor of the "
-                        f"block size ({block_size}), as vLLM requires; a --block-size that is "
-                        f"a multiple of it makes the aligned block one too")
-    return unit if unit < block_size else 0
-
-
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -693,7 +553,7 @@ def blocks_needed(prompt_len: int, output_len: int, *, block_size: int, num_atte
     lookahead = num_speculative_tokens if num_lookahead_tokens is None else num_lookahead_tokens
     attention = _cdiv(prompt_len + output_len - 1 + num_speculative_tokens + lookahead,
                       block_size)
-    if check_hash_block_size(hash_block_size, block_size):
+    if check_hash_block_size(hash_block_size, block_size) < block_size:
         attention = max(attention, (prompt_len - 1) // block_size + 2)
     states = _states_per_request(mamba_cache_mode)
     if mamba_cache_mode == "align":

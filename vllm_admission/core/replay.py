@@ -15,10 +15,9 @@ from typing import NamedTuple
 
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache import HybridPrefixCache, RequestOutcome
-from vllm_admission.core.cache.host import HostTier
 from vllm_admission.core.counters import CacheCounters
 from vllm_admission.core.eviction import get_eviction
-from vllm_admission.core.geometry import CacheLayout
+from vllm_admission.core.layout import CacheLayout
 from vllm_admission.core.traces.trace import capacity_bound
 
 __all__ = ["CacheRequest", "CacheSetup", "NextUseOracle", "ReplayTotals", "infinite_capacity_bound",
@@ -28,8 +27,8 @@ __all__ = ["CacheRequest", "CacheSetup", "NextUseOracle", "ReplayTotals", "infin
 class CacheRequest(NamedTuple):
     """One request as the cache sees it (lengths in tokens).
 
-    ``units``: the prompt's keys per hash unit when the cache hashes in units
-    finer than the block (vLLM's ``prefix_match_unit``), else ``None``.
+    ``units``: the prompt's keys per hash block when the pool's ``hash_block_size`` is
+    below its block size, else ``None``.
     """
 
     hashes: Sequence[int]
@@ -43,7 +42,7 @@ class CacheSetup:
     """Everything needed to build a :class:`HybridPrefixCache` again.
 
     Attributes:
-        layout: the pool (:class:`~vllm_admission.core.geometry.CacheLayout`).
+        layout: the cache's configuration (:class:`~vllm_admission.core.layout.CacheLayout`).
         admission: admission policy name.
         eviction: eviction policy name.
         segment_flops: FLOPs of computing ``[start, end)`` with ``start`` cached.
@@ -60,22 +59,12 @@ class CacheSetup:
         """A fresh, empty cache with this setup (``alpha`` for a tunable eviction policy;
         ``switchable``, ``track_values``: see :class:`HybridPrefixCache`)."""
         options = {"alpha": alpha} if alpha is not None else {}
-        lay = self.layout
         return HybridPrefixCache(
-            num_blocks=lay.num_blocks, block_size=lay.block_size,
-            group_kinds=lay.group_kinds,
-            admission=get_admission(self.admission, retention_interval=lay.retention_interval),
-            eviction=get_eviction(self.eviction, **options), chunk_size=lay.chunk_size,
-            segment_flops=self.segment_flops, bytes_per_block=lay.bytes_per_block,
-            next_use=next_use, switchable=switchable, track_values=track_values,
-            checkpoint=lay.checkpoint, prompt_end_export=lay.prompt_end_export,
-            hash_block_size=lay.hash_block_size,
-            num_speculative_tokens=lay.num_speculative_tokens, eagle=lay.eagle,
-            host=HostTier(lay.host_chunks, lay.host_policy, lay.bytes_per_block)
-            if lay.host_chunks else None,
-            host_admission=get_admission(lay.host_admission)
-            if lay.host_chunks and lay.host_admission else None,
-            async_scheduling=lay.async_scheduling)
+            self.layout,
+            admission=get_admission(self.admission,
+                                    retention_interval=self.layout.pool.retention_interval),
+            eviction=get_eviction(self.eviction, **options), segment_flops=self.segment_flops,
+            next_use=next_use, switchable=switchable, track_values=track_values)
 
 
 class NextUseOracle:

@@ -37,7 +37,7 @@ from vllm_admission.core.adaptive import (
 )
 from vllm_admission.core.cache import HybridPrefixCache
 from vllm_admission.core.eviction import EvictionPolicy, eviction_class
-from vllm_admission.core.geometry import CacheLayout
+from vllm_admission.core.layout import CacheLayout
 from vllm_admission.core.replay import CacheRequest, CacheSetup, replay_requests
 from vllm_admission.core.tuning import AlphaTuner
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_admission.core.errors import UserError
+from vllm_admission.engine.geometry import EngineGeometry, KVCacheGroupInfo
 from vllm_admission.plugin.boundary.hooks import inprocess_scheduler, wrap_schedule
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -411,44 +412,11 @@ def _class_name(cls: Any) -> str:
     return f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else str(cls)
 
 
-def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
-    """What the simulator must copy from a started engine.
-
-    Returns a dict with:
-
-    * ``block_size`` (tokens per KV block, shared by all groups),
-    * ``num_gpu_blocks`` (blocks in the whole pool, null block included),
-    * ``max_num_batched_tokens`` (token budget of one step),
-    * ``max_model_len`` (tokens),
-    * ``mamba_cache_mode`` (``"align"`` with prefix caching on hybrid models),
-    * ``mamba_ssm_cache_dtype`` (the setting after the platform's changes:
-      ``"float32"`` on CPUs with AVX-512 BF16 when ``"auto"`` was asked for;
-      ``"auto"`` means the model's own choice, see ``ssm_state_dtype``),
-    * ``ssm_state_dtype``: the dtype of the recurrent (SSM / GDN temporal)
-      state as allocated, e.g. ``"bfloat16"`` or ``"float32"`` (``None``
-      without Mamba groups or when the engine core runs in another process),
-    * ``prefix_cache_retention_interval`` (vLLM's ``CacheConfig`` value: 0,
-      a multiple of the block size, or ``None`` for dense retention),
-    * ``prefix_match_unit`` (vLLM's ``CacheConfig`` value: tokens per block
-      hash, ``None`` for the block size),
-    * ``speculative_method`` and ``num_speculative_tokens`` (vLLM's
-      ``speculative_config``: ``None`` and 0 without speculative decoding),
-    * ``enable_chunked_prefill``, ``async_scheduling``, ``max_num_seqs``,
-    * ``scheduler_cls`` (qualified name, ``None`` for vLLM's default),
-    * ``kv_cache_groups``: list of ``{"kind", "num_layers", "block_size",
-      "page_size_bytes", "layers"}``; ``kind`` is the core's ``"attention"``,
-      ``"state"`` or ``"hidden"``, from the group's vLLM manager and spec
-      (:func:`vllm_admission.plugin.kv_cache.group_kinds`); ``None`` when
-      the engine core runs in another process,
-    * ``hidden_state_bytes_per_token``: bytes per token of the hidden-state
-      groups (``extract_hidden_states``; 0 without; absent when the engine core
-      runs in another process),
-    * ``host_chunks`` and ``host_policy``: the host tier of vLLM's
-      ``OffloadingConnector`` (its CPU manager's chunks and ``eviction_policy``);
-      0 and ``None`` without one (absent when the engine core runs in another process),
-    * ``host_admission``: the plugin's host admission policy (per-tier admission,
-      ``VLLM_ADMISSION_HOST_ADMISSION``) when it runs with a host tier, else ``None``,
-    * ``inprocess`` (bool: whether :func:`inprocess_scheduler` works).
+def engine_geometry(llm: vllm.LLM) -> EngineGeometry:
+    """What the simulator must copy from a started engine
+    (:class:`~vllm_admission.engine.geometry.EngineGeometry`): its ``VllmConfig``'s
+    settings and, when the engine core runs in this process (:func:`inprocess_scheduler`),
+    its KV cache groups, pool, state dtype, hidden-state group and host tier.
 
     Raises:
         AttributeError: if ``llm`` is not a vLLM 0.32 ``LLM``.
@@ -456,7 +424,8 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
     vc = llm.llm_engine.vllm_config
     cc = vc.cache_config
     sc = vc.scheduler_config
-    geo: dict[str, Any] = {
+    spec = vc.speculative_config
+    settings = {
         "block_size": int(cc.block_size),
         "num_gpu_blocks": int(cc.num_gpu_blocks) if cc.num_gpu_blocks is not None else None,
         "max_num_batched_tokens": int(sc.max_num_batched_tokens),
@@ -465,51 +434,41 @@ def engine_geometry(llm: vllm.LLM) -> dict[str, Any]:
         "mamba_ssm_cache_dtype": str(cc.mamba_ssm_cache_dtype),
         "prefix_cache_retention_interval": cc.prefix_cache_retention_interval,
         "prefix_match_unit": getattr(cc, "prefix_match_unit", None),
-        "speculative_method": (None if vc.speculative_config is None
-                               else str(vc.speculative_config.method)),
-        "num_speculative_tokens": (0 if vc.speculative_config is None
-                                   else int(vc.speculative_config.num_speculative_tokens or 0)),
+        "speculative_method": None if spec is None else str(spec.method),
+        "num_speculative_tokens": 0 if spec is None else int(spec.num_speculative_tokens or 0),
         "enable_chunked_prefill": bool(getattr(sc, "enable_chunked_prefill", True)),
         "async_scheduling": bool(getattr(sc, "async_scheduling", False)),
         "max_num_seqs": int(sc.max_num_seqs),
         "scheduler_cls": _class_name(sc.scheduler_cls),
-        "kv_cache_groups": None,
-        "ssm_state_dtype": None,
-        "inprocess": False,
     }
     try:
         scheduler = inprocess_scheduler(llm)
     except RuntimeError:
-        return geo
-    geo["inprocess"] = True
+        return EngineGeometry(**settings)
     from vllm_admission.plugin.kv_cache import group_kinds
+    from vllm_admission.plugin.offload_config import host_tier
 
     kvc = scheduler.kv_cache_config
     kinds = group_kinds(scheduler.kv_cache_manager.coordinator.single_type_managers)
-    geo["num_gpu_blocks"] = int(kvc.num_blocks)
-    geo["kv_cache_groups"] = [
-        {
-            "kind": kind,
-            "num_layers": len(g.layer_names),
-            "block_size": int(g.kv_cache_spec.block_size),
-            "page_size_bytes": int(g.kv_cache_spec.page_size_bytes),
-            "layers": list(g.layer_names),
-        }
-        for g, kind in zip(kvc.kv_cache_groups, kinds, strict=True)
-    ]
-    geo["hidden_state_bytes_per_token"] = sum(
-        _hidden_bytes_per_token(g.kv_cache_spec)
-        for g, kind in zip(kvc.kv_cache_groups, kinds, strict=True) if kind == "hidden")
+    pairs = list(zip(kvc.kv_cache_groups, kinds, strict=True))
     state_dtypes = {str(g.kv_cache_spec.dtypes[-1]).removeprefix("torch.")
                     for g in kvc.kv_cache_groups if hasattr(g.kv_cache_spec, "dtypes")}
-    if state_dtypes:
-        geo["ssm_state_dtype"] = ",".join(sorted(state_dtypes))
-    from vllm_admission.plugin.offload_config import host_tier
-
-    geo["host_chunks"], geo["host_policy"] = host_tier(scheduler)
-    host_policy = getattr(getattr(scheduler, "_admission", None), "host_policy", None)
-    geo["host_admission"] = host_policy.name if host_policy is not None else None
-    return geo
+    host_chunks, host_policy = host_tier(scheduler)
+    host_admission = getattr(getattr(scheduler, "_admission", None), "host_policy", None)
+    return EngineGeometry(
+        **{**settings, "num_gpu_blocks": int(kvc.num_blocks)},
+        kv_cache_groups=tuple(
+            KVCacheGroupInfo(kind=kind, num_layers=len(g.layer_names),
+                             block_size=int(g.kv_cache_spec.block_size),
+                             page_size_bytes=int(g.kv_cache_spec.page_size_bytes),
+                             layers=tuple(g.layer_names))
+            for g, kind in pairs),
+        ssm_state_dtype=",".join(sorted(state_dtypes)) if state_dtypes else None,
+        inprocess=True,
+        hidden_state_bytes_per_token=sum(_hidden_bytes_per_token(g.kv_cache_spec)
+                                         for g, kind in pairs if kind == "hidden"),
+        host_chunks=host_chunks, host_policy=host_policy,
+        host_admission=host_admission.name if host_admission is not None else None)
 
 
 def _hidden_bytes_per_token(spec: Any) -> int:

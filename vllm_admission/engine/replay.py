@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm_admission.core.errors import UserError
+from vllm_admission.engine.geometry import EngineGeometry
 from vllm_admission.engine.llm import PrefillStepCounter, engine_geometry, prefix_cache_counters
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -107,7 +108,7 @@ class ReplayResult:
 # ---------------------------------------------------------------- accounting
 
 
-def blocks_needed(prompt_len: int, output_len: int, geometry: dict[str, Any]) -> int:
+def blocks_needed(prompt_len: int, output_len: int, geometry: EngineGeometry) -> int:
     """Pool blocks one request holds at its peak on the engine described by ``geometry``
     (:func:`~vllm_admission.engine.llm.engine_geometry`):
     :func:`vllm_admission.core.geometry.blocks_needed` with the engine's group counts. When
@@ -119,24 +120,24 @@ def blocks_needed(prompt_len: int, output_len: int, geometry: dict[str, Any]) ->
     """
     from vllm_admission.core.geometry import blocks_needed as core_blocks_needed
 
-    groups = geometry.get("kv_cache_groups") or [{"kind": "attention"}, {"kind": "state"}]
-    states = sum(g["kind"] == "state" for g in groups)
-    return core_blocks_needed(prompt_len, output_len, block_size=int(geometry["block_size"]),
-                              num_attention_groups=len(groups) - states, num_state_groups=states,
-                              mamba_cache_mode=geometry.get("mamba_cache_mode") or "none",
-                              hash_block_size=geometry.get("prefix_match_unit"),
-                              async_scheduling=bool(geometry.get("async_scheduling")))
+    kinds = geometry.group_kinds or ("attention", "state")
+    states = sum(kind == "state" for kind in kinds)
+    return core_blocks_needed(prompt_len, output_len, block_size=geometry.block_size,
+                              num_attention_groups=len(kinds) - states, num_state_groups=states,
+                              mamba_cache_mode=geometry.mamba_cache_mode or "none",
+                              hash_block_size=geometry.prefix_match_unit,
+                              async_scheduling=geometry.async_scheduling)
 
 
-def _skip_reason(prompt_len: int, output_len: int, geometry: dict[str, Any]) -> str | None:
+def _skip_reason(prompt_len: int, output_len: int, geometry: EngineGeometry) -> str | None:
     total = prompt_len + output_len
     if prompt_len <= 0:
         return "empty prompt"
     if output_len <= 0:
         return "output_len < 1"
-    if total > geometry["max_model_len"]:
+    if total > geometry.max_model_len:
         return "longer than max_model_len"
-    usable = geometry["num_gpu_blocks"] - 1 if geometry.get("num_gpu_blocks") else None
+    usable = geometry.num_gpu_blocks - 1 if geometry.num_gpu_blocks else None
     if usable is not None and blocks_needed(prompt_len, output_len, geometry) > usable:
         return "needs more KV blocks than the pool holds"
     return None
@@ -245,7 +246,7 @@ def replay(
     def params(output_len: int) -> SamplingParams:
         return SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True, detokenize=False)
 
-    counter = PrefillStepCounter(llm) if geometry.get("inprocess") else None
+    counter = PrefillStepCounter(llm) if geometry.inprocess else None
     t0 = time.perf_counter()
     try:
         if mode == "sequential":

@@ -57,7 +57,7 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
     try:
         scheduler = inprocess_scheduler(llm)
         vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
-        geometry = {**_engine_dtypes(llm.llm_engine.vllm_config), **engine_geometry(llm)}
+        geometry = dataclasses.replace(engine_geometry(llm), **_engine_dtypes(llm.llm_engine.vllm_config))
 
         def settle(_: int) -> None:
             ctl = getattr(scheduler, "_admission", None)
@@ -114,11 +114,11 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
                                eviction=eviction, alpha=spec.alpha,
                                auto_interval=spec.auto_interval, checkpoint=spec.checkpoint)
     rows = [result.requests[i] for i in ran]
-    host = {"host_chunks": int(geometry.get("host_chunks") or 0),
-            "host_policy": geometry.get("host_policy"),
-            "host_admission": geometry.get("host_admission"),
+    host = {"host_chunks": geometry.host_chunks,
+            "host_policy": geometry.host_policy,
+            "host_admission": geometry.host_admission,
             "simulator_host_hit_tokens": sim.host_hit_tokens,
-            "simulator_host_evictions": sim.host_evictions} if geometry.get("host_chunks") else {}
+            "simulator_host_evictions": sim.host_evictions} if geometry.host_chunks else {}
     sim_hits = [None if h < 0 else h for h in sim.per_request_hits]
     sim_steps = [None if n < 0 else n for n in sim.per_request_prefill_steps]
     engine_steps = [r["prefill_steps"] for r in rows]
@@ -130,15 +130,15 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
     stats = eng["stats"]
     return {
         "admission": admission, "eviction": eviction,
-        "num_blocks": int(geometry["num_gpu_blocks"]),
-        "block_size": int(geometry["block_size"]),
-        "chunk_size": int(geometry["max_num_batched_tokens"]),
-        "max_model_len": int(geometry["max_model_len"]),
-        "mamba_ssm_cache_dtype": geometry.get("mamba_ssm_cache_dtype"),
+        "num_blocks": geometry.num_gpu_blocks,
+        "block_size": geometry.block_size,
+        "chunk_size": geometry.max_num_batched_tokens,
+        "max_model_len": geometry.max_model_len,
+        "mamba_ssm_cache_dtype": geometry.mamba_ssm_cache_dtype,
         "ssm_dtype": costs.ssm_dtype,
         "mode": spec.mode,
         "checkpoint": spec.checkpoint,
-        "prefix_cache_retention_interval": geometry.get("prefix_cache_retention_interval", 0),
+        "prefix_cache_retention_interval": geometry.prefix_cache_retention_interval,
         **host,
         **{k: cmp[k] for k in ("requests", "requests_differing", "abs_diff_tokens",
                                 "abs_diff_fraction", "first_difference")},

@@ -31,7 +31,7 @@ from vllm_admission.core.adaptive import DEFAULT_INTERVAL, Decision, LiveEvictio
 from vllm_admission.core.admission import AdmissionPolicy, get_admission
 from vllm_admission.core.counters import CacheCounters
 from vllm_admission.core.eviction import EvictionPolicy, get_eviction
-from vllm_admission.core.geometry import CacheLayout
+from vllm_admission.core.layout import CacheLayout
 from vllm_admission.core.replay import CacheSetup
 from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
@@ -113,19 +113,21 @@ class AdmissionControl:
         self.plan = plan
         self.geometry = geometry
         self.prefill_flops = prefill_flops
-        self.first_state = geometry.state_groups[0]
+        self.first_state = geometry.pool.state_groups[0]
         self._arrivals = RequestClock()
         self.clock = clock if clock is not None else self.request_clock
         #: Per-tier admission: the host tier's admission policy (states it keeps that
         #: the GPU policy does not are handed to the host tier, then dropped from the
         #: GPU cache), or ``None``. Only with a host tier in ``geometry``.
-        host_policy = (get_admission(geometry.host_admission)
-                       if geometry.host_chunks and geometry.host_admission else None)
+        pool = geometry.pool
+        host_policy = (get_admission(geometry.host.admission)
+                       if geometry.host.chunks and geometry.host.admission else None)
         self.requests = RequestTracker(
-            get_admission(policy, retention_interval=geometry.retention_interval), host_policy,
-            block_size=geometry.block_size, first_state=self.first_state,
-            state_groups=geometry.state_groups, hash_unit=geometry.unit,
-            eagle=geometry.num_speculative_tokens > 0 and geometry.eagle)
+            get_admission(policy, retention_interval=pool.retention_interval), host_policy,
+            block_size=pool.block_size, first_state=self.first_state,
+            state_groups=pool.state_groups,
+            partial_hash_block_size=pool.hash_block_size if pool.partial_hash_hits else None,
+            eagle=geometry.speculation.uses_eagle)
         self.tune_multiplier = tune_multiplier
         self.tune_grid = GRIDS[tune_grid]
         controller = None
@@ -156,8 +158,8 @@ class AdmissionControl:
         self.events.bind_pool(is_cached_state, group_of)
         self.background = BackgroundTuning(
             make_tuner=self._make_tuner if plan.own_eviction and plan.tuned else None,
-            controller=controller, block_size=geometry.block_size,
-            hash_stride=geometry.hash_stride, sub_block=bool(geometry.unit),
+            controller=controller, block_size=pool.block_size,
+            hashes_per_block=pool.hashes_per_block, sub_block=pool.partial_hash_hits,
             prefill_flops=prefill_flops, in_thread=tune_in_thread)
 
     # -- the parts' state, read by the adapters and tests ------------------------
@@ -225,7 +227,7 @@ class AdmissionControl:
             UnknownPolicyError: unknown name.
             RuntimeError: requests are still tracked (switch only when idle).
         """
-        policy = get_admission(name, retention_interval=self.geometry.retention_interval)
+        policy = get_admission(name, retention_interval=self.geometry.pool.retention_interval)
         if self.requests.tracks:
             raise RuntimeError(f"cannot switch admission policy with "
                                f"{len(self.requests.tracks)} live requests")
@@ -381,7 +383,7 @@ class AdmissionControl:
     # -- metrics ---------------------------------------------------------------
     def stats(self, *, evictions_by_group: Sequence[int], free_blocks: int) -> AdmissionStats:
         """A snapshot of the metrics (see :class:`AdmissionStats`)."""
-        kinds = self.geometry.group_kinds
+        kinds = self.geometry.pool.group_kinds
         by_group = {f"{kinds[g]}{g}": int(n) for g, n in enumerate(evictions_by_group)}
         counters = {**vars(self.requests.counters), "evictions": sum(by_group.values()),
                     "evictions_by_group": by_group}
@@ -390,7 +392,7 @@ class AdmissionControl:
             active=True, admission=self.policy.name, eviction=self.eviction,
             alpha=self.events.alpha,
             **counters, superseded=self.requests.superseded,
-            free_blocks=free_blocks, usable_blocks=self.geometry.num_blocks - 1,
+            free_blocks=free_blocks, usable_blocks=self.geometry.pool.num_blocks - 1,
             tuning=list(tuner.events) if tuner is not None else [],
             adaptive=controller is not None,
             policy_switches=list(controller.switches) if controller is not None else [])

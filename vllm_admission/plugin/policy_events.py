@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from vllm_admission.core.admission import HOST, TENTATIVE, AdmissionDecision, SegmentCosts
 from vllm_admission.core.eviction import EvictionPolicy
-from vllm_admission.core.geometry import CacheLayout
+from vllm_admission.core.layout import CacheLayout
 from vllm_admission.plugin import translate
 
 if TYPE_CHECKING:
@@ -77,13 +77,14 @@ class PolicyEvents:
         self.eviction_policy = eviction_policy
         self.eviction = eviction
         self.clock = clock
-        self.B = layout.block_size
-        self._hash_stride = layout.hash_stride
-        self.first_state = layout.state_groups[0]
-        self._state_set = frozenset(layout.state_groups)
+        pool = layout.pool
+        self.B = pool.block_size
+        self._hashes_per_block = pool.hashes_per_block
+        self.first_state = pool.state_groups[0]
+        self._state_set = frozenset(pool.state_groups)
         self._segment_costs = SegmentCosts(
-            block_size=layout.block_size, num_attention_groups=len(layout.per_token_groups),
-            num_state_groups=len(layout.state_groups), bytes_per_block=layout.bytes_per_block,
+            block_size=pool.block_size, num_attention_groups=len(pool.per_token_groups),
+            num_state_groups=len(pool.state_groups), bytes_per_block=pool.bytes_per_block,
             segment_flops=prefill_flops)
         self._output_keys = itertools.count()  # keys of blocks holding generated tokens
         #: ``f(block_hash, group) -> bool``: whether vLLM's pool holds a state block for
@@ -127,7 +128,7 @@ class PolicyEvents:
         if self.is_cached_state is None:
             return lambda i: False
         hashes = track.request.block_hashes
-        stride = self._hash_stride
+        stride = self._hashes_per_block
         g = self.first_state
 
         at = translate.block_hash_at
@@ -192,7 +193,7 @@ class PolicyEvents:
         if policy is None or not policy.needs_requests:
             return
         keys = translate.prompt_block_keys(request.block_hashes, request.num_prompt_tokens,
-                                           self.B, self._hash_stride)
+                                           self.B, self._hashes_per_block)
         policy.on_request(keys, self.clock())
 
     def wants_keys(self) -> bool:

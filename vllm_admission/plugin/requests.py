@@ -80,18 +80,18 @@ class RequestTracker:
         block_size: tokens per block (``B``).
         first_state: the first recurrent-state KV cache group (its states are counted).
         state_groups: every recurrent-state KV cache group.
-        hash_unit: tokens per hash unit when finer than the block (vLLM's partial hash
-            hits), else 0: the prompt's tail unit is then a checkpoint.
+        partial_hash_block_size: vLLM's ``hash_block_size`` when below the block (partial
+            hash hits: the prompt's tail hash block is then a checkpoint), else ``None``.
         eagle: EAGLE/MTP speculative decoding: the prompt checkpoints are a block lower.
     """
 
     def __init__(self, policy: AdmissionPolicy, host_policy: AdmissionPolicy | None, *,
                  block_size: int, first_state: int, state_groups: Sequence[int],
-                 hash_unit: int, eagle: bool) -> None:
+                 partial_hash_block_size: int | None, eagle: bool) -> None:
         self.B = block_size
         self.first_state = first_state
         self._state_set = frozenset(state_groups)
-        self._unit = hash_unit
+        self._partial_hash_block_size = partial_hash_block_size
         self._eagle = eagle
         self.host_policy = host_policy
         self.tracks: dict[str, RequestTrack] = {}
@@ -115,7 +115,7 @@ class RequestTracker:
 
     def _admission(self, probe: HitProbe, junction: int | None) -> RequestAdmission:
         return RequestAdmission(self.policy, probe, total_len=None, junction=junction,
-                                hash_block_size=self._unit or None, eagle=self._eagle,
+                                hash_block_size=self._partial_hash_block_size, eagle=self._eagle,
                                 host_policy=self.host_policy)
 
     # -- lookup and chunking -------------------------------------------------

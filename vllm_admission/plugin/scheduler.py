@@ -183,8 +183,8 @@ class AdmissionScheduler(EngineSetup, Scheduler):
         self._admission_bind_split()
         self._admission_last_log = time.monotonic()
         logger.info("vllm_admission: AdmissionScheduler active: %s; block_size=%d, groups=%s, "
-                    "pool=%d blocks", config.describe(), geometry.block_size,
-                    ",".join(geometry.group_kinds), geometry.num_blocks)
+                    "pool=%d blocks", config.describe(), geometry.pool.block_size,
+                    ",".join(geometry.pool.group_kinds), geometry.pool.num_blocks)
         self._admission_log_smallest_prefix(geometry)
         self._admission_publish(idle=True)
 
@@ -293,7 +293,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
             split = Scheduler._mamba_block_aligned_split.__get__(self)
         limit = None
         if ctl is not None:
-            layout = ctl.geometry
+            layout = ctl.geometry.pool
             limit = inpass_capture_limit(request.num_prompt_tokens, max(1, request.max_tokens),
                                          num_blocks=layout.num_blocks, block_size=layout.block_size,
                                          num_attention_groups=len(layout.per_token_groups),

@@ -8,8 +8,8 @@ the shadows and the alpha tuner are fed, the keys an eviction policy hears and
 the keys a switch of ``auto`` compares are the same.
 
 A core block is one scheduler block (``block_size`` tokens); vLLM hashes in
-hash blocks of ``hash_block_size`` tokens, ``hash_stride`` of them per block
-(:attr:`CacheLayout.hash_stride <vllm_admission.core.geometry.CacheLayout.hash_stride>`).
+hash blocks of ``hash_block_size`` tokens, ``hashes_per_block`` of them per block
+(:attr:`PoolSpec.hashes_per_block <vllm_admission.core.layout.PoolSpec.hashes_per_block>`).
 A block's key is that of its last hash block, which covers the whole prefix
 up to the block's end (chained hashes, ``vllm/v1/core/kv_cache_utils.py``).
 
@@ -38,23 +38,23 @@ def hash_key(block_hash: Any) -> int:
     return int.from_bytes(bytes(block_hash)[:8], "big")
 
 
-def block_hash_at(block_hashes: Sequence[Any], index: int, hash_stride: int) -> Any | None:
+def block_hash_at(block_hashes: Sequence[Any], index: int, hashes_per_block: int) -> Any | None:
     """The vLLM hash of core block ``index`` (0-based) of a request: its last hash
-    block's, ``block_hashes[(index + 1) * hash_stride - 1]``; ``None`` when the
+    block's, ``block_hashes[(index + 1) * hashes_per_block - 1]``; ``None`` when the
     request has no hash that far yet."""
-    k = (index + 1) * hash_stride - 1
+    k = (index + 1) * hashes_per_block - 1
     return block_hashes[k] if k < len(block_hashes) else None
 
 
 def prompt_block_keys(block_hashes: Sequence[Any], prompt_len: int, block_size: int,
-                      hash_stride: int) -> list[int]:
+                      hashes_per_block: int) -> list[int]:
     """The keys (:func:`hash_key`) of the full blocks of a prompt of ``prompt_len``
     tokens, as far as ``block_hashes`` reaches."""
-    n = min(prompt_len // block_size, len(block_hashes) // hash_stride)
-    return [hash_key(block_hashes[(i + 1) * hash_stride - 1]) for i in range(n)]
+    n = min(prompt_len // block_size, len(block_hashes) // hashes_per_block)
+    return [hash_key(block_hashes[(i + 1) * hashes_per_block - 1]) for i in range(n)]
 
 
-def cache_request(request: Any, prompt_len: int, block_size: int, hash_stride: int,
+def cache_request(request: Any, prompt_len: int, block_size: int, hashes_per_block: int,
                   sub_block: bool = False) -> CacheRequest:
     """A finished vLLM ``Request`` as the core's cache sees it: its prompt's block
     keys, ``prompt_len`` and its generated tokens (``num_output_tokens``); with
@@ -62,10 +62,10 @@ def cache_request(request: Any, prompt_len: int, block_size: int, hash_stride: i
     the keys of every hash unit of the prompt, ``CacheRequest.units``, from the same
     chain as the block keys."""
     hashes = request.block_hashes
-    keys = prompt_block_keys(hashes, prompt_len, block_size, hash_stride)
+    keys = prompt_block_keys(hashes, prompt_len, block_size, hashes_per_block)
     units = None
     if sub_block:
-        units = [hash_key(h) for h in hashes[:prompt_len * hash_stride // block_size]]
+        units = [hash_key(h) for h in hashes[:prompt_len * hashes_per_block // block_size]]
     return CacheRequest(keys, prompt_len, request.num_output_tokens, units)
 
 

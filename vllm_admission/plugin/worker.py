@@ -253,7 +253,7 @@ class BackgroundTuning:
             (it is called again when the tuner restarts), or ``None``: no tuner.
         controller: ``auto``'s controller (:func:`policy_controller`), or ``None``.
         block_size: tokens per block.
-        hash_stride: vLLM hash blocks per block.
+        hashes_per_block: vLLM block hashes per block (``PoolSpec.hashes_per_block``).
         sub_block: a hash unit finer than the block (the finished requests' unit keys
             are kept: :func:`~vllm_admission.plugin.translate.cache_request`).
         prefill_flops: ``f(num_tokens, num_cached) -> FLOPs``; required by the tuner
@@ -263,14 +263,14 @@ class BackgroundTuning:
 
     def __init__(self, *, make_tuner: Callable[[], AlphaTuner] | None,
                  controller: PolicyController | ShadowProcess | None, block_size: int,
-                 hash_stride: int, sub_block: bool,
+                 hashes_per_block: int, sub_block: bool,
                  prefill_flops: Callable[[int, int], float] | None,
                  in_thread: bool = True) -> None:
         self.controller = ControllerThread(controller) if controller is not None else None
         self._make_tuner = make_tuner
         self.tuner = TunerThread(make_tuner) if make_tuner is not None else None
         self.B = block_size
-        self._hash_stride = hash_stride
+        self._hashes_per_block = hashes_per_block
         self._sub_block = sub_block
         self.prefill_flops = prefill_flops
         self.in_thread = in_thread
@@ -294,7 +294,7 @@ class BackgroundTuning:
         P = probe.prompt_len
         if output_len < 1 or P < 1:
             return
-        item = translate.cache_request(request, P, self.B, self._hash_stride, self._sub_block)
+        item = translate.cache_request(request, P, self.B, self._hashes_per_block, self._sub_block)
         if self.controller is not None:
             index, self._finished = self._finished, self._finished + 1
             if self.in_thread:

@@ -1,8 +1,10 @@
 """Trace-replay simulation: one run per (admission, eviction, capacity).
 
-A run builds vLLM's block geometry for the model and capacity
-(:func:`vllm_admission.core.geometry.block_geometry`), re-blocks the trace to
-that block size, and replays it one request at a time through
+A run of :class:`~vllm_admission.sim.settings.SimulationSettings` builds, once, vLLM's
+block geometry for the model and capacity
+(:func:`vllm_admission.core.geometry.block_geometry`) and the cache's
+:class:`~vllm_admission.core.layout.CacheLayout` (:func:`cache_layout`), re-blocks the
+trace to that block size, and replays it one request at a time through
 :class:`~vllm_admission.core.cache.HybridPrefixCache`. With ``flop`` eviction,
 alpha is tuned online (:class:`~vllm_admission.core.tuning.AlphaTuner`) unless
 fixed. With ``auto`` admission and/or eviction a
@@ -18,9 +20,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_admission.core.adaptive import DEFAULT_INTERVAL, PolicyController
+from vllm_admission.core.adaptive import PolicyController
 from vllm_admission.core.cache import ATTENTION, STATE, check_checkpoint_mode
-from vllm_admission.core.cache.host import H2D_BYTES_PER_SECOND, check_host_admission
+from vllm_admission.core.cache.host import check_host_admission
 from vllm_admission.core.cache.host import host_chunks as host_chunks_of
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.counters import CacheCounters, ratio
@@ -28,11 +30,17 @@ from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import (
     HIDDEN,
     CacheGeometry,
-    CacheLayout,
     block_geometry,
     check_hash_block_size,
     geometry_from_blocks,
     hidden_state_block_size,
+)
+from vllm_admission.core.layout import (
+    CacheLayout,
+    HostTierSpec,
+    PoolSpec,
+    SchedulingSpec,
+    SpeculationSpec,
 )
 from vllm_admission.core.replay import (
     CacheRequest,
@@ -43,13 +51,10 @@ from vllm_admission.core.replay import (
 from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
 from vllm_admission.core.traces import Request, Trace
 from vllm_admission.core.tuning import GRIDS
+from vllm_admission.sim.settings import DEFAULT_CHUNK_SIZE, SimulationSettings
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "RunResult", "cache_requests", "group_kinds", "simulate",
-           "stream_cache_requests", "trace_bound"]
-
-#: vLLM's default ``max_num_batched_tokens`` for the offline ``LLM`` engine
-#: (``vllm/engine/arg_utils.py``: 8192 unless the platform says otherwise).
-DEFAULT_CHUNK_SIZE = 8192
+__all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "RunResult", "SimulationSettings", "cache_layout",
+           "cache_requests", "group_kinds", "simulate", "stream_cache_requests", "trace_bound"]
 
 
 @dataclass(kw_only=True)
@@ -174,8 +179,8 @@ OUTPUT_MODES = ("trace", "unique")
 def cache_requests(trace: Trace, block_size: int, outputs: str = "trace",
                    hash_block_size: int | None = None) -> list[CacheRequest]:
     """The trace's requests reduced to what the cache needs, at ``block_size``;
-    with a ``hash_block_size`` below it (vLLM's ``prefix_match_unit``), each
-    also carries its prompt's keys per hash unit.
+    with a ``hash_block_size`` below it, each also carries its prompt's keys per hash
+    block.
 
     Raises:
         UserError: unknown ``outputs`` mode.
@@ -183,7 +188,7 @@ def cache_requests(trace: Trace, block_size: int, outputs: str = "trace",
     _check_outputs(outputs)
     hashes = (trace.sequence_block_hashes(block_size) if outputs == "trace"
               else trace.block_hashes(block_size))
-    if check_hash_block_size(hash_block_size, block_size):
+    if check_hash_block_size(hash_block_size, block_size) < block_size:
         units = trace.block_hashes(hash_block_size)
         return [CacheRequest(h, r.prompt_len, r.output_len, k)
                 for h, r, k in zip(hashes, trace.requests, units, strict=True)]
@@ -204,11 +209,11 @@ def stream_cache_requests(requests: Iterable[Request], block_size: int, outputs:
         UserError: unknown ``outputs`` mode (at the first ``next``).
     """
     _check_outputs(outputs)
-    unit = check_hash_block_size(hash_block_size, block_size)
+    partial = check_hash_block_size(hash_block_size, block_size) < block_size
     for r in requests:
         hashes = r.sequence_block_hashes(block_size) if outputs == "trace" else r.block_hashes(block_size)
         yield CacheRequest(hashes, r.prompt_len, r.output_len,
-                           r.block_hashes(hash_block_size) if unit else None)
+                           r.block_hashes(hash_block_size) if partial else None)
 
 
 def trace_bound(requests: list[CacheRequest], block_size: int) -> dict[str, Any]:
@@ -221,157 +226,49 @@ def trace_bound(requests: list[CacheRequest], block_size: int) -> dict[str, Any]
             "token_hit_rate": hit / prompt if prompt else 0.0}
 
 
-def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
-             capacity_bytes: int | None = None, num_blocks: int | None = None,
-             block_size: int | None = None, chunk_size: int = DEFAULT_CHUNK_SIZE,
-             alpha: float | None = None, tune_multiplier: int = 5, outputs: str = "trace",
-             tune_grid: str = "coarse", auto_interval: int = DEFAULT_INTERVAL,
-             shadow_rate: float | None = None, retune_every: int | None = None, per_request: bool = False,
-             checkpoint: str = "split", retention_interval: int | None = 0,
-             prefix_match_unit: int | None = None, num_speculative_tokens: int = 0,
-             hidden_state_bytes_per_token: int = 0,
-             host_bytes: int = 0, host_chunks: int | None = None, host_policy: str = "lru",
-             host_bandwidth: float = H2D_BYTES_PER_SECOND, host_admission: str | None = None,
-             async_scheduling: bool = False, requests: Iterable[CacheRequest] | None = None,
+def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
+             requests: Iterable[CacheRequest] | None = None,
              on_request: Callable[[int], None] | None = None) -> RunResult:
-    """Replay ``trace`` through the cache for one policy pair and one capacity.
-
-    Give either ``capacity_bytes`` (KV cache memory; geometry as vLLM derives
-    it) or ``num_blocks`` (an engine's pool, with its ``block_size``).
+    """Replay ``trace`` through the cache for one policy pair and one pool.
 
     Args:
         trace: the requests.
         costs: the model's cost model (must be hybrid); its state dtypes
-            (``mamba_ssm_cache_dtype``) decide the state page, hence the
-            aligned block size and the blocks a capacity holds.
-        admission: a registered admission policy name.
-        eviction: a registered eviction policy name.
-        capacity_bytes: KV cache bytes.
-        num_blocks: blocks in the pool (overrides ``capacity_bytes``).
-        block_size: force a block size (default: vLLM's rule).
-        chunk_size: prefill tokens per step (``max_num_batched_tokens``).
-        alpha: fix ``flop``'s alpha; ``None`` tunes it online.
-        tune_multiplier: bootstrap window multiplier (Marconi: 5).
-        tune_grid: bootstrap alpha grid, a key of ``GRIDS`` ("coarse", "paper").
-        auto_interval: with ``auto``, requests between two policy decisions.
-        shadow_rate: with ``auto``, the fraction of requests its shadow caches
-            serve, on pools scaled alike (``None``: chosen from the trace; 1:
-            full shadows); see :class:`~vllm_admission.core.adaptive.PolicyController`.
-        retune_every: see :class:`AlphaTuner`.
-        outputs: "trace" or "unique" (see :data:`OUTPUT_MODES`).
-        per_request: keep every request's hit tokens and prefill steps in the result.
-        checkpoint: how prefill writes states, one of
-            :data:`~vllm_admission.core.cache.CHECKPOINT_MODES` (``"split"``,
-            vLLM 0.32: a chunk ends at every checkpoint; ``"inpass"``: captured
-            inside the pass, chunks end at the budget only).
-        retention_interval: vLLM's ``prefix_cache_retention_interval``, which
-            the ``vllm`` admission policy follows (0: vLLM's default; a
-            positive multiple of the block size; ``None``: dense); see
-            :class:`~vllm_admission.core.admission.VllmAdmission`.
-        prefix_match_unit: vLLM's ``prefix_match_unit``: tokens per block hash,
-            a divisor of the block size; below it hits may end inside a block
-            (see :class:`~vllm_admission.core.cache.HybridPrefixCache`,
-            ``hash_block_size``). ``None``: the block size.
-        num_speculative_tokens: EAGLE/MTP speculative decoding with this many
-            draft tokens per step (0: none); see
-            :class:`~vllm_admission.core.cache.HybridPrefixCache`. The draft
-            model's own KV (an MTP layer) is not added to the layout.
-        hidden_state_bytes_per_token: vLLM's hidden-state cache
-            (``extract_hidden_states`` speculative decoding): this many bytes per
-            token in a KV cache group of kind ``"hidden"`` after the others, at
-            the block size :func:`~vllm_admission.core.geometry.hidden_state_block_size`
-            gives, with one draft token a step and none of EAGLE's rules (0: none).
-        host_bytes: a host tier of this many bytes, as vLLM's ``OffloadingConnector``
-            runs it (``cpu_bytes_to_use``; :class:`~vllm_admission.core.cache.host.HostTier`;
-            0: none). It holds ``host_bytes // bytes per block`` chunks (the block
-            rounded up to a 4 KiB page, :func:`~vllm_admission.core.cache.host.host_chunks`).
-        host_chunks: the host tier's chunks as an engine reports them (overrides
-            ``host_bytes``).
-        host_policy: the host tier's eviction policy (the connector's
-            ``eviction_policy``; :func:`~vllm_admission.core.cache.host.host_policy_names`).
-        host_bandwidth: host-to-device bytes per second, for ``host_load_seconds``
-            (default :data:`H2D_BYTES_PER_SECOND`).
-        host_admission: per-tier admission: a registered admission policy whose
-            states (inside the prompt) go to the host tier only where ``admission``
-            does not keep them on the GPU (``None``: the host gets what the GPU keeps;
-            see :class:`~vllm_admission.core.cache.HybridPrefixCache`).
-        async_scheduling: vLLM's async scheduling (the GPU default): a state block
-            retired by a step returns to the pool a step late, as the engine frees it
-            (see :class:`~vllm_admission.core.cache.HybridPrefixCache`).
-        requests: pre-built cache requests at the right block size (sweeps
-            share them); built from ``trace`` when ``None``. Any iterable: a
-            generator is served as it comes (a long trace streamed,
-            :func:`stream_cache_requests`), and then only ``trace.name`` is read;
-            ``belady`` needs the whole list and makes one.
+            (``mamba_ssm_cache_dtype``) decide the state page, hence the aligned block
+            size and the blocks a capacity holds.
+        settings: the run's :class:`~vllm_admission.sim.settings.SimulationSettings`.
+        requests: cache requests at the run's block size (sweeps share them); built from
+            ``trace`` when ``None``. A generator is served as it comes (a long trace
+            streamed, :func:`stream_cache_requests`; only ``trace.name`` is then read);
+            ``belady`` makes a list of it.
         on_request: called with the request index after each request.
-
-    ``admission`` and/or ``eviction`` may be ``"auto"``: the run starts as
-    vLLM's own pair and a :class:`~vllm_admission.core.adaptive.PolicyController`
-    switches among the candidates (``tune_*`` and ``alpha`` are then unused).
 
     Raises:
         UnknownPolicyError: a policy name is not registered.
         CapacityError: the capacity cannot hold a single block set.
-        UserError: the model is not hybrid, neither capacity nor blocks,
-            ``auto`` with an ``auto_interval`` below 1, an unknown
-            checkpoint mode, a retention interval that is not a multiple
-            of the block size, or a prefix match unit that does not divide it
-            (or comes with ``inpass``); hidden states with speculative tokens of
-            another method, or at a block size other than the others' (KV cache
-            groups of different block sizes are not modelled); a host tier with
-            speculative decoding or a hash unit finer than the block, a negative
-            size, or an unknown host policy; a host admission policy without a host
-            tier.
+        UserError: the model is not hybrid, neither capacity nor blocks, an unknown
+            tuning grid or checkpoint mode, an ``auto_interval`` below 1 with ``auto``,
+            a retention interval or ``hash_block_size`` vLLM refuses (or the latter
+            below the block with ``inpass``); hidden states beside speculative tokens or
+            at another block size than the other groups'; a host tier beside
+            speculative decoding or a hash block below the block, of no block, with an
+            unknown policy or a bandwidth <= 0; a host admission policy without one.
     """
-    check_checkpoint_mode(checkpoint)
-    plan = RunPlan.from_settings(admission, eviction, alpha=alpha,
-                                 checkpoint=checkpoint)  # validates names first
-    if tune_grid not in GRIDS:
-        raise UserError(f"unknown tuning grid {tune_grid!r}; valid: {', '.join(GRIDS)}")
+    st = settings
+    check_checkpoint_mode(st.checkpoint)
+    plan = RunPlan.from_settings(st.admission, st.eviction, alpha=st.alpha,
+                                 checkpoint=st.checkpoint)  # validates names first
+    if st.tune_grid not in GRIDS:
+        raise UserError(f"unknown tuning grid {st.tune_grid!r}; valid: {', '.join(GRIDS)}")
     if not costs.is_hybrid:
         raise UserError(f"model {costs.name!r} has no recurrent layers: nothing to simulate")
-    if num_blocks is not None:
-        geo = geometry_from_blocks(costs, num_blocks, block_size)
-    elif capacity_bytes is not None:
-        geo = block_geometry(costs, capacity_bytes, block_size=block_size)
-    else:
-        raise UserError("give capacity_bytes or num_blocks")
-    eagle = True
-    if hidden_state_bytes_per_token:
-        if num_speculative_tokens:
-            raise UserError("hidden states come from vLLM's extract_hidden_states speculative "
-                            "method; it cannot run beside another (num_speculative_tokens)")
-        hidden_block = hidden_state_block_size(geo, hidden_state_bytes_per_token)
-        if hidden_block != geo.block_size:
-            raise UserError(
-                f"{costs.name}: vLLM gives {hidden_state_bytes_per_token} hidden-state bytes per "
-                f"token {hidden_block}-token blocks beside the others' {geo.block_size}; KV "
-                f"cache groups of different block sizes are not modelled")
-        num_speculative_tokens, eagle = 1, False
-    layout = CacheLayout(num_blocks=geo.num_blocks, block_size=geo.block_size,
-                         group_kinds=group_kinds(costs, geo,
-                                                 hidden=bool(hidden_state_bytes_per_token)),
-                         bytes_per_block=geo.bytes_per_block,
-                         chunk_size=chunk_size, checkpoint=checkpoint,
-                         retention_interval=retention_interval,
-                         hash_block_size=prefix_match_unit,
-                         num_speculative_tokens=num_speculative_tokens, eagle=eagle,
-                         host_chunks=host_chunks if host_chunks is not None else host_chunks_of(
-                             host_bytes, geo.bytes_per_block),
-                         host_policy=host_policy, host_admission=host_admission,
-                         async_scheduling=async_scheduling)
-    check_host_admission(host_admission, bool(layout.host_chunks))
-    if host_bytes and not layout.host_chunks:
-        raise UserError(f"a host tier of {host_bytes} bytes holds no {geo.bytes_per_block}-byte "
-                        f"block of {costs.name}")
-    if not host_bandwidth > 0:
-        raise UserError(f"the host-to-device bandwidth must be > 0 bytes/s, got {host_bandwidth}")
-    if layout.unit:  # auto's candidates include those that differ only here
-        plan = RunPlan.from_settings(admission, eviction, alpha=alpha, checkpoint=checkpoint,
-                                     sub_block=True)
+    geo, layout = cache_layout(costs, st)
+    if layout.pool.partial_hash_hits:  # auto's candidates include those that differ only here
+        plan = RunPlan.from_settings(st.admission, st.eviction, alpha=st.alpha,
+                                     checkpoint=st.checkpoint, sub_block=True)
     t0, c0 = time.perf_counter(), time.process_time()
     if requests is None:
-        requests = cache_requests(trace, geo.block_size, outputs, prefix_match_unit)
+        requests = cache_requests(trace, geo.block_size, st.outputs, st.hash_block_size)
     # Bounded: a long trace has ever more (end, start) pairs.
     flops = functools.lru_cache(maxsize=1 << 16)(costs.prefill_flops)
     setup = plan.setup(layout, flops)
@@ -380,8 +277,8 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
     if plan.adaptive:
         cache = setup.build(switchable=True, track_values=plan.reads_values)
         controller = PolicyController(cache, **controller_kwargs(plan, layout, flops,
-                                                                 interval=auto_interval,
-                                                                 shadow_rate=shadow_rate))
+                                                                 interval=st.auto_interval,
+                                                                 shadow_rate=st.shadow_rate))
     else:
         oracle = None
         if plan.eviction_cls.needs_future:
@@ -389,10 +286,11 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
             oracle = NextUseOracle(requests)
         cache = setup.build(alpha=plan.start_alpha, next_use=oracle)
         if plan.tuned:
-            tuner = alpha_tuner(setup, flops, grid=GRIDS[tune_grid], multiplier=tune_multiplier,
-                                snapshot=cache.clone, retune_every=retune_every)
+            tuner = alpha_tuner(setup, flops, grid=GRIDS[st.tune_grid], multiplier=st.tune_multiplier,
+                                snapshot=cache.clone, retune_every=st.retune_every)
     hits: list[int] = []
     steps: list[int] = []
+    per_request = st.per_request
 
     def on_outcome(r: int, req: CacheRequest, out) -> None:
         if per_request:
@@ -410,10 +308,10 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
 
     totals = replay_requests(cache, requests, prefill_flops=flops, on_outcome=on_outcome)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    names = [f"{k}{g}" for g, k in enumerate(layout.group_kinds)]
+    names = [f"{k}{g}" for g, k in enumerate(layout.pool.group_kinds)]
     return RunResult(
-        trace=trace.name, model=costs.name, admission=admission, eviction=eviction,
-        capacity_bytes=capacity_bytes if num_blocks is None else None,
+        trace=trace.name, model=costs.name, admission=st.admission, eviction=st.eviction,
+        capacity_bytes=st.capacity_bytes if st.num_blocks is None else None,
         block_size=geo.block_size, num_blocks=geo.num_blocks,
         mamba_ssm_cache_dtype=costs.mamba_ssm_cache_dtype, ssm_dtype=costs.ssm_dtype,
         requests=totals.requests, skipped_requests=totals.skipped_requests,
@@ -426,7 +324,7 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         state_checkpoints=cache.state_checkpoints, junctions=cache.junctions,
         evictions=cache.pool.evictions,
         evictions_by_group=dict(zip(names, cache.pool.evictions_by_group, strict=True)),
-        alpha=(tuner.alpha if tuner else alpha) if plan.tunable else None,
+        alpha=(tuner.alpha if tuner else st.alpha) if plan.tunable else None,
         alpha_events=[{"at": e.at, "window": e.window, "alpha": e.alpha, "kind": e.kind}
                       for e in tuner.events] if tuner else [],
         wall_seconds=wall, cpu_seconds=cpu,
@@ -435,12 +333,62 @@ def simulate(trace: Trace, costs: ModelCosts, *, admission: str, eviction: str,
         final_policy=str(controller.pair) if controller else None,
         shadow_rate=controller.rate if controller else None,
         shadow_handover=controller.handover_at if controller else None,
-        prefill_steps=totals.prefill_steps, checkpoint=checkpoint,
-        state_miss_tokens=totals.state_miss_tokens, retention_interval=retention_interval,
-        prefix_match_unit=layout.unit or None, num_speculative_tokens=num_speculative_tokens,
+        prefill_steps=totals.prefill_steps, checkpoint=st.checkpoint,
+        state_miss_tokens=totals.state_miss_tokens, retention_interval=st.retention_interval,
+        prefix_match_unit=layout.pool.hash_block_size if layout.pool.partial_hash_hits else None,
+        num_speculative_tokens=layout.speculation.num_speculative_tokens,
         per_request_hits=hits if per_request else None,
         per_request_prefill_steps=steps if per_request else None,
-        **_host_figures(cache, layout, host_bandwidth, totals.host_hit_tokens))
+        **_host_figures(cache, layout, st.host_bandwidth, totals.host_hit_tokens))
+
+
+def cache_layout(costs: ModelCosts, settings: SimulationSettings) -> tuple[CacheGeometry, CacheLayout]:
+    """The pool ``settings`` give ``costs`` (:func:`~vllm_admission.core.geometry.block_geometry`
+    of a capacity, or :func:`~vllm_admission.core.geometry.geometry_from_blocks` of an
+    engine's blocks) and the :class:`~vllm_admission.core.layout.CacheLayout` a run of them
+    builds its caches with.
+
+    Raises:
+        CapacityError, UserError: as :func:`simulate` (the pool's and host tier's checks).
+    """
+    st = settings
+    if st.num_blocks is not None:
+        geo = geometry_from_blocks(costs, st.num_blocks, st.block_size)
+    elif st.capacity_bytes is not None:
+        geo = block_geometry(costs, st.capacity_bytes, block_size=st.block_size)
+    else:
+        raise UserError("give capacity_bytes or num_blocks")
+    speculation = SpeculationSpec(num_speculative_tokens=st.num_speculative_tokens)
+    hidden = st.hidden_state_bytes_per_token
+    if hidden:
+        if st.num_speculative_tokens:
+            raise UserError("hidden states come from vLLM's extract_hidden_states speculative "
+                            "method; it cannot run beside another (num_speculative_tokens)")
+        hidden_block = hidden_state_block_size(geo, hidden)
+        if hidden_block != geo.block_size:
+            raise UserError(
+                f"{costs.name}: vLLM gives {hidden} hidden-state bytes per "
+                f"token {hidden_block}-token blocks beside the others' {geo.block_size}; KV "
+                f"cache groups of different block sizes are not modelled")
+        speculation = SpeculationSpec(num_speculative_tokens=1, eagle=False)
+    host_chunks = (st.host_chunks if st.host_chunks is not None
+                   else host_chunks_of(st.host_bytes, geo.bytes_per_block))
+    layout = CacheLayout(
+        pool=PoolSpec(num_blocks=geo.num_blocks, block_size=geo.block_size,
+                      group_kinds=group_kinds(costs, geo, hidden=bool(hidden)),
+                      bytes_per_block=geo.bytes_per_block, hash_block_size=st.hash_block_size,
+                      retention_interval=st.retention_interval),
+        scheduling=SchedulingSpec(chunk_size=st.chunk_size, checkpoint=st.checkpoint,
+                                  async_scheduling=st.async_scheduling),
+        speculation=speculation,
+        host=HostTierSpec(chunks=host_chunks, policy=st.host_policy, admission=st.host_admission))
+    check_host_admission(st.host_admission, bool(host_chunks))
+    if st.host_bytes and not host_chunks:
+        raise UserError(f"a host tier of {st.host_bytes} bytes holds no {geo.bytes_per_block}-byte "
+                        f"block of {costs.name}")
+    if not st.host_bandwidth > 0:
+        raise UserError(f"the host-to-device bandwidth must be > 0 bytes/s, got {st.host_bandwidth}")
+    return geo, layout
 
 
 def _host_figures(cache, layout: CacheLayout, bandwidth: float, hit_tokens: int) -> dict[str, Any]:
@@ -449,8 +397,8 @@ def _host_figures(cache, layout: CacheLayout, bandwidth: float, hit_tokens: int)
     if host is None:
         return {}
     return {"host_chunks": host.num_chunks, "host_policy": host.policy_name,
-            "host_admission": layout.host_admission,
-            "host_bytes": host.num_chunks * layout.bytes_per_block,
+            "host_admission": layout.host.admission,
+            "host_bytes": host.num_chunks * layout.pool.bytes_per_block,
             "host_hit_tokens": hit_tokens, "host_stored_chunks": host.stored,
             "host_loaded_chunks": host.loaded, "host_evictions": host.evicted,
             "host_failed_stores": host.failed_stores,

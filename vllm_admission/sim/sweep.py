@@ -37,6 +37,7 @@ from vllm_admission.core.geometry import (
 from vllm_admission.core.run import RunPlan
 from vllm_admission.core.traces import Trace, load_trace
 from vllm_admission.core.traces.resample import resample
+from vllm_admission.sim.settings import SimulationSettings
 from vllm_admission.sim.simulator import (
     cache_requests,
     simulate,
@@ -73,8 +74,9 @@ class SweepSpec:
     :meth:`ModelCosts.from_config`). ``checkpoint`` is the checkpoint mode of
     every run (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`).
     ``retention_interval`` is vLLM's ``prefix_cache_retention_interval`` of
-    every run (what the ``vllm`` admission policy keeps), ``prefix_match_unit``
-    vLLM's hash unit of every run (``None``: the block size),
+    every run (what the ``vllm`` admission policy keeps), ``hash_block_size``
+    vLLM's tokens per block hash of every run (its ``prefix_match_unit``; ``None``: the
+    block size),
     ``num_speculative_tokens`` EAGLE/MTP draft tokens per step (0: none),
     ``hidden_states`` the hidden-state layers vLLM's ``extract_hidden_states`` caches
     (0: none; see :meth:`hidden_state_bytes_per_token`), ``block_size``
@@ -110,7 +112,7 @@ class SweepSpec:
     checkpoint: str = "split"
     pairs: tuple[tuple[str, str], ...] = ()
     retention_interval: int | None = 0
-    prefix_match_unit: int | None = None
+    hash_block_size: int | None = None
     block_size: int | None = None
     num_speculative_tokens: int = 0
     hidden_states: int = 0
@@ -142,6 +144,20 @@ class SweepSpec:
         return load_model(self.model, mamba_ssm_cache_dtype=self.mamba_ssm_cache_dtype,
                           mtp=self.num_speculative_tokens > 0)
 
+    def settings(self, costs: ModelCosts, admission: str, eviction: str,
+                 capacity: int) -> SimulationSettings:
+        """The :class:`~vllm_admission.sim.settings.SimulationSettings` of one run."""
+        return SimulationSettings(
+            admission=admission, eviction=eviction, capacity_bytes=capacity,
+            block_size=self.block_size, chunk_size=self.chunk_size, checkpoint=self.checkpoint,
+            retention_interval=self.retention_interval, hash_block_size=self.hash_block_size,
+            num_speculative_tokens=self.num_speculative_tokens,
+            hidden_state_bytes_per_token=self.hidden_state_bytes_per_token(costs),
+            async_scheduling=self.async_scheduling, host_bytes=self.host_bytes,
+            host_policy=self.host_policy, host_bandwidth=self.host_bandwidth,
+            host_admission=self.host_admission, alpha=self.alpha, tune_grid=self.tune_grid,
+            auto_interval=self.auto_interval, shadow_rate=self.shadow_rate, outputs=self.outputs)
+
     def runs(self) -> list[tuple[str, str, int]]:
         """``(admission, eviction, capacity)`` of every run: the grid, then the extra pairs."""
         grid = list(itertools.product(self.admissions, self.evictions, self.capacities))
@@ -157,7 +173,7 @@ _STATE: dict[str, Any] = {}
 def _load(spec: SweepSpec) -> tuple[Trace, ModelCosts]:
     # Everything the trace, the costs and the cached requests depend on.
     key = (spec.trace, spec.model, spec.max_requests, spec.seed, spec.mamba_ssm_cache_dtype,
-           spec.outputs, spec.prefix_match_unit, spec.num_speculative_tokens)
+           spec.outputs, spec.hash_block_size, spec.num_speculative_tokens)
     if _STATE.get("key") != key:
         _STATE.clear()
         _STATE["key"] = key
@@ -172,11 +188,11 @@ def _requests(spec: SweepSpec, block_size: int):
     if spec.resample:
         # A fresh stream for each run: a long trace is never held.
         return stream_cache_requests(resample(trace, spec.resample), block_size, spec.outputs,
-                                     spec.prefix_match_unit)
+                                     spec.hash_block_size)
     cached = _STATE["requests"]
     if block_size not in cached:
         cached[block_size] = cache_requests(trace, block_size, spec.outputs,
-                                            spec.prefix_match_unit)
+                                            spec.hash_block_size)
     return cached[block_size]
 
 
@@ -190,19 +206,8 @@ def _run_one(spec: SweepSpec, admission: str, eviction: str, capacity: int) -> d
 def _run_with(spec: SweepSpec, trace: Trace, costs: ModelCosts, requests: list,
               admission: str, eviction: str, capacity: int) -> dict[str, Any]:
     """One run's record, from inputs already in hand (``requests`` at the run's block size)."""
-    result = simulate(trace, costs, admission=admission, eviction=eviction,
-                      capacity_bytes=capacity, block_size=spec.block_size,
-                      chunk_size=spec.chunk_size, alpha=spec.alpha,
-                      outputs=spec.outputs, tune_grid=spec.tune_grid,
-                      auto_interval=spec.auto_interval, shadow_rate=spec.shadow_rate,
-                      checkpoint=spec.checkpoint,
-                      retention_interval=spec.retention_interval,
-                      prefix_match_unit=spec.prefix_match_unit,
-                      num_speculative_tokens=spec.num_speculative_tokens,
-                      hidden_state_bytes_per_token=spec.hidden_state_bytes_per_token(costs),
-                      host_bytes=spec.host_bytes, host_policy=spec.host_policy,
-                      host_bandwidth=spec.host_bandwidth, host_admission=spec.host_admission,
-                      async_scheduling=spec.async_scheduling, requests=requests)
+    result = simulate(trace, costs, spec.settings(costs, admission, eviction, capacity),
+                      requests=requests)
     return result.to_record()
 
 
@@ -347,17 +352,17 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
     for cap in spec.capacities:
         geo = spec.geometry(costs, cap)  # raises CapacityError early
         check_retention_interval(spec.retention_interval, geo.block_size)
-        check_hash_block_size(spec.prefix_match_unit, geo.block_size)
+        check_hash_block_size(spec.hash_block_size, geo.block_size)
         if spec.host_bytes and not host_chunks(spec.host_bytes, geo.bytes_per_block):
             raise UserError(f"--host-capacity {spec.host_bytes} bytes holds no block of "
                             f"{costs.name} ({geo.bytes_per_block} bytes)")
     # Hidden states come from a speculative method (extract_hidden_states).
     check_host_tier(spec.host_policy,
-                    hash_unit=spec.prefix_match_unit if spec.host_bytes else 0,
+                    partial_hash_hits=bool(spec.hash_block_size) and bool(spec.host_bytes),
                     speculative_tokens=(spec.num_speculative_tokens + spec.hidden_states
                                         if spec.host_bytes else 0))
     check_host_admission(spec.host_admission, bool(spec.host_bytes))
-    if spec.prefix_match_unit and spec.checkpoint != "split":
+    if spec.hash_block_size and spec.checkpoint != "split":
         raise UserError(f"--prefix-match-unit is modelled in 'split' checkpoint mode only, "
                         f"not {spec.checkpoint!r}")
     results: dict[tuple[str, str, int], dict[str, Any]] = {}
@@ -388,7 +393,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         "chunk_size": spec.chunk_size,
         "checkpoint": spec.checkpoint,
         "retention_interval": spec.retention_interval,
-        "prefix_match_unit": spec.prefix_match_unit,
+        "prefix_match_unit": spec.hash_block_size,
         "block_size_flag": spec.block_size,
         "num_speculative_tokens": spec.num_speculative_tokens,
         "hidden_states": spec.hidden_states,

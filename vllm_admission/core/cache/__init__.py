@@ -30,14 +30,15 @@ and recurrent-state (Mamba / GDN) groups:
 6. free every block, group by group, each group's blocks in reverse
    (``SingleTypeKVCacheManager.free``).
 
-EAGLE/MTP speculative decoding is the ``num_speculative_tokens`` option (vLLM's
-dropped last block at the lookup, prompt checkpoints a block lower); a hash unit finer
-than the block (vLLM's ``prefix_match_unit``) is the ``hash_block_size`` option (hits
-inside a block, ``split`` mode), a state group's own one-checkpoint export the
-``prompt_end_export`` option, vLLM's retention interval the admission policy's
-(``VllmAdmission``). ``docs/simulator.md`` lists these facts
-with their sources; the plugin refuses, before the model loads, the settings
-outside them that need the model (docs/plugin.md, "What runs where").
+The :class:`~vllm_admission.core.layout.CacheLayout` a cache is built with turns on the
+rest of what vLLM 0.32 does: speculative decoding (``speculation``: EAGLE/MTP's dropped
+block and lower checkpoints, ``extract_hidden_states``' hidden-state group), a hash
+block finer than the block (``pool.hash_block_size``: hits inside a block, ``split``
+mode), a state group's own prompt-end export and async scheduling (``scheduling``),
+a host tier (``host``); vLLM's retention interval is the admission policy's
+(``VllmAdmission``). ``docs/simulator.md`` lists these facts with their sources; the
+plugin refuses, before the model loads, the settings outside them that need the model
+(docs/plugin.md, "What runs where").
 
 Layout, after vLLM v1's core (``block_pool.py``, ``single_type_kv_cache_manager.py``,
 ``kv_cache_coordinator.py``):

@@ -292,14 +292,14 @@ def make_host_policy(name: str) -> HostPolicy:
     return HostEviction(get_eviction(name))
 
 
-def check_host_tier(policy: str, *, hash_unit: int | None = 0,
+def check_host_tier(policy: str, *, partial_hash_hits: bool = False,
                     speculative_tokens: int = 0) -> None:
     """Refuse what a host tier is not modelled with: the one check the cache model, the
     tier and the simulator's sweep share.
 
     Args:
         policy: the host policy name.
-        hash_unit: tokens per hash unit when finer than the block (0 or ``None``: none).
+        partial_hash_hits: the pool's ``hash_block_size`` is below its block size.
         speculative_tokens: draft tokens per step of any speculative method (0: none).
 
     Raises:
@@ -321,7 +321,7 @@ def check_host_tier(policy: str, *, hash_unit: int | None = 0,
                             f"needs {' and '.join(needs)}, which vLLM's host-policy calls "
                             f"do not give; choose from {', '.join(names)}")
         raise UserError(f"unknown host policy {policy!r}; choose from {', '.join(names)}")
-    if hash_unit or speculative_tokens:
+    if partial_hash_hits or speculative_tokens:
         raise UserError("a host tier is modelled without speculative decoding and with "
                         "whole-block hashes only")
 

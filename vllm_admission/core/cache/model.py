@@ -22,6 +22,7 @@ from vllm_admission.core.admission import (
     HitProbe,
     RequestAdmission,
     SegmentCosts,
+    get_admission,
 )
 from vllm_admission.core.cache.block_pool import NULL, BlockPool
 from vllm_admission.core.cache.checkpoint import (
@@ -35,12 +36,11 @@ from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import EvictionPolicy
 from vllm_admission.core.geometry import (
     ATTENTION,
-    PER_TOKEN_KINDS,
     STATE,
     blocks_needed,
-    check_hash_block_size,
     inpass_capture_limit,
 )
+from vllm_admission.core.layout import CacheLayout
 
 __all__ = ["HybridPrefixCache", "RequestOutcome"]
 
@@ -106,144 +106,77 @@ class RequestOutcome:
         <vllm_admission.core.admission.HitProbe.state_miss>`)."""
         return self.kv_hit_tokens - self.hit_tokens
 
+
 class HybridPrefixCache:
     """vLLM 0.32's hybrid prefix cache in align mode, one request at a time.
 
+    The steps of :meth:`serve` are listed in :mod:`vllm_admission.core.cache`. What the
+    layout turns on, as vLLM runs it (sources in docs/engine-facts.md):
+
+    * ``pool.hash_block_size`` below ``block_size`` (``split`` mode only): a hit may end
+      on a hash block boundary inside a block; the prompt's tail hash block ends a chunk
+      and is keyed where the admission policy keeps its state
+      (``_cache_partial_tail_block``); a hit inside a block takes a private copy of it
+      (``_apply_cow``). :meth:`serve` then needs the prompt's keys per hash block.
+    * ``speculation`` (``split`` mode, no ``prompt_end_export``): K more state blocks per
+      request, never cached (``num_speculative_blocks``); under EAGLE/MTP also the last
+      matched block dropped at a lookup, prompt checkpoints a block lower and K
+      lookahead slots (``drop_eagle_block``, ``num_lookahead_tokens``). Decode accepts
+      one token per step.
+    * ``scheduling.prompt_end_export``: the prompt-end state written from inside the last
+      chunk (``MambaManager._needs_internal_checkpoint``), no chunk ending there.
+    * ``scheduling.async_scheduling``: a retired state block returns to the pool a step
+      late (``allocate_slots`` frees on ``num_computed - num_in_flight``).
+    * ``host``: a host tier (:class:`~vllm_admission.core.cache.host.HostTier`); with
+      ``host.admission``, the states that policy keeps and ``admission`` does not go to
+      the host tier only (:data:`~vllm_admission.core.admission.HOST`).
+
     Args:
-        num_blocks: blocks in the pool (vLLM's ``num_gpu_blocks``).
-        block_size: tokens per block (attention and state groups alike).
-        group_kinds: the KV cache groups in vLLM's order, each ``"attention"``,
-            ``"state"`` or ``"hidden"``; at least one attention and one state
-            group. A hidden-state group (vLLM's ``HiddenStateCacheSpec``, written by
-            ``extract_hidden_states`` speculative decoding) is reused like
-            attention, a block per ``block_size`` tokens, every full block keyed
-            (vLLM runs it with ``FullAttentionManager``): it joins the attention
-            groups in every lookup, allocation and release, and is counted apart
-            (``pool.evictions_by_group``, the bytes it holds).
+        layout: the pool and its settings (:class:`~vllm_admission.core.layout.CacheLayout`);
+            the groups must mix ``"attention"`` and ``"state"`` (``"hidden"`` groups are
+            served with the attention ones, counted apart).
         admission: which states are checkpointed.
         eviction: which cached free blocks are evicted first.
-        chunk_size: prefill token budget per step (``max_num_batched_tokens``).
-        segment_flops: ``f(end, start) -> FLOPs`` of computing tokens
-            ``[start, end)`` with ``start`` cached; needed by eviction policies
-            that use values (``flop``).
-        bytes_per_block: bytes one block id holds (for FLOP efficiency).
-        next_use: ``f(block_hash, now) -> time`` of the next request needing the
-            hash; needed by ``belady``.
+        segment_flops: ``f(end, start) -> FLOPs`` of computing ``[start, end)`` with
+            ``start`` cached; needed by eviction policies that read values (``flop``).
+        next_use: ``f(block_hash, now) -> time`` of the next request needing the hash;
+            needed by ``belady``.
         switchable: allow :meth:`switch` (the adaptive controller).
-        track_values: compute block values whatever the eviction policy, so
-            that a policy that ``needs_values`` can be switched to later.
-        checkpoint: how prefill writes states, one of :data:`CHECKPOINT_MODES`
-            (``"split"``: vLLM 0.32; ``"inpass"``: captured inside the pass).
-        prompt_end_export: ``split`` mode with vLLM's one-checkpoint export
-            (a ``MambaSpec`` with ``num_prefill_checkpoint_blocks=1``: vLLM
-            0.33's Qwen GDN layers on FlashInfer, Mamba2 layers): when the
-            prompt's last chunk can start at least one block below the prompt
-            checkpoint and reach the prompt end in one step, no chunk ends at
-            the checkpoint; that step allocates a state block at the
-            checkpoint's index besides the running one and the kernel writes the
-            checkpoint state into it (``v1/core/sched/scheduler.py``
-            ``_mamba_block_aligned_split``, ``v1/core/single_type_kv_cache_manager.py``
-            ``MambaManager._needs_internal_checkpoint``). Which states are kept
-            does not change; when blocks are allocated does.
-        hash_block_size: tokens per block hash, a divisor of ``block_size``
-            (vLLM's ``prefix_match_unit``); ``None`` or ``block_size``: whole
-            blocks. Below the block size a hit may end on a unit boundary inside
-            a block, as vLLM 0.32 allows it (``split`` mode only; the facts are
-            in docs/engine-facts.md section 10):
-
-            * each prompt's tail unit boundary ``T = (P - 1) // u * u``, when it
-              lies inside a block, ends a prefill chunk
-              (``_mamba_block_aligned_split``, ``tail_boundary``); where the
-              admission policy keeps its state (kind TAIL), the attention block
-              holding ``T`` gets ``T``'s hash-unit key besides its own
-              (``FullAttentionManager._cache_partial_tail_block``) and the state
-              written there gets it too, moved to a block of its own at the next
-              allocation (``MambaManager._cache_partial_tail_block``,
-              ``BlockPool.move_block_hashes``); the plugin leaves both keys out
-              for a policy that does not keep that state;
-            * a lookup extends the run of cached attention blocks by the longest
-              keyed unit boundary inside the next block, and takes the longest
-              cached state at any unit boundary below that
-              (``find_longest_cache_hit`` of both managers);
-            * a hit inside a block gives the request a private copy of that
-              block in every group at its first allocation; the shared one is
-              released after the copy (``_apply_cow``,
-              ``Scheduler._free_cow_retained_blocks``).
-
-            :meth:`serve` then needs the prompt's hash-unit keys.
-        num_speculative_tokens: speculative decoding with K draft tokens (0:
-            none), as vLLM 0.32 runs it in align mode. Under EAGLE/MTP
-            (``eagle``):
-
-            * the lookup matches attention blocks up to the prompt's last full
-              block and drops the last one matched before the state lookup
-              (``find_longest_cache_hit``, ``drop_eagle_block``), so the junction
-              is one block lower too;
-            * the prompt checkpoints are one block lower
-              (:func:`~vllm_admission.core.admission.prompt_ends`; vLLM's
-              ``replay_boundaries`` with ``use_eagle``), the higher of them a
-              chunk stop;
-            * each state group holds K more blocks from the request's first
-              allocation to its end (``num_speculative_blocks``), never cached;
-            * attention groups hold slots for K more tokens at every step
-              (``num_lookahead_tokens``).
-
-            Without ``eagle`` (``extract_hidden_states``, whose one "draft" is
-            the sampled token) only the scheduling rules stay: the K state blocks
-            and K more tokens per decode step, with no lookahead slots
-            (``VllmConfig.num_lookahead_tokens`` is 0), no dropped block and no
-            lower checkpoint.
-
-            Decode is modelled one accepted token per step: how many drafts the
-            target accepts is the model's, unknown here, and moves only when
-            blocks are allocated, not what is cached.
-        host: a host tier (vLLM's ``OffloadingConnector``,
-            :class:`~vllm_admission.core.cache.host.HostTier`); ``None``: none.
-        host_admission: per-tier admission: states inside the prompt that this policy
-            keeps and ``admission`` does not are written (their positions end prefill
-            chunks too) and go to the host tier only, never held in the GPU cache
-            (:data:`~vllm_admission.core.admission.HOST`); ``None``: the host tier
-            gets the states the GPU cache keeps.
-        async_scheduling: vLLM's async scheduling (``scheduler_config.async_scheduling``,
-            the GPU default). A step is scheduled while the request's previous one is in
-            flight, and vLLM retires state blocks on processed tokens only
-            (``allocate_slots``: ``remove_skipped_blocks(num_computed -
-            num_in_flight)``, ``vllm/v1/core/kv_cache_manager.py``), so a step frees
-            the state blocks below its predecessor's start, not its own: each retired
-            block returns to the pool, and reaches the eviction policy, one step late,
-            and a state group holds one block more at its peak. Requests are served one
-            after another, as before; under speculative decoding the step before is
-            taken as one token back (one accepted token per step).
+        track_values: compute block values whatever the eviction policy, so that one
+            that ``needs_values`` can be switched to later.
 
     Raises:
-        UserError: a block or chunk size below 1, an unknown checkpoint mode, a host
-            admission policy without a host tier,
-            a hash unit that does not divide the block size or comes with
-            ``inpass`` mode or ``prompt_end_export``, or speculative tokens
-            below 0 or with a hash unit, ``inpass`` or ``prompt_end_export``.
-        ValueError: group kinds that do not mix attention and state, or a
-            missing callback for the chosen eviction (the package's own setup
-            supplies them).
+        UserError: a block or chunk size below 1, an unknown checkpoint mode, speculative
+            tokens below 0; a hash block size below the block size or speculative tokens
+            with ``inpass`` or ``prompt_end_export``; a host tier beside either of those, or
+            with an unknown policy; a host admission policy without a host tier.
+        ValueError: group kinds that do not mix attention and state, or a missing
+            callback for the eviction policy.
     """
 
-    def __init__(self, *, num_blocks: int, block_size: int, group_kinds: Sequence[str],
-                 admission: AdmissionPolicy, eviction: EvictionPolicy, chunk_size: int,
+    def __init__(self, layout: CacheLayout, *, admission: AdmissionPolicy,
+                 eviction: EvictionPolicy,
                  segment_flops: Callable[[int, int], float] | None = None,
-                 bytes_per_block: int = 1,
                  next_use: Callable[[int, float], float] | None = None,
-                 switchable: bool = False, track_values: bool = False,
-                 checkpoint: str = "split", prompt_end_export: bool = False,
-                 hash_block_size: int | None = None, num_speculative_tokens: int = 0,
-                 eagle: bool = True, host: HostTier | None = None,
-                 host_admission: AdmissionPolicy | None = None,
-                 async_scheduling: bool = False) -> None:
+                 switchable: bool = False, track_values: bool = False) -> None:
+        pool, sched, spec, host = layout.pool, layout.scheduling, layout.speculation, layout.host
+        num_blocks, block_size, chunk_size = pool.num_blocks, pool.block_size, sched.chunk_size
+        checkpoint, prompt_end_export = sched.checkpoint, sched.prompt_end_export
+        num_speculative_tokens = spec.num_speculative_tokens
         check_checkpoint_mode(checkpoint)
+        #: The configuration this cache was built with.
+        self.layout = layout
         #: vLLM's async scheduling (the GPU default): a step is scheduled while the
         #: request's previous one is in flight, so state blocks retire a step late.
-        self.async_scheduling = bool(async_scheduling)
-        #: Tokens per hash unit when finer than the block, else 0.
-        self.unit = check_hash_block_size(hash_block_size, block_size)
-        if self.unit and (checkpoint != "split" or prompt_end_export):
+        self.async_scheduling = bool(sched.async_scheduling)
+        #: Tokens per block hash (vLLM's ``hash_block_size``).
+        self.hash_block_size = pool.hash_block_size
+        #: Hits may end inside a block (``hash_block_size < block_size``).
+        self.partial_hash_hits = pool.partial_hash_hits
+        #: ``hash_block_size`` with partial hash hits, else ``None`` (what
+        #: :class:`RequestAdmission` and :func:`blocks_needed` take).
+        self._partial_hash_block_size = self.hash_block_size if self.partial_hash_hits else None
+        if self.partial_hash_hits and (checkpoint != "split" or prompt_end_export):
             raise UserError("a hash unit finer than the block is modelled in 'split' "
                             "checkpoint mode without prompt_end_export only")
         if (isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int)
@@ -255,25 +188,25 @@ class HybridPrefixCache:
                             "without prompt_end_export")
         #: Draft tokens per step (0: no speculative decoding).
         self.spec = num_speculative_tokens
-        if host is not None:
-            check_host_tier(host.policy_name, hash_unit=self.unit,
+        if host.chunks:
+            check_host_tier(host.policy, partial_hash_hits=self.partial_hash_hits,
                             speculative_tokens=num_speculative_tokens)
         #: The host tier (vLLM's ``OffloadingConnector``), or ``None``.
-        self.host = host
-        if host_admission is not None and host is None:
+        self.host = HostTier(host.chunks, host.policy, pool.bytes_per_block) if host.chunks else None
+        if host.admission is not None and not host.chunks:
             raise UserError("a host admission policy needs a host tier")
         #: Per-tier admission: the states this policy keeps that ``admission`` does not
         #: go to the host tier only (:data:`~vllm_admission.core.admission.HOST`).
-        self.host_admission = host_admission
+        self.host_admission = get_admission(host.admission) if host.admission else None
         #: vLLM's EAGLE rules apply (dropped block, lower checkpoints, K lookahead slots).
-        self.eagle = bool(num_speculative_tokens) and bool(eagle)
+        self.eagle = spec.uses_eagle
         #: Attention slots held past the scheduled tokens (``num_lookahead_tokens``).
-        self.lookahead = num_speculative_tokens if self.eagle else 0
+        self.lookahead = spec.lookahead_tokens
         #: The checkpoint mode's strategy: how prefill is cut into steps.
         self._mode = CHECKPOINT_STRATEGIES[checkpoint](prompt_end_export=prompt_end_export)
         if block_size < 1 or chunk_size < 1:
             raise UserError(f"block_size and chunk_size must be >= 1, got {block_size}, {chunk_size}")
-        kinds = tuple(group_kinds)
+        kinds = pool.group_kinds
         if ATTENTION not in kinds or STATE not in kinds or set(kinds) - set(GROUP_PARTS):
             raise ValueError(f"group_kinds must mix 'attention' and 'state' groups (and may "
                              f"have 'hidden' ones), got {kinds}")
@@ -290,14 +223,14 @@ class HybridPrefixCache:
         self.group_kinds = kinds
         #: The per-token groups (attention and hidden states), allocated and
         #: keyed alike.
-        self.attn_groups = tuple(g for g, k in enumerate(kinds) if k in PER_TOKEN_KINDS)
-        self.state_groups = tuple(g for g, k in enumerate(kinds) if k == STATE)
+        self.attn_groups = pool.per_token_groups
+        self.state_groups = pool.state_groups
         self._num_attn, self._num_state = len(self.attn_groups), len(self.state_groups)
         self.admission = admission
         self.eviction = eviction
         self.pool = BlockPool(num_blocks, eviction, len(kinds), switchable=switchable)
         self.segment_flops = segment_flops
-        self.bytes_per_block = bytes_per_block
+        self.bytes_per_block = pool.bytes_per_block
         self.next_use = next_use
         self._bind_future()
         #: Freed blocks get FLOP values (the policy reads them, or one switched to may).
@@ -306,7 +239,7 @@ class HybridPrefixCache:
             self.pool.value = [0.0] * num_blocks
         self._segment_costs = SegmentCosts(
             block_size=block_size, num_attention_groups=len(self.attn_groups),
-            num_state_groups=len(self.state_groups), bytes_per_block=bytes_per_block,
+            num_state_groups=len(self.state_groups), bytes_per_block=self.bytes_per_block,
             segment_flops=segment_flops)
         self._wire()
         #: State checkpoints admitted (cumulative, counted once per position).
@@ -421,7 +354,7 @@ class HybridPrefixCache:
         return blocks_needed(prompt_len, output_len, block_size=self.block_size,
                              num_attention_groups=len(self.attn_groups),
                              num_state_groups=len(self.state_groups),
-                             hash_block_size=self.unit or None,
+                             hash_block_size=self._partial_hash_block_size,
                              num_speculative_tokens=self.spec, num_lookahead_tokens=self.lookahead,
                              async_scheduling=self.async_scheduling)
 
@@ -460,11 +393,11 @@ class HybridPrefixCache:
             # EAGLE: match up to the last full prompt block, then drop one block (with a
             # finer unit _lookup_units goes on by units and drops one unit instead).
             kv_blocks = self.attention.longest_hit(hashes, min(prompt_len // B, len(hashes)))
-            if kv_blocks and not self.unit:
+            if kv_blocks and not self.partial_hash_hits:
                 kv_blocks -= 1
         else:
             kv_blocks = self.attention.longest_hit(hashes, min((prompt_len - 1) // B, len(hashes)))
-        if self.unit:
+        if self.partial_hash_hits:
             return self._lookup_units(hashes, prompt_len, units, kv_blocks)
         hit_blocks = self.state.longest_hit(hashes, kv_blocks)
         return HitProbe(prompt_len, B, kv_blocks * B, hit_blocks * B), None
@@ -487,7 +420,7 @@ class HybridPrefixCache:
         """
         if units is None:
             raise ValueError("a hash unit finer than the block needs the prompt's unit keys")
-        B, u = self.block_size, self.unit
+        B, u = self.block_size, self.hash_block_size
         per = B // u
         kv = kv_blocks * B
         first = kv_blocks * per
@@ -551,12 +484,12 @@ class HybridPrefixCache:
             self.junctions += 1
         total = prompt_len + output_len
         adm = RequestAdmission(self.admission, probe, total_len=total,
-                               hash_block_size=self.unit or None, eagle=self.eagle,
+                               hash_block_size=self._partial_hash_block_size, eagle=self.eagle,
                                host_policy=self.host_admission)
         run = RunningRequest(rid=rid, hashes=hashes, prompt_len=prompt_len, adm=adm,
                              blocks=[[] for _ in self.group_kinds],
                              num_cached=probe.state_hit // B, live=[])
-        if self.unit:
+        if self.partial_hash_hits:
             # The tail unit's keys (attention and state) only where the policy keeps
             # its state: without one, a hit there is impossible and the key would
             # only keep the block cached. The chunk still ends there (vLLM's stop).
@@ -737,7 +670,7 @@ class HybridPrefixCache:
     def _key_tail(self, run: RunningRequest, groups: Sequence[int], position: int) -> None:
         """Give the block of each of ``groups`` holding the prompt's tail unit
         boundary ``position`` that boundary's key (``BlockPool.cache_partial_block``)."""
-        i, key = position // self.block_size, run.units[position // self.unit - 1]
+        i, key = position // self.block_size, run.units[position // self.hash_block_size - 1]
         tables, add_key = run.blocks, self.pool.add_key
         for g in groups:
             add_key(g, tables[g][i], key)

@@ -18,8 +18,8 @@ the vLLM ``Scheduler`` they are mixed into (``cache_config``,
 at ``__init__``:
 
 * whether the plugin has anything to do (:meth:`~EngineSetup._admission_inert_reason`);
-* the core's view of the pool (:meth:`~EngineSetup._admission_geometry`, a
-  :class:`~vllm_admission.core.geometry.CacheLayout`);
+* the core's view of the pool and its settings (:meth:`~EngineSetup._admission_geometry`,
+  the :class:`~vllm_admission.core.layout.CacheLayout` built once here);
 * the run's policy decisions (:meth:`~EngineSetup._admission_plan`, the core's
   :class:`~vllm_admission.core.run.RunPlan`), after leaving out of ``auto`` what
   the engine cannot run and refusing, in one line naming the feature in the way
@@ -45,7 +45,15 @@ from vllm_admission.core.eviction import (
     engine_eviction_policies,
     eviction_class,
 )
-from vllm_admission.core.geometry import PER_TOKEN_KINDS, STATE, CacheLayout
+from vllm_admission.core.layout import (
+    PER_TOKEN_KINDS,
+    STATE,
+    CacheLayout,
+    HostTierSpec,
+    PoolSpec,
+    SchedulingSpec,
+    SpeculationSpec,
+)
 from vllm_admission.core.run import RunPlan
 from vllm_admission.plugin import inpass
 from vllm_admission.plugin.boundary import hooks
@@ -132,8 +140,8 @@ class EngineFacts:
         spec = vllm_config.speculative_config
         costs, flop_model_error = _cost_model(vllm_config.model_config.hf_config)
         keys = []
-        unit = getattr(cc, "prefix_match_unit", None)
-        if unit is not None and unit < cc.block_size:
+        prefix_match_unit = getattr(cc, "prefix_match_unit", None)
+        if prefix_match_unit is not None and prefix_match_unit < cc.block_size:
             keys.append(HASH_UNIT_PROBLEM)
         if spec is not None and int(getattr(vllm_config, "num_speculative_tokens", 0) or 0) > 0 \
                 and not getattr(cc, "use_replayssm", False):
@@ -363,17 +371,19 @@ class EngineSetup:
                            "there is no host tier (vLLM's OffloadingConnector) the policy "
                            "replays model", host_admission)
             host_admission = None
-        return CacheLayout(block_size=self.block_size, hash_block_size=self.hash_block_size,
-                           num_blocks=self.kv_cache_config.num_blocks, group_kinds=kinds,
-                           bytes_per_block=int(bytes_per_block),
-                           chunk_size=int(self.scheduler_config.max_num_batched_tokens),
-                           checkpoint=config.checkpoint,
-                           prompt_end_export=self._admission_vllm_exports_checkpoint(),
-                           retention_interval=self.cache_config.prefix_cache_retention_interval,
-                           num_speculative_tokens=spec, eagle=self._admission_eagle(),
-                           host_chunks=host_chunks, host_policy=host_policy or "lru",
-                           host_admission=host_admission,
-                           async_scheduling=bool(self.scheduler_config.async_scheduling))
+        return CacheLayout(
+            pool=PoolSpec(num_blocks=self.kv_cache_config.num_blocks, block_size=self.block_size,
+                          group_kinds=kinds, bytes_per_block=int(bytes_per_block),
+                          hash_block_size=self.hash_block_size,
+                          retention_interval=self.cache_config.prefix_cache_retention_interval),
+            scheduling=SchedulingSpec(
+                chunk_size=int(self.scheduler_config.max_num_batched_tokens),
+                checkpoint=config.checkpoint,
+                prompt_end_export=self._admission_vllm_exports_checkpoint(),
+                async_scheduling=bool(self.scheduler_config.async_scheduling)),
+            speculation=SpeculationSpec(num_speculative_tokens=spec, eagle=self._admission_eagle()),
+            host=HostTierSpec(chunks=host_chunks, policy=host_policy or "lru",
+                              admission=host_admission))
 
     def _admission_log_smallest_prefix(self, geometry: CacheLayout) -> None:
         """Log the shortest prefix that can hit, per KV cache group; warn when a
@@ -383,7 +393,7 @@ class EngineSetup:
             coordinator.single_type_managers, scheduler_block_size=self.block_size,
             hash_block_size=self.hash_block_size,
             partial_hash_hits=bool(getattr(coordinator, "enable_partial_hash_hits", False)))
-        groups = " ".join(f"{k}{g}={n}" for g, (k, n) in enumerate(zip(geometry.group_kinds,
+        groups = " ".join(f"{k}{g}={n}" for g, (k, n) in enumerate(zip(geometry.pool.group_kinds,
                                                                         per_group, strict=True)))
         logger.info("vllm_admission: smallest cacheable prefix: %d tokens (per KV cache group: "
                     "%s; a hit ends where every group can reuse a block), so only prompts of "
