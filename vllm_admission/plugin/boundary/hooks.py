@@ -358,7 +358,7 @@ def _install_gdn_chunk_capture(channel: Any) -> None:
              lambda fn: capture.chunk_rule(fn, conv_state_dim_first=is_conv_state_dim_first))):
         vllm_fn = _vllm_original(getattr(target, name))
         new = wrap(vllm_fn)
-        new._admission_original = vllm_fn
+        new._admission_original = vllm_fn  # type: ignore[attr-defined]  # a function attribute
         setattr(target, name, new)
     original_build = _vllm_original(built)
 
@@ -588,7 +588,8 @@ def install_cpu_spec_decode() -> None:
                                      (ctx, "run_fused_postprocess", run_fused_postprocess),
                                      (mamba_mixer2, "causal_conv1d_update",
                                       causal_conv1d_update)):
-        new._admission_original = getattr(cls_or_module, name)  # type: ignore[attr-defined]
+        # The loop's functions have different signatures: mypy joins them into a union.
+        new._admission_original = getattr(cls_or_module, name)  # type: ignore[union-attr]
         setattr(cls_or_module, name, new)
 
 
@@ -607,7 +608,7 @@ def install_block_copy(copy: Any) -> None:
         return
     for name in _BLOCK_COPY_CALLERS:
         try:
-            module = importlib.import_module(name)
+            module: Any = importlib.import_module(name)  # Any: its copy function is replaced below
         except ImportError:  # pragma: no cover - a build without that runner
             continue
         original = getattr(module, "copy_kv_cache_blocks_inplace", None)
