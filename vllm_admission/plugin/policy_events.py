@@ -107,9 +107,8 @@ class PolicyEvents:
 
     def set_alpha(self, alpha: float) -> None:
         """Apply a tuned alpha to the (``tunable``) eviction policy."""
-        policy = self.eviction_policy
-        assert policy is not None  # the tuner runs only for the plugin's own policy
-        policy.alpha = alpha
+        assert self.eviction_policy is not None  # the tuner runs only for the plugin's own policy
+        self.eviction_policy.alpha = alpha
 
     @property
     def alpha(self) -> float | None:
