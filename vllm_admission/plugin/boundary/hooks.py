@@ -47,7 +47,7 @@ attribute on a vLLM object.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 __all__ = [
@@ -644,7 +644,7 @@ def mamba2_spec_wrapped() -> bool:
     return getattr(MambaMixer2.get_kv_cache_spec, "_admission_original", None) is not None
 
 
-def register_env_vars(names: Sequence[str], getter: Callable[[], Any]) -> None:
+def register_env_vars(names: Iterable[str], getter: Callable[[], Any]) -> None:
     """Add ``names`` to ``vllm.envs.environment_variables`` (idempotent), so vLLM's
     environment validation accepts them (``Platform.validate_environ``)."""
     import vllm.envs as envs
