@@ -223,6 +223,7 @@ class AdmissionConfig:
         try:
             shadow_rate = parse_shadow_rate(text)
         except UserError:
+            assert text is not None  # unset is auto, never refused
             raise _invalid(ENV_SHADOW_RATE, text, "auto, or a number in (0, 1] (1 = full shadows)") from None
         checkpoint = raw(ENV_CHECKPOINT) or DEFAULT_CHECKPOINT
         if checkpoint not in CHECKPOINT_MODES:

@@ -133,7 +133,8 @@ class AdmissionControl:
         controller = None
         if plan.adaptive:
             controller = policy_controller(
-                controller_kwargs(plan, geometry, prefill_flops, interval=auto_interval,
+                # ignore: plan.adaptive without prefill_flops raised above
+                controller_kwargs(plan, geometry, prefill_flops, interval=auto_interval,  # type: ignore[arg-type]
                                   shadow_rate=shadow_rate),
                 in_child=tune_in_thread)
         #: Whether an eviction policy this control may run (``auto``: any it may
@@ -245,7 +246,8 @@ class AdmissionControl:
         # engine does not keep.
         setup = CacheSetup(layout=self.geometry, admission=self.policy.name,
                            eviction=self.eviction, segment_flops=self.prefill_flops)
-        return alpha_tuner(setup, self.prefill_flops, grid=self.tune_grid,
+        # ignore: a tuned plan without prefill_flops raised in __init__
+        return alpha_tuner(setup, self.prefill_flops, grid=self.tune_grid,  # type: ignore[arg-type]
                            multiplier=self.tune_multiplier)
 
     # -- arrivals and clock ----------------------------------------------------

@@ -179,8 +179,8 @@ class PolicyFreeBlockQueue:
         staged = self._staged
         cached: list[int] = []
         values: list[float] = []
-        valuer = None
-        now = None
+        valuer: Callable[[Block], float] | None = None
+        now: float | None = None
         for b in blocks:
             bid = b.block_id
             registry[bid] = b
@@ -202,6 +202,7 @@ class PolicyFreeBlockQueue:
                 values.append(valuer(b) if valuer is not None else 0.0)
             cached.append(bid)
         if cached:
+            assert now is not None  # set at the first cached block
             self._free.add_cached(cached, now, values)
         self.num_free_blocks += len(blocks)
 

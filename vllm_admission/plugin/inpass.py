@@ -111,7 +111,7 @@ def inpass_split(scheduler: Any, split: Callable[..., int], plan: dict[str, tupl
     end = chunk_end(start, start + num_new_tokens, prefill_end, B, limit)
     if end <= start:
         return max(end - start, 0)
-    positions = []
+    positions: list[int] = []
     for s in split_stops(split, request, start, end):
         if s % B or (max_captures is not None and len(positions) >= max_captures):
             end = s

@@ -133,9 +133,10 @@ class AdmissionBlockPool(BlockPool):
     again loses its hash); hashes dropped for other reasons do not.
     """
 
+    # Set by _init_admission (hooks.install re-types vLLM's pool, then calls it).
     admission_evictions: list[int]
     _admission_allocating: bool
-    _admission: AdmissionControl | None = None
+    _admission: AdmissionControl
     _admission_group: int = -1
 
     def _init_admission(self, num_groups: int, control: AdmissionControl, watch_group: int) -> None:
@@ -218,7 +219,8 @@ class PolicyMambaManager(MambaManager):
     """A recurrent-state (Mamba / GDN) group whose states are cached where the
     admission policy says (every policy but ``vllm``, which keeps ``MambaManager``)."""
 
-    _admission: AdmissionControl | None = None
+    #: Set by hooks.use_policy_managers when it re-types vLLM's manager.
+    _admission: AdmissionControl
 
     def cache_blocks(self, request: Any, num_tokens: int, retention_interval: int | None = None,
                      *, replay_boundaries: Sequence[int]) -> None:
@@ -279,7 +281,8 @@ class PolicyAttentionManager(FullAttentionManager):
     policy but ``vllm``, which keeps ``FullAttentionManager``): without that state a
     hit at the tail cannot happen, and the key would only keep the block cached."""
 
-    _admission: AdmissionControl | None = None
+    #: Set by hooks.use_policy_managers when it re-types vLLM's manager.
+    _admission: AdmissionControl
 
     def _cache_partial_tail_block(self, request: Any, num_tokens: int) -> None:
         if self._admission.track(request).adm.keeps_tail():
@@ -289,8 +292,9 @@ class PolicyAttentionManager(FullAttentionManager):
 class AdmissionCoordinator(HybridKVCacheCoordinator):
     """vLLM's hybrid coordinator; time-stamps (and values) the blocks a request frees."""
 
-    _admission: AdmissionControl | None = None
-    _admission_queue: PolicyFreeBlockQueue | None = None
+    # Set by hooks.install when it re-types vLLM's coordinator.
+    _admission: AdmissionControl
+    _admission_queue: PolicyFreeBlockQueue
 
     def free(self, request_id: str) -> None:
         queue = self._admission_queue

@@ -82,7 +82,8 @@ class PolicyEvents:
         self._hashes_per_block = pool.hashes_per_block
         self.first_state = pool.state_groups[0]
         self._state_set = frozenset(pool.state_groups)
-        self._segment_costs = SegmentCosts(
+        #: The values' FLOP model; ``None`` without ``prefill_flops`` (no policy reads values).
+        self._segment_costs = None if prefill_flops is None else SegmentCosts(
             block_size=pool.block_size, num_attention_groups=len(pool.per_token_groups),
             num_state_groups=len(pool.state_groups), bytes_per_block=pool.bytes_per_block,
             segment_flops=prefill_flops)
@@ -107,6 +108,7 @@ class PolicyEvents:
 
     def set_alpha(self, alpha: float) -> None:
         """Apply a tuned alpha to the (``tunable``) eviction policy."""
+        assert self.eviction_policy is not None  # the tuner runs only for the plugin's own policy
         self.eviction_policy.alpha = alpha
 
     @property
@@ -119,13 +121,16 @@ class PolicyEvents:
         """``f(block) -> bool`` for the free queue's switch: whether a free cached
         block goes first (:func:`vllm_admission.plugin.translate.demoter`, with
         this engine's ``group_of``)."""
-        return translate.demoter(held, self.group_of)
+        group_of = self.group_of
+        assert group_of is not None  # bound by hooks.install, before any switch
+        return translate.demoter(held, group_of)
 
     # -- values for value-aware eviction (needs_values) -------------------
     def _is_cached_state(self, track: RequestTrack) -> Callable[[int], bool]:
         """``f(i)``: whether vLLM's pool holds the first state group's state after
         block ``i`` of the request's prompt (for the checkpoints below its hit)."""
-        if self.is_cached_state is None:
+        is_cached_state = self.is_cached_state
+        if is_cached_state is None:
             return lambda i: False
         hashes = track.request.block_hashes
         stride = self._hashes_per_block
@@ -135,7 +140,7 @@ class PolicyEvents:
 
         def cached(i: int) -> bool:
             h = at(hashes, i, stride)
-            return h is not None and self.is_cached_state(h, g)
+            return h is not None and is_cached_state(h, g)
 
         return cached
 
@@ -147,6 +152,8 @@ class PolicyEvents:
             return lambda block: 0.0
         cached = self._is_cached_state(track)
         costs, states, group_of = self._segment_costs, self._state_set, self.group_of
+        assert costs is not None  # a policy that needs values runs with prefill_flops
+        assert group_of is not None  # bound by hooks.install, before blocks are freed
         value_at = track.adm.block_value
 
         def value(block: KVCacheBlock) -> float:
@@ -230,6 +237,7 @@ class PolicyEvents:
                 else ``None``.
         """
         policy = self.eviction_policy
+        assert policy is not None  # called only where wants_keys()
         prompt_len = request.num_prompt_tokens
         for b in blocks:
             end = b.block_hash_num_tokens
@@ -247,8 +255,10 @@ class PolicyEvents:
         a policy that ``needs_keys`` its first one, as the simulator does
         (``BlockPool.move_keys`` in ``core/cache/block_pool.py``). Only prompt blocks
         move, so the key is the hash's."""
-        self.eviction_policy.on_cache(block.block_id, (self.group_of(block),
-                                                       translate.hash_key(block.block_hash)))
+        policy, group_of = self.eviction_policy, self.group_of
+        assert policy is not None  # called only where wants_keys()
+        assert group_of is not None  # bound by hooks.install
+        policy.on_cache(block.block_id, (group_of(block), translate.hash_key(block.block_hash)))
 
     def on_hash_dropped(self, block: KVCacheBlock) -> None:
         """``block`` lost its hash without an eviction (a superseded state)."""

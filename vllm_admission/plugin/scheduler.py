@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -54,6 +54,9 @@ from vllm_admission.plugin.kv_cache import PolicyMambaManager
 from vllm_admission.plugin.metrics.logs import ensure_log_output
 from vllm_admission.plugin.metrics.snapshots import StatsPublisher
 from vllm_admission.plugin.metrics.stats import AdmissionStats
+
+if TYPE_CHECKING:
+    from vllm_admission.core.adaptive import Pair
 
 __all__ = ["AdmissionScheduler", "AsyncAdmissionScheduler", "admission_stats"]
 
@@ -167,8 +170,10 @@ class AdmissionScheduler(EngineSetup, Scheduler):
                                    tune_grid=config.tune_grid,
                                    auto_interval=config.auto_interval,
                                    shadow_rate=config.shadow_rate)
-        self._admission_pending_pair = None
-        self._admission_inpass: dict[str, tuple[int, list[int]]] | None = None
+        self._admission_pending_pair: Pair | None = None
+        # EngineSetup._admission_setup_inpass (engine_setup.py) assigns ``{}`` with no
+        # annotation, which mypy reads as a dict[Any, Any] declaration there.
+        self._admission_inpass: dict[str, tuple[int, list[int]]] | None = None  # type: ignore[assignment]
         if config.checkpoint == "inpass":
             self._admission_setup_inpass()
         hooks.install(self.kv_cache_manager, control)
@@ -223,9 +228,12 @@ class AdmissionScheduler(EngineSetup, Scheduler):
         no request is in the scheduler (a live request's checkpoints were
         planned under the old one)."""
         ctl = self._admission
+        assert ctl is not None  # called only while the plugin is active
         switch = ctl.take_switch()
         if switch is not None:
-            policy = ctl.live_evictions.make(switch.after.eviction)
+            live = ctl.live_evictions
+            assert live is not None  # switches come from auto, which builds live_evictions
+            policy = live.make(switch.after.eviction)
             self.kv_cache_manager.block_pool.free_block_queue.switch(
                 policy, ctl.demoter(switch.held))
             ctl.set_eviction(policy)
@@ -278,7 +286,9 @@ class AdmissionScheduler(EngineSetup, Scheduler):
                  + num_external_computed_tokens)
         if start >= request.num_prompt_tokens:
             return n
-        return self._admission.clip_chunk(request, start, n)
+        ctl = self._admission
+        assert ctl is not None  # bound only while the plugin is active (_admission_bind_split)
+        return ctl.clip_chunk(request, start, n)
 
     def _admission_inpass_split(self, request: Any, num_new_tokens: int,
                                 num_new_local_computed_tokens: int = 0,
@@ -298,7 +308,9 @@ class AdmissionScheduler(EngineSetup, Scheduler):
                                          num_blocks=layout.num_blocks, block_size=layout.block_size,
                                          num_attention_groups=len(layout.per_token_groups),
                                          num_state_groups=len(layout.state_groups))
-        return inpass.inpass_split(self, split, self._admission_inpass, request, num_new_tokens,
+        plan = self._admission_inpass
+        assert plan is not None  # bound only in inpass mode (_admission_bind_split)
+        return inpass.inpass_split(self, split, plan, request, num_new_tokens,
                                    num_new_local_computed_tokens, num_external_computed_tokens,
                                    max_captures=limit)
 
@@ -393,6 +405,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
 
     def _admission_use_admission(self, name: str) -> None:
         ctl = self._admission
+        assert ctl is not None  # callers check that the plugin is active
         ctl.set_policy(name)
         hooks.use_policy_managers(self.kv_cache_manager.coordinator, ctl)
         self._admission_bind_split()

@@ -281,6 +281,7 @@ class BackgroundTuning:
         use the admission policy's name, which just changed)."""
         if self.tuner is not None:
             self.tuner.stop()
+            assert self._make_tuner is not None  # the tuner was built by it (__init__)
             self.tuner = TunerThread(self._make_tuner)
 
     def on_finished(self, request: Request, probe: HitProbe | None, evicted_so_far: bool) -> None:
@@ -304,12 +305,15 @@ class BackgroundTuning:
             return
         # A request resumed after a preemption looks up its outputs too; the
         # tuner's replay knows the prompt only.
+        tuner, prefill_flops = self.tuner, self.prefill_flops
+        assert tuner is not None  # the worker, as there is no controller
+        assert prefill_flops is not None  # required by the tuner (AdmissionControl)
         hit = min(probe.state_hit, P)
-        saved = self.prefill_flops(P, 0) - self.prefill_flops(P, hit)
+        saved = prefill_flops(P, 0) - prefill_flops(P, hit)
         if self.in_thread:
-            self.tuner.submit(item, evicted_so_far, saved)
+            tuner.submit(item, evicted_so_far, saved)
         else:
-            self.tuner.observe(item, evicted_so_far, saved)
+            tuner.observe(item, evicted_so_far, saved)
 
     def take_alpha(self) -> float | None:
         """The alpha the tuner decided since the last call, or ``None``."""

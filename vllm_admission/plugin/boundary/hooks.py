@@ -47,7 +47,7 @@ attribute on a vLLM object.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 __all__ = [
@@ -358,7 +358,7 @@ def _install_gdn_chunk_capture(channel: Any) -> None:
              lambda fn: capture.chunk_rule(fn, conv_state_dim_first=is_conv_state_dim_first))):
         vllm_fn = _vllm_original(getattr(target, name))
         new = wrap(vllm_fn)
-        new._admission_original = vllm_fn
+        new._admission_original = vllm_fn  # type: ignore[attr-defined]  # a function attribute
         setattr(target, name, new)
     original_build = _vllm_original(built)
 
@@ -588,7 +588,8 @@ def install_cpu_spec_decode() -> None:
                                      (ctx, "run_fused_postprocess", run_fused_postprocess),
                                      (mamba_mixer2, "causal_conv1d_update",
                                       causal_conv1d_update)):
-        new._admission_original = getattr(cls_or_module, name)  # type: ignore[attr-defined]
+        # The loop's functions have different signatures: mypy joins them into a union.
+        new._admission_original = getattr(cls_or_module, name)  # type: ignore[union-attr]
         setattr(cls_or_module, name, new)
 
 
@@ -607,7 +608,7 @@ def install_block_copy(copy: Any) -> None:
         return
     for name in _BLOCK_COPY_CALLERS:
         try:
-            module = importlib.import_module(name)
+            module: Any = importlib.import_module(name)  # Any: its copy function is replaced below
         except ImportError:  # pragma: no cover - a build without that runner
             continue
         original = getattr(module, "copy_kv_cache_blocks_inplace", None)
@@ -643,7 +644,7 @@ def mamba2_spec_wrapped() -> bool:
     return getattr(MambaMixer2.get_kv_cache_spec, "_admission_original", None) is not None
 
 
-def register_env_vars(names: Sequence[str], getter: Callable[[], Any]) -> None:
+def register_env_vars(names: Iterable[str], getter: Callable[[], Any]) -> None:
     """Add ``names`` to ``vllm.envs.environment_variables`` (idempotent), so vLLM's
     environment validation accepts them (``Platform.validate_environ``)."""
     import vllm.envs as envs

@@ -26,7 +26,7 @@ from typing import ClassVar
 from vllm.v1.kv_offload.base import OffloadKey, ReqContext
 from vllm.v1.kv_offload.cpu.policies.base import CachePolicy, ChunkStatus, order_request_keys
 
-from vllm_admission.core.cache.host import HostEviction, check_host_tier, make_host_policy
+from vllm_admission.core.cache.host import HostPolicy, check_host_tier, make_host_policy
 
 __all__ = ["AdmissionHostPolicy", "host_policy_class"]
 
@@ -45,7 +45,7 @@ class AdmissionHostPolicy(CachePolicy):
         super().__init__(cache_capacity)
         self.chunks: dict[OffloadKey, ChunkStatus] = {}
         self._pinned: set[OffloadKey] = set()
-        self.core: HostEviction = make_host_policy(self.eviction)
+        self.core: HostPolicy = make_host_policy(self.eviction)
 
     def get(self, key: OffloadKey) -> ChunkStatus | None:
         return self.chunks.get(key)

@@ -73,6 +73,7 @@ import multiprocessing
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from vllm_admission.plugin.config import (
     ENV_ACTIVE,
@@ -88,6 +89,9 @@ from vllm_admission.plugin.metrics.snapshots import (
     remove_snapshot_dir,
     remove_stale_snapshot_dirs,
 )
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
 
 __all__ = ["asked", "check_before_load", "install_vllm_fixes", "register"]
 
@@ -131,7 +135,7 @@ def _remove_at_exit(pid: int, directory: str) -> None:
         remove_snapshot_dir(directory)
 
 
-def check_before_load(vllm_config: object) -> None:
+def check_before_load(vllm_config: VllmConfig) -> None:
     """:func:`~vllm_admission.plugin.boundary.engine_setup.preflight` for an engine whose
     ``scheduler_cls`` is the AdmissionScheduler (by name, or a
     :meth:`~vllm_admission.plugin.scheduler.AdmissionScheduler.configured` class),

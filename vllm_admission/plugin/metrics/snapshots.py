@@ -101,7 +101,7 @@ def remove_stale_snapshot_dirs(parent: str | os.PathLike | None = None) -> list[
         The directories removed.
     """
     parent = tempfile.gettempdir() if parent is None else os.fspath(parent)
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(os.scandir(parent))
     except OSError:

@@ -151,6 +151,9 @@ class HostCopyOffloadingSpec(CPUOffloadingSpec):
     device stream (the CPU build). Capacity, the host manager and its eviction policy are
     the parent's."""
 
+    # The parent sets it (vLLM types it CPUOffloadingWorker | None); here it may be a HostCopyWorker.
+    _worker: OffloadingWorker | None
+
     def get_worker(self, kv_caches: CanonicalKVCaches) -> OffloadingWorker:
         if current_platform.is_cuda_alike() or current_platform.is_xpu():
             return super().get_worker(kv_caches)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import pairwise
 from typing import Any
 
@@ -39,7 +39,7 @@ class StepCheckpoints:
     __slots__ = ("copiers", "plan")
 
     def __init__(self) -> None:
-        self.plan: dict[int, Sequence[tuple[int, int]]] | None = None
+        self.plan: Mapping[int, Sequence[tuple[int, int]]] | None = None
         self.copiers = StateCopiers()
 
 
@@ -62,7 +62,7 @@ class StateCopiers:
         return copier
 
 
-def row_checkpoints(plan: dict[int, Sequence[tuple[int, int]]], running_blocks: Sequence[int],
+def row_checkpoints(plan: Mapping[int, Sequence[tuple[int, int]]], running_blocks: Sequence[int],
                     lengths: Sequence[int]) -> tuple[list[list[int]], list[list[int]]]:
     """Per prefill row (its running state block and its chunk length): the step plan's
     checkpoint offsets strictly inside the chunk, and their checkpoint blocks, in the
@@ -76,7 +76,7 @@ def row_checkpoints(plan: dict[int, Sequence[tuple[int, int]]], running_blocks: 
     return offsets, blocks
 
 
-def segmented_core(core: Callable[..., None], plan: dict[int, Sequence[tuple[int, int]]], layer: Any,
+def segmented_core(core: Callable[..., None], plan: Mapping[int, Sequence[tuple[int, int]]], layer: Any,
                    md: Any, mixed_qkv: Any, b: Any, a: Any, core_attn_out: Any,
                    copiers: StateCopiers | None = None) -> bool:
     """Run one GDN layer's recurrent core with each prefill sequence cut at its
@@ -125,7 +125,7 @@ def segmented_core(core: Callable[..., None], plan: dict[int, Sequence[tuple[int
     return True
 
 
-def mamba2_step_metadata(metadata: Any, plan: dict[int, Sequence[tuple[int, int]]], *, block_size: int,
+def mamba2_step_metadata(metadata: Any, plan: Mapping[int, Sequence[tuple[int, int]]], *, block_size: int,
                          computed: Sequence[int], block_table: Any, chunk_size: int | None) -> Any:
     """A Mamba2 step's attention metadata with the step's checkpoints in vLLM's export fields.
 
