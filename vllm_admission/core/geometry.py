@@ -439,9 +439,15 @@ def _state_page(costs: ModelCosts) -> int:
     return max((layer.state_bytes for layer in costs.recurrent_layers), default=0)
 
 
+#: What makes two layers' specs identical: a recurrent layer's kind, conv and SSM state
+#: shapes and dtypes (``()`` for attention).
+_SpecDetail = tuple[()] | tuple[str, tuple[int, ...], tuple[int, ...], str | None, str | None]
+
+
 def _buckets(costs: ModelCosts) -> list[tuple[str, int | None, int]]:
     """(type, sliding window, layer count) for each bucket of identical specs, in first-seen order."""
-    counts: dict[tuple[str, int | None, tuple], int] = {}
+    counts: dict[tuple[str, int | None, _SpecDetail], int] = {}
+    key: tuple[str, int | None, _SpecDetail]
     for layer in costs.layers:
         if layer.is_attention:
             key = ("attention", layer.sliding_window, ())

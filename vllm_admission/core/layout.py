@@ -123,11 +123,13 @@ class PoolSpec:
     def partial_hash_hits(self) -> bool:
         """Whether hits may end inside a block: ``hash_block_size < block_size``
         (vLLM's ``enable_partial_hash_hits``, ``kv_cache_coordinator.py``)."""
+        assert self.hash_block_size is not None  # __post_init__ stores block_size for None
         return self.hash_block_size < self.block_size
 
     @property
     def hashes_per_block(self) -> int:
         """vLLM block hashes per block (``BlockHashListWithBlockSize.scale_factor``)."""
+        assert self.hash_block_size is not None  # __post_init__ stores block_size for None
         return self.block_size // self.hash_block_size
 
     @property

@@ -9,7 +9,7 @@ hashes, prompt length and output length.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -34,7 +34,7 @@ class CacheRequest(NamedTuple):
     hashes: Sequence[int]
     prompt_len: int
     output_len: int
-    units: Sequence | None = None
+    units: Sequence[Hashable] | None = None
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class CacheSetup:
     segment_flops: Callable[[int, int], float] | None = field(default=None, compare=False)
 
     def build(self, *, alpha: float | None = None,
-              next_use: Callable[[int, float], float] | None = None,
+              next_use: Callable[[Hashable, float], float] | None = None,
               switchable: bool = False, track_values: bool = False) -> HybridPrefixCache:
         """A fresh, empty cache with this setup (``alpha`` for a tunable eviction policy;
         ``switchable``, ``track_values``: see :class:`HybridPrefixCache`)."""
@@ -78,13 +78,13 @@ class NextUseOracle:
     """
 
     def __init__(self, requests: Sequence[CacheRequest]) -> None:
-        where: dict[int, list[int]] = {}
+        where: dict[Hashable, list[int]] = {}
         for r, req in enumerate(requests):
             for h in req.hashes:
                 where.setdefault(h, []).append(r)
         self._where = where
 
-    def __call__(self, block_hash, r: float) -> float:
+    def __call__(self, block_hash: Hashable, r: float) -> float:
         uses = self._where.get(block_hash)
         if not uses:
             return float("inf")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -124,7 +125,7 @@ class EngineSettings:
 PLUGIN_PREFIX = "VLLM_ADMISSION_"
 
 
-def _set_env(items: Any) -> None:
+def _set_env(items: Iterable[tuple[str, str | None]]) -> None:
     for key, value in items:
         if value is None:
             os.environ.pop(str(key), None)
@@ -137,8 +138,8 @@ def _apply_env(settings: EngineSettings) -> dict[str, str]:
     ``os.environ``, where vLLM reads them; return the environment the plugin's
     settings are read from: ``os.environ`` with ``settings.env``'s plugin
     variables applied (``None`` removes one), ``os.environ`` itself untouched."""
-    for key, value in DEFAULT_ENV.items():
-        os.environ.setdefault(key, value)
+    for key, default in DEFAULT_ENV.items():
+        os.environ.setdefault(key, default)
     _set_env((k, v) for k, v in settings.env.items() if not str(k).startswith(PLUGIN_PREFIX))
     merged = dict(os.environ)
     for key, value in settings.env.items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from vllm_admission.core.adaptive import stock_pair
 from vllm_admission.core.costs import ModelCosts
@@ -75,7 +75,16 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
             "max_model_len": settings.max_model_len, "on_engine": extra}
 
 
-def _engine_dtypes(vllm_config: Any) -> dict[str, str | None]:
+class _EngineDtypes(TypedDict):
+    """:func:`_engine_dtypes`: :class:`~vllm_admission.engine.geometry.EngineGeometry`'s
+    dtype fields, by name."""
+
+    dtype: str | None
+    kv_cache_dtype: str | None
+    mamba_cache_dtype: str | None
+
+
+def _engine_dtypes(vllm_config: Any) -> _EngineDtypes:
     """The engine's resolved model dtype and its KV / conv-state cache dtype settings.
 
     ``dtype`` is ``model_config.dtype`` without ``"torch."``; ``kv_cache_dtype``
@@ -84,11 +93,11 @@ def _engine_dtypes(vllm_config: Any) -> dict[str, str | None]:
     """
     mc, cc = vllm_config.model_config, vllm_config.cache_config
     dtype = getattr(mc, "dtype", None)
-    out = {"dtype": None if dtype is None else str(dtype).removeprefix("torch.")}
-    for key, attr in (("kv_cache_dtype", "cache_dtype"), ("mamba_cache_dtype", "mamba_cache_dtype")):
-        value = getattr(cc, attr, None)
-        out[key] = None if value is None else str(value)
-    return out
+    kv_cache_dtype = getattr(cc, "cache_dtype", None)
+    mamba_cache_dtype = getattr(cc, "mamba_cache_dtype", None)
+    return {"dtype": None if dtype is None else str(dtype).removeprefix("torch."),
+            "kv_cache_dtype": None if kv_cache_dtype is None else str(kv_cache_dtype),
+            "mamba_cache_dtype": None if mamba_cache_dtype is None else str(mamba_cache_dtype)}
 
 
 def _subset(trace: Trace, keep: Sequence[int]) -> Trace:

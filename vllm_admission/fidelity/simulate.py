@@ -7,6 +7,7 @@ from typing import Any
 
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL
 from vllm_admission.core.costs import ModelCosts
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import geometry_from_blocks
 from vllm_admission.core.traces import Trace
 from vllm_admission.engine.geometry import EngineGeometry
@@ -86,6 +87,8 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: EngineGeomet
     _check_ssm_dtype(costs, geometry)
     engine_kinds = geometry.group_kinds
     bs, nb = geometry.block_size, geometry.num_gpu_blocks
+    if nb is None:  # what geometry_from_blocks raises for it
+        raise UserError(f"num_blocks must be a positive integer, got {nb!r}")
     geo = geometry_from_blocks(costs, nb, bs)
     hidden = geometry.hidden_state_bytes_per_token
     sim_kinds = group_kinds(costs, geo, hidden=bool(hidden))

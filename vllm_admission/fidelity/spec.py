@@ -123,7 +123,7 @@ class FidelitySpec:
     def policy_pairs(self) -> list[tuple[str, str]]:
         """The ``(admission, eviction)`` pairs to run, in order."""
         if self.pairs is not None:
-            return [tuple(p) for p in self.pairs]
+            return [(a, e) for a, e in self.pairs]
         return [(a, e) for a in self.admissions for e in self.evictions]
 
     def check(self) -> None:

@@ -188,8 +188,9 @@ def cache_requests(trace: Trace, block_size: int, outputs: str = "trace",
     _check_outputs(outputs)
     hashes = (trace.sequence_block_hashes(block_size) if outputs == "trace"
               else trace.block_hashes(block_size))
-    if check_hash_block_size(hash_block_size, block_size) < block_size:
-        units = trace.block_hashes(hash_block_size)
+    unit = check_hash_block_size(hash_block_size, block_size)
+    if unit < block_size:
+        units = trace.block_hashes(unit)
         return [CacheRequest(h, r.prompt_len, r.output_len, k)
                 for h, r, k in zip(hashes, trace.requests, units, strict=True)]
     return [CacheRequest(h, r.prompt_len, r.output_len) for h, r in zip(hashes, trace.requests, strict=True)]
@@ -209,11 +210,12 @@ def stream_cache_requests(requests: Iterable[Request], block_size: int, outputs:
         UserError: unknown ``outputs`` mode (at the first ``next``).
     """
     _check_outputs(outputs)
-    partial = check_hash_block_size(hash_block_size, block_size) < block_size
+    unit = check_hash_block_size(hash_block_size, block_size)
+    partial = unit < block_size
     for r in requests:
         hashes = r.sequence_block_hashes(block_size) if outputs == "trace" else r.block_hashes(block_size)
         yield CacheRequest(hashes, r.prompt_len, r.output_len,
-                           r.block_hashes(hash_block_size) if partial else None)
+                           r.block_hashes(unit) if partial else None)
 
 
 def trace_bound(requests: list[CacheRequest], block_size: int) -> dict[str, Any]:

@@ -14,7 +14,7 @@ and, for eviction policies that read them, the freed blocks' values
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Hashable, Sequence
 from dataclasses import dataclass
 
 from vllm_admission.core.admission import (
@@ -29,7 +29,7 @@ from vllm_admission.core.cache.checkpoint import (
     CHECKPOINT_STRATEGIES,
     check_checkpoint_mode,
 )
-from vllm_admission.core.cache.groups import GROUP_PARTS, RunningRequest
+from vllm_admission.core.cache.groups import GROUP_PARTS, RunningRequest, StateGroups
 from vllm_admission.core.cache.host import HostRequest, HostTier, check_host_tier
 from vllm_admission.core.cache.values import FreedBlockMeta
 from vllm_admission.core.errors import UserError
@@ -43,6 +43,10 @@ from vllm_admission.core.geometry import (
 from vllm_admission.core.layout import CacheLayout
 
 __all__ = ["HybridPrefixCache", "RequestOutcome"]
+
+#: The keys a hit ending inside a block found its last attention block and its state
+#: under: ``(attention key, state key)`` (``None``: that block's hash).
+_LastKeys = tuple[Hashable | None, Hashable | None]
 
 
 def _is_output_key(block_hash: object) -> bool:
@@ -157,7 +161,7 @@ class HybridPrefixCache:
     def __init__(self, layout: CacheLayout, *, admission: AdmissionPolicy,
                  eviction: EvictionPolicy,
                  segment_flops: Callable[[int, int], float] | None = None,
-                 next_use: Callable[[int, float], float] | None = None,
+                 next_use: Callable[[Hashable, float], float] | None = None,
                  switchable: bool = False, track_values: bool = False) -> None:
         pool, sched, spec, host = layout.pool, layout.scheduling, layout.speculation, layout.host
         num_blocks, block_size, chunk_size = pool.num_blocks, pool.block_size, sched.chunk_size
@@ -170,7 +174,9 @@ class HybridPrefixCache:
         #: request's previous one is in flight, so state blocks retire a step late.
         self.async_scheduling = bool(sched.async_scheduling)
         #: Tokens per block hash (vLLM's ``hash_block_size``).
-        self.hash_block_size = pool.hash_block_size
+        hash_block_size = pool.hash_block_size
+        assert hash_block_size is not None  # PoolSpec.__post_init__ stores block_size for None
+        self.hash_block_size = hash_block_size
         #: Hits may end inside a block (``hash_block_size < block_size``).
         self.partial_hash_hits = pool.partial_hash_hits
         #: ``hash_block_size`` with partial hash hits, else ``None`` (what
@@ -237,7 +243,9 @@ class HybridPrefixCache:
         self._needs_values = eviction.needs_values or track_values
         if self._needs_values and self.pool.value is None:
             self.pool.value = [0.0] * num_blocks
-        self._segment_costs = SegmentCosts(
+        #: The segment cost model of the freed blocks' FLOP values (``None`` without
+        #: ``segment_flops``: then no policy reading values can run, see above).
+        self._segment_costs = None if segment_flops is None else SegmentCosts(
             block_size=block_size, num_attention_groups=len(self.attn_groups),
             num_state_groups=len(self.state_groups), bytes_per_block=self.bytes_per_block,
             segment_flops=segment_flops)
@@ -251,6 +259,7 @@ class HybridPrefixCache:
         """Give a policy that needs the future its oracle, over this cache's pool."""
         if self.eviction.needs_future:
             keys, next_use = self.pool.key, self.next_use
+            assert next_use is not None  # __init__ refuses a needs_future policy without it
             self.eviction.bind_future(lambda b, now: next_use(keys[b], now))
 
     def _wire(self) -> None:
@@ -267,7 +276,9 @@ class HybridPrefixCache:
                           self.pool, self.block_size, meta)
                  for cls in dict.fromkeys(GROUP_PARTS[k] for k in self.group_kinds)}
         #: The part serving the per-token groups, and the one serving the state groups.
-        self.attention, self.state = parts[GROUP_PARTS[ATTENTION]], parts[GROUP_PARTS[STATE]]
+        state = parts[GROUP_PARTS[STATE]]
+        assert isinstance(state, StateGroups)  # GROUP_PARTS[STATE] is StateGroups
+        self.attention, self.state = parts[GROUP_PARTS[ATTENTION]], state
         self._part_of = tuple(parts[GROUP_PARTS[kind]] for kind in self.group_kinds)
 
 
@@ -291,7 +302,7 @@ class HybridPrefixCache:
 
     def switch(self, *, admission: AdmissionPolicy | None = None,
                eviction: EvictionPolicy | None = None,
-               held: Sequence[Container] | None = None) -> None:
+               held: Sequence[Container[Hashable]] | None = None) -> None:
         """Use another admission and/or eviction policy from the next request on.
 
         An admission policy decides per request, so it simply takes over. A new
@@ -337,7 +348,7 @@ class HybridPrefixCache:
             self.eviction = eviction
             self._wire()
 
-    def held_keys(self) -> tuple[frozenset, ...]:
+    def held_keys(self) -> tuple[frozenset[Hashable], ...]:
         """Per KV cache group, the hashes of the prompt blocks this cache holds
         (free or in use; blocks of generated tokens, keyed by request, left
         out): what :meth:`switch` keeps in place when switching to this cache's pair."""
@@ -375,7 +386,7 @@ class HybridPrefixCache:
 
     # -- lookup ----------------------------------------------------------
     def lookup(self, hashes: Sequence[int], prompt_len: int,
-               units: Sequence | None = None) -> HitProbe:
+               units: Sequence[Hashable] | None = None) -> HitProbe:
         """Attention-KV hit and hybrid hit of a prompt, without touching anything
         (``HybridKVCacheCoordinator.find_longest_cache_hit``): the longest run of
         cached attention blocks, capped at ``prompt_len - 1`` tokens, then the
@@ -384,8 +395,8 @@ class HybridPrefixCache:
         unit) extend both to unit boundaries (:class:`HybridPrefixCache`)."""
         return self._lookup(hashes, prompt_len, units)[0]
 
-    def _lookup(self, hashes: Sequence[int], prompt_len: int, units: Sequence | None
-                ) -> tuple[HitProbe, tuple | None]:
+    def _lookup(self, hashes: Sequence[int], prompt_len: int, units: Sequence[Hashable] | None
+                ) -> tuple[HitProbe, _LastKeys | None]:
         """:meth:`lookup`, and, when the hit ends inside a block, the keys its
         last attention block and its state were found under (else ``None``)."""
         B = self.block_size
@@ -402,8 +413,9 @@ class HybridPrefixCache:
         hit_blocks = self.state.longest_hit(hashes, kv_blocks)
         return HitProbe(prompt_len, B, kv_blocks * B, hit_blocks * B), None
 
-    def _lookup_units(self, hashes: Sequence[int], prompt_len: int, units: Sequence | None,
-                      kv_blocks: int) -> tuple[HitProbe, tuple | None]:
+    def _lookup_units(self, hashes: Sequence[int], prompt_len: int,
+                      units: Sequence[Hashable] | None, kv_blocks: int
+                      ) -> tuple[HitProbe, _LastKeys | None]:
         """:meth:`_lookup` with a hash unit ``u`` finer than the block. Returns
         the probe and, when the hit ends inside a block, the keys its last
         attention block and its state were found under (else ``None``).
@@ -454,7 +466,7 @@ class HybridPrefixCache:
 
     # -- one request -----------------------------------------------------
     def serve(self, hashes: Sequence[int], prompt_len: int, output_len: int,
-              rid: int, now: float, units: Sequence | None = None) -> RequestOutcome:
+              rid: int, now: float, units: Sequence[Hashable] | None = None) -> RequestOutcome:
         """Run one request to completion and return what it hit.
 
         Args:
@@ -529,6 +541,7 @@ class HybridPrefixCache:
             # first step (HostTier.finish).
             if output_len > 1:
                 host.settle()  # the decode steps: no stores, every transfer done
+            assert run.host is not None  # set above with the host tier
             host.finish(run.host, hashes, min(prompt_len // B, len(hashes)), self.attn_groups, B)
         self._finish(run, now)
         return RequestOutcome(prompt_tokens=prompt_len, hit_tokens=start,
@@ -538,7 +551,7 @@ class HybridPrefixCache:
                               prefill_steps=steps, host_hit_tokens=start - probe.state_hit)
 
     def _touch_hit(self, run: RunningRequest, hit_blocks: int, now: float,
-                   last_keys: tuple | None = None, skip_states: bool = False) -> None:
+                   last_keys: _LastKeys | None = None, skip_states: bool = False) -> None:
         """Reference the hit's blocks, group by group (``add_local_computed_blocks``).
         ``last_keys``: ``(attention key, state key)`` of the last block when the
         hit ends inside it. ``skip_states``: external tokens follow the hit (a host
@@ -570,8 +583,10 @@ class HybridPrefixCache:
         (``inpass`` mode, and ``split`` mode's prompt-end export).
         """
         B = self.block_size
+        host = self.host
         if run.host is not None:
-            self.host.next_step()
+            assert host is not None  # run.host is set only with a host tier (serve)
+            host.next_step()
         live = run.live
         # vLLM retires on processed tokens (``allocate_slots``: computed minus in
         # flight): under async scheduling, the previous step's start.
@@ -624,8 +639,9 @@ class HybridPrefixCache:
         if run.host is not None:
             # Every step offers the host what it has not taken yet (a hit's blocks in the
             # first one); the last request's deferred work follows (once).
+            assert host is not None  # as above
             self._offload(run, full)
-            self.host.flush()
+            host.flush()
 
     def _load(self, run: RunningRequest, start: int, end: int, now: float) -> None:
         """A host-tier hit ``[start, end)``: the load step. Blocks are allocated for the
@@ -635,13 +651,15 @@ class HybridPrefixCache:
         ``cache_blocks`` in ``_update_waiting_for_remote_kv``); the state at ``end``
         only where the admission policy admits it. Stores to the host then begin at
         ``end`` (``update_state_after_alloc``)."""
-        B = self.block_size
-        self.host.next_step()
+        B, host, req = self.block_size, self.host, run.host
+        # A load runs only past a host tier's hit, for a request serve gave a HostRequest.
+        assert host is not None and req is not None
+        host.next_step()
         self._allocate(run, end // B, now)
-        self.host.load(run.host, run.hashes, start, end, B, self.attn_groups, self.state_groups)
+        host.load(req, run.hashes, start, end, B, self.attn_groups, self.state_groups)
         # The load step schedules nothing of this request: the last request's deferred
         # work runs now.
-        self.host.flush()
+        host.flush()
         nc, full = run.num_cached, end // B
         run.num_cached = full
         self.attention.cache_full(run, nc, full)
@@ -656,6 +674,7 @@ class HybridPrefixCache:
         stored yet, from the first one (a hit's too) unless a host load set the start
         (``_build_store_jobs``; output blocks are not offloaded)."""
         host, B, req = self.host, self.block_size, run.host
+        assert host is not None and req is not None  # step calls it for a run.host only
         hashes = run.hashes
         top = min(full, run.prompt_len // B, len(hashes))
         states = run.cached_states
@@ -670,7 +689,9 @@ class HybridPrefixCache:
     def _key_tail(self, run: RunningRequest, groups: Sequence[int], position: int) -> None:
         """Give the block of each of ``groups`` holding the prompt's tail unit
         boundary ``position`` that boundary's key (``BlockPool.cache_partial_block``)."""
-        i, key = position // self.block_size, run.units[position // self.hash_block_size - 1]
+        units = run.units
+        assert units is not None  # a tail is keyed with partial hash hits only (serve)
+        i, key = position // self.block_size, units[position // self.hash_block_size - 1]
         tables, add_key = run.blocks, self.pool.add_key
         for g in groups:
             add_key(g, tables[g][i], key)
@@ -691,6 +712,7 @@ class HybridPrefixCache:
         if grow < 0:
             grow = 0
         have = len(tables[state_groups[0]])
+        indexes: list[int] | tuple[()]
         if captures:
             indexes = [i for i in captures if i >= have]
             if need - 1 >= have and (not indexes or indexes[-1] != need - 1):

@@ -32,8 +32,9 @@ at ``__init__``:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.kv_cache_interface import MambaSpec
 
@@ -60,6 +61,11 @@ from vllm_admission.plugin.boundary import hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.kv_cache import group_kinds, smallest_cacheable_prefix
 from vllm_admission.plugin.offload_config import host_tier
+
+if TYPE_CHECKING:  # names only (vLLM is Any to mypy; the scheduler imports it at run time)
+    from vllm.config import CacheConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import KVCacheConfig
 
 __all__ = ["EngineFacts", "EngineSetup", "plan_for", "preflight", "prefill_tokens",
            "BLOCK_SIZES_PROBLEM", "HIDDEN_STATES_METHOD", "MODELLED_KEY_PROBLEMS",
@@ -310,6 +316,21 @@ class EngineSetup:
     Every method is named ``_admission_*`` so that none can clash with vLLM's own.
     """
 
+    if TYPE_CHECKING:
+        # What the methods read of the vLLM ``Scheduler`` this is mixed into (set by its
+        # ``__init__``, vLLM 0.32 ``v1/core/sched/scheduler.py``), and what they set.
+        vllm_config: VllmConfig
+        scheduler_config: SchedulerConfig
+        cache_config: CacheConfig
+        kv_cache_config: KVCacheConfig
+        kv_cache_manager: KVCacheManager
+        block_size: int
+        hash_block_size: int
+        use_eagle_block_drop: bool
+        num_spec_tokens: int
+        #: ``inpass`` mode's per-request capture plans (``None``: ``split`` mode).
+        _admission_inpass: dict[str, tuple[int, list[int]]] | None
+
     def _admission_facts(self) -> EngineFacts:
         """The :class:`EngineFacts` of this engine, from its live objects."""
         kinds = group_kinds(self.kv_cache_manager.coordinator.single_type_managers)
@@ -459,7 +480,7 @@ class EngineSetup:
         return (bool(specs) and self.cache_config.mamba_cache_mode == "align"
                 and all(s.num_prefill_checkpoint_blocks > 0 for s in specs))
 
-    def _admission_prefill_cost(self, plan: RunPlan) -> Any:
+    def _admission_prefill_cost(self, plan: RunPlan) -> Callable[[int, int], float]:
         """The prefill cost ``f(end, start)`` the plan's tuner, values or ``auto``
         scores read: the model's FLOPs, or tokens (:func:`prefill_tokens`) for
         ``auto`` on an architecture the cost model does not know (one warning;
