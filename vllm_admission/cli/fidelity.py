@@ -7,6 +7,8 @@ import sys
 
 from vllm_admission.cli.options import (
     add_engine_args,
+    add_model_trace_policy_args,
+    add_request_limit_args,
     engine_args_from,
     host_settings,
     offload_bytes,
@@ -20,34 +22,18 @@ __all__ = ["add_fidelity_parser", "run_fidelity_cli"]
 
 def add_fidelity_parser(sub) -> None:
     """Add the ``fidelity`` subcommand to an ``argparse`` subparsers object."""
-    from vllm_admission.core.eviction import engine_eviction_policies
-
     p = sub.add_parser(
         "fidelity", help="replay a trace through the real engine and the simulator; compare "
                          "per-request prefix hits",
         description="For every policy pair (and pool size), replay the same requests through vLLM "
                     "with the AdmissionScheduler and through the simulator configured from that "
                     "engine; write <out>/fidelity.json and <out>/fidelity.png.")
-    p.add_argument("--model", required=True,
-                   help="model directory (e.g. from 'vllm-admission make-tiny-model DIR')")
-    p.add_argument("--trace", default="synthetic",
-                   help="a Mooncake or token JSONL file, or 'synthetic' (default)")
-    p.add_argument("--admission", default="vllm",
-                   help=f"comma list of: {', '.join(ADMISSION_POLICIES)}, auto (default vllm)")
-    p.add_argument("--eviction", default="lru",
-                   help=f"comma list of: {', '.join(engine_eviction_policies())}, auto (default lru)")
+    add_model_trace_policy_args(p, "comma list of")
     p.add_argument("--num-gpu-blocks", default=None,
                    help="comma list of KV block pool sizes (vLLM's num_gpu_blocks_override); "
                         "default: sized from memory (8,192 blocks on CPU with 1 GiB)")
-    p.add_argument("--max-requests", type=int, default=None,
-                   help="replay only the first K requests of the trace")
-    p.add_argument("--max-prompt-tokens", type=int, default=None,
-                   help="drop requests with longer prompts (counted as skipped)")
-    p.add_argument("--max-output-len", type=int, default=None,
-                   help="cap each request's output tokens (default: as in the trace)")
-    p.add_argument("--mooncake-block-tokens", type=int, default=512,
-                   help="tokens per Mooncake hash id (default 512, the trace's own; 128 shrinks "
-                        "prompts 4x and maps one hash id to one 128-token engine block)")
+    add_request_limit_args(p, max_prompt_tokens=True,
+                           mooncake_note=" and maps one hash id to one 128-token engine block")
     p.add_argument("--synthetic", action="append", default=[], metavar="KEY=VALUE",
                    help="a synthetic workload parameter (repeatable), e.g. num_requests=100 or "
                         "system_prompt_len=[600,0.5,200,1500]; values are JSON")

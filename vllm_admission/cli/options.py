@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 from vllm_admission.core.errors import UserError
 
-__all__ = ["RETENTION_HELP", "add_engine_args", "engine_args_from", "parse_list",
+__all__ = ["RETENTION_HELP", "add_engine_args", "add_model_trace_policy_args", "add_request_limit_args",
+           "engine_args_from", "parse_list",
            "parse_retention_interval"]
 
 #: ``--help`` text of vLLM's ``--prefix-cache-retention-interval``, as the
@@ -49,6 +50,41 @@ def parse_retention_interval(text: str) -> int | None:
         raise UserError(f"--prefix-cache-retention-interval must be an integer >= 0 or "
                         f"'none', got {text!r}")
     return value
+
+
+def add_model_trace_policy_args(p, policies: str) -> None:
+    """``--model``, ``--trace``, ``--admission`` and ``--eviction``, as ``replay`` and ``fidelity``
+    take them; ``policies``: what the policy flags take ("one of", "comma list of")."""
+    from vllm_admission.core.adaptive import AUTO
+    from vllm_admission.core.admission import ADMISSION_POLICIES
+    from vllm_admission.core.eviction import engine_eviction_policies
+
+    p.add_argument("--model", required=True,
+                   help="model directory (e.g. from 'vllm-admission make-tiny-model DIR')")
+    p.add_argument("--trace", default="synthetic",
+                   help="a Mooncake or token JSONL file, or 'synthetic' (default)")
+    p.add_argument("--admission", default="vllm",
+                   help=f"{policies}: {', '.join(ADMISSION_POLICIES)}, {AUTO} (default vllm)")
+    p.add_argument("--eviction", default="lru",
+                   help=f"{policies}: {', '.join(engine_eviction_policies())}, {AUTO} (default lru)")
+
+
+def add_request_limit_args(p, *, max_prompt_tokens: bool, mooncake_note: str = "") -> None:
+    """``--max-requests``, ``--max-prompt-tokens`` (when ``max_prompt_tokens``),
+    ``--max-output-len`` and ``--mooncake-block-tokens`` (its help ending with
+    ``mooncake_note``), as ``replay`` and ``fidelity`` take them."""
+    from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
+
+    p.add_argument("--max-requests", type=int, default=None,
+                   help="replay only the first K requests of the trace")
+    if max_prompt_tokens:
+        p.add_argument("--max-prompt-tokens", type=int, default=None,
+                       help="drop requests with longer prompts (counted as skipped)")
+    p.add_argument("--max-output-len", type=int, default=None,
+                   help="cap each request's output tokens (default: as in the trace)")
+    p.add_argument("--mooncake-block-tokens", type=int, default=MOONCAKE_BLOCK_TOKENS,
+                   help=f"tokens per Mooncake hash id (default {MOONCAKE_BLOCK_TOKENS}, the "
+                        f"trace's own; 128 shrinks prompts 4x{mooncake_note})")
 
 
 def add_engine_args(p) -> None:

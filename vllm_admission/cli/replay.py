@@ -26,16 +26,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_admission.cli.options import add_engine_args, engine_args_from, host_settings
+from vllm_admission.cli.options import (
+    add_engine_args,
+    add_model_trace_policy_args,
+    add_request_limit_args,
+    engine_args_from,
+    host_settings,
+)
 from vllm_admission.core.adaptive import AUTO
 from vllm_admission.core.admission import (
-    ADMISSION_POLICIES,
     UnknownPolicyError,
     get_admission,
 )
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import engine_eviction_policies
-from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
 
 __all__ = ["add_replay_parser", "run_replay"]
 
@@ -46,14 +50,7 @@ def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
         "replay", help="replay a trace through a real vLLM engine with the AdmissionScheduler",
         description="Replay a trace through vLLM with the AdmissionScheduler, one request at a "
                     "time in trace order, and write <out>/results.json.")
-    p.add_argument("--model", required=True,
-                   help="model directory (e.g. from 'vllm-admission make-tiny-model DIR')")
-    p.add_argument("--trace", default="synthetic",
-                   help="a Mooncake or token JSONL file, or 'synthetic' (default)")
-    p.add_argument("--admission", default="vllm",
-                   help=f"one of: {', '.join(ADMISSION_POLICIES)}, {AUTO} (default vllm)")
-    p.add_argument("--eviction", default="lru",
-                   help=f"one of: {', '.join(engine_eviction_policies())}, {AUTO} (default lru)")
+    add_model_trace_policy_args(p, "one of")
     p.add_argument("--alpha", type=float, default=None,
                    help="fix flop eviction's alpha instead of tuning it online")
     p.add_argument("--num-gpu-blocks", type=int, default=None,
@@ -61,13 +58,7 @@ def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + output (default: the model's, lowered to what "
                         "--num-gpu-blocks can hold)")
-    p.add_argument("--max-requests", type=int, default=None,
-                   help="replay only the first K requests of the trace")
-    p.add_argument("--max-output-len", type=int, default=None,
-                   help="cap each request's output tokens (default: as in the trace)")
-    p.add_argument("--mooncake-block-tokens", type=int, default=MOONCAKE_BLOCK_TOKENS,
-                   help=f"tokens per Mooncake hash id (default {MOONCAKE_BLOCK_TOKENS}, the "
-                        "trace's own; 128 shrinks prompts 4x)")
+    add_request_limit_args(p, max_prompt_tokens=False)
     add_engine_args(p)
     p.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
     p.add_argument("--out", required=True, help="output directory for results.json")

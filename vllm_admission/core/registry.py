@@ -100,6 +100,24 @@ class PolicyRegistry(Mapping[str, type[P]], Generic[P]):
         self._classes[name] = cls
         return cls
 
+    def register_all(self, *classes: type[P]) -> None:
+        """:meth:`register` each of ``classes``, in order."""
+        for cls in classes:
+            self.register(cls)
+
+    def only(self, declaration: str, what: str) -> str:
+        """The name of the one registered class whose class attribute ``declaration`` is
+        true (``vllm_native``, ``vllm_order``: the policy stock vLLM runs).
+
+        Raises:
+            LookupError: not exactly one registered class declares it; the message reads
+                "expected one <kind> policy <what>, found <names>".
+        """
+        names = [n for n, c in self._classes.items() if getattr(c, declaration)]
+        if len(names) != 1:
+            raise LookupError(f"expected one {self.kind} policy {what}, found {names}")
+        return names[0]
+
     def load_entry_points(self) -> list[str]:
         """Register every class the installed packages declare in the registry's
         entry-point group (once per process; later calls return ``[]``). An entry that

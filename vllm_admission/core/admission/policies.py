@@ -207,13 +207,8 @@ def stock_admission() -> str:
     Raises:
         LookupError: not exactly one registered policy declares ``vllm_native``.
     """
-    names = [n for n, c in ADMISSION_POLICIES.items() if c.vllm_native]
-    if len(names) != 1:
-        raise LookupError(f"expected one admission policy native to vLLM, found {names}")
-    return names[0]
+    return ADMISSION_POLICIES.only("vllm_native", "native to vLLM")
 
 
-for _cls in (NoAdmission, LastAdmission, VllmAdmission, BlockAdmission, MarconiAdmission,
-             DenseAdmission):
-    register_admission(_cls)
-del _cls
+ADMISSION_POLICIES.register_all(NoAdmission, LastAdmission, VllmAdmission, BlockAdmission, MarconiAdmission,
+                                DenseAdmission)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from vllm_admission.core.costs.config import ConfigFields
 from vllm_admission.core.costs.dtypes import NEMOTRON_H, QWEN3_5, Dtypes
 from vllm_admission.core.costs.layers import (
     LayerCost,
     _attention_layer,
+    _AttentionShape,
     _gdn_layer,
     _mamba1_layer,
     _mamba2_layer,
@@ -34,6 +36,62 @@ def _head_dim(cfg: ConfigFields, hidden: int, num_heads: int) -> int:
         raise cfg._error("head_dim", f"is missing and hidden_size {hidden} is not a multiple of "
                                      f"num_attention_heads {num_heads}")
     return hidden // num_heads
+
+
+def _gqa_attention(cfg: ConfigFields, hidden: int, dtypes: Dtypes) -> _AttentionShape:
+    """``num_attention_heads``, ``num_key_value_heads`` (default: the heads) and :func:`_head_dim`."""
+    num_heads = cfg.int("num_attention_heads")
+    num_kv_heads = cfg.int("num_key_value_heads", num_heads)
+    return _AttentionShape(hidden, num_heads, num_kv_heads, _head_dim(cfg, hidden, num_heads), dtypes.kv)
+
+
+@dataclass(frozen=True)
+class _Mamba2Fields:
+    """The config fields one architecture names its Mamba2 mixer's shape with."""
+
+    num_heads: str
+    head_dim: str
+    n_groups: str
+    state_size: str
+    conv_kernel: str
+    #: ``n_groups``'s default; None: the field is required.
+    n_groups_default: int | None = 1
+
+    def layer(
+        self,
+        cfg: ConfigFields,
+        index: int,
+        *,
+        hidden: int,
+        intermediate: int | None,
+        dtypes: Dtypes,
+        extra_terms: list[tuple[str, int]] | None = None,
+    ) -> LayerCost:
+        """The Mamba2 layer; ``intermediate`` None: ``num_heads * head_dim``."""
+        num_heads = cfg.int(self.num_heads)
+        head_dim = cfg.int(self.head_dim)
+        n_groups = (cfg.int(self.n_groups) if self.n_groups_default is None
+                    else cfg.int(self.n_groups, self.n_groups_default))
+        return _mamba2_layer(
+            index,
+            hidden=hidden,
+            intermediate=num_heads * head_dim if intermediate is None else intermediate,
+            num_heads=num_heads,
+            head_dim=head_dim,
+            n_groups=n_groups,
+            state_size=cfg.int(self.state_size),
+            conv_kernel=cfg.int(self.conv_kernel),
+            dtypes=dtypes,
+            extra_terms=extra_terms,
+        )
+
+
+_NEMOTRON_MAMBA2 = _Mamba2Fields("mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel",
+                                 n_groups_default=None)
+_ZAMBA2_MAMBA2 = _Mamba2Fields("n_mamba_heads", "mamba_headdim", "mamba_ngroups", "mamba_d_state", "mamba_d_conv")
+#: Granite-4.0-H and Falcon-H1.
+_MAMBA_N_HEADS_MAMBA2 = _Mamba2Fields("mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state",
+                                      "mamba_d_conv")
 
 
 def _qwen_layer_types(cfg: ConfigFields, num_layers: int) -> list[str]:
@@ -66,9 +124,7 @@ def _build_qwen_gdn(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost],
     hidden = cfg.int("hidden_size")
     num_layers = cfg.int("num_hidden_layers")
     types = _qwen_layer_types(cfg, num_layers)
-    num_heads = cfg.int("num_attention_heads")
-    num_kv_heads = cfg.int("num_key_value_heads", num_heads)
-    head_dim = _head_dim(cfg, hidden, num_heads)
+    attention = _gqa_attention(cfg, hidden, dtypes)
     output_gate = cfg.bool("attn_output_gate", True)
     num_experts = cfg.int("num_experts", 0, minimum=0)
     model_type = cfg.get("model_type")
@@ -112,11 +168,7 @@ def _build_qwen_gdn(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost],
             layers.append(
                 _attention_layer(
                     i,
-                    hidden=hidden,
-                    num_heads=num_heads,
-                    num_kv_heads=num_kv_heads,
-                    head_dim=head_dim,
-                    kv_dtype=dtypes.kv,
+                    attention,
                     output_gate=output_gate,
                     sliding_window=window if layer_type == "sliding_attention" else None,
                     extra_terms=ffn,
@@ -164,41 +216,15 @@ def _build_nemotron_h(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost
             raise cfg._error(field_name, f"has unknown layer code {code!r} (expected M, *, -, E)")
         kinds.append(_NEMOTRON_CODES[code])
 
-    num_heads = cfg.int("num_attention_heads")
-    num_kv_heads = cfg.int("num_key_value_heads", num_heads)
-    head_dim = _head_dim(cfg, hidden, num_heads)
+    attention = _gqa_attention(cfg, hidden, dtypes)
     window = cfg.int("sliding_window", None)
     layers: list[LayerCost] = []
     mlp_index = 0
     for i, kind in enumerate(kinds):
         if kind == "mamba2":
-            num_m_heads = cfg.int("mamba_num_heads")
-            m_head_dim = cfg.int("mamba_head_dim")
-            layers.append(
-                _mamba2_layer(
-                    i,
-                    hidden=hidden,
-                    intermediate=num_m_heads * m_head_dim,
-                    num_heads=num_m_heads,
-                    head_dim=m_head_dim,
-                    n_groups=cfg.int("n_groups"),
-                    state_size=cfg.int("ssm_state_size"),
-                    conv_kernel=cfg.int("conv_kernel"),
-                    dtypes=dtypes,
-                )
-            )
+            layers.append(_NEMOTRON_MAMBA2.layer(cfg, i, hidden=hidden, intermediate=None, dtypes=dtypes))
         elif kind == "full_attention":
-            layers.append(
-                _attention_layer(
-                    i,
-                    hidden=hidden,
-                    num_heads=num_heads,
-                    num_kv_heads=num_kv_heads,
-                    head_dim=head_dim,
-                    kv_dtype=dtypes.kv,
-                    sliding_window=window,
-                )
-            )
+            layers.append(_attention_layer(i, attention, sliding_window=window))
         elif kind == "mlp":
             intermediate = cfg.get("intermediate_size")
             if isinstance(intermediate, list):
@@ -262,7 +288,7 @@ def _build_zamba2(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost], i
     hidden = cfg.int("hidden_size")
     block_types = cfg.list("layers_block_type")
     num_heads = cfg.int("num_attention_heads")
-    head_dim = cfg.int("attention_head_dim")
+    attention = _AttentionShape(hidden, num_heads, num_heads, cfg.int("attention_head_dim"), dtypes.kv)
     attn_width = cfg.int("attention_hidden_size", 2 * hidden)
     intermediate = cfg.first_int(("intermediate_size", "ffn_hidden_size"))
     rank = cfg.int("adapter_rank", 0, minimum=0)
@@ -279,31 +305,8 @@ def _build_zamba2(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost], i
             if rank and cfg.bool("use_shared_attention_adapter", False):
                 extra.append(("qkv_adapters", 3 * (_proj(attn_width, rank) + _proj(rank, attn_width))))
             extra.append(("hybrid_linear", _proj(hidden, hidden)))
-            layers.append(
-                _attention_layer(
-                    i,
-                    hidden=hidden,
-                    num_heads=num_heads,
-                    num_kv_heads=num_heads,
-                    head_dim=head_dim,
-                    kv_dtype=dtypes.kv,
-                    input_width=attn_width,
-                    extra_terms=extra,
-                )
-            )
-        layers.append(
-            _mamba2_layer(
-                i,
-                hidden=hidden,
-                intermediate=mamba_intermediate,
-                num_heads=cfg.int("n_mamba_heads"),
-                head_dim=cfg.int("mamba_headdim"),
-                n_groups=cfg.int("mamba_ngroups", 1),
-                state_size=cfg.int("mamba_d_state"),
-                conv_kernel=cfg.int("mamba_d_conv"),
-                dtypes=dtypes,
-            )
-        )
+            layers.append(_attention_layer(i, attention, input_width=attn_width, extra_terms=extra))
+        layers.append(_ZAMBA2_MAMBA2.layer(cfg, i, hidden=hidden, intermediate=mamba_intermediate, dtypes=dtypes))
     return layers, len(block_types)
 
 
@@ -325,9 +328,7 @@ def _build_jamba(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost], in
     expert_offset = cfg.int("expert_layer_offset", minimum=0)
     num_experts = cfg.int("num_experts", 1)
     intermediate = cfg.int("intermediate_size")
-    num_heads = cfg.int("num_attention_heads")
-    num_kv_heads = cfg.int("num_key_value_heads", num_heads)
-    head_dim = _head_dim(cfg, hidden, num_heads)
+    attention = _gqa_attention(cfg, hidden, dtypes)
     window = cfg.int("sliding_window", None)
     dt_rank_raw = cfg.get("mamba_dt_rank", "auto")
     dt_rank = math.ceil(hidden / 16) if dt_rank_raw == "auto" else cfg.int("mamba_dt_rank")
@@ -339,18 +340,7 @@ def _build_jamba(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost], in
         else:
             ffn = _mlp_terms(hidden, intermediate, gated=True)
         if i % attn_period == attn_offset:
-            layers.append(
-                _attention_layer(
-                    i,
-                    hidden=hidden,
-                    num_heads=num_heads,
-                    num_kv_heads=num_kv_heads,
-                    head_dim=head_dim,
-                    kv_dtype=dtypes.kv,
-                    sliding_window=window,
-                    extra_terms=ffn,
-                )
-            )
+            layers.append(_attention_layer(i, attention, sliding_window=window, extra_terms=ffn))
         else:
             layers.append(
                 _mamba1_layer(
@@ -387,6 +377,7 @@ def _build_granite_hybrid(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[Layer
     num_kv_heads = cfg.int("num_key_value_heads", num_heads)
     if hidden % num_heads:
         raise cfg._error("num_attention_heads", f"must divide hidden_size {hidden}")
+    attention = _AttentionShape(hidden, num_heads, num_kv_heads, hidden // num_heads, dtypes.kv)
     num_experts = cfg.int("num_local_experts", 0, minimum=0)
     shared = cfg.int("shared_intermediate_size", 0, minimum=0)
     ffn: list[tuple[str, int]] = []
@@ -398,31 +389,13 @@ def _build_granite_hybrid(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[Layer
     for i, layer_type in enumerate(types):
         if layer_type in ("mamba", "linear_attention"):
             layers.append(
-                _mamba2_layer(
-                    i,
-                    hidden=hidden,
-                    intermediate=cfg.int("mamba_expand") * hidden,
-                    num_heads=cfg.int("mamba_n_heads"),
-                    head_dim=cfg.int("mamba_d_head"),
-                    n_groups=cfg.int("mamba_n_groups", 1),
-                    state_size=cfg.int("mamba_d_state"),
-                    conv_kernel=cfg.int("mamba_d_conv"),
-                    dtypes=dtypes,
+                _MAMBA_N_HEADS_MAMBA2.layer(
+                    cfg, i, hidden=hidden, intermediate=cfg.int("mamba_expand") * hidden, dtypes=dtypes,
                     extra_terms=list(ffn),
                 )
             )
         elif layer_type in ("attention", "full_attention"):
-            layers.append(
-                _attention_layer(
-                    i,
-                    hidden=hidden,
-                    num_heads=num_heads,
-                    num_kv_heads=num_kv_heads,
-                    head_dim=hidden // num_heads,
-                    kv_dtype=dtypes.kv,
-                    extra_terms=list(ffn),
-                )
-            )
+            layers.append(_attention_layer(i, attention, extra_terms=list(ffn)))
         else:
             raise cfg._error(key, f"has unknown entry {layer_type!r} (expected mamba or attention)")
     return layers, len(types)
@@ -444,33 +417,13 @@ def _build_falcon_h1(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost]
     num_heads = cfg.int("num_attention_heads")
     num_kv_heads = cfg.int("num_key_value_heads", num_heads)
     head_dim = cfg.int("head_dim", None) or _head_dim(ConfigFields({}, cfg.label, cfg.prefix), hidden, num_heads)
+    attention = _AttentionShape(hidden, num_heads, num_kv_heads, head_dim, dtypes.kv)
     d_ssm = cfg.int("mamba_d_ssm", None) or int(cfg.int("mamba_expand") * hidden)
     layers: list[LayerCost] = []
     for i in range(num_layers):
-        layers.append(
-            _attention_layer(
-                i,
-                hidden=hidden,
-                num_heads=num_heads,
-                num_kv_heads=num_kv_heads,
-                head_dim=head_dim,
-                kv_dtype=dtypes.kv,
-                extra_terms=_mlp_terms(hidden, cfg.int("intermediate_size"), gated=True),
-            )
-        )
-        layers.append(
-            _mamba2_layer(
-                i,
-                hidden=hidden,
-                intermediate=d_ssm,
-                num_heads=cfg.int("mamba_n_heads"),
-                head_dim=cfg.int("mamba_d_head"),
-                n_groups=cfg.int("mamba_n_groups", 1),
-                state_size=cfg.int("mamba_d_state"),
-                conv_kernel=cfg.int("mamba_d_conv"),
-                dtypes=dtypes,
-            )
-        )
+        mlp = _mlp_terms(hidden, cfg.int("intermediate_size"), gated=True)
+        layers.append(_attention_layer(i, attention, extra_terms=mlp))
+        layers.append(_MAMBA_N_HEADS_MAMBA2.layer(cfg, i, hidden=hidden, intermediate=d_ssm, dtypes=dtypes))
     return layers, num_layers
 
 
@@ -485,9 +438,7 @@ def _build_dense(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost], in
     """
     hidden = cfg.int("hidden_size")
     num_layers = cfg.int("num_hidden_layers")
-    num_heads = cfg.int("num_attention_heads")
-    num_kv_heads = cfg.int("num_key_value_heads", num_heads)
-    head_dim = _head_dim(cfg, hidden, num_heads)
+    attention = _gqa_attention(cfg, hidden, dtypes)
     num_experts = cfg.int("num_experts", 0, minimum=0)
     mlp_only = set(cfg.list("mlp_only_layers", []))
     sparse_step = cfg.int("decoder_sparse_step", 1)
@@ -502,18 +453,7 @@ def _build_dense(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost], in
             )
         else:
             ffn = _mlp_terms(hidden, cfg.int("intermediate_size"), gated=True)
-        layers.append(
-            _attention_layer(
-                i,
-                hidden=hidden,
-                num_heads=num_heads,
-                num_kv_heads=num_kv_heads,
-                head_dim=head_dim,
-                kv_dtype=dtypes.kv,
-                sliding_window=window,
-                extra_terms=ffn,
-            )
-        )
+        layers.append(_attention_layer(i, attention, sliding_window=window, extra_terms=ffn))
     return layers, num_layers
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, overload
 
@@ -63,6 +63,7 @@ def display_name(raw: Mapping[str, Any], path: Path | None, architecture: str) -
 
 _MISSING = object()
 _D = TypeVar("_D")
+_T = TypeVar("_T")
 
 
 class ConfigFields:
@@ -88,6 +89,17 @@ class ConfigFields:
     def _error(self, key: str, problem: str) -> ModelConfigError:
         return ModelConfigError(f"{self.label}: field '{self.prefix}{key}' {problem}")
 
+    def _value(self, key: builtins.str, default: object) -> Any:
+        """The field's value, None when it is absent or null and ``default`` is given.
+
+        Raises:
+            ModelConfigError: the field is absent or null and there is no default.
+        """
+        value = self.data.get(key)
+        if value is None and default is _MISSING:
+            raise self._error(key, "is missing")
+        return value
+
     def sub(self, key: str) -> ConfigFields:
         value = self.data.get(key)
         if not isinstance(value, Mapping):
@@ -104,10 +116,8 @@ class ConfigFields:
     def int(self, key: builtins.str, default: _D, *, minimum: builtins.int = 1) -> builtins.int | _D: ...
     def int(self, key: builtins.str, default: object = _MISSING, *,
             minimum: builtins.int = 1) -> object:
-        value = self.data.get(key)
+        value = self._value(key, default)
         if value is None:
-            if default is _MISSING:
-                raise self._error(key, "is missing")
             return default
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
             raise self._error(key, f"must be an integer, got {value!r}")
@@ -135,35 +145,31 @@ class ConfigFields:
     @overload
     def list(self, key: builtins.str, default: _D) -> builtins.list[Any] | _D: ...
     def list(self, key: builtins.str, default: object = _MISSING) -> object:
-        value = self.data.get(key)
-        if value is None:
-            if default is _MISSING:
-                raise self._error(key, "is missing")
-            return default
-        if not isinstance(value, list):
-            raise self._error(key, f"must be a list, got {type(value).__name__}")
-        return value
+        return self._of_type(key, default, list, "a list", lambda value: type(value).__name__)
 
     @overload
     def str(self, key: builtins.str) -> builtins.str: ...
     @overload
     def str(self, key: builtins.str, default: _D) -> builtins.str | _D: ...
     def str(self, key: builtins.str, default: object = _MISSING) -> object:
-        value = self.data.get(key)
-        if value is None:
-            if default is _MISSING:
-                raise self._error(key, "is missing")
-            return default
-        if not isinstance(value, str):
-            raise self._error(key, f"must be a string, got {value!r}")
-        return value
+        return self._of_type(key, default, str, "a string")
 
     def bool(self, key: builtins.str, default: builtins.bool) -> builtins.bool:
-        value = self.data.get(key)
+        return self._of_type(key, default, bool, "true or false")
+
+    def _of_type(self, key: builtins.str, default: _D, kind: type[_T], expected: builtins.str,
+                 shown: Callable[[Any], builtins.str] = repr) -> _T | _D:
+        """The field, ``default`` when it is absent or null; else it must be a ``kind``.
+
+        Raises:
+            ModelConfigError: absent or null with no default ("is missing"), or not a
+                ``kind`` ("must be {expected}, got {shown(value)}").
+        """
+        value = self._value(key, default)
         if value is None:
             return default
-        if not isinstance(value, bool):
-            raise self._error(key, f"must be true or false, got {value!r}")
+        if not isinstance(value, kind):
+            raise self._error(key, f"must be {expected}, got {shown(value)}")
         return value
 
 

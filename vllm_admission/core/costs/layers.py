@@ -171,14 +171,22 @@ def _moe_terms(
     return terms
 
 
+@dataclass(frozen=True)
+class _AttentionShape:
+    """A model's attention geometry: model width ``hidden``, ``num_heads`` query heads and
+    ``num_kv_heads`` KV heads of ``head_dim``, KV cache dtype ``kv_dtype``."""
+
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    kv_dtype: str
+
+
 def _attention_layer(
     index: int,
+    shape: _AttentionShape,
     *,
-    hidden: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    kv_dtype: str,
     input_width: int | None = None,
     output_gate: bool = False,
     sliding_window: int | None = None,
@@ -198,6 +206,9 @@ def _attention_layer(
     Sources: vllm/model_executor/models/qwen3_next.py Qwen3NextAttention,
     llama.py LlamaAttention, zamba2.py Zamba2Attention (input width 2D).
     """
+    hidden, num_heads, num_kv_heads, head_dim, kv_dtype = (
+        shape.hidden, shape.num_heads, shape.num_kv_heads, shape.head_dim, shape.kv_dtype
+    )
     d_in = input_width or hidden
     q_width = num_heads * head_dim
     kv_width = num_kv_heads * head_dim
@@ -226,11 +237,17 @@ def _attention_layer(
 def _recurrent_layer(
     kind: str,
     index: int,
-    conv_shape: tuple[int, int],
+    conv_kernel: int,
+    conv_channels: int,
     ssm_shape: tuple[int, ...],
     dtypes: Dtypes,
     terms: list[tuple[str, int]],
+    extra_terms: list[tuple[str, int]] | None,
 ) -> LayerCost:
+    """A recurrent layer whose conv state is vLLM's "SD" ``(conv_kernel - 1, conv_channels)``;
+    its FLOP terms are ``terms`` then ``extra_terms``."""
+    conv_shape = (conv_kernel - 1, conv_channels)
+    terms = terms + (extra_terms or [])
     conv_bytes = math.prod(conv_shape) * DTYPE_BYTES[dtypes.conv]
     ssm_bytes = math.prod(ssm_shape) * DTYPE_BYTES[dtypes.ssm]
     return LayerCost(
@@ -282,15 +299,9 @@ def _gdn_layer(
         ("conv1d", 2 * conv_kernel * conv_dim),
         ("delta_rule_update", 7 * num_v_heads * k_head_dim * v_head_dim),
         ("out_proj", _proj(value_dim, hidden)),
-    ] + extra_terms
-    return _recurrent_layer(
-        "gdn",
-        index,
-        (conv_kernel - 1, conv_dim),
-        (num_v_heads, v_head_dim, k_head_dim),
-        dtypes,
-        terms,
-    )
+    ]
+    ssm_shape = (num_v_heads, v_head_dim, k_head_dim)
+    return _recurrent_layer("gdn", index, conv_kernel, conv_dim, ssm_shape, dtypes, terms, extra_terms)
 
 
 def _mamba2_layer(
@@ -325,15 +336,9 @@ def _mamba2_layer(
         ("conv1d", 2 * conv_kernel * conv_dim),
         ("ssm_update", 5 * num_heads * head_dim * state_size),
         ("out_proj", _proj(intermediate, hidden)),
-    ] + (extra_terms or [])
-    return _recurrent_layer(
-        "mamba2",
-        index,
-        (conv_kernel - 1, conv_dim),
-        (num_heads, head_dim, state_size),
-        dtypes,
-        terms,
-    )
+    ]
+    ssm_shape = (num_heads, head_dim, state_size)
+    return _recurrent_layer("mamba2", index, conv_kernel, conv_dim, ssm_shape, dtypes, terms, extra_terms)
 
 
 def _mamba1_layer(
@@ -365,14 +370,8 @@ def _mamba1_layer(
         ("dt_proj", _proj(dt_rank, intermediate)),
         ("selective_scan", 7 * intermediate * state_size),
         ("out_proj", _proj(intermediate, hidden)),
-    ] + extra_terms
-    return _recurrent_layer(
-        "mamba1",
-        index,
-        (conv_kernel - 1, intermediate),
-        (intermediate, state_size),
-        dtypes,
-        terms,
-    )
+    ]
+    ssm_shape = (intermediate, state_size)
+    return _recurrent_layer("mamba1", index, conv_kernel, intermediate, ssm_shape, dtypes, terms, extra_terms)
 
 

@@ -115,16 +115,11 @@ def stock_eviction() -> str:
     Raises:
         LookupError: not exactly one registered policy declares ``vllm_order``.
     """
-    names = [n for n, c in EVICTION_POLICIES.items() if c.vllm_order]
-    if len(names) != 1:
-        raise LookupError(f"expected one eviction policy in vLLM's order, found {names}")
-    return names[0]
+    return EVICTION_POLICIES.only("vllm_order", "in vLLM's order")
 
 
-for _cls in (LRUEviction, FlopEviction, LFUEviction, ReuseEviction, ConversationEviction,
-             S3FifoEviction, ExpertMixEviction, BeladyEviction):
-    register_eviction(_cls)
-del _cls
+EVICTION_POLICIES.register_all(LRUEviction, FlopEviction, LFUEviction, ReuseEviction, ConversationEviction,
+                               S3FifoEviction, ExpertMixEviction, BeladyEviction)
 
 
 def load_entry_points() -> list[str]:
