@@ -53,39 +53,21 @@ from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING
 
 from vllm_admission.core.errors import UserError
-
-# The group kinds, the two checks and CacheLayout live in core/layout.py (a leaf module);
-# imported here too, where they have always been importable from.
-from vllm_admission.core.layout import (
-    ATTENTION,
-    HIDDEN,
-    PER_TOKEN_KINDS,
-    STATE,
-    CacheLayout,
-    check_hash_block_size,
-    check_retention_interval,
-)
+from vllm_admission.core.layout import check_hash_block_size
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from vllm_admission.core.costs import ModelCosts
 
 __all__ = [
-    "ATTENTION",
-    "HIDDEN",
-    "PER_TOKEN_KINDS",
-    "STATE",
     "CUDA_BLOCK_SIZE",
     "CUDA_KERNEL_BLOCK_SIZE",
     "CPU_BLOCK_SIZE",
     "CPU_KERNEL_BLOCK_SIZE",
     "CacheGeometry",
-    "CacheLayout",
     "CapacityError",
     "aligned_block_size",
     "block_geometry",
     "blocks_needed",
-    "check_hash_block_size",
-    "check_retention_interval",
     "geometry_from_blocks",
     "hidden_state_block_size",
     "hidden_states_share_the_block",

@@ -13,7 +13,7 @@ from vllm_admission.core.cache.host import check_host_admission, host_policy_nam
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import engine_eviction_policies
-from vllm_admission.core.geometry import check_retention_interval
+from vllm_admission.core.layout import check_retention_interval
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
 from vllm_admission.plugin.offload_config import host_policy_name
 

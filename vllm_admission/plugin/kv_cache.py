@@ -46,7 +46,7 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_group_id
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
 from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
 
-from vllm_admission.core.geometry import ATTENTION, HIDDEN, STATE
+from vllm_admission.core.layout import ATTENTION, HIDDEN, STATE
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.free_queue import PolicyFreeBlockQueue
 

@@ -28,19 +28,19 @@ from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.counters import CacheCounters, ratio
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import (
-    HIDDEN,
     CacheGeometry,
     block_geometry,
-    check_hash_block_size,
     geometry_from_blocks,
     hidden_state_block_size,
 )
 from vllm_admission.core.layout import (
+    HIDDEN,
     CacheLayout,
     HostTierSpec,
     PoolSpec,
     SchedulingSpec,
     SpeculationSpec,
+    check_hash_block_size,
 )
 from vllm_admission.core.replay import (
     CacheRequest,

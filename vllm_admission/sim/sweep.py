@@ -29,11 +29,8 @@ from vllm_admission.core.cache.host import (
 )
 from vllm_admission.core.costs import ModelCosts, load_model
 from vllm_admission.core.errors import UserError
-from vllm_admission.core.geometry import (
-    block_geometry,
-    check_hash_block_size,
-    check_retention_interval,
-)
+from vllm_admission.core.geometry import block_geometry
+from vllm_admission.core.layout import check_hash_block_size, check_retention_interval
 from vllm_admission.core.run import RunPlan
 from vllm_admission.core.traces import Trace, load_trace
 from vllm_admission.core.traces.resample import resample

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from vllm_admission.core.admission.base import AdmissionPolicy, HitProbe
 from vllm_admission.core.admission.kinds import CheckpointKind
-from vllm_admission.core.geometry import check_retention_interval
+from vllm_admission.core.layout import check_retention_interval
 from vllm_admission.core.registry import PolicyRegistry
 
 __all__ = [
@@ -71,7 +71,7 @@ class VllmAdmission(AdmissionPolicy):
     Args:
         retention_interval: as above. A positive value must be a multiple of
             the block size (checked where the layout is known,
-            :class:`~vllm_admission.core.geometry.CacheLayout`).
+            :class:`~vllm_admission.core.layout.CacheLayout`).
 
     Raises:
         ValueError: a negative or non-integer interval.

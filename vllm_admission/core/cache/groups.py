@@ -32,7 +32,7 @@ from vllm_admission.core.admission import ADMIT
 from vllm_admission.core.cache.block_pool import NULL, BlockPool
 from vllm_admission.core.cache.running import RunningRequest
 from vllm_admission.core.cache.values import FreedBlockMeta
-from vllm_admission.core.geometry import ATTENTION, HIDDEN, STATE
+from vllm_admission.core.layout import ATTENTION, HIDDEN, STATE
 
 __all__ = ["GROUP_PARTS", "AttentionGroups", "KVGroups", "RunningRequest", "StateGroups"]
 
@@ -48,7 +48,7 @@ class KVGroups:
             eviction policy reads neither).
     """
 
-    #: The group kind (:data:`~vllm_admission.core.geometry.ATTENTION` or ``STATE``).
+    #: The group kind (:data:`~vllm_admission.core.layout.ATTENTION` or ``STATE``).
     kind: str = ""
 
     def __init__(self, groups: Sequence[int], pool: BlockPool, block_size: int,

@@ -34,13 +34,8 @@ from vllm_admission.core.cache.host import HostRequest, HostTier, check_host_tie
 from vllm_admission.core.cache.values import FreedBlockMeta
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import EvictionPolicy
-from vllm_admission.core.geometry import (
-    ATTENTION,
-    STATE,
-    blocks_needed,
-    inpass_capture_limit,
-)
-from vllm_admission.core.layout import CacheLayout
+from vllm_admission.core.geometry import blocks_needed, inpass_capture_limit
+from vllm_admission.core.layout import ATTENTION, STATE, CacheLayout
 
 __all__ = ["HybridPrefixCache", "RequestOutcome"]
 
