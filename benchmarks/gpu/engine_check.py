@@ -51,7 +51,8 @@ the simulator's, the prefill steps that differ, the evictions on each side and w
 check prompts' output equals stock's.
 
     python benchmarks/gpu/engine_check.py --out FILE [--device cuda|cpu] [--budget-s S]
-        [--models qwen3-next,nemotron-h] [--pairs vllm+lru,...] [--no-inpass] [--no-serve]
+        [--models qwen3-next,nemotron-h] [--pairs vllm+lru,...] [--no-pairs] [--no-inpass]
+        [--no-serve]
 """
 
 from __future__ import annotations
@@ -462,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated tiny models")
     ap.add_argument("--pairs", default=",".join(f"{a}+{e}" for a, e in PAIRS),
                     help="comma-separated ADMISSION+EVICTION pairs")
+    ap.add_argument("--no-pairs", action="store_true",
+                    help="leave out stock and the policy pairs (to rerun the later steps alone)")
     ap.add_argument("--no-serve", action="store_true", help="leave out the vllm serve step")
     ap.add_argument("--no-inpass", action="store_true",
                     help="leave out the in-pass comparison and the TTFT timing")
@@ -481,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = report.step("models", lambda: make_models(Path(tempfile.mkdtemp()), models))
     if paths is None:
         return 1
-    for arch in models:
+    for arch in [] if args.no_pairs else models:
         stock = report.step(f"{arch}/stock", lambda arch=arch: run_stock(paths[arch], args.device),
                             need_s=30)
         if stock is None:

