@@ -93,7 +93,7 @@ def test_engine_geometry_keeps_the_replay_documents_keys():
     assert list(geo.to_dict()) == keys
     inprocess = dataclasses.replace(geo, inprocess=True).to_dict()
     assert list(inprocess) == keys + ["hidden_state_bytes_per_token", "host_chunks", "host_policy",
-                                      "host_admission"]
+                                      "host_admission", "prompt_end_export"]
     assert inprocess["kv_cache_groups"][0] == {"kind": "state", "num_layers": 2, "block_size": 128,
                                                "page_size_bytes": 65536, "layers": []}
     assert json.loads(json.dumps(inprocess)) == inprocess

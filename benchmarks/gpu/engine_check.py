@@ -306,9 +306,7 @@ def run_inpass_step(model: str, device: str, admission: str) -> dict[str, Any]:
     from model_output import generate, output_difference, state_rows
 
     from vllm_admission.engine.llm import engine_geometry, shutdown_llm
-    from vllm_admission.plugin import inpass
 
-    inpass.GPU_INPASS_VERIFIED = True   # this process is the check the refusal waits for
     runs: dict[str, Any] = {}
     for mode in ("split", "inpass"):
         llm = _engine(model, device, admission=admission, mode=mode)
@@ -353,9 +351,7 @@ def run_ttft(model: str, device: str, admissions: list[str]) -> dict[str, Any]:
     from vllm_admission.core.traces import load_trace
     from vllm_admission.engine.llm import shutdown_llm
     from vllm_admission.engine.replay import replay
-    from vllm_admission.plugin import inpass
 
-    inpass.GPU_INPASS_VERIFIED = True
     trace = load_trace("synthetic", **WORKLOAD).with_max_output_len(MAX_OUTPUT_LEN)
     cases = [("stock", None, "split")] + [(f"{a}/{m}", a, m) for a in admissions
                                           for m in ("split", "inpass")]

@@ -40,7 +40,8 @@ class KVCacheGroupInfo:
 
 
 #: Fields :meth:`EngineGeometry.to_dict` writes only for an in-process engine core.
-_INPROCESS_ONLY = ("hidden_state_bytes_per_token", "host_chunks", "host_policy", "host_admission")
+_INPROCESS_ONLY = ("hidden_state_bytes_per_token", "host_chunks", "host_policy", "host_admission",
+                   "prompt_end_export")
 #: Fields the fidelity check adds (the model and cache dtypes); never in ``to_dict``.
 _DTYPES = ("dtype", "kv_cache_dtype", "mamba_cache_dtype")
 
@@ -77,6 +78,9 @@ class EngineGeometry:
         host_chunks, host_policy: the ``OffloadingConnector``'s host tier (its CPU
             manager's chunks and ``eviction_policy``; 0 and ``None``: none).
         host_admission: the plugin's host admission policy with a host tier, else ``None``.
+        prompt_end_export: whether vLLM writes the prompt-end state from inside the last
+            prefill chunk (:func:`vllm_admission.plugin.kv_cache.exports_prompt_end_state`;
+            vLLM's GPU Mamba2 layers) instead of ending a chunk there.
         dtype, kv_cache_dtype, mamba_cache_dtype: the model dtype and ``CacheConfig``'s
             dtype settings, as the fidelity check adds them (``None``: ``"auto"``).
     """
@@ -102,6 +106,7 @@ class EngineGeometry:
     host_chunks: int = 0
     host_policy: str | None = None
     host_admission: str | None = None
+    prompt_end_export: bool = False
     dtype: str | None = None
     kv_cache_dtype: str | None = None
     mamba_cache_dtype: str | None = None

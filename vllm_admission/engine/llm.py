@@ -446,7 +446,7 @@ def engine_geometry(llm: vllm.LLM) -> EngineGeometry:
         scheduler = inprocess_scheduler(llm)
     except RuntimeError:
         return EngineGeometry(**settings)
-    from vllm_admission.plugin.kv_cache import group_kinds
+    from vllm_admission.plugin.kv_cache import exports_prompt_end_state, group_kinds
     from vllm_admission.plugin.offload_config import host_tier
 
     kvc = scheduler.kv_cache_config
@@ -469,7 +469,8 @@ def engine_geometry(llm: vllm.LLM) -> EngineGeometry:
         hidden_state_bytes_per_token=sum(_hidden_bytes_per_token(g.kv_cache_spec)
                                          for g, kind in pairs if kind == "hidden"),
         host_chunks=host_chunks, host_policy=host_policy,
-        host_admission=host_admission.name if host_admission is not None else None)
+        host_admission=host_admission.name if host_admission is not None else None,
+        prompt_end_export=exports_prompt_end_state(kvc, vc.cache_config))
 
 
 def _hidden_bytes_per_token(spec: Any) -> int:

@@ -68,7 +68,7 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: EngineGeomet
     ``geometry`` is :func:`vllm_admission.engine.llm.engine_geometry` of the engine (in
     process); the run takes its blocks, block size, token budget, retention interval,
     ``prefix_match_unit``, speculative tokens (the MTP layers' KV is in ``costs``),
-    hidden-state group, async scheduling and host tier (with the plugin's host admission
+    hidden-state group, async scheduling, prompt-end export and host tier (with the plugin's host admission
     policy). ``checkpoint``: the engine's checkpoint mode (``VLLM_ADMISSION_CHECKPOINT``).
     ``costs`` should come from :func:`costs_like_engine`. Output blocks are unique (the
     engine generates them); ``flop`` tunes alpha once, as the plugin does.
@@ -105,6 +105,7 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: EngineGeomet
         hash_block_size=geometry.prefix_match_unit,
         num_speculative_tokens=0 if hidden else geometry.num_speculative_tokens,
         hidden_state_bytes_per_token=hidden, async_scheduling=geometry.async_scheduling,
+        prompt_end_export=geometry.prompt_end_export,
         host_chunks=geometry.host_chunks, host_policy=geometry.host_policy or "lru",
         host_admission=geometry.host_admission if geometry.host_chunks else None,
         alpha=alpha, tune_multiplier=tune_multiplier, tune_grid=tune_grid, retune_every=0,

@@ -41,12 +41,14 @@ runner lives in a worker process: the general plugin installs the same hooks the
 list travels on the ``SchedulerOutput`` vLLM sends the workers each step.
 
 On a CUDA GPU, the GDN layers' states are read from the Triton/FLA chunk kernel's own
-per-chunk states (:mod:`~vllm_admission.plugin.runner.gdn_chunk_capture`); that path is
-refused until a GPU run has checked it (:data:`GPU_INPASS_VERIFIED`).
+per-chunk states (:mod:`~vllm_admission.plugin.runner.gdn_chunk_capture`). An H200 run of
+``benchmarks/gpu/engine_check.py`` checked that path against split mode
+(``benchmarks/results/gpu/engine-h200-all.json``): every cached state bit-identical, the
+same hits and greedy tokens, fewer prefill passes.
 
-Limits: CPU platform (CUDA once checked), Gated DeltaNet and Mamba2 layers, align mode, no
-speculative decoding; on a GPU a block size that is a multiple of 64 and the Triton GDN
-prefill backend.
+Limits: CPU and CUDA platforms, Gated DeltaNet and Mamba2 layers, align mode, no
+speculative decoding; on a GPU vLLM's V1 model runner, a block size that is a multiple of
+64 and the Triton GDN prefill backend.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ from typing import Any
 
 from vllm_admission.core.cache import chunk_end
 
-__all__ = ["CAPTURED_STATE_LAYERS", "GPU_INPASS_VERIFIED", "InpassAllocation", "inpass_problems",
+__all__ = ["CAPTURED_STATE_LAYERS", "InpassAllocation", "inpass_problems",
            "inpass_requested", "inpass_split",
            "split_stops", "state_layer_problems", "step_checkpoints"]
 
@@ -240,21 +242,10 @@ def state_layer_problems(specs: Any) -> list[str]:
             f"{' and '.join(CAPTURED_STATE_LAYERS)} layers only)"]
 
 
-#: In-pass checkpoints on a CUDA GPU are wired (the Triton/FLA chunk states of
-#: :mod:`~vllm_admission.plugin.runner.gdn_chunk_capture`, vLLM's Mamba2 export) but no GPU
-#: run has yet compared their states, hits and tokens with split mode's
-#: (``benchmarks/gpu/engine_check.py`` does); until one has, :func:`inpass_problems`
-#: refuses them there. The check script sets it in its own process to run that comparison.
-GPU_INPASS_VERIFIED = False
-
-
 def _gpu_problems(vllm_config: Any) -> list[str]:
     """Why ``inpass`` cannot run on this CUDA engine (empty: it can)."""
     from vllm_admission.plugin.runner.gdn_chunk_capture import gpu_block_size_problem
 
-    if not GPU_INPASS_VERIFIED:
-        return ["platform 'cuda' (the GPU capture is wired in but has not yet been checked "
-                "against split mode on a GPU; benchmarks/gpu/engine_check.py checks it)"]
     problems = []
     if getattr(vllm_config, "use_v2_model_runner", False):
         problems.append("vLLM's V2 model runner (in-pass wraps the V1 GPUModelRunner: "

@@ -44,14 +44,35 @@ from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_utils import KVCacheBlock, get_group_id
 from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager, MambaManager
-from vllm.v1.kv_cache_interface import HiddenStateCacheSpec
+from vllm.v1.kv_cache_interface import HiddenStateCacheSpec, MambaSpec
 
 from vllm_admission.core.layout import ATTENTION, HIDDEN, STATE
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.free_queue import PolicyFreeBlockQueue
 
-__all__ = ["AdmissionBlockPool", "AdmissionCoordinator", "PolicyMambaManager", "group_kinds",
-           "smallest_cacheable_prefix"]
+__all__ = ["AdmissionBlockPool", "AdmissionCoordinator", "PolicyMambaManager",
+           "exports_prompt_end_state", "group_kinds", "smallest_cacheable_prefix"]
+
+
+def exports_prompt_end_state(kv_cache_config: Any, cache_config: Any) -> bool:
+    """Whether vLLM writes the prompt-end state from inside the last prefill chunk
+    instead of ending a chunk there.
+
+    vLLM's scheduler does so in ``align`` mode when every Mamba group's spec declares
+    ``num_prefill_checkpoint_blocks`` (``vllm/v1/core/sched/scheduler.py``,
+    ``mamba_has_prefill_checkpoint_blocks``). vLLM 0.32 and 0.33 declare it for Mamba2
+    layers (``mamba_mixer2.py``), 0.33 also for Qwen GDN layers on the FlashInfer prefill
+    backend; vLLM's CPU platform cannot write it, and this package's CPU repair takes the
+    declaration back there (:mod:`vllm_admission.plugin.repairs.cpu_mamba2`).
+
+    Args:
+        kv_cache_config: the engine's ``KVCacheConfig``.
+        cache_config: the engine's ``CacheConfig`` (its ``mamba_cache_mode``).
+    """
+    specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups
+             if isinstance(g.kv_cache_spec, MambaSpec)]
+    return (bool(specs) and getattr(cache_config, "mamba_cache_mode", None) == "align"
+            and all(s.num_prefill_checkpoint_blocks > 0 for s in specs))
 
 
 def group_kinds(managers: Sequence[Any]) -> tuple[str, ...]:

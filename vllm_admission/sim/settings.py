@@ -68,6 +68,10 @@ class SimulationSettings:
             host tier only where ``admission`` does not keep them (``None``: none).
         async_scheduling: vLLM's async scheduling (a retired state block returns to the
             pool a step late).
+        prompt_end_export: in ``split`` mode, the engine writes the prompt-end state from
+            inside the last prefill chunk instead of ending a chunk there (vLLM's GPU
+            Mamba2 layers, ``num_prefill_checkpoint_blocks``): fewer prefill steps, the
+            same states. Not with sub-block hash keys or speculative decoding.
     """
 
     admission: str
@@ -83,6 +87,7 @@ class SimulationSettings:
     num_speculative_tokens: int = 0
     hidden_state_bytes_per_token: int = 0
     async_scheduling: bool = False
+    prompt_end_export: bool = False
     # a host tier
     host_bytes: int = 0
     host_chunks: int | None = None

@@ -381,6 +381,7 @@ def cache_layout(costs: ModelCosts, settings: SimulationSettings) -> tuple[Cache
                       bytes_per_block=geo.bytes_per_block, hash_block_size=st.hash_block_size,
                       retention_interval=st.retention_interval),
         scheduling=SchedulingSpec(chunk_size=st.chunk_size, checkpoint=st.checkpoint,
+                                  prompt_end_export=st.prompt_end_export,
                                   async_scheduling=st.async_scheduling),
         speculation=speculation,
         host=HostTierSpec(chunks=host_chunks, policy=st.host_policy, admission=st.host_admission))

@@ -59,7 +59,11 @@ from vllm_admission.core.run import RunPlan
 from vllm_admission.plugin import inpass
 from vllm_admission.plugin.boundary import hooks
 from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
-from vllm_admission.plugin.kv_cache import group_kinds, smallest_cacheable_prefix
+from vllm_admission.plugin.kv_cache import (
+    exports_prompt_end_state,
+    group_kinds,
+    smallest_cacheable_prefix,
+)
 from vllm_admission.plugin.offload_config import host_tier
 
 if TYPE_CHECKING:  # names only (vLLM is Any to mypy; the scheduler imports it at run time)
@@ -463,22 +467,12 @@ class EngineSetup:
         return problems
 
     def _admission_vllm_exports_checkpoint(self) -> bool:
-        """Whether vLLM writes the prompt-end state from inside the last prefill
-        chunk (``num_prefill_checkpoint_blocks`` on every Mamba group, as vLLM
-        requires: ``v1/core/sched/scheduler.py``
-        ``mamba_has_prefill_checkpoint_blocks``), instead of ending a chunk there.
-
-        vLLM 0.33 builds such specs for Qwen GDN layers on the FlashInfer
-        prefill backend (``qwen_gdn_linear_attn.py``), vLLM 0.32 and 0.33 for
-        Mamba2 layers (``mamba_mixer2.py``). The plugin takes the exported state
-        as the prompt-end (``last``) checkpoint: the admission policy decides
-        whether its block keeps a hash, exactly as for a state written at a
-        chunk end; the policy's other checkpoints still end chunks.
-        """
-        specs = [g.kv_cache_spec for g in self.kv_cache_config.kv_cache_groups
-                 if isinstance(g.kv_cache_spec, MambaSpec)]
-        return (bool(specs) and self.cache_config.mamba_cache_mode == "align"
-                and all(s.num_prefill_checkpoint_blocks > 0 for s in specs))
+        """Whether vLLM writes the prompt-end state from inside the last prefill chunk
+        (:func:`~vllm_admission.plugin.kv_cache.exports_prompt_end_state`). The plugin
+        takes the exported state as the prompt-end (``last``) checkpoint: the admission
+        policy decides whether its block keeps a hash, exactly as for a state written at a
+        chunk end; the policy's other checkpoints still end chunks."""
+        return exports_prompt_end_state(self.kv_cache_config, self.cache_config)
 
     def _admission_prefill_cost(self, plan: RunPlan) -> Callable[[int, int], float]:
         """The prefill cost ``f(end, start)`` the plan's tuner, values or ``auto``

@@ -1,4 +1,4 @@
-"""Runner-side building blocks for ``inpass`` checkpoints (issue 10).
+"""Runner-side building blocks for ``inpass`` checkpoints.
 
 * :mod:`~vllm_admission.plugin.runner.gdn_capture`: the prefill of a Gated DeltaNet
   layer's recurrent core run in segments split at checkpoint offsets, each segment's
@@ -6,7 +6,7 @@
   kernels lazily, on first use;
 * :mod:`~vllm_admission.plugin.runner.gdn_chunk_capture`: the GPU path's counterpart (checked
   and timed on an H200 by ``benchmarks/gpu_inpass_bench.py``; wired into vLLM's GPU engine and
-  refused there until a GPU run has checked it): the states at checkpoint offsets read from
+  checked there against split mode by ``benchmarks/gpu/engine_check.py``): the states at checkpoint offsets read from
   the Triton/FLA chunk kernel's per-chunk states ``h`` (offsets must be multiples of 64) and
   the conv input, written into checkpoint rows;
 * :mod:`~vllm_admission.plugin.runner.mamba2_export`: Mamba2 layers, through vLLM's own
