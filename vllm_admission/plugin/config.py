@@ -47,6 +47,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, parse_shadow_rate, stock_pair
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
@@ -198,21 +199,10 @@ class AdmissionConfig:
         if eviction not in engine_eviction_policies() and eviction != AUTO:
             raise _invalid(ENV_EVICTION, eviction, ", ".join([*engine_eviction_policies(), AUTO]))
 
-        alpha = None
-        text = raw(ENV_ALPHA)
-        if text is not None:
-            alpha = _float(text)
-            if alpha is None or alpha < 0:
-                raise _invalid(ENV_ALPHA, text, "a finite number >= 0, or unset to tune alpha online")
-
-        log_interval = DEFAULT_LOG_INTERVAL
-        text = raw(ENV_LOG_INTERVAL)
-        if text is not None:
-            value = _float(text)
-            if value is None or value < 0:
-                raise _invalid(ENV_LOG_INTERVAL, text, "seconds, a finite number >= 0 (0 = no log lines)")
-            log_interval = value
-
+        alpha = _non_negative_float(ENV_ALPHA, raw(ENV_ALPHA), None,
+                                    "a finite number >= 0, or unset to tune alpha online")
+        log_interval = _non_negative_float(ENV_LOG_INTERVAL, raw(ENV_LOG_INTERVAL), DEFAULT_LOG_INTERVAL,
+                                           "seconds, a finite number >= 0 (0 = no log lines)")
         multiplier = _positive_int(ENV_TUNE_MULTIPLIER, raw(ENV_TUNE_MULTIPLIER),
                                    DEFAULT_TUNE_MULTIPLIER)
         grid = raw(ENV_TUNE_GRID) or DEFAULT_TUNE_GRID
@@ -266,6 +256,20 @@ def _float(text: str) -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) else None
+
+
+_D = TypeVar("_D", float, None)
+
+
+def _non_negative_float(name: str, text: str | None, default: _D, valid: str) -> float | _D:
+    """``text`` as a finite number >= 0 (``default`` when unset); ``valid`` says what is
+    valid when it is not."""
+    if text is None:
+        return default
+    value = _float(text)
+    if value is None or value < 0:
+        raise _invalid(name, text, valid)
+    return value
 
 
 def _positive_int(name: str, text: str | None, default: int) -> int:

@@ -12,16 +12,9 @@ stops, the tail boundary), ``vllm/v1/core/single_type_kv_cache_manager.py``
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from vllm_admission.core.admission.base import (
-    ADMIT,
-    HOST,
-    SKIP,
-    TENTATIVE,
-    AdmissionDecision,
-    AdmissionPolicy,
-    HitProbe,
-)
+from vllm_admission.core.admission.base import ADMIT, HOST, SKIP, TENTATIVE
 from vllm_admission.core.admission.kinds import (
     TAIL_KINDS,
     CheckpointKind,
@@ -30,6 +23,9 @@ from vllm_admission.core.admission.kinds import (
     sequence_end,
 )
 from vllm_admission.core.block_values import SegmentCosts, block_value, segment_values
+
+if TYPE_CHECKING:  # annotations only
+    from vllm_admission.core.admission.base import AdmissionDecision, AdmissionPolicy, HitProbe
 
 __all__ = ["RequestAdmission"]
 

@@ -139,15 +139,10 @@ def _build_qwen_gdn(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost],
         else:
             is_moe = num_experts > 0 and (i + 1) % sparse_step == 0 and i not in mlp_only
         if is_moe:
-            ffn = _moe_terms(
-                hidden,
-                cfg.int("num_experts"),
-                cfg.int("num_experts_per_tok"),
-                cfg.int("moe_intermediate_size"),
-                gated=True,
-                shared_intermediate=cfg.int("shared_expert_intermediate_size", 0, minimum=0),
-                shared_gate=True,
-            )
+            ffn = _moe_terms(hidden, cfg.int("num_experts"), cfg.int("num_experts_per_tok"),
+                             cfg.int("moe_intermediate_size"), gated=True,
+                             shared_intermediate=cfg.int("shared_expert_intermediate_size", 0, minimum=0),
+                             shared_gate=True)
         else:
             ffn = _mlp_terms(hidden, cfg.int("intermediate_size"), gated=True)
         if layer_type == "linear_attention":
@@ -240,13 +235,8 @@ def _build_nemotron_h(cfg: ConfigFields, dtypes: Dtypes) -> tuple[list[LayerCost
         else:
             latent = cfg.int("moe_latent_size", None)
             expert_width = latent or hidden
-            terms = _moe_terms(
-                expert_width,
-                cfg.int("n_routed_experts"),
-                cfg.int("num_experts_per_tok"),
-                cfg.int("moe_intermediate_size"),
-                gated=False,
-            )
+            terms = _moe_terms(expert_width, cfg.int("n_routed_experts"), cfg.int("num_experts_per_tok"),
+                               cfg.int("moe_intermediate_size"), gated=False)
             # The router reads the full hidden state even with latent experts.
             terms[0] = ("moe_router", _proj(hidden, cfg.int("n_routed_experts")))
             shared = cfg.int("n_shared_experts", 0, minimum=0)

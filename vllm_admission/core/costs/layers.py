@@ -183,15 +183,9 @@ class _AttentionShape:
     kv_dtype: str
 
 
-def _attention_layer(
-    index: int,
-    shape: _AttentionShape,
-    *,
-    input_width: int | None = None,
-    output_gate: bool = False,
-    sliding_window: int | None = None,
-    extra_terms: list[tuple[str, int]] | None = None,
-) -> LayerCost:
+def _attention_layer(index: int, shape: _AttentionShape, *, input_width: int | None = None,
+                     output_gate: bool = False, sliding_window: int | None = None,
+                     extra_terms: list[tuple[str, int]] | None = None) -> LayerCost:
     """Self-attention layer (+ the feed-forward terms passed in ``extra_terms``).
 
     Per token (Marconi's ``8 L D^2`` with GQA, head_dim and an optional output gate):
@@ -241,13 +235,17 @@ def _recurrent_layer(
     conv_channels: int,
     ssm_shape: tuple[int, ...],
     dtypes: Dtypes,
-    terms: list[tuple[str, int]],
+    terms: tuple[list[tuple[str, int]], list[tuple[str, int]]],
     extra_terms: list[tuple[str, int]] | None,
 ) -> LayerCost:
-    """A recurrent layer whose conv state is vLLM's "SD" ``(conv_kernel - 1, conv_channels)``;
-    its FLOP terms are ``terms`` then ``extra_terms``."""
+    """A recurrent layer whose conv state is vLLM's "SD" ``(conv_kernel - 1, conv_channels)``.
+
+    Its FLOP terms: ``terms`` is the mixer's terms before and after its depthwise causal
+    conv1d, which costs ``2 * conv_kernel * conv_channels`` per token and stands between
+    them; then ``extra_terms``."""
     conv_shape = (conv_kernel - 1, conv_channels)
-    terms = terms + (extra_terms or [])
+    before, after = terms
+    all_terms = [*before, ("conv1d", 2 * conv_kernel * conv_channels), *after, *(extra_terms or [])]
     conv_bytes = math.prod(conv_shape) * DTYPE_BYTES[dtypes.conv]
     ssm_bytes = math.prod(ssm_shape) * DTYPE_BYTES[dtypes.ssm]
     return LayerCost(
@@ -259,23 +257,14 @@ def _recurrent_layer(
         conv_dtype=dtypes.conv,
         ssm_state_shape=ssm_shape,
         ssm_dtype=dtypes.ssm,
-        flops_per_token=sum(value for _, value in terms),
-        flop_terms=tuple(terms),
+        flops_per_token=sum(value for _, value in all_terms),
+        flop_terms=tuple(all_terms),
     )
 
 
-def _gdn_layer(
-    index: int,
-    *,
-    hidden: int,
-    num_k_heads: int,
-    num_v_heads: int,
-    k_head_dim: int,
-    v_head_dim: int,
-    conv_kernel: int,
-    dtypes: Dtypes,
-    extra_terms: list[tuple[str, int]],
-) -> LayerCost:
+def _gdn_layer(index: int, *, hidden: int, num_k_heads: int, num_v_heads: int, k_head_dim: int,
+               v_head_dim: int, conv_kernel: int, dtypes: Dtypes,
+               extra_terms: list[tuple[str, int]]) -> LayerCost:
     """Gated DeltaNet linear-attention layer (Qwen3-Next, Qwen3.5).
 
     State (vLLM MambaStateShapeCalculator.gated_delta_net_state_shape, TP 1):
@@ -293,30 +282,21 @@ def _gdn_layer(
     key_dim = num_k_heads * k_head_dim
     value_dim = num_v_heads * v_head_dim
     conv_dim = 2 * key_dim + value_dim
-    terms = [
+    before_conv = [
         ("in_proj_qkvz", _proj(hidden, 2 * key_dim + 2 * value_dim)),
         ("in_proj_ba", _proj(hidden, 2 * num_v_heads)),
-        ("conv1d", 2 * conv_kernel * conv_dim),
+    ]
+    after_conv = [
         ("delta_rule_update", 7 * num_v_heads * k_head_dim * v_head_dim),
         ("out_proj", _proj(value_dim, hidden)),
     ]
-    ssm_shape = (num_v_heads, v_head_dim, k_head_dim)
-    return _recurrent_layer("gdn", index, conv_kernel, conv_dim, ssm_shape, dtypes, terms, extra_terms)
+    return _recurrent_layer("gdn", index, conv_kernel, conv_dim, (num_v_heads, v_head_dim, k_head_dim),
+                            dtypes, (before_conv, after_conv), extra_terms)
 
 
-def _mamba2_layer(
-    index: int,
-    *,
-    hidden: int,
-    intermediate: int,
-    num_heads: int,
-    head_dim: int,
-    n_groups: int,
-    state_size: int,
-    conv_kernel: int,
-    dtypes: Dtypes,
-    extra_terms: list[tuple[str, int]] | None = None,
-) -> LayerCost:
+def _mamba2_layer(index: int, *, hidden: int, intermediate: int, num_heads: int, head_dim: int,
+                  n_groups: int, state_size: int, conv_kernel: int, dtypes: Dtypes,
+                  extra_terms: list[tuple[str, int]] | None = None) -> LayerCost:
     """Mamba2 (SSD) mixer (Nemotron-H, Zamba2).
 
     State (vLLM MambaStateShapeCalculator.mamba2_state_shape, TP 1):
@@ -331,27 +311,17 @@ def _mamba2_layer(
     accounting of the B/C projections and element-wise terms.
     """
     conv_dim = intermediate + 2 * n_groups * state_size
-    terms = [
-        ("in_proj", _proj(hidden, 2 * intermediate + 2 * n_groups * state_size + num_heads)),
-        ("conv1d", 2 * conv_kernel * conv_dim),
+    in_proj = ("in_proj", _proj(hidden, 2 * intermediate + 2 * n_groups * state_size + num_heads))
+    after_conv = [
         ("ssm_update", 5 * num_heads * head_dim * state_size),
         ("out_proj", _proj(intermediate, hidden)),
     ]
-    ssm_shape = (num_heads, head_dim, state_size)
-    return _recurrent_layer("mamba2", index, conv_kernel, conv_dim, ssm_shape, dtypes, terms, extra_terms)
+    return _recurrent_layer("mamba2", index, conv_kernel, conv_dim, (num_heads, head_dim, state_size),
+                            dtypes, ([in_proj], after_conv), extra_terms)
 
 
-def _mamba1_layer(
-    index: int,
-    *,
-    hidden: int,
-    intermediate: int,
-    state_size: int,
-    conv_kernel: int,
-    dt_rank: int,
-    dtypes: Dtypes,
-    extra_terms: list[tuple[str, int]],
-) -> LayerCost:
+def _mamba1_layer(index: int, *, hidden: int, intermediate: int, state_size: int, conv_kernel: int,
+                  dt_rank: int, dtypes: Dtypes, extra_terms: list[tuple[str, int]]) -> LayerCost:
     """Mamba1 (selective scan) mixer (Jamba).
 
     State (vLLM MambaStateShapeCalculator.mamba1_state_shape, TP 1):
@@ -363,15 +333,14 @@ def _mamba1_layer(
       ``h = dA h + dBx`` (2), ``y += C h`` (2): ``7 * I * N``;
       out_proj ``2 * I * D``.
     """
-    terms = [
-        ("in_proj", _proj(hidden, 2 * intermediate)),
-        ("conv1d", 2 * conv_kernel * intermediate),
+    in_proj = ("in_proj", _proj(hidden, 2 * intermediate))
+    after_conv = [
         ("x_proj", _proj(intermediate, dt_rank + 2 * state_size)),
         ("dt_proj", _proj(dt_rank, intermediate)),
         ("selective_scan", 7 * intermediate * state_size),
         ("out_proj", _proj(intermediate, hidden)),
     ]
-    ssm_shape = (intermediate, state_size)
-    return _recurrent_layer("mamba1", index, conv_kernel, intermediate, ssm_shape, dtypes, terms, extra_terms)
+    return _recurrent_layer("mamba1", index, conv_kernel, intermediate, (intermediate, state_size),
+                            dtypes, ([in_proj], after_conv), extra_terms)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
+from typing import Any
 
 from vllm_admission.core.eviction.base import EvictionPolicy
 from vllm_admission.core.eviction.history import ReuseHistory
@@ -13,8 +14,17 @@ from vllm_admission.core.eviction.history import ReuseHistory
 __all__ = ["HistoryKeeper"]
 
 
-def _read_only(attr: str) -> None:
-    raise AttributeError(f"HistoryKeeper.{attr} is the wrapped policy's; set it there")
+def _inner_attribute(attr: str) -> Any:
+    """A property that answers the wrapped policy's ``attr``, with a setter that refuses, as
+    a read-only property does, so that it may stand where the base has a class attribute."""
+
+    def get(self: HistoryKeeper) -> Any:
+        return getattr(self.inner, attr)
+
+    def refuse(self: HistoryKeeper, value: object) -> None:
+        raise AttributeError(f"HistoryKeeper.{attr} is the wrapped policy's; set it there")
+
+    return property(get, refuse, doc=f"The wrapped policy's :attr:`~EvictionPolicy.{attr}`.")
 
 
 class HistoryKeeper(EvictionPolicy):
@@ -51,43 +61,11 @@ class HistoryKeeper(EvictionPolicy):
         self._pass_hits = inner.needs_hits
 
     # The base class's class attributes, answered per instance (EvictionPolicy's
-    # __init_subclass__ leaves a property alone). Each has a setter that refuses, as a
-    # read-only property does, so that it may stand where the base has a class attribute.
-    @property
-    def name(self) -> str:
-        """The wrapped policy's :attr:`~EvictionPolicy.name`."""
-        return self.inner.name
-
-    @name.setter
-    def name(self, value: str) -> None:
-        _read_only("name")
-
-    @property
-    def summary(self) -> str:
-        """The wrapped policy's :attr:`~EvictionPolicy.summary`."""
-        return self.inner.summary
-
-    @summary.setter
-    def summary(self, value: str) -> None:
-        _read_only("summary")
-
-    @property
-    def needs_values(self) -> bool:
-        """The wrapped policy's :attr:`~EvictionPolicy.needs_values`."""
-        return self.inner.needs_values
-
-    @needs_values.setter
-    def needs_values(self, value: bool) -> None:
-        _read_only("needs_values")
-
-    @property
-    def tunable(self) -> bool:
-        """The wrapped policy's :attr:`~EvictionPolicy.tunable`."""
-        return self.inner.tunable
-
-    @tunable.setter
-    def tunable(self, value: bool) -> None:
-        _read_only("tunable")
+    # __init_subclass__ leaves a property alone): see _inner_attribute.
+    name = _inner_attribute("name")
+    summary = _inner_attribute("summary")
+    needs_values = _inner_attribute("needs_values")
+    tunable = _inner_attribute("tunable")
 
     def add(self, block_id: int, now: float, value: float = 0.0,
             next_use: float = math.inf) -> None:
