@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vllm_admission.core.adaptive import PolicyController
+from vllm_admission.core.bounds import PoolBound, pool_bound
 from vllm_admission.core.cache import ATTENTION, STATE, check_checkpoint_mode
 from vllm_admission.core.cache.host import check_host_admission
 from vllm_admission.core.cache.host import host_chunks as host_chunks_of
@@ -35,6 +36,7 @@ from vllm_admission.core.geometry import (
 )
 from vllm_admission.core.layout import (
     HIDDEN,
+    PER_TOKEN_KINDS,
     CacheLayout,
     HostTierSpec,
     PoolSpec,
@@ -44,6 +46,7 @@ from vllm_admission.core.layout import (
 )
 from vllm_admission.core.replay import (
     CacheRequest,
+    CacheSetup,
     NextUseOracle,
     infinite_capacity_bound,
     replay_requests,
@@ -54,7 +57,8 @@ from vllm_admission.core.tuning import GRIDS
 from vllm_admission.sim.settings import DEFAULT_CHUNK_SIZE, SimulationSettings
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "RunResult", "SimulationSettings", "cache_layout",
-           "cache_requests", "group_kinds", "simulate", "stream_cache_requests", "trace_bound"]
+           "cache_requests", "group_kinds", "pool_bound_of", "simulate", "stream_cache_requests",
+           "trace_bound"]
 
 
 @dataclass(kw_only=True)
@@ -226,6 +230,18 @@ def trace_bound(requests: list[CacheRequest], block_size: int) -> dict[str, Any]
     hit, prompt = infinite_capacity_bound(requests, block_size)
     return {"block_size": block_size, "hit_tokens": hit, "prompt_tokens": prompt,
             "token_hit_rate": hit / prompt if prompt else 0.0}
+
+
+def pool_bound_of(requests: Sequence[CacheRequest], layout: CacheLayout) -> PoolBound:
+    """:func:`~vllm_admission.core.bounds.pool_bound` of ``requests`` in ``layout``'s pool
+    (its blocks, block size and KV cache groups); :func:`cache_layout` gives the layout of
+    a simulation's settings."""
+    kinds = layout.pool.group_kinds
+    fits = CacheSetup(layout, "vllm", "lru").build().fits
+    return pool_bound(((r.hashes, r.prompt_len, r.output_len) for r in requests),
+                      block_size=layout.pool.block_size, num_blocks=layout.pool.num_blocks,
+                      per_token_groups=sum(k in PER_TOKEN_KINDS for k in kinds),
+                      state_groups=sum(k == STATE for k in kinds), fits=fits)
 
 
 def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
