@@ -154,7 +154,7 @@ def test_remove_from_every_tier_and_errors():
     bs = blocks(6)
     q = PolicyFreeBlockQueue(bs[:2], FlopEviction())
     cache(bs[2])
-    q.append_n([bs[2], bs[3]])     # bs[3] has no hash: the last-resort tail
+    q.append_n([bs[2], bs[3]])     # bs[3] has no hash: the last-resort FIFO
     assert q.num_free_blocks == 4
     for b in (bs[0], bs[2], bs[3]):
         q.remove(b)

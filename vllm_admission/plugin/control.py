@@ -310,9 +310,9 @@ class AdmissionControl:
         """States of the first state group that just got a block hash (any policy)."""
         self.requests.observe_cached(track, blocks, first, last)
 
-    def observe_tail(self, track: RequestTrack) -> None:
-        """The first state group cached the request's tail-unit state."""
-        self.requests.observe_tail(track)
+    def observe_sub_block_state(self, track: RequestTrack) -> None:
+        """The first state group cached the request's state at its prompt's unit end (inside a block)."""
+        self.requests.observe_sub_block_state(track)
 
     # -- the eviction policy (PolicyEvents) --------------------------------------
     def scope(self, request_id: str) -> tuple[float, Valuer]:

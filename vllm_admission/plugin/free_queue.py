@@ -143,7 +143,7 @@ class PolicyFreeBlockQueue:
         return self.popleft_n(1)[0]
 
     def popleft_n(self, n: int) -> list[Block]:
-        """Take ``n`` blocks: uncached ones, then the policy's victims, then the tail.
+        """Take ``n`` blocks: uncached ones, then the policy's victims, then the last-resort FIFO.
 
         Raises:
             ValueError: fewer than ``n`` blocks are free.
@@ -171,7 +171,7 @@ class PolicyFreeBlockQueue:
         """Return blocks to the pool as eviction candidates, in the given order.
 
         Cached blocks join the policy-ordered tier with the current scope's time
-        and value (or a staged value); uncached ones join the last-resort tail.
+        and value (or a staged value); uncached ones join the last-resort FIFO.
         """
         if not blocks:
             return
@@ -186,7 +186,7 @@ class PolicyFreeBlockQueue:
             registry[bid] = b
             entry = staged.pop(bid, None) if staged else None
             if b.block_hash is None:
-                self._free.append_tail((bid,))
+                self._free.append_last_resort((bid,))
                 continue
             if now is None:
                 scope = self.scope
@@ -254,5 +254,5 @@ class PolicyFreeBlockQueue:
     def __repr__(self) -> str:
         free = self._free
         return (f"PolicyFreeBlockQueue(free={self.num_free_blocks}, uncached={len(free.uncached)}, "
-                f"cached={free.num_cached}, tail={len(free.tail)}, "
+                f"cached={free.num_cached}, last_resort={len(free.last_resort)}, "
                 f"eviction={self.eviction.name})")

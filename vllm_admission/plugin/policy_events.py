@@ -251,7 +251,8 @@ class PolicyEvents:
 
     def on_keys_moved(self, block: KVCacheBlock) -> None:
         """``block`` just took over another block's hashes (``BlockPool.move_block_hashes``:
-        the prefix cache keeps a copy of a tail or hit block its request writes on); tell
+        the prefix cache keeps a copy of a block its request writes on: one keyed at a
+        prompt's unit end, or a hit block); tell
         a policy that ``needs_keys`` its first one, as the simulator does
         (``BlockPool.move_keys`` in ``core/cache/block_pool.py``). Only prompt blocks
         move, so the key is the hash's."""

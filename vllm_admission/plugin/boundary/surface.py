@@ -88,13 +88,13 @@ PRIVATE_MEMBERS: tuple[tuple[str, str, str], ...] = (
     ("v1/core/single_type_kv_cache_manager.py", "MambaManager.cache_blocks",
      "overridden: caches only the admitted states (replay_boundaries)"),
     ("v1/core/single_type_kv_cache_manager.py", "MambaManager._cache_partial_tail_block",
-     "overridden: the tail unit's state keyed only where the policy keeps it"),
+     "overridden: the state at the prompt's unit end keyed only where the policy keeps it"),
     ("v1/core/single_type_kv_cache_manager.py", "FullAttentionManager._cache_partial_tail_block",
-     "overridden: the tail unit's attention key only where the policy keeps its state"),
+     "overridden: the attention key at the prompt's unit end only where the policy keeps its state"),
     ("v1/core/block_pool.py", "BlockPool.cache_full_blocks",
      "overridden: records the states that got a hash"),
     ("v1/core/block_pool.py", "BlockPool.cache_partial_block",
-     "overridden: reports a block's first key given there (a tail unit) to a hash-keyed "
+     "overridden: reports a block's first key given there (the prompt's unit end) to a hash-keyed "
      "eviction policy"),
     ("v1/core/block_pool.py", "BlockPool.move_block_hashes",
      "overridden: reports the first key a block copy takes over to a hash-keyed eviction "
