@@ -352,7 +352,7 @@ def run_ttft(model: str, device: str, admissions: list[str]) -> dict[str, Any]:
 
     from vllm_admission.core.traces import load_trace
     from vllm_admission.engine.llm import shutdown_llm
-    from vllm_admission.engine.replay import replay
+    from vllm_admission.engine.llm_replay import replay
     from vllm_admission.plugin import inpass
 
     inpass.GPU_INPASS_VERIFIED = True

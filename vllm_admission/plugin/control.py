@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING
 
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL, Decision, LiveEvictions
 from vllm_admission.core.admission import AdmissionPolicy, get_admission
+from vllm_admission.core.cache_inputs import CacheSetup
 from vllm_admission.core.counters import CacheCounters
 from vllm_admission.core.eviction import EvictionPolicy, get_eviction
 from vllm_admission.core.layout import CacheLayout
-from vllm_admission.core.replay import CacheSetup
 from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
 from vllm_admission.plugin.metrics.stats import AdmissionStats
