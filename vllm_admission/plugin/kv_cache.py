@@ -298,21 +298,21 @@ class AdmissionCoordinator(HybridKVCacheCoordinator):
 
     def free(self, request_id: str) -> None:
         queue = self._admission_queue
-        queue.open_scope(request_id)
+        queue.open_free_batch(request_id)
         try:
             super().free(request_id)
         finally:
-            queue.close_scope()
+            queue.close_free_batch()
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
         queue = self._admission_queue
-        queue.open_scope(request_id)
+        queue.open_free_batch(request_id)
         try:
             super().remove_skipped_blocks(request_id, processed_computed_tokens,
                                           num_prompt_tokens)
         finally:
-            queue.close_scope()
+            queue.close_free_batch()
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         blocks = super().pop_blocks_for_free(request_id)

@@ -235,7 +235,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
             assert live is not None  # switches come from auto, which builds live_evictions
             policy = live.make(switch.after.eviction)
             self.kv_cache_manager.block_pool.free_block_queue.switch(
-                policy, ctl.demoter(switch.held))
+                policy, ctl.unheld_by_shadow(switch.held))
             ctl.set_eviction(policy)
             self._admission_pending_pair = switch.after
         pending = self._admission_pending_pair

@@ -23,7 +23,7 @@ from typing import Any
 
 from vllm_admission.core.cache_inputs import CacheRequest
 
-__all__ = ["block_hash_at", "cache_request", "counts_in_prefix_cache_stats", "demoter",
+__all__ = ["block_hash_at", "cache_request", "counts_in_prefix_cache_stats", "unheld_by_shadow",
            "hash_key", "prompt_block_keys"]
 
 
@@ -85,7 +85,7 @@ def counts_in_prefix_cache_stats(request: Any) -> bool:
             and not getattr(request, "skip_reading_prefix_cache", False))
 
 
-def demoter(held: Sequence[Container] | None,
+def unheld_by_shadow(held: Sequence[Container] | None,
             group_of: Callable[[Any], int]) -> Callable[[Any], bool] | None:
     """``f(block) -> bool`` for the free queue's switch under ``auto``: whether a
     free cached block goes first, because the new pair's shadow does not hold its
