@@ -30,9 +30,10 @@ current free stamp: a ``(now, value_of)`` pair, the time and the value function
 shared by a free batch (the blocks one request frees together), set directly as
 :attr:`free_stamp` or made on first need by ``free_stamp_maker(key)`` while
 :meth:`open_free_batch` ``(key)`` is in effect (the plugin's KV cache coordinator
-opens a batch, keyed by request id, while it frees that request's blocks). Without either the value is 0. Time comes from the
-injected ``clock`` (the plugin's request clock in the engine: the index of the latest
-arriving request, the same unit as the simulator's ``now``).
+opens a batch, keyed by request id, while it frees that request's blocks). Without
+either the value is 0. Time comes from the injected ``clock`` (the plugin's request clock
+in the engine: the index of the latest arriving request, the same unit as the
+simulator's ``now``).
 
 This module does not import vLLM: blocks only need ``block_id`` and
 ``block_hash`` attributes.
