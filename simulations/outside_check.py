@@ -50,10 +50,10 @@ from typing import Any
 
 from vllm_admission.core.admission import UnknownPolicyError
 from vllm_admission.core.cache.block_pool import BlockPool
+from vllm_admission.core.cache_inputs import CacheRequest, NextUseOracle
 from vllm_admission.core.costs import ModelConfigError, load_model
 from vllm_admission.core.eviction import get_eviction
 from vllm_admission.core.geometry import aligned_block_size, parse_bytes
-from vllm_admission.core.replay import CacheRequest, NextUseOracle
 from vllm_admission.core.traces import TraceError, load_trace
 from vllm_admission.sim.simulator import cache_requests
 
@@ -215,7 +215,7 @@ def pooled_hits(policy_name: str, stream: FlatStream, capacity_bytes: int, *,
     cached leading blocks, capped at ``prompt_len - 1`` tokens (vLLM); without
     it every cached block of the prompt is a hit. Time is the request index;
     ``belady`` reads the next request whose prompt has the hash, as in the
-    simulator (:class:`~vllm_admission.core.replay.NextUseOracle`).
+    simulator (:class:`~vllm_admission.core.cache_inputs.NextUseOracle`).
 
     Raises:
         ValueError: a prompt has more full blocks than the pool.

@@ -65,7 +65,7 @@ DEFAULT_REPEATS = {"junction": 5, "unique": 5, "synthetic": 2, "mooncake": 1}
 
 @dataclasses.dataclass(frozen=True)
 class TokenRequest:
-    """A request given by its token ids (what :func:`vllm_admission.engine.replay.replay` needs)."""
+    """A request given by its token ids (what :func:`vllm_admission.engine.llm_replay.replay` needs)."""
 
     request_id: str
     ids: tuple[int, ...]
@@ -138,7 +138,7 @@ def replay_once(config: str, model: str, requests: list[Any]) -> dict[str, Any]:
         inprocess_scheduler,
         shutdown_llm,
     )
-    from vllm_admission.engine.replay import replay
+    from vllm_admission.engine.llm_replay import replay
 
     t0 = time.perf_counter()
     llm = build_llm(_settings(config, model))

@@ -28,6 +28,7 @@ from vllm_admission.core.adaptive import (
 )
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import HybridPrefixCache
+from vllm_admission.core.cache_inputs import CacheRequest, CacheSetup
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.eviction import (
     ENGINE_EVICTION_POLICIES,
@@ -35,7 +36,6 @@ from vllm_admission.core.eviction import (
     get_eviction,
 )
 from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
-from vllm_admission.core.replay import CacheRequest, CacheSetup
 
 B = 128  # pinned through vLLM's block_size (and bf16 state) below: the same on every CPU
 GROUPS = ("state", "attention")

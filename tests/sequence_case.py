@@ -6,7 +6,7 @@ Derived for any registered policy from its own answers, so a new policy is cover
 policy's chunk stops, at the prompt checkpoint ``(P - 1) // B * B`` and at every block
 boundary decode crosses, up to ``(P + O - 1) // B * B``; the policy caches those its
 ``RequestAdmission.decide`` admits, knowing the length (the simulator; the engine learns it
-when the request ends). A live engine keeps a ``supersede_tail`` policy's sequence-end
+when the request ends). A live engine keeps a ``tentative_sequence_end`` policy's sequence-end
 candidates tentatively and drops all but the last.
 """
 

@@ -25,6 +25,7 @@ from vllm_admission.core.admission import (
     UnknownPolicyError,
     get_admission,
 )
+from vllm_admission.core.cache_inputs import CacheRequest, CacheSetup
 from vllm_admission.core.eviction import (
     EVICTION_POLICIES,
     HistoryKeeper,
@@ -33,7 +34,6 @@ from vllm_admission.core.eviction import (
     get_eviction,
 )
 from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
-from vllm_admission.core.replay import CacheRequest, CacheSetup
 
 
 def flops(end, start):

@@ -408,7 +408,7 @@ def test_a_sub_block_hash_unit_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny_
     """vLLM's ``prefix_match_unit`` of 32 tokens, given to the engine and read back by the
     simulator: every request's cached tokens (hits inside blocks among them), prefill
     steps and the evictions agree, for stock vLLM and the plugin's admissions, and for
-    evictions that hear block keys (the tail unit's keys and the keys a copied block
+    evictions that hear block keys (the keys at the prompt's unit end and the keys a copied block
     takes over reach them as in the simulator: ``s3fifo``'s ghosts, ``reuse``). 40 blocks
     and a 512-token prefill budget make the pool evict and the chunks end below the
     prompt end; the SSM dtype is pinned so the block size is the same on every CPU."""
@@ -595,10 +595,10 @@ def test_mtp_is_mirrored_exactly(tmp_path_factory, engine_env):
 
 @pytest.mark.engine
 def test_mtp_with_a_sub_block_hash_unit_is_mirrored_exactly(tmp_path_factory, engine_env):
-    """MTP and ``prefix_match_unit`` 32 together (the lookup drops one hash unit, the tail
-    state a unit lower, the attention tail key a unit above it, a block-aligned tail a
-    state of its own): every request's cached tokens, prefill steps and the evictions
-    agree for stock, ``marconi`` (whose tentative sequence end may be that tail),
+    """MTP and ``prefix_match_unit`` 32 together (the lookup drops one hash unit, the state
+    at the prompt's unit end a unit lower, the attention sub-block key a unit above it, a
+    block-aligned unit end a state of its own): every request's cached tokens, prefill steps and the evictions
+    agree for stock, ``marconi`` (whose tentative sequence end may be that unit end),
     ``dense`` and ``last`` + ``s3fifo``, in a 40-block pool that evicts."""
     records = mtp_fidelity(tmp_path_factory, "tiny_mtp_unit", prefix_match_unit=32)
     assert_mirrored(records, MTP_PAIRS, min_requests=18)  # one request may not fit at its peak

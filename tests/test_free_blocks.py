@@ -92,7 +92,7 @@ def test_cached_tier_follows_the_policy_and_clone_is_independent():
 
 def test_unpinned_blocks_stay_behind_later_cached_ones():
     free = FreeBlocks(LRUEviction())
-    free.append_tail([7])
+    free.append_last_resort([7])
     free.add_cached([3, 4], now=1.0)
     free.push_uncached([1])
     assert free.order(2.0) == [1, 3, 4, 7]
@@ -104,7 +104,7 @@ def test_uncache_all_keeps_the_hand_out_order():
     free = FreeBlocks(LRUEviction())
     free.add_cached([5, 6], now=1.0)
     free.push_uncached([1, 2])
-    free.append_tail([9])
+    free.append_last_resort([9])
     assert free.uncache_all(now=3.0) == [1, 2, 5, 6, 9]
     assert free.num_cached == 0 and len(free.eviction) == 0
     assert free.take(5, now=4.0) == [1, 2, 5, 6, 9]

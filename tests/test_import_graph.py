@@ -128,7 +128,7 @@ def test_the_graph_sees_lazy_imports_packages_and_type_checking():
     graph, typed = import_graph(), import_graph(type_checking=True)
     # a lazy import inside a function: the package root resolves AdmissionScheduler on demand
     assert f"{PACKAGE}.plugin.scheduler" in graph[PACKAGE]
-    assert f"{PACKAGE}.core.cache" in graph[f"{PACKAGE}.core.replay"]
+    assert f"{PACKAGE}.core.cache" in graph[f"{PACKAGE}.core.cache_inputs"]
     # core/policies.py imports core.eviction.registry, which runs core/eviction/__init__.py;
     # core/__init__.py is the importer's own package: no edge to it
     assert f"{PACKAGE}.core.eviction" in graph[f"{PACKAGE}.core.policies"]

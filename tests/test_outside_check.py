@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from shared_data import MOONCAKE, require
 
+from vllm_admission.core.cache_inputs import infinite_capacity_bound
 from vllm_admission.core.costs import load_model
-from vllm_admission.core.replay import infinite_capacity_bound
 from vllm_admission.core.traces import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -128,9 +128,9 @@ def test_uncached_blocks_go_first_then_flop_order():
         q.stage_value(b, values[b.block_id])
     q.append_n(bs[:3])
     clock.now = 2.0
-    q.scope = (2.0, lambda b: values[b.block_id])
+    q.free_stamp = (2.0, lambda b: values[b.block_id])
     q.append_n(bs[3:5])
-    q.scope = None
+    q.free_stamp = None
     q.prepend_n([bs[5], bs[6]])
     clock.now = 3.0
     order = ids(q.get_all_free_blocks())
@@ -154,7 +154,7 @@ def test_remove_from_every_tier_and_errors():
     bs = blocks(6)
     q = PolicyFreeBlockQueue(bs[:2], FlopEviction())
     cache(bs[2])
-    q.append_n([bs[2], bs[3]])     # bs[3] has no hash: the last-resort tail
+    q.append_n([bs[2], bs[3]])     # bs[3] has no hash: the last-resort FIFO
     assert q.num_free_blocks == 4
     for b in (bs[0], bs[2], bs[3]):
         q.remove(b)
@@ -260,10 +260,10 @@ def test_a_staged_value_does_not_outlive_the_blocks_hash():
     q.stage_value(bs[0], 99.0)
     bs[0].reset_hash()                 # the hash is dropped before the block came back
     cache(bs[0], tag="new")            # ... and the block is reused for other content
-    q.scope = (1.0, lambda b: 0.0)
+    q.free_stamp = (1.0, lambda b: 0.0)
     q.append_n([bs[0]])
     cache(bs[1])
-    q.scope = (1.0, lambda b: 5.0)
+    q.free_stamp = (1.0, lambda b: 5.0)
     q.append_n([bs[1]])
     clock.now = 2.0
     assert ids(q.get_all_free_blocks()) == [0, 1]   # 0 carries value 0, not the stale 99

@@ -50,27 +50,28 @@ def tokens(n, label):
     return [(label, i) for i in range(n)]
 
 
-def tail(P, unit):
+def unit_end(P, unit):
+    """The prompt's unit end: its last reusable position at the hash unit."""
     return (P - 1) // unit * unit
 
 
 @pytest.mark.parametrize("B", [128, 256])
 @pytest.mark.parametrize("P", [100, 300, 1000, 3740])
-def test_a_resend_hits_the_prompts_tail_unit(B, P):
+def test_a_resend_hits_the_prompts_unit_end(B, P):
     """The same prompt three times: the second and third hit at ``T = (P - 1) // u * u``
     (a full block boundary when T is one), where whole blocks give ``(P - 1) // B * B``."""
     prompt = tokens(P, "a")
     hits = [h for h, _ in serve_all(make_cache(B), [prompt] * 3)]
-    assert hits == [0, tail(P, U), tail(P, U)]
+    assert hits == [0, unit_end(P, U), unit_end(P, U)]
     whole = [h for h, _ in serve_all(make_cache(B, hash_block_size=None), [prompt] * 3)]
-    assert whole == [0, tail(P, B), tail(P, B)]
+    assert whole == [0, unit_end(P, B), unit_end(P, B)]
 
 
 @pytest.mark.parametrize("B", [128, 256])
 @pytest.mark.parametrize("P", [100, 300, 1000, 3740, 2 * 128 + 32 + 5])
 def test_under_eagle_a_resend_hits_one_unit_below_the_last_unit_it_can_match(B, P):
     """EAGLE/MTP with a unit: the lookup matches up to ``P // u * u`` and drops one unit,
-    and the tail state is there, ``P // u * u - u``, inside a block or on a block
+    and the state at the prompt's unit end is there, ``P // u * u - u``, inside a block or on a block
     boundary (a state of its own then); without the unit the drop is a whole block."""
     prompt = tokens(P, "a")
     hits = [h for h, _ in serve_all(make_cache(B, spec=1), [prompt] * 3)]
@@ -80,23 +81,23 @@ def test_under_eagle_a_resend_hits_one_unit_below_the_last_unit_it_can_match(B, 
 
 
 @pytest.mark.parametrize("B", [128, 256])
-def test_the_first_sighting_pays_one_more_prefill_step_only_when_the_tail_is_inside_a_block(B):
+def test_the_first_sighting_pays_one_more_prefill_step_only_when_the_unit_end_is_inside_a_block(B):
     for P in (300, 1000, 3740):
         (_, with_unit), = serve_all(make_cache(B), [tokens(P, "a")])
         (_, without), = serve_all(make_cache(B, hash_block_size=None), [tokens(P, "a")])
-        inside = tail(P, U) % B != 0
+        inside = unit_end(P, U) % B != 0
         assert with_unit == without + inside
 
 
 @pytest.mark.parametrize("B", [128, 256])
-def test_a_prompt_sharing_part_of_a_block_hits_only_an_earlier_prompts_tail(B):
+def test_a_prompt_sharing_part_of_a_block_hits_only_an_earlier_prompts_unit_end(B):
     """980 tokens of a 1,000-token prompt: the attention lookup finds no key inside the
     block the two share in part, so the hit stays at the block boundary; the chat's next
-    turn (the prompt, 4 output tokens, 200 more) hits the first turn's tail."""
+    turn (the prompt, 4 output tokens, 200 more) hits the first turn's unit end."""
     first = tokens(1000, "a")
     assert serve_all(make_cache(B), [first, first[:980] + tokens(40, "b")])[1][0] == 1000 // B * B
     chat = tokens(700, "c")
-    assert serve_all(make_cache(B), [chat, chat + tokens(204, "d")])[1][0] == tail(700, U)
+    assert serve_all(make_cache(B), [chat, chat + tokens(204, "d")])[1][0] == unit_end(700, U)
 
 
 @pytest.mark.parametrize("B", [128, 256])
@@ -110,15 +111,15 @@ def test_junctions_stay_on_block_boundaries(B):
 
 
 def test_a_sub_block_hit_copies_the_shared_block_in_every_group_and_leaves_one_more_key():
-    """Each identical resend hits the tail, takes a private copy of the tail block in
-    every group and keys its attention copy with the tail key again (one more cached
+    """Each identical resend hits the unit end, takes a private copy of the block holding it in
+    every group and keys its attention copy with the sub-block key again (one more cached
     attention entry per attention group); the state key stays on one block."""
     B, P = 128, 300
     cache = make_cache(B)
     prompt = tokens(P, "a")
     serve_all(cache, [prompt])
     pool = cache.pool
-    key = chained_hashes(prompt, U)[tail(P, U) // U - 1]
+    key = chained_hashes(prompt, U)[unit_end(P, U) // U - 1]
     entries = pool.num_cached_entries
     for k in range(1, 4):
         serve_all(cache, [prompt])
@@ -127,11 +128,11 @@ def test_a_sub_block_hit_copies_the_shared_block_in_every_group_and_leaves_one_m
     assert pool.evictions_by_group == [0, 0, 0]
 
 
-def test_marconi_keeps_no_tail_state_but_vllm_ends_a_chunk_there_all_the_same():
+def test_marconi_keeps_no_unit_end_state_but_vllm_ends_a_chunk_there_all_the_same():
     B, P = 128, 300
     prompt = tokens(P, "a")
     marconi = serve_all(make_cache(B, admission="marconi"), [prompt] * 2)
-    assert marconi[1][0] % B == 0  # no hit inside a block without a tail state
+    assert marconi[1][0] % B == 0  # no hit inside a block without a state at the unit end
     assert marconi[0][1] == serve_all(make_cache(B), [prompt])[0][1]
 
 
@@ -187,12 +188,12 @@ def random_prompts(rng, n=30):
 @given(seed=st.integers(0, 10_000), policy=st.sampled_from(sorted(ADMISSION_POLICIES)),
        eviction=st.sampled_from(["lru", "flop", "reuse"]), blocks=st.integers(14, 60),
        B=st.sampled_from([64, 128]))
-def test_no_leak_consistent_index_and_hits_above_whole_blocks_only_at_tails(seed, policy,
+def test_no_leak_consistent_index_and_hits_above_whole_blocks_only_at_unit_ends(seed, policy,
                                                                            eviction, blocks, B):
     rng = random.Random(seed)
     cache = make_cache(B, admission=policy, eviction=eviction, num_blocks=blocks, chunk=256)
     pool = cache.pool
-    tails = set()
+    unit_ends = set()
     for r, prompt in enumerate(random_prompts(rng)):
         P = len(prompt)
         if not cache.fits(P, 8):
@@ -200,10 +201,10 @@ def test_no_leak_consistent_index_and_hits_above_whole_blocks_only_at_tails(seed
         hit = cache.serve(chained_hashes(prompt, B), P, 8, r, float(r),
                           chained_hashes(prompt, U)).hit_tokens
         if hit % B:
-            # Only an earlier prompt's tail has a key inside a block.
-            assert (tuple(prompt[:hit]), hit) in tails
-        t = tail(P, U)
-        tails.add((tuple(prompt[:t]), t))
+            # Only an earlier prompt's unit end has a key inside a block.
+            assert (tuple(prompt[:hit]), hit) in unit_ends
+        t = unit_end(P, U)
+        unit_ends.add((tuple(prompt[:t]), t))
         assert pool.num_used == 0
         # Every index entry names a block holding that key, in its group.
         for g, idx in enumerate(pool.index):
@@ -216,9 +217,9 @@ def test_no_leak_consistent_index_and_hits_above_whole_blocks_only_at_tails(seed
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10_000), blocks=st.integers(14, 60), B=st.sampled_from([64, 128]))
 def test_block_admission_under_a_unit_is_stock_without_it(seed, blocks, B):
-    """``block`` keys no tail unit (neither the state nor the attention block), so under a
+    """``block`` keys nothing at the prompt's unit end (neither the state nor the attention block), so under a
     unit it hits, evicts and checkpoints exactly as stock ``vllm`` does without one; only
-    the chunk that vLLM ends at each tail adds a prefill step."""
+    the chunk that vLLM ends at each unit end adds a prefill step."""
     prompts = random_prompts(random.Random(seed))
     with_unit = make_cache(B, admission="block", num_blocks=blocks, chunk=256)
     whole = make_cache(B, hash_block_size=None, admission="vllm", num_blocks=blocks, chunk=256)
@@ -230,5 +231,5 @@ def test_block_admission_under_a_unit_is_stock_without_it(seed, blocks, B):
         b = whole.serve(chained_hashes(prompt, B), P, 8, r, float(r))
         assert (a.hit_tokens, a.checkpoints, a.evictions) == (b.hit_tokens, b.checkpoints,
                                                              b.evictions)
-        assert a.prefill_steps - b.prefill_steps == (tail(P, U) % B != 0 and a.hit_tokens < tail(P, U))
+        assert a.prefill_steps - b.prefill_steps == (unit_end(P, U) % B != 0 and a.hit_tokens < unit_end(P, U))
     assert not with_unit.pool._more

@@ -72,13 +72,13 @@ def test_decide_follows_the_checkpoint_kinds_a_policy_admits():
                             junction=512) >= {CheckpointKind.SEQUENCE_END}
 
 
-def test_unknown_length_keeps_marconis_tail_tentative():
+def test_unknown_length_keeps_marconis_sequence_end_tentative():
     got = decisions("marconi", None)
     assert {p for p, d in got.items() if d == ADMIT} == {512}  # the junction only
     assert {p for p, d in got.items() if d == TENTATIVE} == {896, 1024}  # at/after the prompt end
     assert all(d == SKIP for p, d in got.items() if p < 896 and p != 512)
-    # Policies that keep no tentative tail decide the same with or without the length.
-    plain = [n for n in ADMISSION_POLICIES if not get_admission(n).supersede_tail]
+    # Policies that keep no tentative sequence end decide the same with or without the length.
+    plain = [n for n in ADMISSION_POLICIES if not get_admission(n).tentative_sequence_end]
     assert {"none", "last", "vllm", "dense"} <= set(plain) and "marconi" not in plain
     for name in plain:
         assert decisions(name, None) == decisions(name, 1040), name
@@ -95,9 +95,9 @@ def test_junction_and_stops():
 
 def test_derived_attributes_follow_the_policys_answers():
     """uses_junction (overrides junction()), every_block (stops() at every boundary) and
-    supersede_tail (admits a sequence end it would not admit as a decode boundary) are
+    tentative_sequence_end (admits a sequence end it would not admit as a decode boundary) are
     derived from the policy's hooks, never declared."""
-    derived = {n: (p.uses_junction, p.every_block, p.supersede_tail)
+    derived = {n: (p.uses_junction, p.every_block, p.tentative_sequence_end)
                for n, p in ((n, get_admission(n)) for n in ("none", "last", "vllm", "marconi", "dense"))}
     assert derived == {"none": (False, False, False), "last": (False, False, False),
                        "vllm": (True, False, False), "marconi": (True, False, True),
@@ -216,7 +216,8 @@ def test_checkpoint_kinds_of_hand_picked_positions():
 
     assert kinds(128) == {K.CHUNK_END}
     assert kinds(512) == {K.CHUNK_END, K.JUNCTION}
-    assert kinds(896) == {K.CHUNK_END, K.PROMPT_END, K.TAIL}  # no finer unit: TAIL is PROMPT_END
+    assert kinds(896) == {K.CHUNK_END, K.PROMPT_END, K.PROMPT_UNIT_END}  # no finer unit: the unit end is PROMPT_END
+    assert K.TAIL is K.PROMPT_UNIT_END  # the former spelling, kept for other packages' policies
     assert kinds(1024) == {K.DECODE, K.SEQUENCE_END}
     assert kinds(1024, total_len=None) == {K.DECODE}          # a live engine: end unknown
     assert kinds(1152, total_len=2000) == {K.DECODE}
@@ -240,33 +241,36 @@ def test_prompt_and_sequence_ends_by_hand():
     assert sequence_end(1000, 1010, 128) == 896
     assert sequence_end(1000, 1040, 128, eagle=True) == 1024   # decode crossed a boundary
     # EAGLE, no boundary crossed in decode: the prompt checkpoint a block lower, or a higher
-    # block-aligned tail stop.
+    # block-aligned unit end.
     assert sequence_end(1000, 1010, 128, eagle=True) == 768
-    assert sequence_end(1000, 1010, 128, eagle=True, tail_stop=896) == 896
-    assert sequence_end(1000, 1010, 128, eagle=True, tail_stop=960) == 768  # inside a block
+    assert sequence_end(1000, 1010, 128, eagle=True, prompt_unit_end=896) == 896
+    assert sequence_end(1000, 1010, 128, eagle=True, prompt_unit_end=960) == 768  # inside a block
 
 
-def test_a_finer_hash_unit_gives_the_tail_positions():
-    # P = 1,000, B = 128, u = 32: the tail unit boundary floor(999 / 32) * 32 = 992 lies
+def test_a_finer_hash_unit_gives_the_prompt_unit_end_positions():
+    # P = 1,000, B = 128, u = 32: the prompt's unit end floor(999 / 32) * 32 = 992 lies
     # inside the last block (896, 1024).
     vllm = RequestAdmission(get_admission("vllm"), PROBE, total_len=1040, hash_block_size=32)
-    assert (vllm.tail_stop, vllm.tail, vllm.attn_tail, vllm.prompt_end) == (992, 992, 992, 896)
-    assert vllm.decide(992) == ADMIT and vllm.keeps_tail()           # vllm keeps TAIL
+    assert (vllm.prompt_unit_end, vllm.state_sub_block_end, vllm.attn_sub_block_end,
+            vllm.prompt_end) == (992, 992, 992, 896)
+    assert vllm.decide(992) == ADMIT and vllm.keeps_prompt_unit_end()  # vllm keeps PROMPT_UNIT_END
     block = RequestAdmission(get_admission("block"), PROBE, total_len=1040, hash_block_size=32)
-    assert block.decide(992) == SKIP and not block.keeps_tail()      # block does not
+    assert block.decide(992) == SKIP and not block.keeps_prompt_unit_end()  # block does not
     assert block.decide(896) == ADMIT                                # but the prompt end
-    # EAGLE: the lookup drops one unit, so the state tail is a unit lower (960); the
-    # attention tail stays where a lookup matches (floor(1,000 / 32) * 32 = 992).
+    # EAGLE: the lookup drops one unit, so the state's unit end is a unit lower (960); the
+    # attention groups' sub-block key stays where a lookup matches (floor(1,000 / 32) * 32 = 992).
     eagle = RequestAdmission(get_admission("vllm"), PROBE, total_len=1040, hash_block_size=32,
                              eagle=True)
-    assert (eagle.tail_stop, eagle.tail, eagle.attn_tail, eagle.prompt_end) == (960, 960, 992, 768)
-    # A tail unit boundary on a block boundary is no sub-block tail: P = 897 -> 896.
+    assert (eagle.prompt_unit_end, eagle.state_sub_block_end, eagle.attn_sub_block_end,
+            eagle.prompt_end) == (960, 960, 992, 768)
+    # A unit end on a block boundary is no sub-block position: P = 897 -> 896.
     aligned = RequestAdmission(get_admission("vllm"), HitProbe(897, B, 512, 256), total_len=900,
                                hash_block_size=32)
-    assert (aligned.tail_stop, aligned.tail, aligned.attn_tail) == (896, 0, 0)
-    # Without a finer unit there is no tail at all.
+    assert (aligned.prompt_unit_end, aligned.state_sub_block_end, aligned.attn_sub_block_end) == (896, 0, 0)
+    # Without a finer unit there is no unit end at all.
     plain = RequestAdmission(get_admission("vllm"), PROBE, total_len=1040)
-    assert (plain.tail_stop, plain.tail, plain.attn_tail) == (0, 0, 0) and not plain.keeps_tail()
+    assert (plain.prompt_unit_end, plain.state_sub_block_end, plain.attn_sub_block_end) == (0, 0, 0)
+    assert not plain.keeps_prompt_unit_end()
 
 
 def test_a_host_policy_adds_host_only_states_and_their_stops():

@@ -12,10 +12,10 @@ from vllm_admission.core.adaptive import (
     PolicyController,
     parse_shadow_rate,
 )
+from vllm_admission.core.cache_inputs import CacheRequest, CacheSetup
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.hashing import mix64
 from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
-from vllm_admission.core.replay import CacheRequest, CacheSetup
 from vllm_admission.core.sampling import PrefixSampler
 
 B = 16

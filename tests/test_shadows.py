@@ -7,9 +7,9 @@ import random
 import pytest
 
 from vllm_admission.core.adaptive import PolicyController
+from vllm_admission.core.cache_inputs import CacheRequest, CacheSetup
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
-from vllm_admission.core.replay import CacheRequest, CacheSetup
 from vllm_admission.core.shadows import ShadowProcess, ShadowProcessError
 
 B = 16

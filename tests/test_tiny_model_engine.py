@@ -44,7 +44,7 @@ from model_output import LOGITS_MODE, assert_same_output, generate
 
 from vllm_admission.engine.geometry import EngineGeometry, KVCacheGroupInfo
 from vllm_admission.engine.llm import EngineSettings, shutdown_llm
-from vllm_admission.engine.replay import (
+from vllm_admission.engine.llm_replay import (
     SEQUENTIAL_MODE,
     ReplayResult,
     _skip_reason,
@@ -379,7 +379,7 @@ def test_mamba2_bf16_state_runs_without_the_export(tiny_model_of):
 
 @pytest.mark.engine
 def test_replay_counts_hits_and_skips(llm, B):
-    from vllm_admission.engine.replay import replay
+    from vllm_admission.engine.llm_replay import replay
 
     llm.reset_prefix_cache()
     p_len = 2 * B + 72
@@ -410,7 +410,7 @@ def test_replay_counts_hits_and_skips(llm, B):
 def test_replay_accepts_trace_requests(llm, B):
     traces = pytest.importorskip("vllm_admission.core.traces")
     from vllm_admission.core.traces.prompts import TokenPrompt
-    from vllm_admission.engine.replay import replay
+    from vllm_admission.engine.llm_replay import replay
 
     llm.reset_prefix_cache()
     prompt = TokenPrompt(tuple(toks(7, B + 44)))

@@ -350,7 +350,7 @@ def run_ttft(model: str, device: str, admissions: list[str]) -> dict[str, Any]:
 
     from vllm_admission.core.traces import load_trace
     from vllm_admission.engine.llm import shutdown_llm
-    from vllm_admission.engine.replay import replay
+    from vllm_admission.engine.llm_replay import replay
 
     trace = load_trace("synthetic", **WORKLOAD).with_max_output_len(MAX_OUTPUT_LEN)
     cases = [("stock", None, "split")] + [(f"{a}/{m}", a, m) for a in admissions

@@ -1,7 +1,7 @@
 """``vllm-admission replay``: a trace through a real vLLM engine running the plugin.
 
 Requests are sent one at a time, in trace order (each finishes before the next
-is submitted), through ``vllm_admission.engine.replay.replay`` with greedy
+is submitted), through ``vllm_admission.engine.llm_replay.replay`` with greedy
 sampling and exactly ``output_len`` tokens each. Mooncake traces are re-blocked
 by the trace model: ``Request.token_ids(vocab_size)`` yields token ids whose
 block structure matches the trace at the engine's block size.
@@ -120,7 +120,7 @@ def run_replay(args: argparse.Namespace) -> int:
     check_writable(out_dir)  # a bad --out is one error line, before the engine starts
 
     from vllm_admission.engine.llm import engine_geometry, shutdown_llm
-    from vllm_admission.engine.replay import replay
+    from vllm_admission.engine.llm_replay import replay
 
     llm = _build(args, engine_args)
     try:

@@ -52,6 +52,7 @@ from vllm_admission.core.admission import (
     stock_admission,
 )
 from vllm_admission.core.cache import HybridPrefixCache
+from vllm_admission.core.cache_inputs import CacheRequest, CacheSetup
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import (
     EvictionPolicy,
@@ -62,7 +63,6 @@ from vllm_admission.core.eviction import (
     get_eviction,
     stock_eviction,
 )
-from vllm_admission.core.replay import CacheRequest, CacheSetup
 from vllm_admission.core.sampling import PrefixSampler
 
 __all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "DEFAULT_MIN_SAMPLES",  # noqa: F822 - two names come from __getattr__

@@ -1,7 +1,7 @@
 """The counters every run reports, under one set of names.
 
 The simulator's records (:class:`~vllm_admission.sim.simulator.RunResult`), the core's
-replay sums (:class:`~vllm_admission.core.replay.ReplayTotals`) and the plugin's
+replay sums (:class:`~vllm_admission.core.cache_inputs.ReplayTotals`) and the plugin's
 ``AdmissionScheduler.stats()``
 (:class:`~vllm_admission.plugin.metrics.stats.AdmissionStats`) all extend
 :class:`CacheCounters`, so a quantity has one name and one definition wherever it is

@@ -5,9 +5,9 @@ eviction order (``vllm/v1/core/kv_cache_utils.py``, ``FreeKVCacheBlockQueue``,
 driven by ``vllm/v1/core/block_pool.py``):
 
 * ``BlockPool.free_blocks`` puts blocks without a hash at the head
-  (``prepend_n``: reused first, last freed first) and cached blocks at the tail
+  (``prepend_n``: reused first, last freed first) and cached blocks at the end
   (``append_n``: the LRU end);
-* ``BlockPool.unpin_blocks`` appends blocks without a hash at the tail, as
+* ``BlockPool.unpin_blocks`` appends blocks without a hash at the end, as
   last-resort candidates;
 * ``BlockPool.get_new_blocks`` takes blocks from the head and drops the hash of
   any cached block it took; ``BlockPool.touch`` pulls a cached block back out
@@ -18,7 +18,7 @@ cached tier can follow any :class:`~vllm_admission.core.eviction.EvictionPolicy`
 
 1. ``uncached``: blocks without a hash, a stack (top = last pushed);
 2. cached blocks, in the eviction policy's order;
-3. ``tail``: blocks without a hash appended after the cached ones, first in
+3. ``last_resort``: blocks without a hash appended after the cached ones, first in
    first out.
 
 With :class:`~vllm_admission.core.eviction.LRUEviction` the order is vLLM's,
@@ -41,7 +41,7 @@ __all__ = ["FreeBlocks"]
 
 
 class FreeBlocks:
-    """Free block ids in hand-out order: uncached stack, policy-ordered cached, FIFO tail.
+    """Free block ids in hand-out order: uncached stack, policy-ordered cached, last-resort FIFO.
 
     Args:
         eviction: orders the cached tier (the object is used, not copied).
@@ -50,17 +50,17 @@ class FreeBlocks:
 
     Attributes:
         uncached: the uncached stack as an insertion-ordered dict (top = last key).
-        tail: the last-resort FIFO (first key = next out).
+        last_resort: the last-resort FIFO (first key = next out).
         num_cached: cached blocks waiting in the eviction policy.
         latest: the largest ``now`` any cached block was added at (``-inf`` before any).
     """
 
-    __slots__ = ("eviction", "uncached", "tail", "num_cached", "latest", "_stamps")
+    __slots__ = ("eviction", "uncached", "last_resort", "num_cached", "latest", "_stamps")
 
     def __init__(self, eviction: EvictionPolicy, *, switchable: bool = False) -> None:
         self.eviction = eviction
         self.uncached: dict[int, None] = {}
-        self.tail: dict[int, None] = {}
+        self.last_resort: dict[int, None] = {}
         self.num_cached = 0
         self.latest = -math.inf
         # id -> (now, value, next_use), in the order the candidates were added.
@@ -75,7 +75,7 @@ class FreeBlocks:
         """An independent copy whose cached tier is ``eviction`` (a clone of ours)."""
         other = FreeBlocks(eviction)
         other.uncached = self.uncached.copy()
-        other.tail = self.tail.copy()
+        other.last_resort = self.last_resort.copy()
         other.num_cached = self.num_cached
         other.latest = self.latest
         other._stamps = self._stamps.copy() if self._stamps is not None else None
@@ -133,7 +133,7 @@ class FreeBlocks:
         self.eviction = eviction
 
     def __len__(self) -> int:
-        return len(self.uncached) + self.num_cached + len(self.tail)
+        return len(self.uncached) + self.num_cached + len(self.last_resort)
 
     # -- returning blocks --------------------------------------------------
     def push_uncached(self, block_ids: Sequence[int]) -> None:
@@ -165,11 +165,11 @@ class FreeBlocks:
         if now > self.latest:
             self.latest = now
 
-    def append_tail(self, block_ids: Sequence[int]) -> None:
+    def append_last_resort(self, block_ids: Sequence[int]) -> None:
         """Put blocks without a hash after every cached block (``unpin_blocks``)."""
-        tail = self.tail
+        last_resort = self.last_resort
         for b in block_ids:
-            tail[b] = None
+            last_resort[b] = None
 
     # -- taking blocks -------------------------------------------------------
     def take(self, n: int, now: float) -> list[int]:
@@ -182,7 +182,7 @@ class FreeBlocks:
             ValueError: fewer than ``n`` blocks are free.
         """
         uncached = self.uncached
-        if n > len(uncached) + self.num_cached + len(self.tail):
+        if n > len(uncached) + self.num_cached + len(self.last_resort):
             raise ValueError(f"cannot take {n} blocks, {len(self)} are free")
         k = n if n < len(uncached) else len(uncached)
         if k:
@@ -202,10 +202,10 @@ class FreeBlocks:
                 if stamps is not None:
                     for b in victims:
                         del stamps[b]
-            tail = self.tail
+            last_resort = self.last_resort
             for _ in range(need):
-                b = next(iter(tail))
-                del tail[b]
+                b = next(iter(last_resort))
+                del last_resort[b]
                 out.append(b)
         return out
 
@@ -224,7 +224,7 @@ class FreeBlocks:
         if block_id in self.uncached:
             del self.uncached[block_id]
         else:
-            del self.tail[block_id]
+            del self.last_resort[block_id]
         return False
 
     def remove_cached(self, block_id: int) -> None:
@@ -241,7 +241,7 @@ class FreeBlocks:
         if self.num_cached:
             copy = self.eviction.clone()
             out.extend(copy.pop_n(len(copy), max(now, self.latest)))
-        out.extend(self.tail)
+        out.extend(self.last_resort)
         return out
 
     def uncache_all(self, now: float) -> list[int]:
@@ -259,7 +259,7 @@ class FreeBlocks:
         self.num_cached = 0
         if self._stamps is not None:
             self._stamps.clear()
-        self.tail.clear()
+        self.last_resort.clear()
         self.uncached.clear()
         self.push_uncached(order)
         return order

@@ -36,9 +36,9 @@ from vllm_admission.core.adaptive import (
     candidate_policies,
 )
 from vllm_admission.core.cache import HybridPrefixCache
+from vllm_admission.core.cache_inputs import CacheRequest, CacheSetup, replay_requests
 from vllm_admission.core.eviction import EvictionPolicy, eviction_class
 from vllm_admission.core.layout import CacheLayout
-from vllm_admission.core.replay import CacheRequest, CacheSetup, replay_requests
 from vllm_admission.core.tuning import AlphaTuner
 
 __all__ = ["RunPlan", "alpha_tuner", "controller_kwargs", "window_replay"]
@@ -144,7 +144,7 @@ class RunPlan:
 
     def setup(self, layout: CacheLayout, segment_flops: Callable[[int, int], float] | None,
               ) -> CacheSetup:
-        """The :class:`~vllm_admission.core.replay.CacheSetup` of the start pair."""
+        """The :class:`~vllm_admission.core.cache_inputs.CacheSetup` of the start pair."""
         return CacheSetup(layout=layout, admission=self.start.admission,
                           eviction=self.start.eviction, segment_flops=segment_flops)
 

@@ -4,7 +4,7 @@ For every (pool size, admission, eviction) this module
 
 1. starts vLLM with the :class:`~vllm_admission.AdmissionScheduler` and the
    policy pair (``VLLM_ADMISSION_*``), replays the requests
-   (:func:`vllm_admission.engine.replay.replay`) and reads each request's
+   (:func:`vllm_admission.engine.llm_replay.replay`) and reads each request's
    ``num_cached_tokens``;
 2. runs the simulator on exactly the requests the engine ran, configured from
    the engine itself: its block size, its number of blocks, its

@@ -52,11 +52,11 @@ def compare_hits(prompt_tokens: Sequence[int], engine: Sequence[int | None],
 
 #: Admission policies whose sequential replay with ``lru`` must match request by
 #: request: every registered one that decides without knowing where the sequence
-#: ends (not ``supersede_tail``: ``marconi`` keeps its sequence end tentatively
+#: ends (not ``tentative_sequence_end``: ``marconi`` keeps its sequence end tentatively
 #: in the engine, which does not know the output length: ``none``, ``last``,
 #: ``vllm``, ``dense``).
 EXACT_ADMISSIONS: tuple[str, ...] = tuple(n for n, c in ADMISSION_POLICIES.items()
-                                          if not c().supersede_tail)
+                                          if not c().tentative_sequence_end)
 
 
 #: Largest ``abs_diff_fraction`` allowed for ``marconi`` and for ``flop`` eviction.

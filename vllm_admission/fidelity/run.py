@@ -36,7 +36,7 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
         plugin_settings,
         shutdown_llm,
     )
-    from vllm_admission.engine.replay import replay
+    from vllm_admission.engine.llm_replay import replay
 
     settings = plugin_settings(spec.model, admission=admission, eviction=eviction,
                                alpha=spec.alpha, auto_interval=spec.auto_interval,

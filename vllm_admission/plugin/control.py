@@ -29,14 +29,14 @@ from typing import TYPE_CHECKING
 
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL, Decision, LiveEvictions
 from vllm_admission.core.admission import AdmissionPolicy, get_admission
+from vllm_admission.core.cache_inputs import CacheSetup
 from vllm_admission.core.counters import CacheCounters
 from vllm_admission.core.eviction import EvictionPolicy, get_eviction
 from vllm_admission.core.layout import CacheLayout
-from vllm_admission.core.replay import CacheSetup
 from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
 from vllm_admission.plugin.metrics.stats import AdmissionStats
-from vllm_admission.plugin.policy_events import PolicyEvents, RequestClock, Valuer
+from vllm_admission.plugin.policy_events import BlockValueFn, PolicyEvents, RequestClock
 from vllm_admission.plugin.requests import Drop, RequestTrack, RequestTracker
 from vllm_admission.plugin.worker import (
     BackgroundTuning,
@@ -139,8 +139,8 @@ class AdmissionControl:
                 in_child=tune_in_thread)
         #: Whether an eviction policy this control may run (``auto``: any it may
         #: switch to) reads FLOP values. Only then must each freeing call open a
-        #: scope to value its blocks (``AdmissionCoordinator``); without values a
-        #: block freed outside a scope gets the same time, the request clock.
+        #: free batch to value its blocks (``AdmissionCoordinator``); without values a
+        #: block freed outside a free batch gets the same time, the request clock.
         self.reads_values = plan.reads_values
         #: ``auto``: builds the eviction policies it switches among, all sharing
         #: one hash history (:class:`~vllm_admission.core.adaptive.LiveEvictions`).
@@ -310,14 +310,14 @@ class AdmissionControl:
         """States of the first state group that just got a block hash (any policy)."""
         self.requests.observe_cached(track, blocks, first, last)
 
-    def observe_tail(self, track: RequestTrack) -> None:
-        """The first state group cached the request's tail-unit state."""
-        self.requests.observe_tail(track)
+    def observe_sub_block_state(self, track: RequestTrack) -> None:
+        """The first state group cached the request's state at its prompt's unit end (inside a block)."""
+        self.requests.observe_sub_block_state(track)
 
     # -- the eviction policy (PolicyEvents) --------------------------------------
-    def scope(self, request_id: str) -> tuple[float, Valuer]:
-        """``(now, valuer)`` for the blocks of one request freed together."""
-        return self.events.scope(self.requests.tracks.get(request_id))
+    def free_stamp(self, request_id: str) -> tuple[float, BlockValueFn]:
+        """``(now, value_of)`` for the blocks of one request freed together."""
+        return self.events.free_stamp(self.requests.tracks.get(request_id))
 
     def stage_values(self, queue_: PolicyFreeBlockQueue, request_id: str,
                      blocks: Sequence[KVCacheBlock]) -> None:
@@ -349,10 +349,10 @@ class AdmissionControl:
         """``block`` lost its hash without an eviction (a superseded state)."""
         self.events.on_hash_dropped(block)
 
-    def demoter(self, held: Sequence[Container] | None) -> Callable[[KVCacheBlock], bool] | None:
+    def unheld_by_shadow(self, held: Sequence[Container] | None) -> Callable[[KVCacheBlock], bool] | None:
         """``f(block) -> bool`` for the free queue's switch: whether a free cached
         block goes first."""
-        return self.events.demoter(held)
+        return self.events.unheld_by_shadow(held)
 
     # -- finishing and tuning (BackgroundTuning) -----------------------------------
     def on_finished(self, request: Request, evicted_so_far: bool) -> None:

@@ -26,13 +26,14 @@ by ``popleft``/``popleft_n``:
 A cached block's FLOP efficiency (for policies that ``needs_values``) is
 supplied at ``append_n`` time by the caller, either staged per block
 (:meth:`stage_value`, valid only while the block keeps that hash) or through the
-current free scope: a ``(now, valuer)`` pair, set directly as :attr:`scope`
-or made on first need by ``scope_maker(key)`` while :meth:`open_scope`
-``(key)`` is in effect (the plugin's KV cache coordinator opens one, keyed by
-request id, while it frees that request's blocks; all blocks freed in one
-scope share its time). Without either the value is 0. Time comes from the
-injected ``clock`` (the plugin's request clock in the engine: the index of the latest
-arriving request, the same unit as the simulator's ``now``).
+current free stamp: a ``(now, value_of)`` pair, the time and the value function
+shared by a free batch (the blocks one request frees together), set directly as
+:attr:`free_stamp` or made on first need by ``free_stamp_maker(key)`` while
+:meth:`open_free_batch` ``(key)`` is in effect (the plugin's KV cache coordinator
+opens a batch, keyed by request id, while it frees that request's blocks). Without
+either the value is 0. Time comes from the injected ``clock`` (the plugin's request clock
+in the engine: the index of the latest arriving request, the same unit as the
+simulator's ``now``).
 
 This module does not import vLLM: blocks only need ``block_id`` and
 ``block_hash`` attributes.
@@ -71,18 +72,18 @@ class PolicyFreeBlockQueue:
 
     Attributes:
         num_free_blocks: free blocks in all tiers (vLLM reads this attribute).
-        scope: ``None`` or ``(now, valuer)``: while set, ``append_n`` stamps
-            cached blocks with time ``now`` and value ``valuer(block)``.
-        scope_maker: ``f(key) -> (now, valuer)`` for :meth:`open_scope`.
+        free_stamp: ``None`` or ``(now, value_of)``: while set, ``append_n`` stamps
+            cached blocks with time ``now`` and value ``value_of(block)``.
+        free_stamp_maker: ``f(key) -> (now, value_of)`` for :meth:`open_free_batch`.
     """
 
     def __init__(self, blocks: Iterable[Block], eviction: EvictionPolicy,
                  clock: Callable[[], float] = time.monotonic, *, switchable: bool = False) -> None:
         self.clock = clock
         self.num_free_blocks = 0
-        self.scope: tuple[float, Callable[[Block], float]] | None = None
-        self.scope_maker: Callable[[Any], tuple[float, Callable[[Block], float]]] | None = None
-        self._scope_key: Any = None
+        self.free_stamp: tuple[float, Callable[[Block], float]] | None = None
+        self.free_stamp_maker: Callable[[Any], tuple[float, Callable[[Block], float]]] | None = None
+        self._free_batch_key: Any = None
         self._free = FreeBlocks(eviction, switchable=switchable)
         self._blocks: dict[int, Block] = {}               # every free block by id
         self._staged: dict[int, tuple[Any, float]] = {}   # id -> (hash, value)
@@ -125,15 +126,15 @@ class PolicyFreeBlockQueue:
         """Forget staged values that were not used."""
         self._staged.clear()
 
-    def open_scope(self, key: Any) -> None:
-        """Blocks appended until :meth:`close_scope` get ``scope_maker(key)``'s time
-        and values (made at the first cached block, so an empty scope costs nothing)."""
-        self._scope_key = key
-        self.scope = None
+    def open_free_batch(self, key: Any) -> None:
+        """Blocks appended until :meth:`close_free_batch` get ``free_stamp_maker(key)``'s time
+        and values (made at the first cached block, so an empty batch costs nothing)."""
+        self._free_batch_key = key
+        self.free_stamp = None
 
-    def close_scope(self) -> None:
-        self._scope_key = None
-        self.scope = None
+    def close_free_batch(self) -> None:
+        self._free_batch_key = None
+        self.free_stamp = None
 
     # -- vLLM's FreeKVCacheBlockQueue interface ---------------------------
     def popleft(self) -> Block:
@@ -143,7 +144,7 @@ class PolicyFreeBlockQueue:
         return self.popleft_n(1)[0]
 
     def popleft_n(self, n: int) -> list[Block]:
-        """Take ``n`` blocks: uncached ones, then the policy's victims, then the tail.
+        """Take ``n`` blocks: uncached ones, then the policy's victims, then the last-resort FIFO.
 
         Raises:
             ValueError: fewer than ``n`` blocks are free.
@@ -170,8 +171,8 @@ class PolicyFreeBlockQueue:
     def append_n(self, blocks: list[Block]) -> None:
         """Return blocks to the pool as eviction candidates, in the given order.
 
-        Cached blocks join the policy-ordered tier with the current scope's time
-        and value (or a staged value); uncached ones join the last-resort tail.
+        Cached blocks join the policy-ordered tier with the current free stamp's time
+        and value (or a staged value); uncached ones join the last-resort FIFO.
         """
         if not blocks:
             return
@@ -179,27 +180,27 @@ class PolicyFreeBlockQueue:
         staged = self._staged
         cached: list[int] = []
         values: list[float] = []
-        valuer: Callable[[Block], float] | None = None
+        value_of: Callable[[Block], float] | None = None
         now: float | None = None
         for b in blocks:
             bid = b.block_id
             registry[bid] = b
             entry = staged.pop(bid, None) if staged else None
             if b.block_hash is None:
-                self._free.append_tail((bid,))
+                self._free.append_last_resort((bid,))
                 continue
             if now is None:
-                scope = self.scope
-                if scope is None and self._scope_key is not None and self.scope_maker is not None:
-                    scope = self.scope = self.scope_maker(self._scope_key)
-                if scope is not None:
-                    now, valuer = scope
+                stamp = self.free_stamp
+                if stamp is None and self._free_batch_key is not None and self.free_stamp_maker is not None:
+                    stamp = self.free_stamp = self.free_stamp_maker(self._free_batch_key)
+                if stamp is not None:
+                    now, value_of = stamp
                 else:
                     now = self.clock()
             if entry is not None and entry[0] == b.block_hash:
                 values.append(entry[1])
             else:
-                values.append(valuer(b) if valuer is not None else 0.0)
+                values.append(value_of(b) if value_of is not None else 0.0)
             cached.append(bid)
         if cached:
             assert now is not None  # set at the first cached block
@@ -254,5 +255,5 @@ class PolicyFreeBlockQueue:
     def __repr__(self) -> str:
         free = self._free
         return (f"PolicyFreeBlockQueue(free={self.num_free_blocks}, uncached={len(free.uncached)}, "
-                f"cached={free.num_cached}, tail={len(free.tail)}, "
+                f"cached={free.num_cached}, last_resort={len(free.last_resort)}, "
                 f"eviction={self.eviction.name})")

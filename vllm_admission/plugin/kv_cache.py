@@ -250,7 +250,7 @@ class PolicyMambaManager(MambaManager):
         last = num_tokens // self.block_size
         if last <= first:
             # No full block to decide about; vLLM's own path may still key the
-            # state at the prompt's tail hash unit (_cache_partial_tail_block).
+            # state at the prompt's unit end (_cache_partial_tail_block).
             super().cache_blocks(request, num_tokens, 0, replay_boundaries=())
             return
         ctl = self._admission
@@ -282,31 +282,31 @@ class PolicyMambaManager(MambaManager):
 
     def _cache_partial_tail_block(self, request: Any, num_tokens: int,
                                   retention_interval: int | None) -> Any:
-        # vLLM keys the state at the prompt's tail hash unit here. With a hash unit
-        # finer than the block that tail is a checkpoint of its own (inside a block),
+        # vLLM keys the state at the prompt's unit end here. With a hash unit
+        # finer than the block that position is a checkpoint of its own (inside a block),
         # kept where the policy keeps prompt ends; at a block boundary it is the
         # prompt-end state, which the policy has just decided about in cache_blocks.
         ctl = self._admission
         track = ctl.track(request)
-        if num_tokens != track.adm.tail or not track.adm.keeps_tail():
+        if num_tokens != track.adm.state_sub_block_end or not track.adm.keeps_prompt_unit_end():
             return None
         key = super()._cache_partial_tail_block(request, num_tokens, retention_interval)
         if key is not None and self.kv_cache_group_id == ctl.first_state:
-            ctl.observe_tail(track)
+            ctl.observe_sub_block_state(track)
         return key
 
 
 class PolicyAttentionManager(FullAttentionManager):
-    """A full-attention group that keys a prompt's tail hash unit (a hash unit finer
+    """A full-attention group that keys a prompt's unit end (a hash unit finer
     than the block) only where the admission policy keeps the state there (every
     policy but ``vllm``, which keeps ``FullAttentionManager``): without that state a
-    hit at the tail cannot happen, and the key would only keep the block cached."""
+    hit at the unit end cannot happen, and the key would only keep the block cached."""
 
     #: Set by hooks.use_policy_managers when it re-types vLLM's manager.
     _admission: AdmissionControl
 
     def _cache_partial_tail_block(self, request: Any, num_tokens: int) -> None:
-        if self._admission.track(request).adm.keeps_tail():
+        if self._admission.track(request).adm.keeps_prompt_unit_end():
             super()._cache_partial_tail_block(request, num_tokens)
 
 
@@ -319,21 +319,21 @@ class AdmissionCoordinator(HybridKVCacheCoordinator):
 
     def free(self, request_id: str) -> None:
         queue = self._admission_queue
-        queue.open_scope(request_id)
+        queue.open_free_batch(request_id)
         try:
             super().free(request_id)
         finally:
-            queue.close_scope()
+            queue.close_free_batch()
 
     def remove_skipped_blocks(self, request_id: str, processed_computed_tokens: int,
                               num_prompt_tokens: int | None = None) -> None:
         queue = self._admission_queue
-        queue.open_scope(request_id)
+        queue.open_free_batch(request_id)
         try:
             super().remove_skipped_blocks(request_id, processed_computed_tokens,
                                           num_prompt_tokens)
         finally:
-            queue.close_scope()
+            queue.close_free_batch()
 
     def pop_blocks_for_free(self, request_id: str) -> list[KVCacheBlock]:
         blocks = super().pop_blocks_for_free(request_id)

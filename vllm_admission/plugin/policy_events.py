@@ -13,7 +13,7 @@ model tells it, at the same moments:
   that ``needs_hits`` (:meth:`PolicyEvents.on_hit`, :meth:`PolicyEvents.on_hash_dropped`);
 * blocks freed: their FLOP values per byte, from the request's
   :meth:`~vllm_admission.core.admission.RequestAdmission.block_value`, for a policy that
-  ``needs_values`` (:meth:`PolicyEvents.scope`, :meth:`PolicyEvents.stage_values`).
+  ``needs_values`` (:meth:`PolicyEvents.free_stamp`, :meth:`PolicyEvents.stage_values`).
 
 Time is the injected recency clock (:class:`RequestClock` by default). No vLLM import:
 requests and blocks are read through their attributes.
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["PolicyEvents", "RequestClock"]
 
 #: ``f(block) -> FLOPs per byte`` of a request's cached block.
-Valuer = Callable[["KVCacheBlock"], float]
+BlockValueFn = Callable[["KVCacheBlock"], float]
 
 
 class RequestClock:
@@ -117,13 +117,13 @@ class PolicyEvents:
         policy = self.eviction_policy
         return policy.alpha if policy is not None and policy.tunable else None
 
-    def demoter(self, held: Sequence[Container] | None) -> Callable[[KVCacheBlock], bool] | None:
+    def unheld_by_shadow(self, held: Sequence[Container] | None) -> Callable[[KVCacheBlock], bool] | None:
         """``f(block) -> bool`` for the free queue's switch: whether a free cached
-        block goes first (:func:`vllm_admission.plugin.translate.demoter`, with
+        block goes first (:func:`vllm_admission.plugin.translate.unheld_by_shadow`, with
         this engine's ``group_of``)."""
         group_of = self.group_of
         assert group_of is not None  # bound by hooks.install, before any switch
-        return translate.demoter(held, group_of)
+        return translate.unheld_by_shadow(held, group_of)
 
     # -- values for value-aware eviction (needs_values) -------------------
     def _is_cached_state(self, track: RequestTrack) -> Callable[[int], bool]:
@@ -144,7 +144,7 @@ class PolicyEvents:
 
         return cached
 
-    def valuer(self, track: RequestTrack | None) -> Valuer:
+    def block_value_fn(self, track: RequestTrack | None) -> BlockValueFn:
         """``f(block) -> FLOPs per byte`` for the request's cached blocks (lazy);
         0 for every block when the policy does not use values."""
         policy = self.eviction_policy
@@ -164,9 +164,9 @@ class PolicyEvents:
 
         return value
 
-    def scope(self, track: RequestTrack | None) -> tuple[float, Valuer]:
-        """``(now, valuer)`` for the blocks of one request freed together."""
-        return self.clock(), self.valuer(track)
+    def free_stamp(self, track: RequestTrack | None) -> tuple[float, BlockValueFn]:
+        """``(now, value_of)`` for the blocks of one request freed together."""
+        return self.clock(), self.block_value_fn(track)
 
     def stage_values(self, queue_: PolicyFreeBlockQueue, track: RequestTrack | None,
                      blocks: Sequence[KVCacheBlock]) -> None:
@@ -174,7 +174,7 @@ class PolicyEvents:
         policy = self.eviction_policy
         if policy is None or not policy.needs_values:
             return
-        value = self.valuer(track)
+        value = self.block_value_fn(track)
         for b in blocks:
             if not b.is_null and b.block_hash is not None:
                 queue_.stage_value(b, value(b))
@@ -251,7 +251,8 @@ class PolicyEvents:
 
     def on_keys_moved(self, block: KVCacheBlock) -> None:
         """``block`` just took over another block's hashes (``BlockPool.move_block_hashes``:
-        the prefix cache keeps a copy of a tail or hit block its request writes on); tell
+        the prefix cache keeps a copy of a block its request writes on: one keyed at a
+        prompt's unit end, or a hit block); tell
         a policy that ``needs_keys`` its first one, as the simulator does
         (``BlockPool.move_keys`` in ``core/cache/block_pool.py``). Only prompt blocks
         move, so the key is the hash's."""

@@ -11,7 +11,7 @@ unknown) and keeps what follows from it:
   (:meth:`RequestTracker.clip_chunk`, for ``dense``);
 * when a recurrent-state group caches blocks (``MambaManager.cache_blocks``) which
   block-aligned state positions are admitted (:meth:`RequestTracker.decide`); for a
-  policy with ``supersede_tail`` (``marconi``) the latest state at or after the prompt
+  policy with ``tentative_sequence_end`` (``marconi``) the latest state at or after the prompt
   end is kept tentatively and replaces the previous tentative one
   (:meth:`RequestTracker.supersede`); states for the host tier only are dropped from the
   GPU cache once handed over (:meth:`RequestTracker.hand_off_only`);
@@ -44,14 +44,14 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_utils import BlockHashWithGroupId, KVCacheBlock
     from vllm.v1.request import Request
 
-__all__ = ["RequestTrack", "RequestTracker", "TentativeTail"]
+__all__ = ["RequestTrack", "RequestTracker", "TentativeEnd"]
 
 #: ``drop(block)``: remove a block's hash from vLLM's prefix cache
 #: (:meth:`~vllm_admission.plugin.kv_cache.AdmissionBlockPool.drop_hash`).
 Drop = Callable[["KVCacheBlock"], None]
 
 
-class TentativeTail(NamedTuple):
+class TentativeEnd(NamedTuple):
     """A request's latest tentative state in one state group."""
 
     pos: int                                  # tokens before the state
@@ -66,7 +66,7 @@ class RequestTrack:
     request: Request
     adm: RequestAdmission            # the core's per-request admission (probe, stops, ...)
     stops: tuple[int, ...]           # chunk stops besides the junction (vLLM ends that one)
-    tails: dict[int, TentativeTail] = field(default_factory=dict)  # state group -> tail
+    tentative_ends: dict[int, TentativeEnd] = field(default_factory=dict)  # state group -> tentative end
 
 
 class RequestTracker:
@@ -81,7 +81,7 @@ class RequestTracker:
         first_state: the first recurrent-state KV cache group (its states are counted).
         state_groups: every recurrent-state KV cache group.
         partial_hash_block_size: vLLM's ``hash_block_size`` when below the block (partial
-            hash hits: the prompt's tail hash block is then a checkpoint), else ``None``.
+            hash hits: the prompt's unit end is then a checkpoint), else ``None``.
         eagle: EAGLE/MTP speculative decoding: the prompt checkpoints are a block lower.
     """
 
@@ -142,9 +142,9 @@ class RequestTracker:
         stops = (adm.host_stops if native
                  else tuple(s for s in adm.stops if s != adm.junction))
         old = self.tracks.get(rid)
-        # A preempted request keeps its tentative tails.
-        tails = old.tails if old is not None and old.tails else {}
-        self.tracks[rid] = RequestTrack(request=request, adm=adm, stops=stops, tails=tails)
+        # A preempted request keeps its tentative tentative_ends.
+        tentative_ends = old.tentative_ends if old is not None and old.tentative_ends else {}
+        self.tracks[rid] = RequestTrack(request=request, adm=adm, stops=stops, tentative_ends=tentative_ends)
         return adm.junction
 
     def clip_chunk(self, request: Request, start: int, num_new_tokens: int) -> int:
@@ -203,8 +203,8 @@ class RequestTracker:
 
     def transient(self, group: int) -> bool:
         """Whether ``group`` may cache states only tentatively or for the host tier
-        (a state group under a ``supersede_tail`` policy or a host admission policy)."""
-        return group in self._state_set and (self.policy.supersede_tail
+        (a state group under a ``tentative_sequence_end`` policy or a host admission policy)."""
+        return group in self._state_set and (self.policy.tentative_sequence_end
                                              or self.host_policy is not None)
 
     def decide(self, track: RequestTrack, first: int, last: int,
@@ -217,7 +217,7 @@ class RequestTracker:
         Returns:
             ``(admitted, tentative, host)`` token positions, ascending: states the
             policy caches, states kept only until a later state of the same
-            request replaces them (``supersede_tail`` policies), and states for the
+            request replaces them (``tentative_sequence_end`` policies), and states for the
             host tier only (:attr:`host_policy`; :meth:`hand_off_only`).
         """
         B = self.B
@@ -260,7 +260,7 @@ class RequestTracker:
         """Keep only the request's latest tentative state in ``group``.
 
         ``tentative`` are positions just cached as possible sequence ends
-        (``supersede_tail`` policies); the previous one of the same request is
+        (``tentative_sequence_end`` policies); the previous one of the same request is
         dropped from the cache with ``drop(block)``.
         """
         B = self.B
@@ -268,7 +268,7 @@ class RequestTracker:
             block = blocks[pos // B - 1]
             key = block.block_hash
             if key is not None:
-                self._replace_tail(track, group, TentativeTail(pos, block, key), drop)
+                self._replace_tentative_end(track, group, TentativeEnd(pos, block, key), drop)
 
     def supersede_ahead(self, track: RequestTrack, group: int, known: int, reach: int,
                         blocks: Sequence[KVCacheBlock], drop: Drop) -> None:
@@ -293,14 +293,14 @@ class RequestTracker:
             return
         block = blocks[pos // self.B - 1]
         if not block.is_null:
-            self._replace_tail(track, group, TentativeTail(pos, block, None), drop)
+            self._replace_tentative_end(track, group, TentativeEnd(pos, block, None), drop)
 
-    def _replace_tail(self, track: RequestTrack, group: int, new: TentativeTail,
+    def _replace_tentative_end(self, track: RequestTrack, group: int, new: TentativeEnd,
                       drop: Drop) -> None:
-        """Make ``new`` the request's tentative tail in ``group``; drop the previous
-        tail if it is earlier and still holds the hash it was cached with."""
-        old = track.tails.get(group)
-        track.tails[group] = new
+        """Make ``new`` the request's tentative end in ``group``; drop the previous
+        one if it is earlier and still holds the hash it was cached with."""
+        old = track.tentative_ends.get(group)
+        track.tentative_ends[group] = new
         if old is None or old.pos >= new.pos:
             return
         if old.key is None or old.block.block_hash != old.key:
@@ -322,7 +322,7 @@ class RequestTracker:
                 record((i + 1) * B)
                 self.counters.state_checkpoints += 1
 
-    def observe_tail(self, track: RequestTrack) -> None:
-        """The first state group cached the request's tail-unit state."""
-        track.adm.record(track.adm.tail)
+    def observe_sub_block_state(self, track: RequestTrack) -> None:
+        """The first state group cached the request's state at its prompt's unit end (inside a block)."""
+        track.adm.record(track.adm.state_sub_block_end)
         self.counters.state_checkpoints += 1

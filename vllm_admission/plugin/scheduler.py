@@ -235,7 +235,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
             assert live is not None  # switches come from auto, which builds live_evictions
             policy = live.make(switch.after.eviction)
             self.kv_cache_manager.block_pool.free_block_queue.switch(
-                policy, ctl.demoter(switch.held))
+                policy, ctl.unheld_by_shadow(switch.held))
             ctl.set_eviction(policy)
             self._admission_pending_pair = switch.after
         pending = self._admission_pending_pair
@@ -427,7 +427,7 @@ class AsyncAdmissionScheduler(AdmissionScheduler, AsyncScheduler):
     synchronous scheduler.
 
     One thing moves with that later hash: a policy that keeps tentative
-    sequence-end states (``supersede_tail``, ``marconi``) would drop the
+    sequence-end states (``tentative_sequence_end``, ``marconi``) would drop the
     previous one a step late, after the next step's allocations. After each
     schedule this class drops it where the synchronous scheduler does
     (:meth:`PolicyMambaManager.supersede_ahead`), so that requests served one
@@ -437,7 +437,7 @@ class AsyncAdmissionScheduler(AdmissionScheduler, AsyncScheduler):
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         super()._update_after_schedule(scheduler_output)
         ctl = self._admission
-        if ctl is None or not ctl.policy.supersede_tail:
+        if ctl is None or not ctl.policy.tentative_sequence_end:
             return
         managers = [m for m in self._admission_state_managers()
                     if isinstance(m, PolicyMambaManager)]

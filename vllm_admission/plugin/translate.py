@@ -1,7 +1,7 @@
 """vLLM's blocks, block hashes and requests in the core's terms.
 
 The core names a block by an integer key and a request by its keys and two
-lengths (:class:`~vllm_admission.core.replay.CacheRequest`); vLLM names them
+lengths (:class:`~vllm_admission.core.cache_inputs.CacheRequest`); vLLM names them
 by ``BlockHash`` bytes, ``KVCacheBlock`` objects and ``Request`` objects. The
 functions here are the one place that maps one onto the other, so the keys
 the shadows and the alpha tuner are fed, the keys an eviction policy hears and
@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Sequence
 from typing import Any
 
-from vllm_admission.core.replay import CacheRequest
+from vllm_admission.core.cache_inputs import CacheRequest
 
-__all__ = ["block_hash_at", "cache_request", "counts_in_prefix_cache_stats", "demoter",
+__all__ = ["block_hash_at", "cache_request", "counts_in_prefix_cache_stats", "unheld_by_shadow",
            "hash_key", "prompt_block_keys"]
 
 
@@ -33,7 +33,7 @@ def hash_key(block_hash: Any) -> int:
     ``block_hash`` is a ``BlockHash`` or a ``BlockHashWithGroupId`` (the hash
     bytes followed by the 4-byte group id, ``vllm/v1/core/kv_cache_utils.py``):
     both start with the same bytes. The simulator's requests built from the
-    engine (:class:`~vllm_admission.core.replay.CacheRequest`) use these keys.
+    engine (:class:`~vllm_admission.core.cache_inputs.CacheRequest`) use these keys.
     """
     return int.from_bytes(bytes(block_hash)[:8], "big")
 
@@ -85,7 +85,7 @@ def counts_in_prefix_cache_stats(request: Any) -> bool:
             and not getattr(request, "skip_reading_prefix_cache", False))
 
 
-def demoter(held: Sequence[Container] | None,
+def unheld_by_shadow(held: Sequence[Container] | None,
             group_of: Callable[[Any], int]) -> Callable[[Any], bool] | None:
     """``f(block) -> bool`` for the free queue's switch under ``auto``: whether a
     free cached block goes first, because the new pair's shadow does not hold its

@@ -1,7 +1,7 @@
 """Work off the scheduler loop: the alpha tuner and ``auto``'s shadow caches.
 
 The scheduler thread hands each finished request, reduced to a
-:class:`~vllm_admission.core.replay.CacheRequest`, to a daemon thread and
+:class:`~vllm_admission.core.cache_inputs.CacheRequest`, to a daemon thread and
 picks the thread's decision up before its next allocations:
 
 * :class:`TunerThread`: an :class:`~vllm_admission.core.tuning.AlphaTuner`
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_admission.core.adaptive import Decision, PolicyController
 from vllm_admission.core.admission import HitProbe
-from vllm_admission.core.replay import CacheRequest
+from vllm_admission.core.cache_inputs import CacheRequest
 from vllm_admission.core.shadows import ShadowProcess, ShadowProcessError
 from vllm_admission.core.tuning import AlphaTuner
 from vllm_admission.plugin import translate

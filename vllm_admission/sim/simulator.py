@@ -25,6 +25,13 @@ from vllm_admission.core.bounds import PoolBound, pool_bound
 from vllm_admission.core.cache import ATTENTION, STATE, check_checkpoint_mode
 from vllm_admission.core.cache.host import check_host_admission
 from vllm_admission.core.cache.host import host_chunks as host_chunks_of
+from vllm_admission.core.cache_inputs import (
+    CacheRequest,
+    CacheSetup,
+    NextUseOracle,
+    infinite_capacity_bound,
+    replay_requests,
+)
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.counters import CacheCounters, ratio
 from vllm_admission.core.errors import UserError
@@ -43,13 +50,6 @@ from vllm_admission.core.layout import (
     SchedulingSpec,
     SpeculationSpec,
     check_hash_block_size,
-)
-from vllm_admission.core.replay import (
-    CacheRequest,
-    CacheSetup,
-    NextUseOracle,
-    infinite_capacity_bound,
-    replay_requests,
 )
 from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
 from vllm_admission.core.traces import Request, Trace
@@ -225,7 +225,7 @@ def stream_cache_requests(requests: Iterable[Request], block_size: int, outputs:
 def trace_bound(requests: list[CacheRequest], block_size: int) -> dict[str, Any]:
     """Infinite-capacity bound at ``block_size`` (a state at every block, nothing evicted).
 
-    See :func:`vllm_admission.core.replay.infinite_capacity_bound`.
+    See :func:`vllm_admission.core.cache_inputs.infinite_capacity_bound`.
     """
     hit, prompt = infinite_capacity_bound(requests, block_size)
     return {"block_size": block_size, "hit_tokens": hit, "prompt_tokens": prompt,

@@ -94,7 +94,7 @@ class AdmissionPolicy(ABC):
       the class is created);
     * :attr:`own_stops`: chunk stops besides the junction (the class overrides
       :meth:`stops`, or declares :attr:`every_block`);
-    * :attr:`supersede_tail`: :meth:`admit` keeps a sequence-end state that it
+    * :attr:`tentative_sequence_end`: :meth:`admit` keeps a sequence-end state that it
       would not keep as a plain decode boundary, so a live engine, which does
       not know where the sequence ends, keeps each such state tentatively
       until the request's next one replaces it.
@@ -159,7 +159,7 @@ class AdmissionPolicy(ABC):
             # state them is neither vLLM's behaviour nor an auto candidate.
             if attr not in cls.__dict__:
                 setattr(cls, attr, False)
-        for attr in ("uses_junction", "own_stops", "supersede_tail"):
+        for attr in ("uses_junction", "own_stops", "tentative_sequence_end"):
             if attr in cls.__dict__:
                 raise TypeError(f"{cls.__name__}.{attr} is derived from the policy's hooks "
                                 f"(junction, stops, admit); override those instead")
@@ -213,7 +213,7 @@ class AdmissionPolicy(ABC):
                 admit(frozenset({CheckpointKind.SEQUENCE_END})))
 
     @functools.cached_property
-    def supersede_tail(self) -> bool:
+    def tentative_sequence_end(self) -> bool:
         """Derived: whether a decode-time state replaces the request's earlier
         tentative end-of-sequence state in a live engine: :meth:`admit` keeps a
         sequence end it would not keep as a plain decode boundary (Marconi keeps

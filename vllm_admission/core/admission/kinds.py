@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import itertools
 
-__all__ = ["TAIL_KINDS", "CheckpointKind", "checkpoint_kinds", "prompt_ends", "sequence_end"]
+__all__ = ["PROMPT_UNIT_END_KINDS", "CheckpointKind", "checkpoint_kinds", "prompt_ends", "sequence_end"]
 
 
 class CheckpointKind(enum.Enum):
@@ -38,11 +38,14 @@ class CheckpointKind(enum.Enum):
     #: ``prefix_cache_retention_interval`` when that is positive
     #: (``MambaManager.reachable_block_mask``, ``vllm/v1/core/single_type_kv_cache_manager.py``).
     PERIODIC = "periodic"
-    #: The prompt's last reusable position at the engine's hash unit: the tail unit
-    #: boundary ``(prompt_len - 1) // u * u`` under a ``prefix_match_unit`` ``u`` finer
-    #: than the block when that lies inside a block (vLLM keys the state written there,
+    #: The prompt's unit end: its last reusable position at the engine's hash unit,
+    #: ``(prompt_len - 1) // u * u`` under a ``prefix_match_unit`` ``u`` finer than the
+    #: block when that lies inside a block (vLLM keys the state written there,
     #: ``MambaManager._cache_partial_tail_block``), else the PROMPT_END position.
-    TAIL = "tail"
+    PROMPT_UNIT_END = "prompt_unit_end"
+    #: The former spelling of :attr:`PROMPT_UNIT_END` (an alias, the same member), kept
+    #: for admission policies of other packages that name it in ``admitted``.
+    TAIL = "prompt_unit_end"
 
 
 
@@ -66,15 +69,15 @@ def prompt_ends(prompt_len: int, block_size: int, eagle: bool = False) -> tuple[
 
 
 def sequence_end(prompt_len: int, total_len: int, block_size: int, eagle: bool = False,
-                 tail_stop: int = 0) -> int:
+                 prompt_unit_end: int = 0) -> int:
     """The SEQUENCE_END position: the last block boundary where the whole sequence
     (``total_len`` tokens, prompt and output) has a state written,
     ``(total_len - 1) // B * B``. With EAGLE/MTP no prefill chunk ends at the prompt's
     last block boundary (the checkpoint is a block lower, :func:`prompt_ends`), so
     where decode crosses no boundary the last state written is that checkpoint, or
-    ``tail_stop`` when it is a higher block boundary (with a finer hash unit a chunk also
-    ends at the tail unit,
-    :attr:`~vllm_admission.core.admission.RequestAdmission.tail_stop`): what a live
+    ``prompt_unit_end`` when it is a higher block boundary (with a finer hash unit a chunk also
+    ends at the prompt's unit end,
+    :attr:`~vllm_admission.core.admission.RequestAdmission.prompt_unit_end`): what a live
     engine, which keeps a request's latest state as its possible end, keeps."""
     B = block_size
     last = (total_len - 1) // B * B
@@ -82,12 +85,13 @@ def sequence_end(prompt_len: int, total_len: int, block_size: int, eagle: bool =
         return last
     ends = prompt_ends(prompt_len, B, True)
     end = ends[-1] if ends else 0
-    return tail_stop if tail_stop > end and tail_stop % B == 0 else end
+    return prompt_unit_end if prompt_unit_end > end and prompt_unit_end % B == 0 else end
 
 
 def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
                      block_size: int, junction: int, period: int = 0,
-                     tail: int | None = None, eagle: bool = False) -> frozenset[CheckpointKind]:
+                     prompt_unit_end: int | None = None,
+                     eagle: bool = False) -> frozenset[CheckpointKind]:
     """Every :class:`CheckpointKind` that a block-aligned state position has.
 
     Args:
@@ -103,8 +107,8 @@ def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
         period: the engine's periodic retention interval in tokens (vLLM's
             ``prefix_cache_retention_interval`` when positive; 0: no periodic
             positions).
-        tail: the request's TAIL position
-            (:attr:`~vllm_admission.core.admission.RequestAdmission.tail_stop` with a
+        prompt_unit_end: the request's PROMPT_UNIT_END position
+            (:attr:`~vllm_admission.core.admission.RequestAdmission.prompt_unit_end` with a
             finer hash unit: inside a block, or under EAGLE possibly a block boundary
             of its own); ``None``: the PROMPT_END position where vLLM ends a chunk.
         eagle: EAGLE/MTP speculative decoding: PROMPT_END is each of
@@ -112,7 +116,7 @@ def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
 
     Returns:
         A non-empty frozenset: CHUNK_END or DECODE always, plus JUNCTION,
-        PROMPT_END, SEQUENCE_END, PERIODIC and TAIL where they apply.
+        PROMPT_END, SEQUENCE_END, PERIODIC and PROMPT_UNIT_END where they apply.
     """
     ends = prompt_ends(prompt_len, block_size, eagle)
     prompt_end = ends[-1] if ends else 0
@@ -121,18 +125,19 @@ def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
         bool(junction) and position == junction,
         position in ends,
         total_len is not None and position == sequence_end(prompt_len, total_len, block_size,
-                                                           eagle, tail or 0),
+                                                           eagle, prompt_unit_end or 0),
         bool(period) and position % period == 0,
-        position == (prompt_end if tail is None else tail),
+        position == (prompt_end if prompt_unit_end is None else prompt_unit_end),
     )]
 
 
 def _kind_set(in_prompt: bool, junction: bool, prompt_end: bool,
-              sequence_end: bool, periodic: bool, tail: bool) -> frozenset[CheckpointKind]:
+              sequence_end: bool, periodic: bool, prompt_unit_end: bool) -> frozenset[CheckpointKind]:
     kinds = {CheckpointKind.CHUNK_END if in_prompt else CheckpointKind.DECODE}
     for flag, kind in ((junction, CheckpointKind.JUNCTION), (prompt_end, CheckpointKind.PROMPT_END),
                        (sequence_end, CheckpointKind.SEQUENCE_END),
-                       (periodic, CheckpointKind.PERIODIC), (tail, CheckpointKind.TAIL)):
+                       (periodic, CheckpointKind.PERIODIC),
+                       (prompt_unit_end, CheckpointKind.PROMPT_UNIT_END)):
         if flag:
             kinds.add(kind)
     return frozenset(kinds)
@@ -142,7 +147,7 @@ def _kind_set(in_prompt: bool, junction: bool, prompt_end: bool,
 #: and hashing enum members in Python is what a fresh set would cost).
 _KIND_SETS = {flags: _kind_set(*flags) for flags in itertools.product((False, True), repeat=6)}
 
-#: The kinds of the prompt's tail unit boundary inside a block
-#: (:attr:`~vllm_admission.core.admission.RequestAdmission.tail`): a chunk
+#: The kinds of the prompt's unit end inside a block
+#: (:attr:`~vllm_admission.core.admission.RequestAdmission.state_sub_block_end`): a chunk
 #: end that is the prompt's last reusable position at the hash unit.
-TAIL_KINDS = frozenset({CheckpointKind.CHUNK_END, CheckpointKind.TAIL})
+PROMPT_UNIT_END_KINDS = frozenset({CheckpointKind.CHUNK_END, CheckpointKind.PROMPT_UNIT_END})

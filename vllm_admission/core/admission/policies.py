@@ -64,8 +64,8 @@ class VllmAdmission(AdmissionPolicy):
       stop for them);
     * ``None``: every state written (dense).
 
-    With a ``prefix_match_unit`` finer than the block the prompt's tail unit
-    (TAIL) is kept besides its last block boundary (PROMPT_END). The junction is a
+    With a ``prefix_match_unit`` finer than the block the prompt's unit end
+    (PROMPT_UNIT_END) is kept besides its last block boundary (PROMPT_END). The junction is a
     chunk stop in all three (``_mamba_block_aligned_split``).
 
     Args:
@@ -82,7 +82,7 @@ class VllmAdmission(AdmissionPolicy):
                "junction (prefix_cache_retention_interval=0; N adds every N tokens, None all)")
     vllm_native = True
     auto_candidate = True
-    admitted = frozenset({CheckpointKind.JUNCTION, CheckpointKind.PROMPT_END, CheckpointKind.TAIL})
+    admitted = frozenset({CheckpointKind.JUNCTION, CheckpointKind.PROMPT_END, CheckpointKind.PROMPT_UNIT_END})
 
     def __init__(self, retention_interval: int | None = 0) -> None:
         check_retention_interval(retention_interval)
@@ -117,19 +117,19 @@ class MarconiAdmission(AdmissionPolicy):
 
 class BlockAdmission(AdmissionPolicy):
     """Stock vLLM's admission with prompt ends on block boundaries only: the
-    junction and the prompt's last block boundary (PROMPT_END), never the tail
-    hash unit inside a block (TAIL).
+    junction and the prompt's last block boundary (PROMPT_END), never the
+    hash unit inside a block (PROMPT_UNIT_END).
 
     Without a ``prefix_match_unit`` finer than the block this is ``vllm`` at
-    retention 0. With one, it keeps what stock keeps without the unit (no tail-unit
-    state, no tail key on the attention block), so the unit costs no cache space;
+    retention 0. With one, it keeps what stock keeps without the unit (no state at the
+    prompt's unit end, no sub-block key on the attention block), so the unit costs no cache space;
     ``auto`` weighs it against ``vllm`` only there (:attr:`sub_block_only`). When that
     pays: ``docs/results.md``, section 3.7.
     """
 
     name = "block"
     summary = ("stock vLLM with prompt ends on block boundaries only: under a "
-               "prefix_match_unit no tail-unit state (hits stay whole blocks, no extra memory)")
+               "prefix_match_unit no state at the prompt's unit end (hits stay whole blocks, no extra memory)")
     auto_candidate = True
     sub_block_only = True
     admitted = frozenset({CheckpointKind.JUNCTION, CheckpointKind.PROMPT_END})

@@ -4,7 +4,7 @@ values. Shared by the simulator's cache model and the vLLM plugin.
 
 Sources: vLLM 0.32 ``vllm/v1/core/kv_cache_manager.py`` (``get_computed_blocks``: the
 junction), ``vllm/v1/core/sched/scheduler.py`` (``_mamba_block_aligned_split``: the chunk
-stops, the tail boundary), ``vllm/v1/core/single_type_kv_cache_manager.py``
+stops, ``tail_boundary``: the prompt's unit end), ``vllm/v1/core/single_type_kv_cache_manager.py``
 (``MambaManager._cache_partial_tail_block``); Marconi (Pan et al., MLSys 2025) sections
 4.1 (admission) and 4.2 (values).
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from vllm_admission.core.admission.base import ADMIT, HOST, SKIP, TENTATIVE
 from vllm_admission.core.admission.kinds import (
-    TAIL_KINDS,
+    PROMPT_UNIT_END_KINDS,
     CheckpointKind,
     checkpoint_kinds,
     prompt_ends,
@@ -48,7 +48,7 @@ class RequestAdmission:
         probe: what the lookup found.
         total_len: prompt plus output tokens when known (the simulator);
             ``None`` for a live request (the engine), whose end is unknown:
-            then a ``supersede_tail`` policy keeps every state at or after the
+            then a ``tentative_sequence_end`` policy keeps every state at or after the
             prompt end tentatively (:data:`~vllm_admission.core.admission.TENTATIVE`)
             and the caller keeps only the latest one.
         junction: the junction the request acts on. Default: the policy's
@@ -70,19 +70,21 @@ class RequestAdmission:
         prompt_end: the prompt checkpoint, where vLLM ends a chunk:
             ``(prompt_len - 1) // B * B``, with EAGLE ``prompt_len // B * B - B``
             (0 when there is none).
-        tail: with a finer hash unit ``u``, the prompt's tail unit boundary
+        state_sub_block_end: with a finer hash unit ``u``, the prompt's unit end
             ``(prompt_len - 1) // u * u`` when it lies inside a block, else 0
             (with EAGLE ``prompt_len // u * u - u``, one unit below the last
             boundary a lookup can reach, as the lookup drops one unit:
             ``get_mamba_prefill_checkpoint_position``). vLLM ends a chunk there
             and keys the state written there by the hash unit
-            (``MambaManager._cache_partial_tail_block``); its kind is TAIL (else
-            TAIL goes with PROMPT_END), so a policy that keeps TAIL keeps it.
-        attn_tail: where the attention groups key the prompt's tail unit when it
-            lies inside a block, else 0 (``FullAttentionManager._cache_partial_tail_block``):
-            :attr:`tail`, but with EAGLE ``prompt_len // u * u``, the unit a
+            (``MambaManager._cache_partial_tail_block``); its kind is PROMPT_UNIT_END
+            (else PROMPT_UNIT_END goes with PROMPT_END), so a policy that keeps
+            PROMPT_UNIT_END keeps it.
+        attn_sub_block_end: where the attention groups key their partial last block
+            (the prompt's unit end) when that lies inside a block, else 0
+            (``FullAttentionManager._cache_partial_tail_block``):
+            :attr:`state_sub_block_end`, but with EAGLE ``prompt_len // u * u``, the unit a
             lookup matches before it drops one.
-        tail_stop: with a finer hash unit, the tail unit boundary whether or not
+        prompt_unit_end: with a finer hash unit, the prompt's unit end whether or not
             it lies inside a block: vLLM ends a chunk there (``Scheduler._mamba_block_aligned_split``'s
             ``tail_boundary``); without EAGLE a block-aligned one is :attr:`prompt_end`.
         stops: ascending chunk stops (the junction included when used), the host
@@ -91,10 +93,10 @@ class RequestAdmission:
         admitted: ascending positions cached in the first state group.
     """
 
-    __slots__ = ("policy", "probe", "junction", "prompt_end", "tail", "attn_tail", "tail_stop",
-                 "eagle", "stops", "host_stops", "admitted", "_host",
+    __slots__ = ("policy", "probe", "junction", "prompt_end", "state_sub_block_end", "attn_sub_block_end",
+                 "prompt_unit_end", "eagle", "stops", "host_stops", "admitted", "_host",
                  "_special", "_plain_chunk", "_plain_decode", "_period", "_periodic_chunk",
-                 "_periodic_decode", "_tail_ok", "_may_end", "_below_hit", "_values", "_version")
+                 "_periodic_decode", "_live_tentative_end", "_may_end", "_below_hit", "_values", "_version")
 
     def __init__(self, policy: AdmissionPolicy, probe: HitProbe, *, total_len: int | None,
                  junction: int | None = None, hash_block_size: int | None = None,
@@ -111,11 +113,11 @@ class RequestAdmission:
         if hash_block_size:
             u = hash_block_size
             reach = (P if eagle else P - 1) // u * u
-            self.tail_stop = max(reach - u, 0) if eagle else reach
-            self.tail = self.tail_stop if self.tail_stop % B else 0
-            self.attn_tail = reach if reach % B else 0
+            self.prompt_unit_end = max(reach - u, 0) if eagle else reach
+            self.state_sub_block_end = self.prompt_unit_end if self.prompt_unit_end % B else 0
+            self.attn_sub_block_end = reach if reach % B else 0
         else:
-            self.tail = self.attn_tail = self.tail_stop = 0
+            self.state_sub_block_end = self.attn_sub_block_end = self.prompt_unit_end = 0
         self.stops = policy.stops(probe)
         self.host_stops: tuple[int, ...] = ()
         self._host: RequestAdmission | None = None
@@ -129,17 +131,17 @@ class RequestAdmission:
         self.admitted: list[int] = []
         special = {}
         period = policy.period
-        seq = (sequence_end(P, total_len, B, eagle, self.tail_stop) if total_len is not None
+        seq = (sequence_end(P, total_len, B, eagle, self.prompt_unit_end) if total_len is not None
                else 0)
         for pos in (junction, *ends, seq):
             if pos > 0 and pos not in special:
                 special[pos] = policy.admit(checkpoint_kinds(
                     pos, prompt_len=P, total_len=total_len, block_size=B, junction=junction,
-                    period=period, tail=self.tail_stop or None, eagle=eagle))
-        if self.tail_stop and self.tail_stop not in special:
+                    period=period, prompt_unit_end=self.prompt_unit_end or None, eagle=eagle))
+        if self.prompt_unit_end and self.prompt_unit_end not in special:
             # Inside a block, or (EAGLE) a block boundary where vLLM keys the state by
             # the hash unit all the same (MambaManager._cache_partial_tail_block).
-            special[self.tail_stop] = policy.admit(TAIL_KINDS)
+            special[self.prompt_unit_end] = policy.admit(PROMPT_UNIT_END_KINDS)
         self._special = special
         self._plain_chunk, self._plain_decode, keeps_sequence_end = policy.plain_decisions
         self._period = period
@@ -148,8 +150,8 @@ class RequestAdmission:
                 frozenset({CheckpointKind.CHUNK_END, CheckpointKind.PERIODIC}))
             self._periodic_decode = policy.admit(
                 frozenset({CheckpointKind.DECODE, CheckpointKind.PERIODIC}))
-        self._may_end = policy.supersede_tail and keeps_sequence_end
-        self._tail_ok = total_len is None and self._may_end
+        self._may_end = policy.tentative_sequence_end and keeps_sequence_end
+        self._live_tentative_end = total_len is None and self._may_end
         self._below_hit: list[int] | None = None
         self._values: tuple[int, list[int], dict[int, float]] | None = None
         self._version = 0  # bumped whenever admitted changes (the values' memo key)
@@ -166,16 +168,16 @@ class RequestAdmission:
             self.admitted.remove(position)
             self._version += 1
 
-    def keeps_tail(self) -> bool:
-        """Whether the policy keeps the state at the prompt's tail unit boundary
-        (:attr:`tail_stop`; a hash unit finer than the block): only then do the
-        attention groups key :attr:`attn_tail`, the unit a lookup that lands there
-        matches, and the state groups :attr:`tail` when it lies inside a block.
+    def keeps_prompt_unit_end(self) -> bool:
+        """Whether the policy keeps the state at the prompt's unit end
+        (:attr:`prompt_unit_end`; a hash unit finer than the block): only then do the
+        attention groups key :attr:`attn_sub_block_end`, the unit a lookup that lands there
+        matches, and the state groups :attr:`state_sub_block_end` when it lies inside a block.
 
-        A block-aligned tail stop (EAGLE) that a ``supersede_tail`` policy may keep as
+        A block-aligned unit end (EAGLE) that a ``tentative_sequence_end`` policy may keep as
         the sequence end counts as kept: a live engine caches it tentatively and keys
-        the attention tail before it knows, so the simulator, which knows, does too."""
-        t = self.tail_stop
+        the attention groups' partial block before it knows, so the simulator, which knows, does too."""
+        t = self.prompt_unit_end
         if not t:
             return False
         d = self.decide(t)
@@ -186,7 +188,7 @@ class RequestAdmission:
 
     def decide(self, position: int) -> AdmissionDecision:
         """The :class:`~vllm_admission.core.admission.AdmissionDecision` for the state at
-        ``position`` (tokens, a block boundary or the tail unit boundary): ``ADMIT``
+        ``position`` (tokens, a block boundary or the prompt's unit end): ``ADMIT``
         (cache it), ``TENTATIVE`` (cache it until a later state of the request replaces
         it), ``HOST`` (hand it to the host tier only) or ``SKIP``."""
         ok = self._special.get(position)
@@ -198,7 +200,7 @@ class RequestAdmission:
                 ok = self._plain_chunk if position <= self.probe.prompt_len else self._plain_decode
         if ok:
             return ADMIT
-        if self._tail_ok and position >= self.prompt_end:
+        if self._live_tentative_end and position >= self.prompt_end:
             return TENTATIVE
         host = self._host
         if (host is not None and position <= self.probe.prompt_len
@@ -209,7 +211,7 @@ class RequestAdmission:
     def cached_live(self, position: int) -> bool:
         """Whether a live engine, which does not know the request's length, caches the
         state at ``position`` when it is written: :meth:`decide` admits it, or a
-        ``supersede_tail`` policy keeps it tentatively as a possible sequence end (at
+        ``tentative_sequence_end`` policy keeps it tentatively as a possible sequence end (at
         or after the prompt end) until a later state replaces it. What a KV connector
         is handed (a host tier stores every state the engine caches, the tentative
         ones included), with the :data:`~vllm_admission.core.admission.HOST` ones."""
@@ -218,21 +220,21 @@ class RequestAdmission:
 
     def kept_as_sequence_end(self, position: int) -> bool:
         """Whether the state at ``position`` is admitted only as the sequence end
-        of a ``supersede_tail`` policy (``marconi``): a live engine, which does
+        of a ``tentative_sequence_end`` policy (``marconi``): a live engine, which does
         not know the length, caches it tentatively (:data:`~vllm_admission.core.admission.TENTATIVE`) and
         learns only when the request finishes that it stays.
 
         Meaningful for a position :meth:`decide` admits; False for every
-        position of a policy without ``supersede_tail``.
+        position of a policy without ``tentative_sequence_end``.
         """
         policy = self.policy
-        if not policy.supersede_tail:
+        if not policy.tentative_sequence_end:
             return False
         probe = self.probe
         return not policy.admit(checkpoint_kinds(
             position, prompt_len=probe.prompt_len, total_len=None,
             block_size=probe.block_size, junction=self.junction, period=policy.period,
-            tail=self.tail_stop or None, eagle=self.eagle))
+            prompt_unit_end=self.prompt_unit_end or None, eagle=self.eagle))
 
     def checkpoints(self, is_cached_state: Callable[[int], bool]) -> list[int]:
         """Ascending cached-state positions along the request's sequence.

@@ -195,11 +195,11 @@ class BlockPool:
         """
         free = self.free_blocks
         num_uncached, num_cached = len(free.uncached), free.num_cached
-        if n > num_uncached + num_cached + len(free.tail):
+        if n > num_uncached + num_cached + len(free.last_resort):
             raise PoolExhausted(f"need {n} blocks, {len(free)} free of {self.num_blocks - 1}")
         out = free.take(n, now)
         if n > num_uncached:
-            # After the uncached stack come the policy's victims (then the tail).
+            # After the uncached stack come the policy's victims (then the last-resort FIFO).
             self._evict(out[num_uncached:n if n - num_uncached < num_cached
                             else num_uncached + num_cached])
         ref = self.ref

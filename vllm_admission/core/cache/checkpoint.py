@@ -93,7 +93,7 @@ def split_chunk(start: int, n: int, prompt_len: int, block_size: int, budget: in
 def _checkpoint_positions(run: RunningRequest) -> tuple[int, ...]:
     """Ascending checkpoint positions: the policy's stops, then the prompt
     checkpoint (every stop is a block boundary below the prompt end), then,
-    with a hash unit finer than the block, the prompt's tail unit boundary
+    with a hash unit finer than the block, the prompt's unit end
     inside the last block (vLLM ends a chunk there whatever the policy keeps:
     ``_mamba_block_aligned_split``'s ``tail_boundary``)."""
     adm = run.adm
@@ -102,8 +102,8 @@ def _checkpoint_positions(run: RunningRequest) -> tuple[int, ...]:
         ends = (*ends, adm.prompt_end)
         if len(ends) > 1 and ends[-2] > ends[-1]:  # EAGLE: the checkpoint is a block lower
             ends = tuple(sorted(set(ends)))
-    if adm.tail_stop and adm.tail_stop not in ends:
-        ends = tuple(sorted((*ends, adm.tail_stop)))
+    if adm.prompt_unit_end and adm.prompt_unit_end not in ends:
+        ends = tuple(sorted((*ends, adm.prompt_unit_end)))
     return tuple(ends)
 
 

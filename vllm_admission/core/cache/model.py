@@ -113,7 +113,7 @@ class HybridPrefixCache:
     layout turns on, as vLLM runs it (sources in docs/engine-facts.md):
 
     * ``pool.hash_block_size`` below ``block_size`` (``split`` mode only): a hit may end
-      on a hash block boundary inside a block; the prompt's tail hash block ends a chunk
+      on a hash block boundary inside a block; the prompt's unit end ends a chunk
       and is keyed where the admission policy keeps its state
       (``_cache_partial_tail_block``); a hit inside a block takes a private copy of it
       (``_apply_cow``). :meth:`serve` then needs the prompt's keys per hash block.
@@ -497,13 +497,13 @@ class HybridPrefixCache:
                              blocks=[[] for _ in self.group_kinds],
                              num_cached=probe.state_hit // B, live=[])
         if self.partial_hash_hits:
-            # The tail unit's keys (attention and state) only where the policy keeps
+            # The keys at the prompt's unit end (attention and state) only where the policy keeps
             # its state: without one, a hit there is impossible and the key would
             # only keep the block cached. The chunk still ends there (vLLM's stop).
             run.units = units
-            keeps = adm.keeps_tail()
-            run.tail = adm.tail if keeps else 0
-            run.attn_tail = adm.attn_tail if keeps else 0
+            keeps = adm.keeps_prompt_unit_end()
+            run.state_sub_block_end = adm.state_sub_block_end if keeps else 0
+            run.attn_sub_block_end = adm.attn_sub_block_end if keeps else 0
         start = end = probe.state_hit
         host = self.host
         if host is not None:
@@ -596,7 +596,7 @@ class HybridPrefixCache:
         # Attention holds the drafter's slots too (vLLM's num_lookahead_tokens).
         need_attn = -(-(end + self.lookahead) // B) if self.lookahead else need
         if (captures or need_attn > len(tables[self.attn_groups[0]])
-                or need > len(tables[self.state_groups[0]]) or run.cow >= 0 or run.move_tail
+                or need > len(tables[self.state_groups[0]]) or run.cow >= 0 or run.move_sub_block_state
                 or (spec and run.spec_blocks is None)):
             self._allocate(run, need, now, [p // B - 1 for p in captures] if captures else (),
                            need_attn)
@@ -608,29 +608,29 @@ class HybridPrefixCache:
         full = (end if end < num_tokens else num_tokens) // B
         if full > run.num_cached:
             nc, run.num_cached = run.num_cached, full
-            tail_block = (run.attn_tail // B if run.tail_keyed and nc <= run.attn_tail // B < full
-                          else -1)
-            if tail_block >= 0:
-                # The block holding the tail key fills: it is keyed again under
-                # its full hash, then the tail key is added back (``cache_full_blocks``'
+            at = run.attn_sub_block_end // B
+            sub_block_index = at if run.attn_sub_block_keyed and nc <= at < full else -1
+            if sub_block_index >= 0:
+                # The block holding the sub-block key fills: it is keyed again under
+                # its full hash, then the sub-block key is added back (``cache_full_blocks``'
                 # partial-to-full promotion, then ``_cache_partial_tail_block``).
                 for g in self.attn_groups:
-                    self.pool.drop_keys(tables[g][tail_block])
+                    self.pool.drop_keys(tables[g][sub_block_index])
             self.attention.cache_full(run, nc, full)
-            if tail_block >= 0:
-                self._key_tail(run, self.attn_groups, run.attn_tail)
+            if sub_block_index >= 0:
+                self._key_sub_block(run, self.attn_groups, run.attn_sub_block_end)
             # A state block can be cached only if one is held in [nc, full).
             if live and live[-1] >= nc and live[0] < full:
                 self.state_checkpoints += self.state.cache_full(run, nc, full)
-        if run.tail and end == run.tail:
-            # The chunk stop at the tail (vLLM's tail_boundary): its state is keyed.
-            self._key_tail(run, self.state_groups, run.tail)
-            run.adm.record(run.tail)
+        if run.state_sub_block_end and end == run.state_sub_block_end:
+            # The chunk stop at the prompt's unit end (vLLM's tail_boundary): its state is keyed.
+            self._key_sub_block(run, self.state_groups, run.state_sub_block_end)
+            run.adm.record(run.state_sub_block_end)
             self.state_checkpoints += 1
-            run.move_tail = True
-        if run.attn_tail and end >= run.attn_tail and not run.tail_keyed:
-            self._key_tail(run, self.attn_groups, run.attn_tail)
-            run.tail_keyed = True
+            run.move_sub_block_state = True
+        if run.attn_sub_block_end and end >= run.attn_sub_block_end and not run.attn_sub_block_keyed:
+            self._key_sub_block(run, self.attn_groups, run.attn_sub_block_end)
+            run.attn_sub_block_keyed = True
         if run.host is not None:
             # Every step offers the host what it has not taken yet (a hit's blocks in the
             # first one); the last request's deferred work follows (once).
@@ -681,11 +681,11 @@ class HybridPrefixCache:
             states.clear()
         host.store_chunks(req, hashes, top, self.attn_groups, B)
 
-    def _key_tail(self, run: RunningRequest, groups: Sequence[int], position: int) -> None:
-        """Give the block of each of ``groups`` holding the prompt's tail unit
+    def _key_sub_block(self, run: RunningRequest, groups: Sequence[int], position: int) -> None:
+        """Give the block of each of ``groups`` holding the prompt's unit end
         boundary ``position`` that boundary's key (``BlockPool.cache_partial_block``)."""
         units = run.units
-        assert units is not None  # a tail is keyed with partial hash hits only (serve)
+        assert units is not None  # a sub-block key comes with partial hash hits only (serve)
         i, key = position // self.block_size, units[position // self.hash_block_size - 1]
         tables, add_key = run.blocks, self.pool.add_key
         for g in groups:
@@ -716,7 +716,7 @@ class HybridPrefixCache:
             indexes = [need - 1] if need > have else ()
         total = grow * self._num_attn + len(indexes) * self._num_state
         extra = (len(self.group_kinds) if run.cow >= 0 else 0) + (
-            self._num_state if run.move_tail else 0)
+            self._num_state if run.move_sub_block_state else 0)
         spec = self.spec * self._num_state if run.spec_blocks is None and self.spec else 0
         if not total + extra + spec:
             return
@@ -747,7 +747,7 @@ class HybridPrefixCache:
         """The block copies a finer hash unit asks for at an allocation, with
         ``new``: one block per group for a hit inside a block (the request's
         private copy replaces the shared block, which is released:
-        ``_apply_cow``), one per state group for a tail state just cached (its
+        ``_apply_cow``), one per state group for a sub-block state just cached (its
         keys move to the new block, which is released: ``move_block_hashes``).
         The released blocks go back in group order, after the step's
         allocation (``Scheduler._free_cow_retained_blocks``), with no FLOP value."""
@@ -761,13 +761,13 @@ class HybridPrefixCache:
                 table[i] = new[k]
                 k += 1
             run.cow = -1
-        if run.move_tail:
-            i = run.tail // self.block_size
+        if run.move_sub_block_state:
+            i = run.state_sub_block_end // self.block_size
             for g in self.state_groups:
                 pool.move_keys(tables[g][i], new[k])
                 released.append([new[k]])
                 k += 1
-            run.move_tail = False
+            run.move_sub_block_state = False
         if pool.value is not None:
             # Released outside the request's free path: no FLOP value (the
             # plugin's free queue values only the blocks a request frees).

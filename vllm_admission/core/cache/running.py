@@ -47,20 +47,20 @@ class RunningRequest:
     #: A hash unit finer than the block (vLLM's ``prefix_match_unit``): the
     #: prompt's hash-unit keys, one per unit (``None``: no sub-block keys).
     units: Sequence[Hashable] | None = None
-    #: The prompt's tail unit boundary (:attr:`RequestAdmission.tail
-    #: <vllm_admission.core.admission.RequestAdmission.tail>`) when its state is
+    #: The prompt's unit end inside a block (:attr:`RequestAdmission.state_sub_block_end
+    #: <vllm_admission.core.admission.RequestAdmission.state_sub_block_end>`) when its state is
     #: kept (its sub-block key is registered), else 0.
-    tail: int = 0
-    #: Where the attention groups key the prompt's tail unit
-    #: (:attr:`RequestAdmission.attn_tail
-    #: <vllm_admission.core.admission.RequestAdmission.attn_tail>`; ``tail`` but under
+    state_sub_block_end: int = 0
+    #: Where the attention groups key their partial last block
+    #: (:attr:`RequestAdmission.attn_sub_block_end
+    #: <vllm_admission.core.admission.RequestAdmission.attn_sub_block_end>`; ``state_sub_block_end`` but under
     #: EAGLE), or 0.
-    attn_tail: int = 0
-    #: The attention groups' block holding ``attn_tail`` has its sub-block key.
-    tail_keyed: bool = False
-    #: The state at ``tail`` was cached; its key moves to a block of its own at
+    attn_sub_block_end: int = 0
+    #: The attention groups' block holding ``attn_sub_block_end`` has its sub-block key.
+    attn_sub_block_keyed: bool = False
+    #: The state at ``state_sub_block_end`` was cached; its key moves to a block of its own at
     #: the next allocation (``MambaManager.allocate_new_blocks``).
-    move_tail: bool = False
+    move_sub_block_state: bool = False
     #: Index of the block a sub-block hit shares with the cache: every group
     #: replaces it by a private copy at the first allocation (-1: none).
     cow: int = -1

@@ -51,7 +51,7 @@ class Prompt(Protocol):
         ...
 
     def block_hashes(self, block_size: int, *, include_partial: bool = False) -> list[int]:
-        """Chained hashes, one per full block of ``block_size`` tokens (plus the partial tail if asked)."""
+        """Chained hashes, one per full block of ``block_size`` tokens (plus the partial last block if asked)."""
         ...
 
     def token_ids(self, vocab_size: int) -> list[int]:
@@ -78,7 +78,7 @@ class TokenPrompt:
 
     def block_hashes(self, block_size: int, *, include_partial: bool = False) -> list[int]:
         """One hash per full block (``len == num_tokens // block_size``); with ``include_partial``
-        a last hash for a shorter tail block is appended when there is one.
+        a last hash for a shorter last block is appended when there is one.
 
         Raises ValueError for a non-positive ``block_size``.
         """
@@ -135,7 +135,7 @@ class SpanPrompt:
 
     def block_hashes(self, block_size: int, *, include_partial: bool = False) -> list[int]:
         """One hash per full block (``len == num_tokens // block_size``); with ``include_partial``
-        a last hash for a shorter tail block is appended when there is one.
+        a last hash for a shorter last block is appended when there is one.
 
         Raises ValueError for a non-positive ``block_size``.
         """

@@ -181,11 +181,11 @@ class Trace:
         appeared in an earlier prompt; ``m`` is that number of blocks.
 
         - ``partial_blocks=False``: only full blocks are hashed and counted
-          (``total_blocks = sum(prompt_len // B)``). With ``True`` a partial tail block is a block
-          too (``sum(ceil(prompt_len / B))``), matched when an earlier prompt had the very same tail.
+          (``total_blocks = sum(prompt_len // B)``). With ``True`` a partial last block is a block
+          too (``sum(ceil(prompt_len / B))``), matched when an earlier prompt had the very same last block.
         - ``cap=True`` (vLLM): the hit is limited to ``(prompt_len - 1) // B`` blocks, so the last
           prompt token is always computed; ``hit_tokens = blocks * B``. With ``cap=False``
-          ``hit_tokens = min(m * B, prompt_len)`` (a matched tail counts its real length).
+          ``hit_tokens = min(m * B, prompt_len)`` (a matched partial block counts its real length).
 
         ``prompt_tokens`` is the sum of all prompt lengths. One pass over the memoised hashes.
         Raises ValueError for a non-positive ``block_size``.

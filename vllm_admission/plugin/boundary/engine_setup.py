@@ -118,7 +118,7 @@ class EngineFacts:
         key_problems: why blocks do not get exactly one hash per full block
             in ``BlockPool.cache_full_blocks`` (finer hash units, partial hash
             hits, Mamba speculative blocks), where the core keys by block.
-        odd_groups: KV cache group kinds besides full attention, Mamba/GDN
+        unsupported_group_kinds: KV cache group kinds besides full attention, Mamba/GDN
             state and hidden states (sliding window, ...).
         flop_model_error: why there is no FLOP model of the architecture
             (``None``: there is one).
@@ -128,7 +128,7 @@ class EngineFacts:
     eagle: bool = False
     speculative_method: str | None = None
     key_problems: tuple[str, ...] = ()
-    odd_groups: tuple[str, ...] = ()
+    unsupported_group_kinds: tuple[str, ...] = ()
     flop_model_error: str | None = None
 
     @property
@@ -209,8 +209,8 @@ def support_problems(facts: EngineFacts, policy: str) -> list[str]:
     if SPECULATIVE_PROBLEM in facts.key_problems and not (
             facts.eagle or facts.speculative_method == HIDDEN_STATES_METHOD):
         problems.append(f"speculative decoding other than EAGLE/MTP and {HIDDEN_STATES_METHOD}")
-    if facts.odd_groups:
-        problems.append(f"KV cache groups {', '.join(sorted(set(facts.odd_groups)))}")
+    if facts.unsupported_group_kinds:
+        problems.append(f"KV cache groups {', '.join(sorted(set(facts.unsupported_group_kinds)))}")
     return problems
 
 
@@ -230,10 +230,10 @@ def plan_for(config: AdmissionConfig, facts: EngineFacts) -> RunPlan:
     Raises:
         AdmissionConfigError: a setting this engine cannot run (one line).
     """
-    if facts.odd_groups and config.wants_changes():
+    if facts.unsupported_group_kinds and config.wants_changes():
         raise AdmissionConfigError(
             f"vllm_admission supports full-attention and Mamba/GDN KV cache groups only; "
-            f"this model also has {', '.join(sorted(set(facts.odd_groups)))} (valid here: "
+            f"this model also has {', '.join(sorted(set(facts.unsupported_group_kinds)))} (valid here: "
             f"VLLM_ADMISSION_POLICY=vllm with VLLM_ADMISSION_EVICTION=lru)")
     adaptive = AUTO in (config.policy, config.eviction)
     admissions, evictions = candidate_policies(config.policy, config.eviction,
@@ -344,7 +344,7 @@ class EngineSetup:
             speculative_method=(None if self.vllm_config.speculative_config is None
                                 else str(self.vllm_config.speculative_config.method)),
             key_problems=tuple(self._admission_key_problems()),
-            odd_groups=tuple(k for k in kinds if k not in (STATE, *PER_TOKEN_KINDS)),
+            unsupported_group_kinds=tuple(k for k in kinds if k not in (STATE, *PER_TOKEN_KINDS)),
             flop_model_error=_cost_model(self.vllm_config.model_config.hf_config)[1])
 
     def _admission_eagle(self) -> bool:

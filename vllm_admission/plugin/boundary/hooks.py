@@ -150,10 +150,10 @@ def install(kv_cache_manager: Any, control: Any) -> Any:
         pool.free_block_queue = queue
         if control.reads_values:
             # Values are made per request as it frees its blocks; a policy without
-            # values keeps vLLM's coordinator (the scopes would cost every step).
+            # values keeps vLLM's coordinator (the free batches would cost every step).
             _retype(coordinator, HybridKVCacheCoordinator, AdmissionCoordinator)
             coordinator._admission = control
-            queue.scope_maker = control.scope
+            queue.free_stamp_maker = control.free_stamp
             coordinator._admission_queue = queue
 
     def is_cached_state(block_hash: Any, group: int) -> bool:

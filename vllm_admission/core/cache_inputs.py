@@ -1,9 +1,13 @@
-"""Replay a request sequence through :class:`HybridPrefixCache`.
+"""The cache model's inputs (requests as the cache sees them, the setup that builds it),
+and serving a sequence of requests.
 
-This is the loop the simulator runs over a whole trace, the alpha tuner runs
-over a window, and the plugin runs (on recorded requests) to tune alpha inside
-the engine. A request is reduced to what the cache needs: its prompt's block
-hashes, prompt length and output length.
+:class:`CacheRequest` reduces a request to what the cache needs: its prompt's block
+hashes, prompt length and output length. :class:`CacheSetup` holds what builds a
+:class:`HybridPrefixCache` (the layout and the policy names). :func:`replay_requests`
+serves requests one at a time through one cache: the loop the simulator runs over a
+whole trace, the alpha tuner runs over a window, and the plugin runs (on recorded
+requests) to tune alpha inside the engine. Also the Bélády oracle
+(:class:`NextUseOracle`) and the infinite-capacity bound.
 """
 
 from __future__ import annotations
