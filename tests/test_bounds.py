@@ -39,6 +39,17 @@ def test_a_pool_too_small_to_keep_anything_between_requests():
     assert b.hit_tokens == pytest.approx(2 * B, rel=1e-6)
 
 
+def test_a_request_that_never_fits_holds_and_hits_nothing():
+    """The simulator skips a request too large for the pool: it computes no block, so a
+    later request cannot hit what only it contained."""
+    reqs = [([1, 2, 3], 3 * B, 1), ([1, 2, 3], 3 * B, 1)]
+    first_skipped = iter([False, True]).__next__
+    b = pool_bound(reqs, block_size=B, num_blocks=1000, per_token_groups=1, state_groups=1,
+                   fits=lambda p, o: first_skipped())
+    assert b.hit_tokens == b.infinite_hit_tokens == 0
+    assert b.prompt_tokens == 6 * B
+
+
 def test_bad_pools_are_refused():
     with pytest.raises(ValueError, match="num_blocks >= 2"):
         pool_bound([], block_size=B, num_blocks=1, per_token_groups=1, state_groups=1)

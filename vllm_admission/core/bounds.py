@@ -14,31 +14,34 @@ group and the state after those ``k`` blocks in every state group.
 **Derivation.** Call the KV of prefix ``j`` (the chained block hash ``h_j``) and the state
 after it *objects*. An object can only enter the pool while a request that contains the
 prefix is served, so if ``r`` hits it, it stayed in the pool through every request from the
-last earlier one containing ``h_j`` (index ``a_j``) to ``r``: ``r - a_j`` service slots,
-``a_j + 1 .. r``. The interval ends at ``r``, so no other hit needs that stretch of that
-object: the costs of different hits never share an object-slot. While request ``t`` is
-served it also holds at least ``W_t(k) = per_token_groups * ((P_t + O_t - 1) // B - k) +
-state_groups`` blocks of its own (its KV blocks that were not hits, and a running state).
-Summing the pool limit ``M = num_blocks - 1`` over the ``N`` slots gives one constraint
-that every policy's hits ``k_r`` satisfy::
+last earlier one containing ``h_j`` (index ``a_j``) to ``r``: the service slots ``a_j + 1 ..
+r``. That stretch ends at ``r``, so no other hit needs that object in those slots. While
+request ``t`` is served it also holds at least ``W_t(k) = per_token_groups * ((P_t + O_t -
+1) // B - k) + state_groups`` blocks of its own (its KV blocks that were not hits, and a
+running state). So in every slot ``t`` the objects whose stretch covers ``t`` and
+``W_t(k_t)`` fit in ``M = num_blocks - 1`` blocks, for any policy's hits ``k_r`` (each at
+most the infinite-capacity hit of ``r``; a request that cannot fit the pool at all runs
+nowhere and counts nothing). Weighting slot ``t``'s limit by a multiplier ``lam_t >= 0``
+and adding up gives, by weak duality, for every such vector::
 
-    sum_r c_r(k_r) <= M * N,   c_r(k) = G_t * sum_{j<=k} (r - a_j) + G_s * (r - a_k) + W_r(k)
+    hits <= sum_t lam_t * M + sum_r max_k (B * k - cost_r(k; lam))
 
-(``c_r(0) = W_r(0)``), with ``k_r`` at most the infinite-capacity hit of ``r``. The most
-hit tokens ``sum_r B * k_r`` under that one constraint is a multiple-choice knapsack; its
-Lagrangian dual ``min_{lam >= 0} lam * M * N + sum_r max_k (B * k - lam * c_r(k))`` is an
-upper bound on it (weak duality), hence on every policy, and a convex function of ``lam``
-that :func:`pool_bound` minimises.
+where ``cost_r(k; lam)`` is ``lam`` summed over the slots the ``k`` KV objects (times
+``per_token_groups``) and the state (times ``state_groups``) must stay, plus ``lam_r *
+W_r(k)``. With one multiplier for all slots this is the Lagrangian dual of a
+multiple-choice knapsack (convex in ``lam``: ternary search); from that point a projected
+subgradient descent over the slots' multipliers tightens it, and the lowest value seen is
+the bound.
 
-What it leaves out, each of which only makes it looser (never wrong): that the limit holds
-at every slot rather than on average; that a state exists only where some request wrote one
-(a chunk end or a decode boundary); the chunk stops and the state blocks a checkpoint
-needs; speculative decoding's dropped block. It holds for the simulator's sequential
+What it leaves out, each of which only makes it looser (never wrong): that a state exists
+only where some request wrote one (a chunk end or a decode boundary); the chunk stops and
+the state blocks a checkpoint needs; speculative decoding's dropped block. It holds for the simulator's sequential
 service; concurrent requests hold more blocks at once, so it holds for them too.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -51,10 +54,12 @@ class PoolBound:
 
     Attributes:
         hit_tokens: the bound on the hit tokens of any policy (a float: the dual's value).
-        infinite_hit_tokens: the infinite-capacity bound of the same requests.
+        infinite_hit_tokens: the infinite-capacity bound of the requests that fit the pool
+            (:func:`~vllm_admission.core.traces.trace.capacity_bound` of them).
         prompt_tokens: the prompt tokens of the requests.
-        multiplier: the Lagrange multiplier ``lam`` at which the bound was reached, in hit
-            tokens per block-slot (0: the pool does not bind, the bound is the infinite one).
+        multiplier: the best single multiplier for every slot (where the subgradient
+            descent starts), in hit tokens per block-slot (0: the pool does not bind, the
+            bound is the infinite one).
     """
 
     hit_tokens: float
@@ -71,7 +76,7 @@ class PoolBound:
 def pool_bound(requests: Iterable[tuple[Sequence[int], int, int]], *, block_size: int,
                num_blocks: int, per_token_groups: int, state_groups: int,
                fits: Callable[[int, int], bool] | None = None,
-               iterations: int = 100) -> PoolBound:
+               iterations: int = 200) -> PoolBound:
     """The upper bound of the module docstring on any policy's hit tokens.
 
     Args:
@@ -86,8 +91,9 @@ def pool_bound(requests: Iterable[tuple[Sequence[int], int, int]], *, block_size
         fits: ``fits(prompt_len, output_len)``, whether a request can run at all in the
             pool (the simulator skips one that cannot: it holds nothing and hits
             nothing); ``None``: every request runs.
-        iterations: steps of the ternary search over the multiplier (the dual is convex;
-            each step shrinks the interval to two thirds).
+        iterations: steps of the search over one multiplier for all slots (ternary), and
+            then of the subgradient descent over the slots' own (each step costs one pass
+            over the requests' possible hits).
 
     Returns:
         A :class:`PoolBound`. Its ``hit_tokens`` never exceed ``infinite_hit_tokens``.
@@ -100,11 +106,10 @@ def pool_bound(requests: Iterable[tuple[Sequence[int], int, int]], *, block_size
         raise ValueError(f"pool_bound needs block_size > 0, num_blocks >= 2, state_groups >= 1 "
                          f"and per_token_groups >= 0; got {block_size}, {num_blocks}, "
                          f"{state_groups}, {per_token_groups}")
-    B, G_t, G_s = block_size, per_token_groups, state_groups  # noqa: N806 - the docstring's names
+    B, G_t, G_s, M = block_size, per_token_groups, state_groups, num_blocks - 1  # noqa: N806
     last: dict[int, int] = {}
-    # Per request with a possible hit: the cost c_r(k) - c_r(0) of a hit of k blocks, k >= 1.
-    extra: list[list[float]] = []
-    base_cost = 0.0          # sum_r c_r(0): every request's own blocks
+    # Per request that runs: (slot, own blocks W_r(0), the slots a_j of its possible hits).
+    runs: list[tuple[int, int, list[int]]] = []
     infinite = prompt = n = 0
     for r, (hashes, prompt_len, output_len) in enumerate(requests):
         n += 1
@@ -112,44 +117,72 @@ def pool_bound(requests: Iterable[tuple[Sequence[int], int, int]], *, block_size
         if fits is not None and not fits(prompt_len, output_len):
             continue
         cap = min((prompt_len - 1) // B, len(hashes))
-        own = G_t * ((prompt_len + output_len - 1) // B) + G_s
-        base_cost += own
-        costs: list[float] = []
-        kv = 0
+        since: list[int] = []
         for j in range(cap):
             a = last.get(hashes[j])
             if a is None:
                 break
-            kv += G_t * (r - a)
-            # KV of blocks 1..j+1, the state after them, minus the own blocks a hit spares.
-            costs.append(kv + G_s * (r - a) - G_t * (j + 1))
-        if costs:
-            extra.append(costs)
-            infinite += len(costs) * B
+            since.append(a)
+        runs.append((r, G_t * ((prompt_len + output_len - 1) // B) + G_s, since))
+        infinite += len(since) * B
         for h in hashes[:(prompt_len + output_len - 1) // B]:
             last[h] = r
-    budget = (num_blocks - 1) * n - base_cost
 
-    def dual(lam: float) -> float:
-        total = lam * budget
-        for costs in extra:
-            best = 0.0
-            for k, c in enumerate(costs, start=1):
-                v = B * k - lam * c
+    def dual(lam: Sequence[float]) -> tuple[float, list[tuple[int, int, int, list[int]]]]:
+        """The bound at slot multipliers ``lam``, and each run's best hit (blocks)."""
+        acc = [0.0] * (n + 1)               # acc[t] = lam[0] + ... + lam[t - 1]
+        for t in range(n):
+            acc[t + 1] = acc[t] + lam[t]
+        total = M * acc[n]
+        chosen = []
+        for r, own, since in runs:
+            to_r, lam_r = acc[r + 1], lam[r]
+            best, best_k, kv = -lam_r * own, 0, 0.0
+            for k, a in enumerate(since, start=1):
+                stay = to_r - acc[a + 1]     # lam over the slots a + 1 .. r
+                kv += G_t * stay
+                v = B * k - kv - G_s * stay - lam_r * (own - G_t * k)
                 if v > best:
-                    best = v
+                    best, best_k = v, k
             total += best
-        return total
+            chosen.append((r, own, best_k, since))
+        return total, chosen
 
-    # Past lam_hi no hit pays for its cost (every extra cost is >= G_s >= 1 block-slot).
-    lo, hi = 0.0, float(B * max((len(c) for c in extra), default=1))
+    # One multiplier for every slot: past B * (longest hit) no hit pays for its cost.
+    lo, hi = 0.0, float(B * max((len(s) for _, _, s in runs), default=1))
     for _ in range(iterations):
         m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
-        if dual(m1) <= dual(m2):
+        if dual([m1] * n)[0] <= dual([m2] * n)[0]:
             hi = m2
         else:
             lo = m1
-    lam = (lo + hi) / 2
-    value = min(dual(lam), dual(0.0))
-    return PoolBound(hit_tokens=min(value, float(infinite)), infinite_hit_tokens=infinite,
-                     prompt_tokens=prompt, multiplier=lam if value < dual(0.0) else 0.0)
+    flat = (lo + hi) / 2
+    lam = [flat] * n
+    bound, chosen = dual(lam)
+    scale = flat * math.sqrt(n)
+    for step in range(iterations if flat > 0 else 0):
+        # Subgradient of the dual at lam: slot t's limit minus what the chosen hits use.
+        own_use = [0.0] * n
+        diff = [0.0] * (n + 1)              # stays over slots, as a difference array
+        for r, own, k, since in chosen:
+            own_use[r] += own - G_t * k
+            for a in since[:k]:
+                diff[a + 1] += G_t
+                diff[r + 1] -= G_t
+            if k:
+                diff[since[k - 1] + 1] += G_s
+                diff[r + 1] -= G_s
+        grad, running = [], 0.0
+        for t in range(n):
+            running += diff[t]
+            grad.append(M - running - own_use[t])
+        norm = math.sqrt(sum(g * g for g in grad))
+        if norm == 0:
+            break
+        size = 0.3 * scale / math.sqrt(step + 1) / norm
+        lam = [max(0.0, x - size * g) for x, g in zip(lam, grad, strict=True)]
+        value, chosen = dual(lam)
+        bound = min(bound, value)
+    zero = float(infinite)                  # the dual at lam = 0
+    return PoolBound(hit_tokens=min(bound, zero), infinite_hit_tokens=infinite,
+                     prompt_tokens=prompt, multiplier=flat if bound < zero else 0.0)
