@@ -18,7 +18,7 @@ CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
 # (see packaging/vllm-cpu-dist/pyproject.toml).
 VLLM_CPU_DIST := packaging/vllm-cpu-dist
 
-.PHONY: install lint typecheck docs demo test test-fast test-avx2 compat bench bench-scale bench-serve study study-host study-host-policies engine-study clean
+.PHONY: install lint typecheck docs demo test test-fast test-avx2 compat bench bench-scale bench-serve study study-headroom study-host study-host-policies engine-study clean
 
 install: $(STAMP)
 
@@ -84,6 +84,11 @@ bench-serve: install
 
 study: install
 	$(BIN)/python simulations/mooncake_study.py
+
+# Every policy against the best possible: the pool bound (core/bounds.py) beside online and
+# Bélády pairs, both models, Mooncake at 64 / 128 / 256 GiB (about 10 minutes on 2 cores).
+study-headroom: install
+	$(BIN)/python simulations/headroom.py --jobs 2
 
 # GPU + host memory (vLLM's OffloadingConnector): stock against auto, both models, Mooncake
 # and the synthetic workload (about 7 minutes on 2 cores).

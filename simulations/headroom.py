@@ -36,7 +36,7 @@ MODELS = {
 CAPACITIES = ("64GiB", "128GiB", "256GiB")
 PAIRS = (("vllm", "lru"), ("last", "lru"), ("marconi", "flop"), ("dense", "lru"),
          ("vllm", "reuse"), ("auto", "auto"), ("vllm", "belady"), ("marconi", "belady"),
-         ("dense", "belady"))
+         ("last", "belady"), ("dense", "belady"))
 
 
 def main(argv: list[str] | None = None) -> int:
