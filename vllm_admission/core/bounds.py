@@ -35,8 +35,8 @@ the bound.
 
 What it leaves out, each of which only makes it looser (never wrong): that a state exists
 only where some request wrote one (a chunk end or a decode boundary); the chunk stops and
-the state blocks a checkpoint needs; speculative decoding's dropped block. It holds for the simulator's sequential
-service; concurrent requests hold more blocks at once, so it holds for them too.
+the state blocks a checkpoint needs; speculative decoding's dropped block. It is derived
+for the simulator's sequential service (one request at a time, in order).
 """
 
 from __future__ import annotations
