@@ -29,8 +29,8 @@ variable                       default      valid values
                                             shadows)
 ``VLLM_ADMISSION_CHECKPOINT``  ``split``    ``split`` (a chunk ends at every kept state, as
                                             vLLM) or ``inpass`` (states written inside the
-                                            forward pass; Gated DeltaNet and Mamba2 on
-                                            CPU only)
+                                            forward pass; Gated DeltaNet and Mamba2, on
+                                            vLLM's CPU build and on CUDA)
 ``VLLM_ADMISSION_HOST_ADMISSION`` unset     an admission policy name: with vLLM's
                                             ``OffloadingConnector`` (a host tier), the
                                             states it keeps that the GPU policy does not
