@@ -39,8 +39,9 @@ docs: install
 demo: install
 	$(BIN)/vllm-admission demo --out $(OUT)/demo
 
+# --durations=25: the slowest tests, listed at the end of every run (where the suite's time goes).
 test: install
-	$(BIN)/python -m pytest -q $(XDIST) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(XDIST) $(PYTEST_ARGS)
 
 # The lint gate, .ci/run's first step: ruff with the rules pyproject.toml states.
 lint: install
