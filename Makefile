@@ -11,6 +11,12 @@ PYTEST_ARGS ?=
 # the suite in one process.
 TEST_WORKERS ?= 2
 XDIST    := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
+# OpenMP threads per test process: the cores shared out among the workers (at least one).
+# torch's default, one thread per core in every worker, oversubscribes the cores: two
+# workers each running an engine with two threads on two cores took 2.6x as long as with one
+# thread each (docs/benchmarks.md "The test suite's time").
+TEST_THREADS ?= $(if $(filter 0,$(TEST_WORKERS)),$(shell nproc),$(shell n=$$(( $$(nproc) / $(TEST_WORKERS) )); [ $$n -ge 1 ] && echo $$n || echo 1))
+TEST_ENV := OMP_NUM_THREADS=$(TEST_THREADS)
 # The CPU build of vLLM 0.32 drags in torchvision/torchaudio/torchcodec built for CUDA torch;
 # with them present, vLLM fails at import ("operator torchvision::nms does not exist").
 CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
@@ -41,7 +47,7 @@ demo: install
 
 # --durations=25: the slowest tests, listed at the end of every run (where the suite's time goes).
 test: install
-	$(BIN)/python -m pytest -q --durations=25 $(XDIST) $(PYTEST_ARGS)
+	$(TEST_ENV) $(BIN)/python -m pytest -q --durations=25 $(XDIST) $(PYTEST_ARGS)
 
 # The lint gate, .ci/run's first step: ruff with the rules pyproject.toml states.
 lint: install
@@ -62,7 +68,7 @@ test-avx2: install
 
 # Neither engine starts nor the slow subprocess and interpreter tests (marker "slow").
 test-fast: install
-	$(BIN)/python -m pytest -q $(XDIST) -m "not engine and not slow"
+	$(TEST_ENV) $(BIN)/python -m pytest -q $(XDIST) -m "not engine and not slow"
 
 # The scheduler-level tests and vLLM's own async-scheduler tests against vLLM 0.33 without
 # a GPU: 0.33's Python files layered over the 0.32 CPU install (downloads about 390 MB
