@@ -7,10 +7,11 @@ OUT      ?= out
 # Extra pytest arguments for `make test` (.ci/run asks for a JUnit report).
 PYTEST_ARGS ?=
 # pytest-xdist workers for `make test` and `make test-fast`, one test file per worker at a time
-# (--dist loadfile: a module's engines and fixtures stay in one process). TEST_WORKERS=0 runs
-# the suite in one process.
+# (--dist loadfile: a module's engines and fixtures stay in one process), the modules with the
+# most engine and slow tests first (tests/conftest.py orders them; --no-loadscope-reorder keeps
+# that order). TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
-XDIST    := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile)
+XDIST    := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 # OpenMP threads per test process: the cores shared out among the workers (at least one).
 # torch's default, one thread per core in every worker, oversubscribes the cores: two
 # workers each running an engine with two threads on two cores took 2.6x as long as with one

@@ -24,6 +24,19 @@ load_policy_plugins()
 REQUIRE_SHARED_ENV = "CI_REQUIRE_SHARED"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Run the modules with the most engine and slow tests first, the rest after, each
+    module's tests in file order. ``make test`` hands whole modules to its xdist workers
+    in this order (``--dist loadfile --no-loadscope-reorder``): the long modules start at
+    once and the short ones fill the end, instead of one long module running alone last."""
+    weight: dict[str, int] = {}
+    for item in items:
+        heavy = item.get_closest_marker("engine") or item.get_closest_marker("slow")
+        weight[item.nodeid.split("::", 1)[0]] = weight.get(item.nodeid.split("::", 1)[0], 0) + bool(heavy)
+    order = {mod: i for i, mod in enumerate(sorted(weight, key=lambda m: (-weight[m], m)))}
+    items.sort(key=lambda item: order[item.nodeid.split("::", 1)[0]])
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

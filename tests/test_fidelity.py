@@ -11,6 +11,7 @@ import dataclasses
 import json
 
 import pytest
+from fidelity_cases import SMALL, small_synthetic
 
 from vllm_admission.cli import main
 from vllm_admission.core.costs import ModelCosts
@@ -26,11 +27,6 @@ from vllm_admission.fidelity import (
     meets_bar,
     simulate_like_engine,
 )
-
-#: A short synthetic workload (chats and few-shot prompts over shared prefixes).
-SMALL = ["num_requests=24", "agent_fraction=0", "chat_fraction=0.6", "fewshot_fraction=0.4",
-         "system_prompt_len=[600,0.5,200,1500]", "template_len=[900,0.5,300,2000]",
-         "user_message_len=[100,1.0,8,600]", "max_prompt_len=4000"]
 
 
 def run(argv, capsys):
@@ -325,7 +321,7 @@ def test_auto_switches_in_the_engine_as_in_the_simulator(tiny_model, engine_env,
     (B = 128), which vLLM's CPU platform would otherwise double on CPUs with AVX-512 BF16."""
     from vllm_admission.fidelity import FidelitySpec, run_fidelity
 
-    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    synthetic = small_synthetic()
     spec = FidelitySpec(model=str(tiny_model), trace="synthetic", pairs=(("auto", "auto"),),
                         num_gpu_blocks=(40,), max_output_len=8, auto_interval=6,
                         synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
@@ -360,7 +356,7 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
 
     B = predicted_block_size(tiny_model, "bfloat16")
     interval = None if blocks_per_interval is None else blocks_per_interval * B
-    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
+    synthetic = small_synthetic()
     spec = FidelitySpec(model=str(tiny_model), trace="synthetic", num_gpu_blocks=(40,),
                         max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
                         engine_args={"prefix_cache_retention_interval": interval,
@@ -382,228 +378,6 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
         admission="vllm", eviction="lru", num_blocks=40, block_size=B, chunk_size=512,
         outputs="unique", retention_interval=0))
     assert rec["simulator"]["state_checkpoints"] > default.state_checkpoints
-
-
-def assert_mirrored(records: list, pairs: tuple, min_requests: int = 20) -> None:
-    """Each pair's record: at least ``min_requests`` requests, and every request's cached
-    tokens, every prefill step count and the evictions (some) equal on both sides."""
-    assert len(records) == len(pairs)
-    for rec in records:
-        pr = rec["per_request"]
-        assert rec["requests"] == len(pr["engine"]) >= min_requests
-        assert pr["engine"] == pr["simulator"], (rec["admission"], rec["first_difference"])
-        assert pr["engine_prefill_steps"] == pr["simulator_prefill_steps"], rec["admission"]
-        assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
-
-
-@pytest.mark.engine
-@pytest.mark.parametrize("arch, ssm_dtype, pairs", [
-    ("qwen3-next", "bfloat16", (("vllm", "lru"), ("marconi", "lru"), ("dense", "flop"),
-                                ("dense", "s3fifo"))),
-    ("nemotron-h", "float32", (("vllm", "lru"), ("last", "lru"), ("block", "lru"),
-                               ("last", "reuse"))),
-])
-def test_a_sub_block_hash_unit_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny_model_of,
-                                                   engine_env):
-    """vLLM's ``prefix_match_unit`` of 32 tokens, given to the engine and read back by the
-    simulator: every request's cached tokens (hits inside blocks among them), prefill
-    steps and the evictions agree, for stock vLLM and the plugin's admissions, and for
-    evictions that hear block keys (the keys at the prompt's unit end and the keys a copied block
-    takes over reach them as in the simulator: ``s3fifo``'s ghosts, ``reuse``). 40 blocks
-    and a 512-token prefill budget make the pool evict and the chunks end below the
-    prompt end; the SSM dtype is pinned so the block size is the same on every CPU."""
-    from engine_cases import predicted_block_size
-
-    from vllm_admission.fidelity import FidelitySpec, run_fidelity
-
-    model = tiny_model_of(arch)
-    B = predicted_block_size(model, ssm_dtype)
-    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
-    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,), pairs=pairs,
-                        max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype=ssm_dtype,
-                        engine_args={"prefix_match_unit": 32, "max_num_batched_tokens": 512})
-    records = run_fidelity(spec)["records"]
-    assert_mirrored(records, pairs)
-    assert {rec["block_size"] for rec in records} == {B}
-    assert any(h % B for rec in records for h in rec["per_request"]["engine"])  # inside a block
-
-
-#: The pairs the MTP fidelity cases check: stock, two admissions, and an eviction that
-#: hears block keys and whose order depends on when a decode step allocates.
-MTP_PAIRS = (("vllm", "lru"), ("marconi", "lru"), ("dense", "lru"), ("last", "s3fifo"))
-
-
-#: vLLM's hidden-state cache on the tiny models: layer 1's hidden states, cached per token.
-HIDDEN_STATES = {"method": "extract_hidden_states", "num_speculative_tokens": 1,
-                 "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1]}}}
-
-
-@pytest.mark.engine
-@pytest.mark.parametrize("arch, ssm_dtype, pairs", [
-    ("qwen3-next", "bfloat16", (("vllm", "lru"), ("marconi", "lru"), ("dense", "s3fifo"),
-                                ("last", "reuse"), ("auto", "auto"))),
-    ("nemotron-h", "float32", (("vllm", "lru"), ("marconi", "flop"), ("block", "lru"),
-                               ("dense", "conversation"))),
-])
-def test_the_hidden_state_cache_is_mirrored_exactly(arch, ssm_dtype, pairs, tiny_model_of,
-                                                    engine_env):
-    """vLLM's ``extract_hidden_states``: a third KV cache group of per-token hidden states
-    (the core's kind ``"hidden"``), one draft token a step without EAGLE's rules. Every
-    request's cached tokens, prefill steps and the evictions agree, in a 40-block pool
-    that evicts from all three groups, for stock, every admission, key- and FLOP-valued
-    evictions and ``auto``."""
-    from vllm_admission.fidelity import FidelitySpec, run_fidelity
-
-    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
-    spec = FidelitySpec(model=str(tiny_model_of(arch)), trace="synthetic", num_gpu_blocks=(40,),
-                        pairs=pairs, max_output_len=8, synthetic=synthetic,
-                        mamba_ssm_cache_dtype=ssm_dtype,
-                        engine_args={"max_num_batched_tokens": 512,
-                                     "speculative_config": HIDDEN_STATES})
-    assert_mirrored(run_fidelity(spec)["records"], pairs)
-
-
-def host_fidelity(tiny_model_of, pairs: tuple, chunks: int, **spec) -> list:
-    """``run_fidelity``'s records for ``pairs`` with a host tier of ``chunks`` chunks
-    (``fidelity --offload``; the project's CPU worker) on the tiny Qwen3-Next: the SMALL
-    synthetic trace, 40 GPU blocks, a 512-token budget, bf16 state (the same block size on
-    every CPU); ``spec``: further ``FidelitySpec`` fields."""
-    from vllm_admission.core.geometry import geometry_from_blocks
-    from vllm_admission.fidelity import FidelitySpec, run_fidelity
-
-    model = tiny_model_of("qwen3-next")
-    costs = ModelCosts.from_config(model / "config.json", mamba_ssm_cache_dtype="bfloat16")
-    B = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)  # noqa: N806
-    bytes_per_block = geometry_from_blocks(costs, 40, B).bytes_per_block
-    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
-    return run_fidelity(FidelitySpec(
-        model=str(model), trace="synthetic", num_gpu_blocks=(40,), pairs=pairs,
-        max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
-        offload=chunks * bytes_per_block, engine_args={"max_num_batched_tokens": 512},
-        **spec))["records"]
-
-
-HOST_PAIRS = (("none", "lru"), ("last", "lru"), ("vllm", "lru"), ("block", "lru"),
-              ("marconi", "lru"), ("dense", "lru"), ("dense", "s3fifo"), ("auto", "auto"))
-
-
-@pytest.mark.engine
-def test_the_host_tier_is_mirrored_exactly(tiny_model_of, engine_env):
-    """vLLM's ``OffloadingConnector`` with a 48-chunk host tier (``fidelity --offload``;
-    the project's CPU worker), against the simulator's host tier of the chunks the engine
-    reports: every request's cached tokens (host loads among them), prefill steps and GPU
-    evictions agree for every admission with ``lru``, a key-reading eviction and
-    ``auto``, with both tiers evicting."""
-    records = host_fidelity(tiny_model_of, HOST_PAIRS, 48)
-    assert_mirrored(records, HOST_PAIRS)
-    for rec in records:
-        assert rec["host_chunks"] == 48 and rec["host_policy"] == "lru"
-        assert rec["simulator_host_evictions"] > 0, rec["admission"]
-        if rec["admission"] != "none":
-            assert rec["simulator_host_hit_tokens"] > 0, rec["admission"]
-
-
-HOST_POLICY_PAIRS = (("vllm", "lru"), ("last", "lru"), ("marconi", "s3fifo"), ("auto", "auto"))
-
-
-@pytest.mark.engine
-@pytest.mark.parametrize("host_policy", ["reuse", "s3fifo"])
-def test_a_project_host_policy_is_mirrored_exactly(tiny_model_of, engine_env, host_policy):
-    """The host tier run by one of the project's eviction policies, which vLLM loads
-    through ``cache_policy_module_path`` (``plugin/boundary/host_policy.py``), against the
-    simulator's host tier running the same policy object: every request's cached tokens,
-    prefill steps and GPU evictions agree, with both tiers evicting."""
-    records = host_fidelity(tiny_model_of, HOST_POLICY_PAIRS, 48, host_policy=host_policy)
-    assert_mirrored(records, HOST_POLICY_PAIRS)
-    for rec in records:
-        assert rec["host_chunks"] == 48 and rec["host_policy"] == host_policy
-        assert rec["simulator_host_evictions"] > 0, rec["admission"]
-        assert rec["simulator_host_hit_tokens"] > 0, rec["admission"]
-
-
-HOST_ADMISSION_PAIRS = (("vllm", "lru"), ("marconi", "reuse"), ("none", "lru"),
-                        ("dense", "s3fifo"), ("auto", "auto"))
-
-
-@pytest.mark.engine
-def test_per_tier_admission_is_mirrored_exactly(tiny_model_of, engine_env):
-    """Per-tier admission (``VLLM_ADMISSION_HOST_ADMISSION=dense``): the GPU keeps the
-    pair's states, every other block boundary of a prompt is written (a chunk stop),
-    handed to the host tier and dropped from the GPU cache at once. Every request's
-    cached tokens, prefill steps and GPU evictions agree with the simulator's per-tier
-    admission, and without it (``dense`` + ``s3fifo`` there: host loads after local hits,
-    whose state blocks vLLM never references); with ``none`` on the GPU every hit comes
-    from states only the host kept."""
-    records = {h: host_fidelity(tiny_model_of, HOST_ADMISSION_PAIRS, 96, host_admission=h)
-               for h in (None, "dense")}
-    assert_mirrored(records[None], HOST_ADMISSION_PAIRS)
-    assert_mirrored(records["dense"], HOST_ADMISSION_PAIRS)
-    for rec, base in zip(records["dense"], records[None], strict=True):
-        assert rec["host_admission"] == "dense" and base["host_admission"] is None
-        assert rec["simulator_host_evictions"] > 0, rec["admission"]
-    # No state on the GPU: without host admission nothing hits; with it every hit is a
-    # state the host alone kept.
-    none, base = records["dense"][2], records[None][2]  # HOST_ADMISSION_PAIRS[2]
-    assert none["admission"] == "none" and sum(base["per_request"]["engine"]) == 0
-    hits = sum(none["per_request"]["engine"])
-    assert hits > 0 and none["simulator_host_hit_tokens"] == hits
-
-
-@pytest.mark.engine
-def test_per_tier_admission_in_pass_is_mirrored_exactly(tiny_model_of, engine_env):
-    """Per-tier admission with ``VLLM_ADMISSION_CHECKPOINT=inpass``: the host's states
-    are captured inside the forward pass instead of ending chunks. Cached tokens, prefill
-    steps and GPU evictions agree; with ``none`` on the GPU every hit is the host's."""
-    pairs = (("marconi", "lru"), ("none", "lru"))
-    records = host_fidelity(tiny_model_of, pairs, 96, host_admission="dense",
-                            checkpoint="inpass")
-    assert_mirrored(records, pairs)
-    none = records[1]
-    hits = sum(none["per_request"]["engine"])
-    assert hits > 0 and none["simulator_host_hit_tokens"] == hits
-
-
-def mtp_fidelity(tmp_path_factory, name: str, **engine_args) -> list:
-    """``run_fidelity``'s records for :data:`MTP_PAIRS` on the tiny Qwen3-Next with an MTP
-    layer, one draft token, ``engine_args`` besides: the SMALL synthetic trace, 40 blocks,
-    a 512-token budget, bf16 state (so the block size is the same on every CPU)."""
-    from vllm_admission.engine.tiny_model import make_tiny_model
-    from vllm_admission.fidelity import FidelitySpec, run_fidelity
-
-    model = make_tiny_model(tmp_path_factory.mktemp(name), arch="qwen3-next", mtp=True)
-    synthetic = {k: json.loads(v) for k, v in (s.split("=", 1) for s in SMALL)}
-    spec = FidelitySpec(model=str(model), trace="synthetic", num_gpu_blocks=(40,),
-                        pairs=MTP_PAIRS, max_output_len=8, synthetic=synthetic,
-                        mamba_ssm_cache_dtype="bfloat16",
-                        engine_args={"max_num_batched_tokens": 512, "speculative_config":
-                                     {"method": "mtp", "num_speculative_tokens": 1},
-                                     **engine_args})
-    return run_fidelity(spec)["records"]
-
-
-@pytest.mark.engine
-def test_mtp_is_mirrored_exactly(tmp_path_factory, engine_env):
-    """MTP with one draft token on the tiny Qwen3-Next with an MTP layer, given to the
-    engine as vLLM's ``speculative_config`` and read back by the simulator (EAGLE's
-    dropped block, the prompt checkpoints a block lower, the speculative state blocks,
-    the draft tokens each decode step verifies, the lookahead slots, the MTP layer's KV):
-    every request's cached tokens, prefill steps and the evictions agree for stock,
-    ``marconi`` and ``dense``, and with ``s3fifo`` (whose order depends on when a decode
-    step allocates), in a 40-block pool that evicts."""
-    assert_mirrored(mtp_fidelity(tmp_path_factory, "tiny_mtp_fidelity"), MTP_PAIRS)
-
-
-@pytest.mark.engine
-def test_mtp_with_a_sub_block_hash_unit_is_mirrored_exactly(tmp_path_factory, engine_env):
-    """MTP and ``prefix_match_unit`` 32 together (the lookup drops one hash unit, the state
-    at the prompt's unit end a unit lower, the attention sub-block key a unit above it, a
-    block-aligned unit end a state of its own): every request's cached tokens, prefill steps and the evictions
-    agree for stock, ``marconi`` (whose tentative sequence end may be that unit end),
-    ``dense`` and ``last`` + ``s3fifo``, in a 40-block pool that evicts."""
-    records = mtp_fidelity(tmp_path_factory, "tiny_mtp_unit", prefix_match_unit=32)
-    assert_mirrored(records, MTP_PAIRS, min_requests=18)  # one request may not fit at its peak
-    assert any(h % 32 == 0 and h % 128 for rec in records for h in rec["per_request"]["engine"]
-               if h)  # hits inside a block
 
 
 def test_a_speculative_method_the_simulator_does_not_mirror_is_refused(tiny_model_dir):

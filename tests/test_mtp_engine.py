@@ -131,7 +131,7 @@ def test_mtp_with_a_finer_hash_unit_runs_every_policy(mtp_model, engine_env):
     block): every admission, with an eviction that hears block keys, runs without
     refusal, gives stock's greedy tokens under the same settings, and on the junction
     case hits at least what stock does where it keeps junctions. (That each request's
-    hit is the simulator's: ``tests/test_fidelity.py``.)"""
+    hit is the simulator's: ``tests/test_fidelity_units.py``.)"""
     args = {**MTP, "prefix_match_unit": 32}
     prompts, output = _junction_prompts(), 8
     stock = _run(mtp_model, None, args, {}, prompts, output)
