@@ -245,7 +245,7 @@ def test_preemption_and_abort_with_a_step_in_flight_leak_nothing(async_config, m
     assert all(len(r.output_token_ids) == 500 for r in reqs)
     assert all(r.num_output_placeholders == 0 for r in reqs)
     assert free_equals_usable(engine)
-    assert not sched._admission.tracks  # noqa: SLF001 - nothing left behind
+    assert not sched._admission.requests.tracks  # noqa: SLF001 - nothing left behind
     for _ in range(2):   # the second sees the first's blocks under any eviction order
         rid = engine.add(base + toks(99, 300), 5)
         engine.run()

@@ -408,7 +408,7 @@ def test_flop_engine_survives_preemption_and_abort(engines, reference, policy):
         assert [out for _, out in results] == reference["faults"]
         assert len(preempted) == reference["faults_preempted"]
     assert_no_leak(llm)
-    assert not sched._admission.tracks  # noqa: SLF001
+    assert not sched._admission.requests.tracks  # noqa: SLF001
     # The engine keeps serving: a request alone gives the reference tokens.
     (out,) = one_at_a_time(llm, [SEQ_PROMPT], 4)
     assert_same_output([first_tokens(reference["seq"], 4)], [out], label=policy)
@@ -451,7 +451,7 @@ def test_auto_starts_and_gives_stock_outputs(engines, reference):
     queue = type(sched.kv_cache_manager.block_pool.free_block_queue).__name__
     assert queue == "PolicyFreeBlockQueue"
     assert sched._admission.drain(timeout=60)  # noqa: SLF001 - the shadows saw every request
-    worker = sched._admission.controller  # noqa: SLF001
+    worker = sched._admission.background.controller  # noqa: SLF001
     assert not worker.in_process and worker.error is None   # the shadows ran in a child
     assert_no_leak(llm)
 

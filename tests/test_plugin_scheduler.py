@@ -225,7 +225,7 @@ def test_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy, evi
     assert all(len(r.output_token_ids) == 500 for r in reqs)
     assert victim not in engine.outputs or engine.outputs[victim].finish_reason is not None
     assert free_equals_usable(engine)
-    assert not sched._admission.tracks  # noqa: SLF001 - nothing left behind
+    assert not sched._admission.requests.tracks  # noqa: SLF001 - nothing left behind
     rid = engine.add(base + toks(99, 300), 5)
     engine.run()
     assert engine.cached_tokens[rid] >= (256 if get_admission(policy).every_block else 0)
@@ -433,9 +433,9 @@ def test_alpha_is_tuned_online_after_the_first_evictions(vllm_config, monkeypatc
     engine = build(vllm_config, monkeypatch, policy="marconi", eviction="flop", blocks=60)
     run_engine(engine, random_workload(3, n=30))
     ctl = engine.scheduler._admission  # noqa: SLF001
-    assert ctl.tuner.drain(timeout=60)
-    assert ctl.tuner.error is None
-    events = ctl.tuner.events
+    assert ctl.background.tuner.drain(timeout=60)
+    assert ctl.background.tuner.error is None
+    events = ctl.background.tuner.events
     assert events and events[0]["kind"] == "bootstrap"
     # The first eviction fixes the window: 2 x the requests served before it.
     assert events[0]["window"] % 2 == 0
@@ -453,7 +453,7 @@ def test_auto_switches_like_the_simulator_request_for_request(vllm_config, monke
     reqs = random_workload(7, n=170)
     engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
     ctl = engine.scheduler._admission
-    assert not ctl.controller.in_process     # the shadows run in a child process
+    assert not ctl.background.controller.in_process     # the shadows run in a child process
     hits = serve_deciding(engine, reqs)
     sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs)
     stats = engine.scheduler.stats()

@@ -45,6 +45,8 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from vllm_admission.core.counters import ratio
+
 __all__ = ["PoolBound", "pool_bound"]
 
 
@@ -70,7 +72,7 @@ class PoolBound:
     @property
     def token_hit_rate(self) -> float:
         """``hit_tokens / prompt_tokens`` (0 without prompt tokens)."""
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        return ratio(self.hit_tokens, self.prompt_tokens)
 
 
 def pool_bound(requests: Iterable[tuple[Sequence[int], int, int]], *, block_size: int,

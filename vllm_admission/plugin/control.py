@@ -163,57 +163,6 @@ class AdmissionControl:
             hashes_per_block=pool.hashes_per_block, sub_block=pool.partial_hash_hits,
             prefill_flops=prefill_flops, in_thread=tune_in_thread)
 
-    # -- the parts' state, read by the adapters and tests ------------------------
-    @property
-    def policy(self) -> AdmissionPolicy:
-        """The admission policy served now."""
-        return self.requests.policy
-
-    @property
-    def host_policy(self) -> AdmissionPolicy | None:
-        """The host tier's admission policy (per-tier admission), or ``None``."""
-        return self.requests.host_policy
-
-    @property
-    def stock(self) -> bool:
-        """vLLM's own policy: vLLM decides what is cached; the plugin only watches."""
-        return self.requests.stock
-
-    @property
-    def has_stops(self) -> bool:
-        """Chunk stops besides the junction (vLLM handles that one itself)."""
-        return self.requests.has_stops
-
-    @property
-    def tracks(self) -> dict[str, RequestTrack]:
-        """The live requests' tracks, by request id."""
-        return self.requests.tracks
-
-    @property
-    def counters(self) -> CacheCounters:
-        """The request and checkpoint counters (evictions are counted by the block pool)."""
-        return self.requests.counters
-
-    @property
-    def eviction(self) -> str:
-        """The eviction policy's name."""
-        return self.events.eviction
-
-    @property
-    def eviction_policy(self) -> EvictionPolicy | None:
-        """The policy ordering free cached blocks, or ``None`` (vLLM's own queue)."""
-        return self.events.eviction_policy
-
-    @property
-    def tuner(self) -> TunerThread | None:
-        """The alpha tuner's thread, or ``None``."""
-        return self.background.tuner
-
-    @property
-    def controller(self) -> ControllerThread | None:
-        """``auto``'s controller thread, or ``None``."""
-        return self.background.controller
-
     def bind_pool(self, is_cached_state: Callable[[BlockHash, int], bool],
                   group_of: Callable[[KVCacheBlock], int]) -> None:
         """Read vLLM's block pool through these (:meth:`PolicyEvents.bind_pool
@@ -244,8 +193,8 @@ class AdmissionControl:
         # The engine tunes once per bootstrap window, as Marconi does: re-tuning
         # needs snapshots of a simulated twin of the live cache, which the
         # engine does not keep.
-        setup = CacheSetup(layout=self.geometry, admission=self.policy.name,
-                           eviction=self.eviction, segment_flops=self.prefill_flops)
+        setup = CacheSetup(layout=self.geometry, admission=self.requests.policy.name,
+                           eviction=self.events.eviction, segment_flops=self.prefill_flops)
         # ignore: a tuned plan without prefill_flops raised in __init__
         return alpha_tuner(setup, self.prefill_flops, grid=self.tune_grid,  # type: ignore[arg-type]
                            multiplier=self.tune_multiplier)
@@ -391,7 +340,7 @@ class AdmissionControl:
                     "evictions_by_group": by_group}
         tuner, controller = self.background.tuner, self.background.controller
         return AdmissionStats(
-            active=True, admission=self.policy.name, eviction=self.eviction,
+            active=True, admission=self.requests.policy.name, eviction=self.events.eviction,
             alpha=self.events.alpha,
             **counters, superseded=self.requests.superseded,
             free_blocks=free_blocks, usable_blocks=self.geometry.pool.num_blocks - 1,

@@ -241,7 +241,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
         pending = self._admission_pending_pair
         if pending is None:
             return
-        if pending.admission != ctl.policy.name:
+        if pending.admission != ctl.requests.policy.name:
             if self.requests:
                 return
             self._admission_use_admission(pending.admission)
@@ -297,7 +297,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
         only; split mode's stops inside it become checkpoints (see
         :func:`vllm_admission.plugin.inpass.inpass_split`)."""
         ctl = self._admission
-        if ctl is not None and ctl.has_stops:
+        if ctl is not None and ctl.requests.has_stops:
             split = self._admission_split
         else:
             split = Scheduler._mamba_block_aligned_split.__get__(self)
@@ -320,7 +320,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
             hooks.bind_chunk_split(self, self._admission_inpass_split)
             return
         hooks.bind_chunk_split(
-            self, self._admission_split if ctl is not None and ctl.has_stops else None)
+            self, self._admission_split if ctl is not None and ctl.requests.has_stops else None)
 
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         ctl = self._admission
@@ -437,7 +437,7 @@ class AsyncAdmissionScheduler(AdmissionScheduler, AsyncScheduler):
     def _update_after_schedule(self, scheduler_output: Any) -> None:
         super()._update_after_schedule(scheduler_output)
         ctl = self._admission
-        if ctl is None or not ctl.policy.tentative_sequence_end:
+        if ctl is None or not ctl.requests.policy.tentative_sequence_end:
             return
         managers = [m for m in self._admission_state_managers()
                     if isinstance(m, PolicyMambaManager)]

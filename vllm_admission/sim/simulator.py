@@ -415,13 +415,15 @@ def _host_figures(cache, layout: CacheLayout, bandwidth: float, hit_tokens: int)
     host = cache.host
     if host is None:
         return {}
+    loaded_bytes = host.loaded * host.bytes_per_chunk
     return {"host_chunks": host.num_chunks, "host_policy": host.policy_name,
             "host_admission": layout.host.admission,
             "host_bytes": host.num_chunks * layout.pool.bytes_per_block,
             "host_hit_tokens": hit_tokens, "host_stored_chunks": host.stored,
             "host_loaded_chunks": host.loaded, "host_evictions": host.evicted,
             "host_failed_stores": host.failed_stores,
-            "host_bytes_stored": host.bytes_stored, "host_bytes_loaded": host.bytes_loaded,
-            "host_bandwidth": bandwidth, "host_load_seconds": host.bytes_loaded / bandwidth}
+            "host_bytes_stored": host.stored * host.bytes_per_chunk,
+            "host_bytes_loaded": loaded_bytes,
+            "host_bandwidth": bandwidth, "host_load_seconds": loaded_bytes / bandwidth}
 
 

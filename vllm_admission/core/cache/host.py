@@ -422,14 +422,6 @@ class HostTier:
     def __len__(self) -> int:
         return len(self.policy)
 
-    @property
-    def bytes_stored(self) -> int:
-        return self.stored * self.bytes_per_chunk
-
-    @property
-    def bytes_loaded(self) -> int:
-        return self.loaded * self.bytes_per_chunk
-
     # -- steps -----------------------------------------------------------
     def next_step(self) -> None:
         """An engine step begins: last step's stores are being written, the ones before

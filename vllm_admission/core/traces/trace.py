@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from vllm_admission.core.counters import ratio
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.traces.prompts import Prompt, SpanPrompt
 
@@ -79,11 +80,13 @@ class PrefixReuse(NamedTuple):
 
     @property
     def block_hit_rate(self) -> float:
-        return self.hit_blocks / self.total_blocks if self.total_blocks else 0.0
+        """``hit_blocks / total_blocks`` (0 without blocks)."""
+        return ratio(self.hit_blocks, self.total_blocks)
 
     @property
     def token_hit_rate(self) -> float:
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        """``hit_tokens / prompt_tokens`` (0 without prompt tokens)."""
+        return ratio(self.hit_tokens, self.prompt_tokens)
 
 
 @dataclass

@@ -93,8 +93,8 @@ def use_policy_managers(coordinator: Any, control: Any) -> None:
 
     from vllm_admission.plugin.kv_cache import PolicyAttentionManager, PolicyMambaManager
 
-    state = MambaManager if control.stock else PolicyMambaManager
-    attention = FullAttentionManager if control.stock else PolicyAttentionManager
+    state = MambaManager if control.requests.stock else PolicyMambaManager
+    attention = FullAttentionManager if control.requests.stock else PolicyAttentionManager
     for manager in coordinator.single_type_managers:
         if isinstance(manager, MambaManager):
             manager.__class__ = state
@@ -143,10 +143,10 @@ def install(kv_cache_manager: Any, control: Any) -> Any:
     _retype(pool, BlockPool, AdmissionBlockPool)
     pool._init_admission(len(managers), control, control.first_state)
     use_policy_managers(coordinator, control)
-    if control.eviction_policy is not None:
+    if control.events.eviction_policy is not None:
         queue = PolicyFreeBlockQueue(pool.free_block_queue.get_all_free_blocks(),
-                                     control.eviction_policy, clock=control.clock,
-                                     switchable=control.controller is not None)
+                                     control.events.eviction_policy, clock=control.clock,
+                                     switchable=control.background.controller is not None)
         pool.free_block_queue = queue
         if control.reads_values:
             # Values are made per request as it frees its blocks; a policy without
