@@ -28,9 +28,8 @@ from collections.abc import Callable, Container, Sequence
 from typing import TYPE_CHECKING
 
 from vllm_admission.core.adaptive import DEFAULT_INTERVAL, Decision, LiveEvictions
-from vllm_admission.core.admission import AdmissionPolicy, get_admission
+from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache_inputs import CacheSetup
-from vllm_admission.core.counters import CacheCounters
 from vllm_admission.core.eviction import EvictionPolicy, get_eviction
 from vllm_admission.core.layout import CacheLayout
 from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
@@ -40,8 +39,6 @@ from vllm_admission.plugin.policy_events import BlockValueFn, PolicyEvents, Requ
 from vllm_admission.plugin.requests import Drop, RequestTrack, RequestTracker
 from vllm_admission.plugin.worker import (
     BackgroundTuning,
-    ControllerThread,
-    TunerThread,
     policy_controller,
 )
 
