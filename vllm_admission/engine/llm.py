@@ -455,7 +455,8 @@ def engine_geometry(llm: vllm.LLM) -> EngineGeometry:
     state_dtypes = {str(g.kv_cache_spec.dtypes[-1]).removeprefix("torch.")
                     for g in kvc.kv_cache_groups if hasattr(g.kv_cache_spec, "dtypes")}
     host_chunks, host_policy = host_tier(scheduler)
-    host_admission = getattr(getattr(scheduler, "_admission", None), "host_policy", None)
+    control = getattr(scheduler, "_admission", None)  # None: stock vLLM's scheduler
+    host_admission = control.requests.host_policy if control is not None else None
     return EngineGeometry(
         **{**settings, "num_gpu_blocks": int(kvc.num_blocks)},
         kv_cache_groups=tuple(
