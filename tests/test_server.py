@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from engine_cases import predicted_block_size
+from engine_cases import env_without_vllm, predicted_block_size
 
 from vllm_admission.engine.tiny_model import TINY_MODEL_ARCHS
 
@@ -64,9 +64,7 @@ def serve_command(model_dir, port: int) -> list[str]:
 
 
 def server_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_")}
-    env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ADMISSION_LOG_INTERVAL="0", **extra)
-    return env
+    return env_without_vllm(VLLM_CPU_KVCACHE_SPACE="1", VLLM_ADMISSION_LOG_INTERVAL="0", **extra)
 
 
 @pytest.fixture(scope="module", params=TINY_MODEL_ARCHS)
@@ -113,11 +111,14 @@ def running_server(model_dir, env: dict[str, str], log_path: Path, *extra: str):
 
 @pytest.fixture(scope="module")
 def server(server_model_dir, tmp_path_factory):
-    """``(base_url, block_size, log path, process)`` of a running ``vllm serve`` with the plugin."""
+    """``(base_url, block_size, log path, process)`` of a running ``vllm serve`` with the plugin,
+    in eager mode (what these tests check does not depend on torch.compile, which more than
+    doubles the start; ``test_inpass_serves_with_one_prefill_step_per_prompt`` serves with
+    vLLM's default compilation)."""
     pytest.importorskip("httpx")
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     env = server_env(VLLM_ADMISSION_POLICY="vllm", VLLM_ADMISSION_EVICTION="lru")
-    with running_server(server_model_dir, env, log_path) as (base, proc):
+    with running_server(server_model_dir, env, log_path, "--enforce-eager") as (base, proc):
         yield base, predicted_block_size(server_model_dir, "bfloat16"), log_path, proc
 
 
