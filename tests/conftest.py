@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+from collections import Counter
 
 import pytest
 from engine_cases import ENGINE_CASES, ENGINE_SSM_DTYPES
@@ -29,12 +30,12 @@ def pytest_collection_modifyitems(config, items):
     module's tests in file order. ``make test`` hands whole modules to its xdist workers
     in this order (``--dist loadfile --no-loadscope-reorder``): the long modules start at
     once and the short ones fill the end, instead of one long module running alone last."""
-    weight: dict[str, int] = {}
-    for item in items:
-        heavy = item.get_closest_marker("engine") or item.get_closest_marker("slow")
-        weight[item.nodeid.split("::", 1)[0]] = weight.get(item.nodeid.split("::", 1)[0], 0) + bool(heavy)
-    order = {mod: i for i, mod in enumerate(sorted(weight, key=lambda m: (-weight[m], m)))}
-    items.sort(key=lambda item: order[item.nodeid.split("::", 1)[0]])
+    def module(item) -> str:
+        return item.nodeid.split("::", 1)[0]
+
+    heavy = Counter(module(item) for item in items
+                    if item.get_closest_marker("engine") or item.get_closest_marker("slow"))
+    items.sort(key=lambda item: (-heavy[module(item)], module(item)))
 
 
 @pytest.hookimpl(hookwrapper=True)
