@@ -253,10 +253,23 @@ def tiny_model(tmp_path_factory):
 @pytest.mark.engine
 @pytest.mark.parametrize("arch", TINY_MODEL_ARCHS)
 def test_engine_and_simulator_agree_on_every_request_under_eviction(tiny_model_of, arch, tmp_path,
-                                                                    capsys, engine_env):
+                                                                    capsys, engine_env,
+                                                                    monkeypatch):
     """The gate: vllm+lru (stock) and dense+lru, a 40-block pool, every request equal, for
-    both tiny models (Gated DeltaNet and Mamba2) in vLLM's default geometry on this CPU."""
+    both tiny models (Gated DeltaNet and Mamba2) in vLLM's default geometry on this CPU.
+    Where the pool cannot hold the model's full length, only the first pair's engine is
+    refused at it: the second starts at the length vLLM fitted."""
     pytest.importorskip("vllm")
+    from vllm_admission.engine import llm as engine_llm
+
+    builds = []
+    build_llm = engine_llm.build_llm
+
+    def counted(settings):
+        builds.append(settings.max_model_len)
+        return build_llm(settings)
+
+    monkeypatch.setattr(engine_llm, "build_llm", counted)
     out = tmp_path / "fid"
     model = tiny_model_of(arch)
     rc, stdout, err = run(["fidelity", "--model", str(model), "--admission", "vllm,dense",
@@ -288,6 +301,10 @@ def test_engine_and_simulator_agree_on_every_request_under_eviction(tiny_model_o
     assert rc == 0, err
     assert "fidelity bar missed" not in err
     assert recs[0]["engine"]["prefill_seconds_vs_stock"] == 1.0
+    full = json.loads((model / "config.json").read_text())["max_position_embeddings"]
+    fitted = recs[0]["max_model_len"]
+    assert recs[1]["max_model_len"] == fitted <= full
+    assert builds == ([None, fitted, fitted] if fitted < full else [None, None])
 
 
 @pytest.mark.engine

@@ -235,9 +235,10 @@ def run_stock(model: str, device: str) -> dict[str, Any]:
 
 
 def run_pair_step(model: str, device: str, admission: str, eviction: str, block_size: int,
-                  stock: dict[str, Any]) -> dict[str, Any]:
+                  stock: dict[str, Any], fitted_lengths: dict[int | None, int]) -> dict[str, Any]:
     """The plugin with one pair: the fidelity replay, then the check prompts on the same
-    engine against stock's outputs."""
+    engine against stock's outputs. ``fitted_lengths`` is shared by one model's pairs
+    (:func:`~vllm_admission.fidelity.run.run_pair`)."""
     from model_output import Output, generate, output_difference
 
     from vllm_admission.fidelity.run import load_trace_of, run_pair
@@ -256,7 +257,8 @@ def run_pair_step(model: str, device: str, admission: str, eviction: str, block_
         return {"outputs": [o.__dict__ for o in got], "differences": diffs,
                 "same_as_stock": all(d is None for d in diffs)}
 
-    record = run_pair(spec, trace, admission, eviction, blocks, on_engine=check)
+    record = run_pair(spec, trace, admission, eviction, blocks, on_engine=check,
+                      fitted_lengths=fitted_lengths)
     return record
 
 
@@ -486,10 +488,12 @@ def main(argv: list[str] | None = None) -> int:
         if stock is None:
             continue
         block_size = int(stock["geometry"]["block_size"])
+        fitted: dict[int | None, int] = {}
         for admission, eviction in pairs:
             name = f"{arch}/{admission}+{eviction}"
             rec = report.step(name, lambda a=admission, e=eviction, arch=arch, b=block_size,
-                              ref=stock: run_pair_step(paths[arch], args.device, a, e, b, ref),
+                              ref=stock, f=fitted: run_pair_step(paths[arch], args.device, a,
+                                                                 e, b, ref, f),
                               need_s=30)
             if rec is not None:
                 report.doc["summary"][name] = summarize(rec)

@@ -28,7 +28,8 @@ def load_trace_of(spec: FidelitySpec) -> Trace:
 
 def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
                 num_gpu_blocks: int | None,
-                on_engine: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+                on_engine: Callable[[Any], Any] | None = None,
+                fitted_lengths: dict[int | None, int] | None = None) -> dict[str, Any]:
     from vllm_admission.engine.llm import (
         build_llm_fitting,
         engine_geometry,
@@ -53,7 +54,13 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
             spec.offload, eviction_policy=spec.host_policy)
     # The comparison reads the live scheduler: the engine core must run in this process.
     settings.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if fitted_lengths is not None and num_gpu_blocks in fitted_lengths:
+        # An earlier pair's engine on this pool was refused at the model's full length and
+        # built at this one: start there (the same engine without the refused build).
+        settings.max_model_len = fitted_lengths[num_gpu_blocks]
     llm, note = build_llm_fitting(settings)
+    if note is not None and fitted_lengths is not None:
+        fitted_lengths[num_gpu_blocks] = int(settings.max_model_len)
     try:
         scheduler = inprocess_scheduler(llm)
         vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
@@ -106,7 +113,8 @@ def _subset(trace: Trace, keep: Sequence[int]) -> Trace:
 
 def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
              num_gpu_blocks: int | None,
-             on_engine: Callable[[Any], Any] | None = None) -> dict[str, Any]:
+             on_engine: Callable[[Any], Any] | None = None,
+             fitted_lengths: dict[int | None, int] | None = None) -> dict[str, Any]:
     """One engine replay and its simulator twin; returns the ``fidelity.json`` record.
 
     The simulator's cost model is built from the model's ``config.json`` with
@@ -114,8 +122,15 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
     given, is called with the live ``vllm.LLM`` after the replay and before the engine
     shuts down; what it returns is the record's ``"on_engine"`` (JSON-serialisable, the
     caller's business).
+
+    ``fitted_lengths`` (pool size in blocks -> tokens), if given, is shared by the pairs of
+    one run: where vLLM refuses the model's full length in a small pool
+    (:func:`~vllm_admission.engine.llm.build_llm_fitting`), the length it fitted is kept
+    there, and later pairs on that pool start at it instead of being refused first. The
+    engine is the same either way.
     """
-    eng = _run_engine(spec, trace, admission, eviction, num_gpu_blocks, on_engine)
+    eng = _run_engine(spec, trace, admission, eviction, num_gpu_blocks, on_engine,
+                      fitted_lengths)
     geometry, result = eng["geometry"], eng["result"]
     costs = costs_like_engine(Path(spec.model) / "config.json", geometry)
     ran = [i for i, r in enumerate(result.requests) if r["status"] == "ok"]
@@ -255,9 +270,11 @@ def run_fidelity(spec: FidelitySpec, *,
     if not costs.is_hybrid:
         raise FidelityError(f"model {costs.name} has no recurrent layers: nothing to compare")
     records = []
+    fitted_lengths: dict[int | None, int] = {}
     for blocks in spec.num_gpu_blocks:
         for admission, eviction in spec.policy_pairs():
-            rec = run_pair(spec, trace, admission, eviction, blocks)
+            rec = run_pair(spec, trace, admission, eviction, blocks,
+                           fitted_lengths=fitted_lengths)
             records.append(rec)
             if on_record is not None:
                 on_record(rec)
