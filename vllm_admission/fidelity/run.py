@@ -59,8 +59,8 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
         # built at this one: start there (the same engine without the refused build).
         settings.max_model_len = fitted_lengths[num_gpu_blocks]
     llm, note = build_llm_fitting(settings)
-    if note is not None and fitted_lengths is not None:
-        fitted_lengths[num_gpu_blocks] = int(settings.max_model_len)
+    if note is not None and fitted_lengths is not None and settings.max_model_len is not None:
+        fitted_lengths[num_gpu_blocks] = settings.max_model_len
     try:
         scheduler = inprocess_scheduler(llm)
         vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
