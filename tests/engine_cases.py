@@ -60,4 +60,3 @@ def env_without_vllm(**extra: str) -> dict[str, str]:
            if not k.startswith("VLLM_") or k in RUNNER_VLLM_VARS}
     env.update(extra)
     return env
-

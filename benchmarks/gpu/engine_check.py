@@ -235,7 +235,7 @@ def run_stock(model: str, device: str) -> dict[str, Any]:
 
 
 def run_pair_step(model: str, device: str, admission: str, eviction: str, block_size: int,
-                  stock: dict[str, Any], fitted_lengths: dict[int | None, int]) -> dict[str, Any]:
+                  stock: dict[str, Any], fitted_lengths: dict[int, int]) -> dict[str, Any]:
     """The plugin with one pair: the fidelity replay, then the check prompts on the same
     engine against stock's outputs. ``fitted_lengths`` is shared by one model's pairs
     (:func:`~vllm_admission.fidelity.run.run_pair`)."""
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         if stock is None:
             continue
         block_size = int(stock["geometry"]["block_size"])
-        fitted: dict[int | None, int] = {}
+        fitted: dict[int, int] = {}
         for admission, eviction in pairs:
             name = f"{arch}/{admission}+{eviction}"
             rec = report.step(name, lambda a=admission, e=eviction, arch=arch, b=block_size,

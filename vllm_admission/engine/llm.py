@@ -298,7 +298,8 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
 _MAX_LEN = re.compile(r"estimated maximum model length is (\d+)")
 
 
-def build_llm_fitting(settings: EngineSettings) -> tuple[vllm.LLM, str | None]:
+def build_llm_fitting(settings: EngineSettings, *,
+                      fitted: dict[int, int] | None = None) -> tuple[vllm.LLM, str | None]:
     """:func:`build_llm`, lowering ``max_model_len`` to what a small pool holds.
 
     When ``settings.num_gpu_blocks`` is set, ``settings.max_model_len`` is not,
@@ -306,22 +307,36 @@ def build_llm_fitting(settings: EngineSettings) -> tuple[vllm.LLM, str | None]:
     does not fit, the engine is built again with the longest length vLLM says
     fits (``settings.max_model_len`` is updated).
 
+    ``fitted`` (pool size in blocks -> tokens), if given, carries that length from
+    one build to the next on the same model: the length fitted for a pool is kept
+    there, and a later build on that pool starts at it instead of being refused
+    first. The engine is the same either way.
+
     Returns:
         ``(llm, note)``: ``note`` says what was lowered (``None`` if nothing).
 
     Raises:
         ValueError: as :func:`build_llm`.
     """
+    blocks = settings.num_gpu_blocks
+    if settings.max_model_len is None and blocks is not None and fitted is not None and blocks in fitted:
+        settings.max_model_len = fitted[blocks]
+        return build_llm(settings), _lowered_note(blocks, fitted[blocks])
     try:
         return build_llm(settings), None
     except ValueError as exc:
         m = _MAX_LEN.search(str(exc))
-        if m is None or settings.max_model_len is not None or settings.num_gpu_blocks is None:
+        if m is None or settings.max_model_len is not None or blocks is None:
             raise
         settings.max_model_len = int(m.group(1))
-        note = (f"{settings.num_gpu_blocks} blocks hold at most {settings.max_model_len} tokens "
-                f"per request; using max_model_len {settings.max_model_len}")
-        return build_llm(settings), note
+        if fitted is not None:
+            fitted[blocks] = settings.max_model_len
+        return build_llm(settings), _lowered_note(blocks, settings.max_model_len)
+
+
+def _lowered_note(blocks: int, max_model_len: int) -> str:
+    return (f"{blocks} blocks hold at most {max_model_len} tokens per request; using "
+            f"max_model_len {max_model_len}")
 
 
 def shutdown_llm(llm: vllm.LLM) -> None:

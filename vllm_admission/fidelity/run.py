@@ -29,7 +29,7 @@ def load_trace_of(spec: FidelitySpec) -> Trace:
 def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
                 num_gpu_blocks: int | None,
                 on_engine: Callable[[Any], Any] | None = None,
-                fitted_lengths: dict[int | None, int] | None = None) -> dict[str, Any]:
+                fitted_lengths: dict[int, int] | None = None) -> dict[str, Any]:
     from vllm_admission.engine.llm import (
         build_llm_fitting,
         engine_geometry,
@@ -54,13 +54,7 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
             spec.offload, eviction_policy=spec.host_policy)
     # The comparison reads the live scheduler: the engine core must run in this process.
     settings.env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    if fitted_lengths is not None and num_gpu_blocks in fitted_lengths:
-        # An earlier pair's engine on this pool was refused at the model's full length and
-        # built at this one: start there (the same engine without the refused build).
-        settings.max_model_len = fitted_lengths[num_gpu_blocks]
-    llm, note = build_llm_fitting(settings)
-    if note is not None and fitted_lengths is not None and settings.max_model_len is not None:
-        fitted_lengths[num_gpu_blocks] = settings.max_model_len
+    llm, note = build_llm_fitting(settings, fitted=fitted_lengths)
     try:
         scheduler = inprocess_scheduler(llm)
         vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
@@ -114,7 +108,7 @@ def _subset(trace: Trace, keep: Sequence[int]) -> Trace:
 def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
              num_gpu_blocks: int | None,
              on_engine: Callable[[Any], Any] | None = None,
-             fitted_lengths: dict[int | None, int] | None = None) -> dict[str, Any]:
+             fitted_lengths: dict[int, int] | None = None) -> dict[str, Any]:
     """One engine replay and its simulator twin; returns the ``fidelity.json`` record.
 
     The simulator's cost model is built from the model's ``config.json`` with
@@ -124,10 +118,8 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
     caller's business).
 
     ``fitted_lengths`` (pool size in blocks -> tokens), if given, is shared by the pairs of
-    one run: where vLLM refuses the model's full length in a small pool
-    (:func:`~vllm_admission.engine.llm.build_llm_fitting`), the length it fitted is kept
-    there, and later pairs on that pool start at it instead of being refused first. The
-    engine is the same either way.
+    one run on one model: the lengths vLLM fitted to small pools, which later pairs start
+    at (:func:`~vllm_admission.engine.llm.build_llm_fitting`'s ``fitted``).
     """
     eng = _run_engine(spec, trace, admission, eviction, num_gpu_blocks, on_engine,
                       fitted_lengths)
@@ -270,7 +262,7 @@ def run_fidelity(spec: FidelitySpec, *,
     if not costs.is_hybrid:
         raise FidelityError(f"model {costs.name} has no recurrent layers: nothing to compare")
     records = []
-    fitted_lengths: dict[int | None, int] = {}
+    fitted_lengths: dict[int, int] = {}
     for blocks in spec.num_gpu_blocks:
         for admission, eviction in spec.policy_pairs():
             rec = run_pair(spec, trace, admission, eviction, blocks,
