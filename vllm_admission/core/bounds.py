@@ -45,13 +45,13 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from vllm_admission.core.counters import ratio
+from vllm_admission.core.counters import TokenHitRate
 
 __all__ = ["PoolBound", "pool_bound"]
 
 
 @dataclass(frozen=True)
-class PoolBound:
+class PoolBound(TokenHitRate):
     """:func:`pool_bound`'s answer (tokens).
 
     Attributes:
@@ -68,11 +68,6 @@ class PoolBound:
     infinite_hit_tokens: int
     prompt_tokens: int
     multiplier: float
-
-    @property
-    def token_hit_rate(self) -> float:
-        """``hit_tokens / prompt_tokens`` (0 without prompt tokens)."""
-        return ratio(self.hit_tokens, self.prompt_tokens)
 
 
 def pool_bound(requests: Iterable[tuple[Sequence[int], int, int]], *, block_size: int,

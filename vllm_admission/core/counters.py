@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CacheCounters", "ratio"]
+__all__ = ["CacheCounters", "TokenHitRate", "ratio"]
 
 
 @dataclass(kw_only=True)
@@ -71,3 +71,16 @@ class CacheCounters:
 def ratio(a: float, b: float) -> float:
     """``a / b``, 0.0 when ``b`` is 0 (a hit rate over no requests)."""
     return a / b if b else 0.0
+
+
+class TokenHitRate:
+    """Gives a result with ``hit_tokens`` and ``prompt_tokens`` its ``token_hit_rate``
+    (a base class for the bounds' answers, which are not counters)."""
+
+    hit_tokens: float
+    prompt_tokens: int
+
+    @property
+    def token_hit_rate(self) -> float:
+        """``hit_tokens / prompt_tokens`` (0 without prompt tokens)."""
+        return ratio(self.hit_tokens, self.prompt_tokens)

@@ -15,6 +15,9 @@ from vllm_admission.core.eviction.history import ReuseHistory
 
 __all__ = ["ReuseEviction"]
 
+#: A tick no sequence number is in: the first :meth:`ReuseEviction._head_tick` looks one up.
+_NO_TICK = (0.0, -math.inf)
+
 
 class ReuseEviction(EvictionPolicy):
     """Reuse-aware LRU: a block whose hash came back may grow ``r`` times older
@@ -109,6 +112,12 @@ class ReuseEviction(EvictionPolicy):
         i = bisect.bisect_right(ticks, seq)
         return self._tick_time[i - 1], (ticks[i] if i < len(ticks) else math.inf)
 
+    def _head_tick(self, queue: BlockFifo, tick: tuple[float, float]) -> tuple[int, tuple[float, float]]:
+        """The sequence number of ``queue``'s head and its tick (:meth:`_tick_of`),
+        ``tick`` itself while the head has not crossed into the next one."""
+        seq = self._seqs[queue.head]
+        return seq, (tick if seq < tick[1] else self._tick_of(seq))
+
     def _prune_clock(self) -> None:
         """Drop the clock ticks before the older head (queues are in sequence
         order, so no candidate can need them again). Called when the clock has
@@ -168,33 +177,28 @@ class ReuseEviction(EvictionPolicy):
         with one ``r`` while both queues last, and the rest is taken in bulk."""
         if n > len(self):
             raise IndexError(f"pop {n} from an eviction queue of {len(self)}")
-        first, again, seqs = self._first, self._again, self._seqs
+        first, again = self._first, self._again
         out: list[int] = []
         if first.size and again.size and n:
             self.hist.age()
             r = self.hist.ratio
-            tick_of = self._tick_of
             # A head's free time is looked up again only when it crosses a tick.
-            seq_f, seq_a = seqs[first.head], seqs[again.head]
-            t_f, end_f = tick_of(seq_f)
-            t_a, end_a = tick_of(seq_a)
+            head = self._head_tick
+            seq_f, tick_f = head(first, _NO_TICK)
+            seq_a, tick_a = head(again, _NO_TICK)
             while len(out) < n:
-                limit = r * (now - t_f)
-                age_a = now - t_a
+                limit = r * (now - tick_f[0])
+                age_a = now - tick_a[0]
                 if age_a > limit or (age_a == limit and seq_a < seq_f):
                     out.append(again.popleft())
                     if not again.size:
                         break
-                    seq_a = seqs[again.head]
-                    if seq_a >= end_a:
-                        t_a, end_a = tick_of(seq_a)
+                    seq_a, tick_a = head(again, tick_a)
                 else:
                     out.append(first.popleft())
                     if not first.size:
                         break
-                    seq_f = seqs[first.head]
-                    if seq_f >= end_f:
-                        t_f, end_f = tick_of(seq_f)
+                    seq_f, tick_f = head(first, tick_f)
         if len(out) < n:
             out += (first if first.size else again).popleft_n(n - len(out))
         if len(self._tick_seq) > self._prune_at:

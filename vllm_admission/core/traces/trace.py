@@ -5,9 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from vllm_admission.core.counters import ratio
+from vllm_admission.core.counters import TokenHitRate, ratio
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.traces.prompts import Prompt, SpanPrompt
 
@@ -70,7 +69,8 @@ class Request:
         return self.prompt.token_ids(vocab_size)
 
 
-class PrefixReuse(NamedTuple):
+@dataclass(frozen=True)
+class PrefixReuse(TokenHitRate):
     """Prefix reuse of a trace under an infinite cache (see :meth:`Trace.prefix_reuse`)."""
 
     hit_blocks: int
@@ -82,11 +82,6 @@ class PrefixReuse(NamedTuple):
     def block_hit_rate(self) -> float:
         """``hit_blocks / total_blocks`` (0 without blocks)."""
         return ratio(self.hit_blocks, self.total_blocks)
-
-    @property
-    def token_hit_rate(self) -> float:
-        """``hit_tokens / prompt_tokens`` (0 without prompt tokens)."""
-        return ratio(self.hit_tokens, self.prompt_tokens)
 
 
 @dataclass
