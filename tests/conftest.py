@@ -7,7 +7,7 @@ import os
 from collections import Counter
 
 import pytest
-from engine_cases import ENGINE_CASES, ENGINE_SSM_DTYPES
+from engine_cases import ENGINE_CASES, ENGINE_SSM_DTYPES, engine_case_id
 from shared_data import SHARED, require
 
 # Helper modules with asserts of their own, imported by test modules before pytest would
@@ -111,7 +111,7 @@ def tiny_model_dir(tiny_model_of):
     return tiny_model_of("qwen3-next")
 
 
-@pytest.fixture(scope="module", params=ENGINE_CASES, ids=lambda case: "-".join(case))
+@pytest.fixture(scope="module", params=ENGINE_CASES, ids=engine_case_id)
 def engine_case(request) -> tuple[str, str]:
     """One ``(arch, ssm_dtype)`` of :data:`ENGINE_CASES` per module instance."""
     return request.param

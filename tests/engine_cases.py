@@ -60,3 +60,13 @@ def env_without_vllm(**extra: str) -> dict[str, str]:
            if not k.startswith("VLLM_") or k in RUNNER_VLLM_VARS}
     env.update(extra)
     return env
+
+#: One case per tiny model, so both architectures and both block sizes (128 and 256 tokens):
+#: the engine tests of a start-up path that does not depend on the state dtype (an eviction
+#: policy's queue, ``auto``'s worker, a refused setting) run these instead of every case.
+ENGINE_CASES_EACH_MODEL = (("qwen3-next", "bfloat16"), ("nemotron-h", "float32"))
+
+
+def engine_case_id(case: tuple[str, str]) -> str:
+    """The test id of an engine case: ``"qwen3-next-bfloat16"``."""
+    return "-".join(case)

@@ -26,7 +26,7 @@ import os
 import random
 
 import pytest
-from engine_cases import engine_block_size, predicted_block_size
+from engine_cases import ENGINE_CASES_EACH_MODEL, engine_block_size, engine_case_id, predicted_block_size
 from junction_case import expected_junction, expected_junction_prefill_steps, junction_prompts
 from model_output import LOGITS_MODE, assert_same_output, first_tokens
 from model_output import generate as one_at_a_time
@@ -91,6 +91,11 @@ def expected_states(B: int) -> dict[str, list[int]]:  # noqa: N803
 # running the same batch in the same pool.
 FAULT_PROMPTS = [toks(9, 300) + toks(50 + i, 400) for i in range(8)]
 FAULT_OUTPUT = 80
+
+#: The start-up tests run once per model (both architectures, both block sizes): what they
+#: check does not depend on the state dtype, and the other tests cover every case.
+each_model = pytest.mark.parametrize("engine_case", ENGINE_CASES_EACH_MODEL, indirect=True,
+                                     ids=engine_case_id)
 
 
 # ------------------------------------------------------------------ engines
@@ -416,6 +421,7 @@ def test_flop_engine_survives_preemption_and_abort(engines, reference, policy):
 
 
 # ------------------------------------------------------------------ every eviction policy
+@each_model
 @pytest.mark.parametrize("eviction", ENGINE_EVICTION_POLICIES)
 def test_every_engine_eviction_policy_starts_and_gives_stock_outputs(engines, reference, eviction):
     """Each name VLLM_ADMISSION_EVICTION accepts (the registry, so a new policy is covered
@@ -434,6 +440,7 @@ def test_every_engine_eviction_policy_starts_and_gives_stock_outputs(engines, re
     assert_no_leak(llm)
 
 
+@each_model
 def test_auto_starts_and_gives_stock_outputs(engines, reference):
     """VLLM_ADMISSION_POLICY=auto and VLLM_ADMISSION_EVICTION=auto (the other names the
     variables accept) start an engine that begins as auto's start pair (in ``split`` mode
@@ -457,6 +464,7 @@ def test_auto_starts_and_gives_stock_outputs(engines, reference):
 
 
 # ------------------------------------------------------------------ start-up errors
+@each_model
 def test_invalid_setting_stops_the_engine_with_one_line(engines, monkeypatch):
     from vllm_admission.engine.llm import EngineSettings, build_llm
     from vllm_admission.plugin.config import AdmissionConfigError

@@ -1,5 +1,6 @@
 """One registry type for both kinds of policy: name -> class, and the entry points of other
-packages loaded when a front end asks.
+packages loaded when a front end asks; and :class:`PolicyClass`, what every registered class
+declares.
 
 :data:`~vllm_admission.core.admission.ADMISSION_POLICIES` and
 :data:`~vllm_admission.core.eviction.registry.EVICTION_POLICIES` are :class:`PolicyRegistry`
@@ -10,6 +11,13 @@ installed packages declare in a registry's entry-point group are registered by
 the tests), as pytest and pluggy load theirs (``load_setuptools_entrypoints``), and which a
 lookup of an unknown name calls before it gives up, so a policy from another package runs
 through the Python API too without an import-time scan.
+
+Two rules hold for the declarations of both kinds (:class:`PolicyClass`). **Own
+declarations** are not inherited: a class states them in its body or has them off, so a
+subclass registered under a new name claims neither its parent's identity (vLLM's own
+behaviour) nor a place in ``auto``. **Derived flags** are computed from the hooks a class
+overrides (:func:`overrides`), never declared by hand, so a flag and the code it describes
+cannot disagree.
 """
 
 from __future__ import annotations
@@ -17,15 +25,46 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from typing import Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from vllm_admission.core.errors import UserError
 
-__all__ = ["PolicyRegistry", "UnknownPolicyError"]
+__all__ = ["PolicyClass", "PolicyRegistry", "UnknownPolicyError", "overrides"]
 
 P = TypeVar("P")
 
 _log = logging.getLogger("vllm_admission")
+
+
+class PolicyClass:
+    """The declarations shared by :class:`~vllm_admission.core.admission.AdmissionPolicy` and
+    :class:`~vllm_admission.core.eviction.EvictionPolicy`.
+
+    A subclass lists its kind's own declarations in :attr:`OWN_DECLARATIONS`; each one a
+    class does not state in its own body is set to ``False`` when the class is created.
+    """
+
+    #: Registry name: the CLI word and the value of ``VLLM_ADMISSION_POLICY`` (admission)
+    #: or ``VLLM_ADMISSION_EVICTION`` (eviction).
+    name: ClassVar[str]
+    #: One line for ``--help`` and the docs.
+    summary: ClassVar[str]
+    #: Declared: whether ``auto`` chooses among this policy (off unless declared).
+    auto_candidate: ClassVar[bool] = False
+    #: The declarations a class states for itself (not inherited).
+    OWN_DECLARATIONS: ClassVar[tuple[str, ...]] = ("auto_candidate",)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for attr in cls.OWN_DECLARATIONS:
+            if attr not in cls.__dict__:
+                setattr(cls, attr, False)
+
+
+def overrides(cls: type, base: type, hook: str) -> bool:
+    """Whether ``cls`` (or a class between it and ``base``) overrides ``base``'s ``hook``:
+    the attribute found on ``cls`` without running descriptors is not ``base``'s own."""
+    return inspect.getattr_static(cls, hook) is not inspect.getattr_static(base, hook)
 
 
 class UnknownPolicyError(UserError):

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import enum
 import functools
-import inspect
 from abc import ABC
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from vllm_admission.core.admission.kinds import CheckpointKind
+from vllm_admission.core.registry import PolicyClass, overrides
 
 __all__ = ["ADMIT", "HOST", "SKIP", "TENTATIVE", "AdmissionDecision", "AdmissionPolicy", "HitProbe"]
 
@@ -76,7 +76,7 @@ class HitProbe:
 
 
 
-class AdmissionPolicy(ABC):
+class AdmissionPolicy(PolicyClass, ABC):
     """One admission policy: where to force checkpoints, which states to keep.
 
     Policies are stateless and cheap to share (built with no arguments). A
@@ -105,15 +105,10 @@ class AdmissionPolicy(ABC):
     cannot disagree: declaring it and overriding :meth:`stops` is a ``TypeError``).
     """
 
-    #: Registry name: the CLI word and the ``VLLM_ADMISSION_POLICY`` value.
-    name: ClassVar[str]
-    #: One line for ``--help`` and the docs.
-    summary: ClassVar[str]
+    OWN_DECLARATIONS = ("vllm_native", "auto_candidate")
     #: Declared: whether this is exactly vLLM 0.32's own behaviour, so the engine
     #: leaves vLLM's code in charge (its junction, its Mamba manager).
     vllm_native: ClassVar[bool] = False
-    #: Declared: whether ``auto`` chooses among this policy (off unless declared).
-    auto_candidate: ClassVar[bool] = False
     #: Declared: the policy differs from the others only where the engine hashes in
     #: units finer than the block (vLLM's ``prefix_match_unit``); ``auto`` leaves it
     #: out of its candidates elsewhere (:func:`~vllm_admission.core.adaptive.candidate_policies`).
@@ -153,23 +148,16 @@ class AdmissionPolicy(ABC):
         """Derive :attr:`uses_junction` and :attr:`own_stops`. TypeError if the body
         declares a derived attribute, or declares :attr:`every_block` beside its own
         :meth:`stops`."""
-        super().__init_subclass__(**kwargs)
-        for attr in ("vllm_native", "auto_candidate"):
-            # Identity declarations are the class's own: a subclass that does not
-            # state them is neither vLLM's behaviour nor an auto candidate.
-            if attr not in cls.__dict__:
-                setattr(cls, attr, False)
+        super().__init_subclass__(**kwargs)  # the own declarations (PolicyClass)
         for attr in ("uses_junction", "own_stops", "tentative_sequence_end"):
             if attr in cls.__dict__:
                 raise TypeError(f"{cls.__name__}.{attr} is derived from the policy's hooks "
                                 f"(junction, stops, admit); override those instead")
-        overrides_stops = (inspect.getattr_static(cls, "stops")
-                           is not inspect.getattr_static(AdmissionPolicy, "stops"))
+        overrides_stops = overrides(cls, AdmissionPolicy, "stops")
         if cls.every_block and overrides_stops:
             raise TypeError(f"{cls.__name__} declares every_block and its own stops(); "
                             f"every_block gives the stops (a chunk end at every block boundary)")
-        cls.uses_junction = (inspect.getattr_static(cls, "junction")
-                             is not inspect.getattr_static(AdmissionPolicy, "junction"))
+        cls.uses_junction = overrides(cls, AdmissionPolicy, "junction")
         cls.own_stops = overrides_stops or cls.every_block
 
     def junction(self, probe: HitProbe) -> int:

@@ -69,11 +69,12 @@ branches on a policy's name.
 
 from __future__ import annotations
 
-import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from vllm_admission.core.registry import PolicyClass, overrides
 
 if TYPE_CHECKING:
     from vllm_admission.core.eviction.history import ReuseHistory
@@ -81,7 +82,7 @@ if TYPE_CHECKING:
 __all__ = ["DERIVED", "OWN_DECLARATIONS", "EvictionPolicy"]
 
 #: Declarations a class states for itself: a subclass that does not repeat them has
-#: them off (:meth:`EvictionPolicy.__init_subclass__`).
+#: them off (:class:`~vllm_admission.core.registry.PolicyClass`).
 OWN_DECLARATIONS = ("vllm_order", "auto_candidate")
 
 #: Derived attribute -> the hooks whose override makes it true.
@@ -94,7 +95,7 @@ DERIVED: dict[str, tuple[str, ...]] = {
 }
 
 
-class EvictionPolicy(ABC):
+class EvictionPolicy(PolicyClass, ABC):
     """Orders free cached blocks; :meth:`pop` returns the next victim.
 
     Subclasses set :attr:`name` and :attr:`summary`, implement the abstract
@@ -105,10 +106,7 @@ class EvictionPolicy(ABC):
     :attr:`needs_future` (0.0 and infinity otherwise).
     """
 
-    #: Registry name: the CLI word and the ``VLLM_ADMISSION_EVICTION`` value.
-    name: ClassVar[str]
-    #: One line for ``--help`` and the docs.
-    summary: ClassVar[str]
+    OWN_DECLARATIONS = OWN_DECLARATIONS
 
     # -- declarations (facts about the policy) --------------------------------
     #: Whether the cache model must compute FLOP-efficiency values for ``add``.
@@ -118,8 +116,6 @@ class EvictionPolicy(ABC):
     #: Whether the order is exactly vLLM's free-block queue order (the engine
     #: then keeps vLLM's own queue and calls no policy code).
     vllm_order: ClassVar[bool] = False
-    #: Whether ``auto`` chooses among this policy (off unless declared).
-    auto_candidate: ClassVar[bool] = False
 
     # -- derived from the hooks a class overrides (see DERIVED) ---------------
     #: Overrides :meth:`on_hit` or :meth:`forget`: the cache reports hits.
@@ -147,10 +143,7 @@ class EvictionPolicy(ABC):
         Raises:
             TypeError: the class body declares a derived attribute as a value.
         """
-        super().__init_subclass__(**kwargs)
-        for attr in OWN_DECLARATIONS:
-            if attr not in cls.__dict__:
-                setattr(cls, attr, False)
+        super().__init_subclass__(**kwargs)  # the own declarations (PolicyClass)
         for attr, hooks in DERIVED.items():
             own = cls.__dict__.get(attr)
             if isinstance(own, property):
@@ -159,9 +152,7 @@ class EvictionPolicy(ABC):
                 raise TypeError(
                     f"{cls.__name__}.{attr} is derived from the hooks the class overrides "
                     f"({', '.join(hooks)}); override those instead of declaring it")
-            setattr(cls, attr, any(inspect.getattr_static(cls, h)
-                                   is not inspect.getattr_static(EvictionPolicy, h)
-                                   for h in hooks))
+            setattr(cls, attr, any(overrides(cls, EvictionPolicy, h) for h in hooks))
 
     # -- the order -------------------------------------------------------------
     @abstractmethod
