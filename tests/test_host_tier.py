@@ -328,16 +328,16 @@ def test_simulate_reports_hits_by_tier_and_bytes_moved(synthetic, qwen):
     gpu = simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30))
     both = simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
                                                         host_bytes=64 << 30, host_bandwidth=50e9))
-    assert gpu.host_chunks == 0 and gpu.host_hit_tokens == 0
-    assert both.host_chunks == host_chunks(64 << 30, qwen_bytes_per_block(both, qwen))
+    assert gpu.host.chunks == 0 and gpu.host_hit_tokens == 0
+    assert both.host.chunks == host_chunks(64 << 30, qwen_bytes_per_block(both, qwen))
     assert both.hit_tokens > gpu.hit_tokens
     assert 0 < both.host_hit_tokens <= both.hit_tokens
     # The GPU part of the hits can only shrink: loads allocate GPU blocks too.
     assert both.hit_tokens - both.host_hit_tokens <= gpu.hit_tokens
-    assert both.host_bytes_loaded == both.host_loaded_chunks * qwen_bytes_per_block(both, qwen)
-    assert both.host_load_seconds == pytest.approx(both.host_bytes_loaded / 50e9)
+    assert both.host.bytes_loaded == both.host.loaded_chunks * qwen_bytes_per_block(both, qwen)
+    assert both.host.load_seconds == pytest.approx(both.host.bytes_loaded / 50e9)
     # A chunk stored once may be loaded many times.
-    assert both.host_stored_chunks > 0 and both.host_loaded_chunks > 0
+    assert both.host.stored_chunks > 0 and both.host.loaded_chunks > 0
 
 
 def qwen_bytes_per_block(result, costs):
@@ -362,7 +362,7 @@ def test_simulate_refuses_what_the_host_tier_does_not_model(synthetic, qwen):
 def test_auto_scales_the_host_tier_of_its_sampled_shadows(synthetic, qwen):
     res = simulate(synthetic, qwen, SimulationSettings(admission="auto", eviction="lru", capacity_bytes=2 << 30,
                                                        host_bytes=64 << 30, shadow_rate=0.5))
-    assert res.host_chunks > 0 and res.host_hit_tokens > 0
+    assert res.host.chunks > 0 and res.host_hit_tokens > 0
     lay = CacheLayout(PoolSpec(num_blocks=101, block_size=B, group_kinds=GROUPS),
                       SchedulingSpec(chunk_size=4096), host=HostTierSpec(chunks=40))
     assert dataclasses.replace(lay, host=HostTierSpec(chunks=20)).host.chunks == 20

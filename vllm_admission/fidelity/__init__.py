@@ -36,17 +36,8 @@ comparison and the bar), :mod:`~vllm_admission.fidelity.run` (both sides, every
 pair), :mod:`~vllm_admission.fidelity.report` (files and tables).
 """
 
-from vllm_admission.fidelity.compare import (
-           EXACT_ADMISSIONS,
-           TOLERANCE,
-           compare_hits,
-           meets_bar,
-)
-from vllm_admission.fidelity.report import (
-           format_fidelity,
-           plot_fidelity,
-           write_fidelity,
-)
+from vllm_admission.fidelity.compare import EXACT_ADMISSIONS, TOLERANCE, compare_hits, meets_bar
+from vllm_admission.fidelity.report import format_fidelity, plot_fidelity, write_fidelity
 from vllm_admission.fidelity.run import run_fidelity, run_pair
 from vllm_admission.fidelity.simulate import costs_like_engine, simulate_like_engine
 from vllm_admission.fidelity.spec import MODES, FidelityError, FidelitySpec

@@ -22,7 +22,7 @@ from typing import Any
 
 from vllm_admission.core.adaptive import PolicyController
 from vllm_admission.core.bounds import PoolBound, pool_bound
-from vllm_admission.core.cache import ATTENTION, STATE, check_checkpoint_mode
+from vllm_admission.core.cache import ATTENTION, STATE, HybridPrefixCache, check_checkpoint_mode
 from vllm_admission.core.cache.host import check_host_admission
 from vllm_admission.core.cache.host import host_chunks as host_chunks_of
 from vllm_admission.core.cache_inputs import (
@@ -56,7 +56,7 @@ from vllm_admission.core.traces import Request, Trace
 from vllm_admission.core.tuning import GRIDS
 from vllm_admission.sim.settings import DEFAULT_CHUNK_SIZE, SimulationSettings
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "RunResult", "SimulationSettings", "cache_layout",
+__all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "HostFigures", "RunResult", "SimulationSettings", "cache_layout",
            "cache_requests", "group_kinds", "pool_bound_of", "simulate", "stream_cache_requests",
            "trace_bound"]
 
@@ -94,13 +94,8 @@ class RunResult(CacheCounters):
     (``None``: whole blocks), ``num_speculative_tokens`` the EAGLE/MTP draft
     tokens per step (0: no speculative decoding).
     ``skipped_requests`` counts the requests that could not fit the cache.
-    With a host tier (``host_chunks`` > 0, ``host_bytes`` of them, run by
-    ``host_policy``): ``host_hit_tokens`` is the part of ``hit_tokens`` loaded from
-    it; ``host_stored_chunks`` / ``host_loaded_chunks`` / ``host_evictions`` count
-    chunks (one block of one KV cache group each), ``host_failed_stores`` the store
-    calls refused for want of room; ``host_bytes_stored`` / ``host_bytes_loaded``
-    are those chunks in bytes (one block id's bytes each) and ``host_load_seconds``
-    the loads at ``host_bandwidth`` bytes per second.
+    With a host tier (``host.chunks`` > 0, :class:`HostFigures`): ``host_hit_tokens``
+    is the part of ``hit_tokens`` loaded from it.
     """
 
     trace: str
@@ -130,27 +125,54 @@ class RunResult(CacheCounters):
     prefix_match_unit: int | None = None
     num_speculative_tokens: int = 0
     prefill_flops_saved: float = 0.0
-    host_chunks: int = 0
-    host_policy: str | None = None
-    host_admission: str | None = None
-    host_bytes: int = 0
-    host_stored_chunks: int = 0
-    host_loaded_chunks: int = 0
-    host_evictions: int = 0
-    host_failed_stores: int = 0
-    host_bytes_stored: int = 0
-    host_bytes_loaded: int = 0
-    host_bandwidth: float | None = None
-    host_load_seconds: float = 0.0
+    host: HostFigures = field(default_factory=lambda: HostFigures.none())
     per_request_hits: list[int] | None = field(default=None, repr=False)
     per_request_prefill_steps: list[int] | None = field(default=None, repr=False)
 
     def to_record(self) -> dict[str, Any]:
-        rec = asdict(self)
-        for key in ("per_request_hits", "per_request_prefill_steps"):
-            if rec[key] is None:
-                del rec[key]
+        """The run as one flat JSON object: the fields in order, :attr:`host`'s as
+        ``host_<name>`` keys in its place, and the per-request lists only when kept."""
+        rec: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            if key == "host":
+                rec.update({f"host_{name}": v for name, v in value.items()})
+            elif value is not None or key not in ("per_request_hits", "per_request_prefill_steps"):
+                rec[key] = value
         return rec
+
+
+@dataclass(frozen=True)
+class HostFigures:
+    """A run's host tier (:attr:`RunResult.host`): its size and policies, and what moved
+    between the tiers. A chunk is one block of one KV cache group; bytes; seconds.
+
+    ``chunks`` host chunks (``bytes`` bytes, one GPU block's bytes each) run by the
+    ``policy`` eviction policy, with ``admission`` the per-tier admission policy (``None``:
+    the host gets what the GPU keeps). ``stored_chunks`` / ``loaded_chunks`` /
+    ``evictions`` count chunks, ``failed_stores`` the store calls refused for want of room;
+    ``bytes_stored`` / ``bytes_loaded`` are those chunks in bytes (one chunk's bytes
+    each) and ``load_seconds`` the loads at ``bandwidth`` bytes per second.
+    """
+
+    chunks: int
+    policy: str | None
+    admission: str | None
+    bytes: int
+    stored_chunks: int
+    loaded_chunks: int
+    evictions: int
+    failed_stores: int
+    bytes_stored: int
+    bytes_loaded: int
+    bandwidth: float | None
+    load_seconds: float
+
+    @classmethod
+    def none(cls) -> HostFigures:
+        """The figures of a run without a host tier: no chunks, nothing moved."""
+        return cls(chunks=0, policy=None, admission=None, bytes=0, stored_chunks=0,
+                   loaded_chunks=0, evictions=0, failed_stores=0, bytes_stored=0,
+                   bytes_loaded=0, bandwidth=None, load_seconds=0.0)
 
 
 def group_kinds(costs: ModelCosts, geometry: CacheGeometry, *,
@@ -357,7 +379,8 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
         num_speculative_tokens=layout.speculation.num_speculative_tokens,
         per_request_hits=hits if per_request else None,
         per_request_prefill_steps=steps if per_request else None,
-        **_host_figures(cache, layout, st.host_bandwidth, totals.host_hit_tokens))
+        host_hit_tokens=totals.host_hit_tokens,
+        host=_host_figures(cache, layout, st.host_bandwidth))
 
 
 def cache_layout(costs: ModelCosts, settings: SimulationSettings) -> tuple[CacheGeometry, CacheLayout]:
@@ -410,20 +433,17 @@ def cache_layout(costs: ModelCosts, settings: SimulationSettings) -> tuple[Cache
     return geo, layout
 
 
-def _host_figures(cache, layout: CacheLayout, bandwidth: float, hit_tokens: int) -> dict[str, Any]:
-    """The host tier's fields of :class:`RunResult` (all zero without one)."""
+def _host_figures(cache: HybridPrefixCache, layout: CacheLayout, bandwidth: float) -> HostFigures:
+    """The host tier's :class:`HostFigures` after a run (:meth:`HostFigures.none` without one)."""
     host = cache.host
     if host is None:
-        return {}
+        return HostFigures.none()
     loaded_bytes = host.loaded * host.bytes_per_chunk
-    return {"host_chunks": host.num_chunks, "host_policy": host.policy_name,
-            "host_admission": layout.host.admission,
-            "host_bytes": host.num_chunks * layout.pool.bytes_per_block,
-            "host_hit_tokens": hit_tokens, "host_stored_chunks": host.stored,
-            "host_loaded_chunks": host.loaded, "host_evictions": host.evicted,
-            "host_failed_stores": host.failed_stores,
-            "host_bytes_stored": host.stored * host.bytes_per_chunk,
-            "host_bytes_loaded": loaded_bytes,
-            "host_bandwidth": bandwidth, "host_load_seconds": loaded_bytes / bandwidth}
+    return HostFigures(
+        chunks=host.num_chunks, policy=host.policy_name, admission=layout.host.admission,
+        bytes=host.num_chunks * layout.pool.bytes_per_block, stored_chunks=host.stored,
+        loaded_chunks=host.loaded, evictions=host.evicted, failed_stores=host.failed_stores,
+        bytes_stored=host.stored * host.bytes_per_chunk, bytes_loaded=loaded_bytes,
+        bandwidth=bandwidth, load_seconds=loaded_bytes / bandwidth)
 
 
