@@ -5,15 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vllm_admission.cli.options import (
-    add_engine_args,
-    add_model_trace_policy_args,
-    add_request_limit_args,
-    engine_args_from,
-    host_settings,
-    offload_bytes,
-)
-from vllm_admission.core.adaptive import DEFAULT_INTERVAL
+from vllm_admission.cli import options
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.errors import UserError
 
@@ -28,11 +20,11 @@ def add_fidelity_parser(sub) -> None:
         description="For every policy pair (and pool size), replay the same requests through vLLM "
                     "with the AdmissionScheduler and through the simulator configured from that "
                     "engine; write <out>/fidelity.json and <out>/fidelity.png.")
-    add_model_trace_policy_args(p, "comma list of")
+    options.add_model_trace_policy_args(p, "comma list of")
     p.add_argument("--num-gpu-blocks", default=None,
                    help="comma list of KV block pool sizes (vLLM's num_gpu_blocks_override); "
                         "default: sized from memory (8,192 blocks on CPU with 1 GiB)")
-    add_request_limit_args(p, max_prompt_tokens=True,
+    options.add_request_limit_args(p, max_prompt_tokens=True,
                            mooncake_note=" and maps one hash id to one 128-token engine block")
     p.add_argument("--synthetic", action="append", default=[], metavar="KEY=VALUE",
                    help="a synthetic workload parameter (repeatable), e.g. num_requests=100 or "
@@ -42,16 +34,12 @@ def add_fidelity_parser(sub) -> None:
                         "trace's arrival times x --time-scale, so requests overlap")
     p.add_argument("--time-scale", type=float, default=1.0,
                    help="timed mode: multiply arrival times by this (default 1)")
-    p.add_argument("--alpha", type=float, default=None,
-                   help="fix flop eviction's alpha in both (default: tuned online in both)")
-    p.add_argument("--auto-interval", type=int, default=DEFAULT_INTERVAL,
-                   help=f"with auto: requests between two policy decisions, in both "
-                        f"(default {DEFAULT_INTERVAL})")
+    options.add_policy_tuning_args(p, auto_interval=True)
     p.add_argument("--seed", type=int, default=0, help="synthetic workload and engine seed")
     p.add_argument("--checkpoint", default="split", metavar="split|inpass",
                    help="checkpoint mode of both sides (default split, vLLM's; inpass: states written "
                         "inside the forward pass, VLLM_ADMISSION_CHECKPOINT=inpass)")
-    add_engine_args(p)
+    options.add_engine_args(p)
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless every sequential record meets the fidelity bar: exact per "
                         "request for lru with none/last/vllm/dense, within 1%% of prompt tokens "
@@ -62,7 +50,7 @@ def add_fidelity_parser(sub) -> None:
 def _without_offload(engine_args: dict, args) -> dict:
     """The engine arguments less the connector ``--offload`` stands for (the spec
     carries the host tier as ``offload``)."""
-    if offload_bytes(args) is not None:
+    if options.offload_bytes(args) is not None:
         engine_args = {k: v for k, v in engine_args.items() if k != "kv_transfer_config"}
     return engine_args
 
@@ -107,7 +95,7 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    host_policy, host_admission = host_settings(args)
+    host_policy, host_admission = options.host_settings(args)
     spec = FidelitySpec(
         model=args.model, trace=args.trace,
         admissions=parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, "auto"]),
@@ -118,8 +106,8 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         synthetic=_synthetic_params(args.synthetic), mode=args.mode, time_scale=args.time_scale,
         alpha=args.alpha, auto_interval=args.auto_interval, seed=args.seed,
         checkpoint=args.checkpoint, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
-        engine_args=_without_offload(engine_args_from(args), args),
-        offload=offload_bytes(args), host_policy=host_policy or "lru",
+        engine_args=_without_offload(options.engine_args_from(args), args),
+        offload=options.offload_bytes(args), host_policy=host_policy or "lru",
         host_admission=host_admission)
 
     def progress(rec: dict) -> None:

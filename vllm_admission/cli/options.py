@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 from vllm_admission.core.errors import UserError
 
-__all__ = ["RETENTION_HELP", "add_engine_args", "add_model_trace_policy_args", "add_request_limit_args",
+__all__ = ["RETENTION_HELP", "add_engine_args", "add_model_trace_policy_args", "add_policy_tuning_args",
+           "add_request_limit_args",
            "engine_args_from", "parse_list",
            "parse_retention_interval"]
 
@@ -67,6 +68,19 @@ def add_model_trace_policy_args(p, policies: str) -> None:
                    help=f"{policies}: {', '.join(ADMISSION_POLICIES)}, {AUTO} (default vllm)")
     p.add_argument("--eviction", default="lru",
                    help=f"{policies}: {', '.join(engine_eviction_policies())}, {AUTO} (default lru)")
+
+
+def add_policy_tuning_args(p, *, auto_interval: bool) -> None:
+    """``--alpha`` and, with ``auto_interval``, ``--auto-interval``: the policies' own
+    settings, as ``simulate``, ``replay`` and ``fidelity`` take them."""
+    from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
+
+    p.add_argument("--alpha", type=float, default=None,
+                   help="fix flop eviction's alpha instead of tuning it online")
+    if auto_interval:
+        p.add_argument("--auto-interval", type=int, default=DEFAULT_INTERVAL,
+                       help=f"with '{AUTO}': requests between two policy decisions "
+                            f"(default {DEFAULT_INTERVAL})")
 
 
 def add_request_limit_args(p, *, max_prompt_tokens: bool, mooncake_note: str = "") -> None:

@@ -26,13 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_admission.cli.options import (
-    add_engine_args,
-    add_model_trace_policy_args,
-    add_request_limit_args,
-    engine_args_from,
-    host_settings,
-)
+from vllm_admission.cli import options
 from vllm_admission.core.adaptive import AUTO
 from vllm_admission.core.admission import (
     UnknownPolicyError,
@@ -50,16 +44,15 @@ def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
         "replay", help="replay a trace through a real vLLM engine with the AdmissionScheduler",
         description="Replay a trace through vLLM with the AdmissionScheduler, one request at a "
                     "time in trace order, and write <out>/results.json.")
-    add_model_trace_policy_args(p, "one of")
-    p.add_argument("--alpha", type=float, default=None,
-                   help="fix flop eviction's alpha instead of tuning it online")
+    options.add_model_trace_policy_args(p, "one of")
+    options.add_policy_tuning_args(p, auto_interval=False)
     p.add_argument("--num-gpu-blocks", type=int, default=None,
                    help="KV block pool size (vLLM's num_gpu_blocks_override; default: from memory)")
     p.add_argument("--max-model-len", type=int, default=None,
                    help="longest prompt + output (default: the model's, lowered to what "
                         "--num-gpu-blocks can hold)")
-    add_request_limit_args(p, max_prompt_tokens=False)
-    add_engine_args(p)
+    options.add_request_limit_args(p, max_prompt_tokens=False)
+    options.add_engine_args(p)
     p.add_argument("--seed", type=int, default=0, help="synthetic workload seed (default 0)")
     p.add_argument("--out", required=True, help="output directory for results.json")
     return p
@@ -81,8 +74,8 @@ def _check_args(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if not Path(args.model).is_dir():
         raise UserError(f"--model {args.model}: not a directory")
-    host_settings(args)
-    return engine_args_from(args)
+    options.host_settings(args)
+    return options.engine_args_from(args)
 
 
 def _build(args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vllm_admission.cli.options import RETENTION_HELP, parse_retention_interval
-from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, parse_shadow_rate
+from vllm_admission.cli.options import RETENTION_HELP, add_policy_tuning_args, parse_retention_interval
+from vllm_admission.core.adaptive import AUTO, parse_shadow_rate
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
 from vllm_admission.core.cache.host import host_policy_names
@@ -102,14 +102,10 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
     p.add_argument("--host-bandwidth", default="64GB", metavar="BYTES",
                    help="host-to-device bytes per second that prices the host tier's loads "
                         "(default 64GB: an H100's PCIe 5.0 x16 link, one direction)")
-    p.add_argument("--alpha", type=float, default=None,
-                   help="fix flop eviction's alpha instead of tuning it online")
+    add_policy_tuning_args(p, auto_interval=True)
     p.add_argument("--tune-grid", choices=("coarse", "paper"), default="coarse",
                    help="alphas flop eviction tries on its bootstrap window: 'coarse' "
                         "(0, 0.1, 0.2, 0.5, 1, 2; default) or Marconi's 'paper' grid (0 to 2 by 0.1)")
-    p.add_argument("--auto-interval", type=int, default=DEFAULT_INTERVAL,
-                   help=f"with '{AUTO}': requests between two policy decisions "
-                        f"(default {DEFAULT_INTERVAL})")
     p.add_argument("--shadow-rate", default="auto", metavar="auto|R",
                    help=f"with '{AUTO}': the fraction of requests its shadow caches serve, on "
                         f"pools scaled alike: 'auto' (default) chooses it from the trace, a number "
