@@ -85,23 +85,24 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                         "scheduled while the previous one runs, so a retired state block "
                         "returns to the pool a step late); default: synchronous, as vLLM's "
                         "CPU engine runs")
-    p.add_argument("--host-capacity", default="0", metavar="BYTES",
-                   help="a second tier in host memory beside every capacity, as vLLM's "
-                        "OffloadingConnector runs it (cpu_bytes_to_use), e.g. 1TiB: prompt "
-                        "blocks and the states the GPU cache keeps are copied there and loaded "
-                        "back on a hit (default 0: none; docs/simulator.md)")
-    p.add_argument("--host-policy", choices=host_policy_names(), default="lru",
-                   help="the host tier's eviction policy, the connector's eviction_policy: "
-                        "vLLM's lru (default) or one of the project's eviction policies, which "
-                        "the plugin runs in vLLM through cache_policy_module_path")
-    p.add_argument("--host-admission", choices=list(ADMISSION_POLICIES), default=None,
-                   help="per-tier admission: the states this admission policy keeps go to the "
-                        "host tier only where a pair's own admission does not keep them on the "
-                        "GPU (their positions end prefill chunks too), e.g. dense (default: the "
-                        "host gets what the GPU keeps)")
-    p.add_argument("--host-bandwidth", default="64GB", metavar="BYTES",
-                   help="host-to-device bytes per second that prices the host tier's loads "
-                        "(default 64GB: an H100's PCIe 5.0 x16 link, one direction)")
+    host = p.add_argument_group(
+        "host tier", "a second tier in host memory beside every capacity, as vLLM's "
+        "OffloadingConnector runs it: prompt blocks and the states the GPU cache keeps are "
+        "copied there and loaded back on a hit (docs/simulator.md)")
+    host.add_argument("--host-capacity", default="0", metavar="BYTES",
+                      help="its size, the connector's cpu_bytes_to_use, e.g. 1TiB (default 0: none)")
+    host.add_argument("--host-policy", choices=host_policy_names(), default="lru",
+                      help="its eviction policy, the connector's eviction_policy: vLLM's lru "
+                           "(default) or one of the project's, which the plugin runs in vLLM "
+                           "through cache_policy_module_path")
+    host.add_argument("--host-admission", choices=list(ADMISSION_POLICIES), default=None,
+                      help="per-tier admission: the states this admission policy keeps go to the "
+                           "host only where a pair's own admission does not keep them on the GPU "
+                           "(their positions end prefill chunks too), e.g. dense (default: what "
+                           "the GPU keeps)")
+    host.add_argument("--host-bandwidth", default="64GB", metavar="BYTES",
+                      help="host-to-device bytes per second that prices its loads (default 64GB: "
+                           "an H100's PCIe 5.0 x16 link, one direction)")
     add_policy_tuning_args(p, auto_interval=True)
     p.add_argument("--tune-grid", choices=("coarse", "paper"), default="coarse",
                    help="alphas flop eviction tries on its bootstrap window: 'coarse' "
