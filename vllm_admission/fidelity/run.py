@@ -134,7 +134,7 @@ def run_pair(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
             "host_policy": geometry.host_policy,
             "host_admission": geometry.host_admission,
             "simulator_host_hit_tokens": sim.host_hit_tokens,
-            "simulator_host_evictions": sim.host_evictions} if geometry.host_chunks else {}
+            "simulator_host_evictions": sim.host.evictions} if geometry.host_chunks else {}
     sim_hits = [None if h < 0 else h for h in sim.per_request_hits]
     sim_steps = [None if n < 0 else n for n in sim.per_request_prefill_steps]
     engine_steps = [r["prefill_steps"] for r in rows]
