@@ -16,7 +16,8 @@ def test_the_host_tier_is_mirrored_exactly(tiny_model_of, engine_env):
     """vLLM's ``OffloadingConnector`` with a 48-chunk host tier (``fidelity --offload``;
     the project's CPU worker), against the simulator's host tier of the chunks the engine
     reports: every request's cached tokens (host loads among them), prefill steps and GPU
-    evictions agree for every admission with ``lru``, a key-reading eviction and
+    evictions agree for every admission with ``lru``, a key-reading eviction (``dense`` +
+    ``s3fifo``: host loads after local hits, whose state blocks vLLM never references) and
     ``auto``, with both tiers evicting."""
     records = host_fidelity(tiny_model_of, HOST_PAIRS, 48)
     assert_mirrored(records, HOST_PAIRS)
@@ -55,20 +56,20 @@ def test_per_tier_admission_is_mirrored_exactly(tiny_model_of, engine_env):
     pair's states, every other block boundary of a prompt is written (a chunk stop),
     handed to the host tier and dropped from the GPU cache at once. Every request's
     cached tokens, prefill steps and GPU evictions agree with the simulator's per-tier
-    admission, and without it (``dense`` + ``s3fifo`` there: host loads after local hits,
-    whose state blocks vLLM never references); with ``none`` on the GPU every hit comes
-    from states only the host kept."""
-    records = {h: host_fidelity(tiny_model_of, HOST_ADMISSION_PAIRS, 96, host_admission=h)
-               for h in (None, "dense")}
-    assert_mirrored(records[None], HOST_ADMISSION_PAIRS)
-    assert_mirrored(records["dense"], HOST_ADMISSION_PAIRS)
-    for rec, base in zip(records["dense"], records[None], strict=True):
-        assert rec["host_admission"] == "dense" and base["host_admission"] is None
+    admission. With ``none`` on the GPU, which hits nothing without it, every hit comes
+    from states only the host kept. (The same host tier without per-tier admission:
+    ``test_the_host_tier_is_mirrored_exactly``.)"""
+    records = host_fidelity(tiny_model_of, HOST_ADMISSION_PAIRS, 96, host_admission="dense")
+    assert_mirrored(records, HOST_ADMISSION_PAIRS)
+    for rec in records:
+        assert rec["host_admission"] == "dense"
         assert rec["simulator_host_evictions"] > 0, rec["admission"]
     # No state on the GPU: without host admission nothing hits; with it every hit is a
     # state the host alone kept.
-    none, base = records["dense"][2], records[None][2]  # HOST_ADMISSION_PAIRS[2]
-    assert none["admission"] == "none" and sum(base["per_request"]["engine"]) == 0
+    (base,) = host_fidelity(tiny_model_of, (("none", "lru"),), 96)
+    assert base["host_admission"] is None and sum(base["per_request"]["engine"]) == 0
+    none = records[2]  # HOST_ADMISSION_PAIRS[2]
+    assert none["admission"] == "none"
     hits = sum(none["per_request"]["engine"])
     assert hits > 0 and none["simulator_host_hit_tokens"] == hits
 
