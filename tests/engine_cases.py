@@ -61,6 +61,7 @@ def env_without_vllm(**extra: str) -> dict[str, str]:
     env.update(extra)
     return env
 
+
 #: One case per tiny model, so both architectures and both block sizes (128 and 256 tokens):
 #: the engine tests of a start-up path that does not depend on the state dtype (an eviction
 #: policy's queue, ``auto``'s worker, a refused setting) run these instead of every case.

@@ -25,7 +25,7 @@ def add_fidelity_parser(sub) -> None:
                    help="comma list of KV block pool sizes (vLLM's num_gpu_blocks_override); "
                         "default: sized from memory (8,192 blocks on CPU with 1 GiB)")
     options.add_request_limit_args(p, max_prompt_tokens=True,
-                           mooncake_note=" and maps one hash id to one 128-token engine block")
+                                   mooncake_note=" and maps one hash id to one 128-token engine block")
     p.add_argument("--synthetic", action="append", default=[], metavar="KEY=VALUE",
                    help="a synthetic workload parameter (repeatable), e.g. num_requests=100 or "
                         "system_prompt_len=[600,0.5,200,1500]; values are JSON")

@@ -7,9 +7,7 @@ from collections.abc import Sequence
 from vllm_admission.core.errors import UserError
 
 __all__ = ["RETENTION_HELP", "add_engine_args", "add_model_trace_policy_args", "add_policy_tuning_args",
-           "add_request_limit_args",
-           "engine_args_from", "parse_list",
-           "parse_retention_interval"]
+           "add_request_limit_args", "engine_args_from", "parse_list", "parse_retention_interval"]
 
 #: ``--help`` text of vLLM's ``--prefix-cache-retention-interval``, as the
 #: subcommands take it.

@@ -61,6 +61,40 @@ __all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "HostFigures", "RunResult", "Si
            "trace_bound"]
 
 
+@dataclass(frozen=True)
+class HostFigures:
+    """A run's host tier (:attr:`RunResult.host`): its size and policies, and what moved
+    between the tiers. A chunk is one block of one KV cache group; bytes; seconds.
+
+    ``chunks`` host chunks (``bytes`` bytes, one GPU block's bytes each) run by the
+    ``policy`` eviction policy, with ``admission`` the per-tier admission policy (``None``:
+    the host gets what the GPU keeps). ``stored_chunks`` / ``loaded_chunks`` /
+    ``evictions`` count chunks, ``failed_stores`` the store calls refused for want of room;
+    ``bytes_stored`` / ``bytes_loaded`` are those chunks in bytes (one chunk's bytes
+    each) and ``load_seconds`` the loads at ``bandwidth`` bytes per second.
+    """
+
+    chunks: int
+    policy: str | None
+    admission: str | None
+    bytes: int
+    stored_chunks: int
+    loaded_chunks: int
+    evictions: int
+    failed_stores: int
+    bytes_stored: int
+    bytes_loaded: int
+    bandwidth: float | None
+    load_seconds: float
+
+    @classmethod
+    def none(cls) -> HostFigures:
+        """The figures of a run without a host tier: no chunks, nothing moved."""
+        return cls(chunks=0, policy=None, admission=None, bytes=0, stored_chunks=0,
+                   loaded_chunks=0, evictions=0, failed_stores=0, bytes_stored=0,
+                   bytes_loaded=0, bandwidth=None, load_seconds=0.0)
+
+
 @dataclass(kw_only=True)
 class RunResult(CacheCounters):
     """One simulated run: the :class:`~vllm_admission.core.counters.CacheCounters` over
@@ -125,7 +159,7 @@ class RunResult(CacheCounters):
     prefix_match_unit: int | None = None
     num_speculative_tokens: int = 0
     prefill_flops_saved: float = 0.0
-    host: HostFigures = field(default_factory=lambda: HostFigures.none())
+    host: HostFigures = field(default_factory=HostFigures.none)
     per_request_hits: list[int] | None = field(default=None, repr=False)
     per_request_prefill_steps: list[int] | None = field(default=None, repr=False)
 
@@ -139,40 +173,6 @@ class RunResult(CacheCounters):
             elif value is not None or key not in ("per_request_hits", "per_request_prefill_steps"):
                 rec[key] = value
         return rec
-
-
-@dataclass(frozen=True)
-class HostFigures:
-    """A run's host tier (:attr:`RunResult.host`): its size and policies, and what moved
-    between the tiers. A chunk is one block of one KV cache group; bytes; seconds.
-
-    ``chunks`` host chunks (``bytes`` bytes, one GPU block's bytes each) run by the
-    ``policy`` eviction policy, with ``admission`` the per-tier admission policy (``None``:
-    the host gets what the GPU keeps). ``stored_chunks`` / ``loaded_chunks`` /
-    ``evictions`` count chunks, ``failed_stores`` the store calls refused for want of room;
-    ``bytes_stored`` / ``bytes_loaded`` are those chunks in bytes (one chunk's bytes
-    each) and ``load_seconds`` the loads at ``bandwidth`` bytes per second.
-    """
-
-    chunks: int
-    policy: str | None
-    admission: str | None
-    bytes: int
-    stored_chunks: int
-    loaded_chunks: int
-    evictions: int
-    failed_stores: int
-    bytes_stored: int
-    bytes_loaded: int
-    bandwidth: float | None
-    load_seconds: float
-
-    @classmethod
-    def none(cls) -> HostFigures:
-        """The figures of a run without a host tier: no chunks, nothing moved."""
-        return cls(chunks=0, policy=None, admission=None, bytes=0, stored_chunks=0,
-                   loaded_chunks=0, evictions=0, failed_stores=0, bytes_stored=0,
-                   bytes_loaded=0, bandwidth=None, load_seconds=0.0)
 
 
 def group_kinds(costs: ModelCosts, geometry: CacheGeometry, *,
