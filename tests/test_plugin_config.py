@@ -42,6 +42,10 @@ def test_every_valid_value():
                                         "VLLM_ADMISSION_SHADOW_RATE": "0.125"})
     assert sampled.shadow_rate == 0.125 and sampled.describe().endswith("shadow rate 0.125")
     assert AdmissionConfig.from_env({"VLLM_ADMISSION_SHADOW_RATE": "auto"}).shadow_rate is None
+    assert auto.shadow_nice == 19
+    niced = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "auto",
+                                      "VLLM_ADMISSION_SHADOW_NICE": "0"})
+    assert niced.shadow_nice == 0 and niced.describe().endswith("shadow nice 0")
     inpass = AdmissionConfig.from_env({"VLLM_ADMISSION_CHECKPOINT": "inpass"})
     assert inpass.checkpoint == "inpass" and inpass.wants_changes()
     assert inpass.describe() == "admission=vllm eviction=lru checkpoint=inpass"
@@ -66,6 +70,9 @@ def test_empty_values_mean_unset():
     ("VLLM_ADMISSION_CHECKPOINT", "fused", "valid: split, inpass"),
     ("VLLM_ADMISSION_SHADOW_RATE", "0", "a number in (0, 1]"),
     ("VLLM_ADMISSION_SHADOW_RATE", "half", "a number in (0, 1]"),
+    ("VLLM_ADMISSION_SHADOW_NICE", "20", "an integer from 0 to 19"),
+    ("VLLM_ADMISSION_SHADOW_NICE", "-5", "an integer from 0 to 19"),
+    ("VLLM_ADMISSION_SHADOW_NICE", "low", "an integer from 0 to 19"),
 ])
 def test_invalid_values_give_one_line(name, value, valid):
     with pytest.raises(AdmissionConfigError) as info:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -10,7 +11,7 @@ from vllm_admission.core.adaptive import PolicyController
 from vllm_admission.core.cache_inputs import CacheRequest, CacheSetup
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
-from vllm_admission.core.shadows import ShadowProcess, ShadowProcessError
+from vllm_admission.core.shadows import DEFAULT_NICE, ShadowProcess, ShadowProcessError
 
 B = 16
 #: A real model's prefill FLOPs (a bound method of ModelCosts: it pickles to the child).
@@ -62,3 +63,23 @@ def test_child_errors_come_back_as_one_exception():
     with pytest.raises(ShadowProcessError, match="is gone"):
         child.observe(0, workload(1)[0])
     child.close()
+
+
+@pytest.mark.parametrize("nice", [0, 7, 19])
+def test_child_runs_at_the_priority_asked(nice):
+    """The child lowers its own priority by ``nice`` (the plugin's default: 19, the
+    lowest), so that on cores the engine needs it runs on the time the engine leaves."""
+    child = ShadowProcess(nice=nice, **controller_kwargs())
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == min(base + nice, 19)
+        assert child.observe(0, workload(1)[0]) is None     # and it still serves
+    finally:
+        child.close()
+    assert DEFAULT_NICE == 19
+
+
+@pytest.mark.parametrize("nice", [-1, 20, 2.5, "19"])
+def test_a_priority_out_of_range_is_refused_before_any_child_starts(nice):
+    with pytest.raises(ValueError, match="nice must be an integer from 0 to 19"):
+        ShadowProcess(nice=nice, **controller_kwargs())

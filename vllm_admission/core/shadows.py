@@ -11,12 +11,19 @@ runs the controller in a child interpreter instead, behind the same
 only pickles the request (its block-hash keys and two lengths) and waits on the
 pipe, which releases the lock.
 
-The child is a plain ``subprocess`` (``python -m vllm_admission.core.shadows``),
-not a ``multiprocessing`` process: vLLM runs its engine core as a daemonic
+The child is a plain ``subprocess`` (``python -m vllm_admission.core.shadows
+[--nice N]``), not a ``multiprocessing`` process: vLLM runs its engine core as a daemonic
 ``multiprocessing`` process, and those may not have children of their own. It
 imports :mod:`vllm_admission.core` only (no vLLM, no torch), reads pickled
 messages on stdin and answers each on stdout, and exits when stdin closes (the
 engine shut down or died). This module imports neither vLLM nor torch.
+
+**Priority.** The child can lower its own scheduling priority first thing
+(``nice``: added to the engine's niceness with ``os.nice``, so 19 is the lowest
+priority Linux has). On a host whose cores the engine also needs (the API server,
+the engine core's scheduler loop, the tokenizer), the kernel then runs the shadows
+only on time the engine does not take: a switch is decided later, the engine's
+steps are not delayed (``docs/benchmarks.md``, "Serving").
 
 Protocol (one pickled tuple per message, parent to child; one answer each):
 
@@ -31,13 +38,20 @@ raised in the parent as :class:`ShadowProcessError`.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import os
 import pickle
 import subprocess
 import sys
 from typing import Any, BinaryIO
 
-__all__ = ["ShadowProcess", "ShadowProcessError", "main"]
+__all__ = ["DEFAULT_NICE", "MAX_NICE", "ShadowProcess", "ShadowProcessError", "main"]
+
+#: The largest niceness increment that means anything on Linux (the lowest priority).
+MAX_NICE = 19
+#: The child's niceness increment unless told otherwise: the lowest priority.
+DEFAULT_NICE = MAX_NICE
 
 
 class ShadowProcessError(RuntimeError):
@@ -48,6 +62,8 @@ class ShadowProcess:
     """A :class:`~vllm_admission.core.adaptive.PolicyController` in a child process.
 
     Args:
+        nice: added to the child's niceness, 0 to 19 (default :data:`DEFAULT_NICE`,
+            19: the lowest priority; 0: the engine's own); see the module docstring.
         **controller_kwargs: ``PolicyController``'s arguments except ``live``
             (``setup``, ``admissions``, ``evictions``, ``prefill_flops``,
             ``start``, ``min_window``, ...); they must pickle (``ModelCosts``'
@@ -56,13 +72,17 @@ class ShadowProcess:
     Raises:
         ShadowProcessError: the child could not start or rejected the arguments.
         OSError: the interpreter could not be launched.
+        ValueError: ``nice`` outside 0 to 19.
 
     Calls are not thread-safe: one thread (the plugin's worker) talks to it.
     """
 
-    def __init__(self, **controller_kwargs: Any) -> None:
+    def __init__(self, *, nice: int = DEFAULT_NICE, **controller_kwargs: Any) -> None:
+        if not (isinstance(nice, int) and 0 <= nice <= MAX_NICE):
+            raise ValueError(f"nice must be an integer from 0 to {MAX_NICE}, got {nice!r}")
+        self.nice = nice
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm_admission.core.shadows"],
+            [sys.executable, "-m", "vllm_admission.core.shadows", "--nice", str(nice)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         try:
             self._call("start", controller_kwargs)
@@ -133,8 +153,15 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
         stdout.flush()
 
 
-def main() -> None:
-    """Entry point of ``python -m vllm_admission.core.shadows`` (the child)."""
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of ``python -m vllm_admission.core.shadows [--nice N]`` (the child)."""
+    parser = argparse.ArgumentParser(prog="python -m vllm_admission.core.shadows",
+                                     description="auto's shadow caches, served over stdin/stdout")
+    parser.add_argument("--nice", type=int, default=0, choices=range(MAX_NICE + 1),
+                        metavar=f"0..{MAX_NICE}", help="added to this process's niceness")
+    args = parser.parse_args(argv)
+    if args.nice:
+        os.nice(args.nice)
     answers = sys.stdout.buffer
     sys.stdout = sys.stderr          # a stray print must not corrupt the answers
     serve(sys.stdin.buffer, answers)

@@ -27,6 +27,9 @@ variable                       default      valid values
                                             its shadow caches serve (``auto``: chosen from
                                             the traffic; a number in (0, 1]; 1: full
                                             shadows)
+``VLLM_ADMISSION_SHADOW_NICE`` ``19``      with ``auto``: added to the niceness of its
+                                            shadow process, an integer from 0 to 19
+                                            (19: the lowest priority; 0: the engine's)
 ``VLLM_ADMISSION_CHECKPOINT``  ``split``    ``split`` (a chunk ends at every kept state, as
                                             vLLM) or ``inpass`` (states written inside the
                                             forward pass; Gated DeltaNet and Mamba2, on
@@ -54,12 +57,14 @@ from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import engine_eviction_policies, eviction_class
+from vllm_admission.core.shadows import DEFAULT_NICE, MAX_NICE
 from vllm_admission.core.tuning import GRIDS
 
 __all__ = [
     "ENV_ACTIVE",
     "ENV_ALPHA",
     "ENV_AUTO_INTERVAL",
+    "ENV_SHADOW_NICE",
     "ENV_SHADOW_RATE",
     "ENV_CHECKPOINT",
     "ENV_CPU_FIXES",
@@ -82,6 +87,7 @@ ENV_TUNE_MULTIPLIER = "VLLM_ADMISSION_TUNE_MULTIPLIER"
 ENV_TUNE_GRID = "VLLM_ADMISSION_TUNE_GRID"
 ENV_AUTO_INTERVAL = "VLLM_ADMISSION_AUTO_INTERVAL"
 ENV_SHADOW_RATE = "VLLM_ADMISSION_SHADOW_RATE"
+ENV_SHADOW_NICE = "VLLM_ADMISSION_SHADOW_NICE"
 ENV_CHECKPOINT = "VLLM_ADMISSION_CHECKPOINT"
 ENV_HOST_ADMISSION = "VLLM_ADMISSION_HOST_ADMISSION"
 #: Not a user setting: where the engine core publishes the plugin's metrics
@@ -118,6 +124,8 @@ ENV_VARS: dict[str, str] = {
                         f"(default {DEFAULT_INTERVAL})"),
     ENV_SHADOW_RATE: ("auto: the fraction of finished requests its shadow caches serve, 'auto' "
                       "(chosen from the traffic; default) or a number in (0, 1] (1: full shadows)"),
+    ENV_SHADOW_NICE: (f"auto: added to the niceness of its shadow process, an integer from 0 "
+                      f"to {MAX_NICE} (default {DEFAULT_NICE}: the lowest priority)"),
     ENV_CHECKPOINT: (f"where recurrent states are written, one of {', '.join(CHECKPOINT_MODES)} "
                      f"(default {DEFAULT_CHECKPOINT})"),
     ENV_HOST_ADMISSION: (f"per-tier admission with a host tier (vLLM's OffloadingConnector): the "
@@ -155,6 +163,8 @@ class AdmissionConfig:
         auto_interval: with ``auto``, finished requests between two decisions.
         shadow_rate: with ``auto``, the shadows' sample rate (``None``: chosen
             from the traffic; 1: full shadows).
+        shadow_nice: with ``auto``, added to the shadow process's niceness (0 to 19;
+            :mod:`~vllm_admission.core.shadows`).
         checkpoint: ``split`` (a prefill chunk ends at every state kept) or
             ``inpass`` (states at block boundaries inside a chunk are written
             during its forward pass).
@@ -170,6 +180,7 @@ class AdmissionConfig:
     tune_grid: str = DEFAULT_TUNE_GRID
     auto_interval: int = DEFAULT_INTERVAL
     shadow_rate: float | None = None
+    shadow_nice: int = DEFAULT_NICE
     checkpoint: str = DEFAULT_CHECKPOINT
     host_admission: str | None = None
 
@@ -215,6 +226,7 @@ class AdmissionConfig:
         except UserError:
             assert text is not None  # unset is auto, never refused
             raise _invalid(ENV_SHADOW_RATE, text, "auto, or a number in (0, 1] (1 = full shadows)") from None
+        shadow_nice = _int_in(ENV_SHADOW_NICE, raw(ENV_SHADOW_NICE), DEFAULT_NICE, 0, MAX_NICE)
         checkpoint = raw(ENV_CHECKPOINT) or DEFAULT_CHECKPOINT
         if checkpoint not in CHECKPOINT_MODES:
             raise _invalid(ENV_CHECKPOINT, checkpoint, ", ".join(CHECKPOINT_MODES))
@@ -223,7 +235,8 @@ class AdmissionConfig:
             raise _invalid(ENV_HOST_ADMISSION, host_admission, ", ".join(ADMISSION_POLICIES))
         return cls(policy=policy, eviction=eviction, alpha=alpha, log_interval=log_interval,
                    tune_multiplier=multiplier, tune_grid=grid, auto_interval=interval,
-                   shadow_rate=shadow_rate, checkpoint=checkpoint, host_admission=host_admission)
+                   shadow_rate=shadow_rate, shadow_nice=shadow_nice, checkpoint=checkpoint,
+                   host_admission=host_admission)
 
     def wants_changes(self) -> bool:
         """Whether these settings ask for anything but vLLM's own behaviour."""
@@ -241,6 +254,8 @@ class AdmissionConfig:
             text += f" decisions every {self.auto_interval} requests"
             if self.shadow_rate is not None:
                 text += f" shadow rate {self.shadow_rate:g}"
+            if self.shadow_nice != DEFAULT_NICE:
+                text += f" shadow nice {self.shadow_nice}"
         if self.eviction != AUTO and eviction_class(self.eviction).tunable:
             text += f" alpha={'tuned online' if self.alpha is None else f'{self.alpha:g}'}"
         if self.checkpoint != DEFAULT_CHECKPOINT:
@@ -281,6 +296,19 @@ def _positive_int(name: str, text: str | None, default: int) -> int:
         value = 0
     if value < 1:
         raise _invalid(name, text, "an integer >= 1")
+    return value
+
+
+def _int_in(name: str, text: str | None, default: int, low: int, high: int) -> int:
+    """``text`` as an integer from ``low`` to ``high`` (``default`` when unset)."""
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = low - 1
+    if not low <= value <= high:
+        raise _invalid(name, text, f"an integer from {low} to {high}")
     return value
 
 

@@ -33,6 +33,7 @@ from vllm_admission.core.cache_inputs import CacheSetup
 from vllm_admission.core.eviction import EvictionPolicy, get_eviction
 from vllm_admission.core.layout import CacheLayout
 from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
+from vllm_admission.core.shadows import DEFAULT_NICE
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
 from vllm_admission.plugin.metrics.stats import AdmissionStats
 from vllm_admission.plugin.policy_events import BlockValueFn, PolicyEvents, RequestClock
@@ -83,6 +84,8 @@ class AdmissionControl:
         auto_interval: with ``plan.adaptive``, finished requests between decisions.
         shadow_rate: with ``plan.adaptive``, the shadows' sample rate
             (``None``: chosen from the traffic; 1: full shadows).
+        shadow_nice: with ``plan.adaptive`` in a child process, added to the child's
+            niceness (0 to 19; :mod:`~vllm_admission.core.shadows`).
 
     Raises:
         UnknownPolicyError: unknown policy name.
@@ -98,7 +101,8 @@ class AdmissionControl:
                  group_of: Callable[[KVCacheBlock], int] | None = None,
                  tune_in_thread: bool = True,
                  auto_interval: int = DEFAULT_INTERVAL,
-                 shadow_rate: float | None = None) -> None:
+                 shadow_rate: float | None = None,
+                 shadow_nice: int = DEFAULT_NICE) -> None:
         policy, eviction = plan.start.admission, plan.start.eviction
         policy_cls = plan.eviction_cls
         if plan.adaptive and prefill_flops is None:
@@ -133,7 +137,7 @@ class AdmissionControl:
                 # ignore: plan.adaptive without prefill_flops raised above
                 controller_kwargs(plan, geometry, prefill_flops, interval=auto_interval,  # type: ignore[arg-type]
                                   shadow_rate=shadow_rate),
-                in_child=tune_in_thread)
+                in_child=tune_in_thread, nice=shadow_nice)
         #: Whether an eviction policy this control may run (``auto``: any it may
         #: switch to) reads FLOP values. Only then must each freeing call open a
         #: free batch to value its blocks (``AdmissionCoordinator``); without values a

@@ -169,7 +169,8 @@ class AdmissionScheduler(EngineSetup, Scheduler):
                                    tune_multiplier=config.tune_multiplier,
                                    tune_grid=config.tune_grid,
                                    auto_interval=config.auto_interval,
-                                   shadow_rate=config.shadow_rate)
+                                   shadow_rate=config.shadow_rate,
+                                   shadow_nice=config.shadow_nice)
         self._admission_pending_pair: Pair | None = None
         # EngineSetup._admission_setup_inpass (engine_setup.py) assigns ``{}`` with no
         # annotation, which mypy reads as a dict[Any, Any] declaration there.

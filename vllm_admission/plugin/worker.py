@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from vllm_admission.core.adaptive import Decision, PolicyController
 from vllm_admission.core.admission import HitProbe
 from vllm_admission.core.cache_inputs import CacheRequest
-from vllm_admission.core.shadows import ShadowProcess, ShadowProcessError
+from vllm_admission.core.shadows import DEFAULT_NICE, ShadowProcess, ShadowProcessError
 from vllm_admission.core.tuning import AlphaTuner
 from vllm_admission.plugin import translate
 
@@ -229,12 +229,14 @@ class ControllerThread(Worker):
             self._offer(decision)
 
 
-def policy_controller(kwargs: dict[str, Any], *, in_child: bool) -> PolicyController | ShadowProcess:
-    """``auto``'s controller: in a child process when ``in_child`` (falling back to
-    this process, with one warning, if the child cannot start), else here."""
+def policy_controller(kwargs: dict[str, Any], *, in_child: bool,
+                      nice: int = DEFAULT_NICE) -> PolicyController | ShadowProcess:
+    """``auto``'s controller: in a child process when ``in_child``, its niceness raised
+    by ``nice`` (falling back to this process, with one warning, if the child cannot
+    start), else here."""
     if in_child:
         try:
-            return ShadowProcess(**kwargs)
+            return ShadowProcess(nice=nice, **kwargs)
         except (OSError, ShadowProcessError, pickle.PicklingError, TypeError) as exc:
             logger.warning("vllm_admission: auto's shadow process did not start (%s: %s); "
                            "its shadow caches run on a thread of the scheduler's process",
