@@ -16,6 +16,15 @@ Per configuration three runs, the prefix cache reset before each (vLLM's
 * ``rate``: Poisson arrivals at ``--rate`` requests per second;
 * ``saturation``: every request at once.
 
+The Mooncake workload can be a sample of its conversations (``--sample K:R``: the
+requests whose conversation key hashes to ``R`` modulo ``K``), so that a few hundred
+requests keep the trace's own reuse: a conversation's turns are all kept or all left out,
+and the shared prefixes (the system prompt) stay shared. A conversation's key is the
+first span key of a request that is not a shared prefix
+(:func:`~vllm_admission.core.traces.resample.shared_prefix_keys`). This is SHARDS-style
+spatial sampling (Waldspurger et al., FAST 2015), keyed on conversations instead of
+blocks so that a sampled request keeps its whole prefix.
+
 Reported per run: ``vllm bench serve``'s TTFT mean / P50 / P99, ITL mean / P99, request
 throughput; the prompt tokens the server computed (``vllm:prompt_tokens`` less
 ``vllm:prompt_tokens_cached``, from ``/metrics``); and beside it the simulator's prediction
@@ -46,6 +55,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,7 +70,14 @@ CONFIGS = {
     "marconi": (True, "marconi", "lru", "split"),
     "marconi-inpass": (True, "marconi", "lru", "inpass"),
     "auto": (True, "auto", "auto", "split"),
+    # auto with its shadow process at the server's own priority (VLLM_ADMISSION_SHADOW_NICE=0)
+    "auto-nice0": (True, "auto", "auto", "split"),
+    "vllm-reuse": (True, "vllm", "reuse", "split"),
+    "last-reuse": (True, "last", "reuse", "split"),
+    "vllm-lfu": (True, "vllm", "lfu", "split"),
 }
+#: Extra plugin settings per configuration.
+CONFIG_ENV = {"auto-nice0": {"VLLM_ADMISSION_SHADOW_NICE": "0"}}
 #: The synthetic workload: short system prompts and templates, chats of a few turns.
 SYNTHETIC = {"agent_fraction": 0.0, "chat_fraction": 0.6, "fewshot_fraction": 0.4,
              "system_prompt_len": [600, 0.5, 200, 1500], "template_len": [900, 0.5, 300, 2000],
@@ -69,8 +86,27 @@ SSM_DTYPE = {"qwen3-next": "bfloat16", "nemotron-h": "float32"}
 
 
 # -- the workload ---------------------------------------------------------------
-def load_workload(name: str, n: int, chunk: int, output_len: int):
-    """The trace's first ``n`` requests, as ``(timed_trace rows, simulator Trace)``.
+def sample_conversations(trace, modulus: int, residue: int, max_prompt: int) -> list:
+    """The requests of ``trace`` whose conversation key is ``residue`` modulo ``modulus``
+    (CRC-32 of the key's decimal text; see the module docstring), in trace order, those
+    longer than ``max_prompt`` tokens left out."""
+    from vllm_admission.core.traces.resample import shared_prefix_keys
+
+    shared = shared_prefix_keys(trace)
+
+    def conversation(req) -> int:
+        keys = [k for k, _ in req.prompt.spans]
+        return next((k for k in keys if k not in shared), keys[-1])
+
+    return [r for r in trace.requests
+            if r.prompt_len <= max_prompt
+            and zlib.crc32(str(conversation(r)).encode()) % modulus == residue]
+
+
+def load_workload(name: str, n: int, chunk: int, output_len: int,
+                  sample: tuple[int, int] | None = None, max_prompt: int = 4000):
+    """The trace's first ``n`` requests (of its sampled conversations with ``sample``:
+    ``(modulus, residue)``), as ``(timed_trace rows, simulator Trace)``.
 
     Each prompt becomes its chained hash per ``chunk`` tokens (the last chunk partial);
     ``timed_trace`` expands each id to ``chunk`` random tokens (``f"{id}:{size}"`` seeds
@@ -81,6 +117,9 @@ def load_workload(name: str, n: int, chunk: int, output_len: int):
 
     if name == "synthetic":
         trace = load_trace("synthetic", seed=0, num_requests=n, **SYNTHETIC)
+    elif name == "mooncake" and sample is not None:
+        full = load_trace(str(MOONCAKE), mooncake_block_tokens=chunk)
+        trace = Trace(name=full.name, requests=sample_conversations(full, *sample, max_prompt))
     elif name == "mooncake":
         trace = load_trace(str(MOONCAKE), max_requests=n, mooncake_block_tokens=chunk)
     else:
@@ -156,7 +195,7 @@ class Server:
         if plugin:
             args += ["--scheduler-cls", "vllm_admission.AdmissionScheduler"]
             env.update(VLLM_ADMISSION_POLICY=admission, VLLM_ADMISSION_EVICTION=eviction,
-                       VLLM_ADMISSION_CHECKPOINT=checkpoint)
+                       VLLM_ADMISSION_CHECKPOINT=checkpoint, **CONFIG_ENV.get(config, {}))
         else:
             env["VLLM_ADMISSION_CPU_FIXES"] = "1"
         self.base = f"http://127.0.0.1:{port}"
@@ -218,7 +257,8 @@ def run_config(config: str, args, model: Path, dataset: Path, work: Path) -> dic
         warm.write_text(json.dumps({"timestamp": 0.0, "input_length": 64, "output_length": 2,
                                     "hash_ids": [7, 8, 9, 10]}) + "\n")
         bench(server, model, warm, 1, 16, rate="inf", concurrency=1, out=work / "warm.json")
-        for run, (rate, conc) in RUNS.items():
+        for run in args.runs.split(","):
+            rate, conc = RUNS[run]
             server.reset()
             before = prompt_counters(server.base)
             res = bench(server, model, dataset, args.requests, args.chunk,
@@ -242,7 +282,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", default="synthetic", choices=("synthetic", "mooncake"))
     ap.add_argument("--configs", default="stock,vllm,vllm-inpass,marconi-inpass,auto",
                     help=f"comma-separated, of: {', '.join(CONFIGS)}")
-    ap.add_argument("--requests", type=int, default=96)
+    ap.add_argument("--requests", type=int, default=96, help="at most this many requests")
+    ap.add_argument("--sample", default=None, metavar="K:R",
+                    help="mooncake: keep the conversations whose key is R modulo K (all requests)")
+    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of: {', '.join(RUNS)}")
     ap.add_argument("--chunk", type=int, default=16, help="tokens per hash id")
     ap.add_argument("--output-len", type=int, default=16)
     ap.add_argument("--rate", type=float, default=1.0, help="requests per second (rate run)")
@@ -259,15 +302,27 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown configs {unknown} (valid: {', '.join(CONFIGS)})")
     if args.workload == "mooncake" and not MOONCAKE.exists():
         ap.error(f"mooncake trace not found at {MOONCAKE}")
+    bad_runs = [r for r in args.runs.split(",") if r not in RUNS]
+    if bad_runs:
+        ap.error(f"unknown runs {bad_runs} (valid: {', '.join(RUNS)})")
+    sample = None
+    if args.sample is not None:
+        try:
+            k, r = (int(x) for x in args.sample.split(":"))
+        except ValueError:
+            k = r = -1
+        if args.workload != "mooncake" or not 0 <= r < k:
+            ap.error(f"--sample K:R needs the mooncake workload and 0 <= R < K, got {args.sample!r}")
+        sample = (k, r)
     from vllm_admission.engine.tiny_model import make_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="serve_bench_"))
     model = make_tiny_model(args.model_dir or work / "model", arch=args.arch, size="bench",
                             max_position_embeddings=8192)
-    rows, trace = load_workload(args.workload, args.requests, args.chunk, args.output_len)
+    rows, trace = load_workload(args.workload, args.requests, args.chunk, args.output_len, sample)
     dataset = work / "requests.jsonl"
     dataset.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    doc = {"arch": args.arch, "workload": args.workload, "requests": len(rows),
+    doc = {"arch": args.arch, "workload": args.workload, "sample": args.sample, "requests": len(rows),
            "chunk_tokens": args.chunk, "output_len": args.output_len, "rate": args.rate,
            "num_gpu_blocks": args.num_blocks, "max_num_batched_tokens": args.budget,
            "date": time.strftime("%Y-%m-%d"), "configs": {}}
@@ -277,10 +332,12 @@ def main(argv: list[str] | None = None) -> int:
         pred = predict(trace, model, args.arch, config, num_blocks=args.num_blocks,
                        budget=args.budget)
         runs = run_config(config, args, model, dataset, work)
-        seq = runs["sequential"]["computed_tokens"]
-        doc["configs"][config] = {"predicted": pred, "runs": runs,
-                                  "sequential_vs_predicted": seq / pred["computed_tokens"] - 1}
-    out = Path(args.out or ROOT / "benchmarks" / "results" / f"serve_{args.arch}_{args.workload}.json")
+        doc["configs"][config] = {"predicted": pred, "runs": runs}
+        if "sequential" in runs:
+            seq = runs["sequential"]["computed_tokens"]
+            doc["configs"][config]["sequential_vs_predicted"] = seq / pred["computed_tokens"] - 1
+    name = args.workload if sample is None else f"{args.workload}-sample{sample[0]}-{sample[1]}"
+    out = Path(args.out or ROOT / "benchmarks" / "results" / f"serve_{args.arch}_{name}.json")
     out.write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
