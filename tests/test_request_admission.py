@@ -239,10 +239,20 @@ def test_prompt_and_sequence_ends_by_hand():
     # The last block boundary the sequence reaches: floor((total - 1) / B) * B.
     assert sequence_end(1000, 1040, 128) == 1024
     assert sequence_end(1000, 1010, 128) == 896
-    assert sequence_end(1000, 1040, 128, eagle=True) == 1024   # decode crossed a boundary
-    # EAGLE, no boundary crossed in decode: the prompt checkpoint a block lower, or a higher
-    # block-aligned unit end.
-    assert sequence_end(1000, 1010, 128, eagle=True) == 768
+    # EAGLE/MTP: an extending request matches the KV of at most L = floor((total - 1) / B) * B
+    # tokens and drops a block, so the end is the highest state written at or below L - B:
+    # L - B past the prompt (a decode boundary) ...
+    assert sequence_end(1000, 1200, 128, eagle=True) == 1024   # L = 1152
+    # ... or the prompt's end on a block boundary (the last prefill chunk ends there) ...
+    assert sequence_end(1024, 1200, 128, eagle=True) == 1024   # L = 1152
+    # ... else the prompt checkpoint, where vLLM ends a chunk (a block below the last
+    # boundary a resend reaches).
+    assert sequence_end(1000, 1040, 128, eagle=True) == 768    # L = 1024: L - B inside the prompt
+    assert sequence_end(1000, 1010, 128, eagle=True) == 768    # L = 896
+    assert sequence_end(1024, 1100, 128, eagle=True) == 896    # L = 1024 = P
+    # EAGLE with a hash unit finer than the block: the last state written, L when decode
+    # crossed a boundary, else the prompt checkpoint or a higher block-aligned unit end.
+    assert sequence_end(1000, 1040, 128, eagle=True, prompt_unit_end=896) == 1024
     assert sequence_end(1000, 1010, 128, eagle=True, prompt_unit_end=896) == 896
     assert sequence_end(1000, 1010, 128, eagle=True, prompt_unit_end=960) == 768  # inside a block
 
@@ -292,3 +302,63 @@ def test_cached_live_is_admitted_host_or_a_possible_sequence_end():
     assert live == {512, 896, 1024}  # the junction, then every state from the prompt end
     vllm = RequestAdmission(get_admission("vllm"), PROBE, total_len=None)
     assert {p for p in range(B, 1024 + 1, B) if vllm.cached_live(p)} == {512, 896}
+
+
+class _Block:
+    """What RequestTracker reads of vLLM's KVCacheBlock."""
+
+    is_null = False
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.block_hash: object | None = None
+
+
+class _Request:
+    def __init__(self, prompt_len: int) -> None:
+        self.request_id = "r"
+        self.num_prompt_tokens = prompt_len
+
+
+@pytest.mark.parametrize("eagle", [False, True])
+@pytest.mark.parametrize("prompt_len,total_len", [
+    (1000, 1010), (1000, 1040), (1000, 1200), (1000, 1500), (1024, 1030), (1024, 1100),
+    (1024, 1200), (1100, 1160), (300, 700)])
+def test_the_live_tracker_keeps_the_sequence_end_the_simulator_caches(prompt_len, total_len, eagle):
+    """A live ``marconi`` request (length unknown) caches each state at or after its prompt
+    end tentatively; when it finishes, the one state still cached is the one the simulator
+    (length known) admits, and every other was dropped. Under EAGLE the end lags a block, so
+    the tracker keeps two tentative states until the finish (``RequestTracker.settle``)."""
+    from vllm_admission.plugin.requests import RequestTracker
+
+    tracker = RequestTracker(get_admission("marconi"), None, block_size=B, first_state=0,
+                             state_groups=(0,), partial_hash_block_size=None, eagle=eagle)
+    request = _Request(prompt_len)
+    tracker.on_lookup(request, 0, 0)
+    track = tracker.track(request)
+    known = RequestAdmission(get_admission("marconi"), HitProbe(prompt_len, B, 0, 0),
+                             total_len=total_len, eagle=eagle)
+    # The states align mode writes from the prompt checkpoint on: the checkpoint (a chunk
+    # ends there), the prompt's end on a boundary, every boundary decode crosses.
+    last = (total_len - 1) // B * B
+    written = sorted({known.prompt_end, *(p for p in range(B, last + 1, B) if p >= prompt_len)} - {0})
+    blocks = [_Block(i) for i in range(last // B + 1)]
+
+    def drop(block):
+        block.block_hash = None
+
+    most_held = 0
+    for pos in written:
+        i = pos // B - 1
+        admitted, tentative, _ = tracker.decide(track, i, i + 1, blocks)
+        assert (admitted, tentative) == ([], [pos])
+        blocks[i].block_hash = ("state", pos)
+        tracker.supersede(track, 0, tentative, blocks, drop)
+        most_held = max(most_held, sum(b.block_hash is not None for b in blocks))
+    tracker.settle(track, total_len, drop)
+    cached = [(b.block_id + 1) * B for b in blocks if b.block_hash is not None]
+    assert cached == [p for p in written if known.decide(p) == ADMIT]
+    assert len(cached) == 1
+    assert most_held == min(len(written), 2 if eagle else 1)
+    if eagle and last - B >= prompt_len:
+        assert cached == [last - B]      # not the last state written: a lookup drops that block

@@ -305,6 +305,14 @@ class AdmissionControl:
         return self.events.unheld_by_shadow(held)
 
     # -- finishing and tuning (BackgroundTuning) -----------------------------------
+    def on_finishing(self, request: Request, drop: Drop) -> None:
+        """The request finished and its blocks are about to be freed: settle its
+        tentative sequence end at ``request.num_tokens`` tokens
+        (:meth:`RequestTracker.settle <vllm_admission.plugin.requests.RequestTracker.settle>`)."""
+        track = self.requests.tracks.get(request.request_id)
+        if track is not None and track.tentative_ends:
+            self.requests.settle(track, request.num_tokens, drop)
+
     def on_finished(self, request: Request, evicted_so_far: bool) -> None:
         """The request left the scheduler: forget it; feed the tuner or the controller."""
         track = self.requests.forget(request.request_id)

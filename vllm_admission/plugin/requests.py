@@ -13,7 +13,10 @@ unknown) and keeps what follows from it:
   block-aligned state positions are admitted (:meth:`RequestTracker.decide`); for a
   policy with ``tentative_sequence_end`` (``marconi``) the latest state at or after the prompt
   end is kept tentatively and replaces the previous tentative one
-  (:meth:`RequestTracker.supersede`); states for the host tier only are dropped from the
+  (:meth:`RequestTracker.supersede`). Under EAGLE/MTP with whole-block hashes the sequence
+  end lags a block (:func:`~vllm_admission.core.admission.sequence_end`), so the two latest
+  are kept, and when the request finishes the one that is not its sequence end is dropped
+  (:meth:`RequestTracker.settle`); states for the host tier only are dropped from the
   GPU cache once handed over (:meth:`RequestTracker.hand_off_only`);
 * the states of the first state group that really got a hash
   (:meth:`RequestTracker.observe_cached`), and the request and checkpoint counters
@@ -67,6 +70,8 @@ class RequestTrack:
     adm: RequestAdmission            # the core's per-request admission (probe, stops, ...)
     stops: tuple[int, ...]           # chunk stops besides the junction (vLLM ends that one)
     tentative_ends: dict[int, TentativeEnd] = field(default_factory=dict)  # state group -> tentative end
+    # state group -> the tentative end before it, kept while the sequence end lags a block
+    earlier_ends: dict[int, TentativeEnd] = field(default_factory=dict)
 
 
 class RequestTracker:
@@ -142,9 +147,10 @@ class RequestTracker:
         stops = (adm.host_stops if native
                  else tuple(s for s in adm.stops if s != adm.junction))
         old = self.tracks.get(rid)
-        # A preempted request keeps its tentative tentative_ends.
-        tentative_ends = old.tentative_ends if old is not None and old.tentative_ends else {}
-        self.tracks[rid] = RequestTrack(request=request, adm=adm, stops=stops, tentative_ends=tentative_ends)
+        track = RequestTrack(request=request, adm=adm, stops=stops)
+        if old is not None:  # a preempted request keeps its tentative ends
+            track.tentative_ends, track.earlier_ends = old.tentative_ends, old.earlier_ends
+        self.tracks[rid] = track
         return adm.junction
 
     def clip_chunk(self, request: Request, start: int, num_new_tokens: int) -> int:
@@ -296,20 +302,49 @@ class RequestTracker:
             self._replace_tentative_end(track, group, TentativeEnd(pos, block, None), drop)
 
     def _replace_tentative_end(self, track: RequestTrack, group: int, new: TentativeEnd,
-                      drop: Drop) -> None:
+                               drop: Drop) -> None:
         """Make ``new`` the request's tentative end in ``group``; drop the previous
-        one if it is earlier and still holds the hash it was cached with."""
+        one if it is earlier and still holds the hash it was cached with. While the
+        sequence end lags a block (:attr:`RequestAdmission.end_lags
+        <vllm_admission.core.admission.RequestAdmission.end_lags>`) the previous one is
+        kept as the earlier end and the one before it is dropped instead."""
         old = track.tentative_ends.get(group)
         track.tentative_ends[group] = new
         if old is None or old.pos >= new.pos:
             return
-        if old.key is None or old.block.block_hash != old.key:
+        if track.adm.end_lags:
+            older = track.earlier_ends.get(group)
+            track.earlier_ends[group] = old
+            if older is not None:
+                self._drop_end(track, group, older, drop)
+            return
+        self._drop_end(track, group, old, drop)
+
+    def _drop_end(self, track: RequestTrack, group: int, end: TentativeEnd, drop: Drop) -> None:
+        """Drop a tentative end from the cache if it still holds the hash it was cached with."""
+        if end.key is None or end.block.block_hash != end.key:
             return  # never hashed, or evicted (and maybe reused) meanwhile: nothing to drop
-        drop(old.block)
+        drop(end.block)
         if group == self.first_state:
             self.counters.state_checkpoints -= 1
             self.superseded += 1
-            track.adm.unrecord(old.pos)  # (absent after a preemption: a new track)
+            track.adm.unrecord(end.pos)  # (absent after a preemption: a new track)
+
+    def settle(self, track: RequestTrack, total_len: int, drop: Drop) -> None:
+        """The request finished at ``total_len`` tokens: in every state group, keep the
+        tentative end at its sequence end
+        (:meth:`RequestAdmission.final_end
+        <vllm_admission.core.admission.RequestAdmission.final_end>`) and drop the other
+        one kept while the end lagged a block. Without the lag (one tentative end, the
+        latest state) nothing changes."""
+        if not track.adm.end_lags:
+            return
+        keep = track.adm.final_end(total_len)
+        for group, latest in track.tentative_ends.items():
+            earlier = track.earlier_ends.pop(group, None)
+            for end in (latest, earlier):
+                if end is not None and end.pos != keep:
+                    self._drop_end(track, group, end, drop)
 
     def observe_cached(self, track: RequestTrack, blocks: Sequence[KVCacheBlock],
                        first: int, last: int) -> None:

@@ -26,8 +26,9 @@ Overridden ``vllm.v1.core.sched.scheduler.Scheduler`` methods:
 * ``_update_after_schedule``: counts admitted requests, writes the periodic
   metric line and the metrics snapshot for ``/metrics``
   (:mod:`vllm_admission.plugin.metrics.prometheus`);
-* ``_free_blocks``: forgets a finished request, feeds the alpha tuner,
-  publishes the snapshot when the last running request ends;
+* ``_free_blocks``: settles a finished request's tentative sequence end (under
+  EAGLE it lags a block), forgets the request, feeds the alpha tuner, publishes
+  the snapshot when the last running request ends;
 * ``shutdown``: stops the tuner thread, removes the snapshot.
 
 With prefix caching off, or a model without recurrent (or without attention)
@@ -347,8 +348,12 @@ class AdmissionScheduler(EngineSetup, Scheduler):
         super()._update_after_schedule(scheduler_output)
 
     def _free_blocks(self, request: Any) -> None:
-        super()._free_blocks(request)
         ctl = self._admission
+        if ctl is not None:
+            # Under EAGLE the sequence end lags a block: the latest tentative state goes
+            # before the request's blocks are freed, as the simulator never caches it.
+            ctl.on_finishing(request, self.kv_cache_manager.block_pool.drop_hash)
+        super()._free_blocks(request)
         if ctl is not None:
             pool = self.kv_cache_manager.block_pool
             ctl.on_finished(request, any(pool.admission_evictions))

@@ -28,7 +28,8 @@ class CheckpointKind(enum.Enum):
     PROMPT_END = "prompt_end"
     #: The last block boundary the whole sequence reaches,
     #: ``(prompt_len + output_len - 1) // B * B`` (Marconi's "sequence end"; with
-    #: EAGLE/MTP the last one with a state written, :func:`sequence_end`).
+    #: EAGLE/MTP the highest state an extending request can still reach, a block
+    #: lower: :func:`sequence_end`).
     SEQUENCE_END = "sequence_end"
     #: A state written during prefill (a prefill chunk end).
     CHUNK_END = "chunk_end"
@@ -70,21 +71,39 @@ def prompt_ends(prompt_len: int, block_size: int, eagle: bool = False) -> tuple[
 
 def sequence_end(prompt_len: int, total_len: int, block_size: int, eagle: bool = False,
                  prompt_unit_end: int = 0) -> int:
-    """The SEQUENCE_END position: the last block boundary where the whole sequence
-    (``total_len`` tokens, prompt and output) has a state written,
-    ``(total_len - 1) // B * B``. With EAGLE/MTP no prefill chunk ends at the prompt's
-    last block boundary (the checkpoint is a block lower, :func:`prompt_ends`), so
-    where decode crosses no boundary the last state written is that checkpoint, or
-    ``prompt_unit_end`` when it is a higher block boundary (with a finer hash unit a chunk also
-    ends at the prompt's unit end,
-    :attr:`~vllm_admission.core.admission.RequestAdmission.prompt_unit_end`): what a live
-    engine, which keeps a request's latest state as its possible end, keeps."""
+    """The SEQUENCE_END position: where a later request that extends the whole
+    sequence (``total_len`` tokens, prompt and output) can resume from a state.
+
+    Without EAGLE: ``L = (total_len - 1) // B * B``, the last block boundary the
+    sequence reaches (the last state written).
+
+    With EAGLE/MTP the extending request's lookup matches the KV of at most ``L``
+    tokens and drops the last matched block (``vllm/v1/core/kv_cache_coordinator.py``),
+    so a state at ``L`` is never reached: the sequence end is the highest state written
+    at or below ``L - B``. That is ``L - B`` itself when it is at or past the prompt (a
+    decode boundary, or the prompt's end on a block boundary, where the last prefill
+    chunk ends), else the prompt checkpoint (:func:`prompt_ends`, where vLLM ends a
+    chunk). A live engine, which learns the length only when the request finishes,
+    keeps the request's two latest states as possible ends and drops the latest then
+    (``vllm_admission/plugin/requests.py``).
+
+    With EAGLE and a hash unit finer than the block (``prompt_unit_end`` > 0, the
+    prompt's unit end, :attr:`~vllm_admission.core.admission.RequestAdmission.prompt_unit_end`)
+    the end stays the last state written: ``L`` when decode crossed a block boundary
+    past the prompt, else the prompt checkpoint or ``prompt_unit_end`` when that is a
+    higher block boundary (a chunk also ends there).
+    """
     B = block_size
     last = (total_len - 1) // B * B
-    if not eagle or last >= prompt_len:
+    if not eagle:
         return last
     ends = prompt_ends(prompt_len, B, True)
     end = ends[-1] if ends else 0
+    if not prompt_unit_end:
+        reach = last - B
+        return reach if reach >= prompt_len else end
+    if last >= prompt_len:
+        return last
     return prompt_unit_end if prompt_unit_end > end and prompt_unit_end % B == 0 else end
 
 

@@ -91,10 +91,15 @@ class RequestAdmission:
             policy's included.
         host_stops: the host policy's stops that are not the GPU policy's own.
         admitted: ascending positions cached in the first state group.
+        end_lags: under EAGLE/MTP with whole-block hashes, the sequence end is the
+            state a block below the last one written
+            (:func:`~vllm_admission.core.admission.sequence_end`): a live engine keeps the
+            request's two latest tentative states, not one, and settles on the sequence
+            end when the request finishes (:meth:`final_end`).
     """
 
     __slots__ = ("policy", "probe", "junction", "prompt_end", "state_sub_block_end", "attn_sub_block_end",
-                 "prompt_unit_end", "eagle", "stops", "host_stops", "admitted", "_host",
+                 "prompt_unit_end", "eagle", "end_lags", "stops", "host_stops", "admitted", "_host",
                  "_special", "_plain_chunk", "_plain_decode", "_period", "_periodic_chunk",
                  "_periodic_decode", "_live_tentative_end", "_may_end", "_below_hit", "_values", "_version")
 
@@ -118,6 +123,7 @@ class RequestAdmission:
             self.attn_sub_block_end = reach if reach % B else 0
         else:
             self.state_sub_block_end = self.attn_sub_block_end = self.prompt_unit_end = 0
+        self.end_lags = eagle and not self.prompt_unit_end
         self.stops = policy.stops(probe)
         self.host_stops: tuple[int, ...] = ()
         self._host: RequestAdmission | None = None
@@ -167,6 +173,15 @@ class RequestAdmission:
         if position in self.admitted:
             self.admitted.remove(position)
             self._version += 1
+
+    def final_end(self, total_len: int) -> int:
+        """The sequence end (tokens) of the request once it finished at ``total_len``
+        tokens (prompt and output): :func:`~vllm_admission.core.admission.sequence_end`
+        with this request's settings. A live engine keeps the tentative state there
+        and drops the others it kept (:attr:`end_lags`)."""
+        probe = self.probe
+        return sequence_end(probe.prompt_len, total_len, probe.block_size, self.eagle,
+                            self.prompt_unit_end)
 
     def keeps_prompt_unit_end(self) -> bool:
         """Whether the policy keeps the state at the prompt's unit end
