@@ -8,8 +8,8 @@ Nemotron-3-Nano-30B-A3B, at the same bytes:
   tokens) and of 64 tokens (with ``--block-size 64``, which makes the aligned blocks 576
   and 2,112 tokens, beside the same block without a unit): ``vllm``+``lru``,
   ``block``+``lru`` and ``auto``+``auto`` (settings ``u16``, ``b64``, ``u64-b64``);
-* MTP with 1 and 2 draft tokens: ``vllm``+``lru`` and ``auto``+``auto`` (``mtp1``,
-  ``mtp2``);
+* MTP with 1 and 2 draft tokens: ``vllm``+``lru``, ``marconi``+``lru`` (whose sequence
+  end is kept a block lower under EAGLE) and ``auto``+``auto`` (``mtp1``, ``mtp2``);
 * MTP with 1 draft token and hash units of 16 tokens together: ``vllm``+``lru``,
   ``block``+``lru`` and ``auto``+``auto`` (``u16-mtp1``).
 
@@ -51,6 +51,7 @@ SETTINGS = {"u16": (16, None, 0), "b64": (None, 64, 0), "u64-b64": (64, 64, 0),
             "mtp1": (None, None, 1), "mtp2": (None, None, 2), "u16-mtp1": (16, None, 1)}
 UNIT_PAIRS = (("vllm", "lru"), ("block", "lru"), ("auto", "auto"))
 PAIRS = (("vllm", "lru"), ("auto", "auto"))
+MTP_PAIRS = (("vllm", "lru"), ("marconi", "lru"), ("auto", "auto"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                                  capacities=tuple(parse_bytes(c)
                                                   for c in CAPACITIES[trace, model_key]),
                                  admissions=(), evictions=(),
-                                 pairs=UNIT_PAIRS if unit or block else PAIRS,
+                                 pairs=(UNIT_PAIRS if unit or block
+                                        else MTP_PAIRS if spec_tokens else PAIRS),
                                  chunk_size=8192, hash_block_size=unit, block_size=block,
                                  num_speculative_tokens=spec_tokens, shadow_rate=1.0)
                 doc = run_sweep(spec, jobs=args.jobs, progress=False)

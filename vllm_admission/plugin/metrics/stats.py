@@ -25,7 +25,8 @@ class AdmissionStats(CacheCounters):
     connector loaded included; ``host_hit_tokens`` is that part (a host tier's loads with
     the ``OffloadingConnector``), which vLLM's ``vllm:prefix_cache_hits`` leaves out.
     ``state_checkpoints`` does not count tentative sequence-end states that a later one
-    of the same request replaced (``marconi``); ``superseded`` counts those.
+    of the same request replaced (``marconi``), nor under EAGLE/MTP the latest one dropped
+    when the request finished (the end lags a block); ``superseded`` counts those.
 
     Attributes:
         active: ``False`` when the scheduler runs stock (prefix caching off,
