@@ -91,6 +91,8 @@ bench-scale: install
 bench-serve: install
 	$(BIN)/python benchmarks/serve_bench.py --arch qwen3-next
 	$(BIN)/python benchmarks/serve_bench.py --arch nemotron-h
+	$(BIN)/python benchmarks/serve_bench.py --arch qwen3-next --workload mooncake --sample 20:1 \
+		--requests 450 --num-blocks 70 --runs sequential,rate --configs stock,auto,auto-nice0,vllm-lfu
 
 study: install
 	$(BIN)/python simulations/mooncake_study.py

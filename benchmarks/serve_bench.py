@@ -37,9 +37,10 @@ without the block-size fix a CPU server never writes a prompt-end state, engine-
 section 11), so the comparison is of policies, not of a CPU bug.
 
 Usage: ``python benchmarks/serve_bench.py [--arch qwen3-next] [--workload synthetic]
-[--configs stock,vllm,vllm-inpass,marconi-inpass,auto] [--requests 96] [--out FILE]``
-(``make bench-serve`` runs both architectures: about 35 minutes for Qwen3-Next and 20 for
-Nemotron-H on 2 cores).
+[--sample K:R] [--configs stock,vllm,vllm-inpass,marconi-inpass,auto] [--requests 96]
+[--runs sequential,rate,saturation] [--out FILE]`` (``make bench-serve`` runs both
+architectures on the synthetic workload, about 35 minutes for Qwen3-Next and 20 for
+Nemotron-H on 2 cores, then Qwen3-Next on a Mooncake sample, about 50 minutes).
 Results: ``benchmarks/results/serve_<arch>_<workload>.json``, docs/benchmarks.md.
 """
 
