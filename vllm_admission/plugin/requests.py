@@ -147,10 +147,12 @@ class RequestTracker:
         stops = (adm.host_stops if native
                  else tuple(s for s in adm.stops if s != adm.junction))
         old = self.tracks.get(rid)
-        track = RequestTrack(request=request, adm=adm, stops=stops)
-        if old is not None:  # a preempted request keeps its tentative ends
-            track.tentative_ends, track.earlier_ends = old.tentative_ends, old.earlier_ends
-        self.tracks[rid] = track
+        if old is None:
+            self.tracks[rid] = RequestTrack(request=request, adm=adm, stops=stops)
+        else:  # a preempted request keeps its tentative ends
+            self.tracks[rid] = RequestTrack(request=request, adm=adm, stops=stops,
+                                            tentative_ends=old.tentative_ends,
+                                            earlier_ends=old.earlier_ends)
         return adm.junction
 
     def clip_chunk(self, request: Request, start: int, num_new_tokens: int) -> int:
