@@ -80,7 +80,6 @@ class ShadowProcess:
     def __init__(self, *, nice: int = DEFAULT_NICE, **controller_kwargs: Any) -> None:
         if not (isinstance(nice, int) and 0 <= nice <= MAX_NICE):
             raise ValueError(f"nice must be an integer from 0 to {MAX_NICE}, got {nice!r}")
-        self.nice = nice
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "vllm_admission.core.shadows", "--nice", str(nice)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)

@@ -288,27 +288,21 @@ def _non_negative_float(name: str, text: str | None, default: _D, valid: str) ->
 
 
 def _positive_int(name: str, text: str | None, default: int) -> int:
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise _invalid(name, text, "an integer >= 1")
-    return value
+    return _int_in(name, text, default, 1)
 
 
-def _int_in(name: str, text: str | None, default: int, low: int, high: int) -> int:
-    """``text`` as an integer from ``low`` to ``high`` (``default`` when unset)."""
+def _int_in(name: str, text: str | None, default: int, low: int, high: int | None = None) -> int:
+    """``text`` as an integer from ``low`` to ``high`` (no upper bound when ``None``;
+    ``default`` when unset)."""
     if text is None:
         return default
     try:
         value = int(text)
     except ValueError:
         value = low - 1
-    if not low <= value <= high:
-        raise _invalid(name, text, f"an integer from {low} to {high}")
+    if value < low or (high is not None and value > high):
+        raise _invalid(name, text, f"an integer >= {low}" if high is None
+                       else f"an integer from {low} to {high}")
     return value
 
 
