@@ -27,7 +27,10 @@ Targets: ``vllm``+``lru`` <= 1.05, ``marconi``+``flop`` <= 1.15 (alpha fixed,
 so no tuning replays run; a row that tunes alpha online on its background
 thread is reported for information), ``auto``+``auto`` <= 1.10: its shadow
 caches run on a background thread, so what it costs the scheduler loop is the
-thread's share of the GIL and CPU during the timed calls (both ratios count it).
+thread's share of the GIL and CPU during the timed calls (both ratios count it). The
+row ``auto+auto, a hand-over per request`` is the same with the finished requests handed
+to that thread one at a time instead of in batches (``vllm_admission/plugin/worker.py``,
+``BATCH``): what batching saves the loop, measured in the same run.
 
 With ``--async-scheduling`` the engine configuration is a GPU engine's default
 (``scheduler_config.async_scheduling`` on) and ``FakeEngine`` keeps two batches in
@@ -72,6 +75,10 @@ VARIANTS = [
     ("marconi+flop (alpha tuned online)", "plugin",
      {"VLLM_ADMISSION_POLICY": "marconi", "VLLM_ADMISSION_EVICTION": "flop"}),
     ("auto+auto", "plugin", {"VLLM_ADMISSION_POLICY": "auto", "VLLM_ADMISSION_EVICTION": "auto"}),
+    # The same, its finished requests handed to the controller's thread one at a time
+    # (plugin/worker.py BATCH = 1): what batching them saves the loop.
+    ("auto+auto, a hand-over per request", "plugin-unbatched",
+     {"VLLM_ADMISSION_POLICY": "auto", "VLLM_ADMISSION_EVICTION": "auto"}),
 ]
 TARGETS = {"vllm+lru": 1.05, "marconi+flop": 1.15, "auto+auto": 1.10}
 
@@ -90,6 +97,7 @@ def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_block
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 
+    from vllm_admission.plugin import worker
     from vllm_admission.plugin.scheduler import AdmissionScheduler
     from vllm_admission_testing.harness import FakeEngine, make_kv_cache_config, make_scheduler
 
@@ -99,8 +107,13 @@ def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_block
     os.environ["VLLM_ADMISSION_LOG_INTERVAL"] = "0"
     is_async = vllm_config.scheduler_config.async_scheduling
     cls = {"stock": AsyncScheduler if is_async else Scheduler, "plain": Scheduler,
-           "plugin": AdmissionScheduler}[kind]
-    sched = make_scheduler(cls, vllm_config, make_kv_cache_config(vllm_config, num_blocks))
+           "plugin": AdmissionScheduler, "plugin-unbatched": AdmissionScheduler}[kind]
+    batch = worker.BATCH
+    worker.BATCH = 1 if kind == "plugin-unbatched" else batch
+    try:
+        sched = make_scheduler(cls, vllm_config, make_kv_cache_config(vllm_config, num_blocks))
+    finally:
+        worker.BATCH = batch
     engine = FakeEngine(sched, batch_queue=2 if is_async else 1)
     pending = list(workload)
     pending.reverse()
@@ -121,7 +134,7 @@ def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_block
               "steps": engine.steps, "forward_passes": engine.forward_passes,
               "hit_tokens": hits,
               "token_hit_rate": hits / prompt_tokens}
-    if kind == "plugin":
+    if kind.startswith("plugin"):
         ctl = sched._admission  # noqa: SLF001
         ctl.drain(timeout=600)   # the alpha tuner's or auto's thread, outside the timed calls
         stats = sched.stats()
