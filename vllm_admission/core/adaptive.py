@@ -17,6 +17,13 @@ plugin a twin of the engine's cache, each switch applied to the engine too) as o
   best-scoring pair when its lead over the live pair's shadow exceeds the relative margin
   ``min_gain`` and, with sampled shadows, ``min_lead_errors`` standard errors of the
   sampling (Horvitz-Thompson over a Bernoulli sample of units);
+* **elimination**: a candidate whose score stays below ``drop_below`` times the best
+  one's (less ``min_lead_errors`` standard errors of the sampling) at every decision for
+  ``drop_after`` pool turnovers, counted from the first eviction under pressure, loses
+  its shadow for the rest of the run; the start pair and the live pair never do
+  (successive elimination: Even-Dar, Mannor and Mansour, "Action Elimination and
+  Stopping Conditions for the Multi-Armed Bandit and Reinforcement Learning Problems",
+  JMLR 7, 2006, section 3, with a fixed margin in place of their confidence radius);
 * **start**: stock vLLM's pair (:func:`stock_pair`: ``vllm`` + ``lru``); in ``inpass``
   checkpoint mode the candidate admission with a state at every block (``dense``) with
   ``lru`` (:meth:`PolicyController.default_start`);
@@ -30,7 +37,7 @@ plugin a twin of the engine's cache, each switch applied to the engine too) as o
 
 Every decision is a :class:`Decision`; the controller keeps every switch and the latest
 :data:`DECISIONS_KEPT` decisions. Cost: one cache-model run and one block pool per
-candidate pair beside the live one.
+candidate pair still in the running beside the live one.
 
 Designs tried and measurements: ``docs/research-log-adaptive.md``; the behaviour in full:
 ``docs/simulator.md``.
@@ -287,13 +294,25 @@ class _ShadowSet:
         setup = dataclasses.replace(setup, layout=lay)
         self.rate = rate
         self.sampler = PrefixSampler(rate, max_nodes=max(1 << 16, 8 * (lay.pool.num_blocks - 1)))
-        self.shadows = {p: dataclasses.replace(setup, admission=p.admission,
-                                               eviction=p.eviction).build() for p in pairs}
+        self.pairs = tuple(pairs)
+        # One cache per pair, in the order of ``pairs``; ``None`` once the pair is dropped.
+        self.caches: list[HybridPrefixCache | None] = [
+            dataclasses.replace(setup, admission=p.admission, eviction=p.eviction).build()
+            for p in pairs]
         self.reset()
+
+    @property
+    def shadows(self) -> dict[Pair, HybridPrefixCache]:
+        """The caches still served, per pair."""
+        return {p: c for p, c in zip(self.pairs, self.caches, strict=True) if c is not None}
+
+    def drop(self, j: int) -> None:
+        """Stop serving pair ``j``'s shadow and free its cache; it saves nothing from now on."""
+        self.caches[j] = None
 
     def reset(self) -> None:
         """Forget every saving (at the first eviction under pressure)."""
-        n = len(self.shadows)
+        n = len(self.caches)
         self.scores = [0.0] * n             # this window's savings, per pair
         self.history = [0.0] * n            # decayed savings, per pair
         self.units: dict[int, list[float]] = {}          # this window's savings per unit
@@ -303,7 +322,7 @@ class _ShadowSet:
 
     @property
     def evicted(self) -> bool:
-        return any(s.pool.evictions for s in self.shadows.values())
+        return any(c.pool.evictions for c in self.caches if c is not None)
 
     def serve(self, index: int, request: CacheRequest,
               flops: Callable[[int, int], float]) -> None:
@@ -313,13 +332,14 @@ class _ShadowSet:
             return
         prompt_len, output_len, hashes = request.prompt_len, request.output_len, request.hashes
         # The shadows share one layout: a request fits all of them or none.
-        if not next(iter(self.shadows.values())).fits(prompt_len, output_len):
+        if not next(c for c in self.caches if c is not None).fits(prompt_len, output_len):
             return
         full = flops(prompt_len, 0)
         now = float(index)
-        saved = [full - flops(prompt_len, shadow.serve(hashes, prompt_len, output_len, index, now,
-                                                        request.units).hit_tokens)
-                 for shadow in self.shadows.values()]
+        saved = [0.0 if shadow is None else
+                 full - flops(prompt_len, shadow.serve(hashes, prompt_len, output_len, index, now,
+                                                       request.units).hit_tokens)
+                 for shadow in self.caches]
         scores = self.scores
         for j, v in enumerate(saved):
             scores[j] += v
@@ -397,6 +417,10 @@ class PolicyController:
             pair's lead over the live pair to exceed this many standard errors of
             its sampling error (:meth:`_ShadowSet.error`; 0: the margin
             ``min_gain`` alone).
+        drop_below, drop_after: elimination (module docstring): a pair's shadow is
+            dropped once its score stayed below ``drop_below`` times the best
+            pair's for ``drop_after`` pool turnovers of decisions in a row;
+            ``drop_below=0`` keeps every shadow.
 
     The controller serves ``live`` with its own policy objects
     (:class:`LiveEvictions`), from the start on.
@@ -447,6 +471,8 @@ class PolicyController:
     shadow_rate: float | None = None
     min_samples: int = DEFAULT_MIN_SAMPLES
     min_lead_errors: float = 1.0
+    drop_below: float = 0.8
+    drop_after: float = 4.0
 
     def __post_init__(self) -> None:
         if not self.admissions or not self.evictions:
@@ -485,6 +511,10 @@ class PolicyController:
         self.window_len: int | None = None
         self._count = 0          # requests seen
         self._since = 0          # requests since the last decision
+        #: Pairs whose shadows were dropped, each with the number of the decision
+        #: (0-based) that dropped it.
+        self.dropped: dict[Pair, int] = {}
+        self._behind = [0] * len(self.pairs)   # decisions in a row each pair stayed behind
         #: Index of the request after which a shadow first evicted (``None``: not yet).
         self.pressure_at: int | None = None
         #: The sample rate chosen (1: full shadows only; ``None`` until chosen).
@@ -641,7 +671,8 @@ class PolicyController:
         assert deciding is not None  # with two pairs or more, full or sampled shadows run
         history, rate = deciding.history, deciding.rate
         li = pairs.index(live)
-        bi = max(range(len(pairs)), key=lambda j: (history[j], j == li))
+        active = [j for j, c in enumerate(deciding.caches) if c is not None]
+        bi = max(active, key=lambda j: (history[j], j == li))
         gain = (history[bi] - history[li]) / history[li] if history[li] > 0 else math.inf
         error = deciding.error(bi, li)
         lead = history[bi] - history[li]
@@ -649,7 +680,7 @@ class PolicyController:
         after = pairs[bi] if switch else live
         held = deciding.shadows[after].held_keys() if after != live else None
         decision = Decision(at=index, window=self._since, before=live, after=after,
-                            scores={str(p): v / rate for p, v in zip(pairs, history, strict=True)},
+                            scores={str(pairs[j]): history[j] / rate for j in active},
                             error=error / rate, held=held)
         # The records leave out the held hashes (a set per group, as large as the shadow's
         # pool): only the switch being applied needs them.
@@ -666,9 +697,31 @@ class PolicyController:
                     if after.admission != live.admission else None,
                     eviction=self.live_evictions.make(after.eviction), held=held)
             self.pair = after
+        self._eliminate(deciding, active, bi, after)
         if (self._full is not None and self._sampled is not None
                 and self._sampled.weight >= self.min_samples):
             # The sample now holds enough requests to decide on: the full shadows stop.
             self._full = None
             self.handover_at = index
         return decision
+
+    def _eliminate(self, deciding: _ShadowSet, active: list[int], best: int, live: Pair) -> None:
+        """Drop the shadows of pairs that stayed far behind the best (see the class docstring)."""
+        if self.drop_below <= 0 or self.pressure_at is None or self.window_len is None:
+            return
+        history = deciding.history
+        bar = self.drop_below * history[best]
+        needed = math.ceil(self.drop_after * self.window_len / self.min_window)
+        keep = (self.start, live)
+        behind = self._behind
+        for j in active:
+            pair = self.pairs[j]
+            if pair in keep or history[j] + self.min_lead_errors * deciding.error(best, j) >= bar:
+                behind[j] = 0
+                continue
+            behind[j] += 1
+            if behind[j] >= needed:
+                for shadows in (self._full, self._sampled):
+                    if shadows is not None:
+                        shadows.drop(j)
+                self.dropped[pair] = self.num_decisions - 1
