@@ -378,3 +378,55 @@ def test_candidate_policies():
         candidate_policies("nope", AUTO)
     with pytest.raises(ValueError, match="future knowledge"):
         candidate_policies(AUTO, "belady")
+
+
+def test_a_pair_that_stays_far_behind_loses_its_shadow_and_nothing_else_changes():
+    """Elimination: ``none`` saves nothing, so once the pool is under pressure its score
+    stays below ``drop_below`` times the best for ``drop_after`` turnovers of decisions
+    and its shadow is dropped; the decisions are those of a run that keeps it."""
+    reqs = shared_prefix_workload(n=400)
+
+    def run(drop_below):
+        setup = setup_for(60)
+        cache = setup.build(switchable=True)
+        ctl = PolicyController(cache, setup, ("vllm", "none"), ("lru",), prefill_flops=flops,
+                               min_window=20, max_window=40, drop_below=drop_below, drop_after=2.0)
+        hits = []
+        for r, req in enumerate(reqs):
+            hits.append(cache.serve(req.hashes, req.prompt_len, req.output_len, rid=r,
+                                    now=float(r)).hit_tokens)
+            ctl.observe(r, req)
+        return ctl, hits
+
+    ctl, hits = run(0.8)
+    kept, kept_hits = run(0.0)
+    none = Pair("none", "lru")
+    assert kept.dropped == {} and none in kept.shadows
+    assert set(ctl.dropped) == {none} and none not in ctl.shadows
+    assert ctl.pressure_at is not None and ctl.window_len is not None
+    # Dropped at the decision that ends the first run of `needed` decisions after the first
+    # eviction where its recorded score was below 0.8 times the best (full shadows: no
+    # sampling error).
+    needed = math.ceil(2.0 * ctl.window_len / 20)
+    assert needed >= 2
+    run_length, dropped_at = 0, None
+    for k, d in enumerate(ctl.decisions):
+        behind = d.at > ctl.pressure_at and d.scores[str(none)] < 0.8 * max(d.scores.values())
+        run_length = run_length + 1 if behind else 0
+        if run_length == needed:
+            dropped_at = k
+            break
+    assert dropped_at is not None and ctl.dropped[none] == ctl.decisions[dropped_at].at
+    assert all(str(none) in d.scores for d in list(ctl.decisions)[:dropped_at + 1])
+    assert all(str(none) not in d.scores for d in list(ctl.decisions)[dropped_at + 1:])
+    assert hits == kept_hits and [(d.at, d.after) for d in ctl.switches] == \
+        [(d.at, d.after) for d in kept.switches]
+
+
+def test_the_start_and_the_live_pair_keep_their_shadows_however_far_behind():
+    reqs = shared_prefix_workload(n=400)
+    ctl, _ = run_controller(("vllm", "dense", "none"), ("lru",), reqs, blocks=60,
+                            start=Pair("none", "lru"))
+    assert ctl.pressure_at is not None
+    assert Pair("none", "lru") in ctl.shadows and Pair("none", "lru") not in ctl.dropped
+    assert ctl.pair in ctl.shadows

@@ -511,8 +511,8 @@ class PolicyController:
         self.window_len: int | None = None
         self._count = 0          # requests seen
         self._since = 0          # requests since the last decision
-        #: Pairs whose shadows were dropped, each with the number of the decision
-        #: (0-based) that dropped it.
+        #: Pairs whose shadows were dropped (elimination), each with the index of the
+        #: request after which the decision that dropped it was made.
         self.dropped: dict[Pair, int] = {}
         self._behind = [0] * len(self.pairs)   # decisions in a row each pair stayed behind
         #: Index of the request after which a shadow first evicted (``None``: not yet).
@@ -697,7 +697,7 @@ class PolicyController:
                     if after.admission != live.admission else None,
                     eviction=self.live_evictions.make(after.eviction), held=held)
             self.pair = after
-        self._eliminate(deciding, active, bi, after)
+        self._eliminate(index, deciding, active, bi, after)
         if (self._full is not None and self._sampled is not None
                 and self._sampled.weight >= self.min_samples):
             # The sample now holds enough requests to decide on: the full shadows stop.
@@ -705,7 +705,8 @@ class PolicyController:
             self.handover_at = index
         return decision
 
-    def _eliminate(self, deciding: _ShadowSet, active: list[int], best: int, live: Pair) -> None:
+    def _eliminate(self, index: int, deciding: _ShadowSet, active: list[int], best: int,
+                   live: Pair) -> None:
         """Drop the shadows of pairs that stayed far behind the best (see the class docstring)."""
         if self.drop_below <= 0 or self.pressure_at is None or self.window_len is None:
             return
@@ -724,4 +725,4 @@ class PolicyController:
                 for shadows in (self._full, self._sampled):
                     if shadows is not None:
                         shadows.drop(j)
-                self.dropped[pair] = self.num_decisions - 1
+                self.dropped[pair] = index

@@ -114,7 +114,9 @@ class RunResult(CacheCounters):
     the pair serving at the end; ``shadow_rate`` the sample rate of its
     sampled shadows (1: full shadows only; ``None`` without ``auto`` or
     before the rate was chosen) and ``shadow_handover`` the request after which
-    they took over from the full shadows (``None``: never). ``checkpoint`` is the checkpoint mode
+    they took over from the full shadows (``None``: never); ``shadows_dropped`` maps each
+    pair whose shadow was eliminated to the request after which it was
+    (:attr:`PolicyController.dropped <vllm_admission.core.adaptive.PolicyController.dropped>`). ``checkpoint`` is the checkpoint mode
     (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`). ``prefill_steps`` is the number of prefill
     chunks over the requests that ran (the engine steps that schedule prompt
     tokens when requests run one at a time: the token budget ``chunk_size``
@@ -154,6 +156,7 @@ class RunResult(CacheCounters):
     final_policy: str | None = None
     shadow_rate: float | None = None
     shadow_handover: int | None = None
+    shadows_dropped: dict[str, int] = field(default_factory=dict)
     checkpoint: str = "split"
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None
@@ -373,6 +376,7 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
         final_policy=str(controller.pair) if controller else None,
         shadow_rate=controller.rate if controller else None,
         shadow_handover=controller.handover_at if controller else None,
+        shadows_dropped={str(p): at for p, at in controller.dropped.items()} if controller else {},
         prefill_steps=totals.prefill_steps, checkpoint=st.checkpoint,
         state_miss_tokens=totals.state_miss_tokens, retention_interval=st.retention_interval,
         prefix_match_unit=layout.pool.hash_block_size if layout.pool.partial_hash_hits else None,
