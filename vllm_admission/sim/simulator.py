@@ -116,7 +116,8 @@ class RunResult(CacheCounters):
     before the rate was chosen) and ``shadow_handover`` the request after which
     they took over from the full shadows (``None``: never); ``shadows_dropped`` maps each
     pair whose shadow was eliminated to the request after which it was
-    (:attr:`PolicyController.dropped <vllm_admission.core.adaptive.PolicyController.dropped>`). ``checkpoint`` is the checkpoint mode
+    (:attr:`PolicyController.dropped <vllm_admission.core.adaptive.PolicyController.dropped>`).
+    ``checkpoint`` is the checkpoint mode
     (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`). ``prefill_steps`` is the number of prefill
     chunks over the requests that ran (the engine steps that schedule prompt
     tokens when requests run one at a time: the token budget ``chunk_size``
