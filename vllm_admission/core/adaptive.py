@@ -184,7 +184,8 @@ class Decision:
             a switch takes effect from request ``at + 1``.
         window: requests since the previous decision.
         before, after: the live pair before and after (equal: no switch).
-        scores: per candidate pair, the prefill FLOPs its shadow saved so far,
+        scores: per candidate pair whose shadow still runs (elimination drops
+            the others), the prefill FLOPs its shadow saved so far,
             each request's saving weighed down by half every ``half_life`` pool
             turnovers (what the decision compared).
         held: for a switch, per KV cache group, the prompt block hashes the new
@@ -707,7 +708,8 @@ class PolicyController:
 
     def _eliminate(self, index: int, deciding: _ShadowSet, active: list[int], best: int,
                    live: Pair) -> None:
-        """Drop the shadows of pairs that stayed far behind the best (see the class docstring)."""
+        """Drop the shadows of pairs that stayed far behind the best (elimination, module
+        docstring); ``best``: the index of the best-scoring pair; ``live``: the pair now served."""
         if self.drop_below <= 0 or self.pressure_at is None or self.window_len is None:
             return
         history = deciding.history
