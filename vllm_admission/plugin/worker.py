@@ -104,8 +104,8 @@ class Worker:
         return decision
 
     def submit(self, *item: Any) -> None:
-        """Queue one item for :meth:`observe` (handed to the thread with the next
-        ``batch`` - 1 items)."""
+        """Queue one item for :meth:`observe`; the items kept back go to the thread once
+        ``batch`` of them wait, or the first of them has waited ``max_delay`` seconds."""
         batch = self._batch
         now = time.monotonic()
         if not batch:
