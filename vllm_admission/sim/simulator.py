@@ -322,8 +322,7 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
         cache = setup.build(switchable=True, track_values=plan.reads_values)
         controller = PolicyController(cache, **controller_kwargs(plan, layout, flops,
                                                                  interval=st.auto_interval,
-                                                                 shadow_rate=st.shadow_rate,
-                                                                 margin=st.auto_margin))
+                                                                 shadow_rate=st.shadow_rate))
     else:
         oracle = None
         if plan.eviction_cls.needs_future:
