@@ -358,13 +358,15 @@ def test_auto_switches_in_the_engine_as_in_the_simulator(tiny_model, engine_env,
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("blocks_per_interval", [2, None], ids=["every-2-blocks", "dense"])
+@pytest.mark.parametrize("blocks_per_interval, eviction", [(2, "lru"), (None, "lru"), (2, "reuse")],
+                         ids=["every-2-blocks", "dense", "every-2-blocks-reuse"])
 def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
-                                                       blocks_per_interval):
+                                                       blocks_per_interval, eviction):
     """vLLM's own ``prefix_cache_retention_interval`` (N tokens, or None: dense), given to
-    the engine and read back from it by the simulator: vllm+lru agrees on every request's
-    cached tokens, prefill steps and evictions, and keeps more states than vLLM's default
-    (0) predicts for the same requests. The SSM dtype is pinned through vLLM's own argument
+    the engine and read back from it by the simulator: ``vllm`` with ``lru`` (stock), and
+    with the plugin's ``reuse`` eviction beside it, agrees on every request's cached
+    tokens, prefill steps and evictions, and keeps more states than vLLM's default (0)
+    predicts for the same requests. The SSM dtype is pinned through vLLM's own argument
     so the block size (and so the interval's grid) is the same on every CPU; the prefill
     budget of 512 tokens writes states at chunk ends below the prompt end."""
     from engine_cases import predicted_block_size
@@ -376,6 +378,7 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
     synthetic = small_synthetic()
     spec = FidelitySpec(model=str(tiny_model), trace="synthetic", num_gpu_blocks=(40,),
                         max_output_len=8, synthetic=synthetic, mamba_ssm_cache_dtype="bfloat16",
+                        evictions=(eviction,),
                         engine_args={"prefix_cache_retention_interval": interval,
                                      "max_num_batched_tokens": 512})
     (rec,) = run_fidelity(spec)["records"]
@@ -392,7 +395,7 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
 
     costs = ModelCosts.from_config(f"{tiny_model}/config.json", mamba_ssm_cache_dtype="bfloat16")
     default = simulate(load_trace_of(spec), costs, SimulationSettings(
-        admission="vllm", eviction="lru", num_blocks=40, block_size=B, chunk_size=512,
+        admission="vllm", eviction=eviction, num_blocks=40, block_size=B, chunk_size=512,
         outputs="unique", retention_interval=0))
     assert rec["simulator"]["state_checkpoints"] > default.state_checkpoints
 
