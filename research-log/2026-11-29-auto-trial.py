@@ -11,37 +11,28 @@ fifth ``auto`` candidate (2026-11-29). With ``2026-11-29-auto-margin.patch`` app
     python research-log/2026-11-29-auto-trial.py held-n moon-q --stock --tag=main
 """
 import json
+import runpy
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "simulations"))
-import auto_study as au  # noqa: E402
-import serving_settings_study as ss  # noqa: E402
+from vllm_admission.core.geometry import parse_bytes
+from vllm_admission.sim.sweep import SweepSpec, run_sweep
 
-from vllm_admission.core.geometry import parse_bytes  # noqa: E402
-from vllm_admission.sim.sweep import SweepSpec, run_sweep  # noqa: E402
-
-MOON = str(ss.MOONCAKE)
-HELD = au.TRACES["mooncake-synthetic"][0]
-Q, N = ss.MODELS["qwen3next"], ss.MODELS["nemotron3nano"]
+HERE = Path(__file__).resolve().parent
+# The 2026-11-28 runner's groups, extended: one definition of the cells both days ran.
+_EARLIER = runpy.run_path(str(HERE / "2026-11-28-auto-trial.py"))
+MOON, HELD, Q, N = (_EARLIER[k] for k in ("MOON", "HELD", "Q", "N"))
+au = _EARLIER["au"]
 #: group -> (trace, model, capacities, MTP draft tokens[, prefix match unit])
 GROUPS = {
-    "mtp-q": ("synthetic", Q, ("2GiB", "4GiB", "8GiB"), 1),
-    "mtp-n": ("synthetic", N, ("1GiB", "2GiB", "4GiB"), 1),
+    **_EARLIER["GROUPS"],
     "mtp2-n": ("synthetic", N, ("1GiB", "2GiB", "4GiB"), 2),
-    "syn-q": ("synthetic", Q, ("2GiB", "4GiB", "8GiB"), 0),
-    "syn-n": ("synthetic", N, ("1GiB", "2GiB", "4GiB"), 0),
     "u16-q": ("synthetic", Q, ("2GiB", "4GiB", "8GiB"), 0, 16),
     "u16-n": ("synthetic", N, ("1GiB", "2GiB", "4GiB"), 0, 16),
     "u16-n-mtp": ("synthetic", N, ("1GiB", "2GiB", "4GiB"), 1, 16),
-    "moon-q": (MOON, Q, ("64GiB", "128GiB", "256GiB"), 0),
-    "moon-q-mtp": (MOON, Q, ("64GiB", "128GiB"), 1),
-    "moon-n": (MOON, N, ("32GiB", "64GiB"), 0),
-    "held-q": (HELD, au.MODELS["qwen3-next"], ("32GiB", "64GiB", "128GiB"), 0),
+    "moon-q": (MOON, Q, ("64GiB", "128GiB", "256GiB"), 0),   # 256 GiB added
     "held-q-big": (HELD, au.MODELS["qwen3-next"], ("256GiB", "512GiB"), 0),
-    "held-n": (HELD, au.MODELS["nemotron-3-nano"], ("32GiB", "64GiB", "128GiB"), 0),
     "held-n-big": (HELD, au.MODELS["nemotron-3-nano"], ("256GiB", "512GiB"), 0),
 }
 
