@@ -54,6 +54,23 @@ def test_child_decides_exactly_as_in_process():
     assert child._proc.poll() is not None      # noqa: SLF001 - closed means exited
 
 
+def test_a_batch_in_one_round_trip_decides_as_one_by_one():
+    """``observe_many`` (the plugin's worker thread hands over 16 finished requests at a
+    time) returns, in order, the decision each request's own ``observe`` would."""
+    reqs = workload()
+    here = PolicyController(None, **controller_kwargs())
+    expected = [here.observe(i, req) for i, req in enumerate(reqs)]
+    child = ShadowProcess(**controller_kwargs())
+    try:
+        got = []
+        for start in range(0, len(reqs), 16):
+            got += child.observe_many([(i, reqs[i]) for i in range(start, min(start + 16, len(reqs)))])
+    finally:
+        child.close()
+    assert got == expected
+    assert sum(d is not None for d in got) == len(here.switches) > 0
+
+
 def test_child_errors_come_back_as_one_exception():
     with pytest.raises(ShadowProcessError, match="UserError: the decision interval"):
         ShadowProcess(**{**controller_kwargs(), "min_window": 0})

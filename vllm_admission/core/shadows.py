@@ -7,9 +7,9 @@ with vLLM's scheduler loop for the interpreter lock (``benchmarks/
 scheduler_overhead.py`` measured the thread at +19 % of ``schedule()`` +
 ``update_from_output()`` on top of the plugin's free queue). :class:`ShadowProcess`
 runs the controller in a child interpreter instead, behind the same
-``observe(index, request) -> Decision | None`` call; the plugin's worker thread
-only pickles the request (its block-hash keys and two lengths) and waits on the
-pipe, which releases the lock.
+``observe(index, request) -> Decision | None`` call (and :meth:`ShadowProcess.observe_many`
+for a batch); the plugin's worker thread only pickles the requests (their block-hash
+keys and two lengths) and waits on the pipe, which releases the lock.
 
 The child is a plain ``subprocess`` (``python -m vllm_admission.core.shadows
 [--nice N]``), not a ``multiprocessing`` process: vLLM runs its engine core as a daemonic
@@ -30,7 +30,11 @@ Protocol (one pickled tuple per message, parent to child; one answer each):
 * ``("start", kwargs)``: build ``PolicyController(live=None, **kwargs)``;
   answer ``("ok", None)``;
 * ``("observe", index, request)``: ``controller.observe(index, request)``;
-  answer ``("ok", decision_or_None)``.
+  answer ``("ok", decision_or_None)``;
+* ``("observe_many", [(index, request), ...])``: ``controller.observe`` on each, in
+  order; answer ``("ok", [decision_or_None, ...])``, one per request. One round trip
+  per batch: the parent's thread takes the interpreter lock twice per batch instead
+  of twice per request (``benchmarks/scheduler_overhead.py``).
 
 Any exception in the child is answered as ``("error", "Type: message")`` and
 raised in the parent as :class:`ShadowProcessError`.
@@ -97,6 +101,17 @@ class ShadowProcess:
         """``PolicyController.observe`` in the child: the switching ``Decision`` or ``None``."""
         return self._call("observe", index, request)
 
+    def observe_many(self, items: list[tuple[int, Any]]) -> list[Any]:
+        """:meth:`observe` on each ``(index, request)`` of ``items``, in order, in one
+        round trip: a list of the same length, each entry a ``Decision`` or ``None``.
+
+        Raises:
+            ShadowProcessError: the child failed on one of them (the controller
+                served the ones before it, and their decisions are not returned) or
+                is gone.
+        """
+        return self._call("observe_many", items)
+
     def close(self, timeout: float = 5.0) -> None:
         """Close the child's stdin (it exits) and reap it; kill it after ``timeout`` s."""
         proc = self._proc
@@ -144,6 +159,9 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
                 answer: tuple[str, Any] = ("ok", None)
             elif message[0] == "observe" and controller is not None:
                 answer = ("ok", controller.observe(message[1], message[2]))
+            elif message[0] == "observe_many" and controller is not None:
+                observe = controller.observe
+                answer = ("ok", [observe(i, r) for i, r in message[1]])
             else:
                 answer = ("error", f"ValueError: unexpected message {message[0]!r}")
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides

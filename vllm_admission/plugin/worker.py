@@ -155,9 +155,8 @@ class Worker:
                 if batch is None:
                     self._close()
                     return
-                for item in batch:
-                    if self.error is None:
-                        self.observe(*item)
+                if self.error is None:
+                    self.observe_batch(batch)
             except Exception as exc:  # noqa: BLE001 - never take the engine down
                 if self.error is None:
                     self.error = f"{type(exc).__name__}: {exc}"
@@ -169,6 +168,11 @@ class Worker:
         """Digest one item on the calling thread (the thread's work; called directly, an
         exception reaches the caller)."""
         raise NotImplementedError
+
+    def observe_batch(self, batch: list[tuple[Any, ...]]) -> None:
+        """Digest a batch handed over at once, in order (the thread calls this)."""
+        for item in batch:
+            self.observe(*item)
 
 
 class TunerThread(Worker):
@@ -261,7 +265,18 @@ class ControllerThread(Worker):
         return self._take()
 
     def observe(self, index: int, request: CacheRequest) -> None:
-        decision = self.controller.observe(index, request)
+        self._record(self.controller.observe(index, request))
+
+    def observe_batch(self, batch: list[tuple[Any, ...]]) -> None:
+        """The batch in one round trip to the child process (in process: one by one)."""
+        controller = self.controller
+        if isinstance(controller, ShadowProcess):
+            for decision in controller.observe_many(batch):
+                self._record(decision)
+        else:
+            super().observe_batch(batch)
+
+    def _record(self, decision: Decision | None) -> None:
         if decision is not None:
             self.switches.append(decision.as_dict())
             logger.info("vllm_admission: auto: %s -> %s after request %d",
