@@ -22,7 +22,9 @@ the work with one warning and never reaches the engine.
 sooner when the first one waiting finished :data:`MAX_BATCH_DELAY` seconds earlier (as
 seen at the next finish): a thread woken for every finished request takes the GIL from
 the scheduler loop each time (``benchmarks/scheduler_overhead.py`` measured ``auto``'s
-thread at about 3 % of the loop's CPU that way, ``docs/benchmarks.md``). A decision is
+thread at about 3 % of the loop's CPU that way, ``docs/benchmarks.md``); ``auto``'s thread
+sends a batch to the shadow process in one round trip
+(:meth:`~vllm_admission.core.shadows.ShadowProcess.observe_many`). A decision is
 therefore made up to ``BATCH - 1`` requests later than the request that completes its
 window.
 """
