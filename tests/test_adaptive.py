@@ -263,6 +263,39 @@ def test_controller_moves_to_the_admission_that_saves_more():
     assert hits > stock_hits
 
 
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), blocks=st.integers(16, 70))
+def test_auto_is_stock_hit_for_hit_until_a_shadow_leads_by_the_margin(seed, blocks):
+    """The guarantee ``auto`` states (docs/simulator.md, "What auto guarantees"): on any
+    trace its cache serves exactly as stock vLLM's, request for request, until a
+    decision at which some candidate's shadow has saved more than ``min_gain`` more
+    prefill FLOPs than the live pair's; every switch goes to the pair whose shadow saved
+    the most, and no decision without such a lead switches."""
+    rng = random.Random(seed)
+    reqs = [CacheRequest(h, n, out) for h, n, out in random_trace(rng, n_requests=160, n_prefixes=6)]
+    setup = setup_for(blocks)
+    cache = setup.build(switchable=True)
+    ctl = PolicyController(cache, setup, ("vllm", "last", "marconi", "dense"), ("lru", "reuse"),
+                           prefill_flops=flops, min_window=10, max_window=20, shadow_rate=1.0)
+    stock = setup_for(blocks).build()
+    live_hits, stock_hits = [], []
+    for r, req in enumerate(reqs):
+        for c, out_hits in ((cache, live_hits), (stock, stock_hits)):
+            fits = c.fits(req.prompt_len, req.output_len)
+            out_hits.append(c.serve(req.hashes, req.prompt_len, req.output_len, rid=r,
+                                    now=float(r)).hit_tokens if fits else None)
+        ctl.observe(r, req)
+    first = ctl.switches[0].at if ctl.switches else len(reqs) - 1
+    assert live_hits[: first + 1] == stock_hits[: first + 1]
+    assert ctl.num_decisions == len(ctl.decisions) == len(reqs) // 10
+    for d in ctl.decisions:
+        live, best = d.scores[str(d.before)], max(d.scores.values())
+        lead = best > live and (live <= 0 or (best - live) / live > ctl.min_gain)
+        assert d.switched == lead, d
+        if d.switched:
+            assert d.scores[str(d.after)] == best
+
+
 def test_stock_pair_is_the_pair_that_declares_itself_vllms_own():
     assert stock_pair() == Pair("vllm", "lru")
     assert get_admission(stock_pair().admission).vllm_native
