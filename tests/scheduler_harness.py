@@ -237,7 +237,7 @@ def random_workload(seed, n=36):
 
 
 def simulate_auto(requests, *, blocks, costs, admission=AUTO, interval=DEFAULT_INTERVAL,
-                  shadow_rate=None):
+                  shadow_rate=None, margin=0.0):
     """The simulator's auto run (sim/simulator.py does the same on a trace)."""
     layout = CacheLayout(PoolSpec(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
                                   bytes_per_block=BYTES_PER_BLOCK), SchedulingSpec(chunk_size=CHUNK))
@@ -247,7 +247,7 @@ def simulate_auto(requests, *, blocks, costs, admission=AUTO, interval=DEFAULT_I
                        segment_flops=costs.prefill_flops)
     cache = setup.build(switchable=True)
     ctl = PolicyController(cache, setup, admissions, evictions, prefill_flops=costs.prefill_flops,
-                           min_window=interval, shadow_rate=shadow_rate)
+                           min_window=interval, shadow_rate=shadow_rate, start_margin=margin)
     hits = []
     for r, (tokens, out_len) in enumerate(requests):
         out = cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r))

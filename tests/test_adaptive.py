@@ -33,6 +33,7 @@ from vllm_admission.core.eviction import (
     ReuseHistory,
     get_eviction,
 )
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
 
 
@@ -463,3 +464,111 @@ def test_the_start_and_the_live_pair_keep_their_shadows_however_far_behind():
     assert ctl.pressure_at is not None
     assert Pair("none", "lru") in ctl.shadows and Pair("none", "lru") not in ctl.dropped
     assert ctl.pair in ctl.shadows
+
+
+# --- the margin over the start pair -------------------------------------------------
+
+def run_with_margin(reqs, blocks, margin, admissions=("vllm", "dense", "last"), evictions=("lru",)):
+    """``auto`` with ``start_margin=margin`` on full shadows; returns the controller and
+    the live cache's hit tokens per request."""
+    setup = setup_for(blocks)
+    cache = setup.build(switchable=True)
+    ctl = PolicyController(cache, setup, admissions, evictions, prefill_flops=flops,
+                           min_window=20, max_window=40, start=Pair("vllm", "lru"),
+                           start_margin=margin)
+    hits = []
+    for r, req in enumerate(reqs):
+        hits.append(cache.serve(req.hashes, req.prompt_len, req.output_len, rid=r,
+                                now=float(r)).hit_tokens)
+        ctl.observe(r, req)
+    return ctl, hits
+
+
+def phased_workload(seed, docs, first=200, then=200):
+    """``first`` requests of :func:`shared_prefix_workload` (a state at every block pays),
+    then ``then`` requests that extend one of three 6-block system prompts with blocks
+    never seen again (states at every block crowd the pool out: stock's pair pays)."""
+    rng = random.Random(seed)
+    reqs = shared_prefix_workload(n=first, num_docs=docs, seed=seed)
+    for r in range(then):
+        system = rng.randrange(3)
+        tokens = ([("sys", system, k) for k in range(6 * B)]
+                  + [("q", r, k) for k in range(rng.randint(2, 8) * B)])
+        reqs.append(CacheRequest(chained(tokens), len(tokens), rng.randint(1, 16)))
+    return reqs
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), blocks=st.integers(40, 400), docs=st.integers(2, 16),
+       margin=st.sampled_from([0.02, 0.1, 0.3, 1.0]))
+def test_with_a_margin_auto_serves_another_pair_only_while_its_shadow_leads_the_start(
+        seed, blocks, docs, margin):
+    """The stated rule, checked on every decision record: no switch before the shadows
+    evicted for a turnover; a pair other than the start is entered only with a score
+    above (1 + margin) times the start's, kept only while above the start's; and until
+    the first switch the live cache hits exactly as the start pair alone."""
+    reqs = phased_workload(seed, docs)
+    ctl, hits = run_with_margin(reqs, blocks, margin)
+    start = str(Pair("vllm", "lru"))
+    for d in ctl.decisions:
+        s = d.scores[start]
+        if d.after != d.before:
+            assert ctl.pressure_at is not None and ctl.window_len is not None
+            assert d.at - ctl.pressure_at >= ctl.window_len
+        if d.after != ctl.start and d.after != d.before:
+            assert d.scores[str(d.after)] > (1 + margin) * s
+        if d.after == d.before != ctl.start:
+            assert d.scores[str(d.before)] > s
+        if d.before != ctl.start and d.scores[str(d.before)] <= s:
+            assert d.after != d.before   # the lead is gone: it leaves at once
+    first = ctl.switches[0].at + 1 if ctl.switches else len(reqs)
+    _, alone = run_with_margin(reqs[:first], blocks, margin, admissions=("vllm",))
+    assert hits[:first] == alone
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), blocks=st.integers(40, 400), docs=st.integers(2, 16))
+def test_with_a_margin_no_lead_reaches_auto_hits_exactly_as_stock(seed, blocks, docs):
+    """A margin no shadow can reach: ``auto`` never leaves the start pair, and its live
+    cache hits request for request as the stock pair alone (the controller changes
+    nothing in the cache it does not switch)."""
+    reqs = shared_prefix_workload(n=200, num_docs=docs, seed=seed)
+    ctl, hits = run_with_margin(reqs, blocks, 1e12)
+    _, stock = run_with_margin(reqs, blocks, 0.0, admissions=("vllm",))
+    assert ctl.switches == [] and hits == stock
+
+
+def test_with_a_margin_auto_goes_back_to_the_start_once_the_lead_is_gone():
+    """The phased workload: ``dense`` leads while prompts cut long documents anywhere,
+    then loses once they extend system prompts with new blocks; ``auto`` goes back to
+    stock's pair at the first decision its shadow no longer leads."""
+    ctl, _ = run_with_margin(phased_workload(1, 3), 94, 0.1)
+    pairs = [d.after for d in ctl.switches]
+    assert pairs == [Pair("dense", "lru"), Pair("vllm", "lru")]
+    back = ctl.switches[1]
+    assert back.at >= 200 and back.scores["dense+lru"] <= back.scores["vllm+lru"]
+    before = [d for d in ctl.decisions if ctl.switches[0].at < d.at < back.at]
+    assert before and all(d.scores["dense+lru"] > d.scores["vllm+lru"] for d in before)
+
+
+def test_a_margin_holds_back_a_switch_the_default_rule_makes():
+    """The same workload: without a margin ``auto`` leaves stock for ``dense``; with a
+    margin below the lead it shows it still does, after the settling turnover; with one
+    above it, it stays on stock."""
+    reqs = shared_prefix_workload(n=400)
+    free, _ = run_with_margin(reqs, 80, 0.0)
+    assert free.switches and free.switches[0].after != free.start
+    low, _ = run_with_margin(reqs, 80, 0.01)
+    assert low.switches
+    lead = max(d.scores[str(d.after)] / d.scores[str(d.before)] - 1 for d in low.switches
+               if d.before == low.start)
+    high, _ = run_with_margin(reqs, 80, lead * 2)
+    assert lead > 0.01 and high.pair == high.start
+    assert all(d.after == high.start for d in high.decisions)
+
+
+@pytest.mark.parametrize("margin", [-0.1, math.inf, math.nan, "0.3", True])
+def test_a_margin_that_is_not_a_finite_number_at_least_zero_is_refused(margin):
+    with pytest.raises(UserError, match="margin over the start pair"):
+        PolicyController(None, setup_for(60), ("vllm", "dense"), ("lru",), prefill_flops=flops,
+                         start_margin=margin)

@@ -92,6 +92,8 @@ def test_the_cli_raises_no_bare_value_error():
     (["--host-bandwidth", "0"], "--host-bandwidth must be > 0 bytes per second"),
     (["--host-capacity", "1TiB", "--num-speculative-tokens", "1"],
      "a host tier is modelled without speculative decoding"),
+    (["--auto-margin", "-0.5"], "auto's margin over the start pair must be a finite number >= 0"),
+    (["--auto-margin", "nan"], "auto's margin over the start pair must be a finite number >= 0"),
 ])
 def test_a_user_error_is_one_line_and_status_2(tmp_path, capsys, argv, message):
     rc = main([*SIMULATE, "--out", str(tmp_path / "out"), *argv])

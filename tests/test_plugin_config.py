@@ -42,6 +42,10 @@ def test_every_valid_value():
                                         "VLLM_ADMISSION_SHADOW_RATE": "0.125"})
     assert sampled.shadow_rate == 0.125 and sampled.describe().endswith("shadow rate 0.125")
     assert AdmissionConfig.from_env({"VLLM_ADMISSION_SHADOW_RATE": "auto"}).shadow_rate is None
+    assert auto.auto_margin == 0.0
+    margin = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "auto",
+                                       "VLLM_ADMISSION_AUTO_MARGIN": "0.3"})
+    assert margin.auto_margin == 0.3 and margin.describe().endswith("margin 0.3")
     assert auto.shadow_nice == 19
     niced = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "auto",
                                       "VLLM_ADMISSION_SHADOW_NICE": "0"})
@@ -70,6 +74,9 @@ def test_empty_values_mean_unset():
     ("VLLM_ADMISSION_CHECKPOINT", "fused", "valid: split, inpass"),
     ("VLLM_ADMISSION_SHADOW_RATE", "0", "a number in (0, 1]"),
     ("VLLM_ADMISSION_SHADOW_RATE", "half", "a number in (0, 1]"),
+    ("VLLM_ADMISSION_AUTO_MARGIN", "-0.1", "a finite number >= 0"),
+    ("VLLM_ADMISSION_AUTO_MARGIN", "inf", "a finite number >= 0"),
+    ("VLLM_ADMISSION_AUTO_MARGIN", "30%", "a finite number >= 0"),
     ("VLLM_ADMISSION_SHADOW_NICE", "20", "an integer from 0 to 19"),
     ("VLLM_ADMISSION_SHADOW_NICE", "-5", "an integer from 0 to 19"),
     ("VLLM_ADMISSION_SHADOW_NICE", "low", "an integer from 0 to 19"),

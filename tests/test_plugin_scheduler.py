@@ -482,6 +482,22 @@ def test_sampled_shadows_in_the_engine_decide_as_in_the_simulator(vllm_config, m
     assert hits == sim_hits
 
 
+def test_a_margin_over_stock_in_the_engine_decides_as_in_the_simulator(vllm_config, monkeypatch, costs):
+    """VLLM_ADMISSION_AUTO_MARGIN=0.2 reaches the engine's controller: it switches where the
+    simulator's controller with the same margin does (later than without one, on this
+    workload), and every request gets the simulator's hit."""
+    reqs = random_workload(2, n=170)
+    monkeypatch.setenv("VLLM_ADMISSION_AUTO_MARGIN", "0.2")
+    monkeypatch.setenv("VLLM_ADMISSION_AUTO_INTERVAL", "25")
+    engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
+    hits = serve_deciding(engine, reqs)
+    sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs, interval=25, margin=0.2)
+    _, free = simulate_auto(reqs, blocks=60, costs=costs, interval=25)
+    assert sim.switches and [d.at for d in sim.switches] != [d.at for d in free.switches]
+    assert [d.as_dict() for d in sim.switches] == engine.scheduler.stats().policy_switches
+    assert hits == sim_hits
+
+
 def test_auto_hands_reuse_the_history_the_engine_heard(vllm_config, monkeypatch, costs):
     """``vllm`` + ``auto``: the engine's block pool keeps the hash history under ``lru`` and
     ``lfu`` as the simulator's live cache does, so ``reuse`` switched in mid-run orders the

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from vllm_admission.cli.options import RETENTION_HELP, add_policy_tuning_args, parse_retention_interval
-from vllm_admission.core.adaptive import AUTO, parse_shadow_rate
+from vllm_admission.core.adaptive import AUTO, check_start_margin, parse_shadow_rate
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
 from vllm_admission.core.cache.host import host_policy_names
@@ -111,6 +111,11 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                    help=f"with '{AUTO}': the fraction of requests its shadow caches serve, on "
                         f"pools scaled alike: 'auto' (default) chooses it from the trace, a number "
                         f"in (0, 1] fixes it, 1 runs full shadows (docs/simulator.md)")
+    p.add_argument("--auto-margin", type=float, default=0.0, metavar="M",
+                   help=f"with '{AUTO}': serve a pair other than the start (stock's) only once "
+                        f"its shadow saved more than (1 + M) times the start's, and only while "
+                        f"it still saves more; 0 (default) is off, 0.3 asks a 30%% lead "
+                        f"(docs/simulator.md)")
     p.add_argument("--resample", type=int, default=None, metavar="N",
                    help="replay N requests: the trace repeated pass after pass, its content "
                         "renamed in each pass except shared prefixes (a long trace with the "
@@ -184,6 +189,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UserError(f"--auto-interval must be >= 1 request, got {args.auto_interval}")
     check_checkpoint_mode(args.checkpoint)
     shadow_rate = parse_shadow_rate(args.shadow_rate)
+    check_start_margin(args.auto_margin)
     retention = parse_retention_interval(args.retention_interval)
     spec = SweepSpec(
         trace=args.trace, model=args.model, capacities=capacities,
@@ -194,6 +200,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
         resample=args.resample,
         tune_grid=args.tune_grid, auto_interval=args.auto_interval, shadow_rate=shadow_rate,
+        auto_margin=args.auto_margin,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint,
         retention_interval=retention, hash_block_size=args.prefix_match_unit,
         block_size=args.block_size, num_speculative_tokens=args.num_speculative_tokens,

@@ -17,6 +17,12 @@ plugin a twin of the engine's cache, each switch applied to the engine too) as o
   best-scoring pair when its lead over the live pair's shadow exceeds the relative margin
   ``min_gain`` and, with sampled shadows, ``min_lead_errors`` standard errors of the
   sampling (Horvitz-Thompson over a Bernoulli sample of units);
+* **margin over the start** (``start_margin``, off by default): a pair other than the
+  start is served only once the shadows have evicted for a pool turnover, and only while
+  its shadow's score is above the start pair's: to enter, by more than ``start_margin``
+  times the start's score (less ``min_lead_errors`` standard errors of the sampling); to
+  stay, by anything. The first decision the served pair's lead over the start is gone,
+  ``auto`` serves the best pair still allowed, the start pair if no other is;
 * **elimination**: a candidate whose score stays below ``drop_below`` times the best
   one's (less ``min_lead_errors`` standard errors of the sampling) at every decision for
   ``drop_after`` pool turnovers, counted from the first eviction under pressure, loses
@@ -74,7 +80,7 @@ from vllm_admission.core.sampling import PrefixSampler
 
 __all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "DEFAULT_MIN_SAMPLES",  # noqa: F822 - two names come from __getattr__
            "DECISIONS_KEPT",
-           "MIN_SHADOW_REQUESTS", "auto_admissions", "parse_shadow_rate",
+           "MIN_SHADOW_REQUESTS", "auto_admissions", "check_start_margin", "parse_shadow_rate",
            "auto_evictions",
            "Decision", "LiveEvictions", "Pair", "PolicyController", "candidate_policies",
            "stock_pair"]
@@ -97,6 +103,20 @@ DEFAULT_MIN_SAMPLES = 256
 #: miniature cache of a few requests no longer behaves like the full one;
 #: ``docs/research-log-adaptive.md``).
 MIN_SHADOW_REQUESTS = 64
+
+
+def check_start_margin(margin: object) -> float:
+    """``margin`` as a start margin (:attr:`PolicyController.start_margin`): a finite
+    number >= 0.
+
+    Raises:
+        UserError: anything else.
+    """
+    value = float(margin) if isinstance(margin, (int, float)) and not isinstance(margin, bool) else math.nan
+    if not (value >= 0.0 and math.isfinite(value)):
+        raise UserError(f"auto's margin over the start pair must be a finite number >= 0 "
+                        f"(0.3: a 30 % lead), got {margin!r}")
+    return value
 
 
 def parse_shadow_rate(text: str | float | None) -> float | None:
@@ -418,6 +438,9 @@ class PolicyController:
             pair's lead over the live pair to exceed this many standard errors of
             its sampling error (:meth:`_ShadowSet.error`; 0: the margin
             ``min_gain`` alone).
+        start_margin: the relative lead over the start pair's score a pair's
+            score needs before it is served (module docstring, "margin over the
+            start"); 0 (default) leaves the choice to ``min_gain`` alone.
         drop_below, drop_after: elimination (module docstring): a pair's shadow is
             dropped once its score stayed below ``drop_below`` times the best
             pair's for ``drop_after`` pool turnovers of decisions in a row;
@@ -454,8 +477,9 @@ class PolicyController:
     shadows decide from the start.
 
     Raises:
-        UserError: a decision interval that is not an integer >= 1, or a
-            ``shadow_rate`` outside ``(0, 1]``.
+        UserError: a decision interval that is not an integer >= 1, a
+            ``shadow_rate`` outside ``(0, 1]``, or a ``start_margin`` that is not
+            a finite number >= 0.
         ValueError: no candidates.
     """
 
@@ -474,6 +498,7 @@ class PolicyController:
     min_lead_errors: float = 1.0
     drop_below: float = 0.8
     drop_after: float = 4.0
+    start_margin: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.admissions or not self.evictions:
@@ -484,6 +509,7 @@ class PolicyController:
         if self.shadow_rate is not None and not (
                 isinstance(self.shadow_rate, (int, float)) and 0.0 < self.shadow_rate <= 1.0):
             raise UserError(f"the shadow sample rate must be in (0, 1], got {self.shadow_rate!r}")
+        self.start_margin = check_start_margin(self.start_margin)
         self.max_window = max(self.max_window, self.min_window)
         #: The latest :data:`DECISIONS_KEPT` decisions (memory must not grow with the trace).
         self.decisions: deque[Decision] = deque(maxlen=DECISIONS_KEPT)
@@ -673,11 +699,13 @@ class PolicyController:
         history, rate = deciding.history, deciding.rate
         li = pairs.index(live)
         active = [j for j, c in enumerate(deciding.caches) if c is not None]
-        bi = max(active, key=lambda j: (history[j], j == li))
+        allowed = self._allowed(index, deciding, active, li)
+        bi = max(allowed, key=lambda j: (history[j], j == li))
         gain = (history[bi] - history[li]) / history[li] if history[li] > 0 else math.inf
         error = deciding.error(bi, li)
         lead = history[bi] - history[li]
-        switch = lead > 0 and gain > self.min_gain and lead > self.min_lead_errors * error
+        switch = li not in allowed or (
+            lead > 0 and gain > self.min_gain and lead > self.min_lead_errors * error)
         after = pairs[bi] if switch else live
         held = deciding.shadows[after].held_keys() if after != live else None
         decision = Decision(at=index, window=self._since, before=live, after=after,
@@ -705,6 +733,23 @@ class PolicyController:
             self._full = None
             self.handover_at = index
         return decision
+
+    def _allowed(self, index: int, deciding: _ShadowSet, active: list[int], li: int) -> list[int]:
+        """The indices of the pairs a decision may serve (the margin over the start, module
+        docstring): every active pair without a margin; with one, the start pair, the pairs
+        whose lead over it passed the margin once the shadows have evicted for a turnover,
+        and the live pair ``li`` while its lead over the start is not gone."""
+        if self.start_margin <= 0:
+            return active
+        assert self.start is not None  # set in __post_init__
+        si = self.pairs.index(self.start)
+        history = deciding.history
+        settled = (self.pressure_at is not None and self.window_len is not None
+                   and index - self.pressure_at >= self.window_len)
+        bar = (1.0 + self.start_margin) * history[si]
+        return [j for j in active
+                if j == si or (j == li and history[j] > history[si])
+                or (settled and history[j] - self.min_lead_errors * deciding.error(j, si) > bar)]
 
     def _eliminate(self, index: int, deciding: _ShadowSet, active: list[int], best: int,
                    live: Pair) -> None:

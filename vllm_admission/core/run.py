@@ -184,7 +184,8 @@ def alpha_tuner(setup: CacheSetup, prefill_flops: Callable[[int, int], float], *
 def controller_kwargs(plan: RunPlan, layout: CacheLayout,
                       prefill_flops: Callable[[int, int], float], *,
                       interval: int = DEFAULT_INTERVAL,
-                      shadow_rate: float | None = None) -> dict[str, Any]:
+                      shadow_rate: float | None = None,
+                      margin: float = 0.0) -> dict[str, Any]:
     """The arguments of ``PolicyController(live, **kwargs)`` for an ``auto`` run
     (they pickle, for a controller in a child process:
     :class:`~vllm_admission.core.shadows.ShadowProcess`).
@@ -194,7 +195,9 @@ def controller_kwargs(plan: RunPlan, layout: CacheLayout,
         shadow_rate: the shadows' sample rate; ``None`` chooses it from the
             trace (:meth:`~vllm_admission.core.adaptive.PolicyController.sample_rate`),
             1 runs full shadows.
+        margin: the lead over the start pair a pair needs before it is served
+            (:attr:`~vllm_admission.core.adaptive.PolicyController.start_margin`; 0: off).
     """
     return {"setup": plan.setup(layout, prefill_flops), "admissions": plan.admissions,
             "evictions": plan.evictions, "prefill_flops": prefill_flops, "start": plan.start,
-            "min_window": interval, "shadow_rate": shadow_rate}
+            "min_window": interval, "shadow_rate": shadow_rate, "start_margin": margin}

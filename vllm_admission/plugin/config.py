@@ -27,6 +27,11 @@ variable                       default      valid values
                                             its shadow caches serve (``auto``: chosen from
                                             the traffic; a number in (0, 1]; 1: full
                                             shadows)
+``VLLM_ADMISSION_AUTO_MARGIN`` ``0``       with ``auto``: a finite number >= 0; a pair
+                                            other than stock's is served only once its
+                                            shadow saved more than (1 + margin) times
+                                            stock's, and only while it still saves more
+                                            (0: off)
 ``VLLM_ADMISSION_SHADOW_NICE`` ``19``      with ``auto``: added to the niceness of its
                                             shadow process, an integer from 0 to 19
                                             (19: the lowest priority; 0: the engine's)
@@ -88,6 +93,7 @@ ENV_TUNE_GRID = "VLLM_ADMISSION_TUNE_GRID"
 ENV_AUTO_INTERVAL = "VLLM_ADMISSION_AUTO_INTERVAL"
 ENV_SHADOW_RATE = "VLLM_ADMISSION_SHADOW_RATE"
 ENV_SHADOW_NICE = "VLLM_ADMISSION_SHADOW_NICE"
+ENV_AUTO_MARGIN = "VLLM_ADMISSION_AUTO_MARGIN"
 ENV_CHECKPOINT = "VLLM_ADMISSION_CHECKPOINT"
 ENV_HOST_ADMISSION = "VLLM_ADMISSION_HOST_ADMISSION"
 #: Not a user setting: where the engine core publishes the plugin's metrics
@@ -124,6 +130,8 @@ ENV_VARS: dict[str, str] = {
                         f"(default {DEFAULT_INTERVAL})"),
     ENV_SHADOW_RATE: ("auto: the fraction of finished requests its shadow caches serve, 'auto' "
                       "(chosen from the traffic; default) or a number in (0, 1] (1: full shadows)"),
+    ENV_AUTO_MARGIN: ("auto: the relative lead over stock's pair a pair's shadow needs before "
+                      "it is served, a finite number >= 0 (default 0: off; 0.3 = a 30% lead)"),
     ENV_SHADOW_NICE: (f"auto: added to the niceness of its shadow process, an integer from 0 "
                       f"to {MAX_NICE} (default {DEFAULT_NICE}: the lowest priority)"),
     ENV_CHECKPOINT: (f"where recurrent states are written, one of {', '.join(CHECKPOINT_MODES)} "
@@ -163,6 +171,9 @@ class AdmissionConfig:
         auto_interval: with ``auto``, finished requests between two decisions.
         shadow_rate: with ``auto``, the shadows' sample rate (``None``: chosen
             from the traffic; 1: full shadows).
+        auto_margin: with ``auto``, the relative lead over the start pair a pair's
+            shadow needs before it is served (0: off;
+            :attr:`~vllm_admission.core.adaptive.PolicyController.start_margin`).
         shadow_nice: with ``auto``, added to the shadow process's niceness (0 to 19;
             :mod:`~vllm_admission.core.shadows`).
         checkpoint: ``split`` (a prefill chunk ends at every state kept) or
@@ -180,6 +191,7 @@ class AdmissionConfig:
     tune_grid: str = DEFAULT_TUNE_GRID
     auto_interval: int = DEFAULT_INTERVAL
     shadow_rate: float | None = None
+    auto_margin: float = 0.0
     shadow_nice: int = DEFAULT_NICE
     checkpoint: str = DEFAULT_CHECKPOINT
     host_admission: str | None = None
@@ -226,6 +238,8 @@ class AdmissionConfig:
         except UserError:
             assert text is not None  # unset is auto, never refused
             raise _invalid(ENV_SHADOW_RATE, text, "auto, or a number in (0, 1] (1 = full shadows)") from None
+        auto_margin = _non_negative_float(ENV_AUTO_MARGIN, raw(ENV_AUTO_MARGIN), 0.0,
+                                          "a finite number >= 0 (0 = off; 0.3 = a 30% lead)")
         shadow_nice = _int_in(ENV_SHADOW_NICE, raw(ENV_SHADOW_NICE), DEFAULT_NICE, 0, MAX_NICE)
         checkpoint = raw(ENV_CHECKPOINT) or DEFAULT_CHECKPOINT
         if checkpoint not in CHECKPOINT_MODES:
@@ -235,7 +249,8 @@ class AdmissionConfig:
             raise _invalid(ENV_HOST_ADMISSION, host_admission, ", ".join(ADMISSION_POLICIES))
         return cls(policy=policy, eviction=eviction, alpha=alpha, log_interval=log_interval,
                    tune_multiplier=multiplier, tune_grid=grid, auto_interval=interval,
-                   shadow_rate=shadow_rate, shadow_nice=shadow_nice, checkpoint=checkpoint,
+                   shadow_rate=shadow_rate, auto_margin=auto_margin, shadow_nice=shadow_nice,
+                   checkpoint=checkpoint,
                    host_admission=host_admission)
 
     def wants_changes(self) -> bool:
@@ -254,6 +269,8 @@ class AdmissionConfig:
             text += f" decisions every {self.auto_interval} requests"
             if self.shadow_rate is not None:
                 text += f" shadow rate {self.shadow_rate:g}"
+            if self.auto_margin:
+                text += f" margin {self.auto_margin:g}"
             if self.shadow_nice != DEFAULT_NICE:
                 text += f" shadow nice {self.shadow_nice}"
         if self.eviction != AUTO and eviction_class(self.eviction).tunable:

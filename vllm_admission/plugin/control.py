@@ -84,6 +84,9 @@ class AdmissionControl:
         auto_interval: with ``plan.adaptive``, finished requests between decisions.
         shadow_rate: with ``plan.adaptive``, the shadows' sample rate
             (``None``: chosen from the traffic; 1: full shadows).
+        auto_margin: with ``plan.adaptive``, the lead over the start pair a pair
+            needs before it is served (0: off;
+            :attr:`~vllm_admission.core.adaptive.PolicyController.start_margin`).
         shadow_nice: with ``plan.adaptive`` in a child process, added to the child's
             niceness (0 to 19; :mod:`~vllm_admission.core.shadows`).
 
@@ -102,6 +105,7 @@ class AdmissionControl:
                  tune_in_thread: bool = True,
                  auto_interval: int = DEFAULT_INTERVAL,
                  shadow_rate: float | None = None,
+                 auto_margin: float = 0.0,
                  shadow_nice: int = DEFAULT_NICE) -> None:
         policy, eviction = plan.start.admission, plan.start.eviction
         policy_cls = plan.eviction_cls
@@ -136,7 +140,7 @@ class AdmissionControl:
             controller = policy_controller(
                 # ignore: plan.adaptive without prefill_flops raised above
                 controller_kwargs(plan, geometry, prefill_flops, interval=auto_interval,  # type: ignore[arg-type]
-                                  shadow_rate=shadow_rate),
+                                  shadow_rate=shadow_rate, margin=auto_margin),
                 in_child=tune_in_thread, nice=shadow_nice)
         #: Whether an eviction policy this control may run (``auto``: any it may
         #: switch to) reads FLOP values. Only then must each freeing call open a

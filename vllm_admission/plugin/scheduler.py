@@ -171,6 +171,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
                                    tune_grid=config.tune_grid,
                                    auto_interval=config.auto_interval,
                                    shadow_rate=config.shadow_rate,
+                                   auto_margin=config.auto_margin,
                                    shadow_nice=config.shadow_nice)
         self._admission_pending_pair: Pair | None = None
         # EngineSetup._admission_setup_inpass (engine_setup.py) assigns ``{}`` with no

@@ -44,6 +44,9 @@ class SimulationSettings:
         auto_interval: with ``auto``, requests between two policy decisions (>= 1).
         shadow_rate: with ``auto``, the fraction of requests its shadows serve
             (``None``: chosen from the trace; 1: full shadows).
+        auto_margin: with ``auto``, the relative lead over the start pair a pair's
+            shadow needs before it is served (0: off;
+            :attr:`~vllm_admission.core.adaptive.PolicyController.start_margin`).
         outputs: how output blocks are hashed, one of
             :data:`~vllm_admission.sim.simulator.OUTPUT_MODES`.
         per_request: keep every request's hit tokens and prefill steps in the result.
@@ -101,6 +104,7 @@ class SimulationSettings:
     retune_every: int | None = None
     auto_interval: int = DEFAULT_INTERVAL
     shadow_rate: float | None = None
+    auto_margin: float = 0.0
     # the replay
     outputs: str = "trace"
     per_request: bool = False

@@ -322,7 +322,8 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
         cache = setup.build(switchable=True, track_values=plan.reads_values)
         controller = PolicyController(cache, **controller_kwargs(plan, layout, flops,
                                                                  interval=st.auto_interval,
-                                                                 shadow_rate=st.shadow_rate))
+                                                                 shadow_rate=st.shadow_rate,
+                                                                 margin=st.auto_margin))
     else:
         oracle = None
         if plan.eviction_cls.needs_future:

@@ -19,7 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
+from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, check_start_margin
 from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.cache.host import (
     H2D_BYTES_PER_SECOND,
@@ -81,7 +81,8 @@ class SweepSpec:
     multiple of a coarser hash unit keeps the aligned block a multiple of it). ``pairs``
     are (admission, eviction) pairs run at every capacity besides the
     ``admissions`` x ``evictions`` grid (the demo's ``auto`` + ``auto``). ``shadow_rate``
-    is ``auto``'s shadow sample rate (``None``: chosen from the trace; 1: full shadows).
+    is ``auto``'s shadow sample rate (``None``: chosen from the trace; 1: full shadows),
+    ``auto_margin`` its margin over the start pair (0: off).
     ``resample``: replay that many requests made of the trace repeated with its private
     content renamed (:func:`~vllm_admission.core.traces.resample.resample`), streamed to
     each run (no infinite-capacity bound is computed then). ``host_bytes``: a host tier
@@ -102,6 +103,7 @@ class SweepSpec:
     tune_grid: str = "coarse"
     auto_interval: int = DEFAULT_INTERVAL
     shadow_rate: float | None = None
+    auto_margin: float = 0.0
     max_requests: int | None = None
     resample: int | None = None
     seed: int = 0
@@ -153,7 +155,8 @@ class SweepSpec:
             async_scheduling=self.async_scheduling, host_bytes=self.host_bytes,
             host_policy=self.host_policy, host_bandwidth=self.host_bandwidth,
             host_admission=self.host_admission, alpha=self.alpha, tune_grid=self.tune_grid,
-            auto_interval=self.auto_interval, shadow_rate=self.shadow_rate, outputs=self.outputs)
+            auto_interval=self.auto_interval, shadow_rate=self.shadow_rate,
+            auto_margin=self.auto_margin, outputs=self.outputs)
 
     def runs(self) -> list[tuple[str, str, int]]:
         """``(admission, eviction, capacity)`` of every run: the grid, then the extra pairs."""
@@ -326,12 +329,13 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
 
     Raises:
         UserError: an unknown checkpoint mode or executor, ``jobs`` below 1,
-            a retention interval that is not a multiple of the block size, or a
-            prefix match unit that does not divide it or comes with ``inpass``
-            (before any run).
+            a retention interval that is not a multiple of the block size, a
+            prefix match unit that does not divide it or comes with ``inpass``, or an
+            ``auto_margin`` that is not a finite number >= 0 (before any run).
         RayUnavailableError: ``executor="ray"`` without Ray installed.
     """
     check_checkpoint_mode(spec.checkpoint)
+    check_start_margin(spec.auto_margin)
     if executor not in EXECUTORS:
         raise UserError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
     if jobs is not None and jobs < 1:
