@@ -18,6 +18,7 @@ from vllm_admission.core.adaptive import (
     Pair,
     PolicyController,
     candidate_policies,
+    parse_auto_admissions,
     stock_pair,
 )
 from vllm_admission.core.admission import (
@@ -412,6 +413,36 @@ def test_candidate_policies():
         candidate_policies("nope", AUTO)
     with pytest.raises(ValueError, match="future knowledge"):
         candidate_policies(AUTO, "belady")
+
+
+def test_auto_chooses_among_the_admissions_the_user_names():
+    # Taken as given, in the user's order: a policy that is no auto candidate by
+    # default (written) joins, one that is (marconi) stays out, block stays in without
+    # a finer hash unit.
+    assert "written" not in AUTO_ADMISSIONS
+    named = ("vllm", "written", "block")
+    assert candidate_policies(AUTO, AUTO, admissions=named) == (named, AUTO_EVICTIONS)
+    assert parse_auto_admissions(" last ,written") == ("last", "written")
+    assert parse_auto_admissions(None) is None and parse_auto_admissions("  ") is None
+    with pytest.raises(UnknownPolicyError, match="unknown admission policy 'nope'"):
+        parse_auto_admissions("vllm,nope")
+    for bad, message in (("vllm,auto", "'auto' is not one"), ("vllm,,last", "comma-separated"),
+                         ("last,last", "twice")):
+        with pytest.raises(UserError, match=message):
+            parse_auto_admissions(bad)
+    with pytest.raises(UserError, match="the admission policy is 'vllm'"):
+        candidate_policies("vllm", AUTO, admissions=("vllm", "written"))
+    # A run of auto among them serves and switches among those only.
+    reqs = shared_prefix_workload()
+    setup = setup_for(4000)
+    cache = setup.build(switchable=True)
+    admissions, evictions = candidate_policies(AUTO, "lru", admissions=("vllm", "written"))
+    ctl = PolicyController(cache, setup, admissions, evictions, prefill_flops=flops, min_window=20)
+    for r, req in enumerate(reqs):
+        cache.serve(req.hashes, req.prompt_len, req.output_len, rid=r, now=float(r))
+        ctl.observe(r, req)
+    assert {str(p) for p in ctl.pairs} == {"vllm+lru", "written+lru"}
+    assert {p for d in ctl.decisions for p in d.scores} == {"vllm+lru", "written+lru"}
 
 
 def test_a_pair_that_stays_far_behind_loses_its_shadow_and_nothing_else_changes():

@@ -94,6 +94,11 @@ def test_the_cli_raises_no_bare_value_error():
      "a host tier is modelled without speculative decoding"),
     (["--auto-margin", "-0.5"], "auto's margin over the start pair must be a finite number >= 0"),
     (["--auto-margin", "nan"], "auto's margin over the start pair must be a finite number >= 0"),
+    (["--admission", "auto", "--auto-admissions", "vllm,nope"], "unknown admission policy 'nope'"),
+    (["--admission", "auto", "--auto-admissions", "vllm,auto"], "'auto' is not one"),
+    (["--admission", "auto", "--auto-admissions", "vllm,,last"], "a comma-separated list"),
+    (["--admission", "auto", "--auto-admissions", "last,last"], "name a policy twice"),
+    (["--admission", "vllm", "--auto-admissions", "vllm,written"], "no run here has admission 'auto'"),
 ])
 def test_a_user_error_is_one_line_and_status_2(tmp_path, capsys, argv, message):
     rc = main([*SIMULATE, "--out", str(tmp_path / "out"), *argv])

@@ -128,7 +128,7 @@ def test_inpass_junction_case(vllm_config, monkeypatch, policy):
     # Prompt 1's single prefill step: the checkpoint list names split mode's stops.
     offsets = sorted(off for pairs in lists[0].values() for off, _ in pairs)
     expected = {"none": [1792], "last": [1792], "vllm": [1792], "block": [1792], "marconi": [1792],
-                "dense": [B * i for i in range(1, 15)]}[policy]
+                "written": [1792], "dense": [B * i for i in range(1, 15)]}[policy]
     assert offsets == expected  # one state group in this layout
     (pairs,) = lists[0].values()
     assert len({blk for _, blk in pairs}) == len(pairs)

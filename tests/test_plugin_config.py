@@ -46,6 +46,11 @@ def test_every_valid_value():
     margin = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "auto",
                                        "VLLM_ADMISSION_AUTO_MARGIN": "0.3"})
     assert margin.auto_margin == 0.3 and margin.describe().endswith("margin 0.3")
+    assert auto.auto_admissions is None
+    chosen = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "auto",
+                                       "VLLM_ADMISSION_AUTO_ADMISSIONS": " vllm, written "})
+    assert chosen.auto_admissions == ("vllm", "written")
+    assert chosen.describe().endswith("admissions vllm,written")
     assert auto.shadow_nice == 19
     niced = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "auto",
                                       "VLLM_ADMISSION_SHADOW_NICE": "0"})
@@ -77,6 +82,9 @@ def test_empty_values_mean_unset():
     ("VLLM_ADMISSION_AUTO_MARGIN", "-0.1", "a finite number >= 0"),
     ("VLLM_ADMISSION_AUTO_MARGIN", "inf", "a finite number >= 0"),
     ("VLLM_ADMISSION_AUTO_MARGIN", "30%", "a finite number >= 0"),
+    ("VLLM_ADMISSION_AUTO_ADMISSIONS", "vllm,nope", f"from {', '.join(ADMISSION_POLICIES)}"),
+    ("VLLM_ADMISSION_AUTO_ADMISSIONS", "vllm,vllm", "each once"),
+    ("VLLM_ADMISSION_AUTO_ADMISSIONS", "auto", "admission policy names"),
     ("VLLM_ADMISSION_SHADOW_NICE", "20", "an integer from 0 to 19"),
     ("VLLM_ADMISSION_SHADOW_NICE", "-5", "an integer from 0 to 19"),
     ("VLLM_ADMISSION_SHADOW_NICE", "low", "an integer from 0 to 19"),
@@ -89,6 +97,14 @@ def test_invalid_values_give_one_line(name, value, valid):
     assert msg.startswith(f"{name}={value!r} is invalid; ")
     assert valid in msg
     assert isinstance(info.value, ValueError)
+
+
+def test_auto_admissions_need_auto_admission():
+    with pytest.raises(AdmissionConfigError) as info:
+        AdmissionConfig.from_env({"VLLM_ADMISSION_AUTO_ADMISSIONS": "vllm,written"})
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith("VLLM_ADMISSION_AUTO_ADMISSIONS=vllm,written names")
+    assert "VLLM_ADMISSION_POLICY=vllm" in msg and "VLLM_ADMISSION_POLICY=auto" in msg
 
 
 def test_long_values_are_shortened_in_the_message():

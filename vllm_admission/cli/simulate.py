@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from vllm_admission.cli.options import RETENTION_HELP, add_policy_tuning_args, parse_retention_interval
-from vllm_admission.core.adaptive import AUTO, check_start_margin, parse_shadow_rate
+from vllm_admission.core.adaptive import AUTO, check_start_margin, parse_auto_admissions, parse_shadow_rate
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
 from vllm_admission.core.cache.host import host_policy_names
@@ -116,6 +116,10 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                         f"its shadow saved more than (1 + M) times the start's, and only while "
                         f"it still saves more; 0 (default) is off, 0.3 asks a 30%% lead "
                         f"(docs/simulator.md)")
+    p.add_argument("--auto-admissions", default=None, metavar="NAMES",
+                   help=f"with admission '{AUTO}': the admission policies it chooses among, "
+                        f"comma-separated (default: every registered candidate; "
+                        f"docs/simulator.md)")
     p.add_argument("--resample", type=int, default=None, metavar="N",
                    help="replay N requests: the trace repeated pass after pass, its content "
                         "renamed in each pass except shared prefixes (a long trace with the "
@@ -190,17 +194,23 @@ def run_simulate(args: argparse.Namespace) -> int:
     check_checkpoint_mode(args.checkpoint)
     shadow_rate = parse_shadow_rate(args.shadow_rate)
     check_start_margin(args.auto_margin)
+    admissions = parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, AUTO])
+    pairs = parse_pairs(args.pairs)
+    auto_admissions = parse_auto_admissions(args.auto_admissions)
+    if auto_admissions is not None and AUTO not in (*admissions, *(a for a, _ in pairs)):
+        raise UserError(f"--auto-admissions names the policies admission {AUTO!r} chooses "
+                        f"among, and no run here has admission {AUTO!r}")
     retention = parse_retention_interval(args.retention_interval)
     spec = SweepSpec(
         trace=args.trace, model=args.model, capacities=capacities,
-        admissions=parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, AUTO]),
+        admissions=admissions,
         evictions=parse_list(args.eviction, "eviction policy", [*EVICTION_POLICIES, AUTO]),
-        pairs=parse_pairs(args.pairs),
+        pairs=pairs,
         chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
         max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
         resample=args.resample,
         tune_grid=args.tune_grid, auto_interval=args.auto_interval, shadow_rate=shadow_rate,
-        auto_margin=args.auto_margin,
+        auto_margin=args.auto_margin, auto_admissions=auto_admissions,
         mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint,
         retention_interval=retention, hash_block_size=args.prefix_match_unit,
         block_size=args.block_size, num_speculative_tokens=args.num_speculative_tokens,

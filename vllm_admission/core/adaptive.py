@@ -80,7 +80,8 @@ from vllm_admission.core.sampling import PrefixSampler
 
 __all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "DEFAULT_MIN_SAMPLES",  # noqa: F822 - two names come from __getattr__
            "DECISIONS_KEPT",
-           "MIN_SHADOW_REQUESTS", "auto_admissions", "check_start_margin", "parse_shadow_rate",
+           "MIN_SHADOW_REQUESTS", "auto_admissions", "check_start_margin", "parse_auto_admissions",
+           "parse_shadow_rate",
            "auto_evictions",
            "Decision", "LiveEvictions", "Pair", "PolicyController", "candidate_policies",
            "stock_pair"]
@@ -236,22 +237,58 @@ class Decision:
                 "to": str(self.after), "scores": dict(self.scores), "error": self.error}
 
 
-def candidate_policies(admission: str, eviction: str, *, sub_block: bool = False
+def parse_auto_admissions(text: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    """``auto``'s admission candidates as the user gives them: a comma-separated list of
+    registered admission names (or a sequence of them), in the user's order; ``None`` or
+    an empty text for the default (:func:`auto_admissions`).
+
+    Raises:
+        UnknownPolicyError: a name that is not registered (the message lists the valid ones).
+        UserError: ``auto`` among them, a name given twice, or no name at all.
+    """
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",")] if isinstance(text, str) else list(text)
+    if isinstance(text, str) and not text.strip():
+        return None
+    if not names or any(not n for n in names):
+        raise UserError(f"auto's admission candidates must be a comma-separated list of "
+                        f"admission policies, got {text!r}")
+    if AUTO in names:
+        raise UserError(f"auto's admission candidates are policies to choose among; "
+                        f"{AUTO!r} is not one, got {text!r}")
+    for n in names:
+        get_admission(n)
+    if len(set(names)) != len(names):
+        raise UserError(f"auto's admission candidates name a policy twice: {text!r}")
+    return tuple(names)
+
+
+def candidate_policies(admission: str, eviction: str, *, sub_block: bool = False,
+                       admissions: Sequence[str] | None = None,
                        ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The admission and eviction names a run chooses among: every ``auto`` candidate
     where the name is ``"auto"``, else just that name. ``sub_block``: the engine
     hashes in units finer than the block (vLLM's ``prefix_match_unit``); without it
     the admissions that differ from the others only there
     (:attr:`~vllm_admission.core.admission.AdmissionPolicy.sub_block_only`) are left out.
+    ``admissions``: with ``auto`` admission, the candidates to choose among instead of
+    the registered ones (:func:`parse_auto_admissions`; taken as given).
 
     Raises:
         UnknownPolicyError: an unknown name.
         UserError: a fixed eviction policy that needs future knowledge
             together with ``auto`` admission (the controller could not replay it
-            from a snapshot).
+            from a snapshot); ``admissions`` with a fixed admission policy.
     """
-    admissions = (auto_admissions(sub_block) if admission == AUTO
-                  else (get_admission(admission).name,))
+    if admissions is not None and admission != AUTO:
+        raise UserError(f"auto's admission candidates ({', '.join(admissions)}) were given, "
+                        f"but the admission policy is {admission!r}, not {AUTO!r}")
+    if admission == AUTO:
+        chosen = parse_auto_admissions(admissions) if admissions is not None else None
+        names = chosen if chosen is not None else auto_admissions(sub_block)
+    else:
+        names = (get_admission(admission).name,)
     if eviction == AUTO:
         evictions = auto_evictions()
     else:
@@ -259,7 +296,7 @@ def candidate_policies(admission: str, eviction: str, *, sub_block: bool = False
             raise UserError(f"eviction {eviction!r} needs future knowledge; "
                             f"it cannot be combined with admission 'auto'")
         evictions = (eviction,)
-    return admissions, evictions
+    return names, evictions
 
 
 class LiveEvictions:

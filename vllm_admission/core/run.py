@@ -78,17 +78,21 @@ class RunPlan:
 
     @classmethod
     def from_settings(cls, admission: str, eviction: str, *, alpha: float | None = None,
-                      checkpoint: str = "split", sub_block: bool = False) -> RunPlan:
+                      checkpoint: str = "split", sub_block: bool = False,
+                      auto_admissions: Sequence[str] | None = None) -> RunPlan:
         """The plan for the names a user gives (either may be ``"auto"``);
-        ``sub_block``: the engine hashes finer than the block
+        ``sub_block``: the engine hashes finer than the block; ``auto_admissions``:
+        ``auto``'s admission candidates when the user names them
         (:func:`~vllm_admission.core.adaptive.candidate_policies`).
 
         Raises:
             UnknownPolicyError: an unknown name.
-            ValueError: an eviction policy that needs the future with ``auto``
-                admission.
+            UserError: an eviction policy that needs the future with ``auto``
+                admission; ``auto_admissions`` that are invalid or beside a fixed
+                admission policy.
         """
-        admissions, evictions = candidate_policies(admission, eviction, sub_block=sub_block)
+        admissions, evictions = candidate_policies(admission, eviction, sub_block=sub_block,
+                                                   admissions=auto_admissions)
         return cls(admissions, evictions, AUTO in (admission, eviction), alpha, checkpoint)
 
     @classmethod

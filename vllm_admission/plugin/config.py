@@ -6,7 +6,8 @@ This module does not import vLLM. Every variable is optional:
 variable                       default      valid values
 =============================  ===========  ==============================================
 ``VLLM_ADMISSION_POLICY``      ``vllm``     an admission policy name (``none``, ``last``,
-                                            ``vllm``, ``marconi``, ``dense``), or ``auto``
+                                            ``vllm``, ``marconi``, ``dense``,
+                                            ``written``), or ``auto``
 ``VLLM_ADMISSION_EVICTION``    ``lru``      an engine eviction policy (``lru``, ``flop``,
                                             ``lfu``, ``reuse``, ``conversation``,
                                             ``s3fifo``, ``mix``: every registered one
@@ -32,6 +33,10 @@ variable                       default      valid values
                                             shadow saved more than (1 + margin) times
                                             stock's, and only while it still saves more
                                             (0: off)
+``VLLM_ADMISSION_AUTO_ADMISSIONS`` unset    with ``VLLM_ADMISSION_POLICY=auto``: the
+                                            admission policies it chooses among,
+                                            comma-separated (unset: every registered
+                                            ``auto`` candidate)
 ``VLLM_ADMISSION_SHADOW_NICE`` ``19``      with ``auto``: added to the niceness of its
                                             shadow process, an integer from 0 to 19
                                             (19: the lowest priority; 0: the engine's)
@@ -57,7 +62,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, parse_shadow_rate, stock_pair
+from vllm_admission.core.adaptive import (
+    AUTO,
+    DEFAULT_INTERVAL,
+    parse_auto_admissions,
+    parse_shadow_rate,
+    stock_pair,
+)
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES
 from vllm_admission.core.errors import UserError
@@ -94,6 +105,7 @@ ENV_AUTO_INTERVAL = "VLLM_ADMISSION_AUTO_INTERVAL"
 ENV_SHADOW_RATE = "VLLM_ADMISSION_SHADOW_RATE"
 ENV_SHADOW_NICE = "VLLM_ADMISSION_SHADOW_NICE"
 ENV_AUTO_MARGIN = "VLLM_ADMISSION_AUTO_MARGIN"
+ENV_AUTO_ADMISSIONS = "VLLM_ADMISSION_AUTO_ADMISSIONS"
 ENV_CHECKPOINT = "VLLM_ADMISSION_CHECKPOINT"
 ENV_HOST_ADMISSION = "VLLM_ADMISSION_HOST_ADMISSION"
 #: Not a user setting: where the engine core publishes the plugin's metrics
@@ -132,6 +144,8 @@ ENV_VARS: dict[str, str] = {
                       "(chosen from the traffic; default) or a number in (0, 1] (1: full shadows)"),
     ENV_AUTO_MARGIN: ("auto: the relative lead over stock's pair a pair's shadow needs before "
                       "it is served, a finite number >= 0 (default 0: off; 0.3 = a 30% lead)"),
+    ENV_AUTO_ADMISSIONS: ("auto admission: the admission policies it chooses among, "
+                          "comma-separated (default: every registered auto candidate)"),
     ENV_SHADOW_NICE: (f"auto: added to the niceness of its shadow process, an integer from 0 "
                       f"to {MAX_NICE} (default {DEFAULT_NICE}: the lowest priority)"),
     ENV_CHECKPOINT: (f"where recurrent states are written, one of {', '.join(CHECKPOINT_MODES)} "
@@ -174,6 +188,9 @@ class AdmissionConfig:
         auto_margin: with ``auto``, the relative lead over the start pair a pair's
             shadow needs before it is served (0: off;
             :attr:`~vllm_admission.core.adaptive.PolicyController.start_margin`).
+        auto_admissions: with ``auto`` admission, the admission policies it chooses
+            among (``None``: every registered candidate;
+            :func:`~vllm_admission.core.adaptive.parse_auto_admissions`).
         shadow_nice: with ``auto``, added to the shadow process's niceness (0 to 19;
             :mod:`~vllm_admission.core.shadows`).
         checkpoint: ``split`` (a prefill chunk ends at every state kept) or
@@ -192,6 +209,7 @@ class AdmissionConfig:
     auto_interval: int = DEFAULT_INTERVAL
     shadow_rate: float | None = None
     auto_margin: float = 0.0
+    auto_admissions: tuple[str, ...] | None = None
     shadow_nice: int = DEFAULT_NICE
     checkpoint: str = DEFAULT_CHECKPOINT
     host_admission: str | None = None
@@ -240,6 +258,17 @@ class AdmissionConfig:
             raise _invalid(ENV_SHADOW_RATE, text, "auto, or a number in (0, 1] (1 = full shadows)") from None
         auto_margin = _non_negative_float(ENV_AUTO_MARGIN, raw(ENV_AUTO_MARGIN), 0.0,
                                           "a finite number >= 0 (0 = off; 0.3 = a 30% lead)")
+        text = raw(ENV_AUTO_ADMISSIONS)
+        try:
+            auto_admissions = parse_auto_admissions(text)
+        except UserError:   # UnknownPolicyError is one
+            raise _invalid(ENV_AUTO_ADMISSIONS, text or "",
+                           f"admission policy names, comma-separated, each once, from "
+                           f"{', '.join(ADMISSION_POLICIES)}") from None
+        if auto_admissions is not None and policy != AUTO:
+            raise AdmissionConfigError(
+                f"{ENV_AUTO_ADMISSIONS}={text} names the policies {ENV_POLICY}={AUTO} chooses "
+                f"among, but {ENV_POLICY}={policy} (valid here: unset, or {ENV_POLICY}={AUTO})")
         shadow_nice = _int_in(ENV_SHADOW_NICE, raw(ENV_SHADOW_NICE), DEFAULT_NICE, 0, MAX_NICE)
         checkpoint = raw(ENV_CHECKPOINT) or DEFAULT_CHECKPOINT
         if checkpoint not in CHECKPOINT_MODES:
@@ -249,7 +278,8 @@ class AdmissionConfig:
             raise _invalid(ENV_HOST_ADMISSION, host_admission, ", ".join(ADMISSION_POLICIES))
         return cls(policy=policy, eviction=eviction, alpha=alpha, log_interval=log_interval,
                    tune_multiplier=multiplier, tune_grid=grid, auto_interval=interval,
-                   shadow_rate=shadow_rate, auto_margin=auto_margin, shadow_nice=shadow_nice,
+                   shadow_rate=shadow_rate, auto_margin=auto_margin,
+                   auto_admissions=auto_admissions, shadow_nice=shadow_nice,
                    checkpoint=checkpoint,
                    host_admission=host_admission)
 
@@ -271,6 +301,8 @@ class AdmissionConfig:
                 text += f" shadow rate {self.shadow_rate:g}"
             if self.auto_margin:
                 text += f" margin {self.auto_margin:g}"
+            if self.auto_admissions is not None:
+                text += f" admissions {','.join(self.auto_admissions)}"
             if self.shadow_nice != DEFAULT_NICE:
                 text += f" shadow nice {self.shadow_nice}"
         if self.eviction != AUTO and eviction_class(self.eviction).tunable:

@@ -47,6 +47,9 @@ class SimulationSettings:
         auto_margin: with ``auto``, the relative lead over the start pair a pair's
             shadow needs before it is served (0: off;
             :attr:`~vllm_admission.core.adaptive.PolicyController.start_margin`).
+        auto_admissions: with ``auto`` admission, the admission policies it chooses
+            among (``None``: every registered ``auto`` candidate;
+            :func:`~vllm_admission.core.adaptive.parse_auto_admissions`).
         outputs: how output blocks are hashed, one of
             :data:`~vllm_admission.sim.simulator.OUTPUT_MODES`.
         per_request: keep every request's hit tokens and prefill steps in the result.
@@ -105,6 +108,7 @@ class SimulationSettings:
     auto_interval: int = DEFAULT_INTERVAL
     shadow_rate: float | None = None
     auto_margin: float = 0.0
+    auto_admissions: tuple[str, ...] | None = None
     # the replay
     outputs: str = "trace"
     per_request: bool = False

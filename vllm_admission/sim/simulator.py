@@ -296,12 +296,14 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
             below the block with ``inpass``); hidden states beside speculative tokens or
             at another block size than the other groups'; a host tier beside
             speculative decoding or a hash block below the block, of no block, with an
-            unknown policy or a bandwidth <= 0; a host admission policy without one.
+            unknown policy or a bandwidth <= 0; a host admission policy without one;
+            ``auto_admissions`` that are invalid or beside a fixed admission policy.
     """
     st = settings
     check_checkpoint_mode(st.checkpoint)
     plan = RunPlan.from_settings(st.admission, st.eviction, alpha=st.alpha,
-                                 checkpoint=st.checkpoint)  # validates names first
+                                 checkpoint=st.checkpoint,
+                                 auto_admissions=st.auto_admissions)  # validates names first
     if st.tune_grid not in GRIDS:
         raise UserError(f"unknown tuning grid {st.tune_grid!r}; valid: {', '.join(GRIDS)}")
     if not costs.is_hybrid:
@@ -309,7 +311,8 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
     geo, layout = cache_layout(costs, st)
     if layout.pool.partial_hash_hits:  # auto's candidates include those that differ only here
         plan = RunPlan.from_settings(st.admission, st.eviction, alpha=st.alpha,
-                                     checkpoint=st.checkpoint, sub_block=True)
+                                     checkpoint=st.checkpoint, sub_block=True,
+                                     auto_admissions=st.auto_admissions)
     t0, c0 = time.perf_counter(), time.process_time()
     if requests is None:
         requests = cache_requests(trace, geo.block_size, st.outputs, st.hash_block_size)

@@ -82,7 +82,9 @@ class SweepSpec:
     are (admission, eviction) pairs run at every capacity besides the
     ``admissions`` x ``evictions`` grid (the demo's ``auto`` + ``auto``). ``shadow_rate``
     is ``auto``'s shadow sample rate (``None``: chosen from the trace; 1: full shadows),
-    ``auto_margin`` its margin over the start pair (0: off).
+    ``auto_margin`` its margin over the start pair (0: off), ``auto_admissions`` the
+    admission policies it chooses among (``None``: the registered candidates; the
+    runs whose admission is ``auto`` take them).
     ``resample``: replay that many requests made of the trace repeated with its private
     content renamed (:func:`~vllm_admission.core.traces.resample.resample`), streamed to
     each run (no infinite-capacity bound is computed then). ``host_bytes``: a host tier
@@ -104,6 +106,7 @@ class SweepSpec:
     auto_interval: int = DEFAULT_INTERVAL
     shadow_rate: float | None = None
     auto_margin: float = 0.0
+    auto_admissions: tuple[str, ...] | None = None
     max_requests: int | None = None
     resample: int | None = None
     seed: int = 0
@@ -156,7 +159,9 @@ class SweepSpec:
             host_policy=self.host_policy, host_bandwidth=self.host_bandwidth,
             host_admission=self.host_admission, alpha=self.alpha, tune_grid=self.tune_grid,
             auto_interval=self.auto_interval, shadow_rate=self.shadow_rate,
-            auto_margin=self.auto_margin, outputs=self.outputs)
+            auto_margin=self.auto_margin,
+            auto_admissions=self.auto_admissions if admission == AUTO else None,
+            outputs=self.outputs)
 
     def runs(self) -> list[tuple[str, str, int]]:
         """``(admission, eviction, capacity)`` of every run: the grid, then the extra pairs."""
@@ -330,8 +335,9 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
     Raises:
         UserError: an unknown checkpoint mode or executor, ``jobs`` below 1,
             a retention interval that is not a multiple of the block size, a
-            prefix match unit that does not divide it or comes with ``inpass``, or an
-            ``auto_margin`` that is not a finite number >= 0 (before any run).
+            prefix match unit that does not divide it or comes with ``inpass``, an
+            ``auto_margin`` that is not a finite number >= 0, or invalid
+            ``auto_admissions`` (before any run).
         RayUnavailableError: ``executor="ray"`` without Ray installed.
     """
     check_checkpoint_mode(spec.checkpoint)
@@ -343,7 +349,8 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
     runs = spec.runs()
     for admission, eviction, _ in runs:
         # Every cell's names and combination, before any run (auto x belady cannot run).
-        RunPlan.from_settings(admission, eviction, alpha=spec.alpha, checkpoint=spec.checkpoint)
+        RunPlan.from_settings(admission, eviction, alpha=spec.alpha, checkpoint=spec.checkpoint,
+                              auto_admissions=spec.auto_admissions if admission == AUTO else None)
     if executor == "ray":
         if spec.resample:
             raise UserError("a resampled trace is streamed to each run; run it with the "

@@ -27,6 +27,7 @@ __all__ = [
     "MarconiAdmission",
     "NoAdmission",
     "VllmAdmission",
+    "WrittenAdmission",
     "get_admission",
     "register_admission",
     "stock_admission",
@@ -147,6 +148,32 @@ class DenseAdmission(AdmissionPolicy):
     admitted = frozenset(CheckpointKind)
 
 
+class WrittenAdmission(AdmissionPolicy):
+    """Every state the engine writes anyway, and the shared-prefix junction.
+
+    The states at prefill chunk ends, at the prompt's last block boundary, at decode
+    block boundaries and at the junction (a chunk stop, as in ``vllm``); no other chunk
+    stop. It keeps what ``last`` keeps plus the junction, and what ``vllm`` keeps plus
+    the chunk ends and decode boundaries: vLLM's dense retention
+    (``prefix_cache_retention_interval`` unset to ``None``, ``MambaManager.reachable_block_mask``
+    in ``vllm/v1/core/single_type_kv_cache_manager.py``) as a plugin policy, so it runs
+    on any engine setting and beside any eviction policy. Switched to from stock's
+    ``vllm``, it drops none of the kinds of state stock keeps, which makes it the
+    candidate a late switch of ``auto`` can take without losing what stock saved
+    (docs/results.md 5.6). Not an ``auto`` candidate by default; ``--auto-admissions``
+    (``VLLM_ADMISSION_AUTO_ADMISSIONS``) adds it.
+    """
+
+    name = "written"
+    summary = ("every state the engine writes (chunk ends, prompt end, decode boundaries) "
+               "and the junction: vLLM's dense retention as a plugin policy")
+
+    admitted = frozenset(CheckpointKind)
+
+    def junction(self, probe: HitProbe) -> int:
+        return probe.junction
+
+
 def _check_admission(cls: type[AdmissionPolicy]) -> None:
     """What :data:`ADMISSION_POLICIES` asks of a class beyond a name and a summary.
 
@@ -211,4 +238,4 @@ def stock_admission() -> str:
 
 
 ADMISSION_POLICIES.register_all(NoAdmission, LastAdmission, VllmAdmission, BlockAdmission, MarconiAdmission,
-                                DenseAdmission)
+                                DenseAdmission, WrittenAdmission)

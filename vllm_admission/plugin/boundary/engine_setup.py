@@ -237,7 +237,8 @@ def plan_for(config: AdmissionConfig, facts: EngineFacts) -> RunPlan:
             f"VLLM_ADMISSION_POLICY=vllm with VLLM_ADMISSION_EVICTION=lru)")
     adaptive = AUTO in (config.policy, config.eviction)
     admissions, evictions = candidate_policies(config.policy, config.eviction,
-                                               sub_block=HASH_UNIT_PROBLEM in facts.key_problems)
+                                               sub_block=HASH_UNIT_PROBLEM in facts.key_problems,
+                                               admissions=config.auto_admissions)
     if config.policy == AUTO:
         problems = {name: support_problems(facts, name) for name in admissions}
         dropped = [name for name in admissions if problems[name]]
