@@ -237,11 +237,11 @@ def random_workload(seed, n=36):
 
 
 def simulate_auto(requests, *, blocks, costs, admission=AUTO, interval=DEFAULT_INTERVAL,
-                  shadow_rate=None, margin=0.0):
+                  shadow_rate=None, margin=0.0, auto_admissions=None):
     """The simulator's auto run (sim/simulator.py does the same on a trace)."""
     layout = CacheLayout(PoolSpec(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
                                   bytes_per_block=BYTES_PER_BLOCK), SchedulingSpec(chunk_size=CHUNK))
-    admissions, evictions = candidate_policies(admission, AUTO)
+    admissions, evictions = candidate_policies(admission, AUTO, admissions=auto_admissions)
     start = PolicyController.default_start(admissions, evictions)
     setup = CacheSetup(layout=layout, admission=start.admission, eviction=start.eviction,
                        segment_flops=costs.prefill_flops)

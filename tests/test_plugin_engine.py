@@ -489,4 +489,4 @@ def test_invalid_setting_stops_the_engine_with_one_line(engines, monkeypatch):
     assert os.environ.get("VLLM_ADMISSION_POLICY") != "marconni"
     msg = str(info.value)
     assert msg == ("VLLM_ADMISSION_POLICY='marconni' is invalid; "
-                   "valid: none, last, vllm, block, marconi, dense, auto")
+                   "valid: none, last, vllm, block, marconi, dense, written, auto")

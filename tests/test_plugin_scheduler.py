@@ -498,6 +498,27 @@ def test_a_margin_over_stock_in_the_engine_decides_as_in_the_simulator(vllm_conf
     assert hits == sim_hits
 
 
+def test_auto_among_named_admissions_in_the_engine_decides_as_in_the_simulator(
+        vllm_config, monkeypatch, costs):
+    """VLLM_ADMISSION_AUTO_ADMISSIONS reaches the engine's controller: with ``written``
+    among the candidates (no candidate by default) and a margin over stock, the engine
+    switches where the simulator's controller does, and every request gets its hit."""
+    reqs = random_workload(2, n=170)
+    named = ("vllm", "last", "marconi", "dense", "written")
+    monkeypatch.setenv("VLLM_ADMISSION_AUTO_ADMISSIONS", ",".join(named))
+    monkeypatch.setenv("VLLM_ADMISSION_AUTO_MARGIN", "0.2")
+    monkeypatch.setenv("VLLM_ADMISSION_AUTO_INTERVAL", "25")
+    engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
+    hits = serve_deciding(engine, reqs)
+    sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs, interval=25, margin=0.2,
+                                  auto_admissions=named)
+    assert sim.switches
+    assert {p.admission for p in sim.pairs} == set(named)
+    assert [d.as_dict() for d in sim.switches] == engine.scheduler.stats().policy_switches
+    assert hits == sim_hits
+    assert free_equals_usable(engine)
+
+
 def test_auto_hands_reuse_the_history_the_engine_heard(vllm_config, monkeypatch, costs):
     """``vllm`` + ``auto``: the engine's block pool keeps the hash history under ``lru`` and
     ``lfu`` as the simulator's live cache does, so ``reuse`` switched in mid-run orders the

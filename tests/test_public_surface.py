@@ -17,7 +17,8 @@ from vllm_admission.cli import build_parser
 PACKAGE = Path(__file__).resolve().parents[1] / "vllm_admission"
 
 _SIMULATE = {
-    "--admission", "--alpha", "--async-scheduling", "--auto-interval", "--auto-margin", "--block-size",
+    "--admission", "--alpha", "--async-scheduling", "--auto-admissions", "--auto-interval", "--auto-margin",
+    "--block-size",
     "--capacity",
     "--checkpoint", "--chunk-size", "--eviction", "--executor", "--help", "--hidden-states",
     "--host-admission", "--host-bandwidth", "--host-capacity", "--host-policy", "--jobs",
@@ -49,7 +50,8 @@ CLI_OPTIONS = {
 }
 
 ENV_VARS = {
-    "VLLM_ADMISSION_ACTIVE", "VLLM_ADMISSION_ALPHA", "VLLM_ADMISSION_AUTO_INTERVAL", "VLLM_ADMISSION_AUTO_MARGIN",
+    "VLLM_ADMISSION_ACTIVE", "VLLM_ADMISSION_ALPHA", "VLLM_ADMISSION_AUTO_ADMISSIONS",
+    "VLLM_ADMISSION_AUTO_INTERVAL", "VLLM_ADMISSION_AUTO_MARGIN",
     "VLLM_ADMISSION_CHECKPOINT", "VLLM_ADMISSION_CPU_FIXES", "VLLM_ADMISSION_EVICTION",
     "VLLM_ADMISSION_HOST_ADMISSION", "VLLM_ADMISSION_LOG_INTERVAL", "VLLM_ADMISSION_METRICS_DIR",
     "VLLM_ADMISSION_POLICY", "VLLM_ADMISSION_SHADOW_NICE", "VLLM_ADMISSION_SHADOW_RATE", "VLLM_ADMISSION_TUNE_GRID",

@@ -45,6 +45,7 @@ def test_known_length_never_tentative_and_writes_the_expected_states():
         "block": {512, 896},       # vllm without a finer hash unit
         "marconi": {512, 1024},    # the junction and the sequence end
         "dense": every,
+        "written": every,          # last's states, the junction among them
     }
     assert set(written_out) == set(ADMISSION_POLICIES)  # a new built-in needs its line here
     for name, want in written_out.items():

@@ -241,7 +241,7 @@ def test_invalid_policy_stops_the_server_with_one_line(tiny_model_dir):
     assert "Traceback" not in proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert lines[-1] == ("vllm_admission: error: VLLM_ADMISSION_POLICY='marconni' is invalid; "
-                         "valid: none, last, vllm, block, marconi, dense, auto")
+                         "valid: none, last, vllm, block, marconi, dense, written, auto")
 
 
 def test_a_setting_the_engine_cannot_run_stops_the_server_before_the_model_loads(tiny_model_dir):
