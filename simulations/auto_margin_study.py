@@ -98,11 +98,12 @@ def tables(rows: list[dict]) -> str:
                 groups.setdefault((r["trace"], r["model"], r["setting"]), []).append(r)
         for (trace, model, setting), rs in groups.items():
             rs.sort(key=lambda r: r["capacity_bytes"])
-            col = lambda k: " / ".join(f"{100 * r[k]:.2f}" for r in rs)  # noqa: E731
+            stock, auto, margin = (" / ".join(f"{100 * r[k]:.2f}" for r in rs)
+                                   for k in ("stock", "auto", "auto_margin"))
             worst = min(100 * (r["auto_margin"] - r["stock"]) for r in rs)
             out.append(f"| {trace}, {model}{', ' + setting if setting else ''} | "
-                       f"{' / '.join(_cap(r['capacity_bytes']) for r in rs)} | {col('stock')} | "
-                       f"{col('auto')} | {col('auto_margin')} | {worst:+.2f} |")
+                       f"{' / '.join(_cap(r['capacity_bytes']) for r in rs)} | {stock} | "
+                       f"{auto} | {margin} | {worst:+.2f} |")
     below = [r for r in rows if r["auto_margin"] - r["stock"] < -0.001]
     out.append(f"\n{len(rows)} cells; `auto` with the margin below stock by more than 0.1 "
                f"points in {sum(r['auto_margin'] - r['stock'] < -0.001 for r in rows)}: "

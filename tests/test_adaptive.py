@@ -27,6 +27,7 @@ from vllm_admission.core.admission import (
     get_admission,
 )
 from vllm_admission.core.cache_inputs import CacheRequest, CacheSetup
+from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import (
     EVICTION_POLICIES,
     HistoryKeeper,
@@ -34,7 +35,6 @@ from vllm_admission.core.eviction import (
     ReuseHistory,
     get_eviction,
 )
-from vllm_admission.core.errors import UserError
 from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
 
 
