@@ -110,7 +110,8 @@ class ShadowProcess:
                 served the ones before it, and their decisions are not returned) or
                 is gone.
         """
-        return self._call("observe_many", items)
+        decisions: list[Any] = self._call("observe_many", items)
+        return decisions
 
     def close(self, timeout: float = 5.0) -> None:
         """Close the child's stdin (it exits) and reap it; kill it after ``timeout`` s."""
