@@ -1,16 +1,19 @@
 """``auto`` with a margin over stock and ``written`` among its candidates, on every cell of
-the ``auto`` study and the serving-settings study (``docs/results.md`` section 5.6).
+the ``auto`` study, the serving-settings study, the retention study and the two-tier study
+(``docs/results.md`` section 5.6).
 
 The setting an operator can leave on: ``VLLM_ADMISSION_AUTO_MARGIN=0.3`` and
 ``VLLM_ADMISSION_AUTO_ADMISSIONS=last,vllm,marconi,dense,written`` (``block`` joins under a
 hash unit finer than the block, as it does by default). Each cell runs ``auto`` + ``auto``
-only, with full shadows as the two studies do; stock and the default ``auto`` are read from
-those studies' own results (``docs/results/auto``, ``docs/results/serving-settings``), so
-run those first.
+only, with the shadows its study ran (full in the ``auto``, serving-settings and retention
+studies, the default sampled ones in the two-tier study); stock and the default
+``auto`` are read from those studies' own results (``docs/results/auto``,
+``docs/results/serving-settings``, ``docs/results/retention``, ``docs/results/host-tier``),
+so run those first.
 
 Writes ``docs/results/auto-margin/results.json`` (one row per cell) and prints the tables.
 
-Run: ``python simulations/auto_margin_study.py --jobs 2`` (about 20 minutes on 2 cores);
+Run: ``python simulations/auto_margin_study.py --jobs 2`` (about 30 minutes on 2 cores);
 ``--tables`` reprints them from the file. Deterministic but for wall times.
 """
 
@@ -22,6 +25,7 @@ import sys
 from pathlib import Path
 
 import auto_study
+import host_tier_study
 import serving_settings_study as settings_study
 
 from vllm_admission.core.adaptive import AUTO
@@ -31,6 +35,9 @@ from vllm_admission.sim.sweep import SweepSpec, run_sweep
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "results" / "auto-margin"
 MARGIN = 0.3
+#: --studies name -> the study named in the rows.
+STUDIES = {"auto": "auto", "serving-settings": "serving settings", "retention": "retention",
+           "two-tiers": "two tiers"}
 ADMISSIONS = ("last", "vllm", "marconi", "dense", "written")
 
 
@@ -53,19 +60,51 @@ def cells() -> list[dict]:
                             "unit": unit, "block": block, "spec": spec,
                             "baseline": settings_study.ROOT / "docs" / "results" / "serving-settings"
                             / f"{trace}-{model_key}-{name}"})
+    retention = ROOT / "docs" / "results" / "retention"
+    for folder in sorted(retention.iterdir()):
+        doc = json.loads((folder / "results.json").read_text())
+        caps = sorted({r["capacity_bytes"] for r in doc["runs"] if r["admission"] == AUTO})
+        if not caps:
+            continue   # an operator's fixed pair, no auto run
+        trace, model_key = folder.name.rsplit("-", 2)[0], folder.name.rsplit("-", 2)[1]
+        interval = doc["retention_interval"]
+        out.append({"study": "retention", "trace": trace, "model": model_key,
+                    "setting": f"retention {'none' if interval is None else interval}",
+                    "path": str(settings_study.MOONCAKE) if trace == "mooncake" else "synthetic",
+                    "model_name": settings_study.MODELS[model_key], "caps": caps, "unit": None,
+                    "block": None, "spec": 0, "retention": interval, "shadow_rate": 1.0,
+                    "runs": doc["runs"]})
+    for path in sorted((ROOT / "docs" / "results" / "host-tier").glob("*.json")):
+        doc = json.loads(path.read_text())
+        if path.name.startswith("policies-") or "runs" not in doc:
+            continue   # the host-policy study: no auto run
+        model_key = next(k for k in host_tier_study.MODELS if path.stem.startswith(k))
+        trace = path.stem[len(model_key) + 1:]
+        for host in sorted({r["host_bytes_asked"] for r in doc["runs"]}):
+            runs = [r for r in doc["runs"] if r["host_bytes_asked"] == host]
+            out.append({"study": "two tiers", "trace": trace, "model": model_key,
+                        "setting": f"host {host_tier_study._label(host)}",  # noqa: SLF001
+                        "path": str(host_tier_study.TRACES[trace]),
+                        "model_name": host_tier_study.MODELS[model_key],
+                        "caps": sorted({r["capacity_bytes"] for r in runs}), "unit": None,
+                        "block": None, "spec": 0, "host": host, "shadow_rate": None,
+                        "runs": runs})
     return out
 
 
 def run_cell(cell: dict, jobs: int) -> list[dict]:
     """The cell's rows: per capacity, stock, the default ``auto`` and ``auto`` with the margin."""
-    base = json.loads((Path(cell["baseline"]) / "results.json").read_text())["runs"]
+    base = cell.get("runs") or json.loads((Path(cell["baseline"]) / "results.json").read_text())["runs"]
     by = {(r["admission"], r["eviction"], r["capacity_bytes"]): r for r in base}
     admissions = ADMISSIONS + (("block",) if cell["unit"] else ())
-    spec = SweepSpec(trace=cell["path"], model=cell["model_name"],
-                     capacities=tuple(parse_bytes(c) for c in cell["caps"]),
+    caps = tuple(c if isinstance(c, int) else parse_bytes(c) for c in cell["caps"])
+    spec = SweepSpec(trace=cell["path"], model=cell["model_name"], capacities=caps,
                      admissions=(AUTO,), evictions=(AUTO,), chunk_size=8192,
                      hash_block_size=cell["unit"], block_size=cell["block"],
-                     num_speculative_tokens=cell["spec"], shadow_rate=1.0,
+                     num_speculative_tokens=cell["spec"],
+                     retention_interval=cell.get("retention", 0),
+                     host_bytes=cell.get("host", 0),
+                     shadow_rate=cell.get("shadow_rate", 1.0),
                      auto_margin=MARGIN, auto_admissions=admissions)
     rows = []
     for r in run_sweep(spec, jobs=jobs, progress=False)["runs"]:
@@ -116,16 +155,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--tables", action="store_true", help="reprint the tables from the file")
+    ap.add_argument("--studies", default=",".join(STUDIES),
+                    help=f"comma list of {', '.join(STUDIES)}: run these, keep the file's "
+                         f"rows of the others")
     args = ap.parse_args(argv)
     path = OUT / "results.json"
+    chosen = {STUDIES[k] for k in args.studies.split(",") if k in STUDIES}
+    if len(chosen) != len(args.studies.split(",")):
+        ap.error(f"--studies takes names from {', '.join(STUDIES)}")
     if args.tables:
         rows = json.loads(path.read_text())["rows"]
     else:
         if not settings_study.MOONCAKE.exists():
             print(f"mooncake trace not found at {settings_study.MOONCAKE}", file=sys.stderr)
             return 2
-        rows = []
+        kept = json.loads(path.read_text())["rows"] if path.exists() else []
+        rows = [r for r in kept if r["study"] not in chosen]
         for cell in cells():
+            if cell["study"] not in chosen:
+                continue
             rows += run_cell(cell, args.jobs)
             print(f"{cell['trace']} {cell['model']} {cell['setting']}: done", flush=True)
         OUT.mkdir(parents=True, exist_ok=True)
