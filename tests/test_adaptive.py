@@ -240,6 +240,16 @@ def setup_for(blocks):
     return CacheSetup(layout=layout, admission="vllm", eviction="lru", segment_flops=flops)
 
 
+def serve_controlled(cache, ctl, reqs):
+    """Serve ``reqs`` on ``cache``, each then observed by ``ctl``; the hit tokens."""
+    hits = []
+    for r, req in enumerate(reqs):
+        hits.append(cache.serve(req.hashes, req.prompt_len, req.output_len, rid=r,
+                                now=float(r)).hit_tokens)
+        ctl.observe(r, req)
+    return hits
+
+
 def run_controller(admissions, evictions, reqs, blocks=4000, start=None):
     setup = setup_for(blocks)
     cache = setup.build(switchable=True)
@@ -456,12 +466,7 @@ def test_a_pair_that_stays_far_behind_loses_its_shadow_and_nothing_else_changes(
         cache = setup.build(switchable=True)
         ctl = PolicyController(cache, setup, ("vllm", "none"), ("lru",), prefill_flops=flops,
                                min_window=20, max_window=40, drop_below=drop_below, drop_after=2.0)
-        hits = []
-        for r, req in enumerate(reqs):
-            hits.append(cache.serve(req.hashes, req.prompt_len, req.output_len, rid=r,
-                                    now=float(r)).hit_tokens)
-            ctl.observe(r, req)
-        return ctl, hits
+        return ctl, serve_controlled(cache, ctl, reqs)
 
     ctl, hits = run(0.8)
     kept, kept_hits = run(0.0)
@@ -507,12 +512,7 @@ def run_with_margin(reqs, blocks, margin, admissions=("vllm", "dense", "last"), 
     ctl = PolicyController(cache, setup, admissions, evictions, prefill_flops=flops,
                            min_window=20, max_window=40, start=Pair("vllm", "lru"),
                            start_margin=margin)
-    hits = []
-    for r, req in enumerate(reqs):
-        hits.append(cache.serve(req.hashes, req.prompt_len, req.output_len, rid=r,
-                                now=float(r)).hit_tokens)
-        ctl.observe(r, req)
-    return ctl, hits
+    return ctl, serve_controlled(cache, ctl, reqs)
 
 
 def phased_workload(seed, docs, first=200, then=200):
