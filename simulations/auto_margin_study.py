@@ -1,19 +1,21 @@
 """``auto`` with a margin over stock and ``written`` among its candidates, on every cell of
-the ``auto`` study, the serving-settings study, the retention study and the two-tier study
-(``docs/results.md`` section 5.6).
+the ``auto`` study (split, in-pass and on the default sampled shadows), the serving-settings
+study, the retention study and the two-tier study (``docs/results.md`` section 5.6).
 
 The setting an operator can leave on: ``VLLM_ADMISSION_AUTO_MARGIN=0.3`` and
 ``VLLM_ADMISSION_AUTO_ADMISSIONS=last,vllm,marconi,dense,written`` (``block`` joins under a
 hash unit finer than the block, as it does by default). Each cell runs ``auto`` + ``auto``
-only, with the shadows its study ran (full in the ``auto``, serving-settings and retention
-studies, the default sampled ones in the two-tier study); stock and the default
+only, with the shadows its study ran (full in the ``auto``, in-pass, serving-settings and
+retention studies, the default sampled ones in the sampled-shadow and two-tier studies);
+stock and the default
 ``auto`` are read from those studies' own results (``docs/results/auto``,
-``docs/results/serving-settings``, ``docs/results/retention``, ``docs/results/host-tier``),
+``docs/results/serving-settings``, ``docs/results/retention``, ``docs/results/host-tier``,
+``docs/results/auto-sampled``),
 so run those first.
 
 Writes ``docs/results/auto-margin/results.json`` (one row per cell) and prints the tables.
 
-Run: ``python simulations/auto_margin_study.py --jobs 2`` (about 30 minutes on 2 cores);
+Run: ``python simulations/auto_margin_study.py --jobs 2`` (about 40 minutes on 2 cores);
 ``--tables`` reprints them from the file. Deterministic but for wall times.
 """
 
@@ -37,7 +39,7 @@ OUT = ROOT / "docs" / "results" / "auto-margin"
 MARGIN = 0.3
 #: --studies name -> the study named in the rows.
 STUDIES = {"auto": "auto", "serving-settings": "serving settings", "retention": "retention",
-           "two-tiers": "two tiers"}
+           "two-tiers": "two tiers", "inpass": "in-pass", "sampled": "sampled shadows"}
 ADMISSIONS = ("last", "vllm", "marconi", "dense", "written")
 
 
@@ -89,6 +91,23 @@ def cells() -> list[dict]:
                         "caps": sorted({r["capacity_bytes"] for r in runs}), "unit": None,
                         "block": None, "spec": 0, "host": host, "shadow_rate": None,
                         "runs": runs})
+    for trace in ("mooncake", "synthetic"):
+        for model_key, model in auto_study.MODELS.items():
+            path, caps = auto_study.TRACES[trace]
+            out.append({"study": "in-pass", "trace": trace, "model": model_key, "setting": "in-pass",
+                        "path": path, "model_name": model, "caps": caps, "unit": None,
+                        "block": None, "spec": 0, "checkpoint": "inpass",
+                        "baseline": ROOT / "docs" / "results" / "auto" / f"{trace}-{model_key}-inpass"})
+    sampled = json.loads((ROOT / "docs" / "results" / "auto-sampled" / "results.json").read_text())
+    for trace, (path, caps) in auto_study.TRACES.items():
+        for model_key, model in auto_study.MODELS.items():
+            mine = [r for r in sampled if (r["trace"], r["model"]) == (trace, model_key)]
+            runs = [{"admission": a, "eviction": e, "capacity_bytes": parse_bytes(r["capacity"]),
+                     "token_hit_rate": r[k]["hit"]}
+                    for r in mine for (a, e, k) in (("vllm", "lru", "stock"), (AUTO, AUTO, "sampled"))]
+            out.append({"study": "sampled shadows", "trace": trace, "model": model_key,
+                        "setting": "sampled", "path": path, "model_name": model, "caps": caps,
+                        "unit": None, "block": None, "spec": 0, "shadow_rate": None, "runs": runs})
     return out
 
 
@@ -101,7 +120,7 @@ def run_cell(cell: dict, jobs: int) -> list[dict]:
     spec = SweepSpec(trace=cell["path"], model=cell["model_name"], capacities=caps,
                      admissions=(AUTO,), evictions=(AUTO,), chunk_size=8192,
                      hash_block_size=cell["unit"], block_size=cell["block"],
-                     num_speculative_tokens=cell["spec"],
+                     num_speculative_tokens=cell["spec"], checkpoint=cell.get("checkpoint", "split"),
                      retention_interval=cell.get("retention", 0),
                      host_bytes=cell.get("host", 0),
                      shadow_rate=cell.get("shadow_rate", 1.0),

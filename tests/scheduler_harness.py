@@ -247,7 +247,7 @@ def simulate_auto(requests, *, blocks, costs, admission=AUTO, interval=DEFAULT_I
                        segment_flops=costs.prefill_flops)
     cache = setup.build(switchable=True)
     ctl = PolicyController(cache, setup, admissions, evictions, prefill_flops=costs.prefill_flops,
-                           min_window=interval, shadow_rate=shadow_rate, start_margin=margin)
+                           min_window=interval, shadow_rate=shadow_rate, stock_margin=margin)
     hits = []
     for r, (tokens, out_len) in enumerate(requests):
         out = cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r))

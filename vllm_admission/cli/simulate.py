@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from vllm_admission.cli.options import RETENTION_HELP, add_policy_tuning_args, parse_retention_interval
-from vllm_admission.core.adaptive import AUTO, check_start_margin, parse_auto_admissions, parse_shadow_rate
+from vllm_admission.core.adaptive import AUTO, check_stock_margin, parse_auto_admissions, parse_shadow_rate
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
 from vllm_admission.core.cache.host import host_policy_names
@@ -193,7 +193,7 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UserError(f"--auto-interval must be >= 1 request, got {args.auto_interval}")
     check_checkpoint_mode(args.checkpoint)
     shadow_rate = parse_shadow_rate(args.shadow_rate)
-    check_start_margin(args.auto_margin)
+    check_stock_margin(args.auto_margin)
     admissions = parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, AUTO])
     pairs = parse_pairs(args.pairs)
     auto_admissions = parse_auto_admissions(args.auto_admissions)

@@ -17,12 +17,14 @@ plugin a twin of the engine's cache, each switch applied to the engine too) as o
   best-scoring pair when its lead over the live pair's shadow exceeds the relative margin
   ``min_gain`` and, with sampled shadows, ``min_lead_errors`` standard errors of the
   sampling (Horvitz-Thompson over a Bernoulli sample of units);
-* **margin over the start** (``start_margin``, off by default): a pair other than the
-  start is served only once the shadows have evicted for a pool turnover, and only while
-  its shadow's score is above the start pair's: to enter, by more than ``start_margin``
-  times the start's score (less ``min_lead_errors`` standard errors of the sampling); to
-  stay, by anything. The first decision the served pair's lead over the start is gone,
-  ``auto`` serves the best pair still allowed, the start pair if no other is;
+* **margin over stock** (``stock_margin``, off by default): a pair other than stock's
+  (:func:`stock_pair`; the start pair where stock's is no candidate) is served only once
+  the shadows have evicted for a pool turnover, and only while its shadow's score is above
+  stock's: to enter, by more than ``stock_margin`` times stock's score (less
+  ``min_lead_errors`` standard errors of the sampling); to stay, by anything. The first
+  decision the served pair's lead over stock is gone, ``auto`` serves the best pair still
+  allowed, stock's if no other is. A start other than stock (``dense`` + ``lru`` with
+  in-pass checkpoints) is served until then only while it is not behind stock;
 * **elimination**: a candidate whose score stays below ``drop_below`` times the best
   one's (less ``min_lead_errors`` standard errors of the sampling) at every decision for
   ``drop_after`` pool turnovers, counted from the first eviction under pressure, loses
@@ -80,7 +82,7 @@ from vllm_admission.core.sampling import PrefixSampler
 
 __all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "DEFAULT_MIN_SAMPLES",  # noqa: F822 - two names come from __getattr__
            "DECISIONS_KEPT",
-           "MIN_SHADOW_REQUESTS", "auto_admissions", "check_start_margin", "parse_auto_admissions",
+           "MIN_SHADOW_REQUESTS", "auto_admissions", "check_stock_margin", "parse_auto_admissions",
            "parse_shadow_rate",
            "auto_evictions",
            "Decision", "LiveEvictions", "Pair", "PolicyController", "candidate_policies",
@@ -106,8 +108,8 @@ DEFAULT_MIN_SAMPLES = 256
 MIN_SHADOW_REQUESTS = 64
 
 
-def check_start_margin(margin: object) -> float:
-    """``margin`` as a start margin (:attr:`PolicyController.start_margin`): a finite
+def check_stock_margin(margin: object) -> float:
+    """``margin`` as a start margin (:attr:`PolicyController.stock_margin`): a finite
     number >= 0.
 
     Raises:
@@ -115,7 +117,7 @@ def check_start_margin(margin: object) -> float:
     """
     value = float(margin) if isinstance(margin, (int, float)) and not isinstance(margin, bool) else math.nan
     if not (value >= 0.0 and math.isfinite(value)):
-        raise UserError(f"auto's margin over the start pair must be a finite number >= 0 "
+        raise UserError(f"auto's margin over stock's pair must be a finite number >= 0 "
                         f"(0.3: a 30 % lead), got {margin!r}")
     return value
 
@@ -475,9 +477,9 @@ class PolicyController:
             pair's lead over the live pair to exceed this many standard errors of
             its sampling error (:meth:`_ShadowSet.error`; 0: the margin
             ``min_gain`` alone).
-        start_margin: the relative lead over the start pair's score a pair's
-            score needs before it is served (module docstring, "margin over the
-            start"); 0 (default) leaves the choice to ``min_gain`` alone.
+        stock_margin: the relative lead over stock's score a pair's score needs
+            before it is served (module docstring, "margin over stock"); 0 (default)
+            leaves the choice to ``min_gain`` alone.
         drop_below, drop_after: elimination (module docstring): a pair's shadow is
             dropped once its score stayed below ``drop_below`` times the best
             pair's for ``drop_after`` pool turnovers of decisions in a row;
@@ -515,7 +517,7 @@ class PolicyController:
 
     Raises:
         UserError: a decision interval that is not an integer >= 1, a
-            ``shadow_rate`` outside ``(0, 1]``, or a ``start_margin`` that is not
+            ``shadow_rate`` outside ``(0, 1]``, or a ``stock_margin`` that is not
             a finite number >= 0.
         ValueError: no candidates.
     """
@@ -535,7 +537,7 @@ class PolicyController:
     min_lead_errors: float = 1.0
     drop_below: float = 0.8
     drop_after: float = 4.0
-    start_margin: float = 0.0
+    stock_margin: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.admissions or not self.evictions:
@@ -546,7 +548,7 @@ class PolicyController:
         if self.shadow_rate is not None and not (
                 isinstance(self.shadow_rate, (int, float)) and 0.0 < self.shadow_rate <= 1.0):
             raise UserError(f"the shadow sample rate must be in (0, 1], got {self.shadow_rate!r}")
-        self.start_margin = check_start_margin(self.start_margin)
+        self.stock_margin = check_stock_margin(self.stock_margin)
         self.max_window = max(self.max_window, self.min_window)
         #: The latest :data:`DECISIONS_KEPT` decisions (memory must not grow with the trace).
         self.decisions: deque[Decision] = deque(maxlen=DECISIONS_KEPT)
@@ -568,6 +570,9 @@ class PolicyController:
             self.live.switch(admission=self._admission(self.pair.admission),
                              eviction=self.live_evictions.make(self.pair.eviction) if fresh else None)
         self.pairs = tuple(Pair(a, e) for a in self.admissions for e in self.evictions)
+        #: The pair the margin over stock measures leads against (``stock_margin``):
+        #: stock's where it is a candidate, else the start.
+        self.anchor = stock_pair() if stock_pair() in self.pairs else self.start
         lay = self.setup.layout
         self._pool_tokens = (lay.pool.num_blocks - 1) * lay.pool.block_size
         self._tokens_seen = 0
@@ -772,20 +777,21 @@ class PolicyController:
         return decision
 
     def _allowed(self, index: int, deciding: _ShadowSet, active: list[int], li: int) -> list[int]:
-        """The indices of the pairs a decision may serve (the margin over the start, module
-        docstring): every active pair without a margin; with one, the start pair, the pairs
+        """The indices of the pairs a decision may serve (the margin over stock, module
+        docstring): every active pair without a margin; with one, stock's pair, the pairs
         whose lead over it passed the margin once the shadows have evicted for a turnover,
-        and the live pair ``li`` while its lead over the start is not gone."""
-        if self.start_margin <= 0:
+        and the live pair ``li`` while its lead over stock is not gone."""
+        if self.stock_margin <= 0:
             return active
-        assert self.start is not None  # set in __post_init__
-        si = self.pairs.index(self.start)
+        si = self.pairs.index(self.anchor)
         history = deciding.history
         settled = (self.pressure_at is not None and self.window_len is not None
                    and index - self.pressure_at >= self.window_len)
-        bar = (1.0 + self.start_margin) * history[si]
+        bar = (1.0 + self.stock_margin) * history[si]
+        start = self.pairs.index(self.start)
         return [j for j in active
                 if j == si or (j == li and history[j] > history[si])
+                or (j == li == start and history[j] >= history[si])
                 or (settled and history[j] - self.min_lead_errors * deciding.error(j, si) > bar)]
 
     def _eliminate(self, index: int, deciding: _ShadowSet, active: list[int], best: int,
@@ -797,7 +803,7 @@ class PolicyController:
         history = deciding.history
         bar = self.drop_below * history[best]
         needed = math.ceil(self.drop_after * self.window_len / self.min_window)
-        keep = (self.start, live)
+        keep = (self.start, live, self.anchor)
         behind = self._behind
         for j in active:
             pair = self.pairs[j]

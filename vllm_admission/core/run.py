@@ -199,9 +199,9 @@ def controller_kwargs(plan: RunPlan, layout: CacheLayout,
         shadow_rate: the shadows' sample rate; ``None`` chooses it from the
             trace (:meth:`~vllm_admission.core.adaptive.PolicyController.sample_rate`),
             1 runs full shadows.
-        margin: the lead over the start pair a pair needs before it is served
-            (:attr:`~vllm_admission.core.adaptive.PolicyController.start_margin`; 0: off).
+        margin: the lead over stock's pair a pair needs before it is served
+            (:attr:`~vllm_admission.core.adaptive.PolicyController.stock_margin`; 0: off).
     """
     return {"setup": plan.setup(layout, prefill_flops), "admissions": plan.admissions,
             "evictions": plan.evictions, "prefill_flops": prefill_flops, "start": plan.start,
-            "min_window": interval, "shadow_rate": shadow_rate, "start_margin": margin}
+            "min_window": interval, "shadow_rate": shadow_rate, "stock_margin": margin}

@@ -185,9 +185,9 @@ class AdmissionConfig:
         auto_interval: with ``auto``, finished requests between two decisions.
         shadow_rate: with ``auto``, the shadows' sample rate (``None``: chosen
             from the traffic; 1: full shadows).
-        auto_margin: with ``auto``, the relative lead over the start pair a pair's
+        auto_margin: with ``auto``, the relative lead over stock's pair a pair's
             shadow needs before it is served (0: off;
-            :attr:`~vllm_admission.core.adaptive.PolicyController.start_margin`).
+            :attr:`~vllm_admission.core.adaptive.PolicyController.stock_margin`).
         auto_admissions: with ``auto`` admission, the admission policies it chooses
             among (``None``: every registered candidate;
             :func:`~vllm_admission.core.adaptive.parse_auto_admissions`).

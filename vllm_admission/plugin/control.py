@@ -84,9 +84,9 @@ class AdmissionControl:
         auto_interval: with ``plan.adaptive``, finished requests between decisions.
         shadow_rate: with ``plan.adaptive``, the shadows' sample rate
             (``None``: chosen from the traffic; 1: full shadows).
-        auto_margin: with ``plan.adaptive``, the lead over the start pair a pair
+        auto_margin: with ``plan.adaptive``, the lead over stock's pair a pair
             needs before it is served (0: off;
-            :attr:`~vllm_admission.core.adaptive.PolicyController.start_margin`).
+            :attr:`~vllm_admission.core.adaptive.PolicyController.stock_margin`).
         shadow_nice: with ``plan.adaptive`` in a child process, added to the child's
             niceness (0 to 19; :mod:`~vllm_admission.core.shadows`).
 

@@ -44,9 +44,9 @@ class SimulationSettings:
         auto_interval: with ``auto``, requests between two policy decisions (>= 1).
         shadow_rate: with ``auto``, the fraction of requests its shadows serve
             (``None``: chosen from the trace; 1: full shadows).
-        auto_margin: with ``auto``, the relative lead over the start pair a pair's
+        auto_margin: with ``auto``, the relative lead over stock's pair a pair's
             shadow needs before it is served (0: off;
-            :attr:`~vllm_admission.core.adaptive.PolicyController.start_margin`).
+            :attr:`~vllm_admission.core.adaptive.PolicyController.stock_margin`).
         auto_admissions: with ``auto`` admission, the admission policies it chooses
             among (``None``: every registered ``auto`` candidate;
             :func:`~vllm_admission.core.adaptive.parse_auto_admissions`).

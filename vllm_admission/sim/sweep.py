@@ -19,7 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, check_start_margin
+from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, check_stock_margin
 from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.cache.host import (
     H2D_BYTES_PER_SECOND,
@@ -82,7 +82,7 @@ class SweepSpec:
     are (admission, eviction) pairs run at every capacity besides the
     ``admissions`` x ``evictions`` grid (the demo's ``auto`` + ``auto``). ``shadow_rate``
     is ``auto``'s shadow sample rate (``None``: chosen from the trace; 1: full shadows),
-    ``auto_margin`` its margin over the start pair (0: off), ``auto_admissions`` the
+    ``auto_margin`` its margin over stock's pair (0: off), ``auto_admissions`` the
     admission policies it chooses among (``None``: the registered candidates; the
     runs whose admission is ``auto`` take them).
     ``resample``: replay that many requests made of the trace repeated with its private
@@ -341,7 +341,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
         RayUnavailableError: ``executor="ray"`` without Ray installed.
     """
     check_checkpoint_mode(spec.checkpoint)
-    check_start_margin(spec.auto_margin)
+    check_stock_margin(spec.auto_margin)
     if executor not in EXECUTORS:
         raise UserError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
     if jobs is not None and jobs < 1:
