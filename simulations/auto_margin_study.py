@@ -7,11 +7,9 @@ The setting an operator can leave on: ``VLLM_ADMISSION_AUTO_MARGIN=0.3`` and
 hash unit finer than the block, as it does by default). Each cell runs ``auto`` + ``auto``
 only, with the shadows its study ran (full in the ``auto``, in-pass, serving-settings and
 retention studies, the default sampled ones in the sampled-shadow and two-tier studies);
-stock and the default
-``auto`` are read from those studies' own results (``docs/results/auto``,
-``docs/results/serving-settings``, ``docs/results/retention``, ``docs/results/host-tier``,
-``docs/results/auto-sampled``),
-so run those first.
+stock and the default ``auto`` are read from those studies' own results
+(``docs/results/auto``, ``docs/results/serving-settings``, ``docs/results/retention``,
+``docs/results/host-tier``, ``docs/results/auto-sampled``), so run those first.
 
 Writes ``docs/results/auto-margin/results.json`` (one row per cell) and prints the tables.
 
@@ -43,40 +41,50 @@ STUDIES = {"auto": "auto", "serving-settings": "serving settings", "retention": 
 ADMISSIONS = ("last", "vllm", "marconi", "dense", "written")
 
 
+def _cell(study: str, trace: str, model: str, setting: str, path: str, model_name: str,
+          caps, runs: list[dict], **sweep) -> dict:
+    """One cell: where it comes from, its baseline runs (stock and the default ``auto``,
+    at least), and the :class:`SweepSpec` fields it runs with besides the defaults (full
+    shadows, split checkpoints)."""
+    return {"study": study, "trace": trace, "model": model, "setting": setting, "path": path,
+            "model_name": model_name, "caps": caps, "runs": runs,
+            "sweep": {"shadow_rate": 1.0, **sweep}}
+
+
+def _runs(folder: Path) -> list[dict]:
+    return json.loads((folder / "results.json").read_text())["runs"]
+
+
 def cells() -> list[dict]:
-    """Every cell: where its stock and default ``auto`` runs are, and the sweep settings."""
+    """Every cell of the six studies, with its baseline runs."""
     out = []
+    results = ROOT / "docs" / "results"
     for trace, (path, caps) in auto_study.TRACES.items():
         for model_key, model in auto_study.MODELS.items():
-            out.append({"study": "auto", "trace": trace, "model": model_key, "setting": "",
-                        "path": path, "model_name": model, "caps": caps, "unit": None,
-                        "block": None, "spec": 0,
-                        "baseline": ROOT / "docs" / "results" / "auto" / f"{trace}-{model_key}"})
+            out.append(_cell("auto", trace, model_key, "", path, model, caps,
+                             _runs(results / "auto" / f"{trace}-{model_key}")))
     for trace in ("synthetic", "mooncake"):
+        path = str(settings_study.MOONCAKE) if trace == "mooncake" else "synthetic"
         for model_key, model in settings_study.MODELS.items():
             for name, (unit, block, spec) in settings_study.SETTINGS.items():
-                out.append({"study": "serving settings", "trace": trace, "model": model_key,
-                            "setting": name,
-                            "path": str(settings_study.MOONCAKE) if trace == "mooncake" else "synthetic",
-                            "model_name": model, "caps": settings_study.CAPACITIES[trace, model_key],
-                            "unit": unit, "block": block, "spec": spec,
-                            "baseline": settings_study.ROOT / "docs" / "results" / "serving-settings"
-                            / f"{trace}-{model_key}-{name}"})
-    retention = ROOT / "docs" / "results" / "retention"
-    for folder in sorted(retention.iterdir()):
+                out.append(_cell("serving settings", trace, model_key, name, path, model,
+                                 settings_study.CAPACITIES[trace, model_key],
+                                 _runs(results / "serving-settings" / f"{trace}-{model_key}-{name}"),
+                                 hash_block_size=unit, block_size=block,
+                                 num_speculative_tokens=spec))
+    for folder in sorted((results / "retention").iterdir()):
         doc = json.loads((folder / "results.json").read_text())
         caps = sorted({r["capacity_bytes"] for r in doc["runs"] if r["admission"] == AUTO})
         if not caps:
             continue   # an operator's fixed pair, no auto run
-        trace, model_key = folder.name.rsplit("-", 2)[0], folder.name.rsplit("-", 2)[1]
+        trace, model_key, _ = folder.name.rsplit("-", 2)
         interval = doc["retention_interval"]
-        out.append({"study": "retention", "trace": trace, "model": model_key,
-                    "setting": f"retention {'none' if interval is None else interval}",
-                    "path": str(settings_study.MOONCAKE) if trace == "mooncake" else "synthetic",
-                    "model_name": settings_study.MODELS[model_key], "caps": caps, "unit": None,
-                    "block": None, "spec": 0, "retention": interval, "shadow_rate": 1.0,
-                    "runs": doc["runs"]})
-    for path in sorted((ROOT / "docs" / "results" / "host-tier").glob("*.json")):
+        out.append(_cell("retention", trace, model_key,
+                         f"retention {'none' if interval is None else interval}",
+                         str(settings_study.MOONCAKE) if trace == "mooncake" else "synthetic",
+                         settings_study.MODELS[model_key], caps, doc["runs"],
+                         retention_interval=interval))
+    for path in sorted((results / "host-tier").glob("*.json")):
         doc = json.loads(path.read_text())
         if path.name.startswith("policies-") or "runs" not in doc:
             continue   # the host-policy study: no auto run
@@ -84,47 +92,38 @@ def cells() -> list[dict]:
         trace = path.stem[len(model_key) + 1:]
         for host in sorted({r["host_bytes_asked"] for r in doc["runs"]}):
             runs = [r for r in doc["runs"] if r["host_bytes_asked"] == host]
-            out.append({"study": "two tiers", "trace": trace, "model": model_key,
-                        "setting": f"host {host_tier_study._label(host)}",  # noqa: SLF001
-                        "path": str(host_tier_study.TRACES[trace]),
-                        "model_name": host_tier_study.MODELS[model_key],
-                        "caps": sorted({r["capacity_bytes"] for r in runs}), "unit": None,
-                        "block": None, "spec": 0, "host": host, "shadow_rate": None,
-                        "runs": runs})
+            out.append(_cell("two tiers", trace, model_key,
+                             f"host {host_tier_study._label(host)}",  # noqa: SLF001
+                             str(host_tier_study.TRACES[trace]), host_tier_study.MODELS[model_key],
+                             sorted({r["capacity_bytes"] for r in runs}), runs,
+                             host_bytes=host, shadow_rate=None))
     for trace in ("mooncake", "synthetic"):
+        path, caps = auto_study.TRACES[trace]
         for model_key, model in auto_study.MODELS.items():
-            path, caps = auto_study.TRACES[trace]
-            out.append({"study": "in-pass", "trace": trace, "model": model_key, "setting": "in-pass",
-                        "path": path, "model_name": model, "caps": caps, "unit": None,
-                        "block": None, "spec": 0, "checkpoint": "inpass",
-                        "baseline": ROOT / "docs" / "results" / "auto" / f"{trace}-{model_key}-inpass"})
-    sampled = json.loads((ROOT / "docs" / "results" / "auto-sampled" / "results.json").read_text())
+            out.append(_cell("in-pass", trace, model_key, "in-pass", path, model, caps,
+                             _runs(results / "auto" / f"{trace}-{model_key}-inpass"),
+                             checkpoint="inpass"))
+    sampled = json.loads((results / "auto-sampled" / "results.json").read_text())
     for trace, (path, caps) in auto_study.TRACES.items():
         for model_key, model in auto_study.MODELS.items():
-            mine = [r for r in sampled if (r["trace"], r["model"]) == (trace, model_key)]
             runs = [{"admission": a, "eviction": e, "capacity_bytes": parse_bytes(r["capacity"]),
                      "token_hit_rate": r[k]["hit"]}
-                    for r in mine for (a, e, k) in (("vllm", "lru", "stock"), (AUTO, AUTO, "sampled"))]
-            out.append({"study": "sampled shadows", "trace": trace, "model": model_key,
-                        "setting": "sampled", "path": path, "model_name": model, "caps": caps,
-                        "unit": None, "block": None, "spec": 0, "shadow_rate": None, "runs": runs})
+                    for r in sampled if (r["trace"], r["model"]) == (trace, model_key)
+                    for (a, e, k) in (("vllm", "lru", "stock"), (AUTO, AUTO, "sampled"))]
+            out.append(_cell("sampled shadows", trace, model_key, "sampled", path, model, caps,
+                             runs, shadow_rate=None))
     return out
 
 
 def run_cell(cell: dict, jobs: int) -> list[dict]:
     """The cell's rows: per capacity, stock, the default ``auto`` and ``auto`` with the margin."""
-    base = cell.get("runs") or json.loads((Path(cell["baseline"]) / "results.json").read_text())["runs"]
-    by = {(r["admission"], r["eviction"], r["capacity_bytes"]): r for r in base}
-    admissions = ADMISSIONS + (("block",) if cell["unit"] else ())
-    caps = tuple(c if isinstance(c, int) else parse_bytes(c) for c in cell["caps"])
-    spec = SweepSpec(trace=cell["path"], model=cell["model_name"], capacities=caps,
+    by = {(r["admission"], r["eviction"], r["capacity_bytes"]): r for r in cell["runs"]}
+    sweep = cell["sweep"]
+    admissions = ADMISSIONS + (("block",) if sweep.get("hash_block_size") else ())
+    spec = SweepSpec(trace=cell["path"], model=cell["model_name"],
+                     capacities=tuple(c if isinstance(c, int) else parse_bytes(c) for c in cell["caps"]),
                      admissions=(AUTO,), evictions=(AUTO,), chunk_size=8192,
-                     hash_block_size=cell["unit"], block_size=cell["block"],
-                     num_speculative_tokens=cell["spec"], checkpoint=cell.get("checkpoint", "split"),
-                     retention_interval=cell.get("retention", 0),
-                     host_bytes=cell.get("host", 0),
-                     shadow_rate=cell.get("shadow_rate", 1.0),
-                     auto_margin=MARGIN, auto_admissions=admissions)
+                     auto_margin=MARGIN, auto_admissions=admissions, **sweep)
     rows = []
     for r in run_sweep(spec, jobs=jobs, progress=False)["runs"]:
         cap = r["capacity_bytes"]
@@ -135,10 +134,6 @@ def run_cell(cell: dict, jobs: int) -> list[dict]:
             "final_policy": r["final_policy"], "switches": len(r["policy_switches"]),
             "wall_seconds": r["wall_seconds"]})
     return rows
-
-
-def _cap(n: int) -> str:
-    return f"{n / (1 << 40):g} TiB" if n >= 1 << 40 else f"{n / (1 << 30):g} GiB"
 
 
 def tables(rows: list[dict]) -> str:
@@ -160,12 +155,12 @@ def tables(rows: list[dict]) -> str:
                                    for k in ("stock", "auto", "auto_margin"))
             worst = min(100 * (r["auto_margin"] - r["stock"]) for r in rs)
             out.append(f"| {trace}, {model}{', ' + setting if setting else ''} | "
-                       f"{' / '.join(_cap(r['capacity_bytes']) for r in rs)} | {stock} | "
+                       f"{' / '.join(auto_study._gib(r['capacity_bytes']) for r in rs)} | {stock} | "
                        f"{auto} | {margin} | {worst:+.2f} |")
     below = [r for r in rows if r["auto_margin"] - r["stock"] < -0.001]
     out.append(f"\n{len(rows)} cells; `auto` with the margin below stock by more than 0.1 "
-               f"points in {sum(r['auto_margin'] - r['stock'] < -0.001 for r in rows)}: "
-               + (", ".join(f"{r['trace']} {r['model']} {r['setting']} {_cap(r['capacity_bytes'])} "
+               f"points in {len(below)}: "
+               + (", ".join(f"{r['trace']} {r['model']} {r['setting']} {auto_study._gib(r['capacity_bytes'])} "
                             f"{100 * (r['auto_margin'] - r['stock']):+.2f}" for r in below) or "none"))
     return "\n".join(out)
 

@@ -256,6 +256,26 @@ def simulate_auto(requests, *, blocks, costs, admission=AUTO, interval=DEFAULT_I
     return hits, ctl
 
 
+def auto_in_engine_and_simulator(vllm_config, monkeypatch, costs, requests, *, blocks=60,
+                                 interval=DEFAULT_INTERVAL, shadow_rate=None, margin=0.0,
+                                 auto_admissions=None):
+    """``auto`` + ``auto`` on ``requests`` in the engine (its settings given as the plugin's
+    environment variables) and in the simulator (the same settings as arguments);
+    returns ``(engine, engine hits, simulator hits, simulator controller)``."""
+    env = {"VLLM_ADMISSION_AUTO_INTERVAL": interval, "VLLM_ADMISSION_SHADOW_RATE": shadow_rate,
+           "VLLM_ADMISSION_AUTO_MARGIN": margin or None,
+           "VLLM_ADMISSION_AUTO_ADMISSIONS": ",".join(auto_admissions) if auto_admissions else None}
+    for name, value in env.items():
+        if value is not None:
+            monkeypatch.setenv(name, str(value))
+    engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=blocks)
+    hits = serve_deciding(engine, requests)
+    sim_hits, sim = simulate_auto(requests, blocks=blocks, costs=costs, interval=interval,
+                                  shadow_rate=shadow_rate, margin=margin,
+                                  auto_admissions=auto_admissions)
+    return engine, hits, sim_hits, sim
+
+
 def serve_deciding(engine, requests):
     """Run ``requests`` one at a time, letting auto's decision land before the next
     (as the simulator does); returns each request's cached tokens."""

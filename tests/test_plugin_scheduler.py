@@ -32,6 +32,7 @@ from scheduler_harness import (  # noqa: E402
     POLICIES,
     B,
     assert_counters_match,
+    auto_in_engine_and_simulator,
     build,
     free_equals_usable,
     mamba_positions,
@@ -451,11 +452,9 @@ def test_auto_switches_like_the_simulator_request_for_request(vllm_config, monke
     (shadow caches fed the finished requests) switches after the same requests as the
     simulator's, to the same pairs, and every request gets the simulator's hit."""
     reqs = random_workload(7, n=170)
-    engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
+    engine, hits, sim_hits, sim = auto_in_engine_and_simulator(vllm_config, monkeypatch, costs, reqs)
     ctl = engine.scheduler._admission
     assert not ctl.background.controller.in_process     # the shadows run in a child process
-    hits = serve_deciding(engine, reqs)
-    sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs)
     stats = engine.scheduler.stats()
     assert [d.as_dict() for d in sim.switches] == stats.policy_switches
     assert len(sim.decisions) >= 3 and sim.switches, "the workload should make auto switch"
@@ -471,11 +470,8 @@ def test_sampled_shadows_in_the_engine_decide_as_in_the_simulator(vllm_config, m
     its own keys (the sample is keyed by request order, core/sampling.py), so both switch
     alike and every request gets the simulator's hit."""
     reqs = random_workload(7, n=170)
-    monkeypatch.setenv("VLLM_ADMISSION_SHADOW_RATE", "0.5")
-    monkeypatch.setenv("VLLM_ADMISSION_AUTO_INTERVAL", "25")
-    engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
-    hits = serve_deciding(engine, reqs)
-    sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs, interval=25, shadow_rate=0.5)
+    engine, hits, sim_hits, sim = auto_in_engine_and_simulator(
+        vllm_config, monkeypatch, costs, reqs, interval=25, shadow_rate=0.5)
     assert sim.rate == 0.5 and 0 < sim.sampler.kept < len(reqs)
     assert [d.as_dict() for d in sim.switches] == engine.scheduler.stats().policy_switches
     assert sim.switches and any(d.error > 0 for d in sim.decisions)
@@ -487,11 +483,8 @@ def test_a_margin_over_stock_in_the_engine_decides_as_in_the_simulator(vllm_conf
     simulator's controller with the same margin does (later than without one, on this
     workload), and every request gets the simulator's hit."""
     reqs = random_workload(2, n=170)
-    monkeypatch.setenv("VLLM_ADMISSION_AUTO_MARGIN", "0.2")
-    monkeypatch.setenv("VLLM_ADMISSION_AUTO_INTERVAL", "25")
-    engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
-    hits = serve_deciding(engine, reqs)
-    sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs, interval=25, margin=0.2)
+    engine, hits, sim_hits, sim = auto_in_engine_and_simulator(
+        vllm_config, monkeypatch, costs, reqs, interval=25, margin=0.2)
     _, free = simulate_auto(reqs, blocks=60, costs=costs, interval=25)
     assert sim.switches and [d.at for d in sim.switches] != [d.at for d in free.switches]
     assert [d.as_dict() for d in sim.switches] == engine.scheduler.stats().policy_switches
@@ -505,13 +498,8 @@ def test_auto_among_named_admissions_in_the_engine_decides_as_in_the_simulator(
     switches where the simulator's controller does, and every request gets its hit."""
     reqs = random_workload(2, n=170)
     named = ("vllm", "last", "marconi", "dense", "written")
-    monkeypatch.setenv("VLLM_ADMISSION_AUTO_ADMISSIONS", ",".join(named))
-    monkeypatch.setenv("VLLM_ADMISSION_AUTO_MARGIN", "0.2")
-    monkeypatch.setenv("VLLM_ADMISSION_AUTO_INTERVAL", "25")
-    engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
-    hits = serve_deciding(engine, reqs)
-    sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs, interval=25, margin=0.2,
-                                  auto_admissions=named)
+    engine, hits, sim_hits, sim = auto_in_engine_and_simulator(
+        vllm_config, monkeypatch, costs, reqs, interval=25, margin=0.2, auto_admissions=named)
     assert sim.switches
     assert {p.admission for p in sim.pairs} == set(named)
     assert [d.as_dict() for d in sim.switches] == engine.scheduler.stats().policy_switches
@@ -546,9 +534,7 @@ def test_auto_switch_demotes_in_the_engine_what_the_simulator_demotes(vllm_confi
     cache does: request for request the same hits. Without the demotion the simulator
     gives other hits on this workload, so the test tells the two apart."""
     reqs = random_workload(3, n=170)
-    engine = build(vllm_config, monkeypatch, policy=AUTO, eviction=AUTO, blocks=60)
-    hits = serve_deciding(engine, reqs)
-    sim_hits, sim = simulate_auto(reqs, blocks=60, costs=costs)
+    engine, hits, sim_hits, sim = auto_in_engine_and_simulator(vllm_config, monkeypatch, costs, reqs)
     assert sim.switches
     assert [d.as_dict() for d in sim.switches] == engine.scheduler.stats().policy_switches
     assert hits == sim_hits

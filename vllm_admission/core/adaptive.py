@@ -109,8 +109,8 @@ MIN_SHADOW_REQUESTS = 64
 
 
 def check_stock_margin(margin: object) -> float:
-    """``margin`` as a start margin (:attr:`PolicyController.stock_margin`): a finite
-    number >= 0.
+    """``margin`` as a margin over stock (:attr:`PolicyController.stock_margin`): a
+    finite number >= 0.
 
     Raises:
         UserError: anything else.

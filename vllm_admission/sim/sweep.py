@@ -159,9 +159,12 @@ class SweepSpec:
             host_policy=self.host_policy, host_bandwidth=self.host_bandwidth,
             host_admission=self.host_admission, alpha=self.alpha, tune_grid=self.tune_grid,
             auto_interval=self.auto_interval, shadow_rate=self.shadow_rate,
-            auto_margin=self.auto_margin,
-            auto_admissions=self.auto_admissions if admission == AUTO else None,
+            auto_margin=self.auto_margin, auto_admissions=self.auto_admissions_for(admission),
             outputs=self.outputs)
+
+    def auto_admissions_for(self, admission: str) -> tuple[str, ...] | None:
+        """``auto_admissions`` for a run with ``admission``: only ``auto`` admission takes them."""
+        return self.auto_admissions if admission == AUTO else None
 
     def runs(self) -> list[tuple[str, str, int]]:
         """``(admission, eviction, capacity)`` of every run: the grid, then the extra pairs."""
@@ -350,7 +353,7 @@ def run_sweep(spec: SweepSpec, *, jobs: int | None = None, progress: bool = True
     for admission, eviction, _ in runs:
         # Every cell's names and combination, before any run (auto x belady cannot run).
         RunPlan.from_settings(admission, eviction, alpha=spec.alpha, checkpoint=spec.checkpoint,
-                              auto_admissions=spec.auto_admissions if admission == AUTO else None)
+                              auto_admissions=spec.auto_admissions_for(admission))
     if executor == "ray":
         if spec.resample:
             raise UserError("a resampled trace is streamed to each run; run it with the "
