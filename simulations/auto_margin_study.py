@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             rows += run_cell(cell, args.jobs)
             print(f"{cell['trace']} {cell['model']} {cell['setting']}: done", flush=True)
+        order = list(STUDIES.values())
+        rows.sort(key=lambda r: order.index(r["study"]))   # stable: cells keep their order
         OUT.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"margin": MARGIN, "admissions": list(ADMISSIONS),
                                     "shadow_rate": 1.0, "rows": rows}, indent=1) + "\n")

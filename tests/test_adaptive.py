@@ -535,21 +535,22 @@ def phased_workload(seed, docs, first=200, then=200):
 def test_with_a_margin_auto_serves_another_pair_only_while_its_shadow_leads_the_start(
         seed, blocks, docs, margin):
     """The stated rule, checked on every decision record: no switch before the shadows
-    evicted for a turnover; a pair other than the start is entered only with a score
-    above (1 + margin) times the start's, kept only while above the start's; and until
-    the first switch the live cache hits exactly as the start pair alone."""
+    evicted for a turnover; stock's pair (the start) is left only for a score above
+    (1 + margin) times stock's; any other pair is served only while its score is above
+    stock's, and left the first decision it is not; and until the first switch the live
+    cache hits exactly as the start pair alone."""
     reqs = phased_workload(seed, docs)
-    ctl, hits = run_with_margin(reqs, blocks, margin)
+    ctl, hits = run_with_margin(reqs, blocks, margin, evictions=("lru", "reuse"))
     start = str(Pair("vllm", "lru"))
     for d in ctl.decisions:
         s = d.scores[start]
         if d.after != d.before:
             assert ctl.pressure_at is not None and ctl.window_len is not None
             assert d.at - ctl.pressure_at >= ctl.window_len
-        if d.after != ctl.start and d.after != d.before:
+        if d.before == ctl.start != d.after:
             assert d.scores[str(d.after)] > (1 + margin) * s
-        if d.after == d.before != ctl.start:
-            assert d.scores[str(d.before)] > s
+        if d.after != ctl.start:
+            assert d.scores[str(d.after)] > s
         if d.before != ctl.start and d.scores[str(d.before)] <= s:
             assert d.after != d.before   # the lead is gone: it leaves at once
     first = ctl.switches[0].at + 1 if ctl.switches else len(reqs)
@@ -621,6 +622,20 @@ def test_with_a_margin_auto_goes_back_to_the_start_once_the_lead_is_gone():
     assert before and all(d.scores["dense+lru"] > d.scores["vllm+lru"] for d in before)
 
 
+def test_once_off_stock_the_margin_lets_auto_move_to_a_pair_that_leads_stock_by_less():
+    """The margin is what leaving stock's pair costs. Serving ``dense`` + ``lru`` (entered
+    with a lead above the margin), ``auto`` moves to ``dense`` + ``reuse``, which leads the
+    live pair and stock's, by less than the margin over stock, rather than back to stock."""
+    ctl, _ = run_with_margin(phased_workload(0, 3, first=200, then=300), 94, 0.3,
+                             evictions=("lru", "reuse"))
+    stock = str(stock_pair())
+    first, move = ctl.switches[:2]
+    assert (first.before, first.after) == (stock_pair(), Pair("dense", "lru"))
+    assert first.scores["dense+lru"] > 1.3 * first.scores[stock]
+    assert (move.before, move.after) == (Pair("dense", "lru"), Pair("dense", "reuse"))
+    assert move.scores[stock] < move.scores["dense+reuse"] <= 1.3 * move.scores[stock]
+
+
 def test_a_margin_holds_back_a_switch_the_default_rule_makes():
     """The same workload: without a margin ``auto`` leaves stock for ``dense``; with a
     margin below the lead it shows it still does, after the settling turnover; with one
@@ -635,6 +650,57 @@ def test_a_margin_holds_back_a_switch_the_default_rule_makes():
     high, _ = run_with_margin(reqs, 80, lead * 2)
     assert lead > 0.01 and high.pair == high.start
     assert all(d.after == high.start for d in high.decisions)
+
+
+class RecordingController(PolicyController):
+    """Records, at each decision, the live pair's and stock's scores and one standard
+    error of their difference (what the margin's rule to stay reads)."""
+
+    def _allowed(self, index, deciding, active, li):
+        si = self.pairs.index(self.anchor)
+        history = deciding.history
+        self.seen.append((index, self.pairs[li], history[li], history[si], deciding.error(li, si)))
+        return super()._allowed(index, deciding, active, li)
+
+
+def run_sampled_margin(seed, blocks, docs):
+    reqs = phased_workload(seed, docs, first=300, then=300)
+    setup = setup_for(blocks)
+    cache = setup.build(switchable=True)
+    ctl = RecordingController(cache, setup, ("vllm", "dense", "last"), ("lru",),
+                              prefill_flops=flops, min_window=20, max_window=40,
+                              start=Pair("vllm", "lru"), stock_margin=0.3, shadow_rate=0.5)
+    ctl.seen = []
+    serve_controlled(cache, ctl, reqs)
+    return ctl
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), blocks=st.integers(50, 250), docs=st.integers(2, 10))
+def test_with_sampled_shadows_the_margin_keeps_a_pair_within_the_sampling_error(seed, blocks, docs):
+    """Sampled shadows (rate 0.5): a pair other than stock's stays while its score is not
+    behind stock's by more than one standard error of their difference, and is left the
+    first decision it is."""
+    ctl = run_sampled_margin(seed, blocks, docs)
+    assert len(ctl.seen) == ctl.num_decisions
+    for (at, live, score, stock, error), d in zip(ctl.seen, ctl.decisions, strict=True):
+        assert d.at == at and d.before == live
+        if live == stock_pair():
+            continue
+        if score + error <= stock:
+            assert d.after != live
+        elif d.after == live:
+            assert score + error > stock
+
+
+def test_with_sampled_shadows_a_dip_within_the_noise_does_not_send_auto_back():
+    """A workload where the served pair's sampled score falls under stock's, within its
+    error: the margin keeps it (before, the first such dip sent ``auto`` back)."""
+    ctl = run_sampled_margin(0, 94, 8)
+    within = [at for at, live, score, stock, error in ctl.seen
+              if live != stock_pair() and score <= stock < score + error]
+    kept = {d.at for d in ctl.decisions if d.before == d.after != stock_pair()}
+    assert within and set(within) <= kept
 
 
 @pytest.mark.parametrize("margin", [-0.1, math.inf, math.nan, "0.3", True])

@@ -17,14 +17,17 @@ plugin a twin of the engine's cache, each switch applied to the engine too) as o
   best-scoring pair when its lead over the live pair's shadow exceeds the relative margin
   ``min_gain`` and, with sampled shadows, ``min_lead_errors`` standard errors of the
   sampling (Horvitz-Thompson over a Bernoulli sample of units);
-* **margin over stock** (``stock_margin``, off by default): a pair other than stock's
-  (:func:`stock_pair`; the start pair where stock's is no candidate) is served only once
-  the shadows have evicted for a pool turnover, and only while its shadow's score is above
-  stock's: to enter, by more than ``stock_margin`` times stock's score (less
-  ``min_lead_errors`` standard errors of the sampling); to stay, by anything. The first
-  decision the served pair's lead over stock is gone, ``auto`` serves the best pair still
-  allowed, stock's if no other is. A start other than stock (``dense`` + ``lru`` with
-  in-pass checkpoints) is served until then only while it is not behind stock;
+* **margin over stock** (``stock_margin``, off by default): leaving stock's pair
+  (:func:`stock_pair`; the start pair where stock's is no candidate) costs a margin, and
+  no pair behind stock's is served. While ``auto`` serves stock's pair, it switches only
+  once the shadows have evicted for a pool turnover, and only to a pair whose score is
+  above ``1 + stock_margin`` times stock's (less ``min_lead_errors`` standard errors of
+  the sampling). While it serves another pair, it may switch, by the plain rule, to any
+  pair whose score is above stock's (less that error); the first decision the live
+  pair's score is behind stock's (by more than that error: with sampled shadows a dip
+  within the noise is no evidence), it serves the best pair still allowed, stock's if no
+  other is. A start other than stock (``dense`` + ``lru`` with in-pass checkpoints) is
+  kept while it is not behind stock;
 * **elimination**: a candidate whose score stays below ``drop_below`` times the best
   one's (less ``min_lead_errors`` standard errors of the sampling) at every decision for
   ``drop_after`` pool turnovers, counted from the first eviction under pressure, loses
@@ -778,21 +781,29 @@ class PolicyController:
 
     def _allowed(self, index: int, deciding: _ShadowSet, active: list[int], li: int) -> list[int]:
         """The indices of the pairs a decision may serve (the margin over stock, module
-        docstring): every active pair without a margin; with one, stock's pair, the pairs
-        whose lead over it passed the margin once the shadows have evicted for a turnover,
-        and the live pair ``li`` while its lead over stock is not gone."""
+        docstring): every active pair without a margin; with one, stock's pair; while
+        ``auto`` serves stock's pair, the pairs whose lead over it passes the margin once
+        the shadows have evicted for a turnover; while it serves another, every pair ahead
+        of stock's, the live pair ``li`` included unless it is behind by more than the
+        sampling error."""
         if self.stock_margin <= 0:
             return active
         si = self.pairs.index(self.anchor)
         history = deciding.history
         settled = (self.pressure_at is not None and self.window_len is not None
                    and index - self.pressure_at >= self.window_len)
-        bar = (1.0 + self.stock_margin) * history[si]
         start = self.pairs.index(self.start)
+        # To stay, the live pair's score must not be behind stock's by more than the
+        # sampling error (none with full shadows): a sampled score that dips under
+        # stock's within its noise is no evidence the lead is gone.
+        stay = history[li] + self.min_lead_errors * deciding.error(li, si)
+        # To leave stock's pair a lead above the margin; once off it, any pair ahead of stock.
+        bar = history[si] if li != si else (1.0 + self.stock_margin) * history[si]
         return [j for j in active
-                if j == si or (j == li and history[j] > history[si])
-                or (j == li == start and history[j] >= history[si])
-                or (settled and history[j] - self.min_lead_errors * deciding.error(j, si) > bar)]
+                if j == si or (j == li and stay > history[si])
+                or (j == li == start and stay >= history[si])
+                or ((settled or li != si)
+                    and history[j] - self.min_lead_errors * deciding.error(j, si) > bar)]
 
     def _eliminate(self, index: int, deciding: _ShadowSet, active: list[int], best: int,
                    live: Pair) -> None:
