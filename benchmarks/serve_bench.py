@@ -76,9 +76,17 @@ CONFIGS = {
     "vllm-reuse": (True, "vllm", "reuse", "split"),
     "last-reuse": (True, "last", "reuse", "split"),
     "vllm-lfu": (True, "vllm", "lfu", "split"),
+    # auto with the margin over stock and written among its candidates (results 5.6)
+    "auto-margin": (True, "auto", "auto", "split"),
 }
+#: The margin setting's candidates (docs/results.md 5.6).
+MARGIN_ADMISSIONS = ("last", "vllm", "marconi", "dense", "written")
 #: Extra plugin settings per configuration.
-CONFIG_ENV = {"auto-nice0": {"VLLM_ADMISSION_SHADOW_NICE": "0"}}
+CONFIG_ENV = {"auto-nice0": {"VLLM_ADMISSION_SHADOW_NICE": "0"},
+              "auto-margin": {"VLLM_ADMISSION_AUTO_MARGIN": "0.3",
+                              "VLLM_ADMISSION_AUTO_ADMISSIONS": ",".join(MARGIN_ADMISSIONS)}}
+#: The same settings for the simulator's prediction (SimulationSettings fields).
+CONFIG_SIM = {"auto-margin": {"auto_margin": 0.3, "auto_admissions": MARGIN_ADMISSIONS}}
 #: The synthetic workload: short system prompts and templates, chats of a few turns.
 SYNTHETIC = {"agent_fraction": 0.0, "chat_fraction": 0.6, "fewshot_fraction": 0.4,
              "system_prompt_len": [600, 0.5, 200, 1500], "template_len": [900, 0.5, 300, 2000],
@@ -154,7 +162,8 @@ def predict(trace, model: Path, arch: str, config: str, *, num_blocks: int, budg
     B = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)
     res = simulate(trace, costs, SimulationSettings(admission=admission, eviction=eviction, num_blocks=num_blocks,
                                                     block_size=B, chunk_size=budget, outputs="unique", per_request=True,
-                                                    checkpoint=checkpoint, retune_every=0))
+                                                    checkpoint=checkpoint, retune_every=0,
+                                                    **CONFIG_SIM.get(config, {})))
     prompt = sum(r.prompt_len for r in trace.requests)
     return {"block_size": B, "prompt_tokens": prompt, "hit_tokens": res.hit_tokens,
             "computed_tokens": prompt - res.hit_tokens, "token_hit_rate": res.token_hit_rate,
