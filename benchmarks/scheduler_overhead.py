@@ -65,6 +65,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from vllm_admission.core.adaptive import MARGIN_ADMISSIONS, MARGIN_SETTING  # noqa: E402
+
 MOONCAKE = Path("/work/shared/traces/mooncake/conversation_trace.jsonl")
 VOCAB = 512
 
@@ -80,8 +82,8 @@ VARIANTS = [
     # The setting to leave on (docs/results.md 5.6): a margin over stock, written a candidate.
     ("auto+auto, margin 0.3", "plugin",
      {"VLLM_ADMISSION_POLICY": "auto", "VLLM_ADMISSION_EVICTION": "auto",
-      "VLLM_ADMISSION_AUTO_MARGIN": "0.3",
-      "VLLM_ADMISSION_AUTO_ADMISSIONS": "last,vllm,marconi,dense,written"}),
+      "VLLM_ADMISSION_AUTO_MARGIN": str(MARGIN_SETTING),
+      "VLLM_ADMISSION_AUTO_ADMISSIONS": ",".join(MARGIN_ADMISSIONS)}),
     # The same, its finished requests handed to the controller's thread one at a time
     # (plugin/worker.py BATCH = 1): what batching them saves the loop.
     ("auto+auto, a hand-over per request", "plugin-unbatched",

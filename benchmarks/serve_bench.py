@@ -59,6 +59,8 @@ import urllib.request
 import zlib
 from pathlib import Path
 
+from vllm_admission.core.adaptive import MARGIN_ADMISSIONS, MARGIN_SETTING
+
 ROOT = Path(__file__).resolve().parents[1]
 MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl"
 BIN = Path(sys.executable).parent
@@ -79,14 +81,12 @@ CONFIGS = {
     # auto with the margin over stock and written among its candidates (results 5.6)
     "auto-margin": (True, "auto", "auto", "split"),
 }
-#: The margin setting's candidates (docs/results.md 5.6).
-MARGIN_ADMISSIONS = ("last", "vllm", "marconi", "dense", "written")
 #: Extra plugin settings per configuration.
 CONFIG_ENV = {"auto-nice0": {"VLLM_ADMISSION_SHADOW_NICE": "0"},
-              "auto-margin": {"VLLM_ADMISSION_AUTO_MARGIN": "0.3",
+              "auto-margin": {"VLLM_ADMISSION_AUTO_MARGIN": str(MARGIN_SETTING),
                               "VLLM_ADMISSION_AUTO_ADMISSIONS": ",".join(MARGIN_ADMISSIONS)}}
 #: The same settings for the simulator's prediction (SimulationSettings fields).
-CONFIG_SIM = {"auto-margin": {"auto_margin": 0.3, "auto_admissions": MARGIN_ADMISSIONS}}
+CONFIG_SIM = {"auto-margin": {"auto_margin": MARGIN_SETTING, "auto_admissions": MARGIN_ADMISSIONS}}
 #: The synthetic workload: short system prompts and templates, chats of a few turns.
 SYNTHETIC = {"agent_fraction": 0.0, "chat_fraction": 0.6, "fewshot_fraction": 0.4,
              "system_prompt_len": [600, 0.5, 200, 1500], "template_len": [900, 0.5, 300, 2000],

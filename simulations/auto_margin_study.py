@@ -28,17 +28,17 @@ import auto_study
 import host_tier_study
 import serving_settings_study as settings_study
 
-from vllm_admission.core.adaptive import AUTO
+from vllm_admission.core.adaptive import AUTO, MARGIN_ADMISSIONS, MARGIN_SETTING
 from vllm_admission.core.geometry import parse_bytes
 from vllm_admission.sim.sweep import SweepSpec, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "results" / "auto-margin"
-MARGIN = 0.3
+MARGIN = MARGIN_SETTING
 #: --studies name -> the study named in the rows.
 STUDIES = {"auto": "auto", "serving-settings": "serving settings", "retention": "retention",
            "two-tiers": "two tiers", "inpass": "in-pass", "sampled": "sampled shadows"}
-ADMISSIONS = ("last", "vllm", "marconi", "dense", "written")
+ADMISSIONS = MARGIN_ADMISSIONS
 
 
 def _cell(study: str, trace: str, model: str, setting: str, path: str, model_name: str,

@@ -112,9 +112,9 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                         f"pools scaled alike: 'auto' (default) chooses it from the trace, a number "
                         f"in (0, 1] fixes it, 1 runs full shadows (docs/simulator.md)")
     p.add_argument("--auto-margin", type=float, default=0.0, metavar="M",
-                   help=f"with '{AUTO}': serve a pair other than stock's only once its shadow "
-                        f"saved more than (1 + M) times stock's, and only while it still saves "
-                        f"more; 0 (default) is off, 0.3 asks a 30%% lead "
+                   help=f"with '{AUTO}': leave stock's pair only for one whose shadow saved more "
+                        f"than (1 + M) times stock's, and serve no pair whose shadow saved less "
+                        f"than stock's; 0 (default) is off, 0.3 asks a 30%% lead "
                         f"(docs/simulator.md)")
     p.add_argument("--auto-admissions", default=None, metavar="NAMES",
                    help=f"with admission '{AUTO}': the admission policies it chooses among, "

@@ -85,7 +85,8 @@ from vllm_admission.core.sampling import PrefixSampler
 
 __all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "DEFAULT_MIN_SAMPLES",  # noqa: F822 - two names come from __getattr__
            "DECISIONS_KEPT",
-           "MIN_SHADOW_REQUESTS", "auto_admissions", "check_stock_margin", "parse_auto_admissions",
+           "MARGIN_ADMISSIONS", "MARGIN_SETTING", "MIN_SHADOW_REQUESTS", "auto_admissions",
+           "check_stock_margin", "parse_auto_admissions",
            "parse_shadow_rate",
            "auto_evictions",
            "Decision", "LiveEvictions", "Pair", "PolicyController", "candidate_policies",
@@ -109,6 +110,12 @@ DEFAULT_MIN_SAMPLES = 256
 #: miniature cache of a few requests no longer behaves like the full one;
 #: ``docs/research-log-adaptive.md``).
 MIN_SHADOW_REQUESTS = 64
+
+#: The margin setting ``docs/results.md`` 5.6 measured (the README's setting to leave on):
+#: ``stock_margin`` (``VLLM_ADMISSION_AUTO_MARGIN``) and the admission candidates
+#: (``VLLM_ADMISSION_AUTO_ADMISSIONS``), ``written`` among them. Not the default.
+MARGIN_SETTING = 0.3
+MARGIN_ADMISSIONS = ("last", "vllm", "marconi", "dense", "written")
 
 
 def check_stock_margin(margin: object) -> float:
@@ -480,8 +487,9 @@ class PolicyController:
             pair's lead over the live pair to exceed this many standard errors of
             its sampling error (:meth:`_ShadowSet.error`; 0: the margin
             ``min_gain`` alone).
-        stock_margin: the relative lead over stock's score a pair's score needs
-            before it is served (module docstring, "margin over stock"); 0 (default)
+        stock_margin: the relative lead over stock's score a pair's score needs for
+            ``auto`` to leave stock's pair for it; off stock's pair, no pair behind
+            stock's is served (module docstring, "margin over stock"); 0 (default)
             leaves the choice to ``min_gain`` alone.
         drop_below, drop_after: elimination (module docstring): a pair's shadow is
             dropped once its score stayed below ``drop_below`` times the best
@@ -792,18 +800,17 @@ class PolicyController:
         history = deciding.history
         settled = (self.pressure_at is not None and self.window_len is not None
                    and index - self.pressure_at >= self.window_len)
-        start = self.pairs.index(self.start)
-        # To stay, the live pair's score must not be behind stock's by more than the
-        # sampling error (none with full shadows): a sampled score that dips under
-        # stock's within its noise is no evidence the lead is gone.
+        bar = history[si]   # off stock's pair: any pair ahead of stock's
+        if li == si:        # serving stock's pair: a lead above the margin, once settled
+            bar = (1.0 + self.stock_margin) * history[si] if settled else math.inf
+        # The live pair stays unless behind stock's by more than the sampling error (none
+        # with full shadows): a sampled dip within its noise is no evidence the lead is gone.
+        # A start other than stock's is also kept while tied with it.
         stay = history[li] + self.min_lead_errors * deciding.error(li, si)
-        # To leave stock's pair a lead above the margin; once off it, any pair ahead of stock.
-        bar = history[si] if li != si else (1.0 + self.stock_margin) * history[si]
+        keep = stay > history[si] or (self.pairs[li] == self.start and stay >= history[si])
         return [j for j in active
-                if j == si or (j == li and stay > history[si])
-                or (j == li == start and stay >= history[si])
-                or ((settled or li != si)
-                    and history[j] - self.min_lead_errors * deciding.error(j, si) > bar)]
+                if j == si or (j == li and keep)
+                or history[j] - self.min_lead_errors * deciding.error(j, si) > bar]
 
     def _eliminate(self, index: int, deciding: _ShadowSet, active: list[int], best: int,
                    live: Pair) -> None:

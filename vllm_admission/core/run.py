@@ -199,7 +199,7 @@ def controller_kwargs(plan: RunPlan, layout: CacheLayout,
         shadow_rate: the shadows' sample rate; ``None`` chooses it from the
             trace (:meth:`~vllm_admission.core.adaptive.PolicyController.sample_rate`),
             1 runs full shadows.
-        margin: the lead over stock's pair a pair needs before it is served
+        margin: the lead over stock's pair a pair needs for ``auto`` to leave stock's pair for it
             (:attr:`~vllm_admission.core.adaptive.PolicyController.stock_margin`; 0: off).
     """
     return {"setup": plan.setup(layout, prefill_flops), "admissions": plan.admissions,

@@ -28,11 +28,11 @@ variable                       default      valid values
                                             its shadow caches serve (``auto``: chosen from
                                             the traffic; a number in (0, 1]; 1: full
                                             shadows)
-``VLLM_ADMISSION_AUTO_MARGIN`` ``0``       with ``auto``: a finite number >= 0; a pair
-                                            other than stock's is served only once its
-                                            shadow saved more than (1 + margin) times
-                                            stock's, and only while it still saves more
-                                            (0: off)
+``VLLM_ADMISSION_AUTO_MARGIN`` ``0``       with ``auto``: a finite number >= 0; stock's
+                                            pair is left only for one whose shadow saved
+                                            more than (1 + margin) times stock's, and no
+                                            pair whose shadow saved less than stock's is
+                                            served (0: off)
 ``VLLM_ADMISSION_AUTO_ADMISSIONS`` unset    with ``VLLM_ADMISSION_POLICY=auto``: the
                                             admission policies it chooses among,
                                             comma-separated (unset: every registered
@@ -186,7 +186,7 @@ class AdmissionConfig:
         shadow_rate: with ``auto``, the shadows' sample rate (``None``: chosen
             from the traffic; 1: full shadows).
         auto_margin: with ``auto``, the relative lead over stock's pair a pair's
-            shadow needs before it is served (0: off;
+            shadow needs for ``auto`` to leave stock's pair for it (0: off;
             :attr:`~vllm_admission.core.adaptive.PolicyController.stock_margin`).
         auto_admissions: with ``auto`` admission, the admission policies it chooses
             among (``None``: every registered candidate;

@@ -85,7 +85,7 @@ class AdmissionControl:
         shadow_rate: with ``plan.adaptive``, the shadows' sample rate
             (``None``: chosen from the traffic; 1: full shadows).
         auto_margin: with ``plan.adaptive``, the lead over stock's pair a pair
-            needs before it is served (0: off;
+            needs for ``auto`` to leave stock's pair for it (0: off;
             :attr:`~vllm_admission.core.adaptive.PolicyController.stock_margin`).
         shadow_nice: with ``plan.adaptive`` in a child process, added to the child's
             niceness (0 to 19; :mod:`~vllm_admission.core.shadows`).

@@ -45,7 +45,7 @@ class SimulationSettings:
         shadow_rate: with ``auto``, the fraction of requests its shadows serve
             (``None``: chosen from the trace; 1: full shadows).
         auto_margin: with ``auto``, the relative lead over stock's pair a pair's
-            shadow needs before it is served (0: off;
+            shadow needs for ``auto`` to leave stock's pair for it (0: off;
             :attr:`~vllm_admission.core.adaptive.PolicyController.stock_margin`).
         auto_admissions: with ``auto`` admission, the admission policies it chooses
             among (``None``: every registered ``auto`` candidate;
