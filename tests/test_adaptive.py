@@ -299,7 +299,9 @@ def test_auto_is_stock_hit_for_hit_until_a_shadow_leads_by_the_margin(seed, bloc
         ctl.observe(r, req)
     first = ctl.switches[0].at if ctl.switches else len(reqs) - 1
     assert live_hits[: first + 1] == stock_hits[: first + 1]
-    assert ctl.num_decisions == len(ctl.decisions) == len(reqs) // 10
+    # A decision every window until one shadow is left (settling), none after.
+    last = len(reqs) - 1 if ctl.settled_at is None else ctl.settled_at
+    assert ctl.num_decisions == len(ctl.decisions) == (last + 1) // 10
     for d in ctl.decisions:
         live, best = d.scores[str(d.before)], max(d.scores.values())
         lead = best > live and (live <= 0 or (best - live) / live > ctl.min_gain)
@@ -493,13 +495,49 @@ def test_a_pair_that_stays_far_behind_loses_its_shadow_and_nothing_else_changes(
         [(d.at, d.after) for d in kept.switches]
 
 
-def test_the_start_and_the_live_pair_keep_their_shadows_however_far_behind():
-    reqs = shared_prefix_workload(n=400)
-    ctl, _ = run_controller(("vllm", "dense", "none"), ("lru",), reqs, blocks=60,
-                            start=Pair("none", "lru"))
-    assert ctl.pressure_at is not None
-    assert Pair("none", "lru") in ctl.shadows and Pair("none", "lru") not in ctl.dropped
-    assert ctl.pair in ctl.shadows
+def run_from_none(margin=0.0, drop_below=0.8, n=400):
+    """``auto`` started on ``none`` + ``lru`` (which saves nothing) among ``vllm``, ``dense``
+    and ``none`` on a pool under pressure; the controller and the live cache's hit tokens."""
+    setup = setup_for(60)
+    cache = setup.build(switchable=True)
+    ctl = PolicyController(cache, setup, ("vllm", "dense", "none"), ("lru",), prefill_flops=flops,
+                           min_window=20, max_window=40, start=Pair("none", "lru"),
+                           stock_margin=margin, drop_below=drop_below)
+    return ctl, serve_controlled(cache, ctl, shared_prefix_workload(n=n))
+
+
+def test_the_live_pair_keeps_its_shadow_however_far_behind_and_the_start_does_not():
+    """Elimination spares the live pair (the others are measured against it) and, with a
+    margin, stock's (the margin is measured from it); the start pair is not spared."""
+    none = Pair("none", "lru")
+    for margin in (0.0, 0.3):
+        ctl, _ = run_from_none(margin)
+        assert ctl.switches and ctl.switches[0].before == none   # auto left its start...
+        assert none in ctl.dropped                                # ...whose shadow then went
+        # Every decision had the live pair's shadow to measure against.
+        assert all(str(d.before) in d.scores for d in ctl.decisions)
+        assert (stock_pair() in ctl.dropped) == (margin == 0), margin
+        if margin:
+            assert stock_pair() in ctl.shadows and ctl.settled_at is None
+
+
+def test_once_only_the_live_pairs_shadow_is_left_the_shadows_stop():
+    """Settling: the decision that leaves one shadow, the live pair's, stops the shadows;
+    no decision is made after it, and the live cache serves exactly as a run that kept
+    every shadow and made no other switch."""
+    ctl, hits = run_from_none()
+    kept, kept_hits = run_from_none(drop_below=0.0)
+    assert ctl.settled_at is not None and ctl.settled_at == max(ctl.dropped.values())
+    assert set(ctl.dropped) == set(ctl.pairs) - {ctl.pair}
+    assert ctl.shadows == {} and ctl.decisions[-1].at == ctl.settled_at
+    assert kept.settled_at is None and kept.decisions[-1].at == 399
+    assert [(d.at, d.after) for d in ctl.switches] == [(d.at, d.after) for d in kept.switches]
+    assert hits == kept_hits
+    # Later requests change nothing.
+    decided = ctl.num_decisions
+    assert all(ctl.observe(400 + r, req) is None
+               for r, req in enumerate(shared_prefix_workload(n=100, seed=4)))
+    assert ctl.num_decisions == decided and ctl.shadows == {}
 
 
 # --- the margin over stock ------------------------------------------------------

@@ -71,6 +71,29 @@ def test_a_batch_in_one_round_trip_decides_as_one_by_one():
     assert sum(d is not None for d in got) == len(here.switches) > 0
 
 
+def test_once_settled_the_child_says_so_and_the_worker_stops_handing_over():
+    """Settling (one shadow left): the child reports the controller's ``settled_at``, and
+    the plugin's controller thread ends the child and hands no later request over."""
+    from vllm_admission.plugin.worker import ControllerThread
+
+    kw = controller_kwargs() | dict(admissions=("vllm", "none"), evictions=("lru",), max_window=20)
+    reqs = workload(120)
+    here = PolicyController(None, **kw)
+    for i, req in enumerate(reqs):
+        here.observe(i, req)
+    assert here.settled_at is not None and here.settled_at < 100   # `none` saves nothing
+    thread = ControllerThread(ShadowProcess(**kw))
+    child = thread.controller
+    for i, req in enumerate(reqs):
+        thread.submit(i, req)
+    assert thread.drain(timeout=60)
+    assert child.settled_at == here.settled_at and thread.settled
+    assert child._proc.poll() is not None        # noqa: SLF001 - ended when it settled
+    thread.submit(len(reqs), reqs[0])             # handed over, read by no one: no error
+    assert thread.drain(timeout=60) and thread.error is None
+    thread.stop()
+
+
 def test_child_errors_come_back_as_one_exception():
     with pytest.raises(ShadowProcessError, match="UserError: the decision interval"):
         ShadowProcess(**{**controller_kwargs(), "min_window": 0})

@@ -31,10 +31,14 @@ plugin a twin of the engine's cache, each switch applied to the engine too) as o
 * **elimination**: a candidate whose score stays below ``drop_below`` times the best
   one's (less ``min_lead_errors`` standard errors of the sampling) at every decision for
   ``drop_after`` pool turnovers, counted from the first eviction under pressure, loses
-  its shadow for the rest of the run; the start pair and the live pair never do
-  (successive elimination: Even-Dar, Mannor and Mansour, "Action Elimination and
-  Stopping Conditions for the Multi-Armed Bandit and Reinforcement Learning Problems",
-  JMLR 7, 2006, section 3, with a fixed margin in place of their confidence radius);
+  its shadow; the live pair never does, nor, with a margin, stock's (successive
+  elimination: Even-Dar, Mannor and Mansour, "Action Elimination and Stopping Conditions
+  for the Multi-Armed Bandit and Reinforcement Learning Problems", JMLR 7, 2006,
+  section 3, with a fixed margin in place of their confidence radius);
+* **settling**: once the live pair's shadow is the only one left, nothing is left to
+  compare: the shadows stop and ``auto`` serves that pair for the rest of the run at no
+  further cost (:attr:`PolicyController.settled_at`; successive elimination's stopping
+  condition, one arm left);
 * **start**: stock vLLM's pair (:func:`stock_pair`: ``vllm`` + ``lru``); in ``inpass``
   checkpoint mode the candidate admission with a state at every block (``dense``) with
   ``lru`` (:meth:`PolicyController.default_start`);
@@ -595,6 +599,9 @@ class PolicyController:
         #: request after which the decision that dropped it was made.
         self.dropped: dict[Pair, int] = {}
         self._behind = [0] * len(self.pairs)   # decisions in a row each pair stayed behind
+        #: Index of the request after which the shadows stopped, the live pair's being the
+        #: only one left (settling; ``None``: they run).
+        self.settled_at: int | None = None
         #: Index of the request after which a shadow first evicted (``None``: not yet).
         self.pressure_at: int | None = None
         #: The sample rate chosen (1: full shadows only; ``None`` until chosen).
@@ -690,6 +697,8 @@ class PolicyController:
         """Serve ``request`` (number ``index``) on every shadow; decide every ``min_window``."""
         if len(self.pairs) == 1:
             return None
+        if self.settled_at is not None:
+            return None
         flops = self.prefill_flops
         if self._full is not None:
             self._full.serve(index, request, flops)
@@ -720,6 +729,10 @@ class PolicyController:
             for shadows in (self._full, self._sampled):
                 if shadows is not None:
                     shadows.reset()
+        if decision is not None and len(deciding.shadows) == 1:
+            # One shadow left, the live pair's: nothing to compare, the shadows stop.
+            self._full = self._sampled = None
+            self.settled_at = index
         return decision if decision is not None and decision.switched else None
 
     def _start_sampled(self) -> None:
@@ -821,7 +834,9 @@ class PolicyController:
         history = deciding.history
         bar = self.drop_below * history[best]
         needed = math.ceil(self.drop_after * self.window_len / self.min_window)
-        keep = (self.start, live, self.anchor)
+        # The live pair's shadow is what the others are measured against; with a margin,
+        # stock's is the reference the margin is measured from.
+        keep = (live, self.anchor) if self.stock_margin > 0 else (live,)
         behind = self._behind
         for j in active:
             pair = self.pairs[j]

@@ -30,11 +30,14 @@ Protocol (one pickled tuple per message, parent to child; one answer each):
 * ``("start", kwargs)``: build ``PolicyController(live=None, **kwargs)``;
   answer ``("ok", None)``;
 * ``("observe", index, request)``: ``controller.observe(index, request)``;
-  answer ``("ok", decision_or_None)``;
+  answer ``("ok", (decision_or_None, settled_at))``;
 * ``("observe_many", [(index, request), ...])``: ``controller.observe`` on each, in
-  order; answer ``("ok", [decision_or_None, ...])``, one per request. One round trip
-  per batch: the parent's thread takes the interpreter lock twice per batch instead
-  of twice per request (``benchmarks/scheduler_overhead.py``).
+  order; answer ``("ok", ([decision_or_None, ...], settled_at))``, one decision per
+  request. One round trip per batch: the parent's thread takes the interpreter lock
+  twice per batch instead of twice per request (``benchmarks/scheduler_overhead.py``).
+
+``settled_at`` is the controller's :attr:`~vllm_admission.core.adaptive.PolicyController.settled_at`
+after the call (``None`` while its shadows run), kept as :attr:`ShadowProcess.settled_at`.
 
 Any exception in the child is answered as ``("error", "Type: message")`` and
 raised in the parent as :class:`ShadowProcessError`.
@@ -73,6 +76,10 @@ class ShadowProcess:
             ``start``, ``min_window``, ...); they must pickle (``ModelCosts``'
             bound ``prefill_flops`` does).
 
+    Attributes:
+        settled_at: the controller's ``settled_at`` as of the last answer: the request
+            after which its shadows stopped, one being left (``None``: they run).
+
     Raises:
         ShadowProcessError: the child could not start or rejected the arguments.
         OSError: the interpreter could not be launched.
@@ -84,6 +91,7 @@ class ShadowProcess:
     def __init__(self, *, nice: int = DEFAULT_NICE, **controller_kwargs: Any) -> None:
         if not (isinstance(nice, int) and 0 <= nice <= MAX_NICE):
             raise ValueError(f"nice must be an integer from 0 to {MAX_NICE}, got {nice!r}")
+        self.settled_at: int | None = None
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "vllm_admission.core.shadows", "--nice", str(nice)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
@@ -99,7 +107,8 @@ class ShadowProcess:
 
     def observe(self, index: int, request: Any) -> Any:
         """``PolicyController.observe`` in the child: the switching ``Decision`` or ``None``."""
-        return self._call("observe", index, request)
+        decision, self.settled_at = self._call("observe", index, request)
+        return decision
 
     def observe_many(self, items: list[tuple[int, Any]]) -> list[Any]:
         """:meth:`observe` on each ``(index, request)`` of ``items``, in order, in one
@@ -110,7 +119,8 @@ class ShadowProcess:
                 served the ones before it, and their decisions are not returned) or
                 is gone.
         """
-        decisions: list[Any] = self._call("observe_many", items)
+        decisions: list[Any]
+        decisions, self.settled_at = self._call("observe_many", items)
         return decisions
 
     def close(self, timeout: float = 5.0) -> None:
@@ -159,10 +169,10 @@ def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
                 controller = PolicyController(None, **message[1])
                 answer: tuple[str, Any] = ("ok", None)
             elif message[0] == "observe" and controller is not None:
-                answer = ("ok", controller.observe(message[1], message[2]))
+                answer = ("ok", (controller.observe(message[1], message[2]), controller.settled_at))
             elif message[0] == "observe_many" and controller is not None:
                 observe = controller.observe
-                answer = ("ok", [observe(i, r) for i, r in message[1]])
+                answer = ("ok", ([observe(i, r) for i, r in message[1]], controller.settled_at))
             else:
                 answer = ("error", f"ValueError: unexpected message {message[0]!r}")
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which decides

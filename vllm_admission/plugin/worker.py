@@ -252,6 +252,7 @@ class ControllerThread(Worker):
         super().__init__()
         self.controller = controller
         self.switches: list[dict[str, Any]] = []
+        self._settled_logged = False
 
     @property
     def in_process(self) -> bool:
@@ -262,21 +263,44 @@ class ControllerThread(Worker):
         if isinstance(self.controller, ShadowProcess):
             self.controller.close()
 
+    @property
+    def settled(self) -> bool:
+        """Whether the controller's shadows stopped, the live pair's being the only one
+        left (:attr:`~vllm_admission.core.adaptive.PolicyController.settled_at`): it
+        needs no more finished requests."""
+        return self.controller.settled_at is not None
+
     def take_switch(self) -> Decision | None:
         """The latest switch decided since the last call, or ``None``."""
         return self._take()
 
     def observe(self, index: int, request: CacheRequest) -> None:
-        self._record(self.controller.observe(index, request))
+        if not self.settled:
+            self._record(self.controller.observe(index, request))
+            self._after()
 
     def observe_batch(self, batch: list[tuple[Any, ...]]) -> None:
         """The batch in one round trip to the child process (in process: one by one)."""
         controller = self.controller
+        if self.settled:
+            return
         if isinstance(controller, ShadowProcess):
             for decision in controller.observe_many(batch):
                 self._record(decision)
+            self._after()
         else:
             super().observe_batch(batch)
+
+    def _after(self) -> None:
+        """Once the controller settled: say so, and end the child process (its shadows
+        are gone; the requests queued after this one are dropped unread)."""
+        at = self.controller.settled_at
+        if at is None or self._settled_logged:
+            return
+        self._settled_logged = True
+        logger.info("vllm_admission: auto: settled after request %d: one shadow left, the "
+                    "pair served; the shadows stopped", at)
+        self._close()
 
     def _record(self, decision: Decision | None) -> None:
         if decision is not None:
@@ -350,6 +374,8 @@ class BackgroundTuning:
         worker = self.tuner if self.tuner is not None else self.controller
         if worker is None or probe is None or worker.error is not None:
             return
+        if self.controller is not None and self.controller.settled:
+            return      # auto's shadows stopped: nothing more to hand over
         output_len = request.num_output_tokens
         P = probe.prompt_len
         if output_len < 1 or P < 1:

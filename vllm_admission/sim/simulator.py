@@ -116,7 +116,10 @@ class RunResult(CacheCounters):
     before the rate was chosen) and ``shadow_handover`` the request after which
     they took over from the full shadows (``None``: never); ``shadows_dropped`` maps each
     pair whose shadow was eliminated to the request after which it was
-    (:attr:`PolicyController.dropped <vllm_admission.core.adaptive.PolicyController.dropped>`).
+    (:attr:`PolicyController.dropped <vllm_admission.core.adaptive.PolicyController.dropped>`),
+    and ``shadows_settled`` is the request after which the shadows stopped, the served
+    pair's being the only one left (``None``: they ran to the end;
+    :attr:`PolicyController.settled_at <vllm_admission.core.adaptive.PolicyController.settled_at>`).
     ``checkpoint`` is the checkpoint mode
     (:data:`~vllm_admission.core.cache.CHECKPOINT_MODES`). ``prefill_steps`` is the number of prefill
     chunks over the requests that ran (the engine steps that schedule prompt
@@ -158,6 +161,7 @@ class RunResult(CacheCounters):
     shadow_rate: float | None = None
     shadow_handover: int | None = None
     shadows_dropped: dict[str, int] = field(default_factory=dict)
+    shadows_settled: int | None = None
     checkpoint: str = "split"
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None
@@ -382,6 +386,7 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
         shadow_rate=controller.rate if controller else None,
         shadow_handover=controller.handover_at if controller else None,
         shadows_dropped={str(p): at for p, at in controller.dropped.items()} if controller else {},
+        shadows_settled=controller.settled_at if controller else None,
         prefill_steps=totals.prefill_steps, checkpoint=st.checkpoint,
         state_miss_tokens=totals.state_miss_tokens, retention_interval=st.retention_interval,
         prefix_match_unit=layout.pool.hash_block_size if layout.pool.partial_hash_hits else None,
