@@ -40,9 +40,9 @@ CASES = {
     "marconi+lru": ("marconi", "lru", {}),
     "dense+lru": ("dense", "lru", {}),
     "vllm+belady": ("vllm", "belady", {}),
-    "auto+auto (8 shadow caches)": ("auto", "auto", {}),
-    "vllm+lru, 1 TiB host tier": ("vllm", "lru", {"host_bytes": 1 << 40}),
-    "last+lru, 1 TiB host tier": ("last", "lru", {"host_bytes": 1 << 40}),
+    "auto+auto (8 shadow caches at first)": ("auto", "auto", {}),
+    "vllm+lru with a 1 TiB host tier": ("vllm", "lru", {"host_bytes": 1 << 40}),
+    "last+lru with a 1 TiB host tier": ("last", "lru", {"host_bytes": 1 << 40}),
 }
 
 

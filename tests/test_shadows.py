@@ -94,6 +94,31 @@ def test_once_settled_the_child_says_so_and_the_worker_stops_handing_over():
     thread.stop()
 
 
+def test_once_settled_the_scheduler_hands_no_finished_request_over():
+    """The scheduler side: ``BackgroundTuning.on_finished`` stops reducing finished vLLM
+    requests for ``auto`` once its controller settled."""
+    from types import SimpleNamespace
+
+    from vllm_admission.core.admission import HitProbe
+    from vllm_admission.plugin.worker import BackgroundTuning
+
+    kw = controller_kwargs() | dict(admissions=("vllm", "none"), evictions=("lru",), max_window=20)
+    controller = PolicyController(None, **kw)
+    seen = []
+    observe = controller.observe
+    controller.observe = lambda i, req: (seen.append(i), observe(i, req))[1]   # type: ignore[method-assign]
+    tuning = BackgroundTuning(make_tuner=None, controller=controller, block_size=B,
+                              hashes_per_block=1, sub_block=False, prefill_flops=None,
+                              in_thread=False)
+    for req in workload(120):
+        vllm_request = SimpleNamespace(block_hashes=[k.to_bytes(8, "big", signed=True) + bytes(24)
+                                                     for k in req.hashes],
+                                       num_output_tokens=req.output_len)
+        tuning.on_finished(vllm_request, HitProbe(req.prompt_len, B, 0, 0), evicted_so_far=False)
+    assert controller.settled_at is not None
+    assert seen == list(range(controller.settled_at + 1))
+
+
 def test_child_errors_come_back_as_one_exception():
     with pytest.raises(ShadowProcessError, match="UserError: the decision interval"):
         ShadowProcess(**{**controller_kwargs(), "min_window": 0})
