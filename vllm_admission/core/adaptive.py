@@ -694,7 +694,8 @@ class PolicyController:
 
     # -- serving -----------------------------------------------------------------
     def observe(self, index: int, request: CacheRequest) -> Decision | None:
-        """Serve ``request`` (number ``index``) on every shadow; decide every ``min_window``."""
+        """Serve ``request`` (number ``index``) on every shadow; decide every ``min_window``.
+        Once settled (:attr:`settled_at`) it does nothing and returns ``None``."""
         if len(self.pairs) == 1:
             return None
         if self.settled_at is not None:
