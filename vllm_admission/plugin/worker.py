@@ -252,7 +252,6 @@ class ControllerThread(Worker):
         super().__init__()
         self.controller = controller
         self.switches: list[dict[str, Any]] = []
-        self._settled_logged = False
 
     @property
     def in_process(self) -> bool:
@@ -275,9 +274,11 @@ class ControllerThread(Worker):
         return self._take()
 
     def observe(self, index: int, request: CacheRequest) -> None:
-        if not self.settled:
-            self._record(self.controller.observe(index, request))
-            self._after()
+        if self.settled:
+            return
+        self._record(self.controller.observe(index, request))
+        if self.settled:
+            self._on_settled()
 
     def observe_batch(self, batch: list[tuple[Any, ...]]) -> None:
         """The batch in one round trip to the child process (in process: one by one)."""
@@ -287,19 +288,17 @@ class ControllerThread(Worker):
         if isinstance(controller, ShadowProcess):
             for decision in controller.observe_many(batch):
                 self._record(decision)
-            self._after()
+            if self.settled:
+                self._on_settled()
         else:
             super().observe_batch(batch)
 
-    def _after(self) -> None:
-        """Once the controller settled: say so, and end the child process (its shadows
-        are gone; the requests queued after this one are dropped unread)."""
-        at = self.controller.settled_at
-        if at is None or self._settled_logged:
-            return
-        self._settled_logged = True
+    def _on_settled(self) -> None:
+        """The call just made settled the controller (every call returns early once it
+        has): say so, and end the child process (its shadows are gone; the requests
+        queued after this one are dropped unread)."""
         logger.info("vllm_admission: auto: settled after request %d: one shadow left, the "
-                    "pair served; the shadows stopped", at)
+                    "pair served; the shadows stopped", self.controller.settled_at)
         self._close()
 
     def _record(self, decision: Decision | None) -> None:
