@@ -17,6 +17,7 @@ from vllm_admission.core.eviction.belady import BeladyEviction
 from vllm_admission.core.eviction.conversation import ConversationEviction
 from vllm_admission.core.eviction.flop import FlopEviction
 from vllm_admission.core.eviction.frequency import LFUEviction
+from vllm_admission.core.eviction.learned import LearnedEviction
 from vllm_admission.core.eviction.lru import LRUEviction
 from vllm_admission.core.eviction.mix import ExpertMixEviction
 from vllm_admission.core.eviction.reuse import ReuseEviction
@@ -119,7 +120,7 @@ def stock_eviction() -> str:
 
 
 EVICTION_POLICIES.register_all(LRUEviction, FlopEviction, LFUEviction, ReuseEviction, ConversationEviction,
-                               S3FifoEviction, ExpertMixEviction, BeladyEviction)
+                               S3FifoEviction, ExpertMixEviction, LearnedEviction, BeladyEviction)
 
 
 def load_entry_points() -> list[str]:
