@@ -320,8 +320,8 @@ class ModelSchedule:
     ``B`` is ``boundary`` x the pool's turnover, measured at each training.
 
     A training starts at the first request index past each multiple of
-    ``retrain_every`` with at least ``min_samples`` labelled, on the newest
-    ``window``; its model serves from ``lag`` requests later (:meth:`model`).
+    ``retrain_every`` with at least ``min_samples`` labelled, both labels among them,
+    on the newest ``window``; its model serves from ``lag`` requests later (:meth:`model`).
 
     Raises:
         UserError: an argument out of range.
@@ -448,6 +448,8 @@ class ModelSchedule:
         if len(idx) < self.min_samples:
             return
         y = (np.nan_to_num(gap[idx], nan=math.inf) <= bound).astype(np.float64)
+        if not 0 < y.sum() < len(y):   # one class only: nothing to tell apart yet
+            return
         if self.pending is not None:   # the fit before this one serves until this one does
             self.current = self._finish(self.pending[1])
         self.pending = (now + self.lag, self.trainer.start(self.x[idx], y))
