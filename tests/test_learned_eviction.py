@@ -84,15 +84,15 @@ def test_learned_is_lru_until_its_first_model():
     assert never.schedule.trainings == 0
 
 
-def test_learned_trains_on_schedule_and_keeps_blocks():
+def test_learned_trains_on_schedule_and_ranks_blocks():
     trainer = Recording()
     pol = LearnedEviction(trainer=trainer, **SMALL)
     hits = replay(pol, conversations(600, seed=2))
     assert pol.schedule.trainings == len(trainer.fits) >= 3
     assert pol.schedule.current is not None
-    # Every fit had both labels, and the model keeps some freed blocks.
+    # Every fit had both labels, and the model puts freed blocks on several levels.
     assert all(0 < y.mean() < 1 for _, y in trainer.fits)
-    assert pol._keep.size > 0
+    assert sum(1 for q in pol._queues if q.size) >= 2
     assert hits != replay(LRUEviction(), conversations(600, seed=2))
 
 
@@ -102,8 +102,7 @@ def test_background_and_inline_fits_serve_the_same_model():
     background = LearnedEviction(trainer=LightGBMTrainer(background=True), **SMALL)
     assert replay(inline, requests) == replay(background, requests)
     assert inline.schedule.trainings == background.schedule.trainings > 0
-    assert list(inline._keep.popleft_n(inline._keep.size)) == \
-        list(background._keep.popleft_n(background._keep.size))
+    assert inline.pop_n(len(inline), 501.0) == background.pop_n(len(background), 501.0)
 
 
 def test_training_never_sees_the_future():
@@ -167,7 +166,7 @@ def test_features_describe_the_hash_and_the_block():
     assert dict(zip(FEATURES, hist.features([9], 12.0)[0], strict=True))["cached_children"] == 1
 
 
-@pytest.mark.parametrize("kwargs", [{"record": 0}, {"threshold": 1.5}, {"retrain_every": 0},
+@pytest.mark.parametrize("kwargs", [{"record": 0}, {"retrain_every": 0},
                                     {"lag": 0}, {"window": -3}, {"boundary": 0.0},
                                     {"boundary": float("inf")}])
 def test_bad_settings_are_refused(kwargs):
@@ -189,3 +188,43 @@ def test_clone_waits_for_a_fit_and_continues_alike():
     assert copy.schedule.trainings == pol.schedule.trainings
     assert len(copy) == len(pol)
     assert copy.pop_n(len(copy), 251.0) == pol.pop_n(len(pol), 251.0)
+
+
+class ByGroup:
+    """A stand-in model: the probability is a function of the block's group."""
+
+    def __init__(self, probs):
+        self.probs = probs
+
+    def __call__(self, rows):
+        return np.array([self.probs[int(g)] for g in rows[:, FEATURES.index("group")]])
+
+
+def test_the_victim_has_the_largest_age_over_probability():
+    pol = LearnedEviction()
+    pol.schedule.current = ByGroup({0: 0.1, 1: 0.9})
+    pol.on_request(["a"], 0.0)
+    pol.on_request(["b"], 0.0)
+    pol.on_cache(1, (0, "a"))
+    pol.on_cache(2, (1, "b"))
+    pol.add_many([2], 0.0, (), ())
+    pol.add_many([1], 0.0, (), ())
+    assert pol.pop(0.0) == 1                  # same age: the less likely goes first
+    pol.on_request(["c"], 100.0)
+    pol.on_cache(3, (0, "c"))
+    pol.add_many([3], 100.0, (), ())
+    assert pol.pop(101.0) == 2                # 102 / 0.9 > 2 / 0.1: old enough to go
+
+
+def test_a_shallow_block_is_worth_its_deepest_freed_companion():
+    pol = LearnedEviction()
+    pol.schedule.current = ByGroup({0: 0.05, 1: 0.8})
+    pol.on_request(["r", "s", "t"], 0.0)
+    for b, key in ((1, (0, "r")), (2, (0, "s")), (3, (1, "t"))):
+        pol.on_cache(b, key)
+    pol.on_request(["u"], 0.0)
+    pol.on_cache(4, (0, "u"))
+    pol.add_many([3, 2, 1], 0.0, (), ())     # one request's blocks, tail first
+    pol.add_many([4], 0.0, (), ())
+    assert pol._prob[1] == pol._prob[2] == pytest.approx(0.8)
+    assert pol.pop_n(4, 1.0) == [4, 3, 2, 1]  # the lone unlikely block, then tail first

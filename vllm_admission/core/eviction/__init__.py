@@ -24,6 +24,10 @@ module             contents
 ``mix``            :class:`ExpertMixEviction` (``mix``): LeCaR / Cacheus-style expert
                    mix: each victim from one of several orders (``lru``, ``lfu``,
                    ``reuse``, ``s3fifo``), weighted down by regrets on ghost hashes
+``learned``        :class:`LearnedEviction` (``learned``): ``keep`` and ``drop`` LRU
+                   queues chosen per freed block by a LightGBM classifier trained
+                   online (after LRB, NSDI 2020); ``learning`` holds its features,
+                   labels and training schedule
 ``history``        :class:`ReuseHistory` (what ``reuse`` learns, by hash)
 ``keeper``         :class:`HistoryKeeper` (keeps that history up to date around
                    another policy)
@@ -46,6 +50,7 @@ from vllm_admission.core.eviction.flop import FlopEviction
 from vllm_admission.core.eviction.frequency import LFUEviction
 from vllm_admission.core.eviction.history import ReuseHistory
 from vllm_admission.core.eviction.keeper import HistoryKeeper
+from vllm_admission.core.eviction.learned import LearnedEviction
 from vllm_admission.core.eviction.lru import LRUEviction
 from vllm_admission.core.eviction.mix import ExpertMixEviction
 from vllm_admission.core.eviction.registry import (
@@ -73,6 +78,7 @@ __all__ = [
     "HistoryKeeper",
     "LFUEviction",
     "LRUEviction",
+    "LearnedEviction",
     "ReuseEviction",
     "ReuseHistory",
     "S3FifoEviction",

@@ -3,6 +3,7 @@ comes back, trained online on the trace's own past (after LRB's relaxed Bélády
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 from collections.abc import Hashable, Sequence
@@ -11,7 +12,7 @@ import numpy as np
 
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction.base import EvictionPolicy
-from vllm_admission.core.eviction.fifo import BlockFifo
+from vllm_admission.core.eviction.fifo import BlockFifo, room
 from vllm_admission.core.eviction.learning import (
     FEATURES,
     AccessHistory,
@@ -23,12 +24,16 @@ from vllm_admission.core.eviction.learning import (
 __all__ = ["LearnedEviction"]
 
 _DEPTH = FEATURES.index("depth")
+#: The lower ends of the probability levels, one free-order queue each.
+LEVELS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
+#: The least probability a block is given (its age is divided by it).
+_FLOOR = 0.01
 
 
 class LearnedEviction(EvictionPolicy):
-    """Two LRU queues of free cached blocks, *keep* and *drop*, chosen per block by a
-    model trained online: the probability that a request whose hit could reach
-    through the block's hash comes within the boundary.
+    """Free cached blocks in free-order queues by the probability, predicted by a model
+    trained online, that a hit could reach through the block's hash soon; the victim
+    is the queue head with the largest ``(age + 1) / probability``.
 
     **Label.** A sample is a block's features when it is freed at request ``t``; its
     label is 1 when a later prompt holds the block's hash with every shallower block
@@ -41,19 +46,22 @@ class LearnedEviction(EvictionPolicy):
     **Features** (:data:`~vllm_admission.core.eviction.learning.FEATURES`): the gaps
     between the hash's last accesses, decayed access counts, ages, its depth, fan-out
     and cached children in the prefix tree, how often it ended a prompt, how many
-    blocks (every KV cache group) hold it and its parent now, and the block's group.
+    blocks (every KV cache group) hold it and its parent now, the block's group, and
+    the last prompt that held it: its length, how much of it was known, the blocks
+    after this one and its turn in the conversation.
 
-    **Order.** A freed block goes to *keep* when the model's probability is at least
-    ``threshold``, or when a deeper block freed with it does (a kept state or KV block
-    serves a hit only with every shallower KV block); otherwise to *drop*. Victims are
-    the oldest *drop* blocks, except that a *keep* block freed more than ``B`` requests
-    ago goes first (its predicted use is overdue), and *keep* serves when *drop* is
-    empty. Within a queue blocks leave in free order, vLLM's tail-first order for one
-    request. Before the first model every block goes to *drop*: ``lru`` exactly.
+    **Order.** A freed block's probability ``p`` is the model's, at least 0.01, raised
+    to the largest of the blocks freed with it that lie deeper (a state or KV block
+    serves a hit only with every shallower KV block). It joins the free-order queue of
+    its level (:data:`LEVELS`); a victim is the head, of all queues, with the largest
+    ``(now - freed + 1) / p``: the oldest block of equal worth goes first, as in
+    ``lru``, and a block predicted back lives longer in proportion. Before the first
+    model every block gets ``p = 1``: ``lru`` exactly.
 
     **Training.** Every ``retrain_every`` requests (at the request index, never wall
     time), on the newest ``window`` labelled samples once ``min_samples`` are
-    labelled. The model trained at request ``k`` serves from request ``k + lag``
+    labelled with both labels among them. The model trained at request ``k`` serves
+    from request ``k + lag``
     (:class:`~vllm_admission.core.eviction.learning.ModelSchedule`); the fit runs in a
     background thread and is waited for only if it is not done by then, so the
     model at every request is fixed by the hooks' calls up to it, in the simulator
@@ -63,13 +71,14 @@ class LearnedEviction(EvictionPolicy):
     Why not LRB's sampled eviction: drawing 64 candidates and evicting the one
     predicted farthest broke prefixes (a shallow block evicted strands its cached
     descendants); on the Mooncake conversation trace at 64 GiB (Qwen3-Next) even
-    sampled LRU by free age got 2.04 % against ``lru``'s 3.61 %, the learned
-    regressor 2.2-3.2 % (``docs/results.md``, "Learned eviction").
+    sampled LRU by free age got 2.04 % against ``lru``'s 3.61 % (``docs/results.md``,
+    section 9).
 
     Sources: Song, Berger, Li and Lloyd, "Learning Relaxed Belady for Content
     Distribution Network Caching", NSDI 2020 (the boundary, the gap and decayed-count
-    features, the sliding training window); the two queues are ``reuse``'s
-    (:class:`~vllm_admission.core.eviction.reuse.ReuseEviction`).
+    features, the sliding training window); age over probability is GDSF's
+    frequency-weighted priority (Cherkasova, HP Labs HPL-98-69) with the predicted
+    probability in place of the count.
 
     Args:
         record: freed blocks per ``add_many`` kept as training samples (a seeded draw).
@@ -78,7 +87,6 @@ class LearnedEviction(EvictionPolicy):
         window: labelled samples a training uses (the newest).
         min_samples: labelled samples needed before the first training.
         boundary: ``B`` as a multiple of the pool's turnover (> 0).
-        threshold: the probability from which a block is kept, in [0, 1].
         seed: the seed of the sample draw and of the model.
         trainer: fits the model (``None``: LightGBM in a background thread).
 
@@ -87,25 +95,22 @@ class LearnedEviction(EvictionPolicy):
     """
 
     name = "learned"
-    summary = "two LRU queues, keep and drop, chosen per block by a model trained online (after LRB)"
+    summary = "free-order queues by a reuse probability learned online (LightGBM, after LRB)"
 
     def __init__(self, record: int = 16, retrain_every: int = 500, lag: int = 32,
                  window: int = 40_000, min_samples: int = 2_000, boundary: float = 4.0,
-                 threshold: float = 0.3, seed: int = 0, trainer: Trainer | None = None) -> None:
+                 seed: int = 0, trainer: Trainer | None = None) -> None:
         if not isinstance(record, int) or record < 1:
             raise UserError(f"learned: record must be an integer >= 1, got {record!r}")
-        if not 0.0 <= threshold <= 1.0:
-            raise UserError(f"learned: threshold must be in [0, 1], got {threshold!r}")
         self.record = record
-        self.threshold = threshold
         self.seed = seed
         self.schedule = ModelSchedule(
             retrain_every=retrain_every, lag=lag, window=window, min_samples=min_samples,
             boundary=boundary, trainer=trainer if trainer is not None else default_trainer(seed))
         self.hist = AccessHistory()
         self.rng = random.Random(seed)
-        self._keep = BlockFifo()           # predicted back within the boundary, free order
-        self._drop = BlockFifo()           # the others, free order
+        self._queues = [BlockFifo() for _ in LEVELS]   # one per level, free order
+        self._prob: list[float] = []       # block id -> its probability when freed
         self._evicted = 0                  # victims so far (for the turnover)
 
     # -- what the cache hears ---------------------------------------------------
@@ -134,7 +139,7 @@ class LearnedEviction(EvictionPolicy):
         if not block_ids:
             return
         for b in block_ids:
-            if b in self._keep or b in self._drop:
+            if b in self:
                 raise KeyError(f"block {b} is already a candidate")
         hist = self.hist
         hist.freed(block_ids, now)
@@ -144,63 +149,80 @@ class LearnedEviction(EvictionPolicy):
         self.schedule.record(rows[picks], [block_ids[i] for i in picks], hist, now)
         model = self.schedule.model(now)
         if model is None:
-            self._drop.append_many(block_ids)
+            self._queue(block_ids, [1.0] * n)
             return
-        keep = model(rows) >= self.threshold
-        if keep.any():
-            depth = np.nan_to_num(rows[:, _DEPTH], nan=-1.0)
-            keep = depth <= depth[keep].max()
-        flags = keep.tolist()
-        self._keep.append_many([b for b, k in zip(block_ids, flags, strict=True) if k])
-        self._drop.append_many([b for b, k in zip(block_ids, flags, strict=True) if not k])
+        p = np.maximum(model(rows), _FLOOR)
+        # A block is worth what the deepest block freed with it is worth: a state or KV
+        # block serves a hit only with every shallower KV block.
+        depth = np.nan_to_num(rows[:, _DEPTH], nan=-1.0)
+        order = np.argsort(-depth, kind="stable")
+        p[order] = np.maximum.accumulate(p[order])
+        self._queue(block_ids, p.tolist())
+
+    def _queue(self, block_ids: Sequence[int], probs: Sequence[float]) -> None:
+        """Append each block to the queue of its probability's level."""
+        self._grow(max(block_ids))
+        prob = self._prob
+        by_level: dict[int, list[int]] = {}
+        for b, q in zip(block_ids, probs, strict=True):
+            prob[b] = q
+            by_level.setdefault(bisect.bisect_right(LEVELS, q) - 1, []).append(b)
+        for level, ids in by_level.items():
+            self._queues[level].append_many(ids)
+
+    def _grow(self, block_id: int) -> None:
+        more = room(len(self._prob), block_id)
+        if more:
+            self._prob.extend([1.0] * more)
 
     def remove(self, block_id: int) -> None:
-        if block_id in self._keep:
-            self._keep.remove(block_id)
-        else:
-            self._drop.remove(block_id)
+        for q in self._queues:
+            if block_id in q:
+                q.remove(block_id)
+                return
+        raise KeyError(block_id)
 
     def pop(self, now: float) -> int:
         return self.pop_n(1, now)[0]
 
     def pop_n(self, n: int, now: float) -> list[int]:
-        """``n`` victims (class docstring, "Order").
+        """``n`` victims, each the head of a level's queue with the largest
+        ``(age + 1) / probability`` (class docstring, "Order").
 
         Raises:
             IndexError: fewer than ``n`` candidates.
         """
         if n > len(self):
             raise IndexError(f"pop {n} from an eviction queue of {len(self)}")
-        keep, drop = self._keep, self._drop
-        free_t = self.hist.block_free
-        overdue = now - self.schedule.bound
+        free_t, prob = self.hist.block_free, self._prob
+        live = [q for q in self._queues if q.size]
         out: list[int] = []
         while len(out) < n:
-            if keep.size and (not drop.size or free_t[keep.head] < overdue):
-                out.append(keep.popleft())
-            else:
-                out.append(drop.popleft())
+            best = max(live, key=lambda q: (now - free_t[q.head] + 1.0) / prob[q.head])
+            out.append(best.popleft())
+            if not best.size:
+                live.remove(best)
         self.hist.uncached_many(out)
         self._evicted += n
         return out
 
     def clone(self) -> LearnedEviction:
         other = LearnedEviction.__new__(LearnedEviction)
-        other.record, other.threshold, other.seed = self.record, self.threshold, self.seed
+        other.record, other.seed = self.record, self.seed
         other.schedule = self.schedule.copy()
         other.hist = self.hist.copy()
         other.rng = random.Random()
         other.rng.setstate(self.rng.getstate())
-        other._keep, other._drop = self._keep.copy(), self._drop.copy()
+        other._queues = [q.copy() for q in self._queues]
+        other._prob = self._prob[:]
         other._evicted = self._evicted
         return other
 
     def __len__(self) -> int:
-        return self._keep.size + self._drop.size
+        return sum(q.size for q in self._queues)
 
     def __contains__(self, block_id: int) -> bool:
-        return block_id in self._keep or block_id in self._drop
+        return any(block_id in q for q in self._queues)
 
     def __repr__(self) -> str:
-        return (f"LearnedEviction(candidates={len(self)}, kept={self._keep.size}, "
-                f"trainings={self.schedule.trainings})")
+        return f"LearnedEviction(candidates={len(self)}, trainings={self.schedule.trainings})"

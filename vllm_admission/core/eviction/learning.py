@@ -42,11 +42,16 @@ FEATURES: tuple[str, ...] = (
     "first_age",        # requests since a prompt first held the hash
     "parent_live",      # blocks holding the parent hash now (NaN at the root)
     "cached_children",  # child hashes some block holds now (0: a leaf of the cached tree)
+    "prompt_blocks",    # full blocks of the last prompt that held the hash
+    "prompt_known",     # how many of that prompt's leading blocks an earlier prompt held
+    "from_end",         # that prompt's blocks after this one
+    "turn",             # that prompt's turn: 1 + the turn of the prompt it continued
 )
 
 # Columns of the per-hash table.
-_LAST, _COUNT, _EDC_T, _DEPTH, _CHILDREN, _ENDS, _LIVE, _FIRST, _PARENT, _KIDS = range(10)
-_GAP0 = 10
+(_LAST, _COUNT, _EDC_T, _DEPTH, _CHILDREN, _ENDS, _LIVE, _FIRST, _PARENT, _KIDS,
+ _PROMPT, _KNOWN, _TURN) = range(13)
+_GAP0 = 13
 _EDC0 = _GAP0 + GAPS
 _COLS = _EDC0 + len(HALF_LIVES)
 _ZERO_COLS = [_COUNT, _CHILDREN, _ENDS, _LIVE, _KIDS, *range(_EDC0, _COLS)]
@@ -127,8 +132,7 @@ class LightGBMTrainer:
         if isinstance(handle, Future):
             result: Predictor = handle.result()
             return result
-        assert isinstance(handle, _Booster)
-        return handle
+        return cast(Predictor, handle)   # fitted inline: start returned the model
 
     def __getstate__(self) -> dict[str, Any]:
         return {"seed": self.seed, "background": self.background, "_pool": None}
@@ -197,8 +201,11 @@ class AccessHistory:
             return
         slots = []
         parent = -1
+        known = 0
         for depth, h in enumerate(hashes):
             s, new = self._slot(h)
+            if not new and known == depth:
+                known = depth + 1
             if new:
                 table = self.table
                 table[s, _FIRST] = now
@@ -209,6 +216,12 @@ class AccessHistory:
             slots.append(s)
             parent = s
         table = self.table
+        # The turn: one more than the turn of the prompt this one continues (the
+        # deepest known block ended a prompt), else 1.
+        deepest = table[slots[known - 1]] if known else None
+        turn = 1.0
+        if deepest is not None and deepest[_ENDS] > 0 and not math.isnan(deepest[_TURN]):
+            turn = deepest[_TURN] + 1.0
         idx = np.asarray(slots, dtype=np.int64)
         rows = table[idx]
         # Useful accesses: the prompt's blocks up to its first one no group holds, that
@@ -225,6 +238,9 @@ class AccessHistory:
         rows[:, _EDC_T] = now
         rows[:, _LAST] = now
         rows[:, _COUNT] += 1.0
+        rows[:, _PROMPT] = len(slots)
+        rows[:, _KNOWN] = known
+        rows[:, _TURN] = turn
         table[idx] = rows
         table[slots[-1], _ENDS] += 1.0
         self.arrivals.extend((s, now) for s in slots[:reach])
@@ -307,6 +323,10 @@ class AccessHistory:
         out[:, k + 7] = np.nan
         out[has, k + 7] = self.table[parent[has].astype(np.int64), _LIVE]
         out[:, k + 8] = rows[:, _KIDS]
+        out[:, k + 9] = rows[:, _PROMPT]
+        out[:, k + 10] = rows[:, _KNOWN]
+        out[:, k + 11] = rows[:, _PROMPT] - rows[:, _DEPTH] - 1.0
+        out[:, k + 12] = rows[:, _TURN]
         return out
 
 
