@@ -165,6 +165,33 @@ def test_random_workload_matches_core_model(vllm_config, monkeypatch, costs, pol
     assert_counters_match(engine, cache)
 
 
+def test_learned_trains_in_the_plugin_and_matches_the_core_model(vllm_config, monkeypatch, costs):
+    """``learned`` with a schedule short enough to train several models on 120 requests:
+    the plugin (whose fits run in a background thread) and the simulator make the same
+    decisions, request by request, because the model serving each request is fixed by
+    the requests before it."""
+    from vllm_admission.core.eviction.learned import LearnedEviction
+
+    built = []
+    init = LearnedEviction.__init__
+
+    def small(self, *args, **kwargs):
+        kwargs.update(retrain_every=10, lag=3, min_samples=40, record=32)
+        init(self, *args, **kwargs)
+        built.append(self)
+
+    monkeypatch.setattr(LearnedEviction, "__init__", small)
+    reqs = random_workload(11, n=120)
+    engine = build(vllm_config, monkeypatch, policy="vllm", eviction="learned", blocks=60)
+    hits = run_engine(engine, reqs)
+    sim_hits, cache = simulate("vllm", "learned", reqs, blocks=60, costs=costs)
+    assert hits == sim_hits
+    assert_counters_match(engine, cache)
+    trained = [pol.schedule.trainings for pol in built]
+    assert len(trained) >= 2 and min(trained) >= 3 and len(set(trained)) == 1
+    assert all(any(p < 1.0 for p in pol._prob) for pol in built)   # the models ranked blocks
+
+
 def test_stock_policy_leaves_vllm_untouched(vllm_config, monkeypatch):
     """``vllm`` + ``lru``: the same hits, the same block ids handed to every request, the same
     free-queue order and the same cached states as vLLM's own scheduler."""
