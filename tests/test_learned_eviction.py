@@ -209,11 +209,14 @@ def test_the_victim_has_the_largest_age_over_probability():
     pol.on_cache(2, (1, "b"))
     pol.add_many([2], 0.0, (), ())
     pol.add_many([1], 0.0, (), ())
-    assert pol.pop(0.0) == 1                  # same age: the less likely goes first
+    assert pol._prob[1] == pol._prob[2] == 1.0   # unscored until the next request
+    pol.on_request([], 1.0)
+    assert pol.pop(1.0) == 1                  # same age: the less likely goes first
     pol.on_request(["c"], 100.0)
     pol.on_cache(3, (0, "c"))
     pol.add_many([3], 100.0, (), ())
-    assert pol.pop(101.0) == 2                # 102 / 0.9 > 2 / 0.1: old enough to go
+    pol.on_request([], 101.0)
+    assert pol.pop(101.0) == 2                # 102 / 0.9 > 1 / 0.1: old enough to go
 
 
 def test_a_shallow_block_is_worth_its_deepest_freed_companion():
@@ -226,5 +229,6 @@ def test_a_shallow_block_is_worth_its_deepest_freed_companion():
     pol.on_cache(4, (0, "u"))
     pol.add_many([3, 2, 1], 0.0, (), ())     # one request's blocks, tail first
     pol.add_many([4], 0.0, (), ())
+    pol.on_request([], 1.0)
     assert pol._prob[1] == pol._prob[2] == pytest.approx(0.8)
     assert pol.pop_n(4, 1.0) == [4, 3, 2, 1]  # the lone unlikely block, then tail first

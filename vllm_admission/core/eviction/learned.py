@@ -28,6 +28,8 @@ _DEPTH = FEATURES.index("depth")
 LEVELS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 #: The least probability a block is given (its age is divided by it).
 _FLOOR = 0.01
+#: The queue of blocks freed since the last request, not yet scored.
+_UNSCORED = len(LEVELS)
 
 
 class LearnedEviction(EvictionPolicy):
@@ -109,12 +111,17 @@ class LearnedEviction(EvictionPolicy):
             boundary=boundary, trainer=trainer if trainer is not None else default_trainer(seed))
         self.hist = AccessHistory()
         self.rng = random.Random(seed)
-        self._queues = [BlockFifo() for _ in LEVELS]   # one per level, free order
+        # One queue per level, free order, and last the blocks not yet scored.
+        self._queues = [BlockFifo() for _ in range(len(LEVELS) + 1)]
+        self._batches: list[list[int]] = []   # blocks freed together since the last request
         self._prob: list[float] = []       # block id -> its probability when freed
+        self._level: list[int] = []        # block id -> its queue (-1: not a candidate)
+        self._size = 0                     # candidates
         self._evicted = 0                  # victims so far (for the turnover)
 
     # -- what the cache hears ---------------------------------------------------
     def on_request(self, hashes: Sequence[int], now: float) -> None:
+        self._score(now)
         self.hist.request(hashes, now)
         self.schedule.tick(now, self.hist, self._evicted)
 
@@ -131,56 +138,93 @@ class LearnedEviction(EvictionPolicy):
 
     def add_many(self, block_ids: Sequence[int], now: float, values: Sequence[float],
                  next_uses: Sequence[float]) -> None:
-        """Queue ``block_ids`` (freed together, in free order) on *keep* or *drop*.
+        """Queue ``block_ids`` (freed together, in free order) as unscored: each gets its
+        level at the next request (:meth:`_score`), and until then counts as ``p = 1``.
 
         Raises:
             KeyError: a block is already a candidate.
         """
         if not block_ids:
             return
+        self._grow(max(block_ids))
+        level, prob = self._level, self._prob
         for b in block_ids:
-            if b in self:
+            if level[b] >= 0:
                 raise KeyError(f"block {b} is already a candidate")
+        for b in block_ids:
+            level[b] = _UNSCORED
+            prob[b] = 1.0
+        self._queues[_UNSCORED].append_many(block_ids)
+        self._size += len(block_ids)
+        self._batches.append(list(block_ids))
+        self.hist.freed(block_ids, now)
+
+    def _score(self, now: float) -> None:
+        """Give the blocks freed since the last request their levels: one feature row
+        each, one model call for them all; record a seeded draw of each batch's rows as
+        training samples."""
+        batches, self._batches = self._batches, []
+        level = self._level
+        batches = [[b for b in batch if level[b] == _UNSCORED] for batch in batches]
+        batches = [batch for batch in batches if batch]
+        if not batches:
+            return
+        blocks = [b for batch in batches for b in batch]
         hist = self.hist
-        hist.freed(block_ids, now)
-        rows = hist.features(block_ids, now)
-        n = len(block_ids)
-        picks = sorted(self.rng.sample(range(n), self.record)) if self.record < n else list(range(n))
-        self.schedule.record(rows[picks], [block_ids[i] for i in picks], hist, now)
+        rows = hist.features(blocks, now)
+        picks: list[int] = []
+        start = 0
+        for batch in batches:
+            n = len(batch)
+            draw = self.rng.sample(range(n), self.record) if self.record < n else range(n)
+            picks.extend(start + i for i in sorted(draw))
+            start += n
+        self.schedule.record(rows[picks], [blocks[i] for i in picks], hist, now)
+        # The unscored queue holds exactly these blocks, in this order.
+        self._queues[_UNSCORED].popleft_n(len(blocks))
+        self._size -= len(blocks)
         model = self.schedule.model(now)
         if model is None:
-            self._queue(block_ids, [1.0] * n)
+            self._queue(blocks, [1.0] * len(blocks))
             return
         p = np.maximum(model(rows), _FLOOR)
-        # A block is worth what the deepest block freed with it is worth: a state or KV
-        # block serves a hit only with every shallower KV block.
-        depth = np.nan_to_num(rows[:, _DEPTH], nan=-1.0)
-        order = np.argsort(-depth, kind="stable")
-        p[order] = np.maximum.accumulate(p[order])
-        self._queue(block_ids, p.tolist())
+        depth = np.fmax(rows[:, _DEPTH], -1.0)   # NaN (no key): -1
+        start = 0
+        for batch in batches:
+            # A block is worth what the deepest block freed with it is worth: a state or
+            # KV block serves a hit only with every shallower KV block.
+            end = start + len(batch)
+            order = start + np.argsort(-depth[start:end], kind="stable")
+            p[order] = np.maximum.accumulate(p[order])
+            start = end
+        self._queue(blocks, p.tolist())
 
     def _queue(self, block_ids: Sequence[int], probs: Sequence[float]) -> None:
         """Append each block to the queue of its probability's level."""
-        self._grow(max(block_ids))
-        prob = self._prob
+        prob, level_of = self._prob, self._level
         by_level: dict[int, list[int]] = {}
         for b, q in zip(block_ids, probs, strict=True):
             prob[b] = q
-            by_level.setdefault(bisect.bisect_right(LEVELS, q) - 1, []).append(b)
+            level = bisect.bisect_right(LEVELS, q) - 1
+            level_of[b] = level
+            by_level.setdefault(level, []).append(b)
         for level, ids in by_level.items():
             self._queues[level].append_many(ids)
+        self._size += len(block_ids)
 
     def _grow(self, block_id: int) -> None:
         more = room(len(self._prob), block_id)
         if more:
             self._prob.extend([1.0] * more)
+            self._level.extend([-1] * more)
 
     def remove(self, block_id: int) -> None:
-        for q in self._queues:
-            if block_id in q:
-                q.remove(block_id)
-                return
-        raise KeyError(block_id)
+        level = self._level[block_id] if 0 <= block_id < len(self._level) else -1
+        if level < 0:
+            raise KeyError(block_id)
+        self._queues[level].remove(block_id)
+        self._level[block_id] = -1
+        self._size -= 1
 
     def pop(self, now: float) -> int:
         return self.pop_n(1, now)[0]
@@ -194,15 +238,23 @@ class LearnedEviction(EvictionPolicy):
         """
         if n > len(self):
             raise IndexError(f"pop {n} from an eviction queue of {len(self)}")
-        free_t, prob = self.hist.block_free, self._prob
-        live = [q for q in self._queues if q.size]
+        free_t, prob, level_of = self.hist.block_free, self._prob, self._level
+        queues = [q for q in self._queues if q.size]
+        # Each nonempty queue's head priority, updated only for the queue popped.
+        score = [(now - free_t[q.head] + 1.0) / prob[q.head] for q in queues]
         out: list[int] = []
         while len(out) < n:
-            best = max(live, key=lambda q: (now - free_t[q.head] + 1.0) / prob[q.head])
-            out.append(best.popleft())
-            if not best.size:
-                live.remove(best)
+            i = max(range(len(queues)), key=score.__getitem__)
+            q = queues[i]
+            b = q.popleft()
+            level_of[b] = -1
+            out.append(b)
+            if q.size:
+                score[i] = (now - free_t[q.head] + 1.0) / prob[q.head]
+            else:
+                del queues[i], score[i]
         self.hist.uncached_many(out)
+        self._size -= n
         self._evicted += n
         return out
 
@@ -214,15 +266,16 @@ class LearnedEviction(EvictionPolicy):
         other.rng = random.Random()
         other.rng.setstate(self.rng.getstate())
         other._queues = [q.copy() for q in self._queues]
-        other._prob = self._prob[:]
+        other._prob, other._level, other._size = self._prob[:], self._level[:], self._size
+        other._batches = [batch[:] for batch in self._batches]
         other._evicted = self._evicted
         return other
 
     def __len__(self) -> int:
-        return sum(q.size for q in self._queues)
+        return self._size
 
     def __contains__(self, block_id: int) -> bool:
-        return any(block_id in q for q in self._queues)
+        return 0 <= block_id < len(self._level) and self._level[block_id] >= 0
 
     def __repr__(self) -> str:
         return f"LearnedEviction(candidates={len(self)}, trainings={self.schedule.trainings})"

@@ -49,12 +49,11 @@ FEATURES: tuple[str, ...] = (
 )
 
 # Columns of the per-hash table.
-(_LAST, _COUNT, _EDC_T, _DEPTH, _CHILDREN, _ENDS, _LIVE, _FIRST, _PARENT, _KIDS,
- _PROMPT, _KNOWN, _TURN) = range(13)
-_GAP0 = 13
+(_LAST, _COUNT, _EDC_T, _DEPTH, _CHILDREN, _ENDS, _FIRST, _PROMPT, _KNOWN, _TURN) = range(10)
+_GAP0 = 10
 _EDC0 = _GAP0 + GAPS
 _COLS = _EDC0 + len(HALF_LIVES)
-_ZERO_COLS = [_COUNT, _CHILDREN, _ENDS, _LIVE, _KIDS, *range(_EDC0, _COLS)]
+_ZERO_COLS = [_COUNT, _CHILDREN, _ENDS, *range(_EDC0, _COLS)]
 
 
 class Predictor(Protocol):
@@ -163,9 +162,15 @@ class AccessHistory:
         self.slot_of: dict[Hashable, int] = {}
         self.table = np.full((1024, _COLS), np.nan)
         self.slots = 1
-        self.block_slot = np.zeros(0, dtype=np.int64)
-        self.block_group = np.zeros(0)
-        self.block_free = np.zeros(0)
+        # Per hash row, kept as lists (changed one entry at a time): blocks holding it,
+        # child hashes some block holds, the parent's row (-1: none).
+        self.live: list[float] = [0.0] * 1024
+        self.kids: list[float] = [0.0] * 1024
+        self.parent: list[int] = [-1] * 1024
+        # Per block id: its hash's row (0: none), its group, its free time.
+        self.block_slot: list[int] = []
+        self.block_group: list[float] = []
+        self.block_free: list[float] = []
         #: Samples waiting for their hash's next useful access: slot -> sample ids.
         self.waiting: dict[int, list[int]] = {}
         #: Useful accesses not yet given to the waiting samples: (slot, request).
@@ -175,8 +180,9 @@ class AccessHistory:
         other = AccessHistory.__new__(AccessHistory)
         other.slot_of = dict(self.slot_of)
         other.table, other.slots = self.table.copy(), self.slots
-        other.block_slot, other.block_group = self.block_slot.copy(), self.block_group.copy()
-        other.block_free = self.block_free.copy()
+        other.live, other.kids, other.parent = self.live[:], self.kids[:], self.parent[:]
+        other.block_slot, other.block_group = self.block_slot[:], self.block_group[:]
+        other.block_free = self.block_free[:]
         other.waiting = {s: ids[:] for s, ids in self.waiting.items()}
         other.arrivals = self.arrivals[:]
         return other
@@ -188,7 +194,11 @@ class AccessHistory:
             return s, False
         s = self.slots
         if s >= len(self.table):
-            self.table = np.vstack((self.table, np.full((len(self.table), _COLS), np.nan)))
+            more = len(self.table)
+            self.table = np.vstack((self.table, np.full((more, _COLS), np.nan)))
+            self.live.extend([0.0] * more)
+            self.kids.extend([0.0] * more)
+            self.parent.extend([-1] * more)
         self.table[s, _ZERO_COLS] = 0.0
         self.slot_of[h] = s
         self.slots = s + 1
@@ -212,7 +222,9 @@ class AccessHistory:
                 table[s, _DEPTH] = depth
                 if parent >= 0:
                     table[parent, _CHILDREN] += 1.0
-                    table[s, _PARENT] = parent
+                    self.parent[s] = parent
+                    if self.live[s] > 0:   # cached before any prompt held it
+                        self.kids[parent] += 1.0
             slots.append(s)
             parent = s
         table = self.table
@@ -226,8 +238,8 @@ class AccessHistory:
         rows = table[idx]
         # Useful accesses: the prompt's blocks up to its first one no group holds, that
         # one included (a hit could reach through each, were it cached).
-        missing = np.flatnonzero(rows[:, _LIVE] <= 0)
-        reach = int(missing[0]) + 1 if len(missing) else len(slots)
+        live = self.live
+        reach = next((i + 1 for i, s in enumerate(slots) if live[s] <= 0), len(slots))
         last = rows[:, _LAST]
         seen = ~np.isnan(last)
         rows[:, _GAP0 + 1:_GAP0 + GAPS] = rows[:, _GAP0:_GAP0 + GAPS - 1]
@@ -248,21 +260,21 @@ class AccessHistory:
     def _grow_blocks(self, block_id: int) -> None:
         more = room(len(self.block_slot), block_id)
         if more:
-            self.block_slot = np.concatenate((self.block_slot, np.zeros(more, dtype=np.int64)))
-            self.block_group = np.concatenate((self.block_group, np.full(more, np.nan)))
-            self.block_free = np.concatenate((self.block_free, np.full(more, np.nan)))
+            self.block_slot.extend([0] * more)
+            self.block_group.extend([math.nan] * more)
+            self.block_free.extend([math.nan] * more)
 
     def _live(self, s: int, delta: float) -> None:
         """Add ``delta`` to the blocks holding slot ``s``; keep its parent's count of
         cached children."""
-        row = self.table[s]
-        before = row[_LIVE]
+        live = self.live
+        before = live[s]
         after = before + delta
-        row[_LIVE] = after
+        live[s] = after
         if (before > 0) != (after > 0):
-            parent = row[_PARENT]
-            if not math.isnan(parent):
-                self.table[int(parent), _KIDS] += 1.0 if after > 0 else -1.0
+            parent = self.parent[s]
+            if parent >= 0:
+                self.kids[parent] += 1.0 if after > 0 else -1.0
 
     def cached(self, block_id: int, key: Hashable) -> None:
         """Block ``block_id`` was given key ``(group, block hash)``."""
@@ -270,7 +282,7 @@ class AccessHistory:
         group, h = cast(tuple[Hashable, Hashable], key)
         s, _ = self._slot(h)
         self._grow_blocks(block_id)
-        old = int(self.block_slot[block_id])
+        old = self.block_slot[block_id]
         if old:
             self._live(old, -1.0)
         self.block_slot[block_id] = s
@@ -280,7 +292,7 @@ class AccessHistory:
     def uncached(self, block_id: int) -> None:
         """``block_id`` lost its key (evicted, or dropped by the cache)."""
         if block_id < len(self.block_slot):
-            s = int(self.block_slot[block_id])
+            s = self.block_slot[block_id]
             if s:
                 self._live(s, -1.0)
                 self.block_slot[block_id] = 0
@@ -293,16 +305,19 @@ class AccessHistory:
     def freed(self, block_ids: Sequence[int], now: float) -> None:
         """``block_ids`` were freed at request ``now``."""
         self._grow_blocks(max(block_ids))
-        self.block_free[list(block_ids)] = now
+        free = self.block_free
+        for b in block_ids:
+            free[b] = now
 
     def features(self, block_ids: Sequence[int], now: float) -> np.ndarray:
         """Rows of :data:`FEATURES` for ``block_ids`` at request ``now``: shape
         ``(len(block_ids), len(FEATURES))``, float64."""
-        b = np.asarray(block_ids, dtype=np.int64)
-        if len(b):
-            self._grow_blocks(int(b.max()))
-        rows = self.table[self.block_slot[b]]
-        out = np.empty((len(b), len(FEATURES)))
+        if block_ids:
+            self._grow_blocks(max(block_ids))
+        block_slot, live, kids, parent = self.block_slot, self.live, self.kids, self.parent
+        slots = [block_slot[b] for b in block_ids]
+        rows = self.table[slots]
+        out = np.empty((len(slots), len(FEATURES)))
         out[:, 0] = now - rows[:, _LAST]
         out[:, 1:1 + GAPS] = rows[:, _GAP0:_GAP0 + GAPS]
         out[:, 1 + GAPS] = rows[:, _COUNT]
@@ -314,15 +329,12 @@ class AccessHistory:
         out[:, k] = rows[:, _DEPTH]
         out[:, k + 1] = rows[:, _CHILDREN]
         out[:, k + 2] = rows[:, _ENDS]
-        out[:, k + 3] = rows[:, _LIVE]
-        out[:, k + 4] = self.block_group[b]
-        out[:, k + 5] = now - self.block_free[b]
+        out[:, k + 3] = [live[s] if s else math.nan for s in slots]
+        out[:, k + 4] = [self.block_group[b] for b in block_ids]
+        out[:, k + 5] = [now - self.block_free[b] for b in block_ids]
         out[:, k + 6] = now - rows[:, _FIRST]
-        parent = rows[:, _PARENT]
-        has = ~np.isnan(parent)
-        out[:, k + 7] = np.nan
-        out[has, k + 7] = self.table[parent[has].astype(np.int64), _LIVE]
-        out[:, k + 8] = rows[:, _KIDS]
+        out[:, k + 7] = [live[parent[s]] if s and parent[s] >= 0 else math.nan for s in slots]
+        out[:, k + 8] = [kids[s] if s else math.nan for s in slots]
         out[:, k + 9] = rows[:, _PROMPT]
         out[:, k + 10] = rows[:, _KNOWN]
         out[:, k + 11] = rows[:, _PROMPT] - rows[:, _DEPTH] - 1.0
@@ -399,7 +411,8 @@ class ModelSchedule:
         self.t[i:i + k] = now
         self.gap[i:i + k] = math.nan
         first = self.base + i
-        for j, s in enumerate(hist.block_slot[np.asarray(blocks, dtype=np.int64)].tolist()):
+        block_slot = hist.block_slot
+        for j, s in enumerate(block_slot[b] for b in blocks):
             if s:
                 hist.waiting.setdefault(s, []).append(first + j)
         self.n = i + k
@@ -443,7 +456,7 @@ class ModelSchedule:
     def _turnover(self, now: float, evicted: int, hist: AccessHistory) -> float:
         """Requests the pool took, since the last training, to evict as many blocks
         as it has held at most (infinite before any eviction)."""
-        self.max_live = max(self.max_live, int(np.sum(hist.table[1:hist.slots, _LIVE])))
+        self.max_live = max(self.max_live, int(sum(hist.live[1:hist.slots])))
         mark, self._mark = self._mark, (now, evicted)
         if mark is None or evicted <= mark[1] or now <= mark[0]:
             return math.inf
