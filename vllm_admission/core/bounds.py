@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from vllm_admission.core.counters import TokenHitRate
 
-__all__ = ["PoolBound", "pool_bound"]
+__all__ = ["LPBound", "PoolBound", "lp_bound", "pool_bound"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,43 @@ class PoolBound(TokenHitRate):
     infinite_hit_tokens: int
     prompt_tokens: int
     multiplier: float
+
+
+def _check(block_size: int, num_blocks: int, per_token_groups: int, state_groups: int) -> None:
+    if block_size <= 0 or num_blocks < 2 or state_groups < 1 or per_token_groups < 0:
+        raise ValueError(f"the pool bounds need block_size > 0, num_blocks >= 2, state_groups >= 1 "
+                         f"and per_token_groups >= 0; got {block_size}, {num_blocks}, "
+                         f"{state_groups}, {per_token_groups}")
+
+
+def _runs(requests: Iterable[tuple[Sequence[int], int, int]], block_size: int,
+          per_token_groups: int, state_groups: int, fits: Callable[[int, int], bool] | None,
+          usable: int) -> tuple[list[tuple[int, int, list[int]]], int, int, int]:
+    """Per request that runs: ``(slot r, own blocks W_r(0), the slots a_j of its possible
+    hits)``; and the infinite-capacity hit tokens, the prompt tokens and the requests. A
+    request runs when ``fits`` says so and its blocks (hits included) fit in ``usable``."""
+    B = block_size  # noqa: N806
+    last: dict[int, int] = {}
+    runs: list[tuple[int, int, list[int]]] = []
+    infinite = prompt = n = 0
+    for r, (hashes, prompt_len, output_len) in enumerate(requests):
+        n += 1
+        prompt += prompt_len
+        own = per_token_groups * ((prompt_len + output_len - 1) // B) + state_groups
+        if own > usable or (fits is not None and not fits(prompt_len, output_len)):
+            continue
+        cap = min((prompt_len - 1) // B, len(hashes))
+        since: list[int] = []
+        for j in range(cap):
+            a = last.get(hashes[j])
+            if a is None:
+                break
+            since.append(a)
+        runs.append((r, own, since))
+        infinite += len(since) * B
+        for h in hashes[:(prompt_len + output_len - 1) // B]:
+            last[h] = r
+    return runs, infinite, prompt, n
 
 
 def pool_bound(requests: Iterable[tuple[Sequence[int], int, int]], *, block_size: int,
@@ -99,31 +136,10 @@ def pool_bound(requests: Iterable[tuple[Sequence[int], int, int]], *, block_size
         ValueError: a pool of fewer than two blocks, a non-positive block size, no state
             group or a negative group count.
     """
-    if block_size <= 0 or num_blocks < 2 or state_groups < 1 or per_token_groups < 0:
-        raise ValueError(f"pool_bound needs block_size > 0, num_blocks >= 2, state_groups >= 1 "
-                         f"and per_token_groups >= 0; got {block_size}, {num_blocks}, "
-                         f"{state_groups}, {per_token_groups}")
+    _check(block_size, num_blocks, per_token_groups, state_groups)
     B, G_t, G_s, M = block_size, per_token_groups, state_groups, num_blocks - 1  # noqa: N806
-    last: dict[int, int] = {}
-    # Per request that runs: (slot, own blocks W_r(0), the slots a_j of its possible hits).
-    runs: list[tuple[int, int, list[int]]] = []
-    infinite = prompt = n = 0
-    for r, (hashes, prompt_len, output_len) in enumerate(requests):
-        n += 1
-        prompt += prompt_len
-        if fits is not None and not fits(prompt_len, output_len):
-            continue
-        cap = min((prompt_len - 1) // B, len(hashes))
-        since: list[int] = []
-        for j in range(cap):
-            a = last.get(hashes[j])
-            if a is None:
-                break
-            since.append(a)
-        runs.append((r, G_t * ((prompt_len + output_len - 1) // B) + G_s, since))
-        infinite += len(since) * B
-        for h in hashes[:(prompt_len + output_len - 1) // B]:
-            last[h] = r
+    runs, infinite, prompt, n = _runs(requests, block_size, per_token_groups, state_groups, fits,
+                                       num_blocks - 1)
 
     def dual(lam: Sequence[float]) -> tuple[float, list[tuple[int, int, int, list[int]]]]:
         """The bound at slot multipliers ``lam``, and each run's best hit (blocks)."""
@@ -183,3 +199,124 @@ def pool_bound(requests: Iterable[tuple[Sequence[int], int, int]], *, block_size
     zero = float(infinite)                  # the dual at lam = 0
     return PoolBound(hit_tokens=min(bound, zero), infinite_hit_tokens=infinite,
                      prompt_tokens=prompt, multiplier=flat if bound < zero else 0.0)
+
+
+@dataclass(frozen=True)
+class LPBound(TokenHitRate):
+    """:func:`lp_bound`'s answer (tokens).
+
+    Attributes:
+        hit_tokens: the LP optimum, an upper bound on the hit tokens of any policy.
+        infinite_hit_tokens: the infinite-capacity bound of the requests that fit the pool.
+        prompt_tokens: the prompt tokens of the requests.
+        window: the slots whose limits were added up into one row.
+        variables, nonzeros: the LP's size.
+    """
+
+    hit_tokens: float
+    infinite_hit_tokens: int
+    prompt_tokens: int
+    window: int
+    variables: int
+    nonzeros: int
+
+
+def lp_bound(requests: Iterable[tuple[Sequence[int], int, int]], *, block_size: int,
+             num_blocks: int, per_token_groups: int, state_groups: int,
+             fits: Callable[[int, int], bool] | None = None, window: int = 1) -> LPBound:
+    """The optimum of the linear programme behind :func:`pool_bound`, solved exactly with
+    HiGHS (SciPy's ``linprog``): the best bound the pool bound's model can give.
+
+    **Programme.** For each request ``r`` that runs and each ``k`` up to its
+    infinite-capacity hit, ``h[r,k]`` in ``[0, 1]`` (``r`` hits at least ``k`` blocks) and
+    ``e[r,k] >= h[r,k] - h[r,k+1]`` (its hit ends at block ``k``), with ``h[r,k] <=
+    h[r,k-1]``. Maximise ``block_size * sum h``. In every service slot ``t`` the KV of
+    block ``k`` of each hit (``per_token_groups`` blocks from slot ``a_k + 1`` to ``r``,
+    as in :func:`pool_bound`'s derivation), the state at each hit's end (``state_groups``
+    blocks over the same stretch of its last block) and the running request's own
+    blocks ``W_t`` fit in ``num_blocks - 1``. Any policy's hits, written as 0/1 values,
+    satisfy it (the integer programme), so its LP optimum bounds every policy, offline
+    ones included; by LP duality it is at most :func:`pool_bound` with ``window=1``.
+
+    ``window > 1`` adds up the limits of each ``window`` consecutive slots into one row
+    (a sum of valid rows is valid): fewer rows and nonzeros, a bound at least as high.
+
+    Args:
+        requests, block_size, num_blocks, per_token_groups, state_groups, fits: as for
+            :func:`pool_bound`.
+        window: slots per capacity row (>= 1).
+
+    Returns:
+        An :class:`LPBound` (``hit_tokens`` at most ``infinite_hit_tokens``).
+
+    Raises:
+        ValueError: as :func:`pool_bound`, or a window below 1.
+        RuntimeError: HiGHS did not find the optimum (its message says why).
+    """
+    import numpy as np
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    _check(block_size, num_blocks, per_token_groups, state_groups)
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an integer >= 1, got {window!r}")
+    runs, infinite, prompt, n = _runs(requests, block_size, per_token_groups, state_groups, fits,
+                                       num_blocks - 1)
+    B, G_t, G_s, M = block_size, per_token_groups, state_groups, num_blocks - 1  # noqa: N806
+    # One h and one e per (run, k): h at 0 .. V-1, e at V .. 2V-1, in run order.
+    r_of = np.array([r for r, _, since in runs for _ in since], dtype=np.int64)
+    a_of = np.array([a for _, _, since in runs for a in since], dtype=np.int64)
+    k_of = np.array([k for _, _, since in runs for k in range(1, len(since) + 1)], dtype=np.int64)
+    V = len(r_of)  # noqa: N806
+    if V == 0:
+        return LPBound(hit_tokens=0.0, infinite_hit_tokens=infinite, prompt_tokens=prompt,
+                       window=window, variables=0, nonzeros=0)
+    num_windows = (n + window - 1) // window
+    rows: list[np.ndarray] = []
+    cols: list[np.ndarray] = []
+    vals: list[np.ndarray] = []
+
+    def stretch(var: np.ndarray, lo: np.ndarray, hi: np.ndarray, coef: float) -> None:
+        """``coef`` x the slots of ``[lo, hi]`` in each window, for variables ``var``."""
+        wl, wh = lo // window, hi // window
+        count = wh - wl + 1
+        rep = np.repeat(np.arange(len(var)), count)
+        w = wl[rep] + (np.arange(len(rep)) - np.repeat(np.cumsum(count) - count, count))
+        overlap = np.minimum(hi[rep], (w + 1) * window - 1) - np.maximum(lo[rep], w * window) + 1
+        rows.append(w)
+        cols.append(var[rep])
+        vals.append(coef * overlap.astype(np.float64))
+
+    ids = np.arange(V, dtype=np.int64)
+    stretch(ids, a_of + 1, r_of, float(G_t))            # the KV of each hit's blocks
+    stretch(ids + V, a_of + 1, r_of, float(G_s))        # the state at each hit's end
+    rows.append(r_of // window)                         # a hit block is not the run's own
+    cols.append(ids)
+    vals.append(np.full(V, -float(G_t)))
+    limit = np.zeros(num_windows)
+    np.add.at(limit, np.arange(n) // window, float(M))
+    own = np.array([o for _, o, _ in runs], dtype=np.float64)
+    np.subtract.at(limit, np.array([r for r, _, _ in runs], dtype=np.int64) // window, own)
+    # h[r,k] - h[r,k-1] <= 0 and h[r,k] - h[r,k+1] - e[r,k] <= 0.
+    row = num_windows
+    inner = np.flatnonzero(k_of > 1)
+    mono = row + np.arange(len(inner))
+    rows += [mono, mono]
+    cols += [ids[inner], ids[inner] - 1]
+    vals += [np.ones(len(inner)), -np.ones(len(inner))]
+    row += len(inner)
+    end = row + ids
+    nxt = np.flatnonzero(np.append(k_of[1:] > 1, False))   # h[r,k+1] exists
+    rows += [end, end, end[nxt]]
+    cols += [ids, ids + V, ids[nxt] + 1]
+    vals += [np.ones(V), -np.ones(V), -np.ones(len(nxt))]
+    row += V
+    a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                      shape=(row, 2 * V)).tocsr()
+    b_ub = np.concatenate((limit, np.zeros(row - num_windows)))
+    c = np.concatenate((np.full(V, -float(B)), np.zeros(V)))
+    res = linprog(c, A_ub=a_ub, b_ub=b_ub, bounds=(0.0, 1.0), method="highs")
+    if res.status != 0:
+        raise RuntimeError(f"HiGHS found no optimum: {res.message}")
+    return LPBound(hit_tokens=min(-float(res.fun), float(infinite)), infinite_hit_tokens=infinite,
+                   prompt_tokens=prompt, window=window, variables=2 * V, nonzeros=int(a_ub.nnz))

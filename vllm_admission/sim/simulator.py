@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vllm_admission.core.adaptive import PolicyController
-from vllm_admission.core.bounds import PoolBound, pool_bound
+from vllm_admission.core.bounds import LPBound, PoolBound, lp_bound, pool_bound
 from vllm_admission.core.cache import ATTENTION, STATE, HybridPrefixCache, check_checkpoint_mode
 from vllm_admission.core.cache.host import check_host_admission
 from vllm_admission.core.cache.host import host_chunks as host_chunks_of
@@ -57,7 +57,8 @@ from vllm_admission.core.tuning import GRIDS
 from vllm_admission.sim.settings import DEFAULT_CHUNK_SIZE, SimulationSettings
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "HostFigures", "RunResult", "SimulationSettings", "cache_layout",
-           "cache_requests", "group_kinds", "pool_bound_of", "simulate", "stream_cache_requests",
+           "cache_requests", "group_kinds", "lp_bound_of", "pool_bound_of", "simulate",
+           "stream_cache_requests",
            "trace_bound"]
 
 
@@ -272,6 +273,18 @@ def pool_bound_of(requests: Sequence[CacheRequest], layout: CacheLayout) -> Pool
                       block_size=layout.pool.block_size, num_blocks=layout.pool.num_blocks,
                       per_token_groups=sum(k in PER_TOKEN_KINDS for k in kinds),
                       state_groups=sum(k == STATE for k in kinds), fits=fits)
+
+
+def lp_bound_of(requests: Sequence[CacheRequest], layout: CacheLayout, *,
+                window: int = 1) -> LPBound:
+    """:func:`~vllm_admission.core.bounds.lp_bound` of ``requests`` in ``layout``'s pool, as
+    :func:`pool_bound_of` (``window``: slots per capacity row)."""
+    kinds = layout.pool.group_kinds
+    fits = CacheSetup(layout, "vllm", "lru").build().fits
+    return lp_bound(((r.hashes, r.prompt_len, r.output_len) for r in requests),
+                    block_size=layout.pool.block_size, num_blocks=layout.pool.num_blocks,
+                    per_token_groups=sum(k in PER_TOKEN_KINDS for k in kinds),
+                    state_groups=sum(k == STATE for k in kinds), fits=fits, window=window)
 
 
 def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
