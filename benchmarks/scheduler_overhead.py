@@ -66,6 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from vllm_admission.core.adaptive import MARGIN_ADMISSIONS, MARGIN_SETTING  # noqa: E402
+from vllm_admission.core.eviction.learned import LearnedEviction  # noqa: E402
 
 MOONCAKE = Path("/work/shared/traces/mooncake/conversation_trace.jsonl")
 VOCAB = 512
@@ -88,8 +89,18 @@ VARIANTS = [
     # (plugin/worker.py BATCH = 1): what batching them saves the loop.
     ("auto+auto, a hand-over per request", "plugin-unbatched",
      {"VLLM_ADMISSION_POLICY": "auto", "VLLM_ADMISSION_EVICTION": "auto"}),
+    # The learned eviction with its default schedule: no model within --requests 60, so what
+    # its bookkeeping (features, samples) costs the loop ...
+    ("vllm+learned", "plugin", {"VLLM_ADMISSION_POLICY": "vllm", "VLLM_ADMISSION_EVICTION": "learned"}),
+    # ... and with a model trained every 10 requests (LEARNED_FAST), in the background thread,
+    # and one model call per request: the cost with the model at work.
+    ("vllm+learned, a model every 10 requests", "plugin-learned-fast",
+     {"VLLM_ADMISSION_POLICY": "vllm", "VLLM_ADMISSION_EVICTION": "learned"}),
 ]
-TARGETS = {"vllm+lru": 1.05, "marconi+flop": 1.15, "auto+auto": 1.10, "auto+auto, margin 0.3": 1.10}
+TARGETS = {"vllm+lru": 1.05, "marconi+flop": 1.15, "auto+auto": 1.10, "auto+auto, margin 0.3": 1.10,
+           "vllm+learned": 1.10, "vllm+learned, a model every 10 requests": 1.10}
+#: The learned eviction's schedule in the row that trains it within a short run.
+LEARNED_FAST = {"retrain_every": 10, "lag": 3, "min_samples": 40}
 
 
 def load_workload(n: int, trace: str) -> tuple[str, list[tuple[list[int], int]]]:
@@ -117,13 +128,25 @@ def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_block
     os.environ["VLLM_ADMISSION_LOG_INTERVAL"] = "0"
     is_async = vllm_config.scheduler_config.async_scheduling
     cls = {"stock": AsyncScheduler if is_async else Scheduler, "plain": Scheduler,
-           "plugin": AdmissionScheduler, "plugin-unbatched": AdmissionScheduler}[kind]
+           "plugin": AdmissionScheduler, "plugin-unbatched": AdmissionScheduler,
+           "plugin-learned-fast": AdmissionScheduler}[kind]
     batch = worker.BATCH
     worker.BATCH = 1 if kind == "plugin-unbatched" else batch
+    learned_init = LearnedEviction.__init__
+    learned: list[LearnedEviction] = []
+
+    def keep(self: LearnedEviction, *args: object, **kwargs: object) -> None:
+        if kind == "plugin-learned-fast":
+            kwargs = {**kwargs, **LEARNED_FAST}
+        learned_init(self, *args, **kwargs)  # type: ignore[arg-type]
+        learned.append(self)
+
+    LearnedEviction.__init__ = keep  # type: ignore[method-assign]
     try:
         sched = make_scheduler(cls, vllm_config, make_kv_cache_config(vllm_config, num_blocks))
     finally:
         worker.BATCH = batch
+        LearnedEviction.__init__ = learned_init  # type: ignore[method-assign]
     engine = FakeEngine(sched, batch_queue=2 if is_async else 1)
     pending = list(workload)
     pending.reverse()
@@ -152,6 +175,7 @@ def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_block
         result["alpha"] = stats.alpha
         result["tuning_events"] = len(stats.tuning)
         result["policy_switches"] = len(stats.policy_switches) if stats.adaptive else None
+        result["learned_trainings"] = learned[-1].schedule.trainings if learned else None
         sched.shutdown()
     return result
 
@@ -228,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             "evictions": runs[name][0].get("evictions"), "alpha": runs[name][-1].get("alpha"),
             "tuning_events": runs[name][-1].get("tuning_events"),
             "policy_switches": runs[name][-1].get("policy_switches"),
+            "learned_trainings": runs[name][-1].get("learned_trainings"),
             "per_step_us": 1e6 * med / runs[name][0]["steps"],
         })
     print()
