@@ -190,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", default="auto", help="trace file, 'synthetic', or 'auto'")
     p.add_argument("--async-scheduling", action="store_true",
                    help="vLLM's async scheduling on, two batches in flight")
+    p.add_argument("--variants", default=None,
+                   help="the rows to run besides stock, their names separated by ';' (default: all)")
     p.add_argument("--out", default=None, help="results file (default: benchmarks/results/"
                                                "scheduler_overhead[_async].json)")
     args = p.parse_args(argv)
@@ -198,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
         args.out = str(ROOT / "benchmarks" / "results" / f"scheduler_overhead{suffix}.json")
     variants = VARIANTS + ([("Scheduler (no placeholders)", "plain", {})]
                            if args.async_scheduling else [])
+    if args.variants:
+        wanted = {"stock", *(v.strip() for v in args.variants.split(";"))}
+        unknown = wanted - {name for name, _, _ in variants}
+        if unknown:
+            p.error(f"unknown variants: {', '.join(sorted(unknown))}")
+        variants = [v for v in variants if v[0] in wanted]
 
     import logging
 

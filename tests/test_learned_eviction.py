@@ -232,3 +232,15 @@ def test_a_shallow_block_is_worth_its_deepest_freed_companion():
     pol.on_request([], 1.0)
     assert pol._prob[1] == pol._prob[2] == pytest.approx(0.8)
     assert pol.pop_n(4, 1.0) == [4, 3, 2, 1]  # the lone unlikely block, then tail first
+
+
+def test_a_block_freed_again_before_scoring_is_scored_once():
+    """With requests in flight a hit can take a freed block back and free it again before
+    the next request: it is scored once, with its latest batch, in free order."""
+    pol = LearnedEviction()
+    pol.add_many([1, 2], 0.0, (), ())
+    pol.remove(1)
+    pol.add_many([3, 1], 0.0, (), ())
+    pol.on_request([], 1.0)
+    assert len(pol) == 3 and not pol._queues[-1].size
+    assert pol.pop_n(3, 1.0) == [2, 3, 1]

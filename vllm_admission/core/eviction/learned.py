@@ -163,10 +163,17 @@ class LearnedEviction(EvictionPolicy):
         """Give the blocks freed since the last request their levels: one feature row
         each, one model call for them all; record a seeded draw of each batch's rows as
         training samples."""
-        batches, self._batches = self._batches, []
+        pending, self._batches = self._batches, []
         level = self._level
-        batches = [[b for b in batch if level[b] == _UNSCORED] for batch in batches]
-        batches = [batch for batch in batches if batch]
+        # A block taken back by a hit and freed again belongs to its latest batch only.
+        seen: set[int] = set()
+        batches: list[list[int]] = []
+        for batch in reversed(pending):
+            kept = [b for b in batch if level[b] == _UNSCORED and b not in seen]
+            if kept:
+                seen.update(kept)
+                batches.append(kept)
+        batches.reverse()
         if not batches:
             return
         blocks = [b for batch in batches for b in batch]
