@@ -99,8 +99,9 @@ VARIANTS = [
 ]
 TARGETS = {"vllm+lru": 1.05, "marconi+flop": 1.15, "auto+auto": 1.10, "auto+auto, margin 0.3": 1.10,
            "vllm+learned": 1.10, "vllm+learned, a model every 10 requests": 1.10}
-#: The learned eviction's schedule in the row that trains it within a short run.
-LEARNED_FAST = {"retrain_every": 10, "lag": 3, "min_samples": 40}
+#: The learned eviction's schedule in the row that trains it within a short run (a short
+#: boundary, so that both labels are known within a few hundred requests).
+LEARNED_FAST = {"retrain_every": 10, "lag": 3, "min_samples": 40, "boundary": 0.25}
 
 
 def load_workload(n: int, trace: str) -> tuple[str, list[tuple[list[int], int]]]:

@@ -242,8 +242,12 @@ def lp_bound(requests: Iterable[tuple[Sequence[int], int, int]], *, block_size: 
     (a sum of valid rows is valid): fewer rows and nonzeros, a bound at least as high.
 
     Args:
-        requests, block_size, num_blocks, per_token_groups, state_groups, fits: as for
-            :func:`pool_bound`.
+        requests: as for :func:`pool_bound`.
+        block_size: tokens per block.
+        num_blocks: blocks in the pool, the null block included.
+        per_token_groups: KV cache groups with a block per ``block_size`` tokens.
+        state_groups: KV cache groups with a block per recurrent state (at least 1).
+        fits: whether a request can run at all in the pool (as for :func:`pool_bound`).
         window: slots per capacity row (>= 1).
 
     Returns:
