@@ -41,6 +41,11 @@ CONVERSATION_PAIRS = (("vllm", "lru"), ("vllm", "reuse"),
                       *((a, "conversation") for a in ("none", "last", "vllm", "marconi", "dense")))
 #: ``mix`` (issue 24, the LeCaR-style expert mix): every admission policy with it, beside stock.
 MIX_PAIRS = (("vllm", "lru"), *((a, "mix") for a in ("none", "last", "vllm", "marconi", "dense")))
+#: The learned eviction (issue 62) beside stock: with its default schedule no model is fitted
+#: within 100 requests, so this checks its bookkeeping and its lru fallback in the engine (the
+#: scheduler test ``test_learned_trains_in_the_plugin_and_matches_the_core_model`` checks it
+#: with models at work).
+LEARNED_PAIRS = (("vllm", "lru"), ("vllm", "learned"), ("last", "learned"))
 #: The in-pass checkpoint mode: every admission policy with lru.
 INPASS_PAIRS = tuple((a, "lru") for a in ("none", "last", "vllm", "marconi", "dense"))
 #: Workloads on the tiny Nemotron-H (Mamba2) model are named with this prefix (study.png,
@@ -85,6 +90,7 @@ def workloads(model: str, mamba2_model: str | None = None) -> dict[str, Fidelity
         # S3-FIFO eviction (issue 24) under every admission policy, same tight pools.
         "s3fifo-synthetic": FidelitySpec(**synthetic, pairs=S3FIFO_PAIRS, num_gpu_blocks=(64,)),
         "s3fifo-mooncake": FidelitySpec(**mooncake, pairs=S3FIFO_PAIRS, num_gpu_blocks=(300,)),
+        "learned-mooncake": FidelitySpec(**mooncake, pairs=LEARNED_PAIRS, num_gpu_blocks=(300,)),
         "conversation-synthetic": FidelitySpec(**synthetic, pairs=CONVERSATION_PAIRS,
                                                num_gpu_blocks=(64,)),
         "conversation-mooncake": FidelitySpec(**mooncake, pairs=CONVERSATION_PAIRS,
