@@ -254,9 +254,10 @@ def test_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy, evi
     assert victim not in engine.outputs or engine.outputs[victim].finish_reason is not None
     assert free_equals_usable(engine)
     assert not sched._admission.requests.tracks  # noqa: SLF001 - nothing left behind
-    rid = engine.add(base + toks(99, 300), 5)
-    engine.run()
-    assert engine.cached_tokens[rid] >= (256 if get_admission(policy).every_block else 0)
+    for _ in range(2):   # the second sees the first's blocks under any valid eviction order
+        rid = engine.add(base + toks(99, 300), 5)
+        engine.run()
+    assert engine.cached_tokens[rid] >= (2 * B if get_admission(policy).every_block else 0)
     assert free_equals_usable(engine)
 
 
