@@ -23,6 +23,9 @@ __all__ = ["FEATURES", "LIGHTGBM_PARAMS", "LIGHTGBM_ROUNDS", "AccessHistory", "L
            "ModelSchedule", "Predictor", "Trainer", "default_trainer", "lightgbm_available"]
 
 #: Half-lives, in requests, of the decayed access counts (LRB keeps several such counts).
+#: The decay is hyperbolic, ``1 / (1 + dt / half_life)``: arithmetic alone, so a count is the
+#: same on every CPU (NumPy's ``exp2`` is vectorised differently per instruction set, and a
+#: last-place difference can move a tree's split).
 HALF_LIVES = (16.0, 256.0, 4096.0)
 #: Gaps between accesses kept per hash, newest first.
 GAPS = 4
@@ -246,7 +249,7 @@ class AccessHistory:
         rows[:, _GAP0] = np.where(seen, now - last, np.nan)
         decay = np.where(seen, now - rows[:, _EDC_T], 0.0)
         for j, half_life in enumerate(HALF_LIVES):
-            rows[:, _EDC0 + j] = rows[:, _EDC0 + j] * np.exp2(-decay / half_life) + 1.0
+            rows[:, _EDC0 + j] = rows[:, _EDC0 + j] / (1.0 + decay / half_life) + 1.0
         rows[:, _EDC_T] = now
         rows[:, _LAST] = now
         rows[:, _COUNT] += 1.0
@@ -324,7 +327,7 @@ class AccessHistory:
         decay = now - rows[:, _EDC_T]
         k = 2 + GAPS
         for j, half_life in enumerate(HALF_LIVES):
-            out[:, k + j] = rows[:, _EDC0 + j] * np.exp2(-decay / half_life)
+            out[:, k + j] = rows[:, _EDC0 + j] / (1.0 + decay / half_life)
         k += len(HALF_LIVES)
         out[:, k] = rows[:, _DEPTH]
         out[:, k + 1] = rows[:, _CHILDREN]
