@@ -37,13 +37,13 @@ class LearnedEviction(EvictionPolicy):
     trained online, that a hit could reach through the block's hash soon; the victim
     is the queue head with the largest ``(age + 1) / probability``.
 
-    **Label.** A sample is a block's features when it is freed at request ``t``; its
-    label is 1 when a later prompt holds the block's hash with every shallower block
-    of that prompt cached (a *useful* access: the hit could reach through it, the
-    block itself evicted or not) within ``B`` requests, 0 when ``B`` passes without
-    one, and unknown (not trained on) before. ``B``, the Bélády boundary of LRB, is
-    ``boundary`` x the pool's turnover (requests to evict as many blocks as the pool
-    has held). Labels are only ever the past.
+    **Label.** A sample is a block's features at request ``t``, the first request after
+    it was freed (when it is scored, below). Its label is 1 when, within ``B`` requests, a
+    later prompt holds the block's hash with every shallower block of that prompt cached
+    (a *useful* access: the hit could reach through it, the block itself evicted or
+    not); 0 when ``B`` passes without one; unknown, and not trained on, before either.
+    ``B``, the Bélády boundary of LRB, is ``boundary`` x the pool's turnover (requests
+    to evict as many blocks as the pool has held). Labels are only ever the past.
 
     **Features** (:data:`~vllm_admission.core.eviction.learning.FEATURES`): the gaps
     between the hash's last accesses, decayed access counts, ages, its depth, fan-out
@@ -52,10 +52,12 @@ class LearnedEviction(EvictionPolicy):
     the last prompt that held it: its length, how much of it was known, the blocks
     after this one and its turn in the conversation.
 
-    **Order.** A freed block's probability ``p`` is the model's, at least 0.01, raised
-    to the largest of the blocks freed with it that lie deeper (a state or KV block
-    serves a hit only with every shallower KV block). It joins the free-order queue of
-    its level (:data:`LEVELS`); a victim is the head, of all queues, with the largest
+    **Order.** The blocks freed since the last request are scored at the next one
+    (:meth:`on_request`), with one model call for them all; until then they count as
+    ``p = 1``. A block's probability ``p`` is the model's, at least 0.01, raised to the
+    largest of the blocks freed with it (one ``add_many``) that lie deeper (a state or KV
+    block serves a hit only with every shallower KV block). It joins the free-order queue
+    of its level (:data:`LEVELS`); a victim is the head, of all queues, with the largest
     ``(now - freed + 1) / p``: the oldest block of equal worth goes first, as in
     ``lru``, and a block predicted back lives longer in proportion. Before the first
     model every block gets ``p = 1``: ``lru`` exactly.
@@ -83,7 +85,8 @@ class LearnedEviction(EvictionPolicy):
     probability in place of the count.
 
     Args:
-        record: freed blocks per ``add_many`` kept as training samples (a seeded draw).
+        record: blocks of each batch freed together (one ``add_many``) kept as training
+            samples when scored (a seeded draw).
         retrain_every: requests between two trainings (>= 1).
         lag: requests from a training's start until its model serves (>= 1).
         window: labelled samples a training uses (the newest).

@@ -348,11 +348,12 @@ class AccessHistory:
 class ModelSchedule:
     """The labelled samples, and the model serving at each request.
 
-    A sample is a row of :data:`FEATURES` taken when a block with hash row ``s`` was
-    freed at request ``t`` (:meth:`record`). Its label is 1 once a useful access of
-    ``s`` (:meth:`AccessHistory.request`) comes within ``B`` requests after ``t``, 0
-    once ``t + B`` has passed without one; unknown, and left out, before either.
-    ``B`` is ``boundary`` x the pool's turnover, measured at each training.
+    A sample is a row of :data:`FEATURES` of a block with hash row ``s``, taken at
+    request ``t`` when the block is scored, the first request after it was freed
+    (:meth:`record`). Its label is 1 once a useful access of ``s``
+    (:meth:`AccessHistory.request`) comes within ``B`` requests after ``t``, 0 once
+    ``t + B`` has passed without one; unknown, and left out, before either. ``B`` is
+    ``boundary`` x the pool's turnover, measured at each training.
 
     A training starts at the first request index past each multiple of
     ``retrain_every`` with at least ``min_samples`` labelled, both labels among them,
