@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from headroom import CAPACITIES, MODELS, MOONCAKE, ROOT  # the headroom study's cells (results 8)
 
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.eviction import EVICTION_POLICIES
@@ -27,15 +28,6 @@ from vllm_admission.core.geometry import parse_bytes
 from vllm_admission.core.traces import load_trace
 from vllm_admission.sim.settings import SimulationSettings
 from vllm_admission.sim.simulator import simulate
-
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-MOONCAKE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
-MODELS = {
-    "Qwen3-Next": "qwen3-next-80b-a3b",
-    "Nemotron-3-Nano": str(SHARED / "model_configs" / "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json"),
-}
-CAPACITIES = ("64GiB", "128GiB", "256GiB")
 
 
 class _Hidden:

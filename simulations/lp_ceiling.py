@@ -15,19 +15,14 @@ import sys
 import time
 from pathlib import Path
 
+from headroom import MODELS, MOONCAKE, ROOT  # the headroom study's trace and models (results 8)
+
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.geometry import parse_bytes
 from vllm_admission.core.traces import load_trace
 from vllm_admission.sim.settings import SimulationSettings
 from vllm_admission.sim.simulator import cache_layout, cache_requests, lp_bound_of, pool_bound_of
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
-MOONCAKE = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl"
-MODELS = {
-    "Qwen3-Next": "qwen3-next-80b-a3b",
-    "Nemotron-3-Nano": str(SHARED / "model_configs" / "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.json"),
-}
 CELLS = (("Qwen3-Next", "64GiB"), ("Qwen3-Next", "128GiB"), ("Qwen3-Next", "256GiB"),
          ("Nemotron-3-Nano", "64GiB"))
 

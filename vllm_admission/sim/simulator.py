@@ -263,28 +263,30 @@ def trace_bound(requests: list[CacheRequest], block_size: int) -> dict[str, Any]
             "token_hit_rate": hit / prompt if prompt else 0.0}
 
 
+def _bound_args(requests: Sequence[CacheRequest], layout: CacheLayout) -> dict[str, Any]:
+    """The arguments :func:`~vllm_admission.core.bounds.pool_bound` and
+    :func:`~vllm_admission.core.bounds.lp_bound` take for ``requests`` in ``layout``'s pool
+    (its blocks, block size and KV cache groups, and which requests fit it at all)."""
+    kinds = layout.pool.group_kinds
+    return {"requests": ((r.hashes, r.prompt_len, r.output_len) for r in requests),
+            "block_size": layout.pool.block_size, "num_blocks": layout.pool.num_blocks,
+            "per_token_groups": sum(k in PER_TOKEN_KINDS for k in kinds),
+            "state_groups": sum(k == STATE for k in kinds),
+            "fits": CacheSetup(layout, "vllm", "lru").build().fits}
+
+
 def pool_bound_of(requests: Sequence[CacheRequest], layout: CacheLayout) -> PoolBound:
     """:func:`~vllm_admission.core.bounds.pool_bound` of ``requests`` in ``layout``'s pool
     (its blocks, block size and KV cache groups); :func:`cache_layout` gives the layout of
     a simulation's settings."""
-    kinds = layout.pool.group_kinds
-    fits = CacheSetup(layout, "vllm", "lru").build().fits
-    return pool_bound(((r.hashes, r.prompt_len, r.output_len) for r in requests),
-                      block_size=layout.pool.block_size, num_blocks=layout.pool.num_blocks,
-                      per_token_groups=sum(k in PER_TOKEN_KINDS for k in kinds),
-                      state_groups=sum(k == STATE for k in kinds), fits=fits)
+    return pool_bound(**_bound_args(requests, layout))
 
 
 def lp_bound_of(requests: Sequence[CacheRequest], layout: CacheLayout, *,
                 window: int = 1) -> LPBound:
     """:func:`~vllm_admission.core.bounds.lp_bound` of ``requests`` in ``layout``'s pool, as
     :func:`pool_bound_of` (``window``: slots per capacity row)."""
-    kinds = layout.pool.group_kinds
-    fits = CacheSetup(layout, "vllm", "lru").build().fits
-    return lp_bound(((r.hashes, r.prompt_len, r.output_len) for r in requests),
-                    block_size=layout.pool.block_size, num_blocks=layout.pool.num_blocks,
-                    per_token_groups=sum(k in PER_TOKEN_KINDS for k in kinds),
-                    state_groups=sum(k == STATE for k in kinds), fits=fits, window=window)
+    return lp_bound(**_bound_args(requests, layout), window=window)
 
 
 def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,

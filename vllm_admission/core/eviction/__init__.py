@@ -24,10 +24,11 @@ module             contents
 ``mix``            :class:`ExpertMixEviction` (``mix``): LeCaR / Cacheus-style expert
                    mix: each victim from one of several orders (``lru``, ``lfu``,
                    ``reuse``, ``s3fifo``), weighted down by regrets on ghost hashes
-``learned``        :class:`LearnedEviction` (``learned``): ``keep`` and ``drop`` LRU
-                   queues chosen per freed block by a LightGBM classifier trained
-                   online (after LRB, NSDI 2020); ``learning`` holds its features,
-                   labels and training schedule
+``learned``        :class:`LearnedEviction` (``learned``): free-order queues by the
+                   reuse probability a LightGBM classifier trained online gives each
+                   freed block, the head with the largest age over probability evicted
+                   (after LRB, NSDI 2020); ``learning`` holds its features, labels and
+                   training schedule
 ``history``        :class:`ReuseHistory` (what ``reuse`` learns, by hash)
 ``keeper``         :class:`HistoryKeeper` (keeps that history up to date around
                    another policy)

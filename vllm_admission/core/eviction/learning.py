@@ -382,8 +382,6 @@ class ModelSchedule:
         self.pending: tuple[float, object] | None = None   # (serves from, trainer handle)
         self.next_training = float(retrain_every)
         self.trainings = 0
-        #: ``B`` in requests at the last training (infinite before).
-        self.bound = math.inf
         self.max_live = 1
         self._mark: tuple[float, int] | None = None   # (request, evictions) at the last training
 
@@ -399,7 +397,7 @@ class ModelSchedule:
 
     def record(self, rows: np.ndarray, blocks: Sequence[int], hist: AccessHistory,
                now: float) -> None:
-        """Keep ``rows``, the features of ``blocks`` freed at ``now``, as samples."""
+        """Keep ``rows``, the features of ``blocks`` scored at request ``now``, as samples."""
         k = len(blocks)
         if not k:
             return
@@ -477,7 +475,6 @@ class ModelSchedule:
         if not math.isfinite(turnover):
             return
         bound = self.boundary * turnover
-        self.bound = bound
         n = self.n
         gap, t = self.gap[:n], self.t[:n]
         known = ~np.isnan(gap) | (t + bound <= now)
