@@ -100,7 +100,7 @@ def engine_env(monkeypatch):
     and ``os.environ`` restored afterwards.
 
     The plugin's settings no longer travel through ``os.environ`` in one process
-    (``build_llm`` hands the in-process scheduler an ``AdmissionConfig``). What still
+    (``build_llm`` hands the in-process scheduler an ``Settings``). What still
     writes there is vLLM's side of an engine start: ``build_llm`` sets vLLM's own
     variables (``VLLM_CPU_KVCACHE_SPACE``, ``VLLM_PLUGINS``, ...), the general plugin names
     ``VLLM_ADMISSION_METRICS_DIR`` for engine-core processes to inherit, and vLLM's CPU

@@ -23,7 +23,7 @@ from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import CapacityError
 from vllm_admission.core.traces import TraceError
 from vllm_admission.fidelity.spec import FidelityError
-from vllm_admission.plugin.config import AdmissionConfigError
+from vllm_admission.plugin.config import SettingsError
 from vllm_admission.sim.report import OutputDirError, check_writable
 from vllm_admission.sim.sweep import RayUnavailableError
 
@@ -43,7 +43,7 @@ def _broken(*args, **kwargs):
 # -- the classes ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("cls", [UnknownPolicyError, ModelConfigError, CapacityError, TraceError,
-                                 FidelityError, AdmissionConfigError, OutputDirError])
+                                 FidelityError, SettingsError, OutputDirError])
 def test_user_facing_errors_are_user_errors_and_still_value_errors(cls):
     assert issubclass(cls, UserError) and issubclass(cls, ValueError)
 
@@ -87,7 +87,7 @@ def test_the_cli_raises_no_bare_value_error():
     (["--capacity", "1KiB"], "too small"),
     (["--capacity", "4K"], "ambiguous unit 'K'"),
     (["--chunk-size", "0"], "--chunk-size must be >= 1 token, got 0"),
-    (["--alpha", "inf", "--eviction", "flop"], "alpha must be a finite number >= 0, got inf"),
+    (["--alpha", "inf", "--eviction", "flop"], "--alpha='inf' is invalid; valid: a finite number >= 0"),
     (["--host-capacity", "1KiB"], "--host-capacity 1024 bytes holds no block"),
     (["--host-bandwidth", "0"], "--host-bandwidth must be > 0 bytes per second"),
     (["--host-capacity", "1TiB", "--num-speculative-tokens", "1"],

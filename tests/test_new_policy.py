@@ -70,7 +70,7 @@ from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, EVICTION_POLICIES
 from vllm_admission.core.traces import load_trace
-from vllm_admission.plugin.config import AdmissionConfig
+from vllm_admission.plugin.config import Settings
 from vllm_admission.sim.simulator import SimulationSettings, simulate
 
 expected = json.loads(sys.argv[1])
@@ -78,9 +78,9 @@ assert vllm_admission.__file__.startswith(expected["copy"]), vllm_admission.__fi
 new_ev, new_adm = expected["eviction"], expected["admission"]
 assert new_ev in EVICTION_POLICIES and new_ev in ENGINE_EVICTION_POLICIES
 assert new_adm in ADMISSION_POLICIES and get_admission(new_adm).uses_junction
-cfg = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": new_adm,
+cfg = Settings.from_env({"VLLM_ADMISSION_POLICY": new_adm,
                                 "VLLM_ADMISSION_EVICTION": new_ev})
-assert (cfg.policy, cfg.eviction) == (new_adm, new_ev) and cfg.wants_changes()
+assert (cfg.admission, cfg.eviction) == (new_adm, new_ev) and cfg.wants_changes()
 # auto: the same candidates as the unedited package, so the same run.
 assert list(AUTO_ADMISSIONS) == expected["auto_admissions"]
 assert list(AUTO_EVICTIONS) == expected["auto_evictions"]

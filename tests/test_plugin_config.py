@@ -10,59 +10,60 @@ from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.plugin.config import (
     ENV_VARS,
-    AdmissionConfig,
-    AdmissionConfigError,
+    Settings,
+    SettingsError,
 )
 
 
 def test_defaults():
-    cfg = AdmissionConfig.from_env({})
-    assert cfg == AdmissionConfig(policy="vllm", eviction="lru", alpha=None, log_interval=10.0,
-                                  tune_multiplier=5, tune_grid="coarse")
+    cfg = Settings.from_env({})
+    assert cfg == Settings(admission="vllm", eviction="lru", alpha=None, log_interval=10.0,
+                           tune_multiplier=5, tune_grid="coarse")
     assert cfg.describe() == "admission=vllm eviction=lru"
 
 
 def test_every_valid_value():
     for policy in ADMISSION_POLICIES:
-        assert AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": policy}).policy == policy
-    cfg = AdmissionConfig.from_env({
+        assert Settings.from_env({"VLLM_ADMISSION_POLICY": policy}).admission == policy
+    cfg = Settings.from_env({
         "VLLM_ADMISSION_POLICY": " marconi ", "VLLM_ADMISSION_EVICTION": "flop",
         "VLLM_ADMISSION_ALPHA": "0.25", "VLLM_ADMISSION_LOG_INTERVAL": "0",
         "VLLM_ADMISSION_TUNE_MULTIPLIER": "3", "VLLM_ADMISSION_TUNE_GRID": "paper"})
-    assert cfg == AdmissionConfig("marconi", "flop", 0.25, 0.0, 3, "paper")
+    assert cfg == Settings(admission="marconi", eviction="flop", alpha=0.25, log_interval=0.0,
+                           tune_multiplier=3, tune_grid="paper")
     assert cfg.describe() == "admission=marconi eviction=flop alpha=0.25"
-    assert AdmissionConfig.from_env({"VLLM_ADMISSION_EVICTION": "flop"}).describe().endswith(
+    assert Settings.from_env({"VLLM_ADMISSION_EVICTION": "flop"}).describe().endswith(
         "alpha=tuned online")
-    auto = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "auto",
+    auto = Settings.from_env({"VLLM_ADMISSION_POLICY": "auto",
                                      "VLLM_ADMISSION_AUTO_INTERVAL": "8"})
-    assert auto.auto_interval == 8
+    assert auto.auto.interval == 8
     assert auto.describe() == "admission=auto eviction=lru decisions every 8 requests"
-    assert auto.shadow_rate is None
-    sampled = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "auto",
+    assert auto.auto.shadow_rate is None
+    sampled = Settings.from_env({"VLLM_ADMISSION_POLICY": "auto",
                                         "VLLM_ADMISSION_SHADOW_RATE": "0.125"})
-    assert sampled.shadow_rate == 0.125 and sampled.describe().endswith("shadow rate 0.125")
-    assert AdmissionConfig.from_env({"VLLM_ADMISSION_SHADOW_RATE": "auto"}).shadow_rate is None
-    assert auto.auto_margin == 0.0
-    margin = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "auto",
+    assert sampled.auto.shadow_rate == 0.125 and sampled.describe().endswith("shadow rate 0.125")
+    assert Settings.from_env({"VLLM_ADMISSION_SHADOW_RATE": "auto"}).auto.shadow_rate is None
+    assert auto.auto.margin == 0.0
+    margin = Settings.from_env({"VLLM_ADMISSION_POLICY": "auto",
                                        "VLLM_ADMISSION_AUTO_MARGIN": "0.3"})
-    assert margin.auto_margin == 0.3 and margin.describe().endswith("margin 0.3")
-    assert auto.auto_admissions is None
-    chosen = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "auto",
+    assert margin.auto.margin == 0.3 and margin.describe().endswith("margin 0.3")
+    assert auto.auto.admissions is None
+    chosen = Settings.from_env({"VLLM_ADMISSION_POLICY": "auto",
                                        "VLLM_ADMISSION_AUTO_ADMISSIONS": " vllm, written "})
-    assert chosen.auto_admissions == ("vllm", "written")
+    assert chosen.auto.admissions == ("vllm", "written")
     assert chosen.describe().endswith("admissions vllm,written")
-    assert auto.shadow_nice == 19
-    niced = AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "auto",
+    assert auto.auto.shadow_nice == 19
+    niced = Settings.from_env({"VLLM_ADMISSION_POLICY": "auto",
                                       "VLLM_ADMISSION_SHADOW_NICE": "0"})
-    assert niced.shadow_nice == 0 and niced.describe().endswith("shadow nice 0")
-    inpass = AdmissionConfig.from_env({"VLLM_ADMISSION_CHECKPOINT": "inpass"})
+    assert niced.auto.shadow_nice == 0 and niced.describe().endswith("shadow nice 0")
+    inpass = Settings.from_env({"VLLM_ADMISSION_CHECKPOINT": "inpass"})
     assert inpass.checkpoint == "inpass" and inpass.wants_changes()
     assert inpass.describe() == "admission=vllm eviction=lru checkpoint=inpass"
-    assert AdmissionConfig.from_env({"VLLM_ADMISSION_CHECKPOINT": "split"}) == AdmissionConfig()
+    assert Settings.from_env({"VLLM_ADMISSION_CHECKPOINT": "split"}) == Settings()
 
 
 def test_empty_values_mean_unset():
-    assert AdmissionConfig.from_env({name: "" for name in ENV_VARS}) == AdmissionConfig()
+    assert Settings.from_env({name: "" for name in ENV_VARS}) == Settings()
 
 
 @pytest.mark.parametrize("name,value,valid", [
@@ -90,8 +91,8 @@ def test_empty_values_mean_unset():
     ("VLLM_ADMISSION_SHADOW_NICE", "low", "an integer from 0 to 19"),
 ])
 def test_invalid_values_give_one_line(name, value, valid):
-    with pytest.raises(AdmissionConfigError) as info:
-        AdmissionConfig.from_env({name: value})
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({name: value})
     msg = str(info.value)
     assert "\n" not in msg
     assert msg.startswith(f"{name}={value!r} is invalid; ")
@@ -100,16 +101,16 @@ def test_invalid_values_give_one_line(name, value, valid):
 
 
 def test_auto_admissions_need_auto_admission():
-    with pytest.raises(AdmissionConfigError) as info:
-        AdmissionConfig.from_env({"VLLM_ADMISSION_AUTO_ADMISSIONS": "vllm,written"})
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"VLLM_ADMISSION_AUTO_ADMISSIONS": "vllm,written"})
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith("VLLM_ADMISSION_AUTO_ADMISSIONS=vllm,written names")
     assert "VLLM_ADMISSION_POLICY=vllm" in msg and "VLLM_ADMISSION_POLICY=auto" in msg
 
 
 def test_long_values_are_shortened_in_the_message():
-    with pytest.raises(AdmissionConfigError) as info:
-        AdmissionConfig.from_env({"VLLM_ADMISSION_POLICY": "x" * 500})
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env({"VLLM_ADMISSION_POLICY": "x" * 500})
     assert len(str(info.value)) < 200
 
 

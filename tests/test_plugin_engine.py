@@ -467,7 +467,7 @@ def test_auto_starts_and_gives_stock_outputs(engines, reference):
 @each_model
 def test_invalid_setting_stops_the_engine_with_one_line(engines, monkeypatch):
     from vllm_admission.engine.llm import EngineSettings, build_llm
-    from vllm_admission.plugin.config import AdmissionConfigError
+    from vllm_admission.plugin.config import SettingsError
 
     engines.close()
     settings = EngineSettings(model=str(engines.model_dir), max_model_len=MAX_MODEL_LEN,
@@ -476,7 +476,7 @@ def test_invalid_setting_stops_the_engine_with_one_line(engines, monkeypatch):
                               scheduler_cls="vllm_admission.AdmissionScheduler",
                               env={"VLLM_ADMISSION_POLICY": "marconni"})
     try:
-        with pytest.raises(AdmissionConfigError) as info:
+        with pytest.raises(SettingsError) as info:
             build_llm(settings)
     finally:
         # The half-built engine initialised process-wide distributed state and nothing

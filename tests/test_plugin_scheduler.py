@@ -263,13 +263,13 @@ def test_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy, evi
 
 # ---------------------------------------------------------------- configuration
 def test_bad_environment_values_give_one_line(vllm_config, monkeypatch):
-    from vllm_admission.plugin.config import AdmissionConfigError
+    from vllm_admission.plugin.config import SettingsError
 
     for var, value, valid in [("VLLM_ADMISSION_POLICY", "bogus", ", ".join(ADMISSION_POLICIES)),
                               ("VLLM_ADMISSION_EVICTION", "belady", ", ".join(ENGINE_EVICTION_POLICIES)),
                               ("VLLM_ADMISSION_ALPHA", "-1", ">= 0")]:
         monkeypatch.setenv(var, value)
-        with pytest.raises(AdmissionConfigError) as info:
+        with pytest.raises(SettingsError) as info:
             build(vllm_config, monkeypatch, policy=value if var.endswith("POLICY") else "vllm",
                   eviction=value if var.endswith("EVICTION") else "lru",
                   alpha=value if var.endswith("ALPHA") else None)
@@ -286,13 +286,13 @@ def test_settings_given_as_an_object_win_over_the_environment(vllm_config, async
     variable; the async variant vLLM's async scheduling picks keeps it."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    from vllm_admission.plugin.config import AdmissionConfig
+    from vllm_admission.plugin.config import Settings
     from vllm_admission.plugin.scheduler import AdmissionScheduler
     from vllm_admission_testing.harness import make_kv_cache_config, make_scheduler
 
     cfg = async_config if asynchronous else vllm_config
     monkeypatch.setenv("VLLM_ADMISSION_POLICY", "bogus")       # would refuse to start
-    config = AdmissionConfig(policy="marconi", eviction="flop", alpha=0.25, log_interval=0)
+    config = Settings(admission="marconi", eviction="flop", alpha=0.25, log_interval=0)
     cls = AdmissionScheduler.configured(config)
     sched = make_scheduler(cls, cfg, make_kv_cache_config(cfg, 80))
     try:
@@ -580,7 +580,7 @@ def test_auto_leaves_reuse_out_where_blocks_get_hashes_elsewhere(vllm_config, mo
     """``reuse`` needs one key per full block; where the engine hashes blocks otherwise,
     a fixed ``reuse`` is refused in one line and ``auto`` runs without it, saying so."""
     import vllm_admission.plugin.scheduler as plugin_scheduler
-    from vllm_admission.plugin.config import AdmissionConfigError
+    from vllm_admission.plugin.config import SettingsError
 
     seen = []
     real = plugin_scheduler.AdmissionControl
@@ -595,7 +595,7 @@ def test_auto_leaves_reuse_out_where_blocks_get_hashes_elsewhere(vllm_config, mo
     engine.scheduler.shutdown()
     monkeypatch.setattr(plugin_scheduler.AdmissionScheduler, "_admission_key_problems",
                         lambda self: ["KV cache groups of different block sizes"])
-    with pytest.raises(AdmissionConfigError, match="KV cache groups of different block sizes"):
+    with pytest.raises(SettingsError, match="KV cache groups of different block sizes"):
         build(vllm_config, monkeypatch, policy="vllm", eviction="reuse")
     caplog.set_level(logging.WARNING, logger="vllm_admission")
     logger = logging.getLogger("vllm_admission")

@@ -188,9 +188,9 @@ def test_random_workload_matches_core_model_with_the_export(vllm_config, monkeyp
 def test_inpass_mode_refuses_vllms_export(vllm_config, monkeypatch):
     """The plugin's own in-pass capture and vLLM's export would both write checkpoint
     columns in one step: ``inpass`` says so in one line."""
-    from vllm_admission.plugin.config import AdmissionConfigError
+    from vllm_admission.plugin.config import SettingsError
 
-    with pytest.raises(AdmissionConfigError) as info:
+    with pytest.raises(SettingsError) as info:
         build(vllm_config, monkeypatch, policy="marconi", checkpoint="inpass")
     msg = str(info.value)
     assert "\n" not in msg

@@ -54,7 +54,7 @@ from vllm_admission.core.adaptive import AUTO_EVICTIONS, auto_evictions
 from vllm_admission.core.eviction import (EVICTION_POLICIES, engine_eviction_policies,
                                           eviction_class, stock_eviction)
 from vllm_admission.core.policies import load_policy_plugins
-from vllm_admission.plugin.config import AdmissionConfig
+from vllm_admission.plugin.config import Settings
 
 at_import = [n for n in EVICTION_POLICIES if n.startswith("scratch")]
 loaded = load_policy_plugins()
@@ -65,7 +65,7 @@ print(json.dumps({"at_import": at_import, "loaded": loaded,
     "auto": list(auto_evictions()), "AUTO": list(AUTO_EVICTIONS),
     "declared": [eviction_class("scratch_lru").vllm_order,
                  eviction_class("scratch_lru").auto_candidate],
-    "accepted": AdmissionConfig.from_env({"VLLM_ADMISSION_EVICTION": "scratch_mru"}).eviction,
+    "accepted": Settings.from_env({"VLLM_ADMISSION_EVICTION": "scratch_mru"}).eviction,
 }))
 '''
 

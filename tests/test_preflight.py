@@ -20,15 +20,15 @@ from vllm_admission.plugin.boundary.engine_setup import (  # noqa: E402
     prefill_tokens,
     preflight,
 )
-from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError  # noqa: E402
+from vllm_admission.plugin.config import Settings, SettingsError  # noqa: E402
 
 # The harness's fixtures (model_dir, vllm_config, async_config, costs; tuners stopped
 # after each test) are pytest's to inject.
 pytest_plugins = ["scheduler_harness"]
 
 
-def settings(policy="vllm", eviction="lru", **kw) -> AdmissionConfig:
-    return AdmissionConfig(policy=policy, eviction=eviction, log_interval=0, **kw)
+def settings(policy="vllm", eviction="lru", **kw) -> Settings:
+    return Settings(admission=policy, eviction=eviction, log_interval=0, **kw)
 
 
 class _Spec:
@@ -68,7 +68,7 @@ def fake_config(*, spec=None, tokens=0, connector=None, unit=None, block=128, ca
      "speculative decoding other than EAGLE/MTP"),
 ])
 def test_a_refusal_comes_from_the_config_before_the_model_loads(config, named, feature):
-    with pytest.raises(AdmissionConfigError) as info:
+    with pytest.raises(SettingsError) as info:
         preflight(fake_config(**config), settings("marconi"))
     msg = str(info.value)
     assert "\n" not in msg and msg.startswith(f"{named} cannot run with ") and feature in msg
@@ -87,7 +87,7 @@ def test_a_sub_block_hash_unit_runs_every_policy_and_refuses_inpass(caplog):
     plan, lines = plugin_lines(caplog, lambda: plan_for(
         settings(AUTO, AUTO), EngineFacts.from_vllm_config(config)))
     assert set(plan.evictions) == set(AUTO_EVICTIONS) and not lines
-    with pytest.raises(AdmissionConfigError, match="VLLM_ADMISSION_CHECKPOINT=inpass cannot run "
+    with pytest.raises(SettingsError, match="VLLM_ADMISSION_CHECKPOINT=inpass cannot run "
                                                    ".*prefix_match_unit below"):
         preflight(config, settings("marconi", checkpoint="inpass"))
 
@@ -97,7 +97,7 @@ def test_a_key_problem_the_core_does_not_model_refuses_hash_keyed_eviction(caplo
     a fixed hash-keyed eviction is refused in one line naming it, and ``auto`` runs
     without those candidates, saying so."""
     facts = EngineFacts(key_problems=("KV cache groups of different block sizes",))
-    with pytest.raises(AdmissionConfigError, match="VLLM_ADMISSION_EVICTION=reuse cannot run "
+    with pytest.raises(SettingsError, match="VLLM_ADMISSION_EVICTION=reuse cannot run "
                                                    "with KV cache groups of different"):
         plan_for(settings("vllm", "reuse"), facts)
     plan, lines = plugin_lines(caplog, lambda: plan_for(settings("vllm", AUTO), facts))
@@ -137,7 +137,7 @@ def test_mtp_with_a_finer_hash_unit_runs_every_policy_but_inpass():
     config = fake_config(spec="mtp", tokens=1, unit=32)
     for policy in ("marconi", "dense", "last", "block", AUTO):
         preflight(config, settings(policy, AUTO if policy == AUTO else "s3fifo"))
-    with pytest.raises(AdmissionConfigError, match="VLLM_ADMISSION_CHECKPOINT=inpass"):
+    with pytest.raises(SettingsError, match="VLLM_ADMISSION_CHECKPOINT=inpass"):
         preflight(config, settings("marconi", checkpoint="inpass"))
 
 
@@ -165,13 +165,13 @@ def test_auto_without_a_flop_model_scores_by_tokens_and_flop_is_refused():
     plan = plan_for(settings(AUTO, AUTO), facts)
     assert plan.adaptive and plan.needs_flops
     assert plan_for(settings(AUTO, "lru"), facts).adaptive
-    with pytest.raises(AdmissionConfigError) as info:
+    with pytest.raises(SettingsError) as info:
         plan_for(settings("vllm", "flop"), facts)
     msg = str(info.value)
     assert msg.startswith("VLLM_ADMISSION_EVICTION=flop needs a FLOP model of this "
                           "architecture: unknown architecture 'KimiLinearForCausalLM'")
     assert "flop" not in msg.split("valid here:")[1]
-    with pytest.raises(AdmissionConfigError, match="VLLM_ADMISSION_EVICTION=flop needs"):
+    with pytest.raises(SettingsError, match="VLLM_ADMISSION_EVICTION=flop needs"):
         plan_for(settings(AUTO, "flop"), facts)
     assert prefill_tokens(1000, 256) == 744.0
 
@@ -193,7 +193,7 @@ def test_the_scheduler_runs_auto_by_tokens_on_an_unknown_architecture(vllm_confi
                    for _, message in lines)
     finally:
         engine.scheduler.shutdown()
-    with pytest.raises(AdmissionConfigError, match="needs a FLOP model"):
+    with pytest.raises(SettingsError, match="needs a FLOP model"):
         build(vllm_config, monkeypatch, policy="vllm", eviction="flop")
 
 
@@ -212,7 +212,7 @@ def test_build_llm_refuses_before_the_engine_core_starts(tiny_model_of, engine_e
                         lambda self, *a, **k: started.append(1) or real(self, *a, **k))
     s = plugin_settings(str(tiny_model_of("qwen3-next")), admission="marconi", eviction="lru")
     s.engine_args = {"speculative_config": NGRAM}
-    with pytest.raises(AdmissionConfigError) as info:
+    with pytest.raises(SettingsError) as info:
         build_llm(s)
     assert str(info.value) == NGRAM_REFUSAL
     assert not started
@@ -231,7 +231,7 @@ def test_hidden_states_in_smaller_blocks_are_refused_before_the_model_loads(capl
     qwen = json.loads(Path(load_model("qwen3-next-80b-a3b").source).read_text())
     config = fake_config(spec="extract_hidden_states", tokens=1)
     config.model_config.hf_config = SimpleNamespace(to_dict=lambda: qwen)
-    with pytest.raises(AdmissionConfigError) as info:
+    with pytest.raises(SettingsError) as info:
         preflight(config, settings("marconi"))
     assert str(info.value).startswith("VLLM_ADMISSION_POLICY=marconi cannot run with KV cache "
                                       "groups of different block sizes")

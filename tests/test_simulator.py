@@ -308,7 +308,7 @@ def test_cli_refuses_an_auto_interval_below_one(tmp_path, capsys):
     rc = main(["simulate", "--trace", "synthetic", "--capacity", "2GiB", "--admission", "auto",
                "--auto-interval", "0", "--out", str(tmp_path), "--no-progress"])
     err = capsys.readouterr().err
-    assert rc != 0 and "--auto-interval must be >= 1 request, got 0" in err
+    assert rc != 0 and "--auto-interval='0' is invalid; valid: an integer >= 1" in err
     assert "Traceback" not in err
 
 

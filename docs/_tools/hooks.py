@@ -1,9 +1,13 @@
-"""MkDocs hooks: the command-line reference, generated from the CLI's own parser.
+"""MkDocs hooks: the command-line reference and the settings table, generated from the code.
 
 ``docs/cli.md`` holds the marker ``<!-- cli-reference -->``; at build time it is replaced by
 one section per ``vllm-admission`` subcommand (its usage line and a table of every option,
 with its default and help text) read from ``vllm_admission.cli.build_parser()``, so the page
-lists exactly the flags the installed command takes. Configured in ``mkdocs.yml`` (``hooks``).
+lists exactly the flags the installed command takes. ``<!-- settings-reference -->`` is
+replaced by the table of every ``VLLM_ADMISSION_*`` variable, read from the fields of
+``vllm_admission.core.settings.Settings`` (variable, default, flag, valid values, meaning) and
+the plugin's internal variables (``vllm_admission.plugin.config``). Configured in
+``mkdocs.yml`` (``hooks``).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 
 MARKER = "<!-- cli-reference -->"
+SETTINGS_MARKER = "<!-- settings-reference -->"
 
 
 def _cell(text: str) -> str:
@@ -63,7 +68,29 @@ def cli_reference() -> str:
     return "\n".join(out)
 
 
+def settings_reference() -> str:
+    import dataclasses
+
+    from vllm_admission.core.settings import knobs
+    from vllm_admission.plugin import config as plugin_config
+
+    lines = ["| variable | default | flag (`simulate`, `fidelity`, `replay`) | valid values | meaning |",
+             "|---|---|---|---|---|"]
+    for path, f, k in knobs():
+        default = f.default if f.default is not dataclasses.MISSING else None
+        shown = "unset" if default is None else f"`{default}`"
+        if path == ("auto", "shadow_rate"):
+            shown = "`auto`"
+        flag = f"`{k.flag}`" if k.flag else ""
+        lines.append(f"| `{k.env}` | {shown} | {flag} | {_cell(k.valid_text())} | {_cell(k.help)} |")
+    for name in (plugin_config.ENV_CPU_FIXES, plugin_config.ENV_METRICS_DIR, plugin_config.ENV_ACTIVE):
+        lines.append(f"| `{name}` | | | | {_cell(plugin_config.ENV_VARS[name])} |")
+    return "\n".join(lines)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
     if MARKER in markdown:
-        return markdown.replace(MARKER, cli_reference())
+        markdown = markdown.replace(MARKER, cli_reference())
+    if SETTINGS_MARKER in markdown:
+        markdown = markdown.replace(SETTINGS_MARKER, settings_reference())
     return markdown

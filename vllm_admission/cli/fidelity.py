@@ -8,6 +8,7 @@ import sys
 from vllm_admission.cli import options
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.errors import UserError
+from vllm_admission.core.settings import Settings, add_flags
 
 __all__ = ["add_fidelity_parser", "run_fidelity_cli"]
 
@@ -36,9 +37,7 @@ def add_fidelity_parser(sub) -> None:
                    help="timed mode: multiply arrival times by this (default 1)")
     options.add_policy_tuning_args(p, auto_interval=True)
     p.add_argument("--seed", type=int, default=0, help="synthetic workload and engine seed")
-    p.add_argument("--checkpoint", default="split", metavar="split|inpass",
-                   help="checkpoint mode of both sides (default split, vLLM's; inpass: states written "
-                        "inside the forward pass, VLLM_ADMISSION_CHECKPOINT=inpass)")
+    add_flags(p, ["checkpoint"])
     options.add_engine_args(p)
     p.add_argument("--check", action="store_true",
                    help="exit 1 unless every sequential record meets the fidelity bar: exact per "
@@ -96,6 +95,7 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     host_policy, host_admission = options.host_settings(args)
+    policy = Settings.from_args(args)
     spec = FidelitySpec(
         model=args.model, trace=args.trace,
         admissions=parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, "auto"]),
@@ -104,8 +104,8 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         max_prompt_tokens=args.max_prompt_tokens, max_output_len=args.max_output_len,
         mooncake_block_tokens=args.mooncake_block_tokens,
         synthetic=_synthetic_params(args.synthetic), mode=args.mode, time_scale=args.time_scale,
-        alpha=args.alpha, auto_interval=args.auto_interval, seed=args.seed,
-        checkpoint=args.checkpoint, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
+        alpha=policy.alpha, auto_interval=policy.auto.interval, seed=args.seed,
+        checkpoint=policy.checkpoint, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
         engine_args=_without_offload(options.engine_args_from(args), args),
         offload=options.offload_bytes(args), host_policy=host_policy or "lru",
         host_admission=host_admission)

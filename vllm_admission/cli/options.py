@@ -71,14 +71,9 @@ def add_model_trace_policy_args(p, policies: str) -> None:
 def add_policy_tuning_args(p, *, auto_interval: bool) -> None:
     """``--alpha`` and, with ``auto_interval``, ``--auto-interval``: the policies' own
     settings, as ``simulate``, ``replay`` and ``fidelity`` take them."""
-    from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL
+    from vllm_admission.core.settings import add_flags
 
-    p.add_argument("--alpha", type=float, default=None,
-                   help="fix flop eviction's alpha instead of tuning it online")
-    if auto_interval:
-        p.add_argument("--auto-interval", type=int, default=DEFAULT_INTERVAL,
-                       help=f"with '{AUTO}': requests between two policy decisions "
-                            f"(default {DEFAULT_INTERVAL})")
+    add_flags(p, ["alpha", *(["auto.interval"] if auto_interval else [])])
 
 
 def add_request_limit_args(p, *, max_prompt_tokens: bool, mooncake_note: str = "") -> None:
@@ -130,10 +125,9 @@ def add_engine_args(p) -> None:
                    help="with --offload: the host tier's eviction policy, vLLM's lru (default) "
                         "or one of the project's (lfu, reuse, s3fifo, mix), which vLLM loads "
                         "through cache_policy_module_path")
-    p.add_argument("--host-admission", default=None, metavar="NAME",
-                   help="with a host tier: per-tier admission (VLLM_ADMISSION_HOST_ADMISSION), "
-                        "an admission policy whose states go to host memory only where the "
-                        "GPU policy does not keep them")
+    from vllm_admission.core.settings import add_flags
+
+    add_flags(p, ["host_admission"])
 
 
 def _json_object(flag: str, text: str) -> dict:
@@ -197,11 +191,12 @@ def host_settings(args) -> tuple[str | None, str | None]:
             ``--kv-transfer-config`` with a connector).
     """
     from vllm_admission.core.cache.host import check_host_admission, check_host_tier
+    from vllm_admission.core.settings import Settings
 
     policy = getattr(args, "host_policy", None)
     if policy is not None:
         check_host_tier(policy)
-    admission = getattr(args, "host_admission", None)
+    admission = Settings.from_args(args).host_admission
     has_host = (getattr(args, "offload", None) is not None
                 or getattr(args, "kv_transfer_config", None) is not None)
     check_host_admission(admission, has_host)

@@ -22,6 +22,7 @@ Writes ``<out>/results.json``:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from vllm_admission.core.admission import (
 )
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import engine_eviction_policies
+from vllm_admission.core.settings import Settings
 
 __all__ = ["add_replay_parser", "run_replay"]
 
@@ -65,8 +67,7 @@ def _check_args(args: argparse.Namespace) -> dict[str, Any]:
     if args.eviction not in engine_eviction_policies() and args.eviction != AUTO:
         raise UnknownPolicyError(f"eviction policy {args.eviction!r} cannot run in an engine; "
                                  f"valid: {', '.join([*engine_eviction_policies(), AUTO])}")
-    if args.alpha is not None and not args.alpha >= 0:
-        raise UserError(f"--alpha must be >= 0, got {args.alpha}")
+    Settings.from_args(args)   # --alpha, --host-admission
     for name in ("num_gpu_blocks", "max_model_len", "max_requests", "max_output_len",
                  "mooncake_block_tokens"):
         value = getattr(args, name)
@@ -81,13 +82,13 @@ def _check_args(args: argparse.Namespace) -> dict[str, Any]:
 def _build(args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
     from vllm_admission.engine.llm import build_llm_fitting, plugin_settings
 
-    settings = plugin_settings(args.model, admission=args.admission, eviction=args.eviction,
-                               alpha=args.alpha, num_gpu_blocks=args.num_gpu_blocks,
+    policy = dataclasses.replace(Settings.from_args(args), admission=args.admission,
+                                 eviction=args.eviction)
+    settings = plugin_settings(args.model, policy,
+                               num_gpu_blocks=args.num_gpu_blocks,
                                max_model_len=args.max_model_len, seed=args.seed)
     settings.mamba_ssm_cache_dtype = args.mamba_ssm_cache_dtype
     settings.engine_args = engine_args
-    if getattr(args, "host_admission", None) is not None:
-        settings.env["VLLM_ADMISSION_HOST_ADMISSION"] = args.host_admission
     llm, note = build_llm_fitting(settings)
     if note:
         print(f"vllm-admission: {note}")
@@ -141,9 +142,9 @@ def run_replay(args: argparse.Namespace) -> int:
         "trace": str(args.trace),
         "admission": args.admission,
         "eviction": args.eviction,
-        "alpha": args.alpha,
+        "alpha": Settings.from_args(args).alpha,
         "engine_args": engine_args,
-        "host_admission": getattr(args, "host_admission", None),
+        "host_admission": Settings.from_args(args).host_admission,
         "geometry": geometry.to_dict(),
         "requests": [{k: r[k] for k in ("request_id", "prompt_tokens", "output_len",
                                          "cached_tokens", "prefill_steps", "status")}

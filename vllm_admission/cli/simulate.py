@@ -6,14 +6,14 @@ import argparse
 import sys
 
 from vllm_admission.cli.options import RETENTION_HELP, add_policy_tuning_args, parse_retention_interval
-from vllm_admission.core.adaptive import AUTO, check_stock_margin, parse_auto_admissions, parse_shadow_rate
+from vllm_admission.core.adaptive import AUTO
 from vllm_admission.core.admission import ADMISSION_POLICIES
-from vllm_admission.core.cache import CHECKPOINT_MODES, check_checkpoint_mode
 from vllm_admission.core.cache.host import host_policy_names
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import EVICTION_POLICIES
 from vllm_admission.core.geometry import parse_bytes
+from vllm_admission.core.settings import Settings, add_flags
 from vllm_admission.sim.sweep import EXECUTORS, RAY_INSTALL_HINT
 
 __all__ = ["DEMO_MODEL", "MAMBA_SSM_CACHE_DTYPES", "add_simulate_args", "run_simulate"]
@@ -54,12 +54,7 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                         "the state page and so raises the block size")
     p.add_argument("--chunk-size", type=int, default=None,
                    help="prefill tokens per step, vLLM's max_num_batched_tokens (default 8192)")
-    p.add_argument("--checkpoint", default="split", metavar="|".join(CHECKPOINT_MODES),
-                   help="how prefill writes recurrent-state checkpoints: 'split' (default, vLLM "
-                        "0.32: a prefill chunk ends at every checkpoint) or 'inpass' (the states "
-                        "are captured inside the forward pass: chunks end at the token budget "
-                        "only; the plugin's VLLM_ADMISSION_CHECKPOINT=inpass, see "
-                        "docs/checkpoints.md for where the engine runs it)")
+    add_flags(p, ["checkpoint"])
     p.add_argument("--retention-interval", "--prefix-cache-retention-interval",
                    dest="retention_interval", default="0", metavar="0|N|none",
                    help=RETENTION_HELP)
@@ -95,31 +90,12 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                       help="its eviction policy, the connector's eviction_policy: vLLM's lru "
                            "(default) or one of the project's, which the plugin runs in vLLM "
                            "through cache_policy_module_path")
-    host.add_argument("--host-admission", choices=list(ADMISSION_POLICIES), default=None,
-                      help="per-tier admission: the states this admission policy keeps go to the "
-                           "host only where a pair's own admission does not keep them on the GPU "
-                           "(their positions end prefill chunks too), e.g. dense (default: what "
-                           "the GPU keeps)")
+    add_flags(host, ["host_admission"])
     host.add_argument("--host-bandwidth", default="64GB", metavar="BYTES",
                       help="host-to-device bytes per second that prices its loads (default 64GB: "
                            "an H100's PCIe 5.0 x16 link, one direction)")
     add_policy_tuning_args(p, auto_interval=True)
-    p.add_argument("--tune-grid", choices=("coarse", "paper"), default="coarse",
-                   help="alphas flop eviction tries on its bootstrap window: 'coarse' "
-                        "(0, 0.1, 0.2, 0.5, 1, 2; default) or Marconi's 'paper' grid (0 to 2 by 0.1)")
-    p.add_argument("--shadow-rate", default="auto", metavar="auto|R",
-                   help=f"with '{AUTO}': the fraction of requests its shadow caches serve, on "
-                        f"pools scaled alike: 'auto' (default) chooses it from the trace, a number "
-                        f"in (0, 1] fixes it, 1 runs full shadows (docs/simulator.md)")
-    p.add_argument("--auto-margin", type=float, default=0.0, metavar="M",
-                   help=f"with '{AUTO}': leave stock's pair only for one whose shadow saved more "
-                        f"than (1 + M) times stock's, and serve no pair whose shadow saved less "
-                        f"than stock's; 0 (default) is off, 0.3 asks a 30%% lead "
-                        f"(docs/simulator.md)")
-    p.add_argument("--auto-admissions", default=None, metavar="NAMES",
-                   help=f"with admission '{AUTO}': the admission policies it chooses among, "
-                        f"comma-separated (default: every registered candidate; "
-                        f"docs/simulator.md)")
+    add_flags(p, ["tune_grid", "auto.shadow_rate", "auto.margin", "auto.admissions"])
     p.add_argument("--resample", type=int, default=None, metavar="N",
                    help="replay N requests: the trace repeated pass after pass, its content "
                         "renamed in each pass except shared prefixes (a long trace with the "
@@ -189,14 +165,10 @@ def run_simulate(args: argparse.Namespace) -> int:
         raise UserError(f"--block-size must be >= 1 token, got {args.block_size}")
     if args.resample is not None and args.resample < 1:
         raise UserError(f"--resample must be >= 1 request, got {args.resample}")
-    if args.auto_interval < 1:
-        raise UserError(f"--auto-interval must be >= 1 request, got {args.auto_interval}")
-    check_checkpoint_mode(args.checkpoint)
-    shadow_rate = parse_shadow_rate(args.shadow_rate)
-    check_stock_margin(args.auto_margin)
+    policy = Settings.from_args(args)
     admissions = parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, AUTO])
     pairs = parse_pairs(args.pairs)
-    auto_admissions = parse_auto_admissions(args.auto_admissions)
+    auto_admissions = policy.auto.admissions
     if auto_admissions is not None and AUTO not in (*admissions, *(a for a, _ in pairs)):
         raise UserError(f"--auto-admissions names the policies admission {AUTO!r} chooses "
                         f"among, and no run here has admission {AUTO!r}")
@@ -206,23 +178,22 @@ def run_simulate(args: argparse.Namespace) -> int:
         admissions=admissions,
         evictions=parse_list(args.eviction, "eviction policy", [*EVICTION_POLICIES, AUTO]),
         pairs=pairs,
-        chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=args.alpha,
+        chunk_size=args.chunk_size or DEFAULT_CHUNK_SIZE, alpha=policy.alpha,
         max_requests=args.max_requests, seed=args.seed, outputs=args.outputs,
         resample=args.resample,
-        tune_grid=args.tune_grid, auto_interval=args.auto_interval, shadow_rate=shadow_rate,
-        auto_margin=args.auto_margin, auto_admissions=auto_admissions,
-        mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=args.checkpoint,
+        tune_grid=policy.tune_grid, auto_interval=policy.auto.interval,
+        shadow_rate=policy.auto.shadow_rate, auto_margin=policy.auto.margin,
+        auto_admissions=auto_admissions,
+        mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype, checkpoint=policy.checkpoint,
         retention_interval=retention, hash_block_size=args.prefix_match_unit,
         block_size=args.block_size, num_speculative_tokens=args.num_speculative_tokens,
         hidden_states=args.hidden_states, host_bytes=parse_bytes(args.host_capacity),
         host_policy=args.host_policy, host_bandwidth=_bandwidth(args.host_bandwidth),
-        host_admission=args.host_admission, async_scheduling=args.async_scheduling)
-    if args.alpha is not None:
-        if not args.alpha >= 0:
-            raise UserError(f"--alpha must be >= 0, got {args.alpha}")
+        host_admission=policy.host_admission, async_scheduling=args.async_scheduling)
+    if policy.alpha is not None:
         names = {e for _, e, _ in spec.runs()} - {AUTO}
         if not any(eviction_class(e).tunable for e in names):
-            print(f"vllm-admission: --alpha {args.alpha:g} has no effect: no eviction policy run "
+            print(f"vllm-admission: --alpha {policy.alpha:g} has no effect: no eviction policy run "
                   f"here has an alpha ({', '.join(sorted(names)) or AUTO}; flop has one)",
                   file=sys.stderr)
     costs = spec.load_costs()

@@ -85,10 +85,11 @@ from vllm_admission.core.eviction import (
     get_eviction,
     stock_eviction,
 )
+from vllm_admission.core.layout import DEFAULT_CHECKPOINT
 from vllm_admission.core.sampling import PrefixSampler
 
 __all__ = ["AUTO", "AUTO_ADMISSIONS", "AUTO_EVICTIONS", "DEFAULT_INTERVAL", "DEFAULT_MIN_SAMPLES",  # noqa: F822 - two names come from __getattr__
-           "DECISIONS_KEPT",
+           "DECISIONS_KEPT", "DEFAULT_MARGIN",
            "MARGIN_ADMISSIONS", "MARGIN_SETTING", "MIN_SHADOW_REQUESTS", "auto_admissions",
            "check_stock_margin", "parse_auto_admissions",
            "parse_shadow_rate",
@@ -102,6 +103,9 @@ AUTO = "auto"
 #: Requests between two decisions (``PolicyController.min_window``), unless the
 #: user sets another (``--auto-interval``, ``VLLM_ADMISSION_AUTO_INTERVAL``).
 DEFAULT_INTERVAL = 50
+
+#: The margin over stock unless the user sets one (``stock_margin``): off.
+DEFAULT_MARGIN = 0.0
 
 #: Decisions a controller keeps (``PolicyController.decisions``); every switch is kept.
 DECISIONS_KEPT = 1000
@@ -552,7 +556,7 @@ class PolicyController:
     min_lead_errors: float = 1.0
     drop_below: float = 0.8
     drop_after: float = 4.0
-    stock_margin: float = 0.0
+    stock_margin: float = DEFAULT_MARGIN
 
     def __post_init__(self) -> None:
         if not self.admissions or not self.evictions:
@@ -627,7 +631,7 @@ class PolicyController:
 
     @staticmethod
     def default_start(admissions: Sequence[str], evictions: Sequence[str],
-                      checkpoint: str = "split") -> Pair:
+                      checkpoint: str = DEFAULT_CHECKPOINT) -> Pair:
         """The pair served first (see the module docstring).
 
         Args:

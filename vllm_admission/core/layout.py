@@ -28,6 +28,10 @@ from dataclasses import dataclass, field
 
 from vllm_admission.core.errors import UserError
 
+#: The checkpoint mode unless the user chooses another: vLLM's own, a prefill chunk ending
+#: at every kept state (``core/cache/checkpoint.py`` lists the modes).
+DEFAULT_CHECKPOINT = "split"
+
 __all__ = ["ATTENTION", "HIDDEN", "PER_TOKEN_KINDS", "STATE", "CacheLayout", "HostTierSpec",
            "PoolSpec", "SchedulingSpec", "SpeculationSpec", "check_hash_block_size",
            "check_retention_interval"]
@@ -164,7 +168,7 @@ class SchedulingSpec:
     """
 
     chunk_size: int
-    checkpoint: str = "split"
+    checkpoint: str = DEFAULT_CHECKPOINT
     prompt_end_export: bool = False
     async_scheduling: bool = False
 

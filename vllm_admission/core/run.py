@@ -30,7 +30,6 @@ from typing import Any
 
 from vllm_admission.core.adaptive import (
     AUTO,
-    DEFAULT_INTERVAL,
     Pair,
     PolicyController,
     candidate_policies,
@@ -38,7 +37,8 @@ from vllm_admission.core.adaptive import (
 from vllm_admission.core.cache import HybridPrefixCache
 from vllm_admission.core.cache_inputs import CacheRequest, CacheSetup, replay_requests
 from vllm_admission.core.eviction import EvictionPolicy, eviction_class
-from vllm_admission.core.layout import CacheLayout
+from vllm_admission.core.layout import DEFAULT_CHECKPOINT, CacheLayout
+from vllm_admission.core.settings import AutoSettings
 from vllm_admission.core.tuning import AlphaTuner
 
 __all__ = ["RunPlan", "alpha_tuner", "controller_kwargs", "window_replay"]
@@ -67,7 +67,7 @@ class RunPlan:
     evictions: tuple[str, ...]
     adaptive: bool
     alpha: float | None = None
-    checkpoint: str = "split"
+    checkpoint: str = DEFAULT_CHECKPOINT
     start: Pair = field(init=False)
 
     def __post_init__(self) -> None:
@@ -78,7 +78,7 @@ class RunPlan:
 
     @classmethod
     def from_settings(cls, admission: str, eviction: str, *, alpha: float | None = None,
-                      checkpoint: str = "split", sub_block: bool = False,
+                      checkpoint: str = DEFAULT_CHECKPOINT, sub_block: bool = False,
                       auto_admissions: Sequence[str] | None = None) -> RunPlan:
         """The plan for the names a user gives (either may be ``"auto"``);
         ``sub_block``: the engine hashes finer than the block; ``auto_admissions``:
@@ -97,7 +97,7 @@ class RunPlan:
 
     @classmethod
     def of(cls, admissions: Sequence[str], evictions: Sequence[str], *, adaptive: bool,
-           alpha: float | None = None, checkpoint: str = "split") -> RunPlan:
+           alpha: float | None = None, checkpoint: str = DEFAULT_CHECKPOINT) -> RunPlan:
         """The plan for candidate lists (an engine's, after leaving out what it cannot run).
 
         With one pair left ``adaptive`` may be false: the run serves that pair fixed.
@@ -186,22 +186,19 @@ def alpha_tuner(setup: CacheSetup, prefill_flops: Callable[[int, int], float], *
 
 
 def controller_kwargs(plan: RunPlan, layout: CacheLayout,
-                      prefill_flops: Callable[[int, int], float], *,
-                      interval: int = DEFAULT_INTERVAL,
-                      shadow_rate: float | None = None,
-                      margin: float = 0.0) -> dict[str, Any]:
+                      prefill_flops: Callable[[int, int], float],
+                      auto: AutoSettings | None = None) -> dict[str, Any]:
     """The arguments of ``PolicyController(live, **kwargs)`` for an ``auto`` run
     (they pickle, for a controller in a child process:
     :class:`~vllm_admission.core.shadows.ShadowProcess`).
 
     Args:
-        interval: requests between two decisions (``min_window``).
-        shadow_rate: the shadows' sample rate; ``None`` chooses it from the
-            trace (:meth:`~vllm_admission.core.adaptive.PolicyController.sample_rate`),
-            1 runs full shadows.
-        margin: the lead over stock's pair a pair needs for ``auto`` to leave stock's pair for it
-            (:attr:`~vllm_admission.core.adaptive.PolicyController.stock_margin`; 0: off).
+        auto: ``auto``'s settings (default: the defaults): the decision interval
+            (``min_window``), the shadows' sample rate and the margin over stock
+            (``stock_margin``).
     """
+    auto = AutoSettings() if auto is None else auto
     return {"setup": plan.setup(layout, prefill_flops), "admissions": plan.admissions,
             "evictions": plan.evictions, "prefill_flops": prefill_flops, "start": plan.start,
-            "min_window": interval, "shadow_rate": shadow_rate, "stock_margin": margin}
+            "min_window": auto.interval, "shadow_rate": auto.shadow_rate,
+            "stock_margin": auto.margin}

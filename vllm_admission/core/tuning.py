@@ -44,6 +44,12 @@ def paper_grid(step: float = 0.1, top: float = 2.0) -> tuple[float, ...]:
 
 #: Bootstrap grids by name. "coarse" (the default) spends its 6 replays near 0,
 #: where the utility changes (see the module docstring); "paper" is Marconi's.
+#: The grid the tuner tries unless the user chooses another.
+DEFAULT_GRID = "coarse"
+#: The bootstrap window, in multiples of the requests served before the first eviction
+#: (Marconi section 4.2 uses 5).
+DEFAULT_MULTIPLIER = 5
+
 GRIDS: dict[str, tuple[float, ...]] = {
     "coarse": (0.0, 0.1, 0.2, 0.5, 1.0, 2.0),
     "paper": paper_grid(),
@@ -88,8 +94,8 @@ class AlphaTuner:
     # The requests and snapshots are opaque here: the injected replay reads them.
     replay: Callable[[float, Sequence[Any], Any], float]
     snapshot: Callable[[], Any] | None = None
-    multiplier: int = 5
-    grid: tuple[float, ...] = GRIDS["coarse"]
+    multiplier: int = DEFAULT_MULTIPLIER
+    grid: tuple[float, ...] = GRIDS[DEFAULT_GRID]
     retune_every: int | None = None
     step: float = 0.1
     max_alpha: float = 2.0

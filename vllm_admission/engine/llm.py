@@ -16,6 +16,7 @@ touches the engine imports vLLM lazily.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterable
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm_admission.core.errors import UserError
+from vllm_admission.core.settings import Settings, env_vars
 from vllm_admission.engine.geometry import EngineGeometry, KVCacheGroupInfo
 from vllm_admission.plugin.boundary.hooks import inprocess_scheduler, wrap_schedule
 
@@ -75,7 +77,7 @@ class EngineSettings:
             removes one. vLLM's own (``VLLM_CPU_KVCACHE_SPACE``,
             ``VLLM_PLUGINS``, ...) are set in ``os.environ`` before the engine
             starts. The plugin's (``VLLM_ADMISSION_*``, e.g. the policy pair)
-            are read into an ``AdmissionConfig`` that the in-process scheduler
+            are read into an ``Settings`` that the in-process scheduler
             gets as an object; only for an engine core in its own process are
             they set in ``os.environ`` (see :func:`build_llm`).
         seed: engine seed.
@@ -155,8 +157,8 @@ def _scheduler_cls(settings: EngineSettings, environ: dict[str, str]) -> Any:
     """What ``scheduler_cls`` vLLM gets, and where the plugin's settings go.
 
     The plugin's variables are read here, once (an invalid one raises
-    ``AdmissionConfigError`` before the engine starts). With the engine core in
-    this process the ``AdmissionScheduler`` gets them as an ``AdmissionConfig``
+    ``SettingsError`` before the engine starts). With the engine core in
+    this process the ``AdmissionScheduler`` gets them as an ``Settings``
     (:meth:`AdmissionScheduler.configured
     <vllm_admission.plugin.scheduler.AdmissionScheduler.configured>`). An engine
     core in a process of its own reads them from its environment, so they are
@@ -168,13 +170,13 @@ def _scheduler_cls(settings: EngineSettings, environ: dict[str, str]) -> Any:
         return name
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    from vllm_admission.plugin.config import AdmissionConfig
+    from vllm_admission.core.settings import Settings
     from vllm_admission.plugin.scheduler import AdmissionScheduler
 
     cls = resolve_obj_by_qualname(str(name))
     if not (isinstance(cls, type) and issubclass(cls, AdmissionScheduler)):
         return name
-    config = AdmissionConfig.from_env(environ)
+    config = Settings.from_env(environ)
     # Settings the engine's configuration cannot run fail before the model loads.
     from vllm_admission.plugin.boundary.hooks import install_preflight
     from vllm_admission.plugin.boundary.register import check_before_load
@@ -186,24 +188,21 @@ def _scheduler_cls(settings: EngineSettings, environ: dict[str, str]) -> Any:
     return name
 
 
-def plugin_settings(model: str, *, admission: str, eviction: str, alpha: float | None = None,
-                    auto_interval: int | None = None, num_gpu_blocks: int | None = None,
-                    max_model_len: int | None = None, seed: int = 0) -> EngineSettings:
-    """Settings for vLLM running the ``AdmissionScheduler`` with one policy pair.
+def plugin_settings(model: str, policy: Settings | None = None, *,
+                    num_gpu_blocks: int | None = None, max_model_len: int | None = None,
+                    seed: int = 0, **fields: Any) -> EngineSettings:
+    """Settings for vLLM running the ``AdmissionScheduler`` with ``policy`` (default: the
+    defaults), or with the defaults and ``fields`` (``admission="marconi"``).
 
-    The pair goes to ``VLLM_ADMISSION_POLICY`` / ``VLLM_ADMISSION_EVICTION``.
-    ``alpha`` fixes ``flop``'s alpha (``VLLM_ADMISSION_ALPHA``); ``None``
-    leaves it to online tuning and removes a ``VLLM_ADMISSION_ALPHA`` left in
-    the environment. ``auto_interval`` sets ``VLLM_ADMISSION_AUTO_INTERVAL``
-    (``None``: the default, removing one left in the environment). Names are
-    not checked here: the scheduler refuses an invalid one at engine start.
+    The engine gets them as ``VLLM_ADMISSION_*`` variables
+    (:meth:`~vllm_admission.core.settings.Settings.to_env`); each settings variable they
+    leave at its default is removed from the environment, so nothing left there from an
+    earlier engine applies. Names are not checked here: the scheduler refuses an invalid
+    one at engine start (one line).
     """
-    env: dict[str, str | None] = {
-        "VLLM_ADMISSION_POLICY": admission,
-        "VLLM_ADMISSION_EVICTION": eviction,
-        "VLLM_ADMISSION_ALPHA": None if alpha is None else repr(float(alpha)),
-        "VLLM_ADMISSION_AUTO_INTERVAL": None if auto_interval is None else str(int(auto_interval)),
-    }
+    policy = dataclasses.replace(policy or Settings(), **fields)
+    env: dict[str, str | None] = {name: None for name in env_vars()}
+    env.update(policy.to_env())
     return EngineSettings(model=str(model), num_gpu_blocks=num_gpu_blocks,
                           max_model_len=max_model_len,
                           scheduler_cls="vllm_admission.AdmissionScheduler", env=env, seed=seed)
@@ -214,7 +213,7 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
 
     Sets each :data:`DEFAULT_ENV` variable only if it is unset, then applies
     ``settings.env`` (these win; the plugin's settings go to the scheduler as an
-    ``AdmissionConfig`` when the engine core runs in this process, and through
+    ``Settings`` when the engine core runs in this process, and through
     the environment the engine-core process inherits otherwise), then builds
     ``vllm.LLM`` with
     ``enable_prefix_caching`` as in ``settings`` (default on), ``dtype="bfloat16"``,
@@ -241,7 +240,7 @@ def build_llm(settings: EngineSettings) -> vllm.LLM:
         release it before building another in the same process.
 
     Raises:
-        AdmissionConfigError: an invalid ``VLLM_ADMISSION_*`` setting (one
+        SettingsError: an invalid ``VLLM_ADMISSION_*`` setting (one
             line; a ``ValueError``), before the engine starts.
         ValueError: from vLLM, e.g. when one request of ``max_model_len``
             tokens does not fit in ``num_gpu_blocks`` (the message gives the

@@ -39,12 +39,8 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
     )
     from vllm_admission.engine.llm_replay import replay
 
-    settings = plugin_settings(spec.model, admission=admission, eviction=eviction,
-                               alpha=spec.alpha, auto_interval=spec.auto_interval,
+    settings = plugin_settings(spec.model, spec.policy_settings(admission, eviction),
                                num_gpu_blocks=num_gpu_blocks, seed=spec.seed)
-    settings.env["VLLM_ADMISSION_CHECKPOINT"] = spec.checkpoint
-    if spec.host_admission is not None:
-        settings.env["VLLM_ADMISSION_HOST_ADMISSION"] = spec.host_admission
     settings.mamba_ssm_cache_dtype = spec.mamba_ssm_cache_dtype
     settings.engine_args = dict(spec.engine_args)
     if spec.offload is not None:

@@ -9,7 +9,9 @@ from vllm_admission.core.adaptive import DEFAULT_INTERVAL
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import geometry_from_blocks
+from vllm_admission.core.layout import DEFAULT_CHECKPOINT
 from vllm_admission.core.traces import Trace
+from vllm_admission.core.tuning import DEFAULT_GRID, DEFAULT_MULTIPLIER
 from vllm_admission.engine.geometry import EngineGeometry
 from vllm_admission.fidelity.spec import FidelityError
 
@@ -61,8 +63,9 @@ def _check_ssm_dtype(costs: ModelCosts, geometry: EngineGeometry) -> None:
 
 def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: EngineGeometry, *,
                          admission: str, eviction: str, alpha: float | None,
-                         tune_multiplier: int = 5, tune_grid: str = "coarse",
-                         auto_interval: int = DEFAULT_INTERVAL, checkpoint: str = "split") -> Any:
+                         tune_multiplier: int = DEFAULT_MULTIPLIER, tune_grid: str = DEFAULT_GRID,
+                         auto_interval: int = DEFAULT_INTERVAL,
+                         checkpoint: str = DEFAULT_CHECKPOINT) -> Any:
     """Run the simulator with the engine's pool and settings; returns its ``RunResult``.
 
     ``geometry`` is :func:`vllm_admission.engine.llm.engine_geometry` of the engine (in

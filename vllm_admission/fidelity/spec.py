@@ -13,7 +13,8 @@ from vllm_admission.core.cache.host import check_host_admission, host_policy_nam
 from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import engine_eviction_policies
-from vllm_admission.core.layout import check_retention_interval
+from vllm_admission.core.layout import DEFAULT_CHECKPOINT, check_retention_interval
+from vllm_admission.core.settings import AutoSettings, Settings
 from vllm_admission.core.traces import MOONCAKE_BLOCK_TOKENS
 from vllm_admission.plugin.offload_config import host_policy_name
 
@@ -113,12 +114,18 @@ class FidelitySpec:
     alpha: float | None = None
     auto_interval: int = DEFAULT_INTERVAL
     seed: int = 0
-    checkpoint: str = "split"
+    checkpoint: str = DEFAULT_CHECKPOINT
     mamba_ssm_cache_dtype: str | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)
     offload: int | None = None
     host_policy: str = "lru"
     host_admission: str | None = None
+
+    def policy_settings(self, admission: str, eviction: str) -> Settings:
+        """The plugin's settings for the pair ``admission`` + ``eviction`` of this run."""
+        return Settings(admission=admission, eviction=eviction, alpha=self.alpha,
+                        checkpoint=self.checkpoint, host_admission=self.host_admission,
+                        auto=AutoSettings(interval=self.auto_interval))
 
     def policy_pairs(self) -> list[tuple[str, str]]:
         """The ``(admission, eviction)`` pairs to run, in order."""

@@ -27,13 +27,13 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Sequence
 from typing import TYPE_CHECKING
 
-from vllm_admission.core.adaptive import DEFAULT_INTERVAL, Decision, LiveEvictions
+from vllm_admission.core.adaptive import Decision, LiveEvictions
 from vllm_admission.core.admission import get_admission
 from vllm_admission.core.cache_inputs import CacheSetup
 from vllm_admission.core.eviction import EvictionPolicy, get_eviction
 from vllm_admission.core.layout import CacheLayout
 from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
-from vllm_admission.core.shadows import DEFAULT_NICE
+from vllm_admission.core.settings import Settings
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
 from vllm_admission.plugin.metrics.stats import AdmissionStats
 from vllm_admission.plugin.policy_events import BlockValueFn, PolicyEvents, RequestClock
@@ -66,8 +66,9 @@ class AdmissionControl:
         prefill_flops: ``f(num_tokens, num_cached) -> FLOPs``
             (``ModelCosts.prefill_flops``); required by ``auto``, by policies
             that ``needs_values`` and by the alpha tuner (``plan.needs_flops``).
-        tune_multiplier: the tuner's bootstrap multiplier.
-        tune_grid: the tuner's bootstrap grid, a key of ``GRIDS``.
+        settings: the user's settings (:class:`~vllm_admission.core.settings.Settings`):
+            the alpha tuner's (``tune_multiplier``, ``tune_grid``) and, with
+            ``plan.adaptive``, ``auto``'s (``settings.auto``).
         clock: the recency clock of the eviction policy; default
             :meth:`request_clock`, the index of the latest request that arrived
             (requests, as the simulator's ``now``; wall seconds would make the
@@ -81,14 +82,6 @@ class AdmissionControl:
             (default; ``auto``'s shadow caches then run in a child process,
             :mod:`~vllm_admission.core.shadows`) or inline
             (:mod:`~vllm_admission.plugin.worker`).
-        auto_interval: with ``plan.adaptive``, finished requests between decisions.
-        shadow_rate: with ``plan.adaptive``, the shadows' sample rate
-            (``None``: chosen from the traffic; 1: full shadows).
-        auto_margin: with ``plan.adaptive``, the lead over stock's pair a pair
-            needs for ``auto`` to leave stock's pair for it (0: off;
-            :attr:`~vllm_admission.core.adaptive.PolicyController.stock_margin`).
-        shadow_nice: with ``plan.adaptive`` in a child process, added to the child's
-            niceness (0 to 19; :mod:`~vllm_admission.core.shadows`).
 
     Raises:
         UnknownPolicyError: unknown policy name.
@@ -98,15 +91,12 @@ class AdmissionControl:
 
     def __init__(self, *, plan: RunPlan, geometry: CacheLayout,
                  prefill_flops: Callable[[int, int], float] | None = None,
-                 tune_multiplier: int = 5, tune_grid: str = "coarse",
+                 settings: Settings | None = None,
                  clock: Callable[[], float] | None = None,
                  is_cached_state: Callable[[BlockHash, int], bool] | None = None,
                  group_of: Callable[[KVCacheBlock], int] | None = None,
-                 tune_in_thread: bool = True,
-                 auto_interval: int = DEFAULT_INTERVAL,
-                 shadow_rate: float | None = None,
-                 auto_margin: float = 0.0,
-                 shadow_nice: int = DEFAULT_NICE) -> None:
+                 tune_in_thread: bool = True) -> None:
+        settings = Settings() if settings is None else settings
         policy, eviction = plan.start.admission, plan.start.eviction
         policy_cls = plan.eviction_cls
         if plan.adaptive and prefill_flops is None:
@@ -133,15 +123,14 @@ class AdmissionControl:
             state_groups=pool.state_groups,
             partial_hash_block_size=pool.hash_block_size if pool.partial_hash_hits else None,
             eagle=geometry.speculation.uses_eagle)
-        self.tune_multiplier = tune_multiplier
-        self.tune_grid = GRIDS[tune_grid]
+        self.tune_multiplier = settings.tune_multiplier
+        self.tune_grid = GRIDS[settings.tune_grid]
         controller = None
         if plan.adaptive:
             controller = policy_controller(
                 # ignore: plan.adaptive without prefill_flops raised above
-                controller_kwargs(plan, geometry, prefill_flops, interval=auto_interval,  # type: ignore[arg-type]
-                                  shadow_rate=shadow_rate, margin=auto_margin),
-                in_child=tune_in_thread, nice=shadow_nice)
+                controller_kwargs(plan, geometry, prefill_flops, settings.auto),  # type: ignore[arg-type]
+                in_child=tune_in_thread, nice=settings.auto.shadow_nice)
         #: Whether an eviction policy this control may run (``auto``: any it may
         #: switch to) reads FLOP values. Only then must each freeing call open a
         #: free batch to value its blocks (``AdmissionCoordinator``); without values a

@@ -274,16 +274,17 @@ def inpass_requested(vllm_config: Any) -> bool:
     <vllm_admission.plugin.scheduler.AdmissionScheduler.configured>`), else the environment
     when the class is named. Read where the scheduler does not exist yet (the KV cache specs
     are computed before it is built)."""
-    import os
-
-    from vllm_admission.plugin.config import ENV_CHECKPOINT
+    from vllm_admission.core.settings import SettingsError, setting_from_env
 
     cls = getattr(vllm_config.scheduler_config, "scheduler_cls", None)
     settings = getattr(cls, "admission_settings", None)
     if settings is not None:
         return settings.checkpoint == "inpass"
     if isinstance(cls, str) and cls.startswith("vllm_admission"):
-        return os.environ.get(ENV_CHECKPOINT, "").strip() == "inpass"
+        try:
+            return bool(setting_from_env("checkpoint") == "inpass")
+        except SettingsError:
+            return False   # the scheduler refuses the value, in one line
     return False
 
 

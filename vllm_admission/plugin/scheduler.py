@@ -8,7 +8,7 @@ the policies with the ``VLLM_ADMISSION_*`` environment variables
 Overridden ``vllm.v1.core.sched.scheduler.Scheduler`` methods:
 
 * ``__init__``: reads the settings (an invalid value raises
-  :class:`~vllm_admission.plugin.config.AdmissionConfigError`, one line),
+  :class:`~vllm_admission.plugin.config.SettingsError`, one line),
   then installs the KV cache subclasses of :mod:`vllm_admission.plugin.kv_cache`
   into the freshly built ``KVCacheManager``;
 * ``_get_local_prefix_cache_hit``: reports the request's attention-KV hit and
@@ -46,10 +46,10 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_admission.core.geometry import inpass_capture_limit
+from vllm_admission.core.settings import Settings
 from vllm_admission.plugin import inpass
 from vllm_admission.plugin.boundary import hooks, surface
 from vllm_admission.plugin.boundary.engine_setup import EngineSetup
-from vllm_admission.plugin.config import AdmissionConfig
 from vllm_admission.plugin.control import AdmissionControl
 from vllm_admission.plugin.kv_cache import PolicyMambaManager
 from vllm_admission.plugin.metrics.logs import ensure_log_output
@@ -69,22 +69,22 @@ class AdmissionScheduler(EngineSetup, Scheduler):
 
     Takes vLLM's scheduler arguments unchanged. Settings are read once, when
     it is built (in the engine-core process), from the ``VLLM_ADMISSION_*``
-    environment variables (:class:`~vllm_admission.plugin.config.AdmissionConfig`),
-    or given as an ``AdmissionConfig`` object to a :meth:`configured` subclass;
+    environment variables (:class:`~vllm_admission.plugin.config.Settings`),
+    or given as an ``Settings`` object to a :meth:`configured` subclass;
     from then on they live in :attr:`admission_config`.
 
     Raises:
-        AdmissionConfigError: an invalid setting, or a policy the engine's
+        SettingsError: an invalid setting, or a policy the engine's
             configuration cannot run (one line, naming the valid values or the
             unsupported feature).
     """
 
     #: The settings a :meth:`configured` subclass runs with; ``None``: read from the
-    #: environment when the scheduler is built (:meth:`AdmissionConfig.from_env`).
-    admission_settings: AdmissionConfig | None = None
+    #: environment when the scheduler is built (:meth:`Settings.from_env`).
+    admission_settings: Settings | None = None
 
     @classmethod
-    def configured(cls, config: AdmissionConfig) -> type[AdmissionScheduler]:
+    def configured(cls, config: Settings) -> type[AdmissionScheduler]:
         """A subclass that runs with ``config`` instead of reading the environment.
 
         Pass it as ``scheduler_cls`` when the engine core runs in this process
@@ -100,13 +100,13 @@ class AdmissionScheduler(EngineSetup, Scheduler):
                                            "__doc__": cls.__doc__})
 
     @classmethod
-    def _admission_read_config(cls) -> AdmissionConfig:
+    def _admission_read_config(cls) -> Settings:
         """The settings: the class's own (:meth:`configured`), else the environment's.
 
         Raises:
-            AdmissionConfigError: an invalid variable (one line).
+            SettingsError: an invalid variable (one line).
         """
-        return cls.admission_settings or AdmissionConfig.from_env()
+        return cls.admission_settings or Settings.from_env()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """Pick the class the engine's configuration needs.
@@ -124,7 +124,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
         Raises:
             UnsupportedVllmError: an unsupported release with a setting other
                 than ``vllm`` + ``lru`` (one line).
-            AdmissionConfigError: an invalid setting on an unsupported release.
+            SettingsError: an invalid setting on an unsupported release.
         """
         vllm_config = kwargs.get("vllm_config", args[0] if args else None)
         scheduler_config = getattr(vllm_config, "scheduler_config", None)
@@ -167,12 +167,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
         plan = self._admission_plan(config)
         prefill_flops = self._admission_prefill_cost(plan) if plan.needs_flops else None
         control = AdmissionControl(plan=plan, geometry=geometry, prefill_flops=prefill_flops,
-                                   tune_multiplier=config.tune_multiplier,
-                                   tune_grid=config.tune_grid,
-                                   auto_interval=config.auto_interval,
-                                   shadow_rate=config.shadow_rate,
-                                   auto_margin=config.auto_margin,
-                                   shadow_nice=config.shadow_nice)
+                                   settings=config)
         self._admission_pending_pair: Pair | None = None
         # EngineSetup._admission_setup_inpass (engine_setup.py) assigns ``{}`` with no
         # annotation, which mypy reads as a dict[Any, Any] declaration there.
@@ -380,7 +375,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
         pool = self.kv_cache_manager.block_pool
         ctl = self._admission
         if ctl is None:
-            return AdmissionStats(active=False, admission=self.admission_config.policy,
+            return AdmissionStats(active=False, admission=self.admission_config.admission,
                                   eviction=self.admission_config.eviction,
                                   free_blocks=pool.get_num_free_blocks(),
                                   usable_blocks=pool.num_gpu_blocks - 1)
@@ -395,7 +390,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
 
         Raises:
             UnknownPolicyError: unknown name.
-            AdmissionConfigError: the engine's configuration cannot run it.
+            SettingsError: the engine's configuration cannot run it.
             RuntimeError: requests are still in the scheduler, or the plugin
                 is inactive for this model.
         """
@@ -407,7 +402,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
                                f"requests in the scheduler")
         self._admission_check_supported(name)
         self._admission_use_admission(name)
-        self.admission_config = dataclasses.replace(self.admission_config, policy=name)
+        self.admission_config = dataclasses.replace(self.admission_config, admission=name)
 
 
     def _admission_use_admission(self, name: str) -> None:

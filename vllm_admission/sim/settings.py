@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_admission.core.adaptive import DEFAULT_INTERVAL
+from vllm_admission.core.adaptive import DEFAULT_INTERVAL, DEFAULT_MARGIN
 from vllm_admission.core.cache.host import H2D_BYTES_PER_SECOND
+from vllm_admission.core.layout import DEFAULT_CHECKPOINT
+from vllm_admission.core.settings import AutoSettings
+from vllm_admission.core.tuning import DEFAULT_GRID, DEFAULT_MULTIPLIER
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "SimulationSettings"]
 
@@ -87,7 +90,7 @@ class SimulationSettings:
     num_blocks: int | None = None
     block_size: int | None = None
     chunk_size: int = DEFAULT_CHUNK_SIZE
-    checkpoint: str = "split"
+    checkpoint: str = DEFAULT_CHECKPOINT
     retention_interval: int | None = 0
     hash_block_size: int | None = None
     num_speculative_tokens: int = 0
@@ -102,14 +105,20 @@ class SimulationSettings:
     host_admission: str | None = None
     # the policies' tuning
     alpha: float | None = None
-    tune_multiplier: int = 5
-    tune_grid: str = "coarse"
+    tune_multiplier: int = DEFAULT_MULTIPLIER
+    tune_grid: str = DEFAULT_GRID
     retune_every: int | None = None
     auto_interval: int = DEFAULT_INTERVAL
     shadow_rate: float | None = None
-    auto_margin: float = 0.0
+    auto_margin: float = DEFAULT_MARGIN
     auto_admissions: tuple[str, ...] | None = None
     # the replay
     outputs: str = "trace"
     per_request: bool = False
+
+    def auto_settings(self) -> AutoSettings:
+        """``auto``'s settings (:class:`~vllm_admission.core.settings.AutoSettings`) as these
+        settings give them."""
+        return AutoSettings(interval=self.auto_interval, shadow_rate=self.shadow_rate,
+                            margin=self.auto_margin, admissions=self.auto_admissions)
 

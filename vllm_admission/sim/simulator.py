@@ -42,6 +42,7 @@ from vllm_admission.core.geometry import (
     hidden_state_block_size,
 )
 from vllm_admission.core.layout import (
+    DEFAULT_CHECKPOINT,
     HIDDEN,
     PER_TOKEN_KINDS,
     CacheLayout,
@@ -163,7 +164,7 @@ class RunResult(CacheCounters):
     shadow_handover: int | None = None
     shadows_dropped: dict[str, int] = field(default_factory=dict)
     shadows_settled: int | None = None
-    checkpoint: str = "split"
+    checkpoint: str = DEFAULT_CHECKPOINT
     retention_interval: int | None = 0
     prefix_match_unit: int | None = None
     num_speculative_tokens: int = 0
@@ -342,10 +343,7 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
     tuner = None
     if plan.adaptive:
         cache = setup.build(switchable=True, track_values=plan.reads_values)
-        controller = PolicyController(cache, **controller_kwargs(plan, layout, flops,
-                                                                 interval=st.auto_interval,
-                                                                 shadow_rate=st.shadow_rate,
-                                                                 margin=st.auto_margin))
+        controller = PolicyController(cache, **controller_kwargs(plan, layout, flops, st.auto_settings()))
     else:
         oracle = None
         if plan.eviction_cls.needs_future:

@@ -19,7 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, check_stock_margin
+from vllm_admission.core.adaptive import AUTO, DEFAULT_INTERVAL, DEFAULT_MARGIN, check_stock_margin
 from vllm_admission.core.cache import check_checkpoint_mode
 from vllm_admission.core.cache.host import (
     H2D_BYTES_PER_SECOND,
@@ -30,10 +30,11 @@ from vllm_admission.core.cache.host import (
 from vllm_admission.core.costs import ModelCosts, load_model
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import block_geometry
-from vllm_admission.core.layout import check_hash_block_size, check_retention_interval
+from vllm_admission.core.layout import DEFAULT_CHECKPOINT, check_hash_block_size, check_retention_interval
 from vllm_admission.core.run import RunPlan
 from vllm_admission.core.traces import Trace, load_trace
 from vllm_admission.core.traces.resample import resample
+from vllm_admission.core.tuning import DEFAULT_GRID
 from vllm_admission.sim.settings import SimulationSettings
 from vllm_admission.sim.simulator import (
     cache_requests,
@@ -102,16 +103,16 @@ class SweepSpec:
     chunk_size: int
     alpha: float | None = None
     outputs: str = "trace"
-    tune_grid: str = "coarse"
+    tune_grid: str = DEFAULT_GRID
     auto_interval: int = DEFAULT_INTERVAL
     shadow_rate: float | None = None
-    auto_margin: float = 0.0
+    auto_margin: float = DEFAULT_MARGIN
     auto_admissions: tuple[str, ...] | None = None
     max_requests: int | None = None
     resample: int | None = None
     seed: int = 0
     mamba_ssm_cache_dtype: str = "auto"
-    checkpoint: str = "split"
+    checkpoint: str = DEFAULT_CHECKPOINT
     pairs: tuple[tuple[str, str], ...] = ()
     retention_interval: int | None = 0
     hash_block_size: int | None = None

@@ -68,7 +68,7 @@ from vllm_admission.core.cache.checkpoint import (
     split_chunk,
 )
 from vllm_admission.core.cache.model import HybridPrefixCache, RequestOutcome
-from vllm_admission.core.layout import ATTENTION, STATE
+from vllm_admission.core.layout import ATTENTION, DEFAULT_CHECKPOINT, STATE
 
-__all__ = ["ATTENTION", "CHECKPOINT_MODES", "NULL", "STATE", "BlockPool", "HybridPrefixCache",
+__all__ = ["ATTENTION", "CHECKPOINT_MODES", "DEFAULT_CHECKPOINT", "NULL", "STATE", "BlockPool", "HybridPrefixCache",
            "PoolExhausted", "RequestOutcome", "check_checkpoint_mode", "chunk_end", "split_chunk"]

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from vllm_admission.core.admission import ADMIT, HOST
 from vllm_admission.core.cache.running import RunningRequest, StepRunner
 from vllm_admission.core.errors import UserError
+from vllm_admission.core.layout import DEFAULT_CHECKPOINT
 
 __all__ = ["CHECKPOINT_MODES", "CHECKPOINT_STRATEGIES", "InpassCheckpoints", "SplitCheckpoints",
            "check_checkpoint_mode", "chunk_end", "split_chunk"]
@@ -38,7 +39,7 @@ __all__ = ["CHECKPOINT_MODES", "CHECKPOINT_STRATEGIES", "InpassCheckpoints", "Sp
 #:   budget (floored to a block, as vLLM's align mode does) and at the prompt
 #:   end. Every state ``split`` keeps is kept, in fewer prefill steps; ``last``
 #:   keeps the same states too, since its chunk ends are the floored budget ends.
-CHECKPOINT_MODES = ("split", "inpass")
+CHECKPOINT_MODES = (DEFAULT_CHECKPOINT, "inpass")
 
 
 def check_checkpoint_mode(mode: str) -> str:

@@ -23,7 +23,7 @@ at ``__init__``:
 * the run's policy decisions (:meth:`~EngineSetup._admission_plan`, the core's
   :class:`~vllm_admission.core.run.RunPlan`), after leaving out of ``auto`` what
   the engine cannot run and refusing, in one line naming the feature in the way
-  (:class:`~vllm_admission.plugin.config.AdmissionConfigError`), a fixed
+  (:class:`~vllm_admission.plugin.config.SettingsError`), a fixed
   setting it cannot run;
 * the FLOP model (:meth:`~EngineSetup._admission_costs`) and the ``inpass``
   mode's own checks (:meth:`~EngineSetup._admission_setup_inpass`).
@@ -56,9 +56,9 @@ from vllm_admission.core.layout import (
     SpeculationSpec,
 )
 from vllm_admission.core.run import RunPlan
+from vllm_admission.core.settings import STOCK_SETTINGS, Settings, SettingsError, env_name
 from vllm_admission.plugin import inpass
 from vllm_admission.plugin.boundary import hooks
-from vllm_admission.plugin.config import AdmissionConfig, AdmissionConfigError
 from vllm_admission.plugin.kv_cache import (
     exports_prompt_end_state,
     group_kinds,
@@ -217,29 +217,29 @@ def support_problems(facts: EngineFacts, policy: str) -> list[str]:
 def _check_supported(facts: EngineFacts, policy: str) -> None:
     problems = support_problems(facts, policy)
     if problems:
-        raise AdmissionConfigError(
-            f"VLLM_ADMISSION_POLICY={policy} cannot run with {'; '.join(problems)} "
+        raise SettingsError(
+            f"{env_name('admission')}={policy} cannot run with {'; '.join(problems)} "
             f"(valid here: vllm)")
 
 
-def plan_for(config: AdmissionConfig, facts: EngineFacts) -> RunPlan:
+def plan_for(config: Settings, facts: EngineFacts) -> RunPlan:
     """The run's policy decisions (the core's :class:`RunPlan`) for ``config`` on an
     engine with ``facts``: ``auto``'s candidates less those the engine cannot run
     (one warning each side).
 
     Raises:
-        AdmissionConfigError: a setting this engine cannot run (one line).
+        SettingsError: a setting this engine cannot run (one line).
     """
     if facts.unsupported_group_kinds and config.wants_changes():
-        raise AdmissionConfigError(
+        raise SettingsError(
             f"vllm_admission supports full-attention and Mamba/GDN KV cache groups only; "
             f"this model also has {', '.join(sorted(set(facts.unsupported_group_kinds)))} (valid here: "
-            f"VLLM_ADMISSION_POLICY=vllm with VLLM_ADMISSION_EVICTION=lru)")
-    adaptive = AUTO in (config.policy, config.eviction)
-    admissions, evictions = candidate_policies(config.policy, config.eviction,
+            f"{STOCK_SETTINGS})")
+    adaptive = AUTO in (config.admission, config.eviction)
+    admissions, evictions = candidate_policies(config.admission, config.eviction,
                                                sub_block=HASH_UNIT_PROBLEM in facts.key_problems,
-                                               admissions=config.auto_admissions)
-    if config.policy == AUTO:
+                                               admissions=config.auto.admissions)
+    if config.admission == AUTO:
         problems = {name: support_problems(facts, name) for name in admissions}
         dropped = [name for name in admissions if problems[name]]
         if dropped:
@@ -260,8 +260,8 @@ def plan_for(config: AdmissionConfig, facts: EngineFacts) -> RunPlan:
         if eviction_class(name).needs_keys and unmodelled:
             valid = ", ".join(n for n in engine_eviction_policies()
                               if not eviction_class(n).needs_keys)
-            raise AdmissionConfigError(
-                f"VLLM_ADMISSION_EVICTION={name} cannot run with "
+            raise SettingsError(
+                f"{env_name('eviction')}={name} cannot run with "
                 f"{'; '.join(unmodelled)} (valid here: {valid})")
     plan = RunPlan.of(admissions, evictions, adaptive=adaptive, alpha=config.alpha,
                       checkpoint=config.checkpoint)
@@ -269,8 +269,8 @@ def plan_for(config: AdmissionConfig, facts: EngineFacts) -> RunPlan:
         flop_users = [e for e in plan.evictions if eviction_class(e).needs_values]
         valid = ", ".join(n for n in engine_eviction_policies()
                           if not eviction_class(n).needs_values)
-        raise AdmissionConfigError(
-            f"VLLM_ADMISSION_EVICTION={flop_users[0] if flop_users else config.eviction} needs "
+        raise SettingsError(
+            f"{env_name('eviction')}={flop_users[0] if flop_users else config.eviction} needs "
             f"a FLOP model of this architecture: {facts.flop_model_error} (valid here: {valid})")
     return plan
 
@@ -289,7 +289,7 @@ def prefill_tokens(end: int, start: int) -> float:
     return float(end - start)
 
 
-def preflight(vllm_config: Any, config: AdmissionConfig) -> None:
+def preflight(vllm_config: Any, config: Settings) -> None:
     """Refuse, before the model loads, a setting the engine ``vllm_config``
     describes cannot run: :func:`plan_for` on :meth:`EngineFacts.from_vllm_config`,
     and the ``inpass`` mode's checks that need only the config. Nothing for a
@@ -297,7 +297,7 @@ def preflight(vllm_config: Any, config: AdmissionConfig) -> None:
     stays out of the way). The scheduler checks again with the live engine.
 
     Raises:
-        AdmissionConfigError: one line naming the setting and what is in the way.
+        SettingsError: one line naming the setting and what is in the way.
     """
     if not (vllm_config.cache_config.enable_prefix_caching
             and getattr(vllm_config.model_config, "is_hybrid", False)):
@@ -310,8 +310,8 @@ def preflight(vllm_config: Any, config: AdmissionConfig) -> None:
 
 def _refuse_inpass(problems: list[str]) -> None:
     if problems:
-        raise AdmissionConfigError(
-            f"VLLM_ADMISSION_CHECKPOINT=inpass cannot run with {'; '.join(problems)} "
+        raise SettingsError(
+            f"{env_name('checkpoint')}=inpass cannot run with {'; '.join(problems)} "
             f"(valid here: split; valid values: {', '.join(CHECKPOINT_MODES)})")
 
 
@@ -353,18 +353,18 @@ class EngineSetup:
         matched block and keeps EAGLE groups, ``kv_cache_coordinator.py``)."""
         return bool(self.use_eagle_block_drop or self.kv_cache_manager.coordinator.eagle_group_ids)
 
-    def _admission_plan(self, config: AdmissionConfig) -> RunPlan:
+    def _admission_plan(self, config: Settings) -> RunPlan:
         """:func:`plan_for` this engine (its :meth:`_admission_facts`).
 
         Raises:
-            AdmissionConfigError: a setting this engine cannot run (one line).
+            SettingsError: a setting this engine cannot run (one line).
         """
         plan = plan_for(config, self._admission_facts())
         if config.alpha is not None and not any(eviction_class(e).tunable
                                                 for e in plan.evictions):
-            logger.warning("vllm_admission: VLLM_ADMISSION_ALPHA=%g has no effect: no eviction "
+            logger.warning("vllm_admission: %s=%g has no effect: no eviction "
                            "policy this engine may run (%s) has an alpha (flop has one)",
-                           config.alpha, ", ".join(plan.evictions))
+                           env_name("alpha"), config.alpha, ", ".join(plan.evictions))
         return plan
 
     def _admission_inert_reason(self) -> str | None:
@@ -377,7 +377,7 @@ class EngineSetup:
             return "the model has no attention layers"
         return None
 
-    def _admission_geometry(self, config: AdmissionConfig) -> CacheLayout:
+    def _admission_geometry(self, config: Settings) -> CacheLayout:
         kinds = group_kinds(self.kv_cache_manager.coordinator.single_type_managers)
         groups = self.kv_cache_config.kv_cache_groups
         bytes_per_block = max(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
@@ -393,9 +393,9 @@ class EngineSetup:
             host_chunks = 0
         host_admission = config.host_admission
         if host_admission is not None and not host_chunks:
-            logger.warning("vllm_admission: VLLM_ADMISSION_HOST_ADMISSION=%s does nothing: "
+            logger.warning("vllm_admission: %s=%s does nothing: "
                            "there is no host tier (vLLM's OffloadingConnector) the policy "
-                           "replays model", host_admission)
+                           "replays model", env_name("host_admission"), host_admission)
             host_admission = None
         return CacheLayout(
             pool=PoolSpec(num_blocks=self.kv_cache_config.num_blocks, block_size=self.block_size,
@@ -494,7 +494,7 @@ class EngineSetup:
         """Check that ``inpass`` can run here and install its runner hooks.
 
         Raises:
-            AdmissionConfigError: one line naming what is in the way and the
+            SettingsError: one line naming what is in the way and the
                 valid values.
         """
         problems = inpass.inpass_problems(self.vllm_config)

@@ -17,7 +17,7 @@ keeps that check quiet for them.
 The registered getters return ``None`` on purpose: ``vllm.envs.compile_factors``
 hashes the value of every registered variable into the ``torch.compile``
 cache key, and scheduler settings must not force a recompile. The plugin
-reads its settings through :class:`vllm_admission.plugin.config.AdmissionConfig`.
+reads its settings through :class:`vllm_admission.plugin.config.Settings`.
 
 Where asked, in every process it also installs vLLM's fixes
 (:func:`install_vllm_fixes`: :func:`vllm_admission.plugin.repairs.cpu_block_size.install`,
@@ -40,7 +40,7 @@ Where asked, in the process that starts vLLM (``MainProcess``), :func:`register`
   ``os.environ`` is how the directory crosses into the engine-core process
   vLLM spawns (the only variable the plugin sets for a child; the policy
   settings are the user's own variables, or, for an in-process engine built by
-  :func:`vllm_admission.engine.llm.build_llm`, an ``AdmissionConfig`` object)
+  :func:`vllm_admission.engine.llm.build_llm`, an ``Settings`` object)
   (:mod:`vllm_admission.plugin.metrics.prometheus`). That process owns the directory: it
   removes it when it exits (``atexit``: ``vllm serve`` stopped with Ctrl-C or
   SIGTERM exits normally, but force-kills its engine core first, with
@@ -59,7 +59,7 @@ Where asked, in the process that starts vLLM (``MainProcess``), :func:`register`
   (:func:`check_before_load`): a setting the configuration cannot run (a
   non-stock admission policy with MTP speculative decoding, say) ends
   ``vllm serve`` with one ``vllm_admission: error: ...`` line and status 2, and
-  makes ``LLM(...)`` raise ``AdmissionConfigError`` with that line.
+  makes ``LLM(...)`` raise ``SettingsError`` with that line.
 
 The scheduler itself is not installed here: it is chosen with
 ``scheduler_cls="vllm_admission.AdmissionScheduler"`` (``--scheduler-cls``).
@@ -75,14 +75,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from vllm_admission.plugin.config import (
-    ENV_ACTIVE,
-    ENV_CHECKPOINT,
-    ENV_CPU_FIXES,
-    ENV_VARS,
-    AdmissionConfig,
-    AdmissionConfigError,
-)
+from vllm_admission.core.settings import Settings, SettingsError, setting_from_env
+from vllm_admission.plugin.config import ENV_ACTIVE, ENV_CPU_FIXES, ENV_VARS
 from vllm_admission.plugin.metrics.snapshots import (
     ENV_METRICS_DIR,
     default_metrics_dir,
@@ -142,7 +136,7 @@ def check_before_load(vllm_config: VllmConfig) -> None:
     on a supported vLLM release; nothing otherwise.
 
     Raises:
-        AdmissionConfigError: a setting this configuration cannot run (one line),
+        SettingsError: a setting this configuration cannot run (one line),
             or ``SystemExit(2)`` with that line on stderr when the command line
             names the AdmissionScheduler (``vllm serve``).
     """
@@ -164,13 +158,13 @@ def check_before_load(vllm_config: VllmConfig) -> None:
     from vllm_admission.plugin.boundary.engine_setup import preflight
 
     try:
-        preflight(vllm_config, config or AdmissionConfig.from_env())
-    except AdmissionConfigError as exc:
+        preflight(vllm_config, config or Settings.from_env())
+    except SettingsError as exc:
         _exit_if_serving(exc)
         raise
 
 
-def _exit_if_serving(exc: AdmissionConfigError) -> None:
+def _exit_if_serving(exc: SettingsError) -> None:
     """Where the command line names the AdmissionScheduler (``vllm serve``), end the
     process with ``exc`` as one ``vllm_admission: error:`` line on stderr and status 2
     (``SystemExit``); elsewhere return, for the caller to raise or warn."""
@@ -242,7 +236,11 @@ def install_inpass_runner_if_asked() -> bool:
     """
     from vllm.platforms import current_platform
 
-    if os.environ.get(ENV_CHECKPOINT, "").strip() != "inpass" or not (
+    try:
+        inpass = setting_from_env("checkpoint") == "inpass"
+    except SettingsError:
+        inpass = False   # the scheduler refuses the value, in one line
+    if not inpass or not (
             current_platform.is_cpu() or current_platform.is_cuda()):
         return False
     from vllm_admission.plugin.boundary.hooks import install_inpass_runner
@@ -299,8 +297,8 @@ def register() -> None:
 
     install_preflight(check_before_load)
     try:
-        AdmissionConfig.from_env()
-    except AdmissionConfigError as exc:
+        Settings.from_env()
+    except SettingsError as exc:
         _exit_if_serving(exc)
         from vllm_admission.plugin.metrics.logs import ensure_log_output
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_admission.plugin.config import AdmissionConfigError
+from vllm_admission.core.settings import STOCK_SETTINGS, SettingsError
 
 __all__ = [
     "OVERRIDES",
@@ -207,7 +207,7 @@ _INSTANCE_ATTRIBUTES = frozenset({
 })
 
 
-class UnsupportedVllmError(AdmissionConfigError):
+class UnsupportedVllmError(SettingsError):
     """The installed vLLM is not the release line the plugin supports."""
 
 
@@ -246,7 +246,7 @@ def unsupported_reason(version: str, wants_changes: bool) -> str:
     if wants_changes:
         raise UnsupportedVllmError(
             f"{text}; the AdmissionScheduler refuses to change vLLM's caching on it "
-            f"(valid here: VLLM_ADMISSION_POLICY=vllm with VLLM_ADMISSION_EVICTION=lru)")
+            f"(valid here: {STOCK_SETTINGS})")
     return text
 
 
