@@ -4,7 +4,7 @@ study, the retention study and the two-tier study (``docs/results.md`` section 5
 
 The setting an operator can leave on: ``VLLM_ADMISSION_AUTO_MARGIN=0.3`` and
 ``VLLM_ADMISSION_AUTO_ADMISSIONS=last,vllm,marconi,dense,written`` (``block`` joins under a
-hash unit finer than the block, as it does by default). Each cell runs ``auto`` + ``auto``
+hash block finer than the block, as it does by default). Each cell runs ``auto`` + ``auto``
 only, with the shadows its study ran (full in the ``auto``, in-pass, serving-settings and
 retention studies, the default sampled ones in the sampled-shadow and two-tier studies);
 stock and the default ``auto`` are read from those studies' own results

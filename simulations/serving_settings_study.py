@@ -4,13 +4,13 @@ studies): vLLM's ``prefix_match_unit`` and EAGLE/MTP speculative decoding.
 For the Mooncake conversation trace and the synthetic workload, Qwen3-Next-80B-A3B and
 Nemotron-3-Nano-30B-A3B, at the same bytes:
 
-* hash units of 16 tokens (which divide both models' default blocks, 544 and 2,096
+* hash blocks of 16 tokens (which divide both models' default blocks, 544 and 2,096
   tokens) and of 64 tokens (with ``--block-size 64``, which makes the aligned blocks 576
   and 2,112 tokens, beside the same block without a unit): ``vllm``+``lru``,
   ``block``+``lru`` and ``auto``+``auto`` (settings ``u16``, ``b64``, ``u64-b64``);
 * MTP with 1 and 2 draft tokens: ``vllm``+``lru``, ``marconi``+``lru`` (whose sequence
   end is kept a block lower under EAGLE) and ``auto``+``auto`` (``mtp1``, ``mtp2``);
-* MTP with 1 draft token and hash units of 16 tokens together: ``vllm``+``lru``,
+* MTP with 1 draft token and hash blocks of 16 tokens together: ``vllm``+``lru``,
   ``block``+``lru`` and ``auto``+``auto`` (``u16-mtp1``).
 
 The baseline without either is the retention study's ``0`` setting

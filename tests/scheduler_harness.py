@@ -23,12 +23,10 @@ from block_hashes import chained_hashes
 from vllm_admission.core.adaptive import (
     AUTO,
     DEFAULT_INTERVAL,
-    PolicyController,
-    candidate_policies,
 )
 from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import HybridPrefixCache
-from vllm_admission.core.cache_inputs import CacheRequest, CacheSetup
+from vllm_admission.core.cache_inputs import CacheRequest
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.eviction import (
     ENGINE_EVICTION_POLICIES,
@@ -36,6 +34,8 @@ from vllm_admission.core.eviction import (
     get_eviction,
 )
 from vllm_admission.core.layout import CacheLayout, PoolSpec, SchedulingSpec
+from vllm_admission.core.run import RunPlan, auto_run
+from vllm_admission.core.settings import AutoSettings
 
 B = 128  # pinned through vLLM's block_size (and bf16 state) below: the same on every CPU
 GROUPS = ("state", "attention")
@@ -238,16 +238,13 @@ def random_workload(seed, n=36):
 
 def simulate_auto(requests, *, blocks, costs, admission=AUTO, interval=DEFAULT_INTERVAL,
                   shadow_rate=None, margin=0.0, auto_admissions=None):
-    """The simulator's auto run (sim/simulator.py does the same on a trace)."""
+    """The simulator's auto run (``core/run.py``'s ``auto_run``, as ``sim/simulator.py`` runs it
+    on a trace), on the harness's pool."""
     layout = CacheLayout(PoolSpec(num_blocks=blocks, block_size=B, group_kinds=GROUPS,
                                   bytes_per_block=BYTES_PER_BLOCK), SchedulingSpec(chunk_size=CHUNK))
-    admissions, evictions = candidate_policies(admission, AUTO, admissions=auto_admissions)
-    start = PolicyController.default_start(admissions, evictions)
-    setup = CacheSetup(layout=layout, admission=start.admission, eviction=start.eviction,
-                       segment_flops=costs.prefill_flops)
-    cache = setup.build(switchable=True)
-    ctl = PolicyController(cache, setup, admissions, evictions, prefill_flops=costs.prefill_flops,
-                           min_window=interval, shadow_rate=shadow_rate, stock_margin=margin)
+    plan = RunPlan.from_settings(admission, AUTO, auto_admissions=auto_admissions)
+    cache, ctl = auto_run(plan, layout, costs.prefill_flops,
+                          AutoSettings(interval=interval, shadow_rate=shadow_rate, margin=margin))
     hits = []
     for r, (tokens, out_len) in enumerate(requests):
         out = cache.serve(chained(tokens), len(tokens), out_len, rid=r, now=float(r))

@@ -414,7 +414,7 @@ def test_candidate_policies():
     # a policy that does not (flop: tuned; lfu: a baseline) never joins by being registered.
     assert tuple(n for n, c in ADMISSION_POLICIES.items()
                                     if c.auto_candidate and not c.sub_block_only) == AUTO_ADMISSIONS
-    # Under a hash unit finer than the block auto also weighs the policies that differ there.
+    # Under a hash block size below the block size auto also weighs the policies that differ there.
     with_unit, _ = candidate_policies(AUTO, AUTO, sub_block=True)
     assert with_unit == tuple(n for n, c in ADMISSION_POLICIES.items() if c.auto_candidate)
     assert "block" in with_unit and "block" not in AUTO_ADMISSIONS
@@ -430,7 +430,7 @@ def test_candidate_policies():
 def test_auto_chooses_among_the_admissions_the_user_names():
     # Taken as given, in the user's order: a policy that is no auto candidate by
     # default (written) joins, one that is (marconi) stays out, block stays in without
-    # a finer hash unit.
+    # a smaller hash block size.
     assert "written" not in AUTO_ADMISSIONS
     named = ("vllm", "written", "block")
     assert candidate_policies(AUTO, AUTO, admissions=named) == (named, AUTO_EVICTIONS)

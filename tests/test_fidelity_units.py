@@ -85,7 +85,7 @@ def test_mtp_is_mirrored_exactly(tmp_path_factory, engine_env):
 
 @pytest.mark.engine
 def test_mtp_with_a_sub_block_hash_unit_is_mirrored_exactly(tmp_path_factory, engine_env):
-    """MTP and ``prefix_match_unit`` 32 together (the lookup drops one hash unit, the state
+    """MTP and ``prefix_match_unit`` 32 together (the lookup drops one hash block, the state
     at the prompt's unit end a unit lower, the attention sub-block key a unit above it, a
     block-aligned unit end a state of its own): every request's cached tokens, prefill steps and the evictions
     agree for stock, ``marconi`` (whose tentative sequence end may be that unit end),

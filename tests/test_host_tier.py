@@ -356,7 +356,7 @@ def test_simulate_refuses_what_the_host_tier_does_not_model(synthetic, qwen):
                                     host_bytes=64 << 30, num_speculative_tokens=1))
     with pytest.raises(UserError, match="unknown host policy"):
         simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
-                                                     host_bytes=64 << 30, host_policy="mru"))
+                                                     host_bytes=64 << 30, host_policy="no-such-policy"))
 
 
 def test_auto_scales_the_host_tier_of_its_sampled_shadows(synthetic, qwen):

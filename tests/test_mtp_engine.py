@@ -127,7 +127,7 @@ def test_every_admission_runs_under_mtp_as_the_core_predicts(mtp_model, engine_e
 
 @pytest.mark.parametrize("mtp_model", ["qwen3-next"], indirect=True)
 def test_mtp_with_a_finer_hash_unit_runs_every_policy(mtp_model, engine_env):
-    """MTP together with ``prefix_match_unit=32`` (vLLM then drops one hash unit, not a
+    """MTP together with ``prefix_match_unit=32`` (vLLM then drops one hash block, not a
     block): every admission, with an eviction that hears block keys, runs without
     refusal, gives stock's greedy tokens under the same settings, and on the junction
     case hits at least what stock does where it keeps junctions. (That each request's

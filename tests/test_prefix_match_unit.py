@@ -1,4 +1,4 @@
-"""A hash unit finer than the block (vLLM's ``prefix_match_unit``) in the cache model.
+"""A hash block finer than the block (vLLM's ``prefix_match_unit``) in the cache model.
 
 The engine facts are in docs/engine-facts.md section 10; ``test_fidelity.py`` checks the
 model against the live engine request by request. Here: the rules on hand-derived cases,
@@ -51,7 +51,7 @@ def tokens(n, label):
 
 
 def unit_end(P, unit):
-    """The prompt's unit end: its last reusable position at the hash unit."""
+    """The prompt's unit end: its last reusable position at the hash block."""
     return (P - 1) // unit * unit
 
 

@@ -1,6 +1,6 @@
 """vLLM's ``prefix_match_unit`` below the block size on the CPU engine (issue 31).
 
-Both tiny models, a 32-token hash unit: stock vLLM, and the plugin with ``marconi``, ``block``,
+Both tiny models, a 32-token hash block size: stock vLLM, and the plugin with ``marconi``, ``block``,
 ``dense`` and ``auto``, serve the same prompts one at a time. Greedy outputs are the same
 model output everywhere (tests/model_output.py: greedy tokens and logits within rounding, since
 the policies cut the prompts into other prefill passes); each run's cached tokens are what the

@@ -132,7 +132,7 @@ def test_a_kv_connector_and_the_hidden_state_cache_refuse_nothing(policy, caplog
 
 def test_mtp_with_a_finer_hash_unit_runs_every_policy_but_inpass():
     """EAGLE/MTP together with a ``prefix_match_unit`` below the block: the core models
-    the lookup that drops one hash unit and the prompt's unit end a unit lower, so nothing but
+    the lookup that drops one hash block and the prompt's unit end a unit lower, so nothing but
     ``inpass`` is refused."""
     config = fake_config(spec="mtp", tokens=1, unit=32)
     for policy in ("marconi", "dense", "last", "block", AUTO):

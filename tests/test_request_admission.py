@@ -42,7 +42,7 @@ def test_known_length_never_tentative_and_writes_the_expected_states():
         "none": set(),
         "last": every,             # every chunk end, the prompt end, the sequence end
         "vllm": {512, 896},        # the junction and the prompt end
-        "block": {512, 896},       # vllm without a finer hash unit
+        "block": {512, 896},       # vllm without a smaller hash block size
         "marconi": {512, 1024},    # the junction and the sequence end
         "dense": every,
         "written": every,          # last's states, the junction among them
@@ -206,7 +206,7 @@ def test_a_retention_interval_vllm_refuses_is_an_error(bad):
         get_admission("vllm", retention_interval=bad)
 
 
-# --- hand-computed positions: kinds, prompt and sequence ends, the hash unit, the host tier --
+# --- hand-computed positions: kinds, prompt and sequence ends, the hash block, the host tier --
 def test_checkpoint_kinds_of_hand_picked_positions():
     # P = 1,000, total 1,040, B = 128, a junction at 512: prompt end 896, sequence end 1,024.
     K = CheckpointKind
@@ -251,7 +251,7 @@ def test_prompt_and_sequence_ends_by_hand():
     assert sequence_end(1000, 1040, 128, eagle=True) == 768    # L = 1024: L - B inside the prompt
     assert sequence_end(1000, 1010, 128, eagle=True) == 768    # L = 896
     assert sequence_end(1024, 1100, 128, eagle=True) == 896    # L = 1024 = P
-    # EAGLE with a hash unit finer than the block: the last state written, L when decode
+    # EAGLE with a hash block size below the block size: the last state written, L when decode
     # crossed a boundary, else the prompt checkpoint or a higher block-aligned unit end.
     assert sequence_end(1000, 1040, 128, eagle=True, prompt_unit_end=896) == 1024
     assert sequence_end(1000, 1010, 128, eagle=True, prompt_unit_end=896) == 896

@@ -32,7 +32,7 @@ def parse_list(text: str, what: str, valid: Sequence[str]) -> tuple[str, ...]:
 
 def parse_retention_interval(text: str) -> int | None:
     """``--prefix-cache-retention-interval``: an integer >= 0, or ``none`` for
-    vLLM's ``None`` (dense retention).
+    vLLM's ``None`` (retention interval ``none``).
 
     Raises:
         UserError: anything else (one line; the block-size multiple is

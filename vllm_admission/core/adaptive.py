@@ -54,7 +54,7 @@ Every decision is a :class:`Decision`; the controller keeps every switch and the
 :data:`DECISIONS_KEPT` decisions. Cost: one cache-model run and one block pool per
 candidate pair still in the running beside the live one.
 
-Designs tried and measurements: ``docs/research-log-adaptive.md``; the behaviour in full:
+Designs tried and measurements: ``research-log/2026-11-adaptive.md``; the behaviour in full:
 ``docs/simulator.md``.
 """
 
@@ -116,7 +116,7 @@ DEFAULT_MIN_SAMPLES = 256
 
 #: With sampled shadows: mean-sized requests a scaled shadow pool holds, at least (a
 #: miniature cache of a few requests no longer behaves like the full one;
-#: ``docs/research-log-adaptive.md``).
+#: ``research-log/2026-11-adaptive.md``).
 MIN_SHADOW_REQUESTS = 64
 
 #: The margin setting ``docs/results.md`` 5.6 measured (the README's setting to leave on):
@@ -177,7 +177,7 @@ def auto_evictions() -> tuple[str, ...]:
 
     Left out of the built-ins: ``flop`` (it has its own alpha tuner, which ends at
     alpha 0, ``lru``'s order, on the Mooncake trace) and the baseline ``lfu`` (transient
-    leads drew ``auto`` into it; ``docs/research-log-adaptive.md``). With a policy that
+    leads drew ``auto`` into it; ``research-log/2026-11-adaptive.md``). With a policy that
     keeps a hash history among them (``reuse``), every live policy keeps that history
     (:class:`LiveEvictions`).
     """

@@ -41,7 +41,7 @@ from vllm_admission.core.layout import DEFAULT_CHECKPOINT, CacheLayout
 from vllm_admission.core.settings import AutoSettings
 from vllm_admission.core.tuning import AlphaTuner
 
-__all__ = ["RunPlan", "alpha_tuner", "controller_kwargs", "window_replay"]
+__all__ = ["RunPlan", "alpha_tuner", "auto_run", "controller_kwargs", "window_replay"]
 
 
 @dataclass(frozen=True)
@@ -202,3 +202,14 @@ def controller_kwargs(plan: RunPlan, layout: CacheLayout,
             "evictions": plan.evictions, "prefill_flops": prefill_flops, "start": plan.start,
             "min_window": auto.interval, "shadow_rate": auto.shadow_rate,
             "stock_margin": auto.margin}
+
+
+def auto_run(plan: RunPlan, layout: CacheLayout, prefill_flops: Callable[[int, int], float],
+             auto: AutoSettings | None = None) -> tuple[HybridPrefixCache, PolicyController]:
+    """The live cache of an ``auto`` run (built switchable, serving ``plan.start``) and the
+    controller that switches it: what the simulator replays a trace with, and the twin the
+    scheduler tests compare the engine to. Serve each request on the cache, then hand it to
+    :meth:`PolicyController.observe <vllm_admission.core.adaptive.PolicyController.observe>`.
+    """
+    cache = plan.setup(layout, prefill_flops).build(switchable=True, track_values=plan.reads_values)
+    return cache, PolicyController(cache, **controller_kwargs(plan, layout, prefill_flops, auto))

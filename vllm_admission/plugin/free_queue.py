@@ -122,10 +122,6 @@ class PolicyFreeBlockQueue:
         it still holds the hash it has now (a value belongs to a block's content)."""
         self._staged[block.block_id] = (block.block_hash, value)
 
-    def clear_staged(self) -> None:
-        """Forget staged values that were not used."""
-        self._staged.clear()
-
     def open_free_batch(self, key: Any) -> None:
         """Blocks appended until :meth:`close_free_batch` get ``free_stamp_maker(key)``'s time
         and values (made at the first cached block, so an empty batch costs nothing)."""

@@ -282,7 +282,7 @@ class PolicyMambaManager(MambaManager):
 
     def _cache_partial_tail_block(self, request: Any, num_tokens: int,
                                   retention_interval: int | None) -> Any:
-        # vLLM keys the state at the prompt's unit end here. With a hash unit
+        # vLLM keys the state at the prompt's unit end here. With a hash block
         # finer than the block that position is a checkpoint of its own (inside a block),
         # kept where the policy keeps prompt ends; at a block boundary it is the
         # prompt-end state, which the policy has just decided about in cache_blocks.
@@ -297,7 +297,7 @@ class PolicyMambaManager(MambaManager):
 
 
 class PolicyAttentionManager(FullAttentionManager):
-    """A full-attention group that keys a prompt's unit end (a hash unit finer
+    """A full-attention group that keys a prompt's unit end (a hash block finer
     than the block) only where the admission policy keeps the state there (every
     policy but ``vllm``, which keeps ``FullAttentionManager``): without that state a
     hit at the unit end cannot happen, and the key would only keep the block cached."""

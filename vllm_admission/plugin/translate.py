@@ -58,8 +58,8 @@ def cache_request(request: Any, prompt_len: int, block_size: int, hashes_per_blo
                   sub_block: bool = False) -> CacheRequest:
     """A finished vLLM ``Request`` as the core's cache sees it: its prompt's block
     keys, ``prompt_len`` and its generated tokens (``num_output_tokens``); with
-    ``sub_block`` (vLLM's partial hash hits: a hash unit finer than the block) also
-    the keys of every hash unit of the prompt, ``CacheRequest.units``, from the same
+    ``sub_block`` (vLLM's partial hash hits: a hash block size below the block size) also
+    the keys of every hash block of the prompt, ``CacheRequest.units``, from the same
     chain as the block keys."""
     hashes = request.block_hashes
     keys = prompt_block_keys(hashes, prompt_len, block_size, hashes_per_block)

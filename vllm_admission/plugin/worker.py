@@ -336,7 +336,7 @@ class BackgroundTuning:
         controller: ``auto``'s controller (:func:`policy_controller`), or ``None``.
         block_size: tokens per block.
         hashes_per_block: vLLM block hashes per block (``PoolSpec.hashes_per_block``).
-        sub_block: a hash unit finer than the block (the finished requests' unit keys
+        sub_block: a hash block size below the block size (the finished requests' unit keys
             are kept: :func:`~vllm_admission.plugin.translate.cache_request`).
         prefill_flops: ``f(num_tokens, num_cached) -> FLOPs``; required by the tuner
             (the FLOPs a request's hit saved).

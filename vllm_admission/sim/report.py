@@ -32,7 +32,7 @@ def format_table(doc: dict[str, Any]) -> str:
         title += f"; {doc['resample']:,} requests: {doc['trace']} resampled, streamed"
     retention = doc.get("retention_interval", 0)
     if retention != 0:
-        title += (f"; stock retention interval {'none (dense)' if retention is None else retention}"
+        title += (f"; stock retention interval {'none (every written state)' if retention is None else retention}"
                   f" (vllm admission)")
     head = f"{'admission':<9} {'eviction':<8} {'capacity':>10} {'blocks':>7} {'hit rate':>8} " \
            f"{'req hit':>7} {'st.miss':>7} {'FLOPs saved':>11} {'ckpts':>7} {'evictions':>9} {'alpha':>5} {'sec':>6}"

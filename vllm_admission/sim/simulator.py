@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vllm_admission.core.adaptive import PolicyController
 from vllm_admission.core.bounds import LPBound, PoolBound, lp_bound, pool_bound
 from vllm_admission.core.cache import ATTENTION, STATE, HybridPrefixCache, check_checkpoint_mode
 from vllm_admission.core.cache.host import check_host_admission
@@ -52,7 +51,7 @@ from vllm_admission.core.layout import (
     SpeculationSpec,
     check_hash_block_size,
 )
-from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
+from vllm_admission.core.run import RunPlan, alpha_tuner, auto_run
 from vllm_admission.core.traces import Request, Trace
 from vllm_admission.core.tuning import GRIDS
 from vllm_admission.sim.settings import DEFAULT_CHUNK_SIZE, SimulationSettings
@@ -132,7 +131,7 @@ class RunResult(CacheCounters):
     hold one entry per trace request (``-1`` for a skipped one).
     ``retention_interval`` is the engine's ``prefix_cache_retention_interval``
     the ``vllm`` admission policy followed (0, N tokens, or ``None``: dense);
-    ``prefix_match_unit`` the engine's hash unit when finer than the block
+    ``prefix_match_unit`` the engine's hash block when finer than the block
     (``None``: whole blocks), ``num_speculative_tokens`` the EAGLE/MTP draft
     tokens per step (0: no speculative decoding).
     ``skipped_requests`` counts the requests that could not fit the cache.
@@ -342,8 +341,7 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
     controller = None
     tuner = None
     if plan.adaptive:
-        cache = setup.build(switchable=True, track_values=plan.reads_values)
-        controller = PolicyController(cache, **controller_kwargs(plan, layout, flops, st.auto_settings()))
+        cache, controller = auto_run(plan, layout, flops, st.auto_settings())
     else:
         oracle = None
         if plan.eviction_cls.needs_future:

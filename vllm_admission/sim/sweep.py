@@ -79,7 +79,7 @@ class SweepSpec:
     ``hidden_states`` the hidden-state layers vLLM's ``extract_hidden_states`` caches
     (0: none; see :meth:`hidden_state_bytes_per_token`), ``block_size``
     vLLM's ``--block-size`` before the hybrid alignment (``None``: its default; a
-    multiple of a coarser hash unit keeps the aligned block a multiple of it). ``pairs``
+    multiple of a coarser hash block keeps the aligned block a multiple of it). ``pairs``
     are (admission, eviction) pairs run at every capacity besides the
     ``admissions`` x ``evictions`` grid (the demo's ``auto`` + ``auto``). ``shadow_rate``
     is ``auto``'s shadow sample rate (``None``: chosen from the trace; 1: full shadows),

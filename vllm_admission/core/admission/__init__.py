@@ -17,8 +17,8 @@ module             contents
                    ``TENTATIVE``, ``HOST``
 ``kinds``          :class:`CheckpointKind` and :func:`checkpoint_kinds` (why a state
                    was written at a position), :func:`prompt_ends`, :func:`sequence_end`
-``policies``       the built-in policies (``none``, ``last``, ``vllm``, ``block``,
-                   ``marconi``, ``dense``) and the registry:
+``policies``       the built-in policies (the names of :data:`ADMISSION_POLICIES`
+                   before any other package registers one) and the registry:
                    :data:`ADMISSION_POLICIES`, :func:`register_admission`,
                    :func:`get_admission`, :func:`stock_admission`
 ``request``        :class:`RequestAdmission`: one request's stops, decisions,

@@ -66,7 +66,7 @@ class HitProbe:
 
         ``kv_hit - state_hit``: the prompt tokens past the hybrid hit whose
         attention KV blocks were all cached, but which are recomputed because
-        no state was kept at their end. Without a finer hash unit both lengths
+        no state was kept at their end. Without a smaller hash block size both lengths
         are whole blocks (vLLM's ``find_longest_cache_hit`` returns
         block-aligned lengths and caps the attention hit at ``prompt_len - 1``),
         so this is a multiple of ``block_size``, nonzero exactly when
@@ -135,7 +135,7 @@ class AdmissionPolicy(PolicyClass, ABC):
         Args:
             retention_interval: the engine's ``prefix_cache_retention_interval``
                 (vLLM's ``CacheConfig``: 0, a positive multiple of the block
-                size, or ``None`` for dense retention).
+                size, or ``None`` for retention interval ``none``).
 
         The default ignores the engine's settings (the policy decides what is
         cached by itself) and returns ``cls()``;

@@ -39,7 +39,7 @@ class CheckpointKind(enum.Enum):
     #: ``prefix_cache_retention_interval`` when that is positive
     #: (``MambaManager.reachable_block_mask``, ``vllm/v1/core/single_type_kv_cache_manager.py``).
     PERIODIC = "periodic"
-    #: The prompt's unit end: its last reusable position at the engine's hash unit,
+    #: The prompt's unit end: its last reusable position at the engine's hash block,
     #: ``(prompt_len - 1) // u * u`` under a ``prefix_match_unit`` ``u`` finer than the
     #: block when that lies inside a block (vLLM keys the state written there,
     #: ``MambaManager._cache_partial_tail_block``), else the PROMPT_END position.
@@ -87,7 +87,7 @@ def sequence_end(prompt_len: int, total_len: int, block_size: int, eagle: bool =
     keeps the request's two latest states as possible ends and drops the latest then
     (``vllm_admission/plugin/requests.py``).
 
-    With EAGLE and a hash unit finer than the block (``prompt_unit_end`` > 0, the
+    With EAGLE and a hash block size below the block size (``prompt_unit_end`` > 0, the
     prompt's unit end, :attr:`~vllm_admission.core.admission.RequestAdmission.prompt_unit_end`)
     the end stays the last state written: ``L`` when decode crossed a block boundary
     past the prompt, else the prompt checkpoint or ``prompt_unit_end`` when that is a
@@ -128,7 +128,7 @@ def checkpoint_kinds(position: int, *, prompt_len: int, total_len: int | None,
             positions).
         prompt_unit_end: the request's PROMPT_UNIT_END position
             (:attr:`~vllm_admission.core.admission.RequestAdmission.prompt_unit_end` with a
-            finer hash unit: inside a block, or under EAGLE possibly a block boundary
+            smaller hash block size: inside a block, or under EAGLE possibly a block boundary
             of its own); ``None``: the PROMPT_END position where vLLM ends a chunk.
         eagle: EAGLE/MTP speculative decoding: PROMPT_END is each of
             :func:`prompt_ends` (one block lower).
@@ -168,5 +168,5 @@ _KIND_SETS = {flags: _kind_set(*flags) for flags in itertools.product((False, Tr
 
 #: The kinds of the prompt's unit end inside a block
 #: (:attr:`~vllm_admission.core.admission.RequestAdmission.state_sub_block_end`): a chunk
-#: end that is the prompt's last reusable position at the hash unit.
+#: end that is the prompt's last reusable position at the hash block.
 PROMPT_UNIT_END_KINDS = frozenset({CheckpointKind.CHUNK_END, CheckpointKind.PROMPT_UNIT_END})

@@ -119,7 +119,7 @@ class MarconiAdmission(AdmissionPolicy):
 class BlockAdmission(AdmissionPolicy):
     """Stock vLLM's admission with prompt ends on block boundaries only: the
     junction and the prompt's last block boundary (PROMPT_END), never the
-    hash unit inside a block (PROMPT_UNIT_END).
+    hash block inside a block (PROMPT_UNIT_END).
 
     Without a ``prefix_match_unit`` finer than the block this is ``vllm`` at
     retention 0. With one, it keeps what stock keeps without the unit (no state at the
@@ -154,7 +154,7 @@ class WrittenAdmission(AdmissionPolicy):
     The states at prefill chunk ends, at the prompt's last block boundary, at decode
     block boundaries and at the junction (a chunk stop, as in ``vllm``); no other chunk
     stop. It keeps what ``last`` keeps plus the junction, and what ``vllm`` keeps plus
-    the chunk ends and decode boundaries: vLLM's dense retention
+    the chunk ends and decode boundaries: vLLM's retention interval ``none``
     (``prefix_cache_retention_interval`` unset to ``None``, ``MambaManager.reachable_block_mask``
     in ``vllm/v1/core/single_type_kv_cache_manager.py``) as a plugin policy, so it runs
     on any engine setting and beside any eviction policy. Switched to from stock's
@@ -166,7 +166,7 @@ class WrittenAdmission(AdmissionPolicy):
 
     name = "written"
     summary = ("every state the engine writes (chunk ends, prompt end, decode boundaries) "
-               "and the junction: vLLM's dense retention as a plugin policy")
+               "and the junction: vLLM's retention interval `none` as a plugin policy")
 
     admitted = frozenset(CheckpointKind)
 

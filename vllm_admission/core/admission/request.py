@@ -70,12 +70,12 @@ class RequestAdmission:
         prompt_end: the prompt checkpoint, where vLLM ends a chunk:
             ``(prompt_len - 1) // B * B``, with EAGLE ``prompt_len // B * B - B``
             (0 when there is none).
-        state_sub_block_end: with a finer hash unit ``u``, the prompt's unit end
+        state_sub_block_end: with a smaller hash block size ``u``, the prompt's unit end
             ``(prompt_len - 1) // u * u`` when it lies inside a block, else 0
             (with EAGLE ``prompt_len // u * u - u``, one unit below the last
             boundary a lookup can reach, as the lookup drops one unit:
             ``get_mamba_prefill_checkpoint_position``). vLLM ends a chunk there
-            and keys the state written there by the hash unit
+            and keys the state written there by the hash block
             (``MambaManager._cache_partial_tail_block``); its kind is PROMPT_UNIT_END
             (else PROMPT_UNIT_END goes with PROMPT_END), so a policy that keeps
             PROMPT_UNIT_END keeps it.
@@ -84,7 +84,7 @@ class RequestAdmission:
             (``FullAttentionManager._cache_partial_tail_block``):
             :attr:`state_sub_block_end`, but with EAGLE ``prompt_len // u * u``, the unit a
             lookup matches before it drops one.
-        prompt_unit_end: with a finer hash unit, the prompt's unit end whether or not
+        prompt_unit_end: with a smaller hash block size, the prompt's unit end whether or not
             it lies inside a block: vLLM ends a chunk there (``Scheduler._mamba_block_aligned_split``'s
             ``tail_boundary``); without EAGLE a block-aligned one is :attr:`prompt_end`.
         stops: ascending chunk stops (the junction included when used), the host
@@ -146,7 +146,7 @@ class RequestAdmission:
                     period=period, prompt_unit_end=self.prompt_unit_end or None, eagle=eagle))
         if self.prompt_unit_end and self.prompt_unit_end not in special:
             # Inside a block, or (EAGLE) a block boundary where vLLM keys the state by
-            # the hash unit all the same (MambaManager._cache_partial_tail_block).
+            # the hash block all the same (MambaManager._cache_partial_tail_block).
             special[self.prompt_unit_end] = policy.admit(PROMPT_UNIT_END_KINDS)
         self._special = special
         self._plain_chunk, self._plain_decode, keeps_sequence_end = policy.plain_decisions
@@ -185,7 +185,7 @@ class RequestAdmission:
 
     def keeps_prompt_unit_end(self) -> bool:
         """Whether the policy keeps the state at the prompt's unit end
-        (:attr:`prompt_unit_end`; a hash unit finer than the block): only then do the
+        (:attr:`prompt_unit_end`; a hash block size below the block size): only then do the
         attention groups key :attr:`attn_sub_block_end`, the unit a lookup that lands there
         matches, and the state groups :attr:`state_sub_block_end` when it lies inside a block.
 

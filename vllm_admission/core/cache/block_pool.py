@@ -4,7 +4,7 @@ One pool of block ids serves every KV cache group. A block gets its hash
 through one insertion path (:meth:`BlockPool.cache_position`, behind
 :meth:`~BlockPool.cache` and :meth:`~BlockPool.cache_many`) and loses it
 through one drop path (:meth:`BlockPool._evict`, when an allocation takes a
-cached free block). Under a hash unit finer than the block a block may hold
+cached free block). Under a hash block size below the block size a block may hold
 further keys (vLLM's partial entries): :meth:`~BlockPool.add_key` adds one,
 :meth:`~BlockPool.drop_keys` removes a block's keys when it is keyed again under
 a longer prefix, :meth:`~BlockPool.move_keys` hands them to a copy; eviction drops
@@ -96,7 +96,7 @@ class BlockPool:
         self._dups: dict[tuple[int, Hashable], list[int]] = {}
         self._num_dups: list[int] = [0] * num_groups  # entries waiting in _dups, per group
         #: Further keys of a block besides ``key`` (same group): the sub-block
-        #: keys of a hash unit finer than the block (``cached_block_hashes_by_block``).
+        #: keys of a hash block size below the block size (``cached_block_hashes_by_block``).
         self._more: dict[int, list[Hashable]] = {}
         #: Blocks whose hash was dropped to make room (cumulative).
         self.evictions = 0
@@ -351,7 +351,7 @@ class BlockPool:
             for b in victims:
                 next_use[b] = math.inf
 
-    # -- sub-block keys (a hash unit finer than the block) ---------------------
+    # -- sub-block keys (a hash block size below the block size) ---------------------
     def _index_remove(self, g: int, b: int, block_hash: Hashable) -> None:
         """Remove the entry ``(g, block_hash) -> b``; the first duplicate, if
         any, takes the index entry."""

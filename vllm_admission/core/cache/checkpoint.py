@@ -94,7 +94,7 @@ def split_chunk(start: int, n: int, prompt_len: int, block_size: int, budget: in
 def _checkpoint_positions(run: RunningRequest) -> tuple[int, ...]:
     """Ascending checkpoint positions: the policy's stops, then the prompt
     checkpoint (every stop is a block boundary below the prompt end), then,
-    with a hash unit finer than the block, the prompt's unit end
+    with a hash block size below the block size, the prompt's unit end
     inside the last block (vLLM ends a chunk there whatever the policy keeps:
     ``_mamba_block_aligned_split``'s ``tail_boundary``)."""
     adm = run.adm

@@ -304,7 +304,7 @@ def check_host_tier(policy: str, *, partial_hash_hits: bool = False,
 
     Raises:
         UserError: a policy not in :func:`host_policy_names` (a registered one that needs
-            FLOP values, the future or the prompts says so), or a hash unit finer than
+            FLOP values, the future or the prompts says so), or a hash block finer than
             the block or speculative decoding beside the tier (vLLM then adds
             partial-tail and EAGLE rules the model does not have).
     """

@@ -178,7 +178,7 @@ class HybridPrefixCache:
         #: :class:`RequestAdmission` and :func:`blocks_needed` take).
         self._partial_hash_block_size = self.hash_block_size if self.partial_hash_hits else None
         if self.partial_hash_hits and (checkpoint != "split" or prompt_end_export):
-            raise UserError("a hash unit finer than the block is modelled in 'split' "
+            raise UserError("a hash block size below the block size is modelled in 'split' "
                             "checkpoint mode without prompt_end_export only")
         if (isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int)
                 or num_speculative_tokens < 0):
@@ -386,7 +386,7 @@ class HybridPrefixCache:
         (``HybridKVCacheCoordinator.find_longest_cache_hit``): the longest run of
         cached attention blocks, capped at ``prompt_len - 1`` tokens, then the
         longest prefix within it whose state is cached in every state group.
-        With a hash unit finer than the block, ``units`` (the prompt's keys per
+        With a hash block size below the block size, ``units`` (the prompt's keys per
         unit) extend both to unit boundaries (:class:`HybridPrefixCache`)."""
         return self._lookup(hashes, prompt_len, units)[0]
 
@@ -411,7 +411,7 @@ class HybridPrefixCache:
     def _lookup_units(self, hashes: Sequence[int], prompt_len: int,
                       units: Sequence[Hashable] | None, kv_blocks: int
                       ) -> tuple[HitProbe, _LastKeys | None]:
-        """:meth:`_lookup` with a hash unit ``u`` finer than the block. Returns
+        """:meth:`_lookup` with a hash block ``u`` finer than the block. Returns
         the probe and, when the hit ends inside a block, the keys its last
         attention block and its state were found under (else ``None``).
 
@@ -422,11 +422,11 @@ class HybridPrefixCache:
         or below that with a cached state, a block hash at block boundaries.
         With EAGLE the units go up to ``prompt_len`` (no token is kept back for
         the logits) and the attention hit then drops one unit
-        (``eagle_proof_margin``: one hash unit for a fine-grained lookup); the
+        (``eagle_proof_margin``: one hash block for a fine-grained lookup); the
         block found stays the last one of the hit.
         """
         if units is None:
-            raise ValueError("a hash unit finer than the block needs the prompt's unit keys")
+            raise ValueError("a hash block size below the block size needs the prompt's unit keys")
         B, u = self.block_size, self.hash_block_size
         per = B // u
         kv = kv_blocks * B
@@ -471,13 +471,13 @@ class HybridPrefixCache:
             output_len: tokens generated (>= 1).
             rid: a request number unique in this run (names output blocks).
             now: logical time of the request.
-            units: with a hash unit finer than the block, the prompt's chained
+            units: with a hash block size below the block size, the prompt's chained
                 keys per unit (``prompt_len // u`` of them, a chain of their own:
                 only the ones inside a block are used); else ignored.
 
         Raises:
             PoolExhausted: the request does not fit (check :meth:`fits`).
-            ValueError: a finer hash unit and no ``units``.
+            ValueError: a smaller hash block size and no ``units``.
         """
         B = self.block_size
         pool = self.pool
@@ -744,7 +744,7 @@ class HybridPrefixCache:
             run.live.extend(indexes)
 
     def _copy_blocks(self, run: RunningRequest, new: Sequence[int], now: float) -> None:
-        """The block copies a finer hash unit asks for at an allocation, with
+        """The block copies a smaller hash block size asks for at an allocation, with
         ``new``: one block per group for a hit inside a block (the request's
         private copy replaces the shared block, which is released:
         ``_apply_cow``), one per state group for a sub-block state just cached (its

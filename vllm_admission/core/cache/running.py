@@ -44,7 +44,7 @@ class RunningRequest:
     #: those may be cached. ``None`` in ``split`` mode, where every step end is
     #: block-aligned (or followed by a stop at the next boundary).
     written: set[int] | None = None
-    #: A hash unit finer than the block (vLLM's ``prefix_match_unit``): the
+    #: A hash block finer than the block (vLLM's ``prefix_match_unit``): the
     #: prompt's hash-unit keys, one per unit (``None``: no sub-block keys).
     units: Sequence[Hashable] | None = None
     #: The prompt's unit end inside a block (:attr:`RequestAdmission.state_sub_block_end

@@ -135,11 +135,6 @@ class Trace:
                      requests=[dataclasses.replace(r, output_len=min(r.output_len, cap))
                                for r in self.requests])
 
-    @property
-    def knows_outputs(self) -> bool:
-        """Whether any request's output content is known (see ``Request.output_key``)."""
-        return any(r.output_key is not None for r in self.requests)
-
     def _hashes(self, block_size: int, include_partial: bool) -> list[list[int]]:
         key = (block_size, include_partial)
         memo = self._hash_memo.get(key)

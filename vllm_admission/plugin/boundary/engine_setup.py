@@ -77,11 +77,11 @@ __all__ = ["EngineFacts", "EngineSetup", "plan_for", "preflight", "prefill_token
 
 logger = logging.getLogger("vllm_admission")
 
-#: The key problem of a hash unit finer than the block (``prefix_match_unit``), in the
+#: The key problem of a hash block size below the block size (``prefix_match_unit``), in the
 #: words both checks use (:meth:`EngineFacts.from_vllm_config`, the scheduler's).
 HASH_UNIT_PROBLEM = "a prefix_match_unit below the block size (sub-block hash keys)"
 
-#: The key problems that come with a hash unit finer than the block. The core models
+#: The key problems that come with a hash block size below the block size. The core models
 #: them (``HybridPrefixCache``'s ``hash_block_size``); the plugin tells a hash-keyed
 #: eviction policy the keys ``cache_partial_block`` and ``move_block_hashes`` give, as
 #: the core does. Only ``inpass`` still cannot run there.
@@ -116,7 +116,7 @@ class EngineFacts:
         speculative_method: vLLM's ``speculative_config.method`` (``None``:
             no speculative decoding).
         key_problems: why blocks do not get exactly one hash per full block
-            in ``BlockPool.cache_full_blocks`` (finer hash units, partial hash
+            in ``BlockPool.cache_full_blocks`` (smaller hash block sizes, partial hash
             hits, Mamba speculative blocks), where the core keys by block.
         unsupported_group_kinds: KV cache group kinds besides full attention, Mamba/GDN
             state and hidden states (sliding window, ...).
