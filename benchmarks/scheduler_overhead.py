@@ -31,7 +31,7 @@ thread's share of the GIL and CPU during the timed calls (both ratios count it).
 row ``auto+auto, margin 0.3`` is ``auto`` with the margin over stock and ``written`` among its
 candidates (``docs/results.md`` 5.6: ten shadows instead of eight), held to the same target. The
 row ``auto+auto, a hand-over per request`` is ``auto``+``auto`` with the finished requests handed
-to that thread one at a time instead of in batches (``vllm_admission/plugin/worker.py``,
+to that thread one at a time instead of in batches (``vllm_admission/plugin/background.py``,
 ``BATCH``): what batching saves the loop, measured in the same run.
 
 With ``--async-scheduling`` the engine configuration is a GPU engine's default
@@ -86,7 +86,7 @@ VARIANTS = [
       "VLLM_ADMISSION_AUTO_MARGIN": str(MARGIN_SETTING),
       "VLLM_ADMISSION_AUTO_ADMISSIONS": ",".join(MARGIN_ADMISSIONS)}),
     # The same, its finished requests handed to the controller's thread one at a time
-    # (plugin/worker.py BATCH = 1): what batching them saves the loop.
+    # (plugin/background.py BATCH = 1): what batching them saves the loop.
     ("auto+auto, a hand-over per request", "plugin-unbatched",
      {"VLLM_ADMISSION_POLICY": "auto", "VLLM_ADMISSION_EVICTION": "auto"}),
     # The learned eviction with its default schedule: no model within --requests 60, so what
@@ -118,7 +118,7 @@ def run_once(kind: str, env: dict[str, str], workload, *, vllm_config, num_block
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
 
-    from vllm_admission.plugin import worker
+    from vllm_admission.plugin import background as worker
     from vllm_admission.plugin.scheduler import AdmissionScheduler
     from vllm_admission_testing.harness import FakeEngine, make_kv_cache_config, make_scheduler
 

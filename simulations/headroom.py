@@ -22,7 +22,7 @@ from pathlib import Path
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.geometry import parse_bytes
 from vllm_admission.core.traces import load_trace
-from vllm_admission.sim.settings import SimulationSettings
+from vllm_admission.sim.simulation_settings import SimulationSettings
 from vllm_admission.sim.simulator import cache_layout, cache_requests, pool_bound_of
 from vllm_admission.sim.sweep import SweepSpec, run_sweep
 

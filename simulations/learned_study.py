@@ -26,7 +26,7 @@ from vllm_admission.core.eviction.learned import LearnedEviction
 from vllm_admission.core.eviction.learning import FEATURES, LightGBMTrainer, Predictor
 from vllm_admission.core.geometry import parse_bytes
 from vllm_admission.core.traces import load_trace
-from vllm_admission.sim.settings import SimulationSettings
+from vllm_admission.sim.simulation_settings import SimulationSettings
 from vllm_admission.sim.simulator import simulate
 
 

@@ -20,7 +20,7 @@ from headroom import MODELS, MOONCAKE, ROOT  # the headroom study's trace and mo
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.geometry import parse_bytes
 from vllm_admission.core.traces import load_trace
-from vllm_admission.sim.settings import SimulationSettings
+from vllm_admission.sim.simulation_settings import SimulationSettings
 from vllm_admission.sim.simulator import cache_layout, cache_requests, lp_bound_of, pool_bound_of
 
 CELLS = (("Qwen3-Next", "64GiB"), ("Qwen3-Next", "128GiB"), ("Qwen3-Next", "256GiB"),

@@ -11,7 +11,7 @@ from vllm_admission.core.bounds import lp_bound, pool_bound
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.traces import load_trace
 from vllm_admission.core.traces.trace import capacity_bound
-from vllm_admission.sim.settings import SimulationSettings
+from vllm_admission.sim.simulation_settings import SimulationSettings
 from vllm_admission.sim.simulator import (
     cache_layout,
     cache_requests,

@@ -23,7 +23,7 @@ from vllm_admission.core.errors import UserError
 from vllm_admission.core.geometry import CapacityError
 from vllm_admission.core.traces import TraceError
 from vllm_admission.fidelity.spec import FidelityError
-from vllm_admission.plugin.config import SettingsError
+from vllm_admission.plugin.env import SettingsError
 from vllm_admission.sim.report import OutputDirError, check_writable
 from vllm_admission.sim.sweep import RayUnavailableError
 

@@ -18,7 +18,7 @@ from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
 from vllm_admission.core.geometry import CPU_BLOCK_SIZE, CPU_KERNEL_BLOCK_SIZE, aligned_block_size
 from vllm_admission.core.traces import load_trace
-from vllm_admission.engine.geometry import EngineGeometry, KVCacheGroupInfo
+from vllm_admission.engine.engine_geometry import EngineGeometry, KVCacheGroupInfo
 from vllm_admission.engine.tiny_model import TINY_MODEL_ARCHS
 from vllm_admission.fidelity import (
     FidelityError,
@@ -189,7 +189,7 @@ def test_vllms_cpu_rule_reaches_the_simulator(tiny_config, monkeypatch):
     from vllm.platforms import current_platform
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from vllm_admission.fidelity.run import _engine_dtypes
+    from vllm_admission.fidelity.runner import _engine_dtypes
 
     if not current_platform.is_cpu():
         pytest.skip("vLLM's CPU platform rule")
@@ -390,7 +390,7 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
     assert pr["engine_prefill_steps"] == pr["simulator_prefill_steps"]
     assert rec["engine"]["evictions"] == rec["simulator"]["evictions"] > 0
     # The setting changed what was kept: vLLM's default (0) keeps fewer states here.
-    from vllm_admission.fidelity.run import load_trace_of
+    from vllm_admission.fidelity.runner import load_trace_of
     from vllm_admission.sim.simulator import SimulationSettings, simulate
 
     costs = ModelCosts.from_config(f"{tiny_model}/config.json", mamba_ssm_cache_dtype="bfloat16")

@@ -166,7 +166,7 @@ def test_the_gpu_hooks_wrap_vllms_functions_once() -> None:
 
 
 def test_inpass_is_read_from_the_scheduler_class_or_the_environment(tmp_path, monkeypatch):
-    from vllm_admission.plugin.config import Settings
+    from vllm_admission.plugin.env import Settings
     from vllm_admission.plugin.inpass import inpass_requested
     from vllm_admission.plugin.scheduler import AdmissionScheduler
     from vllm_admission_testing.harness import make_vllm_config, write_config_only_model

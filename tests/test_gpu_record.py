@@ -4,7 +4,7 @@
 report from an H200 (vLLM 0.32, async scheduling): for both tiny models and five policy
 pairs, every request's hit tokens and prefill steps as the engine served them. These tests
 rebuild the engine's geometry from the record, replay the same synthetic workload through
-:func:`~vllm_admission.fidelity.simulate.simulate_like_engine` here, on the CPU, and ask
+:func:`~vllm_admission.fidelity.twin.simulate_like_engine` here, on the CPU, and ask
 for the engine's numbers request for request. No GPU is needed: the record is the GPU's.
 """
 
@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from vllm_admission.engine.geometry import EngineGeometry, KVCacheGroupInfo
+from vllm_admission.engine.engine_geometry import EngineGeometry, KVCacheGroupInfo
 from vllm_admission.engine.tiny_model import make_tiny_model
-from vllm_admission.fidelity.run import load_trace_of
-from vllm_admission.fidelity.simulate import costs_like_engine, simulate_like_engine
+from vllm_admission.fidelity.runner import load_trace_of
 from vllm_admission.fidelity.spec import FidelitySpec
+from vllm_admission.fidelity.twin import costs_like_engine, simulate_like_engine
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORD = ROOT / "benchmarks" / "results" / "gpu" / "engine-h200-all.json"

@@ -219,3 +219,14 @@ def test_vllm_objects_change_only_in_the_boundary_hooks():
     for path in (ROOT / "engine").rglob("*.py"):
         stores |= {s for s in attribute_stores(path) if "schedule" in s[1] or "scheduler" in s[1]}
     assert stores <= ALLOWED_STORES, sorted(stores - ALLOWED_STORES)
+
+
+def test_no_module_name_repeats_across_layers():
+    """A module's file name says which one it is: no two layers (``core``, ``sim``, ``plugin``,
+    ``engine``, ``fidelity``, ``cli``) hold modules of the same name (``__init__`` aside)."""
+    layers: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT)
+        if path.name != "__init__.py" and len(rel.parts) > 1:
+            layers.setdefault(path.stem, set()).add(rel.parts[0])
+    assert {name: sorted(found) for name, found in layers.items() if len(found) > 1} == {}

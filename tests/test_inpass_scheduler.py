@@ -193,7 +193,7 @@ def test_inpass_refuses_state_layers_it_cannot_capture(vllm_config, monkeypatch,
     # tell (transformers lists both as linear_attention, and other linear layers may be
     # too), so the check reads the KV cache specs' mamba_type: another kind must get the
     # one-line refusal, not an in-pass plan whose checkpoint blocks no layer writes.
-    from vllm_admission.plugin.config import SettingsError
+    from vllm_admission.plugin.env import SettingsError
 
     with pytest.raises(SettingsError) as info:
         build(vllm_config, monkeypatch, "marconi", state_layer=state_layer)

@@ -70,7 +70,7 @@ from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.costs import load_model
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES, EVICTION_POLICIES
 from vllm_admission.core.traces import load_trace
-from vllm_admission.plugin.config import Settings
+from vllm_admission.plugin.env import Settings
 from vllm_admission.sim.simulator import SimulationSettings, simulate
 
 expected = json.loads(sys.argv[1])

@@ -8,7 +8,7 @@ import pytest
 
 from vllm_admission.core.admission import ADMISSION_POLICIES
 from vllm_admission.core.eviction import ENGINE_EVICTION_POLICIES
-from vllm_admission.plugin.config import (
+from vllm_admission.plugin.env import (
     ENV_VARS,
     Settings,
     SettingsError,

@@ -467,7 +467,7 @@ def test_auto_starts_and_gives_stock_outputs(engines, reference):
 @each_model
 def test_invalid_setting_stops_the_engine_with_one_line(engines, monkeypatch):
     from vllm_admission.engine.llm import EngineSettings, build_llm
-    from vllm_admission.plugin.config import SettingsError
+    from vllm_admission.plugin.env import SettingsError
 
     engines.close()
     settings = EngineSettings(model=str(engines.model_dir), max_model_len=MAX_MODEL_LEN,

@@ -263,7 +263,7 @@ def test_preemption_and_abort_leak_nothing(vllm_config, monkeypatch, policy, evi
 
 # ---------------------------------------------------------------- configuration
 def test_bad_environment_values_give_one_line(vllm_config, monkeypatch):
-    from vllm_admission.plugin.config import SettingsError
+    from vllm_admission.plugin.env import SettingsError
 
     for var, value, valid in [("VLLM_ADMISSION_POLICY", "bogus", ", ".join(ADMISSION_POLICIES)),
                               ("VLLM_ADMISSION_EVICTION", "belady", ", ".join(ENGINE_EVICTION_POLICIES)),
@@ -286,7 +286,7 @@ def test_settings_given_as_an_object_win_over_the_environment(vllm_config, async
     variable; the async variant vLLM's async scheduling picks keeps it."""
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 
-    from vllm_admission.plugin.config import Settings
+    from vllm_admission.plugin.env import Settings
     from vllm_admission.plugin.scheduler import AdmissionScheduler
     from vllm_admission_testing.harness import make_kv_cache_config, make_scheduler
 
@@ -580,7 +580,7 @@ def test_auto_leaves_reuse_out_where_blocks_get_hashes_elsewhere(vllm_config, mo
     """``reuse`` needs one key per full block; where the engine hashes blocks otherwise,
     a fixed ``reuse`` is refused in one line and ``auto`` runs without it, saying so."""
     import vllm_admission.plugin.scheduler as plugin_scheduler
-    from vllm_admission.plugin.config import SettingsError
+    from vllm_admission.plugin.env import SettingsError
 
     seen = []
     real = plugin_scheduler.AdmissionControl

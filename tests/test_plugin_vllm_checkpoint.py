@@ -188,7 +188,7 @@ def test_random_workload_matches_core_model_with_the_export(vllm_config, monkeyp
 def test_inpass_mode_refuses_vllms_export(vllm_config, monkeypatch):
     """The plugin's own in-pass capture and vLLM's export would both write checkpoint
     columns in one step: ``inpass`` says so in one line."""
-    from vllm_admission.plugin.config import SettingsError
+    from vllm_admission.plugin.env import SettingsError
 
     with pytest.raises(SettingsError) as info:
         build(vllm_config, monkeypatch, policy="marconi", checkpoint="inpass")

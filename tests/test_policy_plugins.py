@@ -54,7 +54,7 @@ from vllm_admission.core.adaptive import AUTO_EVICTIONS, auto_evictions
 from vllm_admission.core.eviction import (EVICTION_POLICIES, engine_eviction_policies,
                                           eviction_class, stock_eviction)
 from vllm_admission.core.policies import load_policy_plugins
-from vllm_admission.plugin.config import Settings
+from vllm_admission.plugin.env import Settings
 
 at_import = [n for n in EVICTION_POLICIES if n.startswith("scratch")]
 loaded = load_policy_plugins()

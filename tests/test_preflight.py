@@ -20,7 +20,7 @@ from vllm_admission.plugin.boundary.engine_setup import (  # noqa: E402
     prefill_tokens,
     preflight,
 )
-from vllm_admission.plugin.config import Settings, SettingsError  # noqa: E402
+from vllm_admission.plugin.env import Settings, SettingsError  # noqa: E402
 
 # The harness's fixtures (model_dir, vllm_config, async_config, costs; tuners stopped
 # after each test) are pytest's to inject.

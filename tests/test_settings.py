@@ -27,7 +27,7 @@ from vllm_admission.core.settings import (
 
 PACKAGE = Path(__file__).resolve().parents[1] / "vllm_admission"
 SETTINGS_MODULE = PACKAGE / "core" / "settings.py"
-PLUGIN_CONFIG = PACKAGE / "plugin" / "config.py"
+PLUGIN_CONFIG = PACKAGE / "plugin" / "env.py"
 
 
 def _code_strings(tree: ast.AST) -> list[str]:
@@ -50,7 +50,7 @@ def _modules():
 
 def test_each_variable_is_written_in_one_package_module():
     """A ``VLLM_ADMISSION_*`` name in code is in ``core/settings.py`` (the settings) or
-    ``plugin/config.py`` (the plugin's internal ones), and in no other module."""
+    ``plugin/env.py`` (the plugin's internal ones), and in no other module."""
     where: dict[str, set[Path]] = {}
     for path, tree in _modules():
         for text in _code_strings(tree):
@@ -113,7 +113,7 @@ def test_no_setting_default_is_written_twice():
 
 def test_the_other_settings_objects_default_to_the_settings_defaults():
     from vllm_admission.fidelity.spec import FidelitySpec
-    from vllm_admission.sim.settings import SimulationSettings
+    from vllm_admission.sim.simulation_settings import SimulationSettings
     from vllm_admission.sim.sweep import SweepSpec
 
     s = Settings()

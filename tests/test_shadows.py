@@ -74,7 +74,7 @@ def test_a_batch_in_one_round_trip_decides_as_one_by_one():
 def test_once_settled_the_child_says_so_and_the_worker_stops_handing_over():
     """Settling (one shadow left): the child reports the controller's ``settled_at``, and
     the plugin's controller thread ends the child and hands no later request over."""
-    from vllm_admission.plugin.worker import ControllerThread
+    from vllm_admission.plugin.background import ControllerThread
 
     kw = controller_kwargs() | dict(admissions=("vllm", "none"), evictions=("lru",), max_window=20)
     reqs = workload(120)
@@ -100,7 +100,7 @@ def test_once_settled_the_scheduler_hands_no_finished_request_over():
     from types import SimpleNamespace
 
     from vllm_admission.core.admission import HitProbe
-    from vllm_admission.plugin.worker import BackgroundTuning
+    from vllm_admission.plugin.background import BackgroundTuning
 
     kw = controller_kwargs() | dict(admissions=("vllm", "none"), evictions=("lru",), max_window=20)
     controller = PolicyController(None, **kw)

@@ -42,7 +42,7 @@ import pytest
 from engine_cases import engine_block_size, predicted_block_size
 from model_output import LOGITS_MODE, assert_same_output, generate
 
-from vllm_admission.engine.geometry import EngineGeometry, KVCacheGroupInfo
+from vllm_admission.engine.engine_geometry import EngineGeometry, KVCacheGroupInfo
 from vllm_admission.engine.llm import EngineSettings, shutdown_llm
 from vllm_admission.engine.llm_replay import (
     SEQUENTIAL_MODE,

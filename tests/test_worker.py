@@ -1,11 +1,11 @@
-"""The plugin's worker threads hand finished requests over in batches (plugin/worker.py)."""
+"""The plugin's worker threads hand finished requests over in batches (plugin/background.py)."""
 
 from __future__ import annotations
 
 import threading
 import time
 
-from vllm_admission.plugin.worker import Worker
+from vllm_admission.plugin.background import Worker
 
 
 class Recorder(Worker):

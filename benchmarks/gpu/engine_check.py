@@ -29,7 +29,7 @@ recorded as skipped):
    * one step per policy pair (:data:`PAIRS`): the plugin with the pair replays a
      synthetic workload in a pool small enough to evict (vLLM's async scheduling on, the
      GPU default), beside the simulator configured from the live engine
-     (:func:`vllm_admission.fidelity.run.run_pair`: per-request cached tokens, prefill
+     (:func:`vllm_admission.fidelity.runner.run_pair`: per-request cached tokens, prefill
      steps, evictions, checkpoints); then, on the same engine, the check prompts, whose
      tokens and logits are compared with stock's (``tests/model_output.py``: bit for bit
      where the computation is the same, else within the rounding bound of the passes).
@@ -238,10 +238,10 @@ def run_pair_step(model: str, device: str, admission: str, eviction: str, block_
                   stock: dict[str, Any], fitted_lengths: dict[int, int]) -> dict[str, Any]:
     """The plugin with one pair: the fidelity replay, then the check prompts on the same
     engine against stock's outputs. ``fitted_lengths`` is shared by one model's pairs
-    (:func:`~vllm_admission.fidelity.run.run_pair`)."""
+    (:func:`~vllm_admission.fidelity.runner.run_pair`)."""
     from model_output import Output, generate, output_difference
 
-    from vllm_admission.fidelity.run import load_trace_of, run_pair
+    from vllm_admission.fidelity.runner import load_trace_of, run_pair
     from vllm_admission.fidelity.spec import FidelitySpec
 
     blocks = pool_blocks(block_size)

@@ -6,7 +6,7 @@ with its default and help text) read from ``vllm_admission.cli.build_parser()``,
 lists exactly the flags the installed command takes. ``<!-- settings-reference -->`` is
 replaced by the table of every ``VLLM_ADMISSION_*`` variable, read from the fields of
 ``vllm_admission.core.settings.Settings`` (variable, default, flag, valid values, meaning) and
-the plugin's internal variables (``vllm_admission.plugin.config``). Configured in
+the plugin's internal variables (``vllm_admission.plugin.env``). Configured in
 ``mkdocs.yml`` (``hooks``).
 """
 
@@ -72,7 +72,7 @@ def settings_reference() -> str:
     import dataclasses
 
     from vllm_admission.core.settings import knobs
-    from vllm_admission.plugin import config as plugin_config
+    from vllm_admission.plugin import env as plugin_config
 
     lines = ["| variable | default | flag (`simulate`, `fidelity`, `replay`) | valid values | meaning |",
              "|---|---|---|---|---|"]

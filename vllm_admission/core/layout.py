@@ -14,7 +14,7 @@ group), a layout is made of four frozen parts:
 * :class:`HostTierSpec`: a host tier (the ``OffloadingConnector``).
 
 The edges build it: the simulator (:func:`vllm_admission.sim.simulator.simulate`, from
-its :class:`~vllm_admission.sim.settings.SimulationSettings`) and the plugin
+its :class:`~vllm_admission.sim.simulation_settings.SimulationSettings`) and the plugin
 (``EngineSetup._admission_geometry``, from the live scheduler). The cache model
 (:class:`~vllm_admission.core.cache.HybridPrefixCache`), the run plan, the shadows and
 the plugin's control read it.

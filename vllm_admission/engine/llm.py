@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.settings import Settings, env_vars
-from vllm_admission.engine.geometry import EngineGeometry, KVCacheGroupInfo
+from vllm_admission.engine.engine_geometry import EngineGeometry, KVCacheGroupInfo
 from vllm_admission.plugin.boundary.hooks import inprocess_scheduler, wrap_schedule
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -123,7 +123,7 @@ class EngineSettings:
 # ---------------------------------------------------------------- engine build
 
 
-#: Prefix of the plugin's own variables (:mod:`vllm_admission.plugin.config`).
+#: Prefix of the plugin's own variables (:mod:`vllm_admission.plugin.env`).
 PLUGIN_PREFIX = "VLLM_ADMISSION_"
 
 
@@ -429,7 +429,7 @@ def _class_name(cls: Any) -> str:
 
 def engine_geometry(llm: vllm.LLM) -> EngineGeometry:
     """What the simulator must copy from a started engine
-    (:class:`~vllm_admission.engine.geometry.EngineGeometry`): its ``VllmConfig``'s
+    (:class:`~vllm_admission.engine.engine_geometry.EngineGeometry`): its ``VllmConfig``'s
     settings and, when the engine core runs in this process (:func:`inprocess_scheduler`),
     its KV cache groups, pool, state dtype, hidden-state group and host tier.
 

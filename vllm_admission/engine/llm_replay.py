@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm_admission.core.errors import UserError
-from vllm_admission.engine.geometry import EngineGeometry
+from vllm_admission.engine.engine_geometry import EngineGeometry
 from vllm_admission.engine.llm import PrefillStepCounter, engine_geometry, prefix_cache_counters
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -30,17 +30,17 @@ The outcome is ``fidelity.json`` (:func:`run_fidelity`) and
 ``fidelity.png`` (:func:`plot_fidelity`).
 
 Modules: :mod:`~vllm_admission.fidelity.spec` (what runs),
-:mod:`~vllm_admission.fidelity.simulate` (the simulator set up like the
+:mod:`~vllm_admission.fidelity.twin` (the simulator set up like the
 engine), :mod:`~vllm_admission.fidelity.compare` (request-by-request
-comparison and the bar), :mod:`~vllm_admission.fidelity.run` (both sides, every
-pair), :mod:`~vllm_admission.fidelity.report` (files and tables).
+comparison and the bar), :mod:`~vllm_admission.fidelity.runner` (both sides, every
+pair), :mod:`~vllm_admission.fidelity.summary` (files and tables).
 """
 
 from vllm_admission.fidelity.compare import EXACT_ADMISSIONS, TOLERANCE, compare_hits, meets_bar
-from vllm_admission.fidelity.report import format_fidelity, plot_fidelity, write_fidelity
-from vllm_admission.fidelity.run import run_fidelity, run_pair
-from vllm_admission.fidelity.simulate import costs_like_engine, simulate_like_engine
+from vllm_admission.fidelity.runner import run_fidelity, run_pair
 from vllm_admission.fidelity.spec import MODES, FidelityError, FidelitySpec
+from vllm_admission.fidelity.summary import format_fidelity, plot_fidelity, write_fidelity
+from vllm_admission.fidelity.twin import costs_like_engine, simulate_like_engine
 
 __all__ = ["EXACT_ADMISSIONS", "MODES", "TOLERANCE", "FidelityError", "FidelitySpec", "compare_hits",
            "costs_like_engine", "format_fidelity", "meets_bar", "plot_fidelity", "run_fidelity",

@@ -11,10 +11,10 @@ Three layers, each in one place:
   :mod:`~vllm_admission.plugin.requests` (live requests: lookups, chunk stops,
   admission decisions, tentative states superseded, counters),
   :mod:`~vllm_admission.plugin.policy_events` (the eviction policy: block events and
-  block values) and :mod:`~vllm_admission.plugin.worker` (the alpha tuner and
+  block values) and :mod:`~vllm_admission.plugin.background` (the alpha tuner and
   ``auto``'s controller off the scheduler loop),
   :mod:`~vllm_admission.plugin.translate` (vLLM's block hashes and requests as the core's
-  keys and ``CacheRequest``\\ s), :mod:`~vllm_admission.plugin.config` (the
+  keys and ``CacheRequest``\\ s), :mod:`~vllm_admission.plugin.env` (the
   ``VLLM_ADMISSION_*`` settings, no vLLM import), and the ``inpass`` checkpoint mode
   (:mod:`~vllm_admission.plugin.inpass`, :mod:`~vllm_admission.plugin.state_copy`,
   :mod:`~vllm_admission.plugin.runner`: scheduler and runner sides);

@@ -12,7 +12,7 @@ with one responsibility, built once from the core's run setup
   what it is told of vLLM's blocks (keys, hits, requests) and the FLOP values of the
   blocks it orders, on the request clock
   (:class:`~vllm_admission.plugin.policy_events.RequestClock`);
-* :class:`~vllm_admission.plugin.worker.BackgroundTuning`: the alpha tuner or
+* :class:`~vllm_admission.plugin.background.BackgroundTuning`: the alpha tuner or
   ``auto``'s controller, fed finished requests off the scheduler loop.
 
 The facade itself keeps what spans them: switching the admission policy, the request
@@ -35,13 +35,13 @@ from vllm_admission.core.layout import CacheLayout
 from vllm_admission.core.run import RunPlan, alpha_tuner, controller_kwargs
 from vllm_admission.core.settings import Settings
 from vllm_admission.core.tuning import GRIDS, AlphaTuner
-from vllm_admission.plugin.metrics.stats import AdmissionStats
-from vllm_admission.plugin.policy_events import BlockValueFn, PolicyEvents, RequestClock
-from vllm_admission.plugin.requests import Drop, RequestTrack, RequestTracker
-from vllm_admission.plugin.worker import (
+from vllm_admission.plugin.background import (
     BackgroundTuning,
     policy_controller,
 )
+from vllm_admission.plugin.metrics.stats import AdmissionStats
+from vllm_admission.plugin.policy_events import BlockValueFn, PolicyEvents, RequestClock
+from vllm_admission.plugin.requests import Drop, RequestTrack, RequestTracker
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_utils import BlockHash, KVCacheBlock
@@ -81,7 +81,7 @@ class AdmissionControl:
         tune_in_thread: run the tuner (or the controller) on a daemon thread
             (default; ``auto``'s shadow caches then run in a child process,
             :mod:`~vllm_admission.core.shadows`) or inline
-            (:mod:`~vllm_admission.plugin.worker`).
+            (:mod:`~vllm_admission.plugin.background`).
 
     Raises:
         UnknownPolicyError: unknown policy name.

@@ -3,12 +3,12 @@
 Use it with ``LLM(..., scheduler_cls="vllm_admission.AdmissionScheduler")`` or
 ``vllm serve MODEL --scheduler-cls vllm_admission.AdmissionScheduler``; choose
 the policies with the ``VLLM_ADMISSION_*`` environment variables
-(:mod:`vllm_admission.plugin.config`).
+(:mod:`vllm_admission.plugin.env`).
 
 Overridden ``vllm.v1.core.sched.scheduler.Scheduler`` methods:
 
 * ``__init__``: reads the settings (an invalid value raises
-  :class:`~vllm_admission.plugin.config.SettingsError`, one line),
+  :class:`~vllm_admission.plugin.env.SettingsError`, one line),
   then installs the KV cache subclasses of :mod:`vllm_admission.plugin.kv_cache`
   into the freshly built ``KVCacheManager``;
 * ``_get_local_prefix_cache_hit``: reports the request's attention-KV hit and
@@ -69,7 +69,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
 
     Takes vLLM's scheduler arguments unchanged. Settings are read once, when
     it is built (in the engine-core process), from the ``VLLM_ADMISSION_*``
-    environment variables (:class:`~vllm_admission.plugin.config.Settings`),
+    environment variables (:class:`~vllm_admission.plugin.env.Settings`),
     or given as an ``Settings`` object to a :meth:`configured` subclass;
     from then on they live in :attr:`admission_config`.
 

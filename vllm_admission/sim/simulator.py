@@ -1,6 +1,6 @@
 """Trace-replay simulation: one run per (admission, eviction, capacity).
 
-A run of :class:`~vllm_admission.sim.settings.SimulationSettings` builds, once, vLLM's
+A run of :class:`~vllm_admission.sim.simulation_settings.SimulationSettings` builds, once, vLLM's
 block geometry for the model and capacity
 (:func:`vllm_admission.core.geometry.block_geometry`) and the cache's
 :class:`~vllm_admission.core.layout.CacheLayout` (:func:`cache_layout`), re-blocks the
@@ -54,7 +54,7 @@ from vllm_admission.core.layout import (
 from vllm_admission.core.run import RunPlan, alpha_tuner, auto_run
 from vllm_admission.core.traces import Request, Trace
 from vllm_admission.core.tuning import GRIDS
-from vllm_admission.sim.settings import DEFAULT_CHUNK_SIZE, SimulationSettings
+from vllm_admission.sim.simulation_settings import DEFAULT_CHUNK_SIZE, SimulationSettings
 
 __all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "HostFigures", "RunResult", "SimulationSettings", "cache_layout",
            "cache_requests", "group_kinds", "lp_bound_of", "pool_bound_of", "simulate",
@@ -299,7 +299,7 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
         costs: the model's cost model (must be hybrid); its state dtypes
             (``mamba_ssm_cache_dtype``) decide the state page, hence the aligned block
             size and the blocks a capacity holds.
-        settings: the run's :class:`~vllm_admission.sim.settings.SimulationSettings`.
+        settings: the run's :class:`~vllm_admission.sim.simulation_settings.SimulationSettings`.
         requests: cache requests at the run's block size (sweeps share them); built from
             ``trace`` when ``None``. A generator is served as it comes (a long trace
             streamed, :func:`stream_cache_requests`; only ``trace.name`` is then read);

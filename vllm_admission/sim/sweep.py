@@ -35,7 +35,7 @@ from vllm_admission.core.run import RunPlan
 from vllm_admission.core.traces import Trace, load_trace
 from vllm_admission.core.traces.resample import resample
 from vllm_admission.core.tuning import DEFAULT_GRID
-from vllm_admission.sim.settings import SimulationSettings
+from vllm_admission.sim.simulation_settings import SimulationSettings
 from vllm_admission.sim.simulator import (
     cache_requests,
     simulate,
@@ -149,7 +149,7 @@ class SweepSpec:
 
     def settings(self, costs: ModelCosts, admission: str, eviction: str,
                  capacity: int) -> SimulationSettings:
-        """The :class:`~vllm_admission.sim.settings.SimulationSettings` of one run."""
+        """The :class:`~vllm_admission.sim.simulation_settings.SimulationSettings` of one run."""
         return SimulationSettings(
             admission=admission, eviction=eviction, capacity_bytes=capacity,
             block_size=self.block_size, chunk_size=self.chunk_size, checkpoint=self.checkpoint,

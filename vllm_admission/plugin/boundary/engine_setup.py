@@ -23,7 +23,7 @@ at ``__init__``:
 * the run's policy decisions (:meth:`~EngineSetup._admission_plan`, the core's
   :class:`~vllm_admission.core.run.RunPlan`), after leaving out of ``auto`` what
   the engine cannot run and refusing, in one line naming the feature in the way
-  (:class:`~vllm_admission.plugin.config.SettingsError`), a fixed
+  (:class:`~vllm_admission.plugin.env.SettingsError`), a fixed
   setting it cannot run;
 * the FLOP model (:meth:`~EngineSetup._admission_costs`) and the ``inpass``
   mode's own checks (:meth:`~EngineSetup._admission_setup_inpass`).

@@ -17,7 +17,7 @@ keeps that check quiet for them.
 The registered getters return ``None`` on purpose: ``vllm.envs.compile_factors``
 hashes the value of every registered variable into the ``torch.compile``
 cache key, and scheduler settings must not force a recompile. The plugin
-reads its settings through :class:`vllm_admission.plugin.config.Settings`.
+reads its settings through :class:`vllm_admission.plugin.env.Settings`.
 
 Where asked, in every process it also installs vLLM's fixes
 (:func:`install_vllm_fixes`: :func:`vllm_admission.plugin.repairs.cpu_block_size.install`,
@@ -76,7 +76,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from vllm_admission.core.settings import Settings, SettingsError, setting_from_env
-from vllm_admission.plugin.config import ENV_ACTIVE, ENV_CPU_FIXES, ENV_VARS
+from vllm_admission.plugin.env import ENV_ACTIVE, ENV_CPU_FIXES, ENV_VARS
 from vllm_admission.plugin.metrics.snapshots import (
     ENV_METRICS_DIR,
     default_metrics_dir,
@@ -252,8 +252,8 @@ def install_inpass_runner_if_asked() -> bool:
 def asked() -> bool:
     """Whether the user asked for the plugin in this process tree: the command line names
     the AdmissionScheduler (``vllm serve ... --scheduler-cls``), one of the plugin's
-    settings is set (:data:`~vllm_admission.plugin.config.ENV_VARS`), or the process that
-    started this one decided so (:data:`~vllm_admission.plugin.config.ENV_ACTIVE`)."""
+    settings is set (:data:`~vllm_admission.plugin.env.ENV_VARS`), or the process that
+    started this one decided so (:data:`~vllm_admission.plugin.env.ENV_ACTIVE`)."""
     if names_admission_scheduler(sys.argv) or os.environ.get(ENV_ACTIVE) == "1":
         return True
     return any(os.environ.get(name) for name in ENV_VARS

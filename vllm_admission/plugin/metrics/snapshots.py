@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_admission.plugin.config import ENV_METRICS_DIR
+from vllm_admission.plugin.env import ENV_METRICS_DIR
 from vllm_admission.plugin.metrics.stats import AdmissionStats
 
 __all__ = ["ENV_METRICS_DIR", "PUBLISH_INTERVAL_S", "StatsPublisher", "default_metrics_dir",

@@ -11,8 +11,8 @@ from vllm_admission.core.adaptive import stock_pair
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.traces import Trace, load_trace
 from vllm_admission.fidelity.compare import compare_hits
-from vllm_admission.fidelity.simulate import costs_like_engine, simulate_like_engine
 from vllm_admission.fidelity.spec import FidelityError, FidelitySpec
+from vllm_admission.fidelity.twin import costs_like_engine, simulate_like_engine
 
 __all__ = ["load_trace_of", "run_fidelity", "run_pair"]
 
@@ -73,7 +73,7 @@ def _run_engine(spec: FidelitySpec, trace: Trace, admission: str, eviction: str,
 
 
 class _EngineDtypes(TypedDict):
-    """:func:`_engine_dtypes`: :class:`~vllm_admission.engine.geometry.EngineGeometry`'s
+    """:func:`_engine_dtypes`: :class:`~vllm_admission.engine.engine_geometry.EngineGeometry`'s
     dtype fields, by name."""
 
     dtype: str | None

@@ -2,7 +2,7 @@
 
 The front ends build it (the sweep from its :class:`~vllm_admission.sim.sweep.SweepSpec`,
 the fidelity check from a started engine's
-:class:`~vllm_admission.engine.geometry.EngineGeometry`, scripts and tests by hand) and
+:class:`~vllm_admission.engine.engine_geometry.EngineGeometry`, scripts and tests by hand) and
 :func:`~vllm_admission.sim.simulator.simulate` turns it, with the model, into the
 :class:`~vllm_admission.core.layout.CacheLayout` the cache runs with.
 """

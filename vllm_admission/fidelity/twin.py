@@ -12,7 +12,7 @@ from vllm_admission.core.geometry import geometry_from_blocks
 from vllm_admission.core.layout import DEFAULT_CHECKPOINT
 from vllm_admission.core.traces import Trace
 from vllm_admission.core.tuning import DEFAULT_GRID, DEFAULT_MULTIPLIER
-from vllm_admission.engine.geometry import EngineGeometry
+from vllm_admission.engine.engine_geometry import EngineGeometry
 from vllm_admission.fidelity.spec import FidelityError
 
 __all__ = ["costs_like_engine", "simulate_like_engine"]
@@ -81,7 +81,7 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: EngineGeomet
             known) is not ``costs.ssm_dtype``, or its KV cache groups or bytes per block
             differ from what the simulator derives for ``costs`` at that block size.
     """
-    from vllm_admission.sim.settings import SimulationSettings
+    from vllm_admission.sim.simulation_settings import SimulationSettings
     from vllm_admission.sim.simulator import group_kinds, simulate
 
     if not geometry.kv_cache_groups:
