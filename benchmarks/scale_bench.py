@@ -49,7 +49,7 @@ def run_case(pair: str, n: int) -> dict:
     capacity = parse_bytes(CAPACITY)
     block_size = block_geometry(costs, capacity).block_size
     stream = stream_cache_requests(resample(source, n), block_size)
-    r = simulate(source, costs, SimulationSettings(admission=admission, eviction=eviction, capacity_bytes=capacity),
+    r = simulate(source, costs, SimulationSettings.of(admission, eviction, capacity_bytes=capacity),
                  requests=stream)
     return {"pair": pair, "requests": r.requests, "token_hit_rate": r.token_hit_rate,
             "wall_s": r.wall_seconds, "cpu_s": r.cpu_seconds, "shadow_rate": r.shadow_rate,

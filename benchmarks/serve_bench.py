@@ -160,7 +160,7 @@ def predict(trace, model: Path, arch: str, config: str, *, num_blocks: int, budg
     _, admission, eviction, checkpoint = CONFIGS[config]
     costs = ModelCosts.from_config(str(model / "config.json"), mamba_ssm_cache_dtype=SSM_DTYPE[arch])
     B = aligned_block_size(costs, CPU_BLOCK_SIZE, kernel_block_size=CPU_KERNEL_BLOCK_SIZE)
-    res = simulate(trace, costs, SimulationSettings(admission=admission, eviction=eviction, num_blocks=num_blocks,
+    res = simulate(trace, costs, SimulationSettings.of(admission, eviction, num_blocks=num_blocks,
                                                     block_size=B, chunk_size=budget, outputs="unique", per_request=True,
                                                     checkpoint=checkpoint, retune_every=0,
                                                     **CONFIG_SIM.get(config, {})))

@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             models[model] = load_model(model)
         if args.checkpoint != "split":
             extra = {**extra, "checkpoint": args.checkpoint}
-        r = simulate(traces[trace], models[model], SimulationSettings(
-            admission=adm, eviction=ev, capacity_bytes=parse_bytes(cap), per_request=True, **extra))
+        r = simulate(traces[trace], models[model], SimulationSettings.of(
+            adm, ev, capacity_bytes=parse_bytes(cap), per_request=True, **extra))
         rec = r.to_record()
         cpu = rec.pop("cpu_seconds")
         del rec["wall_seconds"]

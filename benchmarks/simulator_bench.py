@@ -65,8 +65,8 @@ def run_case(name: str, around=contextlib.nullcontext) -> dict:
     requests = cache_requests(trace, geo.block_size)
     load_s = time.perf_counter() - t0
     with around():
-        r = simulate(trace, costs, SimulationSettings(admission=admission, eviction=eviction,
-                                                      capacity_bytes=parse_bytes(CAPACITY), **extra),
+        r = simulate(trace, costs, SimulationSettings.of(admission, eviction,
+                                                         capacity_bytes=parse_bytes(CAPACITY), **extra),
                      requests=requests)
     return {"case": name, "requests": r.requests, "evictions": r.evictions,
             "token_hit_rate": r.token_hit_rate, "wall_s": r.wall_seconds, "cpu_s": r.cpu_seconds,

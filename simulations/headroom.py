@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         doc = run_sweep(spec, jobs=args.jobs, progress=False)
         for cap in CAPACITIES:
             nbytes = parse_bytes(cap)
-            _, layout = cache_layout(costs, SimulationSettings(admission="vllm", eviction="lru",
+            _, layout = cache_layout(costs, SimulationSettings.of("vllm", "lru",
                                                                capacity_bytes=nbytes))
             bound = pool_bound_of(cache_requests(trace, layout.pool.block_size), layout)
             runs = {f"{r['admission']}+{r['eviction']}": r["token_hit_rate"]

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> dict:
         trace = load_trace(source, max_requests=args.max_requests)
         for admission in args.admission.split(","):
             for mode in CHECKPOINT_MODES:
-                res = simulate(trace, costs, SimulationSettings(admission=admission, eviction="lru",
+                res = simulate(trace, costs, SimulationSettings.of(admission, "lru",
                                                                 capacity_bytes=capacity, chunk_size=args.chunk_size,
                                                                 checkpoint=mode)).to_record()
                 row = {"workload": name, "admission": admission, "eviction": "lru",

@@ -56,7 +56,7 @@ class _HidingTrainer(LightGBMTrainer):
 
 
 def _run(trace: Any, costs: Any, eviction: str, capacity: str) -> tuple[float, float]:
-    settings = SimulationSettings(admission="vllm", eviction=eviction,
+    settings = SimulationSettings.of("vllm", eviction,
                                   capacity_bytes=parse_bytes(capacity), chunk_size=8192)
     t0 = time.process_time()
     result = simulate(trace, costs, settings)

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for label, cap in CELLS:
         costs = load_model(MODELS[label])
-        _, layout = cache_layout(costs, SimulationSettings(admission="vllm", eviction="lru",
+        _, layout = cache_layout(costs, SimulationSettings.of("vllm", "lru",
                                                            capacity_bytes=parse_bytes(cap)))
         reqs = cache_requests(trace, layout.pool.block_size)
         pool = pool_bound_of(reqs, layout)

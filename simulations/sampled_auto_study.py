@@ -49,8 +49,7 @@ def run_cell(trace_name: str, model_name: str, cap: str) -> dict:
     requests = cache_requests(trace, block_geometry(costs, capacity).block_size)
 
     def run(admission: str, eviction: str, **kw) -> dict:
-        r = simulate(trace, costs, SimulationSettings(admission=admission, eviction=eviction,
-                                                      capacity_bytes=capacity, **kw),
+        r = simulate(trace, costs, SimulationSettings.of(admission, eviction, capacity_bytes=capacity, **kw),
                      requests=requests)
         return {"hit": r.token_hit_rate, "flops_saved": r.flops_saved_fraction,
                 "wall_s": r.wall_seconds, "final": r.final_policy,

@@ -97,7 +97,7 @@ PAIRS = [("vllm", "lru"), ("marconi", "flop"), ("dense", "lru"), ("last", "belad
 def test_no_policy_beats_the_pool_bound(seed, blocks, requests):
     trace = load_trace("synthetic", max_requests=requests, seed=seed)
     for admission, eviction in PAIRS:
-        st_ = SimulationSettings(admission=admission, eviction=eviction, num_blocks=blocks,
+        st_ = SimulationSettings.of(admission, eviction, num_blocks=blocks,
                                  alpha=0.5 if eviction == "flop" else None)
         _, layout = cache_layout(COSTS, st_)
         reqs = cache_requests(trace, layout.pool.block_size)
@@ -115,7 +115,7 @@ def test_the_lp_is_below_the_pool_bound_and_above_every_policy(seed, blocks, req
     windows only loosens it; and no policy beats either."""
     trace = load_trace("synthetic", max_requests=requests, seed=seed)
     for admission, eviction in PAIRS[:4]:
-        st_ = SimulationSettings(admission=admission, eviction=eviction, num_blocks=blocks,
+        st_ = SimulationSettings.of(admission, eviction, num_blocks=blocks,
                                  alpha=0.5 if eviction == "flop" else None)
         _, layout = cache_layout(COSTS, st_)
         reqs = cache_requests(trace, layout.pool.block_size)

@@ -181,13 +181,13 @@ def test_unknown_checkpoint_mode_is_refused():
 def test_simulate_records_the_mode_and_inpass_takes_fewer_steps():
     costs = load_model("qwen3-next-80b-a3b")
     trace = load_trace("synthetic", max_requests=60)
-    runs = {m: simulate(trace, costs, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=8 << 30,
+    runs = {m: simulate(trace, costs, SimulationSettings.of("vllm", "lru", capacity_bytes=8 << 30,
                                                          checkpoint=m, per_request=True)) for m in CHECKPOINT_MODES}
     assert runs["split"].checkpoint == "split" and runs["inpass"].to_record()["checkpoint"] == "inpass"
     assert runs["inpass"].prefill_steps < runs["split"].prefill_steps
     assert runs["inpass"].per_request_hits == runs["split"].per_request_hits
     with pytest.raises(ValueError, match="valid: split, inpass"):
-        simulate(trace, costs, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=8 << 30,
+        simulate(trace, costs, SimulationSettings.of("vllm", "lru", capacity_bytes=8 << 30,
                                                   checkpoint="fused"))
 
 

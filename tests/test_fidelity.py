@@ -394,9 +394,9 @@ def test_stock_retention_settings_are_mirrored_exactly(tiny_model, engine_env,
     from vllm_admission.sim.simulator import SimulationSettings, simulate
 
     costs = ModelCosts.from_config(f"{tiny_model}/config.json", mamba_ssm_cache_dtype="bfloat16")
-    default = simulate(load_trace_of(spec), costs, SimulationSettings(
-        admission="vllm", eviction=eviction, num_blocks=40, block_size=B, chunk_size=512,
-        outputs="unique", retention_interval=0))
+    default = simulate(load_trace_of(spec), costs, SimulationSettings.of(
+        "vllm", eviction, num_blocks=40, block_size=B, chunk_size=512, outputs="unique",
+        retention_interval=0))
     assert rec["simulator"]["state_checkpoints"] > default.state_checkpoints
 
 

@@ -325,8 +325,8 @@ def qwen():
 
 
 def test_simulate_reports_hits_by_tier_and_bytes_moved(synthetic, qwen):
-    gpu = simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30))
-    both = simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+    gpu = simulate(synthetic, qwen, SimulationSettings.of("vllm", "lru", capacity_bytes=2 << 30))
+    both = simulate(synthetic, qwen, SimulationSettings.of("vllm", "lru", capacity_bytes=2 << 30,
                                                         host_bytes=64 << 30, host_bandwidth=50e9))
     assert gpu.host.chunks == 0 and gpu.host_hit_tokens == 0
     assert both.host.chunks == host_chunks(64 << 30, qwen_bytes_per_block(both, qwen))
@@ -348,19 +348,19 @@ def qwen_bytes_per_block(result, costs):
 
 def test_simulate_refuses_what_the_host_tier_does_not_model(synthetic, qwen):
     with pytest.raises(UserError, match="holds no"):
-        simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+        simulate(synthetic, qwen, SimulationSettings.of("vllm", "lru", capacity_bytes=2 << 30,
                                                      host_bytes=1024))
     with pytest.raises(UserError, match="speculative decoding"):
         simulate(synthetic, load_model("qwen3-next-80b-a3b", mtp=True),
-                 SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+                 SimulationSettings.of("vllm", "lru", capacity_bytes=2 << 30,
                                     host_bytes=64 << 30, num_speculative_tokens=1))
     with pytest.raises(UserError, match="unknown host policy"):
-        simulate(synthetic, qwen, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30,
+        simulate(synthetic, qwen, SimulationSettings.of("vllm", "lru", capacity_bytes=2 << 30,
                                                      host_bytes=64 << 30, host_policy="no-such-policy"))
 
 
 def test_auto_scales_the_host_tier_of_its_sampled_shadows(synthetic, qwen):
-    res = simulate(synthetic, qwen, SimulationSettings(admission="auto", eviction="lru", capacity_bytes=2 << 30,
+    res = simulate(synthetic, qwen, SimulationSettings.of("auto", "lru", capacity_bytes=2 << 30,
                                                        host_bytes=64 << 30, shadow_rate=0.5))
     assert res.host.chunks > 0 and res.host_hit_tokens > 0
     lay = CacheLayout(PoolSpec(num_blocks=101, block_size=B, group_kinds=GROUPS),

@@ -86,14 +86,14 @@ assert list(AUTO_ADMISSIONS) == expected["auto_admissions"]
 assert list(AUTO_EVICTIONS) == expected["auto_evictions"]
 assert candidate_policies("auto", "auto") == (AUTO_ADMISSIONS, AUTO_EVICTIONS)
 trace, costs = load_trace("synthetic"), load_model("qwen3-next-80b-a3b")
-auto = simulate(trace, costs, SimulationSettings(admission="auto", eviction="auto",
+auto = simulate(trace, costs, SimulationSettings.of("auto", "auto",
                                                  capacity_bytes=4 << 30, per_request=True)).to_record()
 for key in ("per_request_hits", "policy_switches", "final_policy"):
     assert auto[key] == expected["auto"][key], key
 hits = {}
 for adm, ev in ((new_adm, "lru"), ("vllm", new_ev), (new_adm, new_ev), ("auto", new_ev),
                 (new_adm, "auto")):
-    r = simulate(trace, costs, SimulationSettings(admission=adm, eviction=ev, capacity_bytes=4 << 30))
+    r = simulate(trace, costs, SimulationSettings.of(adm, ev, capacity_bytes=4 << 30))
     assert r.requests > 0 and r.evictions > 0, (adm, ev)
     hits[f"{adm}+{ev}"] = r.hit_tokens
 assert hits[f"{new_adm}+lru"] > 0
@@ -130,7 +130,7 @@ def _run(args: list[str], repo: Path, timeout: float) -> subprocess.CompletedPro
 def test_a_new_policy_is_one_class_and_one_registry_entry(tmp_path):
     repo = _scratch_copy(tmp_path)
     auto = simulate(load_trace("synthetic"), load_model("qwen3-next-80b-a3b"),
-                    SimulationSettings(admission="auto", eviction="auto", capacity_bytes=4 << 30,
+                    SimulationSettings.of("auto", "auto", capacity_bytes=4 << 30,
                                        per_request=True)).to_record()
     assert auto["policy_switches"], "the reference auto run must decide something"
     expected = {"copy": str(repo), "eviction": NEW_EVICTION, "admission": NEW_ADMISSION,

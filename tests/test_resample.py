@@ -62,7 +62,7 @@ def test_the_mooncake_system_prompt_is_shared_by_every_pass():
 def test_streamed_and_listed_requests_give_the_same_run():
     src = load_trace("synthetic", num_requests=400)
     costs = load_model("qwen3-next-80b-a3b")
-    settings = SimulationSettings(admission="auto", eviction="auto", capacity_bytes=4 << 30)
+    settings = SimulationSettings.of("auto", "auto", capacity_bytes=4 << 30)
     listed = simulate(src, costs, settings)
     bs = listed.block_size
     streamed = simulate(src, costs, settings, requests=stream_cache_requests(iter(src.requests), bs))
@@ -76,8 +76,8 @@ def test_streamed_and_listed_requests_give_the_same_run():
 def test_a_long_run_keeps_the_source_hit_rate_per_pass():
     src = load_trace("synthetic", num_requests=300)
     costs = load_model("qwen3-next-80b-a3b")
-    one = simulate(src, costs, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30))
-    three = simulate(src, costs, SimulationSettings(admission="vllm", eviction="lru", capacity_bytes=2 << 30),
+    one = simulate(src, costs, SimulationSettings.of("vllm", "lru", capacity_bytes=2 << 30))
+    three = simulate(src, costs, SimulationSettings.of("vllm", "lru", capacity_bytes=2 << 30),
                      requests=stream_cache_requests(resample(src, 900), one.block_size))
     assert three.requests == 900
     # Later passes hit at least as much (their shared prefixes may be cached already).

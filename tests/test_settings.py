@@ -126,7 +126,7 @@ def test_the_other_settings_objects_default_to_the_settings_defaults():
         for name, value in expected.items():
             if name in defaults:
                 assert defaults[name] == value, (cls.__name__, name)
-    assert SimulationSettings(admission="auto", eviction="auto").auto_settings() == AutoSettings()
+    assert SimulationSettings.of("auto", "auto").policy.auto == AutoSettings()
 
 
 _NAMES = st.sampled_from

@@ -53,7 +53,7 @@ def test_cli_writes_results_and_plot(tmp_path, capsys):
 def test_fixed_seed_gives_identical_results(costs):
     def run():
         trace = load_trace("synthetic", max_requests=250, seed=7)
-        r = simulate(trace, costs, SimulationSettings(admission="marconi", eviction="flop",
+        r = simulate(trace, costs, SimulationSettings.of("marconi", "flop",
                                                       capacity_bytes=parse_bytes("2GiB")))
         rec = r.to_record()
         rec.pop("wall_seconds"), rec.pop("cpu_seconds")
@@ -68,7 +68,7 @@ def test_no_run_beats_the_infinite_capacity_bound(costs, small_trace, admission)
     reqs = cache_requests(small_trace, geo.block_size)
     bound = trace_bound(reqs, geo.block_size)["hit_tokens"]
     for eviction, alpha in (("lru", None), ("flop", 0.5), ("belady", None)):
-        r = simulate(small_trace, costs, SimulationSettings(admission=admission, eviction=eviction,
+        r = simulate(small_trace, costs, SimulationSettings.of(admission, eviction,
                                                             capacity_bytes=parse_bytes("2GiB"), alpha=alpha),
                      requests=reqs)
         assert r.evictions > 0  # the capacity really is under pressure
@@ -78,7 +78,7 @@ def test_no_run_beats_the_infinite_capacity_bound(costs, small_trace, admission)
 def test_dense_with_ample_capacity_reaches_the_bound(costs, small_trace):
     geo = block_geometry(costs, parse_bytes("1TiB"))
     reqs = cache_requests(small_trace, geo.block_size)
-    r = simulate(small_trace, costs, SimulationSettings(admission="dense", eviction="lru",
+    r = simulate(small_trace, costs, SimulationSettings.of("dense", "lru",
                                                         capacity_bytes=parse_bytes("1TiB")), requests=reqs)
     assert r.evictions == 0
     assert r.hit_tokens == trace_bound(reqs, geo.block_size)["hit_tokens"]
@@ -92,10 +92,10 @@ def test_state_miss_tokens_are_the_kv_hits_no_state_serves(costs, small_trace):
     geo = block_geometry(costs, parse_bytes("1TiB"))
     reqs = cache_requests(small_trace, geo.block_size)
     bound = trace_bound(reqs, geo.block_size)["hit_tokens"]
-    none = simulate(small_trace, costs, SimulationSettings(admission="none", eviction="lru",
+    none = simulate(small_trace, costs, SimulationSettings.of("none", "lru",
                                                            capacity_bytes=parse_bytes("1TiB")), requests=reqs)
     assert (none.evictions, none.hit_tokens, none.state_miss_tokens) == (0, 0, bound)
-    stock = simulate(small_trace, costs, SimulationSettings(admission="vllm", eviction="lru",
+    stock = simulate(small_trace, costs, SimulationSettings.of("vllm", "lru",
                                                             capacity_bytes=parse_bytes("1TiB")), requests=reqs)
     assert stock.evictions == 0
     assert stock.hit_tokens + stock.state_miss_tokens == bound
@@ -123,10 +123,10 @@ def test_belady_gets_true_next_uses_and_evicts_the_farthest(costs, small_trace, 
         return block
 
     monkeypatch.setattr(BeladyEviction, "pop", checked_pop)
-    run = simulate(small_trace, costs, SimulationSettings(admission="vllm", eviction="belady",
+    run = simulate(small_trace, costs, SimulationSettings.of("vllm", "belady",
                                                           capacity_bytes=parse_bytes("2GiB")))
     assert run.evictions > 0 and len(victims) > 0
-    roomy = {ev: simulate(small_trace, costs, SimulationSettings(admission="vllm", eviction=ev,
+    roomy = {ev: simulate(small_trace, costs, SimulationSettings.of("vllm", ev,
                                                                  capacity_bytes=parse_bytes("1TiB")))
              for ev in ("lru", "belady")}
     assert roomy["lru"].evictions == roomy["belady"].evictions == 0
@@ -136,7 +136,7 @@ def test_belady_gets_true_next_uses_and_evicts_the_farthest(costs, small_trace, 
 def test_mooncake_prefix_stays_under_its_bound(costs):
     trace = load_trace(str(require(MOONCAKE)), max_requests=800)
     assert trace.skipped == {"beyond max_requests": 12031 - 800}
-    r = simulate(trace, costs, SimulationSettings(admission="vllm", eviction="lru",
+    r = simulate(trace, costs, SimulationSettings.of("vllm", "lru",
                                                   capacity_bytes=parse_bytes("64GiB")))
     geo = block_geometry(costs, parse_bytes("64GiB"))
     bound = trace_bound(cache_requests(trace, geo.block_size), geo.block_size)
@@ -156,7 +156,7 @@ def test_async_scheduling_option_reaches_the_cache_model(tmp_path, costs, small_
     doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["async_scheduling"] is True
     (run,) = doc["runs"]
-    got = {flag: simulate(small_trace, costs, SimulationSettings(admission="dense", eviction="s3fifo",
+    got = {flag: simulate(small_trace, costs, SimulationSettings.of("dense", "s3fifo",
                                                                  capacity_bytes=parse_bytes("1GiB"),
                                                                  async_scheduling=flag))
            for flag in (True, False)}
@@ -405,8 +405,7 @@ def test_the_hidden_state_cache_takes_its_own_group_and_blocks(small_trace):
     capacity = 64 * 2**20
     geo = block_geometry(tiny, capacity)
     per_token = tiny.hidden_size * tiny.dtype_bytes
-    runs = {n: simulate(small_trace, tiny, SimulationSettings(
-                admission="marconi", eviction="lru", capacity_bytes=capacity,
+    runs = {n: simulate(small_trace, tiny, SimulationSettings.of("marconi", "lru", capacity_bytes=capacity,
                 hidden_state_bytes_per_token=n * per_token))
             for n in (0, 1)}
     assert runs[1].num_blocks == runs[0].num_blocks == geo.num_blocks

@@ -101,8 +101,8 @@ def simulate_like_engine(trace: Trace, costs: ModelCosts, geometry: EngineGeomet
             f"the simulator's layout for {costs.name} (groups {sim_kinds}, {geo.bytes_per_block} "
             f"bytes per block) differs from the engine's (groups {engine_kinds}, {engine_bpb} "
             f"bytes per block)")
-    settings = SimulationSettings(
-        admission=admission, eviction=eviction, num_blocks=nb, block_size=bs,
+    settings = SimulationSettings.of(
+        admission, eviction, num_blocks=nb, block_size=bs,
         chunk_size=geometry.max_num_batched_tokens, checkpoint=checkpoint,
         retention_interval=geometry.prefix_cache_retention_interval,
         hash_block_size=geometry.prefix_match_unit,

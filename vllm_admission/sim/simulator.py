@@ -319,19 +319,19 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
             ``auto_admissions`` that are invalid or beside a fixed admission policy.
     """
     st = settings
-    check_checkpoint_mode(st.checkpoint)
-    plan = RunPlan.from_settings(st.admission, st.eviction, alpha=st.alpha,
-                                 checkpoint=st.checkpoint,
-                                 auto_admissions=st.auto_admissions)  # validates names first
-    if st.tune_grid not in GRIDS:
-        raise UserError(f"unknown tuning grid {st.tune_grid!r}; valid: {', '.join(GRIDS)}")
+    check_checkpoint_mode(st.policy.checkpoint)
+    plan = RunPlan.from_settings(st.policy.admission, st.policy.eviction, alpha=st.policy.alpha,
+                                 checkpoint=st.policy.checkpoint,
+                                 auto_admissions=st.policy.auto.admissions)  # validates names first
+    if st.policy.tune_grid not in GRIDS:
+        raise UserError(f"unknown tuning grid {st.policy.tune_grid!r}; valid: {', '.join(GRIDS)}")
     if not costs.is_hybrid:
         raise UserError(f"model {costs.name!r} has no recurrent layers: nothing to simulate")
     geo, layout = cache_layout(costs, st)
     if layout.pool.partial_hash_hits:  # auto's candidates include those that differ only here
-        plan = RunPlan.from_settings(st.admission, st.eviction, alpha=st.alpha,
-                                     checkpoint=st.checkpoint, sub_block=True,
-                                     auto_admissions=st.auto_admissions)
+        plan = RunPlan.from_settings(st.policy.admission, st.policy.eviction, alpha=st.policy.alpha,
+                                     checkpoint=st.policy.checkpoint, sub_block=True,
+                                     auto_admissions=st.policy.auto.admissions)
     t0, c0 = time.perf_counter(), time.process_time()
     if requests is None:
         requests = cache_requests(trace, geo.block_size, st.outputs, st.hash_block_size)
@@ -341,7 +341,7 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
     controller = None
     tuner = None
     if plan.adaptive:
-        cache, controller = auto_run(plan, layout, flops, st.auto_settings())
+        cache, controller = auto_run(plan, layout, flops, st.policy.auto)
     else:
         oracle = None
         if plan.eviction_cls.needs_future:
@@ -349,7 +349,7 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
             oracle = NextUseOracle(requests)
         cache = setup.build(alpha=plan.start_alpha, next_use=oracle)
         if plan.tuned:
-            tuner = alpha_tuner(setup, flops, grid=GRIDS[st.tune_grid], multiplier=st.tune_multiplier,
+            tuner = alpha_tuner(setup, flops, grid=GRIDS[st.policy.tune_grid], multiplier=st.policy.tune_multiplier,
                                 snapshot=cache.clone, retune_every=st.retune_every)
     hits: list[int] = []
     steps: list[int] = []
@@ -373,7 +373,7 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     names = [f"{k}{g}" for g, k in enumerate(layout.pool.group_kinds)]
     return RunResult(
-        trace=trace.name, model=costs.name, admission=st.admission, eviction=st.eviction,
+        trace=trace.name, model=costs.name, admission=st.policy.admission, eviction=st.policy.eviction,
         capacity_bytes=st.capacity_bytes if st.num_blocks is None else None,
         block_size=geo.block_size, num_blocks=geo.num_blocks,
         mamba_ssm_cache_dtype=costs.mamba_ssm_cache_dtype, ssm_dtype=costs.ssm_dtype,
@@ -387,7 +387,7 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
         state_checkpoints=cache.state_checkpoints, junctions=cache.junctions,
         evictions=cache.pool.evictions,
         evictions_by_group=dict(zip(names, cache.pool.evictions_by_group, strict=True)),
-        alpha=(tuner.alpha if tuner else st.alpha) if plan.tunable else None,
+        alpha=(tuner.alpha if tuner else st.policy.alpha) if plan.tunable else None,
         alpha_events=[{"at": e.at, "window": e.window, "alpha": e.alpha, "kind": e.kind}
                       for e in tuner.events] if tuner else [],
         wall_seconds=wall, cpu_seconds=cpu,
@@ -398,7 +398,7 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
         shadow_handover=controller.handover_at if controller else None,
         shadows_dropped={str(p): at for p, at in controller.dropped.items()} if controller else {},
         shadows_settled=controller.settled_at if controller else None,
-        prefill_steps=totals.prefill_steps, checkpoint=st.checkpoint,
+        prefill_steps=totals.prefill_steps, checkpoint=st.policy.checkpoint,
         state_miss_tokens=totals.state_miss_tokens, retention_interval=st.retention_interval,
         prefix_match_unit=layout.pool.hash_block_size if layout.pool.partial_hash_hits else None,
         num_speculative_tokens=layout.speculation.num_speculative_tokens,
@@ -444,12 +444,12 @@ def cache_layout(costs: ModelCosts, settings: SimulationSettings) -> tuple[Cache
                       group_kinds=group_kinds(costs, geo, hidden=bool(hidden)),
                       bytes_per_block=geo.bytes_per_block, hash_block_size=st.hash_block_size,
                       retention_interval=st.retention_interval),
-        scheduling=SchedulingSpec(chunk_size=st.chunk_size, checkpoint=st.checkpoint,
+        scheduling=SchedulingSpec(chunk_size=st.chunk_size, checkpoint=st.policy.checkpoint,
                                   prompt_end_export=st.prompt_end_export,
                                   async_scheduling=st.async_scheduling),
         speculation=speculation,
-        host=HostTierSpec(chunks=host_chunks, policy=st.host_policy, admission=st.host_admission))
-    check_host_admission(st.host_admission, bool(host_chunks))
+        host=HostTierSpec(chunks=host_chunks, policy=st.host_policy, admission=st.policy.host_admission))
+    check_host_admission(st.policy.host_admission, bool(host_chunks))
     if st.host_bytes and not host_chunks:
         raise UserError(f"a host tier of {st.host_bytes} bytes holds no {geo.bytes_per_block}-byte "
                         f"block of {costs.name}")

@@ -150,8 +150,8 @@ class SweepSpec:
     def settings(self, costs: ModelCosts, admission: str, eviction: str,
                  capacity: int) -> SimulationSettings:
         """The :class:`~vllm_admission.sim.simulation_settings.SimulationSettings` of one run."""
-        return SimulationSettings(
-            admission=admission, eviction=eviction, capacity_bytes=capacity,
+        return SimulationSettings.of(
+            admission, eviction, capacity_bytes=capacity,
             block_size=self.block_size, chunk_size=self.chunk_size, checkpoint=self.checkpoint,
             retention_interval=self.retention_interval, hash_block_size=self.hash_block_size,
             num_speculative_tokens=self.num_speculative_tokens,
