@@ -27,7 +27,7 @@ CUDA_ONLY_EXTRAS := torchvision torchaudio torchcodec
 # (see packaging/vllm-cpu-dist/pyproject.toml).
 VLLM_CPU_DIST := packaging/vllm-cpu-dist
 
-.PHONY: install lint typecheck docs demo test test-fast test-avx2 compat bench bench-scale bench-serve study study-headroom study-lp study-learned study-host study-host-policies engine-study clean
+.PHONY: install lint typecheck docs demo test test-fast test-avx2 compat bench bench-scale bench-serve study study-headroom study-lp study-learned study-fleet study-host study-host-policies engine-study clean
 
 install: $(STAMP)
 
@@ -112,6 +112,12 @@ study-lp: install
 # with its CPU time beside lru's and a feature ablation (about 10 minutes on one core).
 study-learned: install
 	$(BIN)/python simulations/learned_study.py
+
+# Routers over a fleet of replicas (round_robin, least_loaded, kv_prefix, hybrid): Mooncake at
+# its arrival times, 4 / 8 / 16 replicas of 64 / 128 GiB, both models, stock and auto on every
+# replica (about 8 minutes on 2 cores).
+study-fleet: install
+	$(BIN)/python simulations/fleet_study.py --jobs 2
 
 # GPU + host memory (vLLM's OffloadingConnector): stock against auto, both models, Mooncake
 # and the synthetic workload (about 7 minutes on 2 cores).

@@ -24,8 +24,8 @@ _SIMULATE = {
     "--host-admission", "--host-bandwidth", "--host-capacity", "--host-policy", "--jobs",
     "--mamba-ssm-cache-dtype", "--max-requests", "--model", "--no-progress", "--num-speculative-tokens",
     "--out", "--outputs", "--pairs", "--prefix-cache-retention-interval", "--prefix-match-unit",
-    "--ray-address", "--resample", "--retention-interval", "--seed", "--shadow-rate", "--trace",
-    "--tune-grid", "-h",
+    "--ray-address", "--replica-flops", "--replicas", "--resample", "--retention-interval",
+    "--router", "--seed", "--shadow-rate", "--trace", "--tune-grid", "-h",
 }
 
 CLI_OPTIONS = {

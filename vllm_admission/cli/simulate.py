@@ -13,7 +13,9 @@ from vllm_admission.core.costs import MAMBA_SSM_CACHE_DTYPES
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import EVICTION_POLICIES
 from vllm_admission.core.geometry import parse_bytes
+from vllm_admission.core.routing import ROUTERS
 from vllm_admission.core.settings import Settings, add_flags
+from vllm_admission.sim.fleet import DEFAULT_PREFILL_FLOPS_PER_S
 from vllm_admission.sim.sweep import EXECUTORS, RAY_INSTALL_HINT
 
 __all__ = ["DEMO_MODEL", "MAMBA_SSM_CACHE_DTYPES", "add_simulate_args", "run_simulate"]
@@ -96,6 +98,20 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                            "an H100's PCIe 5.0 x16 link, one direction)")
     add_policy_tuning_args(p, auto_interval=True)
     add_flags(p, ["tune_grid", "auto.shadow_rate", "auto.margin", "auto.admissions"])
+    fleet = p.add_argument_group(
+        "fleet", "replicas of the cache behind a router, at the trace's arrival times; each "
+        "replica runs the pair's policies, the router sees each one's attention-KV hit, hybrid "
+        "hit and blocks in flight (docs/fleet.md); writes fleet.json instead of results.json")
+    fleet.add_argument("--replicas", type=int, default=None, metavar="N",
+                       help="replay through N replicas of each capacity (default: one cache, no router)")
+    fleet.add_argument("--router", default=",".join(ROUTERS), metavar="NAMES",
+                       help=f"with --replicas: comma list of routing policies, of "
+                            f"{', '.join(ROUTERS)} (default: all)")
+    fleet.add_argument("--replica-flops", type=float, default=DEFAULT_PREFILL_FLOPS_PER_S,
+                       metavar="FLOP/S",
+                       help=f"with --replicas: one replica's prefill throughput, which prices "
+                            f"its queue and time to first token (default "
+                            f"{DEFAULT_PREFILL_FLOPS_PER_S:.3g}: 40%% of an H100's BF16 peak)")
     p.add_argument("--resample", type=int, default=None, metavar="N",
                    help="replay N requests: the trace repeated pass after pass, its content "
                         "renamed in each pass except shared prefixes (a long trace with the "
@@ -196,6 +212,8 @@ def run_simulate(args: argparse.Namespace) -> int:
             print(f"vllm-admission: --alpha {policy.alpha:g} has no effect: no eviction policy run "
                   f"here has an alpha ({', '.join(sorted(names)) or AUTO}; flop has one)",
                   file=sys.stderr)
+    if args.replicas is not None:
+        return _run_fleet(args, spec)
     costs = spec.load_costs()
     if not costs.is_hybrid:
         print(f"vllm-admission: {costs.name} has no recurrent layers; prefix caching already "
@@ -213,6 +231,54 @@ def run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+
+
+def _run_fleet(args: argparse.Namespace, spec) -> int:
+    """``simulate --replicas N``: every capacity x pair x router through a fleet; prints a
+    table, writes ``fleet.json``."""
+    import json
+    from pathlib import Path
+
+    from vllm_admission.cli.options import parse_list
+    from vllm_admission.core.traces import load_trace
+    from vllm_admission.sim.fleet import FleetSettings, simulate_fleet
+    from vllm_admission.sim.report import check_writable
+    from vllm_admission.sim.simulator import cache_requests
+
+    routers = parse_list(args.router, "routing policy", list(ROUTERS))
+    for router in routers:
+        FleetSettings(args.replicas, router, prefill_flops_per_s=args.replica_flops).check()
+    if spec.resample:
+        raise UserError("--replicas replays the trace as it is; --resample is for one cache")
+    costs = spec.load_costs()
+    if not costs.is_hybrid:
+        print(f"vllm-admission: {costs.name} has no recurrent layers; prefix caching already "
+              "works block by block for it, so there is nothing for admission to do.")
+        return 0
+    check_writable(args.out)
+    trace = load_trace(spec.trace, max_requests=spec.max_requests, seed=spec.seed)
+    records = []
+    lines = ["| capacity | pair | router | token hit rate | load spread | TTFT P50 / P99 (s) |",
+             "|---|---|---|---|---|---|"]
+    for admission, eviction, capacity in spec.runs():
+        settings = spec.settings(costs, admission, eviction, capacity)
+        requests = cache_requests(trace, spec.geometry(costs, capacity).block_size, spec.outputs,
+                                  spec.hash_block_size)
+        for router in routers:
+            fleet = FleetSettings(args.replicas, router, prefill_flops_per_s=args.replica_flops)
+            res = simulate_fleet(trace, costs, settings, fleet, requests=requests)
+            records.append({"capacity_bytes": capacity, **res.to_record()})
+            lines.append(f"| {capacity / (1 << 30):g} GiB | {admission}+{eviction} | {router} | "
+                         f"{100 * res.token_hit_rate:.2f} % | {res.load_spread:.2f} | "
+                         f"{res.ttft_p50_s:.3f} / {res.ttft_p99_s:.3f} |")
+    print("\n".join(lines))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"trace": spec.trace, "model": costs.name, "replicas": args.replicas,
+           "prefill_flops_per_s": args.replica_flops, "records": records}
+    (out / "fleet.json").write_text(json.dumps(doc, indent=1))
+    print(f"wrote {out / 'fleet.json'}")
+    return 0
 
 
 def parse_pairs(text: str) -> tuple[tuple[str, str], ...]:
