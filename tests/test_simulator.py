@@ -331,7 +331,7 @@ def test_sweeps_in_one_process_do_not_share_requests_across_output_modes():
 def test_retention_interval_reaches_the_stock_policy_and_the_records(tmp_path):
     """``--retention-interval``: vLLM's prefix_cache_retention_interval, which only the
     stock ``vllm`` admission follows: the other policies' runs are the same bit for bit,
-    and dense retention keeps more states than vLLM's default on the same requests."""
+    and retention interval none keeps more states than vLLM's default on the same requests."""
     docs = {}
     for value in ("0", "none"):
         out = tmp_path / value
