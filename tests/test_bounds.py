@@ -91,6 +91,7 @@ PAIRS = [("vllm", "lru"), ("marconi", "flop"), ("dense", "lru"), ("last", "belad
          ("dense", "belady"), ("marconi", "belady"), ("dense", "reuse")]
 
 
+@pytest.mark.slow   # about 12 s: every registered policy on 12 drawn workloads
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), blocks=st.integers(24, 400),
        requests=st.integers(20, 120))

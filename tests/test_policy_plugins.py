@@ -115,6 +115,7 @@ def test_simulate_runs_a_policy_from_another_package(scratch_path, tmp_path):
     assert runs["scratch_mru"]["hit_tokens"] != runs["lru"]["hit_tokens"]
 
 
+@pytest.mark.slow   # about 20 s: a pytest subprocess over two modules
 def test_the_registry_wide_tests_run_the_plugged_in_policy(scratch_path):
     """The eviction tests, and the scheduler harness under vLLM's async scheduling (every
     request's hit, evictions and checkpoints equal to the core model's, one request after

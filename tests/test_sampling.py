@@ -234,6 +234,7 @@ def test_engine_and_simulator_keys_give_the_same_sampled_decisions():
     assert a.sampler.kept == b.sampler.kept < len(reqs)
 
 
+@pytest.mark.slow   # about 10 s: a long auto run on full, then sampled, shadows
 def test_full_shadows_decide_until_the_sample_holds_enough_then_hand_over():
     reqs, _ = conversations(n_convs=2500, turns=4, seed=6)
     chosen, _ = drive(reqs, num_blocks=4001, min_samples=64)
