@@ -215,3 +215,17 @@ def test_a_restarted_replica_starts_empty_and_clear_empties():
     with pytest.raises(ValueError, match="attention and state groups"):
         from vllm_admission.core.fleet_index import FleetIndex
         FleetIndex(B, ("attention",))
+
+
+def test_the_overlap_weight_reaches_the_router_and_is_refused_where_it_means_nothing(qwen, trace):
+    st = SimulationSettings.of("vllm", "lru", capacity_bytes=1 << 30)
+    default = simulate_fleet(trace, qwen, st, FleetSettings(3, "hybrid"))
+    same = simulate_fleet(trace, qwen, st, FleetSettings(3, "hybrid", overlap_weight=1.0))
+    heavy = simulate_fleet(trace, qwen, st, FleetSettings(3, "hybrid", overlap_weight=50.0))
+    assert same.per_replica == default.per_replica
+    assert heavy.per_replica != default.per_replica        # the weight changed the routing
+    assert FleetSettings(3, "kv_prefix", overlap_weight=3.0).make_router().overlap_weight == 3.0
+    with pytest.raises(UserError, match="'round_robin' weighs no prefix overlap"):
+        FleetSettings(3, "round_robin", overlap_weight=2.0).check()
+    with pytest.raises(UserError, match="overlap_weight must be a finite number >= 0"):
+        FleetSettings(3, "hybrid", overlap_weight=-1.0).check()

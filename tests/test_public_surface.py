@@ -23,7 +23,7 @@ _SIMULATE = {
     "--checkpoint", "--chunk-size", "--eviction", "--executor", "--help", "--hidden-states",
     "--host-admission", "--host-bandwidth", "--host-capacity", "--host-policy", "--jobs",
     "--mamba-ssm-cache-dtype", "--max-requests", "--model", "--no-progress", "--num-speculative-tokens",
-    "--out", "--outputs", "--pairs", "--prefix-cache-retention-interval", "--prefix-match-unit",
+    "--out", "--overlap-weight", "--outputs", "--pairs", "--prefix-cache-retention-interval", "--prefix-match-unit",
     "--ray-address", "--replica-flops", "--replicas", "--resample", "--retention-interval",
     "--router", "--seed", "--shadow-rate", "--trace", "--tune-grid", "-h",
 }

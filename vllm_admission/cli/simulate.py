@@ -112,6 +112,10 @@ def add_simulate_args(p: argparse.ArgumentParser, *, demo: bool) -> None:
                        help=f"with --replicas: one replica's prefill throughput, which prices "
                             f"its queue and time to first token (default "
                             f"{DEFAULT_PREFILL_FLOPS_PER_S:.3g}: 40%% of an H100's BF16 peak)")
+    fleet.add_argument("--overlap-weight", type=float, default=None, metavar="W",
+                       help="with --replicas: for kv_prefix and hybrid, the weight of the blocks "
+                            "left to prefill against the blocks in flight (Dynamo's "
+                            "--kv-overlap-score-weight; default 1)")
     p.add_argument("--resample", type=int, default=None, metavar="N",
                    help="replay N requests: the trace repeated pass after pass, its content "
                         "renamed in each pass except shared prefixes (a long trace with the "
@@ -246,8 +250,10 @@ def _run_fleet(args: argparse.Namespace, spec) -> int:
     from vllm_admission.sim.simulator import cache_requests
 
     routers = parse_list(args.router, "routing policy", list(ROUTERS))
-    for router in routers:
-        FleetSettings(args.replicas, router, prefill_flops_per_s=args.replica_flops).check()
+    fleets = [FleetSettings(args.replicas, router, prefill_flops_per_s=args.replica_flops,
+                            overlap_weight=args.overlap_weight) for router in routers]
+    for fleet in fleets:
+        fleet.check()
     if spec.resample:
         raise UserError("--replicas replays the trace as it is; --resample is for one cache")
     costs = spec.load_costs()
@@ -264,8 +270,8 @@ def _run_fleet(args: argparse.Namespace, spec) -> int:
         settings = spec.settings(costs, admission, eviction, capacity)
         requests = cache_requests(trace, spec.geometry(costs, capacity).block_size, spec.outputs,
                                   spec.hash_block_size)
-        for router in routers:
-            fleet = FleetSettings(args.replicas, router, prefill_flops_per_s=args.replica_flops)
+        for fleet in fleets:
+            router = fleet.router
             res = simulate_fleet(trace, costs, settings, fleet, requests=requests)
             records.append({"capacity_bytes": capacity, **res.to_record()})
             lines.append(f"| {capacity / (1 << 30):g} GiB | {admission}+{eviction} | {router} | "
@@ -275,7 +281,8 @@ def _run_fleet(args: argparse.Namespace, spec) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     doc = {"trace": spec.trace, "model": costs.name, "replicas": args.replicas,
-           "prefill_flops_per_s": args.replica_flops, "records": records}
+           "prefill_flops_per_s": args.replica_flops, "overlap_weight": args.overlap_weight,
+           "records": records}
     (out / "fleet.json").write_text(json.dumps(doc, indent=1))
     print(f"wrote {out / 'fleet.json'}")
     return 0

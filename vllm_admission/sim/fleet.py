@@ -30,7 +30,7 @@ from vllm_admission.core.cache import HybridPrefixCache
 from vllm_admission.core.cache_inputs import CacheRequest
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.errors import UserError
-from vllm_admission.core.routing import ReplicaView, RouteRequest, get_router
+from vllm_admission.core.routing import ReplicaView, Router, RouteRequest, get_router
 from vllm_admission.core.run import RunPlan, alpha_tuner, auto_run
 from vllm_admission.core.traces import Trace
 from vllm_admission.core.tuning import GRIDS
@@ -58,6 +58,9 @@ class FleetSettings:
         decode_s_per_token: seconds a request holds its blocks per output token (>= 0).
         arrival_scale: the trace's arrival times are multiplied by this (> 0; below 1
             packs the same requests into less time: more load).
+        overlap_weight: for the routers that weigh a prefix overlap against the load
+            (``kv_prefix``, ``hybrid``: Dynamo's ``--kv-overlap-score-weight``), the weight
+            of the blocks left to prefill; ``None`` keeps the router's own (1).
     """
 
     replicas: int
@@ -65,6 +68,24 @@ class FleetSettings:
     prefill_flops_per_s: float = DEFAULT_PREFILL_FLOPS_PER_S
     decode_s_per_token: float = DEFAULT_DECODE_S_PER_TOKEN
     arrival_scale: float = 1.0
+    overlap_weight: float | None = None
+
+    def make_router(self) -> Router:
+        """A fresh instance of :attr:`router` with its options.
+
+        Raises:
+            UnknownPolicyError: an unknown router; UserError: an overlap weight for a router
+                that takes none, or one that is not a finite number >= 0.
+        """
+        if self.overlap_weight is None:
+            return get_router(self.router)
+        try:
+            return get_router(self.router, overlap_weight=self.overlap_weight)
+        except TypeError:
+            raise UserError(f"routing policy {self.router!r} weighs no prefix overlap; "
+                            f"an overlap weight applies to kv_prefix and hybrid") from None
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
 
     def check(self) -> None:
         """Raises:
@@ -77,7 +98,7 @@ class FleetSettings:
             raise UserError(f"the decode time per token must be >= 0 s, got {self.decode_s_per_token!r}")
         if not (math.isfinite(self.arrival_scale) and self.arrival_scale > 0):
             raise UserError(f"the arrival scale must be > 0, got {self.arrival_scale!r}")
-        get_router(self.router)
+        self.make_router()   # an unknown name or a refused option, before any replay
 
 
 @dataclass
@@ -207,7 +228,7 @@ def simulate_fleet(trace: Trace, costs: ModelCosts, settings: SimulationSettings
         requests = cache_requests(trace, geo.block_size, settings.outputs, settings.hash_block_size)
     flops = costs.prefill_flops
     replicas = [_Replica(plan, settings, layout, flops) for _ in range(fleet.replicas)]
-    router = get_router(fleet.router)
+    router = fleet.make_router()
     result = FleetResult(router=fleet.router, replicas=fleet.replicas, admission=pol.admission,
                          eviction=pol.eviction)
     ttfts: list[float] = []
