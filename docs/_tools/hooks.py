@@ -69,18 +69,14 @@ def cli_reference() -> str:
 
 
 def settings_reference() -> str:
-    import dataclasses
-
-    from vllm_admission.core.settings import knobs
+    from vllm_admission.core.settings import default_text, knobs
     from vllm_admission.plugin import env as plugin_config
 
     lines = ["| variable | default | flag (`simulate`, `fidelity`, `replay`) | valid values | meaning |",
              "|---|---|---|---|---|"]
-    for path, f, k in knobs():
-        default = f.default if f.default is not dataclasses.MISSING else None
-        shown = "unset" if default is None else f"`{default}`"
-        if path == ("auto", "shadow_rate"):
-            shown = "`auto`"
+    for _, f, k in knobs():
+        text = default_text(f)
+        shown = text if text == "unset" else f"`{text}`"
         flag = f"`{k.flag}`" if k.flag else ""
         lines.append(f"| `{k.env}` | {shown} | {flag} | {_cell(k.valid_text())} | {_cell(k.help)} |")
     for name in (plugin_config.ENV_CPU_FIXES, plugin_config.ENV_METRICS_DIR, plugin_config.ENV_ACTIVE):

@@ -37,15 +37,15 @@ from vllm_admission.core.adaptive import (
     parse_shadow_rate,
     stock_pair,
 )
-from vllm_admission.core.admission import ADMISSION_POLICIES
+from vllm_admission.core.admission import ADMISSION_POLICIES, get_admission
 from vllm_admission.core.cache import CHECKPOINT_MODES, DEFAULT_CHECKPOINT
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.eviction import engine_eviction_policies, eviction_class
 from vllm_admission.core.shadows import DEFAULT_NICE, MAX_NICE
 from vllm_admission.core.tuning import DEFAULT_GRID, DEFAULT_MULTIPLIER, GRIDS
 
-__all__ = ["KNOB", "STOCK_SETTINGS", "AutoSettings", "Knob", "Settings", "SettingsError", "add_flags", "env_name",
-           "env_vars", "knobs", "setting_from_env"]
+__all__ = ["KNOB", "STOCK_SETTINGS", "AutoSettings", "Knob", "Settings", "SettingsError", "add_flags",
+           "default_text", "env_name", "env_vars", "knobs", "setting_from_env"]
 
 #: The metadata key under which a field declares its :class:`Knob`.
 KNOB = "knob"
@@ -70,6 +70,7 @@ class Knob:
             registries' names: :meth:`valid_text`).
         help: one line for ``--help``, the documentation and vLLM's environment registry.
         metavar: the flag's placeholder in ``--help``.
+        unset: how a default of ``None`` reads (``--help``, the docs, vLLM's registry).
     """
 
     env: str
@@ -78,6 +79,7 @@ class Knob:
     valid: str | Callable[[], str]
     help: str
     metavar: str | None = None
+    unset: str = "unset"
 
     def valid_text(self) -> str:
         """``valid``, built now where it is read from the registries (plugins add names)."""
@@ -128,14 +130,6 @@ def _margin(text: str) -> float:
     return check_stock_margin(float(text))
 
 
-def _shadow_rate(text: str) -> float | None:
-    return parse_shadow_rate(text)
-
-
-def _auto_admissions(text: str) -> tuple[str, ...] | None:
-    return parse_auto_admissions(text)
-
-
 @dataclass(frozen=True)
 class AutoSettings:
     """``auto``'s settings (:class:`~vllm_admission.core.adaptive.PolicyController`).
@@ -157,7 +151,7 @@ class AutoSettings:
         help="auto: requests between two policy decisions")
     shadow_rate: float | None = _knob(
         None, env="VLLM_ADMISSION_SHADOW_RATE", flag="--shadow-rate", metavar="auto|R",
-        parse=_shadow_rate, valid="auto, or a number in (0, 1] (1 = full shadows)",
+        unset="auto", parse=parse_shadow_rate, valid="auto, or a number in (0, 1] (1 = full shadows)",
         help="auto: the fraction of requests its shadow caches serve, on pools scaled alike "
              "('auto': chosen from the traffic; 1: full shadows)")
     margin: float = _knob(
@@ -167,7 +161,7 @@ class AutoSettings:
              "times stock's, and serve no pair whose shadow saved less than stock's (0: off)")
     admissions: tuple[str, ...] | None = _knob(
         None, env="VLLM_ADMISSION_AUTO_ADMISSIONS", flag="--auto-admissions", metavar="NAMES",
-        parse=_auto_admissions,
+        parse=parse_auto_admissions,
         valid=(lambda: "admission policy names, comma-separated, each once, from "
                             + ", ".join(ADMISSION_POLICIES)),
         help="auto admission: the admission policies it chooses among, comma-separated "
@@ -334,8 +328,6 @@ class Settings:
 
     def wants_changes(self) -> bool:
         """Whether these settings ask for anything but vLLM's own behaviour."""
-        from vllm_admission.core.admission import get_admission
-
         if self.adaptive or self.checkpoint != DEFAULT_CHECKPOINT or self.host_admission is not None:
             return True
         return not (get_admission(self.admission).vllm_native
@@ -405,11 +397,9 @@ def add_flags(parser: argparse.ArgumentParser | Any, names: Sequence[str]) -> No
         if name not in by_path or by_path[name][2].flag is None:
             raise ValueError(f"{name!r} is not a setting with a command-line flag")
         path, f, k = by_path[name]
-        default = f.default if f.default is not dataclasses.MISSING else None
-        shown = "unset" if default is None else ("auto" if name == "auto.shadow_rate" else default)
         assert k.flag is not None
         parser.add_argument(k.flag, dest=_dest(path), default=None, metavar=k.metavar,
-                            help=f"{k.help} (default {shown}; {k.env} in the plugin)"
+                            help=f"{k.help} (default {default_text(f)}; {k.env} in the plugin)"
                             .replace("%", "%%"))
 
 
@@ -444,14 +434,14 @@ def setting_from_env(name: str, environ: Mapping[str, str] | None = None) -> Any
 def env_vars() -> dict[str, str]:
     """Every settings variable: name -> one line (its help and default), for the
     documentation and for vLLM's registry of environment variables."""
-    out = {}
-    for path, f, k in knobs():
-        default = f.default
-        shown = "unset" if default is None else default
-        if path == ("auto", "shadow_rate"):
-            shown = "auto"
-        out[k.env] = f"{k.help} (default {shown})"
-    return out
+    return {k.env: f"{k.help} (default {default_text(f)})" for _, f, k in knobs()}
+
+
+def default_text(f: dataclasses.Field[Any]) -> str:
+    """How the default of the setting field ``f`` (one :func:`knobs` yields) reads:
+    the value, or its knob's ``unset`` text where it is ``None``."""
+    knob: Knob = f.metadata[KNOB]
+    return knob.unset if f.default is None else str(f.default)
 
 
 #: Stock vLLM's pair as the plugin's variables give it, for messages that say what runs
