@@ -266,10 +266,14 @@ def _run_fleet(args: argparse.Namespace, spec) -> int:
     records = []
     lines = ["| capacity | pair | router | token hit rate | load spread | TTFT P50 / P99 (s) |",
              "|---|---|---|---|---|---|"]
+    by_block_size: dict[int, list] = {}     # the trace's cache requests, one list per block size
     for admission, eviction, capacity in spec.runs():
         settings = spec.settings(costs, admission, eviction, capacity)
-        requests = cache_requests(trace, spec.geometry(costs, capacity).block_size, spec.outputs,
-                                  spec.hash_block_size)
+        block_size = spec.geometry(costs, capacity).block_size
+        if block_size not in by_block_size:
+            by_block_size[block_size] = cache_requests(trace, block_size, spec.outputs,
+                                                       spec.hash_block_size)
+        requests = by_block_size[block_size]
         for fleet in fleets:
             router = fleet.router
             res = simulate_fleet(trace, costs, settings, fleet, requests=requests)

@@ -26,16 +26,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_admission.core.cache import HybridPrefixCache
 from vllm_admission.core.cache_inputs import CacheRequest
 from vllm_admission.core.costs import ModelCosts
 from vllm_admission.core.errors import UserError
 from vllm_admission.core.routing import ReplicaView, Router, RouteRequest, get_router
-from vllm_admission.core.run import RunPlan, alpha_tuner, auto_run
 from vllm_admission.core.traces import Trace
-from vllm_admission.core.tuning import GRIDS
 from vllm_admission.sim.simulation_settings import SimulationSettings
-from vllm_admission.sim.simulator import cache_layout, cache_requests
+from vllm_admission.sim.simulator import PolicyRun, cache_requests, cached_prefill_flops, run_plan
 
 __all__ = ["DEFAULT_DECODE_S_PER_TOKEN", "DEFAULT_PREFILL_FLOPS_PER_S", "FleetResult",
            "FleetSettings", "simulate_fleet"]
@@ -149,21 +146,11 @@ class FleetResult:
 
 
 class _Replica:
-    """One replica: its cache, its policy controller or alpha tuner, its queue."""
+    """One replica: its cache and what adapts its policies (a
+    :class:`~vllm_admission.sim.simulator.PolicyRun`), its prefill queue and its counts."""
 
-    def __init__(self, plan: RunPlan, settings: SimulationSettings, layout: Any, flops: Any) -> None:
-        self.flops = flops
-        self.controller = self.tuner = None
-        if plan.adaptive:
-            self.cache, self.controller = auto_run(plan, layout, flops, settings.policy.auto)
-        else:
-            setup = plan.setup(layout, flops)
-            self.cache = setup.build(alpha=plan.start_alpha)
-            if plan.tuned:
-                self.tuner = alpha_tuner(setup, flops, grid=GRIDS[settings.policy.tune_grid],
-                                         multiplier=settings.policy.tune_multiplier,
-                                         snapshot=self.cache.clone,
-                                         retune_every=settings.retune_every)
+    def __init__(self, run: PolicyRun) -> None:
+        self.run = run
         self.free_at = 0.0          # when its prefill queue empties, seconds
         self.busy_s = 0.0
         self.in_flight: list[tuple[float, int]] = []   # (end time, blocks)
@@ -175,15 +162,9 @@ class _Replica:
             self.active_blocks -= heapq.heappop(self.in_flight)[1]
 
     def serve(self, index: int, req: CacheRequest) -> int:
-        cache: HybridPrefixCache = self.cache
-        out = cache.serve(req.hashes, req.prompt_len, req.output_len, index, float(index), req.units)
-        if self.controller is not None:
-            self.controller.observe(index, req)
-        elif self.tuner is not None:
-            saved = self.flops(req.prompt_len, 0) - self.flops(req.prompt_len, out.hit_tokens)
-            alpha = self.tuner.observe((index, req), cache.pool.evictions > 0, saved)
-            if alpha is not None:
-                cache.eviction.alpha = alpha
+        out = self.run.cache.serve(req.hashes, req.prompt_len, req.output_len, index, float(index),
+                                   req.units)
+        self.run.observe(index, req, out)
         self.requests += 1
         self.prompt_tokens += req.prompt_len
         self.hit_tokens += out.hit_tokens
@@ -206,28 +187,21 @@ def simulate_fleet(trace: Trace, costs: ModelCosts, settings: SimulationSettings
             ``None``).
 
     Raises:
-        UserError: as :func:`~vllm_admission.sim.simulator.simulate`, a fleet setting out of
-            range, or an eviction policy that needs the future.
+        UserError: a fleet setting out of range, what
+            :func:`~vllm_admission.sim.simulator.simulate` refuses, or an eviction policy
+            that needs the future.
         UnknownPolicyError: an unknown policy or router name.
     """
     fleet.check()
-    if not costs.is_hybrid:
-        raise UserError(f"model {costs.name!r} has no recurrent layers: nothing to simulate")
     pol = settings.policy
-    plan = RunPlan.from_settings(pol.admission, pol.eviction, alpha=pol.alpha,
-                                 checkpoint=pol.checkpoint, auto_admissions=pol.auto.admissions)
-    geo, layout = cache_layout(costs, settings)
-    if layout.pool.partial_hash_hits:
-        plan = RunPlan.from_settings(pol.admission, pol.eviction, alpha=pol.alpha,
-                                     checkpoint=pol.checkpoint, sub_block=True,
-                                     auto_admissions=pol.auto.admissions)
+    plan, geo, layout = run_plan(costs, settings)
     if plan.eviction_cls.needs_future:
         raise UserError(f"eviction {pol.eviction!r} needs the future of each replica's "
                         f"requests, which routing decides: not in a fleet")
     if requests is None:
         requests = cache_requests(trace, geo.block_size, settings.outputs, settings.hash_block_size)
-    flops = costs.prefill_flops
-    replicas = [_Replica(plan, settings, layout, flops) for _ in range(fleet.replicas)]
+    flops = cached_prefill_flops(costs)
+    replicas = [_Replica(PolicyRun(plan, settings, layout, flops)) for _ in range(fleet.replicas)]
     router = fleet.make_router()
     result = FleetResult(router=fleet.router, replicas=fleet.replicas, admission=pol.admission,
                          eviction=pol.eviction)
@@ -235,7 +209,7 @@ def simulate_fleet(trace: Trace, costs: ModelCosts, settings: SimulationSettings
     B = geo.block_size
     for index, (req, treq) in enumerate(zip(requests, trace.requests, strict=True)):
         now = (treq.arrival_s if treq.arrival_s is not None else float(index)) * fleet.arrival_scale
-        if not replicas[0].cache.fits(req.prompt_len, req.output_len):
+        if not replicas[0].run.cache.fits(req.prompt_len, req.output_len):
             result.skipped_requests += 1
             continue
         route = RouteRequest(index=index, prompt_len=req.prompt_len, output_len=req.output_len,
@@ -243,7 +217,7 @@ def simulate_fleet(trace: Trace, costs: ModelCosts, settings: SimulationSettings
         views = []
         for i, rep in enumerate(replicas):
             rep.retire(now)
-            probe = rep.cache.lookup(req.hashes, req.prompt_len, req.units)
+            probe = rep.run.cache.lookup(req.hashes, req.prompt_len, req.units)
             views.append(ReplicaView(index=i, kv_hit=probe.kv_hit, hybrid_hit=probe.state_hit,
                                      active_blocks=rep.active_blocks,
                                      queued_s=max(0.0, rep.free_at - now)))

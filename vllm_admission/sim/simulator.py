@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vllm_admission.core.adaptive import PolicyController
 from vllm_admission.core.bounds import LPBound, PoolBound, lp_bound, pool_bound
-from vllm_admission.core.cache import ATTENTION, STATE, HybridPrefixCache, check_checkpoint_mode
+from vllm_admission.core.cache import ATTENTION, STATE, HybridPrefixCache, RequestOutcome, check_checkpoint_mode
 from vllm_admission.core.cache.host import check_host_admission
 from vllm_admission.core.cache.host import host_chunks as host_chunks_of
 from vllm_admission.core.cache_inputs import (
@@ -56,10 +57,10 @@ from vllm_admission.core.traces import Request, Trace
 from vllm_admission.core.tuning import GRIDS
 from vllm_admission.sim.simulation_settings import DEFAULT_CHUNK_SIZE, SimulationSettings
 
-__all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "HostFigures", "RunResult", "SimulationSettings", "cache_layout",
-           "cache_requests", "group_kinds", "lp_bound_of", "pool_bound_of", "simulate",
-           "stream_cache_requests",
-           "trace_bound"]
+__all__ = ["DEFAULT_CHUNK_SIZE", "OUTPUT_MODES", "HostFigures", "PolicyRun", "RunResult",
+           "SimulationSettings", "cache_layout", "cache_requests", "cached_prefill_flops",
+           "group_kinds", "lp_bound_of", "pool_bound_of", "run_plan", "simulate",
+           "stream_cache_requests", "trace_bound"]
 
 
 @dataclass(frozen=True)
@@ -319,38 +320,17 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
             ``auto_admissions`` that are invalid or beside a fixed admission policy.
     """
     st = settings
-    check_checkpoint_mode(st.policy.checkpoint)
-    plan = RunPlan.from_settings(st.policy.admission, st.policy.eviction, alpha=st.policy.alpha,
-                                 checkpoint=st.policy.checkpoint,
-                                 auto_admissions=st.policy.auto.admissions)  # validates names first
-    if st.policy.tune_grid not in GRIDS:
-        raise UserError(f"unknown tuning grid {st.policy.tune_grid!r}; valid: {', '.join(GRIDS)}")
-    if not costs.is_hybrid:
-        raise UserError(f"model {costs.name!r} has no recurrent layers: nothing to simulate")
-    geo, layout = cache_layout(costs, st)
-    if layout.pool.partial_hash_hits:  # auto's candidates include those that differ only here
-        plan = RunPlan.from_settings(st.policy.admission, st.policy.eviction, alpha=st.policy.alpha,
-                                     checkpoint=st.policy.checkpoint, sub_block=True,
-                                     auto_admissions=st.policy.auto.admissions)
+    plan, geo, layout = run_plan(costs, st)
     t0, c0 = time.perf_counter(), time.process_time()
     if requests is None:
         requests = cache_requests(trace, geo.block_size, st.outputs, st.hash_block_size)
-    # Bounded: a long trace has ever more (end, start) pairs.
-    flops = functools.lru_cache(maxsize=1 << 16)(costs.prefill_flops)
-    setup = plan.setup(layout, flops)
-    controller = None
-    tuner = None
-    if plan.adaptive:
-        cache, controller = auto_run(plan, layout, flops, st.policy.auto)
-    else:
-        oracle = None
-        if plan.eviction_cls.needs_future:
-            requests = requests if isinstance(requests, Sequence) else list(requests)
-            oracle = NextUseOracle(requests)
-        cache = setup.build(alpha=plan.start_alpha, next_use=oracle)
-        if plan.tuned:
-            tuner = alpha_tuner(setup, flops, grid=GRIDS[st.policy.tune_grid], multiplier=st.policy.tune_multiplier,
-                                snapshot=cache.clone, retune_every=st.retune_every)
+    flops = cached_prefill_flops(costs)
+    oracle = None
+    if plan.eviction_cls.needs_future and not plan.adaptive:
+        requests = requests if isinstance(requests, Sequence) else list(requests)
+        oracle = NextUseOracle(requests)
+    run = PolicyRun(plan, st, layout, flops, next_use=oracle)
+    cache, controller, tuner = run.cache, run.controller, run.tuner
     hits: list[int] = []
     steps: list[int] = []
     per_request = st.per_request
@@ -359,13 +339,8 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
         if per_request:
             hits.append(-1 if out is None else out.hit_tokens)
             steps.append(-1 if out is None else out.prefill_steps)
-        if controller is not None and out is not None:
-            controller.observe(r, req)
-        elif tuner is not None and out is not None:
-            saved = flops(req.prompt_len, 0) - flops(req.prompt_len, out.hit_tokens)
-            new = tuner.observe((r, req), cache.pool.evictions > 0, saved)
-            if new is not None:
-                cache.eviction.alpha = new
+        if out is not None:
+            run.observe(r, req, out)
         if on_request:
             on_request(r)
 
@@ -406,6 +381,78 @@ def simulate(trace: Trace, costs: ModelCosts, settings: SimulationSettings, *,
         per_request_prefill_steps=steps if per_request else None,
         host_hit_tokens=totals.host_hit_tokens,
         host=_host_figures(cache, layout, st.host_bandwidth))
+
+
+def run_plan(costs: ModelCosts, settings: SimulationSettings,
+             ) -> tuple[RunPlan, CacheGeometry, CacheLayout]:
+    """The checks of ``settings`` for ``costs``, the run's :class:`RunPlan` and its pool
+    (:func:`cache_layout`): what :func:`simulate` and the fleet simulator start from.
+
+    Raises:
+        UnknownPolicyError, CapacityError, UserError: as :func:`simulate` (the checkpoint
+            mode first, then the policy names, the tuning grid, the model, the pool).
+    """
+    pol = settings.policy
+    check_checkpoint_mode(pol.checkpoint)
+    plan = RunPlan.from_settings(pol.admission, pol.eviction, alpha=pol.alpha,
+                                 checkpoint=pol.checkpoint,
+                                 auto_admissions=pol.auto.admissions)  # validates names first
+    if pol.tune_grid not in GRIDS:
+        raise UserError(f"unknown tuning grid {pol.tune_grid!r}; valid: {', '.join(GRIDS)}")
+    if not costs.is_hybrid:
+        raise UserError(f"model {costs.name!r} has no recurrent layers: nothing to simulate")
+    geo, layout = cache_layout(costs, settings)
+    if layout.pool.partial_hash_hits:  # auto's candidates include those that differ only here
+        plan = RunPlan.from_settings(pol.admission, pol.eviction, alpha=pol.alpha,
+                                     checkpoint=pol.checkpoint, sub_block=True,
+                                     auto_admissions=pol.auto.admissions)
+    return plan, geo, layout
+
+
+def cached_prefill_flops(costs: ModelCosts) -> Callable[[int, int], float]:
+    """``costs.prefill_flops`` behind a bounded cache (a long trace has ever more
+    ``(end, start)`` pairs), as one run calls it."""
+    return functools.lru_cache(maxsize=1 << 16)(costs.prefill_flops)
+
+
+class PolicyRun:
+    """One cache of a run and what adapts its policies as it serves: ``auto``'s controller
+    or a tunable policy's alpha tuner (:class:`RunPlan` decides which). :func:`simulate`
+    runs one; the fleet simulator one per replica.
+
+    Args:
+        plan: the run's plan (:func:`run_plan`).
+        settings: the run's settings.
+        layout: the run's pool (:func:`run_plan`).
+        flops: ``f(end, start)``, prefill FLOPs (:func:`cached_prefill_flops`).
+        next_use: the Bélády oracle of a policy that needs the future (fixed pairs only).
+    """
+
+    def __init__(self, plan: RunPlan, settings: SimulationSettings, layout: CacheLayout,
+                 flops: Callable[[int, int], float], *, next_use: NextUseOracle | None = None) -> None:
+        self.flops = flops
+        self.controller: PolicyController | None = None
+        self.tuner = None
+        if plan.adaptive:
+            self.cache, self.controller = auto_run(plan, layout, flops, settings.policy.auto)
+            return
+        setup = plan.setup(layout, flops)
+        self.cache = setup.build(alpha=plan.start_alpha, next_use=next_use)
+        if plan.tuned:
+            self.tuner = alpha_tuner(setup, flops, grid=GRIDS[settings.policy.tune_grid],
+                                     multiplier=settings.policy.tune_multiplier,
+                                     snapshot=self.cache.clone, retune_every=settings.retune_every)
+
+    def observe(self, index: int, req: CacheRequest, out: RequestOutcome) -> None:
+        """After the cache served ``req`` (number ``index``) with ``out``: the controller sees
+        it, or the tuner sees its saving and may set a new alpha."""
+        if self.controller is not None:
+            self.controller.observe(index, req)
+        elif self.tuner is not None:
+            saved = self.flops(req.prompt_len, 0) - self.flops(req.prompt_len, out.hit_tokens)
+            alpha = self.tuner.observe((index, req), self.cache.pool.evictions > 0, saved)
+            if alpha is not None:
+                self.cache.eviction.alpha = alpha
 
 
 def cache_layout(costs: ModelCosts, settings: SimulationSettings) -> tuple[CacheGeometry, CacheLayout]:
