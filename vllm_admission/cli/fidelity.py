@@ -94,8 +94,8 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-    host_policy, host_admission = options.host_settings(args)
     policy = Settings.from_args(args)
+    host_policy = options.host_settings(args, policy.host_admission)
     spec = FidelitySpec(
         model=args.model, trace=args.trace,
         admissions=parse_list(args.admission, "admission policy", [*ADMISSION_POLICIES, "auto"]),
@@ -108,7 +108,7 @@ def run_fidelity_cli(args: argparse.Namespace) -> int:
         checkpoint=policy.checkpoint, mamba_ssm_cache_dtype=args.mamba_ssm_cache_dtype,
         engine_args=_without_offload(options.engine_args_from(args), args),
         offload=options.offload_bytes(args), host_policy=host_policy or "lru",
-        host_admission=host_admission)
+        host_admission=policy.host_admission)
 
     def progress(rec: dict) -> None:
         print(f"{rec['admission']}+{rec['eviction']} at {rec['num_blocks']} blocks: "

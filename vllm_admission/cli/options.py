@@ -182,8 +182,9 @@ def engine_args_from(args) -> dict:
     return out
 
 
-def host_settings(args) -> tuple[str | None, str | None]:
-    """``(--host-policy, --host-admission)``, checked (``None`` where not given).
+def host_settings(args, admission: str | None) -> str | None:
+    """``--host-policy`` (``None`` where not given), checked, and ``admission`` (the parsed
+    ``--host-admission``) against the host tier the options give.
 
     Raises:
         UserError: an unknown or unusable host policy, an unknown admission policy, or
@@ -191,16 +192,14 @@ def host_settings(args) -> tuple[str | None, str | None]:
             ``--kv-transfer-config`` with a connector).
     """
     from vllm_admission.core.cache.host import check_host_admission, check_host_tier
-    from vllm_admission.core.settings import Settings
 
     policy = getattr(args, "host_policy", None)
     if policy is not None:
         check_host_tier(policy)
-    admission = Settings.from_args(args).host_admission
     has_host = (getattr(args, "offload", None) is not None
                 or getattr(args, "kv_transfer_config", None) is not None)
     check_host_admission(admission, has_host)
-    return policy, admission
+    return policy
 
 
 def offload_bytes(args) -> int | None:

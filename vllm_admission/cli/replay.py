@@ -60,14 +60,16 @@ def add_replay_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
-def _check_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Check every option before anything loads; returns vLLM's engine arguments."""
+def _check_args(args: argparse.Namespace) -> tuple[dict[str, Any], Settings]:
+    """Check every option before anything loads; returns vLLM's engine arguments and the
+    plugin's settings."""
     if args.admission != AUTO:
         get_admission(args.admission)
     if args.eviction not in engine_eviction_policies() and args.eviction != AUTO:
         raise UnknownPolicyError(f"eviction policy {args.eviction!r} cannot run in an engine; "
                                  f"valid: {', '.join([*engine_eviction_policies(), AUTO])}")
-    Settings.from_args(args)   # --alpha, --host-admission
+    policy = dataclasses.replace(Settings.from_args(args), admission=args.admission,
+                                 eviction=args.eviction)
     for name in ("num_gpu_blocks", "max_model_len", "max_requests", "max_output_len",
                  "mooncake_block_tokens"):
         value = getattr(args, name)
@@ -75,15 +77,13 @@ def _check_args(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if not Path(args.model).is_dir():
         raise UserError(f"--model {args.model}: not a directory")
-    options.host_settings(args)
-    return options.engine_args_from(args)
+    options.host_settings(args, policy.host_admission)
+    return options.engine_args_from(args), policy
 
 
-def _build(args: argparse.Namespace, engine_args: dict[str, Any]) -> Any:
+def _build(args: argparse.Namespace, engine_args: dict[str, Any], policy: Settings) -> Any:
     from vllm_admission.engine.llm import build_llm_fitting, plugin_settings
 
-    policy = dataclasses.replace(Settings.from_args(args), admission=args.admission,
-                                 eviction=args.eviction)
     settings = plugin_settings(args.model, policy,
                                num_gpu_blocks=args.num_gpu_blocks,
                                max_model_len=args.max_model_len, seed=args.seed)
@@ -103,7 +103,7 @@ def run_replay(args: argparse.Namespace) -> int:
             PermissionError: bad input (the CLI prints them as one
             ``vllm-admission: error:`` line).
     """
-    engine_args = _check_args(args)
+    engine_args, policy = _check_args(args)
     from vllm_admission.core.traces import load_trace
     from vllm_admission.sim.report import check_writable
 
@@ -116,7 +116,7 @@ def run_replay(args: argparse.Namespace) -> int:
     from vllm_admission.engine.llm import engine_geometry, shutdown_llm
     from vllm_admission.engine.llm_replay import replay
 
-    llm = _build(args, engine_args)
+    llm = _build(args, engine_args, policy)
     try:
         vocab = int(llm.llm_engine.vllm_config.model_config.get_vocab_size())
         geometry = engine_geometry(llm)
@@ -142,9 +142,9 @@ def run_replay(args: argparse.Namespace) -> int:
         "trace": str(args.trace),
         "admission": args.admission,
         "eviction": args.eviction,
-        "alpha": Settings.from_args(args).alpha,
+        "alpha": policy.alpha,
         "engine_args": engine_args,
-        "host_admission": Settings.from_args(args).host_admission,
+        "host_admission": policy.host_admission,
         "geometry": geometry.to_dict(),
         "requests": [{k: r[k] for k in ("request_id", "prompt_tokens", "output_len",
                                          "cached_tokens", "prefill_steps", "status")}

@@ -77,7 +77,7 @@ class EngineSettings:
             removes one. vLLM's own (``VLLM_CPU_KVCACHE_SPACE``,
             ``VLLM_PLUGINS``, ...) are set in ``os.environ`` before the engine
             starts. The plugin's (``VLLM_ADMISSION_*``, e.g. the policy pair)
-            are read into an ``Settings`` that the in-process scheduler
+            are read into a ``Settings`` that the in-process scheduler
             gets as an object; only for an engine core in its own process are
             they set in ``os.environ`` (see :func:`build_llm`).
         seed: engine seed.
@@ -158,7 +158,7 @@ def _scheduler_cls(settings: EngineSettings, environ: dict[str, str]) -> Any:
 
     The plugin's variables are read here, once (an invalid one raises
     ``SettingsError`` before the engine starts). With the engine core in
-    this process the ``AdmissionScheduler`` gets them as an ``Settings``
+    this process the ``AdmissionScheduler`` gets them as a ``Settings``
     (:meth:`AdmissionScheduler.configured
     <vllm_admission.plugin.scheduler.AdmissionScheduler.configured>`). An engine
     core in a process of its own reads them from its environment, so they are

@@ -70,7 +70,7 @@ class AdmissionScheduler(EngineSetup, Scheduler):
     Takes vLLM's scheduler arguments unchanged. Settings are read once, when
     it is built (in the engine-core process), from the ``VLLM_ADMISSION_*``
     environment variables (:class:`~vllm_admission.plugin.env.Settings`),
-    or given as an ``Settings`` object to a :meth:`configured` subclass;
+    or given as a ``Settings`` object to a :meth:`configured` subclass;
     from then on they live in :attr:`admission_config`.
 
     Raises:

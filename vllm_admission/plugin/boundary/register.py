@@ -40,7 +40,7 @@ Where asked, in the process that starts vLLM (``MainProcess``), :func:`register`
   ``os.environ`` is how the directory crosses into the engine-core process
   vLLM spawns (the only variable the plugin sets for a child; the policy
   settings are the user's own variables, or, for an in-process engine built by
-  :func:`vllm_admission.engine.llm.build_llm`, an ``Settings`` object)
+  :func:`vllm_admission.engine.llm.build_llm`, a ``Settings`` object)
   (:mod:`vllm_admission.plugin.metrics.prometheus`). That process owns the directory: it
   removes it when it exits (``atexit``: ``vllm serve`` stopped with Ctrl-C or
   SIGTERM exits normally, but force-kills its engine core first, with
